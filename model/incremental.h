@@ -1,0 +1,79 @@
+// The incremental (serving) form of Transformer-XL. Each session keeps the
+// projected keys and values of every layer for its last mem_len - 1
+// positions; a step advances a batch of sessions, each by 0..n new tokens.
+//
+// Semantics (DESIGN section 4): every token attends to itself and the tokens
+// before it, at most mem_len keys in all (the original same_length mask).
+// Hidden states are therefore a pure function of the token history, and any
+// chunking or batching gives the same results up to float rounding.
+#ifndef TXL_MODEL_INCREMENTAL_H_
+#define TXL_MODEL_INCREMENTAL_H_
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "absl/types/span.h"
+#include "model/model_config.h"
+#include "model/weights.h"
+
+namespace txl {
+
+// One session's memory. Not thread-safe; owned by whoever owns the session.
+class SessionMemory {
+ public:
+  SessionMemory(int64_t n_layer, int64_t mem_len) : mem_len_(mem_len), k_(n_layer), v_(n_layer) {}
+
+  int64_t mem_len() const { return mem_len_; }
+  int64_t position() const { return position_; }  // tokens in the history
+  int64_t length() const { return length_; }       // positions held
+  int64_t bytes() const;
+  SessionMemory Clone() const;  // deep copy (fork)
+
+ private:
+  friend class IncrementalModel;
+  int64_t mem_len_;
+  int64_t position_ = 0;
+  int64_t length_ = 0;
+  std::vector<at::Tensor> k_, v_;  // per layer [length, H, dh]; undefined while empty
+};
+
+struct StepItem {
+  SessionMemory* memory;
+  std::vector<int64_t> tokens;  // the new tokens; may be empty
+};
+
+// Owns the weights on one device and the relative-position key table.
+// Not thread-safe: one thread (the engine's) drives it.
+class IncrementalModel {
+ public:
+  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device);
+
+  // Advances every item by its tokens and returns the last layer's hidden
+  // states [sum of token counts, d_model], items in order. Long inputs run in
+  // passes of at most kPassTokens tokens (invisible: results are chunk
+  // invariant). Memories change only when the whole step succeeds; on an
+  // exception (c10::Error) every session is left as it was.
+  at::Tensor Step(absl::Span<StepItem> items);
+
+  const ModelConfig& config() const { return config_; }
+  const TxlWeights& weights() const { return weights_; }
+  const at::Device& device() const { return device_; }
+
+  static constexpr int64_t kPassTokens = 512;
+
+ private:
+  struct Pending;  // a session's memory being built during a step
+  at::Tensor Pass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  void EnsureRelTable(int64_t distances);
+
+  ModelConfig config_;
+  TxlWeights weights_;
+  at::Device device_;
+  std::vector<at::Tensor> rel_k_;  // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
+  int64_t rel_size_ = 0;
+};
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_INCREMENTAL_H_

@@ -1,0 +1,163 @@
+#include "model/language_model.h"
+
+#include <torch/cuda.h>
+#include <ATen/Parallel.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "model/checkpoint.h"
+#include "model/incremental.h"
+#include "model/txl_math.h"
+#include "model/weights.h"
+
+namespace txl {
+
+SessionState::SessionState(std::unique_ptr<SessionMemory> memory) : memory_(std::move(memory)) {}
+SessionState::~SessionState() = default;
+int64_t SessionState::position() const { return memory_->position(); }
+int64_t SessionState::mem_len() const { return memory_->mem_len(); }
+int64_t SessionState::memory_tokens() const { return memory_->length(); }
+int64_t SessionState::memory_bytes() const { return memory_->bytes(); }
+std::unique_ptr<SessionState> SessionState::Clone() const {
+  return std::unique_ptr<SessionState>(
+      new SessionState(std::make_unique<SessionMemory>(memory_->Clone())));
+}
+
+LanguageModel::LanguageModel(ModelConfig config, Tokenizer tokenizer, std::string device_name,
+                             std::unique_ptr<IncrementalModel> model)
+    : config_(std::move(config)),
+      tokenizer_(std::move(tokenizer)),
+      device_name_(std::move(device_name)),
+      model_(std::move(model)) {}
+
+LanguageModel::~LanguageModel() = default;
+
+absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(
+    const LanguageModelOptions& options) {
+  std::optional<at::Device> device;
+  try {
+    device.emplace(options.device);
+  } catch (const c10::Error&) {
+    return absl::InvalidArgumentError(absl::StrCat("device: unknown device '", options.device,
+                                                   "' (use cpu, cuda or cuda:N)"));
+  }
+  if (!device->is_cpu() && !device->is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: '", options.device, "' is not supported (use cpu, cuda or cuda:N)"));
+  }
+  if (device->is_cuda()) {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device: '", options.device,
+          "' asked for, but this libtorch has no CUDA support or no GPU is visible"));
+    }
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    if (device->has_index() && device->index() >= count) {
+      return absl::InvalidArgumentError(absl::StrCat("device: '", options.device, "' but only ",
+                                                     count, " CUDA device(s) are visible"));
+    }
+  }
+  if (options.threads < 0)
+    return absl::InvalidArgumentError(absl::StrCat("threads: must be >= 0, got ", options.threads));
+  if (options.threads > 0) at::set_num_threads(options.threads);
+
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(options.path);
+  if (!ckpt.ok()) return ckpt.status();
+  try {
+    auto model = std::make_unique<IncrementalModel>(ckpt->config, *ckpt->weights, *device);
+    return std::unique_ptr<LanguageModel>(new LanguageModel(
+        ckpt->config, ckpt->tokenizer, device->str(), std::move(model)));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("moving the model to ", device->str(), ": ",
+                                            e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {
+  if (mem_len < 1)
+    return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
+  return std::unique_ptr<SessionState>(
+      new SessionState(std::make_unique<SessionMemory>(config_.n_layer, mem_len)));
+}
+
+absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {
+  const int64_t V = config_.n_token;
+  std::set<const SessionState*> seen;
+  std::vector<StepItem> items;
+  items.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const StepInput& in = inputs[i];
+    if (in.session == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": no session"));
+    if (!seen.insert(in.session).second)
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": session given twice"));
+    if (in.targets.size() > in.tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": ", in.targets.size(),
+                                                     " targets for ", in.tokens.size(), " tokens"));
+    }
+    if (in.want_last_distribution && in.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": a distribution needs at least one token"));
+    }
+    for (const std::vector<int>* list : {&in.tokens, &in.targets}) {
+      for (int t : *list) {
+        if (t < 0 || t >= V) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              list == &in.tokens ? "token" : "target", " id ", t, " is outside [0, ", V, ")"));
+        }
+      }
+    }
+    items.push_back({in.session->memory_.get(), std::vector<int64_t>(in.tokens.begin(), in.tokens.end())});
+  }
+
+  std::vector<StepOutput> out(inputs.size());
+  try {
+    c10::InferenceMode guard;
+    at::Tensor hidden = model_->Step(absl::MakeSpan(items));
+    // Only the rows someone asked about go through the (large) softmax.
+    std::vector<int64_t> rows, targets;
+    int64_t offset = 0;
+    for (const StepInput& in : inputs) {
+      for (size_t t = 0; t < in.targets.size(); ++t) {
+        rows.push_back(offset + static_cast<int64_t>(t));
+        targets.push_back(in.targets[t]);
+      }
+      if (in.want_last_distribution) rows.push_back(offset + static_cast<int64_t>(in.tokens.size()) - 1);
+      offset += static_cast<int64_t>(in.tokens.size());
+    }
+    if (rows.empty()) return out;
+    // Blocks of rows bound the [rows, n_token] buffer for long inputs.
+    constexpr int64_t kBlock = 1024;
+    const int64_t n_rows = static_cast<int64_t>(rows.size());
+    at::Tensor row_index = at::tensor(rows, at::kLong).to(model_->device());
+    at::Tensor block;
+    int64_t block_start = -kBlock;
+    auto row = [&](int64_t r) -> const float* {
+      if (r >= block_start + kBlock) {
+        block_start = r;
+        at::Tensor idx = row_index.slice(0, r, std::min(n_rows, r + kBlock));
+        block = LogProbs(config_, model_->weights(), hidden.index_select(0, idx))
+                    .to(at::kCPU)
+                    .contiguous();
+      }
+      return block.data_ptr<float>() + (r - block_start) * V;
+    };
+    int64_t r = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (int target : inputs[i].targets) out[i].target_logprobs.push_back(row(r++)[target]);
+      if (inputs[i].want_last_distribution) {
+        const float* d = row(r++);
+        out[i].last_distribution.assign(d, d + V);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("model step failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+}  // namespace txl

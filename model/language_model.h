@@ -1,0 +1,91 @@
+// LanguageModel: the torch-free face of model/ for the engine and the tools.
+// It loads a checkpoint onto a device and advances batches of sessions with
+// the incremental form (incremental.h).
+//
+// Threading: a LanguageModel and its SessionStates are driven by one thread
+// at a time (the engine thread); nothing here locks.
+#ifndef TXL_MODEL_LANGUAGE_MODEL_H_
+#define TXL_MODEL_LANGUAGE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+
+namespace txl {
+
+class IncrementalModel;
+class SessionMemory;
+
+// One session's layer memories and position. Opaque outside model/.
+class SessionState {
+ public:
+  ~SessionState();
+  int64_t position() const;       // tokens in the history
+  int64_t mem_len() const;        // attention window, in keys
+  int64_t memory_tokens() const;  // positions held (<= mem_len - 1)
+  int64_t memory_bytes() const;
+  std::unique_ptr<SessionState> Clone() const;  // deep copy (fork)
+
+ private:
+  friend class LanguageModel;
+  explicit SessionState(std::unique_ptr<SessionMemory> memory);
+  std::unique_ptr<SessionMemory> memory_;
+};
+
+struct LanguageModelOptions {
+  std::string path;             // checkpoint file
+  std::string device = "cpu";   // "cpu", "cuda" or "cuda:N"
+  int threads = 0;              // intra-op threads; 0 keeps libtorch's default
+};
+
+struct StepInput {
+  SessionState* session = nullptr;
+  std::vector<int> tokens;   // the new tokens (may be empty)
+  // targets[i] is scored by the distribution after tokens[i]; at most
+  // tokens.size() entries.
+  std::vector<int> targets;
+  bool want_last_distribution = false;  // log-probs after the last token
+};
+
+struct StepOutput {
+  std::vector<float> target_logprobs;    // one per target
+  std::vector<float> last_distribution;  // n_token log-probs, when asked
+};
+
+class LanguageModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<LanguageModel>> Create(const LanguageModelOptions& options);
+  ~LanguageModel();
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const std::string& device() const { return device_name_; }
+
+  // mem_len: the session's attention window (>= 1).
+  absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) const;
+
+  // Advances every input's session by its tokens, in one batched forward
+  // pass. Bad input (a token or target outside [0, n_token), a session
+  // given twice, more targets than tokens) fails before anything runs; any
+  // failure leaves every session as it was.
+  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs);
+
+ private:
+  LanguageModel(ModelConfig config, Tokenizer tokenizer, std::string device_name,
+                std::unique_ptr<IncrementalModel> model);
+
+  ModelConfig config_;
+  Tokenizer tokenizer_;
+  std::string device_name_;
+  std::unique_ptr<IncrementalModel> model_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_LANGUAGE_MODEL_H_

@@ -16,6 +16,8 @@
 
 namespace txl {
 
+void SetThreads(int threads) { at::set_num_threads(threads); }
+
 SessionState::SessionState(std::unique_ptr<SessionMemory> memory) : memory_(std::move(memory)) {}
 SessionState::~SessionState() = default;
 int64_t SessionState::position() const { return memory_->position(); }
@@ -63,7 +65,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(
   }
   if (options.threads < 0)
     return absl::InvalidArgumentError(absl::StrCat("threads: must be >= 0, got ", options.threads));
-  if (options.threads > 0) at::set_num_threads(options.threads);
+  if (options.threads > 0) SetThreads(options.threads);
 
   absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(options.path);
   if (!ckpt.ok()) return ckpt.status();

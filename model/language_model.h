@@ -20,6 +20,9 @@
 namespace txl {
 
 class IncrementalModel;
+
+// Sets libtorch's intra-op thread count for the process (threads >= 1).
+void SetThreads(int threads);
 class SessionMemory;
 
 // One session's layer memories and position. Opaque outside model/.

@@ -24,6 +24,8 @@ ABSL_FLAG(std::string, tokens, "", "file of whitespace-separated token ids");
 ABSL_FLAG(int64_t, mem_len, -1, "attention window in keys (-1: the model's mem_len)");
 ABSL_FLAG(int64_t, chunk, 0, "tokens fed per request (0: all at once)");
 ABSL_FLAG(std::string, logprobs, "", "write log p(t_i | t_<i) for i = 1..n-1, one per line");
+ABSL_FLAG(std::string, predictions, "",
+          "write the most likely token id at each position 1..n-1, one per line");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(int, threads, 0, "intra-op threads (0: libtorch default)");
 
@@ -54,7 +56,7 @@ absl::StatusOr<std::vector<int>> ParseIds(const std::string& text, const std::st
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "txl-eval --model M (--text FILE | --tokens FILE) [--mem_len N] [--chunk K] "
-      "[--logprobs OUT] [--device D]");
+      "[--logprobs OUT] [--predictions OUT] [--device D]");
   absl::ParseCommandLine(argc, argv);
   const std::string model_path = absl::GetFlag(FLAGS_model);
   const std::string text_path = absl::GetFlag(FLAGS_text), ids_path = absl::GetFlag(FLAGS_tokens);
@@ -87,6 +89,7 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = chunk == 0 ? n : chunk;
   std::vector<float> logprobs;
+  std::vector<int> predicted;
   logprobs.reserve(n - 1);
   for (int64_t s = 0; s < n; s += step) {
     const int64_t e = std::min(n, s + step);
@@ -96,7 +99,9 @@ int main(int argc, char** argv) {
     in.targets.assign(ids->begin() + s + 1, ids->begin() + std::min(e + 1, n));
     auto out = (*model)->Step(absl::MakeSpan(&in, 1));
     if (!out.ok()) return Fail(1, std::string(out.status().message()));
-    logprobs.insert(logprobs.end(), (*out)[0].target_logprobs.begin(), (*out)[0].target_logprobs.end());
+    const txl::StepOutput& o = (*out)[0];
+    logprobs.insert(logprobs.end(), o.target_logprobs.begin(), o.target_logprobs.end());
+    predicted.insert(predicted.end(), o.target_argmax.begin(), o.target_argmax.end());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -110,6 +115,11 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof(buf), "%.9g\n", lp);
       out << buf;
     }
+    if (!out) return Fail(1, absl::StrCat(out_path, ": cannot write"));
+  }
+  if (const std::string out_path = absl::GetFlag(FLAGS_predictions); !out_path.empty()) {
+    std::ofstream out(out_path);
+    for (int id : predicted) out << id << "\n";
     if (!out) return Fail(1, absl::StrCat(out_path, ": cannot write"));
   }
   nlohmann::json j = {{"tokens", n},

@@ -38,19 +38,14 @@ int main(int argc, char** argv) {
     config = *parsed;
   }
 
-  const std::string kind = absl::GetFlag(FLAGS_tokenizer);
-  absl::StatusOr<txl::Tokenizer> tokenizer = txl::Tokenizer::Byte();
-  if (kind == "char") {
-    if (absl::GetFlag(FLAGS_corpus).empty()) return Fail(2, "--tokenizer char needs --corpus");
-    auto text = txl::ReadFile(absl::GetFlag(FLAGS_corpus));
+  std::string corpus;
+  if (const std::string path = absl::GetFlag(FLAGS_corpus); !path.empty()) {
+    auto text = txl::ReadFile(path);
     if (!text.ok()) return Fail(1, std::string(text.status().message()));
-    tokenizer = txl::Tokenizer::CharFromCorpus(*text);
-  } else if (kind == "word") {
-    if (absl::GetFlag(FLAGS_vocab).empty()) return Fail(2, "--tokenizer word needs --vocab");
-    tokenizer = txl::Tokenizer::WordFromVocabFile(absl::GetFlag(FLAGS_vocab));
-  } else if (kind != "byte") {
-    return Fail(2, absl::StrCat("--tokenizer must be byte, char or word, got '", kind, "'"));
+    corpus = *std::move(text);
   }
+  auto tokenizer =
+      txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), corpus, absl::GetFlag(FLAGS_vocab));
   if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
 
   if (config.n_token == 0) {

@@ -150,7 +150,11 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
     };
     int64_t r = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      for (int target : inputs[i].targets) out[i].target_logprobs.push_back(row(r++)[target]);
+      for (int target : inputs[i].targets) {
+        const float* d = row(r++);
+        out[i].target_logprobs.push_back(d[target]);
+        out[i].target_argmax.push_back(static_cast<int>(std::max_element(d, d + V) - d));
+      }
       if (inputs[i].want_last_distribution) {
         const float* d = row(r++);
         out[i].last_distribution.assign(d, d + V);

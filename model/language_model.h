@@ -58,6 +58,7 @@ struct StepInput {
 
 struct StepOutput {
   std::vector<float> target_logprobs;    // one per target
+  std::vector<int> target_argmax;        // the most likely token at each target's position
   std::vector<float> last_distribution;  // n_token log-probs, when asked
 };
 

@@ -98,16 +98,8 @@ int main(int argc, char** argv) {
     valid_text = *std::move(v);
   }
 
-  const std::string kind = absl::GetFlag(FLAGS_tokenizer);
-  absl::StatusOr<txl::Tokenizer> tokenizer = txl::Tokenizer::Byte();
-  if (kind == "char") {
-    tokenizer = txl::Tokenizer::CharFromCorpus(*train_text + valid_text);
-  } else if (kind == "word") {
-    if (absl::GetFlag(FLAGS_vocab).empty()) return Fail(2, "--tokenizer word needs --vocab");
-    tokenizer = txl::Tokenizer::WordFromVocabFile(absl::GetFlag(FLAGS_vocab));
-  } else if (kind != "byte") {
-    return Fail(2, absl::StrCat("--tokenizer must be char, byte or word, got '", kind, "'"));
-  }
+  auto tokenizer = txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), *train_text + valid_text,
+                                           absl::GetFlag(FLAGS_vocab));
   if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
 
   // Built-in defaults, then the config file, then the flags given.

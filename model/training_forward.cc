@@ -7,16 +7,18 @@
 namespace txl {
 namespace {
 
-// The original _rel_shift: row i of x[qlen, klen, ...] is shifted left by
-// qlen-1-i, so column j ends up holding distance (klen - qlen + i) - j.
+// The original _rel_shift, on scores laid out [..., qlen, klen]: row i is
+// shifted left by qlen-1-i, so column j ends up holding distance
+// (klen - qlen + i) - j. (The original lays scores out [qlen, klen, b, n];
+// batch and heads first keeps the softmax and matmuls contiguous.)
 at::Tensor RelShift(const at::Tensor& x) {
-  std::vector<int64_t> pad_shape = x.sizes().vec();
-  pad_shape[1] = 1;
-  at::Tensor padded = at::cat({at::zeros(pad_shape, x.options()), x}, 1);
-  std::vector<int64_t> view_shape = x.sizes().vec();
-  view_shape[0] = x.size(1) + 1;
-  view_shape[1] = x.size(0);
-  return padded.view(view_shape).slice(0, 1).view_as(x);
+  const int64_t q = x.size(-2), k = x.size(-1);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = 1;
+  at::Tensor padded = at::cat({at::zeros(shape, x.options()), x}, -1);  // [..., q, k+1]
+  shape.back() = q;
+  shape[shape.size() - 2] = k + 1;
+  return padded.view(shape).slice(-2, 1).reshape(x.sizes());
 }
 
 at::Tensor Attention(const ModelConfig& c, const TxlWeights& w, int64_t layer, const at::Tensor& x,
@@ -28,17 +30,18 @@ at::Tensor Attention(const ModelConfig& c, const TxlWeights& w, int64_t layer, c
   const int64_t klen = cat.size(0);
   at::Tensor in = c.pre_lnorm ? LayerNorm(cat, L.attn_ln_w, L.attn_ln_b) : cat;
   std::vector<at::Tensor> qkv = at::linear(in, L.qkv_w).chunk(3, -1);
-  at::Tensor q = qkv[0].slice(0, klen - qlen).reshape({qlen, bsz, H, dh});
-  at::Tensor k = qkv[1].reshape({klen, bsz, H, dh});
-  at::Tensor v = qkv[2].reshape({klen, bsz, H, dh});
-  at::Tensor rk = at::linear(pos_emb, L.r_w).view({klen, H, dh});
+  // [len, bsz, H, dh] -> [bsz, H, len, dh]
+  at::Tensor q = qkv[0].slice(0, klen - qlen).reshape({qlen, bsz, H, dh}).permute({1, 2, 0, 3});
+  at::Tensor k = qkv[1].reshape({klen, bsz, H, dh}).permute({1, 2, 3, 0});  // [bsz, H, dh, klen]
+  at::Tensor v = qkv[2].reshape({klen, bsz, H, dh}).permute({1, 2, 0, 3});
+  at::Tensor rk = at::linear(pos_emb, L.r_w).view({klen, H, dh}).permute({1, 2, 0});  // [H, dh, klen]
 
-  at::Tensor ac = at::einsum("ibnd,jbnd->ijbn", {q + w.u(c, layer), k});
-  at::Tensor bd = RelShift(at::einsum("ibnd,jnd->ijbn", {q + w.v(c, layer), rk}));
-  at::Tensor score = (ac + bd) * (1.0 / std::sqrt(static_cast<double>(dh)));
-  score = score.masked_fill(mask.view({qlen, klen, 1, 1}), -INFINITY);
-  at::Tensor prob = at::dropout(at::softmax(score, 1), c.dropatt, train);
-  at::Tensor vec = at::einsum("ijbn,jbnd->ibnd", {prob, v}).reshape({qlen, bsz, H * dh});
+  at::Tensor ac = at::matmul(q + w.u(c, layer).view({1, H, 1, dh}), k);  // [bsz, H, qlen, klen]
+  at::Tensor bd = RelShift(at::matmul(q + w.v(c, layer).view({1, H, 1, dh}), rk));
+  at::Tensor score = (ac + bd).mul_(1.0 / std::sqrt(static_cast<double>(dh)));
+  score.masked_fill_(mask.view({1, 1, qlen, klen}), -INFINITY);
+  at::Tensor prob = at::dropout(at::softmax(score, -1), c.dropatt, train);
+  at::Tensor vec = at::matmul(prob, v).permute({2, 0, 1, 3}).reshape({qlen, bsz, H * dh});
   at::Tensor out = at::dropout(at::linear(vec, L.o_w), c.dropout, train);
   if (c.pre_lnorm) return x + out;
   return LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);

@@ -226,6 +226,9 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   ASSERT_EQ(o.target_logprobs.size(), 4u);
   ASSERT_EQ(o.last_distribution.size(), static_cast<size_t>(config_.n_token));
   EXPECT_FLOAT_EQ(o.target_logprobs[3], o.last_distribution[9]);
+  ASSERT_EQ(o.target_argmax.size(), 4u);
+  EXPECT_EQ(o.target_argmax[3], std::max_element(o.last_distribution.begin(), o.last_distribution.end()) -
+                                    o.last_distribution.begin());
   double total = 0;
   for (float lp : o.last_distribution) total += std::exp(lp);
   EXPECT_NEAR(total, 1.0, 1e-5);

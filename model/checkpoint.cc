@@ -93,9 +93,10 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
 }
 
 absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config,
-                                    const Tokenizer& tokenizer, uint64_t seed) {
+                                    const Tokenizer& tokenizer, uint64_t seed, double init_std) {
   if (auto s = config.Validate(); !s.ok()) return s;
-  return SaveCheckpoint(path, config, tokenizer, InitWeights(config, seed));
+  if (!(init_std > 0)) return absl::InvalidArgumentError("init_std must be > 0");
+  return SaveCheckpoint(path, config, tokenizer, InitWeights(config, seed, init_std, init_std / 2));
 }
 
 }  // namespace txl

@@ -16,6 +16,7 @@ ABSL_FLAG(std::string, corpus, "", "text whose characters form the char vocabula
 ABSL_FLAG(std::string, vocab, "", "word vocabulary file, one token per line");
 ABSL_FLAG(uint64_t, seed, 1, "random seed");
 ABSL_FLAG(std::string, out, "", "checkpoint to write");
+ABSL_FLAG(double, init_std, 0.02, "standard deviation of the weights (0.02: the original init)");
 
 namespace {
 int Fail(int code, const std::string& msg) {
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   }
   if (auto s = config.Validate(); !s.ok()) return Fail(1, std::string(s.message()));
   if (auto s = txl::WriteInitialCheckpoint(absl::GetFlag(FLAGS_out), config, *tokenizer,
-                                           absl::GetFlag(FLAGS_seed));
+                                           absl::GetFlag(FLAGS_seed), absl::GetFlag(FLAGS_init_std));
       !s.ok()) {
     return Fail(1, std::string(s.message()));
   }

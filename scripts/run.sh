@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# README command 1: install what is missing, build, run the main job.
-# Until the server lands, the main job is an evaluation: a model over a
-# slice of the Shakespeare corpus, fed in chunks through one session.
+# README command 1: install what is missing, build, start txl-server on the
+# bundled model and stream a generation from it with txl-client.
+#   KEEP_SERVING=1 scripts/run.sh   leaves the server running afterwards
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
-CORPUS=${CORPUS:-../shared/data/tinyshakespeare.txt}
-[ -f "$CORPUS" ] || { echo "run.sh: corpus $CORPUS not found (set CORPUS=...)" >&2; exit 1; }
-MODEL=${MODEL:-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-if [ -z "$MODEL" ]; then
-  # No trained model is bundled yet: evaluate a freshly initialised one.
-  MODEL="$work/init.pt"
-  printf '{"n_layer": 4, "n_head": 4, "d_model": 128, "d_head": 32, "d_inner": 512, "mem_len": 128}\n' > "$work/config.json"
-  "$BUILD_DIR/model/txl-init" --config "$work/config.json" --tokenizer char --corpus "$CORPUS" --out "$MODEL"
+MODEL=${MODEL:-model/bundled/shakespeare_char.pt}
+LISTEN=${LISTEN:-127.0.0.1:50051}
+PROMPT=${PROMPT:-$'ROMEO:\n'}
+
+"$BUILD_DIR/server/txl-server" --model "$MODEL" --listen "$LISTEN" --metrics_listen 127.0.0.1:9464 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  "$BUILD_DIR/client/txl-client" --server "$LISTEN" health >/dev/null 2>&1 && break
+  kill -0 $server 2>/dev/null || { echo "run.sh: txl-server exited" >&2; exit 1; }
+  sleep 0.2
+done
+"$BUILD_DIR/client/txl-client" --server "$LISTEN" info | head -20
+session=$("$BUILD_DIR/client/txl-client" --server "$LISTEN" create)
+echo "== streaming a generation (session $session)"
+"$BUILD_DIR/client/txl-client" --server "$LISTEN" --session "$session" --max_new_tokens 300 \
+  --temperature 0.8 --seed 7 generate "$PROMPT"
+echo "== the same session continues; only the new text is sent"
+"$BUILD_DIR/client/txl-client" --server "$LISTEN" --session "$session" --max_new_tokens 200 \
+  --temperature 0.8 --seed 8 generate $'\nJULIET:\n'
+"$BUILD_DIR/client/txl-client" --server "$LISTEN" sessions get "$session"
+if [ "${KEEP_SERVING:-0}" = 1 ]; then
+  echo "== txl-server keeps serving on $LISTEN (metrics on 127.0.0.1:9464); Ctrl-C stops it"
+  wait $server
 fi
-tail -c 20000 "$CORPUS" > "$work/valid.txt"
-echo "== txl-eval $MODEL on the last 20000 characters, all at once and in chunks of 64"
-"$BUILD_DIR/model/txl-eval" --model "$MODEL" --text "$work/valid.txt"
-"$BUILD_DIR/model/txl-eval" --model "$MODEL" --text "$work/valid.txt" --chunk 64

@@ -1,0 +1,207 @@
+// txl-client: command-line client of txl-server.
+//   txl-client [flags] generate TEXT      stream a generation
+//   txl-client [flags] chat               a REPL on one session; each line sends only new text
+//   txl-client [flags] score FILE         per-token log-probs / perplexity of a file
+//   txl-client [flags] sessions list|get|delete|fork [ID]
+//   txl-client [flags] create             create a session and print its id
+//   txl-client [flags] info | health
+// Errors print the gRPC status and exit non-zero.
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/txl_client.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "txl-server address");
+ABSL_FLAG(std::string, session, "", "session id (empty: a throw-away session for generate/score)");
+ABSL_FLAG(int, max_new_tokens, 64, "tokens to generate");
+ABSL_FLAG(double, temperature, 0.8, "sampling temperature (0: greedy)");
+ABSL_FLAG(int, top_k, 0, "sample from the k most likely tokens (0: all)");
+ABSL_FLAG(double, top_p, 0, "nucleus sampling mass (0: off)");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed (0: random)");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "stop sequences, comma-separated");
+ABSL_FLAG(int64_t, mem_len, 0, "create: the session's window (0: server default)");
+ABSL_FLAG(int64_t, ttl, 0, "create: idle seconds before the session expires (0: server default)");
+ABSL_FLAG(bool, no_commit, false, "score: leave the session untouched");
+ABSL_FLAG(double, timeout, 300, "seconds per call");
+
+namespace {
+
+int Error(const absl::Status& s) {
+  std::cerr << "txl-client: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << std::endl;
+  return 1;
+}
+
+int Usage(const std::string& msg) {
+  std::cerr << "txl-client: " << msg << "\n" << absl::ProgramUsageMessage() << std::endl;
+  return 2;
+}
+
+txl::v1::GenerateRequest GenerateRequest(const std::string& text) {
+  txl::v1::GenerateRequest req;
+  req.set_session_id(absl::GetFlag(FLAGS_session));
+  if (!text.empty()) req.mutable_input()->set_text(text);
+  req.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  auto* s = req.mutable_sampling();
+  s->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  s->set_top_k(absl::GetFlag(FLAGS_top_k));
+  s->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  s->set_seed(absl::GetFlag(FLAGS_seed));
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) req.add_stop_sequences(stop);
+  return req;
+}
+
+void PrintSession(const txl::v1::Session& s) {
+  std::cout << s.session_id() << " position=" << s.position() << " mem_len=" << s.mem_len()
+            << " memory_tokens=" << s.memory_tokens() << " memory_bytes=" << s.memory_bytes()
+            << " ttl=" << s.idle_ttl_seconds() << "s" << (s.busy() ? " busy" : "") << "\n";
+}
+
+const char* FinishName(txl::v1::FinishReason r) {
+  switch (r) {
+    case txl::v1::FINISH_REASON_LENGTH: return "length";
+    case txl::v1::FINISH_REASON_STOP_TOKEN: return "stop_token";
+    case txl::v1::FINISH_REASON_STOP_SEQUENCE: return "stop_sequence";
+    case txl::v1::FINISH_REASON_CANCELLED: return "cancelled";
+    default: return "unknown";
+  }
+}
+
+// Streams one generation to stdout; the summary goes to stderr.
+int Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req) {
+  txl::v1::GenerateResponse last;
+  absl::Status s = client.Generate(req, [&](const txl::v1::GenerateResponse& r) {
+    std::cout << r.text() << std::flush;
+    if (r.finish_reason() != txl::v1::FINISH_REASON_UNSPECIFIED) last = r;
+  });
+  std::cout << std::endl;
+  if (!s.ok()) return Error(s);
+  const auto& u = last.usage();
+  std::cerr << "[" << FinishName(last.finish_reason()) << ": " << u.input_tokens() << " input, "
+            << u.generated_tokens() << " generated, first token " << static_cast<int>(u.time_to_first_token_seconds() * 1000)
+            << " ms, " << (u.total_seconds() > 0 ? u.generated_tokens() / u.total_seconds() : 0.0)
+            << " tokens/s, position " << last.position() << "]" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "txl-client [--server H:P] [--session ID] (generate TEXT | chat | score FILE | create | "
+      "sessions list|get|delete|fork [ID] | info | health)");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) return Usage("no command");
+  const std::string cmd = args[1];
+  txl::ClientOptions options;
+  options.server = absl::GetFlag(FLAGS_server);
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  auto client_or = txl::TxlClient::Create(options);
+  if (!client_or.ok()) return Error(client_or.status());
+  txl::TxlClient& client = **client_or;
+  const std::string session = absl::GetFlag(FLAGS_session);
+
+  if (cmd == "health") {
+    auto h = client.Health();
+    if (!h.ok()) return Error(h.status());
+    std::cout << *h << std::endl;
+    return *h == "SERVING" ? 0 : 1;
+  }
+  if (cmd == "info") {
+    auto info = client.Info();
+    if (!info.ok()) return Error(info.status());
+    std::cout << info->DebugString();
+    return 0;
+  }
+  if (cmd == "generate") {
+    std::string text = args.size() > 2 ? args[2] : "";
+    return Stream(client, GenerateRequest(text));
+  }
+  if (cmd == "create") {
+    txl::v1::CreateSessionRequest req;
+    req.set_mem_len(absl::GetFlag(FLAGS_mem_len));
+    req.set_idle_ttl_seconds(absl::GetFlag(FLAGS_ttl));
+    auto s = client.CreateSession(req);
+    if (!s.ok()) return Error(s.status());
+    std::cout << s->session_id() << std::endl;
+    return 0;
+  }
+  if (cmd == "chat") {
+    std::string id = session;
+    if (id.empty()) {
+      txl::v1::CreateSessionRequest req;
+      req.set_mem_len(absl::GetFlag(FLAGS_mem_len));
+      auto s = client.CreateSession(req);
+      if (!s.ok()) return Error(s.status());
+      id = s->session_id();
+      std::cerr << "session " << id << std::endl;
+    }
+    std::string line;
+    while (std::cerr << "> " && std::getline(std::cin, line)) {
+      txl::v1::GenerateRequest req = GenerateRequest(line + "\n");
+      req.set_session_id(id);
+      if (int rc = Stream(client, req); rc != 0) return rc;
+    }
+    return 0;
+  }
+  if (cmd == "score") {
+    if (args.size() < 3) return Usage("score needs a FILE");
+    std::ifstream in(args[2], std::ios::binary);
+    if (!in) return Usage(absl::StrCat("cannot open ", args[2]));
+    std::stringstream buf;
+    buf << in.rdbuf();
+    txl::v1::ScoreRequest req;
+    req.set_session_id(session);
+    req.mutable_input()->set_text(buf.str());
+    req.set_commit(!absl::GetFlag(FLAGS_no_commit));
+    auto r = client.Score(req);
+    if (!r.ok()) return Error(r.status());
+    int64_t n = 0;
+    for (const auto& t : r->tokens()) n += t.has_logprob() ? 1 : 0;
+    const double per_token = n > 0 ? -r->total_logprob() / static_cast<double>(n) : 0;
+    std::cout << "{\"tokens\":" << r->tokens_size() << ",\"predicted\":" << n << ",\"nll\":" << -r->total_logprob()
+              << ",\"bpc\":" << per_token / std::log(2.0) << ",\"ppl\":" << std::exp(per_token)
+              << ",\"position\":" << r->position() << "}" << std::endl;
+    return 0;
+  }
+  if (cmd == "sessions") {
+    const std::string sub = args.size() > 2 ? args[2] : "list";
+    const std::string id = args.size() > 3 ? args[3] : session;
+    if (sub == "list") {
+      auto l = client.ListSessions();
+      if (!l.ok()) return Error(l.status());
+      for (const auto& s : l->sessions()) PrintSession(s);
+      return 0;
+    }
+    if (id.empty()) return Usage(absl::StrCat("sessions ", sub, " needs an ID"));
+    if (sub == "get") {
+      auto s = client.GetSession(id);
+      if (!s.ok()) return Error(s.status());
+      PrintSession(*s);
+      return 0;
+    }
+    if (sub == "delete") {
+      absl::Status s = client.DeleteSession(id);
+      return s.ok() ? 0 : Error(s);
+    }
+    if (sub == "fork") {
+      txl::v1::ForkSessionRequest req;
+      req.set_session_id(id);
+      auto s = client.ForkSession(req);
+      if (!s.ok()) return Error(s.status());
+      PrintSession(*s);
+      return 0;
+    }
+    return Usage(absl::StrCat("unknown sessions command '", sub, "'"));
+  }
+  return Usage(absl::StrCat("unknown command '", cmd, "'"));
+}

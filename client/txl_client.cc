@@ -1,0 +1,160 @@
+#include "client/txl_client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+
+namespace txl {
+
+absl::Status TxlClient::FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<TxlClient>> TxlClient::Create(const ClientOptions& options) {
+  if (options.server.empty()) return absl::InvalidArgumentError("server: address required");
+  auto channel = grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials());
+  return std::unique_ptr<TxlClient>(new TxlClient(options, std::move(channel)));
+}
+
+TxlClient::TxlClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
+    : options_(options), channel_(std::move(channel)), stub_(v1::TransformerXL::NewStub(channel_)) {}
+
+void TxlClient::Prepare(grpc::ClientContext* ctx, const std::string& session_id) const {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
+  if (!session_id.empty()) ctx->AddMetadata("txl-session-id", session_id);
+}
+
+absl::StatusOr<v1::ModelInfo> TxlClient::Info() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, "");
+  v1::ModelInfo out;
+  grpc::Status s = stub_->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::StatusOr<v1::Session> TxlClient::CreateSession(const v1::CreateSessionRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, "");
+  v1::Session out;
+  grpc::Status s = stub_->CreateSession(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::StatusOr<v1::Session> TxlClient::GetSession(const std::string& id) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, id);
+  v1::GetSessionRequest req;
+  req.set_session_id(id);
+  v1::Session out;
+  grpc::Status s = stub_->GetSession(&ctx, req, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::StatusOr<v1::ListSessionsResponse> TxlClient::ListSessions() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, "");
+  v1::ListSessionsResponse out;
+  grpc::Status s = stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::Status TxlClient::DeleteSession(const std::string& id) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, id);
+  v1::DeleteSessionRequest req;
+  req.set_session_id(id);
+  v1::DeleteSessionResponse out;
+  return FromGrpc(stub_->DeleteSession(&ctx, req, &out));
+}
+
+absl::StatusOr<v1::Session> TxlClient::ForkSession(const v1::ForkSessionRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, request.session_id());
+  v1::Session out;
+  grpc::Status s = stub_->ForkSession(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::Status TxlClient::Generate(const v1::GenerateRequest& request,
+                                 const std::function<void(const v1::GenerateResponse&)>& on_response) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, request.session_id());
+  auto reader = stub_->Generate(&ctx, request);
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) on_response(r);
+  return FromGrpc(reader->Finish());
+}
+
+absl::StatusOr<v1::ScoreResponse> TxlClient::Score(const v1::ScoreRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, request.session_id());
+  v1::ScoreResponse out;
+  grpc::Status s = stub_->Score(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+namespace {
+
+class StreamConversation : public Conversation {
+ public:
+  StreamConversation(v1::TransformerXL::Stub* stub, const std::string& session_id) {
+    if (!session_id.empty()) ctx_.AddMetadata("txl-session-id", session_id);
+    stream_ = stub->Converse(&ctx_);
+  }
+  absl::Status Turn(const v1::GenerateRequest& request,
+                    const std::function<void(const v1::GenerateResponse&)>& on_response) override {
+    if (!stream_->Write(request)) return Close();
+    v1::GenerateResponse r;
+    while (stream_->Read(&r)) {
+      on_response(r);
+      if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) return absl::OkStatus();
+    }
+    return Close();
+  }
+  absl::Status Close() override {
+    if (closed_) return status_;
+    closed_ = true;
+    stream_->WritesDone();
+    v1::GenerateResponse drain;
+    while (stream_->Read(&drain)) {
+    }
+    status_ = TxlClient::FromGrpc(stream_->Finish());
+    return status_;
+  }
+  ~StreamConversation() override { Close(); }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::GenerateRequest, v1::GenerateResponse>> stream_;
+  bool closed_ = false;
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<Conversation> TxlClient::Converse(const std::string& session_id) {
+  return std::make_unique<StreamConversation>(stub_.get(), session_id);
+}
+
+absl::StatusOr<std::string> TxlClient::Health(const std::string& service) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, "");
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse out;
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::Status s = stub->Check(&ctx, req, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(out.status());
+}
+
+}  // namespace txl

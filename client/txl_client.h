@@ -1,0 +1,69 @@
+// TxlClient: the C++ client library for txl.v1.TransformerXL. Every call
+// that names a session also sends it as "txl-session-id" metadata, so a
+// proxy can route it to the replica that holds the session.
+//
+// Threading: a TxlClient may be shared by threads; each call is independent.
+#ifndef TXL_CLIENT_TXL_CLIENT_H_
+#define TXL_CLIENT_TXL_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/txl/v1/txl.grpc.pb.h"
+
+namespace txl {
+
+struct ClientOptions {
+  std::string server = "127.0.0.1:50051";
+  absl::Duration timeout = absl::Seconds(60);  // per call; streams included
+};
+
+// An open Converse stream: one turn at a time.
+class Conversation {
+ public:
+  virtual ~Conversation() = default;
+  // Sends one turn and delivers its responses until the turn's last one.
+  virtual absl::Status Turn(const v1::GenerateRequest& request,
+                            const std::function<void(const v1::GenerateResponse&)>& on_response) = 0;
+  // Ends the stream and returns its status.
+  virtual absl::Status Close() = 0;
+};
+
+class TxlClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<TxlClient>> Create(const ClientOptions& options);
+
+  absl::StatusOr<v1::ModelInfo> Info();
+  absl::StatusOr<v1::Session> CreateSession(const v1::CreateSessionRequest& request);
+  absl::StatusOr<v1::Session> GetSession(const std::string& id);
+  absl::StatusOr<v1::ListSessionsResponse> ListSessions();
+  absl::Status DeleteSession(const std::string& id);
+  absl::StatusOr<v1::Session> ForkSession(const v1::ForkSessionRequest& request);
+  // Calls on_response for every streamed response; returns the call's status.
+  absl::Status Generate(const v1::GenerateRequest& request,
+                        const std::function<void(const v1::GenerateResponse&)>& on_response);
+  absl::StatusOr<v1::ScoreResponse> Score(const v1::ScoreRequest& request);
+  std::unique_ptr<Conversation> Converse(const std::string& session_id);
+  // "SERVING", "NOT_SERVING", ... of grpc.health.v1 for `service` ("" = server).
+  absl::StatusOr<std::string> Health(const std::string& service = "");
+
+  // The status of a gRPC call as an absl::Status (same code and message).
+  static absl::Status FromGrpc(const grpc::Status& s);
+
+ private:
+  explicit TxlClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
+  void Prepare(grpc::ClientContext* ctx, const std::string& session_id) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::TransformerXL::Stub> stub_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_CLIENT_TXL_CLIENT_H_

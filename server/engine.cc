@@ -1,0 +1,48 @@
+#include "server/engine.h"
+
+namespace txl {
+namespace {
+
+class ModelSession : public EngineSession {
+ public:
+  explicit ModelSession(std::unique_ptr<SessionState> state) : state_(std::move(state)) {}
+  int64_t fed() const override { return state_->position(); }
+  int64_t mem_len() const override { return state_->mem_len(); }
+  int64_t memory_tokens() const override { return state_->memory_tokens(); }
+  int64_t memory_bytes() const override { return state_->memory_bytes(); }
+  std::unique_ptr<EngineSession> Clone() const override {
+    return std::make_unique<ModelSession>(state_->Clone());
+  }
+  SessionState* state() { return state_.get(); }
+
+ private:
+  std::unique_ptr<SessionState> state_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelEngine>> ModelEngine::Create(const LanguageModelOptions& options) {
+  auto model = LanguageModel::Create(options);
+  if (!model.ok()) return model.status();
+  return std::unique_ptr<ModelEngine>(new ModelEngine(*std::move(model)));
+}
+
+absl::StatusOr<std::unique_ptr<EngineSession>> ModelEngine::NewSession(int64_t mem_len) {
+  auto state = model_->NewSession(mem_len);
+  if (!state.ok()) return state.status();
+  return std::unique_ptr<EngineSession>(new ModelSession(*std::move(state)));
+}
+
+absl::StatusOr<std::vector<StepOutput>> ModelEngine::Step(absl::Span<EngineInput> inputs) {
+  std::vector<StepInput> steps(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    // Sessions come from NewSession, so they are ModelSessions.
+    steps[i].session = static_cast<ModelSession*>(inputs[i].session)->state();
+    steps[i].tokens = std::move(inputs[i].tokens);
+    steps[i].targets = std::move(inputs[i].targets);
+    steps[i].want_last_distribution = inputs[i].want_distribution;
+  }
+  return model_->Step(absl::MakeSpan(steps));
+}
+
+}  // namespace txl

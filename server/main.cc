@@ -1,0 +1,155 @@
+// txl-server: serves a Transformer-XL checkpoint over gRPC with stateful
+// sessions. Flags live here only; they are copied into config structs.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/engine.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/service.h"
+#include "server/session_store.h"
+
+#ifndef TXL_BUNDLED_MODEL
+#define TXL_BUNDLED_MODEL "model/bundled/shakespeare_char.pt"
+#endif
+
+ABSL_FLAG(std::string, model, TXL_BUNDLED_MODEL, "checkpoint to serve (default: the bundled model)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (empty: off)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(int, threads, 0, "intra-op threads for the model (0: libtorch default)");
+ABSL_FLAG(int, max_batch, 32, "requests advanced together per engine step");
+ABSL_FLAG(int, max_batch_tokens, 2048, "tokens fed per engine step");
+ABSL_FLAG(int, prefill_chunk, 256, "tokens one request feeds per step while prefilling");
+ABSL_FLAG(int, max_queue, 256, "waiting requests before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_sessions, 1000, "live sessions before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, session_ttl, 600, "default idle seconds before a session expires");
+ABSL_FLAG(int64_t, max_session_ttl, 86400, "largest idle_ttl_seconds a client may ask for");
+ABSL_FLAG(int64_t, default_mem_len, 0, "a new session's window (0: the model's mem_len)");
+ABSL_FLAG(int64_t, max_mem_len, 4096, "largest mem_len a client may ask for");
+ABSL_FLAG(int, max_new_tokens, 4096, "largest max_new_tokens a request may ask for");
+ABSL_FLAG(int64_t, max_input_tokens, 65536, "largest input of one request, in tokens");
+ABSL_FLAG(double, drain_timeout, 10, "seconds in-flight requests get to finish on SIGTERM");
+
+namespace {
+
+int Fail(const std::string& msg) {
+  std::cerr << "txl-server: " << msg << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("txl-server [--model M.pt] [--listen HOST:PORT] [--device cpu|cuda] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  // Signals go to the waiting thread below, not to whichever thread runs.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  txl::LanguageModelOptions model_options;
+  model_options.path = absl::GetFlag(FLAGS_model);
+  model_options.device = absl::GetFlag(FLAGS_device);
+  model_options.threads = absl::GetFlag(FLAGS_threads);
+  auto engine = txl::ModelEngine::Create(model_options);
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  const txl::LanguageModel& model = (*engine)->model();
+  const txl::ModelConfig& mc = model.config();
+
+  txl::ServiceConfig service_config;
+  service_config.default_mem_len =
+      absl::GetFlag(FLAGS_default_mem_len) > 0 ? absl::GetFlag(FLAGS_default_mem_len) : std::max<int64_t>(1, mc.mem_len);
+  service_config.max_mem_len = absl::GetFlag(FLAGS_max_mem_len);
+  service_config.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  service_config.max_input_tokens = absl::GetFlag(FLAGS_max_input_tokens);
+  service_config.model_path = model_options.path;
+  service_config.device = model.device();
+  if (service_config.default_mem_len > service_config.max_mem_len) {
+    return Fail(absl::StrCat("--default_mem_len ", service_config.default_mem_len, " exceeds --max_mem_len ",
+                             service_config.max_mem_len));
+  }
+
+  txl::SessionStoreConfig store_config;
+  store_config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  store_config.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl));
+  store_config.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
+  txl::SessionStore store(store_config);
+
+  txl::MetricsConfig metrics_config;
+  metrics_config.listen = absl::GetFlag(FLAGS_metrics_listen);
+  metrics_config.info = {{"version", "0.1.0"},
+                         {"model", model_options.path},
+                         {"device", model.device()},
+                         {"n_layer", std::to_string(mc.n_layer)},
+                         {"d_model", std::to_string(mc.d_model)}};
+  auto metrics = txl::Metrics::Create(metrics_config, &store);
+  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+
+  txl::SchedulerConfig sched_config;
+  sched_config.max_batch = absl::GetFlag(FLAGS_max_batch);
+  sched_config.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  sched_config.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  sched_config.max_queue = absl::GetFlag(FLAGS_max_queue);
+  if (sched_config.max_batch < 1 || sched_config.max_batch_tokens < 1 || sched_config.prefill_chunk < 1 ||
+      sched_config.max_queue < 0) {
+    return Fail("--max_batch, --max_batch_tokens and --prefill_chunk must be >= 1, --max_queue >= 0");
+  }
+  txl::Scheduler scheduler(sched_config, engine->get(), &store, &model.tokenizer(), metrics->get());
+
+  txl::TxlService service(service_config, mc, model.tokenizer(), engine->get(), &store, &scheduler,
+                          metrics->get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
+  // silently shares it instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", listen, " (address in use?)"));
+  scheduler.Start();
+  server->GetHealthCheckService()->SetServingStatus(true);
+  std::cout << "txl-server: listening on " << listen.substr(0, listen.rfind(':') + 1) << port
+            << (metrics_config.listen.empty()
+                    ? ""
+                    : ", metrics on " + metrics_config.listen.substr(0, metrics_config.listen.rfind(':') + 1) +
+                          std::to_string((*metrics)->port()))
+            << "\ntxl-server: model " << model_options.path << " (n_layer " << mc.n_layer << ", d_model "
+            << mc.d_model << ", " << mc.n_token << " tokens, default mem_len " << service_config.default_mem_len
+            << ") on " << model.device() << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  server->GetHealthCheckService()->SetServingStatus(false);
+  scheduler.Drain();
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout));
+  while (absl::Now() < deadline && (scheduler.active() > 0 || scheduler.queue_depth() > 0)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // What is still running is cancelled; its sessions keep what was delivered.
+  scheduler.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  std::cout << "txl-server: stopped" << std::endl;
+  return 0;
+}

@@ -1,0 +1,414 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "server/text_stream.h"
+
+namespace txl {
+
+// One request as the engine thread sees it.
+class Job {
+ public:
+  enum class Kind { kGenerate, kScore, kFork };
+
+  Kind kind;
+  SessionLease lease;
+  bool throwaway = false;
+  JobCallbacks callbacks;
+  std::atomic<bool> cancelled{false};
+  absl::Time submitted = absl::Now();
+
+  // Tokens to feed: the session's pending token, then the input.
+  std::vector<int> feed;
+  size_t fed = 0;          // of `feed`
+  size_t pending_len = 0;  // how many of `feed` were the session's pending tokens
+
+  // Generate.
+  GenerateSpec spec;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TextStream> text;
+  bool decoding = false;  // prefill done; feeding back sampled tokens
+  int last = -1;          // the last sampled token (unfed)
+  absl::Time last_token_at;
+
+  // Score.
+  bool commit = true;
+  std::unique_ptr<EngineSession> scratch;  // commit=false works on a copy
+
+  // Fork.
+  absl::Duration fork_ttl;
+  std::map<std::string, std::string> fork_labels;
+
+  JobResult result;
+  bool done = false;
+
+  EngineSession* state() { return scratch ? scratch.get() : lease.state.get(); }
+  // Rows still to feed before the job needs no more prefill.
+  size_t prefill_left() const {
+    // Score never feeds its last token (it stays pending): nothing predicts past it.
+    const size_t total = kind == Kind::kScore ? (feed.empty() ? 0 : feed.size() - 1) : feed.size();
+    return total > fed ? total - fed : 0;
+  }
+};
+
+namespace {
+
+double Since(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
+
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerConfig& config, Engine* engine, SessionStore* store,
+                     const Tokenizer* tokenizer, SchedulerObserver* observer)
+    : config_(config), engine_(engine), store_(store), tokenizer_(tokenizer), observer_(observer) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Scheduler::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+void Scheduler::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t Scheduler::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+void Scheduler::ReturnLease(Job& job) {
+  if (!job.lease.state) return;
+  if (job.throwaway) {
+    store_->Discard(std::move(job.lease));
+  } else {
+    store_->Release(std::move(job.lease), absl::Now());
+  }
+  job.lease = SessionLease();
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::Enqueue(std::shared_ptr<Job> job) {
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      refused = absl::UnavailableError("the server is shutting down");
+    } else if (static_cast<int64_t>(queue_.size()) >= config_.max_queue) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat("the request queue is full (max_queue=", config_.max_queue, ")"));
+    } else {
+      queue_.push_back(job);
+      if (observer_) observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
+      return job;
+    }
+  }
+  ReturnLease(*job);
+  return refused;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease lease, bool throwaway,
+                                                               GenerateSpec spec,
+                                                               JobCallbacks callbacks) {
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kGenerate;
+  job->throwaway = throwaway;
+  job->callbacks = std::move(callbacks);
+  job->lease = std::move(lease);
+  absl::Status invalid;
+  if (spec.input.empty() && job->lease.pending.empty()) {
+    invalid = absl::InvalidArgumentError(
+        "input: empty, and the session has no history to continue from");
+  } else if (auto s = ValidateSampling(spec.sampling); !s.ok()) {
+    invalid = s;
+  }
+  if (!invalid.ok()) {
+    ReturnLease(*job);
+    return invalid;
+  }
+  job->feed = std::move(job->lease.pending);
+  job->pending_len = job->feed.size();
+  job->lease.pending.clear();
+  job->feed.insert(job->feed.end(), spec.input.begin(), spec.input.end());
+  job->result.input_tokens = static_cast<int64_t>(spec.input.size());
+  job->sampler = std::make_unique<Sampler>(spec.sampling, std::random_device{}());
+  job->text = std::make_unique<TextStream>(spec.stop_sequences);
+  job->spec = std::move(spec);
+  return Enqueue(std::move(job));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, bool throwaway,
+                                                            std::vector<int> input, bool commit,
+                                                            JobCallbacks callbacks) {
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kScore;
+  job->throwaway = throwaway;
+  job->callbacks = std::move(callbacks);
+  job->lease = std::move(lease);
+  if (input.empty()) {
+    ReturnLease(*job);
+    return absl::InvalidArgumentError("input: must hold at least one token");
+  }
+  job->commit = commit;
+  job->feed = job->lease.pending;  // kept in the lease until the job commits
+  job->pending_len = job->feed.size();
+  job->feed.insert(job->feed.end(), input.begin(), input.end());
+  job->result.input_tokens = static_cast<int64_t>(input.size());
+  return Enqueue(std::move(job));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, absl::Duration idle_ttl,
+                                                           std::map<std::string, std::string> labels,
+                                                           JobCallbacks callbacks) {
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kFork;
+  job->callbacks = std::move(callbacks);
+  job->lease = std::move(source);
+  job->fork_ttl = idle_ttl;
+  job->fork_labels = std::move(labels);
+  return Enqueue(std::move(job));
+}
+
+void Scheduler::Cancel(const std::shared_ptr<Job>& job) { job->cancelled.store(true); }
+
+void Scheduler::Finish(Job& job, absl::Status status) {
+  if (job.done) return;
+  job.done = true;
+  // Settle the session's pending token so that "position = fed + pending"
+  // holds whatever happened: a finished generation leaves its last sampled
+  // token pending; a job stopped part-way keeps the prefix it fed (plus the
+  // next token as the pending one); a job that fed nothing changes nothing.
+  const bool on_scratch = job.kind == Job::Kind::kScore && !job.commit;
+  if (job.kind == Job::Kind::kGenerate && job.decoding) {
+    job.lease.pending = {job.last};
+  } else if (job.kind == Job::Kind::kScore && job.commit && status.ok()) {
+    job.lease.pending = {job.feed.back()};
+  } else if (!on_scratch && job.fed > 0) {
+    job.lease.pending = {job.feed[job.fed]};
+  } else if (job.kind == Job::Kind::kGenerate) {
+    job.lease.pending.assign(job.feed.begin(), job.feed.begin() + job.pending_len);
+  }
+  if (job.kind == Job::Kind::kGenerate && job.decoding && job.result.finish != Finish::kStopSequence) {
+    job.result.trailing_text = job.text->Finish();
+  }
+  job.scratch.reset();
+  job.result.session_id = job.lease.id;
+  if (job.lease.state) job.result.position = job.lease.position();
+  job.result.total_seconds = Since(job.submitted);
+  ReturnLease(job);
+  active_count_.fetch_sub(1);
+  if (job.callbacks.on_done) job.callbacks.on_done(std::move(status), std::move(job.result));
+}
+
+void Scheduler::Loop() {
+  std::vector<std::shared_ptr<Job>> active;
+  absl::Time last_expiry = absl::Now();
+  while (true) {
+    if (absl::Now() - last_expiry >= absl::Seconds(1)) {
+      last_expiry = absl::Now();
+      const int expired = store_->ExpireIdle(last_expiry);
+      if (expired > 0 && observer_) observer_->OnSessionsExpired(expired);
+      if (observer_) observer_->OnTick();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, &active]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty() || !active.empty();
+      };
+      // Wakes at least once a second to expire idle sessions.
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stopping_) {
+        for (auto& job : queue_) {
+          active.push_back(job);
+          active_count_.fetch_add(1);
+        }
+        queue_.clear();
+      }
+      while (!queue_.empty() && static_cast<int>(active.size()) < config_.max_batch) {
+        active.push_back(queue_.front());
+        queue_.pop_front();
+        active_count_.fetch_add(1);
+        if (observer_) observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
+      }
+      if (stopping_) {
+        for (auto& job : active) job->cancelled.store(true);
+      }
+    }
+    if (active.empty()) {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      continue;
+    }
+    RunStep(active);
+    active.erase(std::remove_if(active.begin(), active.end(), [](const auto& j) { return j->done; }),
+                 active.end());
+  }
+}
+
+void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
+  // Cancelled jobs, forks and jobs with nothing to run end here.
+  for (auto& job : active) {
+    if (job->cancelled.load()) {
+      job->result.finish = Finish::kCancelled;
+      Finish(*job, job->kind == Job::Kind::kGenerate && job->decoding
+                       ? absl::OkStatus()
+                       : absl::CancelledError("the request was cancelled"));
+      continue;
+    }
+    if (job->result.queue_seconds == 0) job->result.queue_seconds = Since(job->submitted);
+    if (job->kind == Job::Kind::kFork) {
+      auto lease = store_->CreateAcquired(job->lease.state->Clone(), job->fork_ttl,
+                                          job->fork_labels, absl::Now());
+      if (!lease.ok()) {
+        Finish(*job, lease.status());
+        continue;
+      }
+      lease->pending = job->lease.pending;
+      const std::string id = lease->id;
+      store_->Release(*std::move(lease), absl::Now());
+      auto info = store_->Get(id);
+      if (info.ok()) job->result.forked = *info;
+      Finish(*job, info.status());
+      continue;
+    }
+    if (job->kind == Job::Kind::kScore && !job->commit && !job->scratch) {
+      job->scratch = job->lease.state->Clone();
+    }
+    if (job->kind == Job::Kind::kScore && job->prefill_left() == 0) {
+      // Only one token, and nothing before it: nothing to predict.
+      if (job->result.scores.empty()) {
+        for (size_t i = job->pending_len; i < job->feed.size(); ++i)
+          job->result.scores.push_back({job->feed[i], false, 0.0f});
+      }
+      Finish(*job, absl::OkStatus());
+    }
+  }
+
+  // Build the batch: decoders first, then prefill chunks in arrival order.
+  std::vector<Job*> rows;
+  std::vector<EngineInput> inputs;
+  int64_t budget = config_.max_batch_tokens;
+  for (auto& job : active) {
+    if (job->done || !job->decoding) continue;
+    EngineInput in;
+    in.session = job->state();
+    in.tokens = {job->last};
+    in.want_distribution = true;
+    rows.push_back(job.get());
+    inputs.push_back(std::move(in));
+    --budget;
+  }
+  for (auto& job : active) {
+    if (job->done || job->decoding) continue;
+    const size_t left = job->prefill_left();
+    if (left == 0) continue;
+    int64_t n = std::min<int64_t>({static_cast<int64_t>(left), config_.prefill_chunk, budget});
+    if (n <= 0) {
+      if (!rows.empty()) break;
+      n = std::min<int64_t>(static_cast<int64_t>(left), config_.prefill_chunk);  // always progress
+    }
+    EngineInput in;
+    in.session = job->state();
+    in.tokens.assign(job->feed.begin() + job->fed, job->feed.begin() + job->fed + n);
+    if (job->kind == Job::Kind::kScore) {
+      in.targets.assign(job->feed.begin() + job->fed + 1, job->feed.begin() + job->fed + n + 1);
+    } else {
+      in.want_distribution = static_cast<size_t>(n) == left;
+    }
+    rows.push_back(job.get());
+    inputs.push_back(std::move(in));
+    budget -= n;
+  }
+  if (rows.empty()) return;
+
+  std::vector<int64_t> fed_counts;
+  int64_t total_tokens = 0;
+  for (const EngineInput& in : inputs) {
+    fed_counts.push_back(static_cast<int64_t>(in.tokens.size()));
+    total_tokens += static_cast<int64_t>(in.tokens.size());
+  }
+  const absl::Time step_start = absl::Now();
+  absl::StatusOr<std::vector<StepOutput>> out = engine_->Step(absl::MakeSpan(inputs));
+  if (observer_) {
+    observer_->OnStep(static_cast<int>(rows.size()), total_tokens, Since(step_start));
+    observer_->OnTokensFed(total_tokens);
+  }
+  if (!out.ok()) {
+    for (Job* job : rows) Finish(*job, absl::InternalError(out.status().message()));
+    return;
+  }
+
+  const int64_t V = engine_->vocab_size();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    Job& job = *rows[r];
+    StepOutput& o = (*out)[r];
+    if (!job.decoding) job.fed += static_cast<size_t>(fed_counts[r]);
+    if (job.kind == Job::Kind::kScore) {
+      // Scores come for feed positions fed-n+1 .. fed; report input tokens only.
+      const size_t first_target = job.fed - static_cast<size_t>(fed_counts[r]) + 1;
+      if (job.result.scores.empty() && job.pending_len == 0) {
+        job.result.scores.push_back({job.feed[0], false, 0.0f});  // the session's first token
+      }
+      for (size_t k = 0; k < o.target_logprobs.size(); ++k) {
+        const size_t pos = first_target + k;
+        if (pos >= job.pending_len) job.result.scores.push_back({job.feed[pos], true, o.target_logprobs[k]});
+      }
+      if (job.prefill_left() == 0) Finish(job, absl::OkStatus());
+      continue;
+    }
+    // Generate: a distribution arrives after the prefill and after each decode.
+    if (o.last_distribution.size() != static_cast<size_t>(V)) continue;  // mid-prefill chunk
+    const int token = job.sampler->Sample(o.last_distribution);
+    GeneratedTokenEvent ev;
+    ev.id = token;
+    ev.logprob = o.last_distribution[token];
+    if (job.spec.top_logprobs > 0) ev.top = TopN(o.last_distribution, job.spec.top_logprobs);
+    absl::StatusOr<std::string> bytes = tokenizer_->TokenText(token);
+    TextStream::Update text = job.text->Push(bytes.ok() ? *bytes : std::string());
+    ev.text = std::move(text.text);
+    const absl::Time now = absl::Now();
+    if (observer_) {
+      observer_->OnTokensGenerated(1);
+      if (job.result.generated_tokens == 0) {
+        observer_->OnFirstToken(Since(job.submitted));
+      } else {
+        observer_->OnInterTokenGap(absl::ToDoubleSeconds(now - job.last_token_at));
+      }
+    }
+    if (job.result.generated_tokens == 0) job.result.first_token_seconds = Since(job.submitted);
+    job.last_token_at = now;
+    job.decoding = true;
+    job.last = token;
+    ++job.result.generated_tokens;
+    const int64_t position = job.lease.state->fed() + 1;  // the sampled token, pending
+    if (job.callbacks.on_tokens) job.callbacks.on_tokens({std::move(ev)}, position);
+
+    const bool stop_token = std::find(job.spec.stop_token_ids.begin(), job.spec.stop_token_ids.end(),
+                                      token) != job.spec.stop_token_ids.end();
+    if (text.stopped) {
+      job.result.finish = Finish::kStopSequence;
+      Finish(job, absl::OkStatus());
+    } else if (stop_token) {
+      job.result.finish = Finish::kStopToken;
+      Finish(job, absl::OkStatus());
+    } else if (job.result.generated_tokens >= job.spec.max_new_tokens) {
+      job.result.finish = Finish::kLength;
+      Finish(job, absl::OkStatus());
+    } else if (job.cancelled.load()) {
+      job.result.finish = Finish::kCancelled;
+      Finish(job, absl::OkStatus());
+    }
+  }
+}
+
+}  // namespace txl

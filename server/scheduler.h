@@ -1,0 +1,157 @@
+// Scheduler: the engine thread and its admission queue. It owns every
+// running request's session lease and advances them in batches
+// (continuous batching, DESIGN section 7): each step, up to max_batch
+// requests move together, decoders by one token, prefills by chunks of up to
+// prefill_chunk tokens, all under max_batch_tokens. Decoders go first and
+// prefills take turns in arrival order, so a long prefill cannot starve them.
+//
+// Threading: Submit*/Cancel/Drain may be called from any thread and never
+// block on the engine. Callbacks run on the engine thread and must not block.
+// Only the engine thread touches the engine and session states.
+#ifndef TXL_SERVER_SCHEDULER_H_
+#define TXL_SERVER_SCHEDULER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "model/tokenizer.h"
+#include "server/engine.h"
+#include "server/sampler.h"
+#include "server/session_store.h"
+
+namespace txl {
+
+struct SchedulerConfig {
+  int max_batch = 32;           // requests per engine step
+  int max_batch_tokens = 2048;  // tokens fed per engine step
+  int prefill_chunk = 256;      // tokens one request feeds per step while prefilling
+  int max_queue = 256;          // waiting requests; past it RESOURCE_EXHAUSTED
+};
+
+struct GeneratedTokenEvent {
+  int id = 0;
+  std::string text;  // whole UTF-8 characters only; may be empty
+  float logprob = 0;
+  std::vector<std::pair<int, float>> top;  // when top_logprobs > 0
+};
+
+enum class Finish { kLength, kStopToken, kStopSequence, kCancelled };
+
+struct GenerateSpec {
+  std::vector<int> input;  // new tokens only
+  int max_new_tokens = 16;
+  SamplingConfig sampling;
+  std::vector<int> stop_token_ids;
+  std::vector<std::string> stop_sequences;
+  int top_logprobs = 0;
+};
+
+struct ScoredTokenResult {
+  int id = 0;
+  bool has_logprob = false;  // false: no earlier token in the session
+  float logprob = 0;
+};
+
+struct JobResult {
+  std::string session_id;
+  Finish finish = Finish::kLength;
+  int64_t position = 0;  // the session's position afterwards
+  int64_t input_tokens = 0;
+  int64_t generated_tokens = 0;
+  double queue_seconds = 0, first_token_seconds = 0, total_seconds = 0;
+  std::string trailing_text;  // Generate: text held back until the end (e.g. a partial character)
+  std::vector<ScoredTokenResult> scores;  // Score
+  SessionInfo forked;                     // Fork: the new session
+};
+
+struct JobCallbacks {
+  // Generate: tokens as they are produced, with the session position after them.
+  std::function<void(std::vector<GeneratedTokenEvent>, int64_t position)> on_tokens;
+  // Exactly once per accepted job.
+  std::function<void(absl::Status, JobResult)> on_done;
+};
+
+// Hooks for metrics; every method is called on the engine thread.
+class SchedulerObserver {
+ public:
+  virtual ~SchedulerObserver() = default;
+  virtual void OnStep(int batch_size, int64_t tokens, double seconds) {}
+  virtual void OnQueueDepth(int64_t depth) {}
+  virtual void OnFirstToken(double seconds_since_submit) {}
+  virtual void OnInterTokenGap(double seconds) {}
+  virtual void OnTokensFed(int64_t n) {}
+  virtual void OnTokensGenerated(int64_t n) {}
+  virtual void OnSessionsExpired(int n) {}
+  virtual void OnTick() {}  // about once a second
+};
+
+class Job;
+
+class Scheduler {
+ public:
+  // engine, store and tokenizer must outlive the scheduler; observer may be null.
+  Scheduler(const SchedulerConfig& config, Engine* engine, SessionStore* store,
+            const Tokenizer* tokenizer, SchedulerObserver* observer);
+  ~Scheduler();  // Stop()s
+
+  void Start();
+  // Refuses new jobs (UNAVAILABLE); running ones go on.
+  void Drain();
+  // Cancels what is left and joins the engine thread.
+  void Stop();
+
+  // Each takes the lease: on acceptance the scheduler gives it back (or, for
+  // a throw-away session, discards it) when the job ends; on rejection it is
+  // given back before the call returns. Errors: RESOURCE_EXHAUSTED (queue
+  // full), UNAVAILABLE (draining), INVALID_ARGUMENT (named field).
+  absl::StatusOr<std::shared_ptr<Job>> SubmitGenerate(SessionLease lease, bool throwaway,
+                                                      GenerateSpec spec, JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitScore(SessionLease lease, bool throwaway,
+                                                   std::vector<int> input, bool commit,
+                                                   JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitFork(SessionLease source, absl::Duration idle_ttl,
+                                                  std::map<std::string, std::string> labels,
+                                                  JobCallbacks callbacks);
+  // The job leaves the batch at the next step and ends with Finish::kCancelled.
+  void Cancel(const std::shared_ptr<Job>& job);
+
+  int64_t queue_depth() const;
+  int64_t active() const { return active_count_.load(); }
+
+ private:
+  absl::StatusOr<std::shared_ptr<Job>> Enqueue(std::shared_ptr<Job> job);
+  void Loop();
+  void RunStep(std::vector<std::shared_ptr<Job>>& active);
+  void Finish(Job& job, absl::Status status);
+  void ReturnLease(Job& job);
+
+  const SchedulerConfig config_;
+  Engine* const engine_;
+  SessionStore* const store_;
+  const Tokenizer* const tokenizer_;
+  SchedulerObserver* const observer_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<int64_t> active_count_{0};
+  std::thread thread_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_SCHEDULER_H_

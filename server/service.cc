@@ -1,0 +1,619 @@
+#include "server/service.h"
+
+#include <atomic>
+#include <deque>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "google/protobuf/util/time_util.h"
+#include "server/text_stream.h"
+
+namespace txl {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+namespace {
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::OK: return "OK";
+    case grpc::CANCELLED: return "CANCELLED";
+    case grpc::UNKNOWN: return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND: return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::ABORTED: return "ABORTED";
+    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::INTERNAL: return "INTERNAL";
+    case grpc::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::DATA_LOSS: return "DATA_LOSS";
+    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+v1::FinishReason ToProto(Finish f) {
+  switch (f) {
+    case Finish::kLength: return v1::FINISH_REASON_LENGTH;
+    case Finish::kStopToken: return v1::FINISH_REASON_STOP_TOKEN;
+    case Finish::kStopSequence: return v1::FINISH_REASON_STOP_SEQUENCE;
+    case Finish::kCancelled: return v1::FINISH_REASON_CANCELLED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+void FillSession(const SessionInfo& info, v1::Session* out) {
+  out->set_session_id(info.id);
+  out->set_position(info.position);
+  out->set_mem_len(info.mem_len);
+  out->set_memory_tokens(info.memory_tokens);
+  out->set_memory_bytes(info.memory_bytes);
+  *out->mutable_created() = ToProto(info.created);
+  *out->mutable_last_used() = ToProto(info.last_used);
+  out->set_idle_ttl_seconds(absl::ToInt64Seconds(info.idle_ttl));
+  for (const auto& [k, v] : info.labels) (*out->mutable_labels())[k] = v;
+  out->set_busy(info.busy);
+}
+
+}  // namespace
+
+struct TxlService::Context {
+  ServiceConfig config;
+  ModelConfig model;
+  Tokenizer tokenizer;
+  Engine* engine;
+  SessionStore* store;
+  Scheduler* scheduler;
+  ServiceMetrics* metrics;
+
+  void Count(const char* method, const grpc::Status& s) const {
+    if (metrics) metrics->OnRequest(method, CodeName(s.error_code()));
+  }
+
+  // The session id from the field, or else from "txl-session-id" metadata.
+  absl::StatusOr<std::string> SessionId(grpc::CallbackServerContext* ctx, const std::string& field) const {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("txl-session-id");
+    if (it == md.end()) return field;
+    const std::string from_md(it->second.data(), it->second.size());
+    if (!field.empty() && field != from_md) {
+      return absl::InvalidArgumentError(
+          "session_id: differs from the txl-session-id metadata of the same call");
+    }
+    return from_md;
+  }
+
+  absl::StatusOr<std::vector<int>> DecodeInput(const v1::Input& in) const {
+    std::vector<int> ids;
+    if (in.has_tokens()) {
+      const int64_t V = model.n_token;
+      for (int i = 0; i < in.tokens().ids_size(); ++i) {
+        const int id = in.tokens().ids(i);
+        if (id < 0 || id >= V) {
+          return absl::InvalidArgumentError(absl::StrCat("input.tokens.ids[", i, "]: ", id,
+                                                         " is outside [0, ", V, ")"));
+        }
+        ids.push_back(id);
+      }
+    } else if (in.has_text()) {
+      auto encoded = tokenizer.Encode(in.text());
+      if (!encoded.ok()) return absl::InvalidArgumentError(absl::StrCat("input.text: ", encoded.status().message()));
+      ids = *std::move(encoded);
+    }
+    if (static_cast<int64_t>(ids.size()) > config.max_input_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("input: ", ids.size(), " tokens, more than the limit of ",
+                                                     config.max_input_tokens));
+    }
+    return ids;
+  }
+
+  absl::StatusOr<int64_t> MemLen(int64_t requested) const {
+    if (requested == 0) return config.default_mem_len;
+    if (requested < 1 || requested > config.max_mem_len) {
+      return absl::InvalidArgumentError(absl::StrCat("mem_len: must be in [1, ", config.max_mem_len,
+                                                     "] (0: default ", config.default_mem_len, "), got ",
+                                                     requested));
+    }
+    return requested;
+  }
+
+  absl::StatusOr<GenerateSpec> Spec(const v1::GenerateRequest& req) const {
+    GenerateSpec spec;
+    auto input = DecodeInput(req.input());
+    if (!input.ok()) return input.status();
+    spec.input = *std::move(input);
+    spec.max_new_tokens = req.max_new_tokens() == 0 ? 16 : req.max_new_tokens();
+    if (spec.max_new_tokens < 1 || spec.max_new_tokens > config.max_new_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: must be in [1, ", config.max_new_tokens,
+                                                     "] (0: 16), got ", req.max_new_tokens()));
+    }
+    spec.sampling.temperature = req.sampling().temperature();
+    spec.sampling.top_k = req.sampling().top_k();
+    spec.sampling.top_p = req.sampling().top_p();
+    spec.sampling.seed = req.sampling().seed();
+    if (auto s = ValidateSampling(spec.sampling); !s.ok()) return s;
+    for (int i = 0; i < req.stop_token_ids_size(); ++i) {
+      const int id = req.stop_token_ids(i);
+      if (id < 0 || id >= model.n_token) {
+        return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "]: ", id, " is outside [0, ",
+                                                       model.n_token, ")"));
+      }
+      spec.stop_token_ids.push_back(id);
+    }
+    for (int i = 0; i < req.stop_sequences_size(); ++i) {
+      if (req.stop_sequences(i).empty())
+        return absl::InvalidArgumentError(absl::StrCat("stop_sequences[", i, "]: must not be empty"));
+      spec.stop_sequences.push_back(req.stop_sequences(i));
+    }
+    if (req.logprobs() < 0 || req.logprobs() > config.max_top_logprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("logprobs: must be in [0, ", config.max_top_logprobs,
+                                                     "], got ", req.logprobs()));
+    }
+    spec.top_logprobs = req.logprobs();
+    return spec;
+  }
+
+  // A throw-away session (empty id) or the named one, acquired.
+  absl::StatusOr<SessionLease> Lease(const std::string& id, bool* throwaway) const {
+    *throwaway = id.empty();
+    if (!id.empty()) return store->Acquire(id, absl::Now());
+    auto state = engine->NewSession(config.default_mem_len);
+    if (!state.ok()) return state.status();
+    return store->CreateAcquired(*std::move(state), absl::ZeroDuration(), {}, absl::Now());
+  }
+
+  std::string TokenText(int id) const {
+    auto t = tokenizer.TokenText(id);
+    return t.ok() ? *t : "";
+  }
+};
+
+// Writes GenerateResponses produced on the engine thread, one at a time, and
+// finishes the call once the job is done and every response is out.
+// Lifetime: one reference for gRPC (dropped in OnDone) and one per job in
+// flight (dropped at the end of its on_done); the last one deletes.
+template <typename Base>
+class StreamingCall : public Base {
+ protected:
+  explicit StreamingCall(const TxlService::Context* c, const char* method) : c_(c), method_(method) {}
+
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  // Queues a response; the caller holds no lock.
+  void Send(v1::GenerateResponse response) {
+    Step a;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(response));
+      a = Pump();
+    }
+    Run(a);
+  }
+  // Finishes once the queue is empty.
+  // The first End decides the status.
+  void End(grpc::Status status) {
+    Step a;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ending_) status_ = std::move(status);
+      ending_ = true;
+      a = Pump();
+    }
+    Run(a);
+  }
+  void WriteDone(bool ok) {
+    Step a;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        queue_.clear();  // the client is gone
+        if (job_) c_->scheduler->Cancel(job_);
+      }
+      a = Pump();
+    }
+    Run(a);
+  }
+  void Cancelled() {
+    absl::MutexLock lock(&mu_);
+    if (job_) c_->scheduler->Cancel(job_);
+  }
+  void SetJob(std::shared_ptr<Job> job) {
+    absl::MutexLock lock(&mu_);
+    job_ = std::move(job);
+  }
+  void ClearJob() {
+    absl::MutexLock lock(&mu_);
+    job_.reset();
+  }
+
+  // Hands one generation to the scheduler: its tokens become responses, and
+  // `after` runs (on the engine thread) when it ends.
+  absl::Status Submit(SessionLease lease, bool throwaway, GenerateSpec spec,
+                      std::function<void(absl::Status, JobResult)> after) {
+    Ref();  // for the job
+    JobCallbacks cb;
+    const TxlService::Context* c = c_;
+    cb.on_tokens = [this, c](std::vector<GeneratedTokenEvent> events, int64_t position) {
+      v1::GenerateResponse r;
+      for (auto& e : events) {
+        v1::GeneratedToken* t = r.add_tokens();
+        t->set_id(e.id);
+        t->set_text(e.text);
+        t->set_logprob(e.logprob);
+        r.mutable_text()->append(e.text);
+        for (const auto& [id, lp] : e.top) {
+          v1::TokenLogprob* alt = t->add_top();
+          alt->set_id(id);
+          alt->set_logprob(lp);
+          // An alternative's text may be a partial character: sent only when valid.
+          std::string text = c->TokenText(id);
+          if (IsValidUtf8(text)) alt->set_text(std::move(text));
+        }
+      }
+      r.set_position(position);
+      Send(std::move(r));
+    };
+    cb.on_done = [this, after = std::move(after)](absl::Status status, JobResult result) {
+      ClearJob();
+      after(std::move(status), std::move(result));
+      Unref();
+    };
+    auto job = c_->scheduler->SubmitGenerate(std::move(lease), throwaway, std::move(spec), std::move(cb));
+    if (!job.ok()) {
+      Unref();
+      return job.status();
+    }
+    SetJob(*std::move(job));
+    return absl::OkStatus();
+  }
+
+  const TxlService::Context* c_;
+  const char* method_;
+
+ private:
+  enum class Action { kNone, kWrite, kFinish };
+  struct Step {
+    Action action = Action::kNone;
+    grpc::Status status;  // for kFinish: copied under the lock
+  };
+  Step Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || finished_) return {};
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      return {Action::kWrite, {}};
+    }
+    if (ending_) {
+      finished_ = true;
+      return {Action::kFinish, status_};
+    }
+    return {};
+  }
+  // Outside the lock: gRPC may run OnDone right after Finish.
+  void Run(const Step& step) {
+    if (step.action == Action::kWrite) {
+      this->StartWrite(&current_);
+    } else if (step.action == Action::kFinish) {
+      c_->Count(method_, step.status);
+      this->Finish(step.status);
+    }
+  }
+
+  std::atomic<int> refs_{1};
+  absl::Mutex mu_;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse current_;  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+v1::GenerateResponse FinalResponse(const JobResult& result) {
+  v1::GenerateResponse r;
+  r.set_text(result.trailing_text);
+  r.set_position(result.position);
+  r.set_finish_reason(ToProto(result.finish));
+  r.set_session_id(result.session_id);
+  v1::Usage* u = r.mutable_usage();
+  u->set_input_tokens(result.input_tokens);
+  u->set_generated_tokens(result.generated_tokens);
+  u->set_queue_seconds(result.queue_seconds);
+  u->set_time_to_first_token_seconds(result.first_token_seconds);
+  u->set_total_seconds(result.total_seconds);
+  return r;
+}
+
+}  // namespace
+
+// Generate: one job, then the final response, then Finish.
+class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::GenerateResponse>> {
+ public:
+  GenerateCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req)
+      : StreamingCall(c, "Generate") {
+    Ref();  // the job may end (and drop its reference) before we return
+    absl::Status s = Start(ctx, *req);
+    if (!s.ok()) End(ToGrpcStatus(s));
+    Unref();
+  }
+  void OnWriteDone(bool ok) override { WriteDone(ok); }
+  void OnCancel() override { Cancelled(); }
+  void OnDone() override { Unref(); }
+
+ private:
+  absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+    auto id = c_->SessionId(ctx, req.session_id());
+    if (!id.ok()) return id.status();
+    auto spec = c_->Spec(req);
+    if (!spec.ok()) return spec.status();
+    bool throwaway = false;
+    auto lease = c_->Lease(*id, &throwaway);
+    if (!lease.ok()) return lease.status();
+    return Submit(*std::move(lease), throwaway, *std::move(spec), [this](absl::Status status, JobResult result) {
+      if (status.ok()) Send(FinalResponse(result));
+      End(ToGrpcStatus(status));
+    });
+  }
+};
+
+// Converse: turns read one at a time; each runs like a Generate. A turn with
+// no session id uses a session that lives as long as the stream.
+class ConverseCall final
+    : public StreamingCall<grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>> {
+ public:
+  ConverseCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx)
+      : StreamingCall(c, "Converse"), ctx_(ctx) {
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client has no more turns
+      End(grpc::Status::OK);
+      return;
+    }
+    absl::Status s = Turn();
+    if (!s.ok()) End(ToGrpcStatus(s));
+  }
+  void OnWriteDone(bool ok) override { WriteDone(ok); }
+  void OnCancel() override { Cancelled(); }
+  void OnDone() override {
+    if (!stream_session_.empty()) (void)c_->store->Delete(stream_session_);
+    Unref();
+  }
+
+ private:
+  absl::Status Turn() {
+    auto id = c_->SessionId(ctx_, request_.session_id());
+    if (!id.ok()) return id.status();
+    auto spec = c_->Spec(request_);
+    if (!spec.ok()) return spec.status();
+    std::string session = *id;
+    if (session.empty()) {
+      if (stream_session_.empty()) {
+        auto state = c_->engine->NewSession(c_->config.default_mem_len);
+        if (!state.ok()) return state.status();
+        auto info = c_->store->Create(*std::move(state), absl::ZeroDuration(), {}, absl::Now());
+        if (!info.ok()) return info.status();
+        stream_session_ = info->id;
+      }
+      session = stream_session_;
+    }
+    auto lease = c_->store->Acquire(session, absl::Now());
+    if (!lease.ok()) return lease.status();
+    return Submit(*std::move(lease), false, *std::move(spec), [this](absl::Status status, JobResult result) {
+      if (status.ok()) {
+        Send(FinalResponse(result));
+        StartRead(&request_);  // the next turn
+      } else {
+        End(ToGrpcStatus(status));
+      }
+    });
+  }
+
+  grpc::CallbackServerContext* ctx_;
+  v1::GenerateRequest request_;
+  std::string stream_session_;  // touched by one turn at a time
+};
+
+TxlService::TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
+                       Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics)
+    : ctx_(new Context{config, model, tokenizer, engine, store, scheduler, metrics}) {}
+
+TxlService::~TxlService() = default;
+
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const TxlService::Context* c,
+                               const char* method, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status g = ToGrpcStatus(s);
+  c->Count(method, g);
+  reactor->Finish(g);
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                   const v1::GetModelInfoRequest*, v1::ModelInfo* r) {
+  const ModelConfig& m = ctx_->model;
+  r->set_n_token(m.n_token);
+  r->set_n_layer(m.n_layer);
+  r->set_n_head(m.n_head);
+  r->set_d_model(m.d_model);
+  r->set_d_head(m.d_head);
+  r->set_d_inner(m.d_inner);
+  r->set_d_embed(m.embed_dim());
+  r->set_div_val(m.div_val);
+  for (int64_t c : m.cutoffs) r->add_cutoffs(c);
+  r->set_pre_lnorm(m.pre_lnorm);
+  r->set_clamp_len(m.clamp_len);
+  const TokenizerKind k = ctx_->tokenizer.kind();
+  r->set_tokenizer(k == TokenizerKind::kByte ? "byte" : k == TokenizerKind::kChar ? "char" : "word");
+  r->set_vocab_size(ctx_->tokenizer.vocab_size());
+  r->set_default_mem_len(ctx_->config.default_mem_len);
+  r->set_max_mem_len(ctx_->config.max_mem_len);
+  r->set_device(ctx_->config.device);
+  r->set_model_path(ctx_->config.model_path);
+  r->set_fingerprint(ctx_->config.fingerprint);
+  return Done(ctx, ctx_.get(), "GetModelInfo", absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext* ctx,
+                                                    const v1::CreateSessionRequest* req, v1::Session* r) {
+  auto status = [&]() -> absl::Status {
+    auto mem_len = ctx_->MemLen(req->mem_len());
+    if (!mem_len.ok()) return mem_len.status();
+    if (req->idle_ttl_seconds() < 0)
+      return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds: must be >= 0, got ", req->idle_ttl_seconds()));
+    auto state = ctx_->engine->NewSession(*mem_len);
+    if (!state.ok()) return state.status();
+    auto info = ctx_->store->Create(*std::move(state), absl::Seconds(req->idle_ttl_seconds()),
+                                    {req->labels().begin(), req->labels().end()}, absl::Now());
+    if (!info.ok()) return info.status();
+    FillSession(*info, r);
+    return absl::OkStatus();
+  }();
+  return Done(ctx, ctx_.get(), "CreateSession", status);
+}
+
+grpc::ServerUnaryReactor* TxlService::GetSession(grpc::CallbackServerContext* ctx,
+                                                 const v1::GetSessionRequest* req, v1::Session* r) {
+  auto status = [&]() -> absl::Status {
+    auto id = ctx_->SessionId(ctx, req->session_id());
+    if (!id.ok()) return id.status();
+    if (id->empty()) return absl::InvalidArgumentError("session_id: required");
+    auto info = ctx_->store->Get(*id);
+    if (!info.ok()) return info.status();
+    FillSession(*info, r);
+    return absl::OkStatus();
+  }();
+  return Done(ctx, ctx_.get(), "GetSession", status);
+}
+
+grpc::ServerUnaryReactor* TxlService::ListSessions(grpc::CallbackServerContext* ctx,
+                                                   const v1::ListSessionsRequest*,
+                                                   v1::ListSessionsResponse* r) {
+  for (const SessionInfo& info : ctx_->store->List()) FillSession(info, r->add_sessions());
+  return Done(ctx, ctx_.get(), "ListSessions", absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* TxlService::DeleteSession(grpc::CallbackServerContext* ctx,
+                                                    const v1::DeleteSessionRequest* req,
+                                                    v1::DeleteSessionResponse*) {
+  auto status = [&]() -> absl::Status {
+    auto id = ctx_->SessionId(ctx, req->session_id());
+    if (!id.ok()) return id.status();
+    if (id->empty()) return absl::InvalidArgumentError("session_id: required");
+    return ctx_->store->Delete(*id);
+  }();
+  return Done(ctx, ctx_.get(), "DeleteSession", status);
+}
+
+grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* ctx,
+                                                  const v1::ForkSessionRequest* req, v1::Session* r) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const Context* c = ctx_.get();
+  auto status = [&]() -> absl::Status {
+    auto id = c->SessionId(ctx, req->session_id());
+    if (!id.ok()) return id.status();
+    if (id->empty()) return absl::InvalidArgumentError("session_id: required");
+    auto lease = c->store->Acquire(*id, absl::Now());
+    if (!lease.ok()) return lease.status();
+    auto ttl = c->store->Get(*id);
+    JobCallbacks cb;
+    cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
+      if (s.ok()) FillSession(result.forked, r);
+      grpc::Status g = ToGrpcStatus(s);
+      c->Count("ForkSession", g);
+      reactor->Finish(g);
+    };
+    auto job = c->scheduler->SubmitFork(*std::move(lease), ttl.ok() ? ttl->idle_ttl : absl::ZeroDuration(),
+                                        {req->labels().begin(), req->labels().end()}, std::move(cb));
+    return job.status();
+  }();
+  if (!status.ok()) {
+    grpc::Status g = ToGrpcStatus(status);
+    c->Count("ForkSession", g);
+    reactor->Finish(g);
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
+                                            v1::ScoreResponse* r) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const Context* c = ctx_.get();
+  auto status = [&]() -> absl::Status {
+    auto id = c->SessionId(ctx, req->session_id());
+    if (!id.ok()) return id.status();
+    auto input = c->DecodeInput(req->input());
+    if (!input.ok()) return input.status();
+    bool throwaway = false;
+    auto lease = c->Lease(*id, &throwaway);
+    if (!lease.ok()) return lease.status();
+    JobCallbacks cb;
+    cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
+      if (s.ok()) {
+        double total = 0;
+        for (const ScoredTokenResult& t : result.scores) {
+          v1::ScoredToken* out = r->add_tokens();
+          out->set_id(t.id);
+          std::string text = c->TokenText(t.id);
+          if (IsValidUtf8(text)) out->set_text(std::move(text));
+          out->set_has_logprob(t.has_logprob);
+          if (t.has_logprob) {
+            out->set_logprob(t.logprob);
+            total += t.logprob;
+          }
+        }
+        r->set_total_logprob(total);
+        r->set_position(result.position);
+      }
+      grpc::Status g = ToGrpcStatus(s);
+      c->Count("Score", g);
+      reactor->Finish(g);
+    };
+    auto job = c->scheduler->SubmitScore(*std::move(lease), throwaway, *std::move(input), req->commit(),
+                                         std::move(cb));
+    return job.status();
+  }();
+  if (!status.ok()) {
+    grpc::Status g = ToGrpcStatus(status);
+    c->Count("Score", g);
+    reactor->Finish(g);
+  }
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* TxlService::Generate(grpc::CallbackServerContext* ctx,
+                                                                     const v1::GenerateRequest* req) {
+  return new GenerateCall(ctx_.get(), ctx, req);
+}
+
+grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>* TxlService::Converse(
+    grpc::CallbackServerContext* ctx) {
+  return new ConverseCall(ctx_.get(), ctx);
+}
+
+}  // namespace txl

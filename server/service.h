@@ -1,0 +1,79 @@
+// TxlService: the txl.v1.TransformerXL gRPC service (callback API).
+// Reactors validate requests, take sessions out of the store and hand work
+// to the scheduler; they never block and never run model code. Every absl
+// status becomes a gRPC status here, in one place (ToGrpcStatus).
+#ifndef TXL_SERVER_SERVICE_H_
+#define TXL_SERVER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+#include "proto/txl/v1/txl.grpc.pb.h"
+#include "server/engine.h"
+#include "server/scheduler.h"
+#include "server/service_metrics.h"
+#include "server/session_store.h"
+
+namespace txl {
+
+struct ServiceConfig {
+  int64_t default_mem_len = 256;
+  int64_t max_mem_len = 4096;
+  int max_new_tokens = 4096;      // per request
+  int64_t max_input_tokens = 65536;
+  int max_top_logprobs = 20;
+  std::string model_path;
+  std::string device;
+  std::string fingerprint;
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Threading: all methods run on gRPC threads and are thread-safe; the
+// engine, store and scheduler must outlive the service.
+class TxlService final : public v1::TransformerXL::CallbackService {
+ public:
+  TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
+             Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics);
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
+                                         const v1::GetModelInfoRequest* req,
+                                         v1::ModelInfo* resp) override;
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* ctx,
+                                          const v1::CreateSessionRequest* req,
+                                          v1::Session* resp) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* ctx,
+                                       const v1::GetSessionRequest* req, v1::Session* resp) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
+                                         const v1::ListSessionsRequest* req,
+                                         v1::ListSessionsResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* ctx,
+                                          const v1::DeleteSessionRequest* req,
+                                          v1::DeleteSessionResponse* resp) override;
+  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* ctx,
+                                        const v1::ForkSessionRequest* req, v1::Session* resp) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                           const v1::GenerateRequest* req) override;
+  grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>* Converse(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
+                                  v1::ScoreResponse* resp) override;
+
+  ~TxlService() override;
+
+  // Shared by the reactors in service.cc.
+  struct Context;
+
+ private:
+  std::unique_ptr<Context> ctx_;  // outlives every reactor: the server shuts down first
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_SERVICE_H_

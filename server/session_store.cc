@@ -1,0 +1,166 @@
+#include "server/session_store.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace txl {
+
+std::string SessionStore::NewId() const {
+  // 128 bits from the OS entropy source (std::random_device reads it on Linux).
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&id, "%08x", rd());
+  return id;
+}
+
+absl::StatusOr<absl::Duration> SessionStore::ResolveTtl(absl::Duration ttl) const {
+  if (ttl < absl::ZeroDuration() || ttl > config_.max_ttl) {
+    return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds must be in [0, ",
+                                                   absl::ToInt64Seconds(config_.max_ttl),
+                                                   "], got ", absl::ToInt64Seconds(ttl)));
+  }
+  return ttl == absl::ZeroDuration() ? config_.default_ttl : ttl;
+}
+
+void SessionStore::Refresh(Entry& e) {
+  e.info.position = e.state->fed() + static_cast<int64_t>(e.pending.size());
+  e.info.mem_len = e.state->mem_len();
+  e.info.memory_tokens = e.state->memory_tokens();
+  e.info.memory_bytes = e.state->memory_bytes();
+}
+
+absl::StatusOr<SessionInfo> SessionStore::Create(std::unique_ptr<EngineSession> state,
+                                                 absl::Duration idle_ttl,
+                                                 std::map<std::string, std::string> labels,
+                                                 absl::Time now) {
+  auto lease = CreateAcquired(std::move(state), idle_ttl, std::move(labels), now);
+  if (!lease.ok()) return lease.status();
+  const std::string id = lease->id;
+  Release(*std::move(lease), now);
+  return Get(id);
+}
+
+absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<EngineSession> state,
+                                                          absl::Duration idle_ttl,
+                                                          std::map<std::string, std::string> labels,
+                                                          absl::Time now) {
+  absl::StatusOr<absl::Duration> ttl = ResolveTtl(idle_ttl);
+  if (!ttl.ok()) return ttl.status();
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int64_t>(sessions_.size()) >= config_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session limit reached (max_sessions=", config_.max_sessions, ")"));
+  }
+  std::string id = NewId();
+  while (sessions_.contains(id)) id = NewId();
+  Entry& e = sessions_[id];
+  e.info.id = id;
+  e.info.created = e.info.last_used = now;
+  e.info.idle_ttl = *ttl;
+  e.info.labels = std::move(labels);
+  e.info.busy = true;
+  e.info.mem_len = state->mem_len();
+  SessionLease lease;
+  lease.id = id;
+  lease.state = std::move(state);
+  return lease;
+}
+
+absl::StatusOr<SessionInfo> SessionStore::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  return it->second.info;
+}
+
+std::vector<SessionInfo> SessionStore::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SessionInfo> out;
+  out.reserve(sessions_.size());
+  for (const auto& [id, e] : sessions_) out.push_back(e.info);
+  return out;
+}
+
+absl::Status SessionStore::Delete(const std::string& id) {
+  std::unique_ptr<EngineSession> doomed;  // freed after the lock is released
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  if (it->second.info.busy)
+    return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
+  doomed = std::move(it->second.state);
+  sessions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionLease> SessionStore::Acquire(const std::string& id, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  Entry& e = it->second;
+  if (e.info.busy)
+    return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
+  e.info.busy = true;
+  e.info.last_used = now;
+  SessionLease lease;
+  lease.id = id;
+  lease.state = std::move(e.state);
+  lease.pending = std::move(e.pending);
+  return lease;
+}
+
+void SessionStore::Release(SessionLease lease, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Entry& e = sessions_[lease.id];
+  e.state = std::move(lease.state);
+  e.pending = std::move(lease.pending);
+  e.info.busy = false;
+  e.info.last_used = now;
+  Refresh(e);
+}
+
+void SessionStore::Discard(SessionLease lease) {
+  {
+    absl::MutexLock lock(&mu_);
+    sessions_.erase(lease.id);
+  }
+  lease.state.reset();
+}
+
+int SessionStore::ExpireIdle(absl::Time now) {
+  std::vector<std::unique_ptr<EngineSession>> doomed;
+  absl::MutexLock lock(&mu_);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    const SessionInfo& info = it->second.info;
+    if (!info.busy && now - info.last_used > info.idle_ttl) {
+      doomed.push_back(std::move(it->second.state));
+      sessions_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return static_cast<int>(doomed.size());
+}
+
+int64_t SessionStore::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(sessions_.size());
+}
+
+int64_t SessionStore::memory_bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [id, e] : sessions_) total += e.info.memory_bytes;
+  return total;
+}
+
+int64_t SessionStore::busy_count() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, e] : sessions_) n += e.info.busy ? 1 : 0;
+  return n;
+}
+
+}  // namespace txl

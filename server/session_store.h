@@ -1,0 +1,109 @@
+// SessionStore: every live session, its metadata and its model state.
+//
+// A request takes a session out with Acquire (the session is then busy and
+// its state belongs to the request) and gives it back with Release. A second
+// Acquire of a busy session fails with ABORTED and changes nothing.
+//
+// History bookkeeping: position = tokens fed into the memory + pending
+// tokens. The last generated token stays pending (unfed) until the next
+// request on the session feeds it, so a generation never runs a step whose
+// output nobody needs.
+//
+// Threading: all methods are thread-safe; the store never blocks on anything
+// but its own mutex, and never touches tensors (states are moved, not copied).
+#ifndef TXL_SERVER_SESSION_STORE_H_
+#define TXL_SERVER_SESSION_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/engine.h"
+
+namespace txl {
+
+struct SessionInfo {
+  std::string id;
+  int64_t position = 0;
+  int64_t mem_len = 0;
+  int64_t memory_tokens = 0;
+  int64_t memory_bytes = 0;
+  absl::Time created, last_used;
+  absl::Duration idle_ttl;
+  std::map<std::string, std::string> labels;
+  bool busy = false;
+};
+
+// A session checked out by one request.
+struct SessionLease {
+  std::string id;
+  std::unique_ptr<EngineSession> state;
+  std::vector<int> pending;  // history tokens not yet fed (at most one)
+  int64_t position() const { return state->fed() + static_cast<int64_t>(pending.size()); }
+};
+
+struct SessionStoreConfig {
+  int64_t max_sessions = 1000;
+  absl::Duration default_ttl = absl::Minutes(10);
+  absl::Duration max_ttl = absl::Hours(24);
+};
+
+class SessionStore {
+ public:
+  explicit SessionStore(const SessionStoreConfig& config) : config_(config) {}
+
+  // RESOURCE_EXHAUSTED at max_sessions; INVALID_ARGUMENT for a ttl outside
+  // [0, max_ttl] (0 picks the default).
+  absl::StatusOr<SessionInfo> Create(std::unique_ptr<EngineSession> state, absl::Duration idle_ttl,
+                                     std::map<std::string, std::string> labels, absl::Time now);
+  // Creates the session already acquired (throw-away sessions, forks).
+  absl::StatusOr<SessionLease> CreateAcquired(std::unique_ptr<EngineSession> state,
+                                              absl::Duration idle_ttl,
+                                              std::map<std::string, std::string> labels,
+                                              absl::Time now);
+
+  absl::StatusOr<SessionInfo> Get(const std::string& id) const;
+  std::vector<SessionInfo> List() const;
+  // NOT_FOUND, or ABORTED while a request runs on it.
+  absl::Status Delete(const std::string& id);
+
+  absl::StatusOr<SessionLease> Acquire(const std::string& id, absl::Time now);
+  // Returns the state; a session deleted meanwhile cannot be (Delete refuses
+  // busy sessions), so this always finds it.
+  void Release(SessionLease lease, absl::Time now);
+  // Drops an acquired session for good (the end of a throw-away session).
+  void Discard(SessionLease lease);
+
+  // Removes sessions idle past their ttl (busy ones are never expired) and
+  // returns how many.
+  int ExpireIdle(absl::Time now);
+
+  int64_t size() const;
+  int64_t memory_bytes() const;
+  int64_t busy_count() const;
+
+ private:
+  struct Entry {
+    SessionInfo info;
+    std::unique_ptr<EngineSession> state;  // null while busy
+    std::vector<int> pending;
+  };
+  absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
+  static void Refresh(Entry& e);
+  std::string NewId() const;
+
+  const SessionStoreConfig config_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_SESSION_STORE_H_

@@ -1,0 +1,510 @@
+// txl-server end to end: the real binary on loopback, driven through the C++
+// client library, with a tiny model made here.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "client/txl_client.h"
+#include "model/checkpoint.h"
+#include "proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "tests/server_process.h"
+
+namespace txl {
+namespace {
+
+using testing::ServerProcess;
+
+std::string ModelPath() {
+  static const std::string path = [] {
+    const std::string p = (std::filesystem::temp_directory_path() /
+                           ("txl_server_it_" + std::to_string(getpid()) + ".pt"))
+                              .string();
+    ModelConfig c;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.d_model = 32;
+    c.d_head = 16;
+    c.d_inner = 64;
+    c.mem_len = 24;
+    c.n_token = 256;
+    // Large weights make the distributions peaked, so greedy choices are
+    // far from ties and batching differences could not flip them.
+    EXPECT_TRUE(WriteInitialCheckpoint(p, c, Tokenizer::Byte(), 3, 0.3).ok());
+    return p;
+  }();
+  return path;
+}
+
+std::unique_ptr<ServerProcess> StartServer(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--model=" + ModelPath(), "--max_new_tokens=5000"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::string output;
+  auto p = ServerProcess::Start(TXL_SERVER_BINARY, args, &output);
+  EXPECT_NE(p, nullptr) << output;
+  return p;
+}
+
+std::unique_ptr<TxlClient> Connect(const ServerProcess& p) {
+  ClientOptions o;
+  o.server = p.address();
+  return *TxlClient::Create(o);
+}
+
+v1::GenerateRequest Gen(const std::string& session, const std::string& text, int max_new, uint64_t seed = 0,
+                        float temperature = 0) {
+  v1::GenerateRequest r;
+  r.set_session_id(session);
+  if (!text.empty()) r.mutable_input()->set_text(text);
+  r.set_max_new_tokens(max_new);
+  r.mutable_sampling()->set_temperature(temperature);
+  r.mutable_sampling()->set_seed(seed);
+  return r;
+}
+
+struct Generated {
+  absl::Status status;
+  std::vector<int> ids;
+  std::string text;
+  std::vector<int64_t> positions;
+  v1::GenerateResponse last;
+};
+
+Generated Stream(TxlClient& c, const v1::GenerateRequest& r) {
+  Generated g;
+  g.status = c.Generate(r, [&](const v1::GenerateResponse& resp) {
+    for (const auto& t : resp.tokens()) g.ids.push_back(t.id());
+    g.text += resp.text();
+    g.positions.push_back(resp.position());
+    g.last = resp;
+  });
+  return g;
+}
+
+std::string NewSession(TxlClient& c, int64_t mem_len = 0) {
+  v1::CreateSessionRequest r;
+  r.set_mem_len(mem_len);
+  auto s = c.CreateSession(r);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? s->session_id() : "";
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = StartServer().release(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    client_ = Connect(*server_);
+  }
+  static ServerProcess* server_;
+  std::unique_ptr<TxlClient> client_;
+};
+ServerProcess* ServerTest::server_ = nullptr;
+
+TEST_F(ServerTest, InfoAndHealth) {
+  auto info = client_->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->n_token(), 256);
+  EXPECT_EQ(info->n_layer(), 2);
+  EXPECT_EQ(info->tokenizer(), "byte");
+  EXPECT_EQ(info->default_mem_len(), 24);
+  EXPECT_EQ(info->device(), "cpu");
+  EXPECT_EQ(*client_->Health(), "SERVING");
+}
+
+TEST_F(ServerTest, SessionLifecycle) {
+  v1::CreateSessionRequest req;
+  req.set_mem_len(32);
+  (*req.mutable_labels())["app"] = "test";
+  auto s = client_->CreateSession(req);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->session_id().size(), 32u);
+  EXPECT_EQ(s->mem_len(), 32);
+  EXPECT_EQ(s->position(), 0);
+  auto got = client_->GetSession(s->session_id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->labels().at("app"), "test");
+  bool listed = false;
+  auto all = client_->ListSessions();
+  ASSERT_TRUE(all.ok());
+  for (const auto& x : all->sessions()) listed |= x.session_id() == s->session_id();
+  EXPECT_TRUE(listed);
+  EXPECT_TRUE(client_->DeleteSession(s->session_id()).ok());
+  EXPECT_EQ(client_->GetSession(s->session_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->DeleteSession(s->session_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Stream(*client_, Gen("no-such-session", "x", 1)).status.code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServerTest, InvalidArgumentsNameTheField) {
+  auto expect = [&](absl::Status s, const std::string& field) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  };
+  v1::CreateSessionRequest bad;
+  bad.set_mem_len(-1);
+  expect(client_->CreateSession(bad).status(), "mem_len");
+  bad.set_mem_len(1 << 20);
+  expect(client_->CreateSession(bad).status(), "mem_len");
+  expect(Stream(*client_, Gen("", "a", 100000)).status, "max_new_tokens");
+  expect(Stream(*client_, Gen("", "a", 2, 0, -1.0f)).status, "sampling.temperature");
+  v1::GenerateRequest ids = Gen("", "", 2);
+  ids.mutable_input()->mutable_tokens()->add_ids(999);
+  expect(Stream(*client_, ids).status, "input.tokens.ids[0]");
+  expect(Stream(*client_, Gen(NewSession(*client_), "", 2)).status, "input");
+}
+
+TEST_F(ServerTest, GenerateStreamsAndContinuesFromHistory) {
+  const std::string id = NewSession(*client_);
+  Generated a = Stream(*client_, Gen(id, "abc", 5));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.ids.size(), 5u);
+  EXPECT_EQ(a.last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(a.last.usage().input_tokens(), 3);
+  EXPECT_EQ(a.last.usage().generated_tokens(), 5);
+  EXPECT_EQ(a.last.position(), 8);
+  EXPECT_EQ(client_->GetSession(id)->position(), 8);
+  Generated b = Stream(*client_, Gen(id, "", 3));
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(client_->GetSession(id)->position(), 11);
+
+  // The same history fed at once continues the same way (greedy).
+  std::string history = "abc";
+  for (int t : a.ids) history += static_cast<char>(t);
+  v1::GenerateRequest all;
+  all.set_max_new_tokens(3);
+  for (unsigned char ch : history) all.mutable_input()->mutable_tokens()->add_ids(ch);
+  Generated c = Stream(*client_, all);
+  EXPECT_EQ(c.ids, b.ids);
+}
+
+TEST_F(ServerTest, SeededSamplingIsReproducible) {
+  const int sessions_before = client_->ListSessions()->sessions_size();
+  Generated a = Stream(*client_, Gen("", "seed", 20, 1234, 1.0f));
+  Generated b = Stream(*client_, Gen("", "seed", 20, 1234, 1.0f));
+  Generated c = Stream(*client_, Gen("", "seed", 20, 4321, 1.0f));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_NE(a.ids, c.ids);
+  // Throw-away sessions (empty id) are gone when their request ends.
+  EXPECT_EQ(client_->ListSessions()->sessions_size(), sessions_before);
+}
+
+std::vector<double> ScoreIn(TxlClient& c, const std::string& id, const std::string& text,
+                            const std::vector<size_t>& cuts) {
+  std::vector<double> out;
+  size_t start = 0;
+  for (size_t cut : cuts) {
+    v1::ScoreRequest r;
+    r.set_session_id(id);
+    r.mutable_input()->set_text(text.substr(start, cut - start));
+    r.set_commit(true);
+    auto s = c.Score(r);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return out;
+    for (const auto& t : s->tokens()) out.push_back(t.has_logprob() ? t.logprob() : 1.0);
+    start = cut;
+  }
+  return out;
+}
+
+TEST_F(ServerTest, ScoreAgreesWholeInPiecesAndTokenByToken) {
+  const std::string text = "the quick brown fox jumps over the lazy dog, twice: the quick brown fox";
+  std::vector<size_t> whole = {text.size()}, pieces = {10, 33, text.size()}, single;
+  for (size_t i = 1; i <= text.size(); ++i) single.push_back(i);
+  auto a = ScoreIn(*client_, NewSession(*client_), text, whole);
+  auto b = ScoreIn(*client_, NewSession(*client_), text, pieces);
+  auto c = ScoreIn(*client_, NewSession(*client_), text, single);
+  ASSERT_EQ(a.size(), text.size());
+  ASSERT_EQ(b.size(), a.size());
+  ASSERT_EQ(c.size(), a.size());
+  EXPECT_EQ(a[0], 1.0);  // the first token has no prediction
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max({worst, std::abs(a[i] - b[i]), std::abs(a[i] - c[i])});
+  std::cout << "Score whole / pieces / token-by-token max|diff| = " << worst << "\n";
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST_F(ServerTest, ScoreWithoutCommitLeavesTheSession) {
+  const std::string id = NewSession(*client_);
+  ASSERT_TRUE(Stream(*client_, Gen(id, "hello", 2)).status.ok());
+  v1::ScoreRequest r;
+  r.set_session_id(id);
+  r.mutable_input()->set_text("world");
+  r.set_commit(false);
+  auto first = client_->Score(r);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->position(), 7);
+  EXPECT_TRUE(first->tokens(0).has_logprob());  // conditioned on the history
+  auto again = client_->Score(r);
+  EXPECT_EQ(again->total_logprob(), first->total_logprob());
+  EXPECT_EQ(client_->GetSession(id)->position(), 7);
+}
+
+TEST_F(ServerTest, ConcurrentSessionsGetWhatEachGetsAlone) {
+  const int kSessions = 8;
+  std::vector<std::string> prompts;
+  std::vector<std::vector<int>> alone;
+  for (int i = 0; i < kSessions; ++i) {
+    prompts.push_back(std::string(1 + i * 3, static_cast<char>('a' + i)));
+    alone.push_back(Stream(*client_, Gen("", prompts.back(), 12)).ids);
+  }
+  std::vector<std::vector<int>> together(kSessions);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = Connect(*server_);
+      together[i] = Stream(*c, Gen("", prompts[i], 12)).ids;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) EXPECT_EQ(together[i], alone[i]) << "session " << i;
+}
+
+TEST_F(ServerTest, BusySessionIsAbortedAndUnchanged) {
+  const std::string id = NewSession(*client_);
+  absl::Notification first_token;
+  std::atomic<bool> seen{false};
+  Generated long_run;
+  std::thread t([&] {
+    auto c = Connect(*server_);
+    long_run.status = c->Generate(Gen(id, "busy", 4000), [&](const v1::GenerateResponse& r) {
+      long_run.ids.push_back(r.tokens_size());
+      if (!seen.exchange(true)) first_token.Notify();
+    });
+  });
+  first_token.WaitForNotification();
+  EXPECT_EQ(Stream(*client_, Gen(id, "more", 2)).status.code(), absl::StatusCode::kAborted);
+  v1::ScoreRequest score;
+  score.set_session_id(id);
+  score.mutable_input()->set_text("x");
+  EXPECT_EQ(client_->Score(score).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(client_->DeleteSession(id).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(client_->GetSession(id)->busy());
+  t.join();
+  ASSERT_TRUE(long_run.status.ok()) << long_run.status;
+  EXPECT_EQ(client_->GetSession(id)->position(), 4 + 4000);
+}
+
+TEST_F(ServerTest, CancelMidStreamKeepsEveryDeliveredToken) {
+  const std::string id = NewSession(*client_);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("txl-session-id", id);
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::TransformerXL::NewStub(channel);
+  v1::GenerateRequest req = Gen(id, "cancel me", 5000);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  int received = 0;
+  while (received < 5 && reader->Read(&r)) received += r.tokens_size();
+  ctx.TryCancel();
+  while (reader->Read(&r)) received += r.tokens_size();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The session settles (not busy) with the input and at least every
+  // delivered token in its history.
+  absl::StatusOr<v1::Session> s;
+  for (int i = 0; i < 500; ++i) {
+    s = client_->GetSession(id);
+    if (s.ok() && !s->busy()) break;
+    std::this_thread::yield();
+  }
+  ASSERT_TRUE(s.ok());
+  EXPECT_GE(s->position(), 9 + received);
+  EXPECT_LT(s->position(), 9 + 5000);
+  EXPECT_TRUE(Stream(*client_, Gen(id, "", 2)).status.ok());  // usable afterwards
+}
+
+TEST_F(ServerTest, ForkCopiesAndDiverges) {
+  const std::string id = NewSession(*client_);
+  ASSERT_TRUE(Stream(*client_, Gen(id, "shared prefix", 4)).status.ok());
+  v1::ForkSessionRequest f;
+  f.set_session_id(id);
+  auto child = client_->ForkSession(f);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(child->position(), 17);
+  Generated a = Stream(*client_, Gen(id, "", 6));
+  Generated b = Stream(*client_, Gen(child->session_id(), "", 6));
+  EXPECT_EQ(a.ids, b.ids);  // same history, greedy: same continuation
+  ASSERT_TRUE(Stream(*client_, Gen(child->session_id(), "different", 3)).status.ok());
+  EXPECT_EQ(client_->GetSession(id)->position(), 23);
+  EXPECT_EQ(client_->GetSession(child->session_id())->position(), 35);
+}
+
+TEST_F(ServerTest, ConverseRunsTurnsOnOneStream) {
+  const std::string id = NewSession(*client_);
+  auto conv = client_->Converse(id);
+  v1::GenerateResponse last;
+  ASSERT_TRUE(conv->Turn(Gen(id, "hi", 3), [&](const v1::GenerateResponse& r) { last = r; }).ok());
+  EXPECT_EQ(last.position(), 5);
+  ASSERT_TRUE(conv->Turn(Gen(id, "again", 2), [&](const v1::GenerateResponse& r) { last = r; }).ok());
+  EXPECT_EQ(last.position(), 12);
+  EXPECT_TRUE(conv->Close().ok());
+  EXPECT_EQ(client_->GetSession(id)->position(), 12);
+}
+
+TEST_F(ServerTest, SessionIdInMetadataOnly) {
+  const std::string id = NewSession(*client_);
+  auto stub = v1::TransformerXL::NewStub(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("txl-session-id", id);
+  v1::GetSessionRequest req;  // no id in the message
+  v1::Session out;
+  ASSERT_TRUE(stub->GetSession(&ctx, req, &out).ok());
+  EXPECT_EQ(out.session_id(), id);
+  grpc::ClientContext ctx2;
+  ctx2.AddMetadata("txl-session-id", id);
+  req.set_session_id("someone-else");
+  EXPECT_EQ(stub->GetSession(&ctx2, req, &out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServerTest, ReflectionListsTheService) {
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
+  EXPECT_NE(std::find(names.begin(), names.end(), "txl.v1.TransformerXL"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end());
+  stream->Finish();
+}
+
+TEST_F(ServerTest, MetricsMoveAndNameNoSession) {
+  const std::string id = NewSession(*client_);
+  ASSERT_TRUE(Stream(*client_, Gen(id, "metrics", 5)).status.ok());
+  const std::string text = testing::HttpGet(server_->metrics_port, "/metrics");
+  ASSERT_FALSE(text.empty());
+  for (const char* name : {"txl_requests_total", "txl_tokens_generated_total", "txl_tokens_fed_total",
+                           "txl_time_to_first_token_seconds", "txl_inter_token_seconds", "txl_engine_step_seconds",
+                           "txl_batch_size", "txl_step_tokens", "txl_queue_depth", "txl_sessions",
+                           "txl_session_memory_bytes", "txl_session_evictions_total", "txl_build_info"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name;
+  }
+  EXPECT_NE(text.find("method=\"Generate\""), std::string::npos);
+  EXPECT_EQ(text.find(id), std::string::npos);  // never a session id as a label
+  // Counters moved: tokens were generated.
+  const size_t at = text.find("\ntxl_tokens_generated_total ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_GE(std::stod(text.substr(at + 28)), 5.0);
+}
+
+TEST(ServerLimitsTest, MaxSessionsIsResourceExhausted) {
+  auto server = StartServer({"--max_sessions=2"});
+  ASSERT_NE(server, nullptr);
+  auto c = Connect(*server);
+  NewSession(*c);
+  NewSession(*c);
+  auto third = c->CreateSession(v1::CreateSessionRequest());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Stream(*c, Gen("", "throwaway", 1)).status.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(ServerLimitsTest, IdleSessionsExpire) {
+  auto server = StartServer({"--session_ttl=1"});
+  ASSERT_NE(server, nullptr);
+  auto c = Connect(*server);
+  const std::string id = NewSession(*c);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  absl::StatusCode code = absl::StatusCode::kOk;
+  while (std::chrono::steady_clock::now() < deadline) {
+    code = c->GetSession(id).status().code();
+    if (code == absl::StatusCode::kNotFound) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // waiting for a timer, not a race
+  }
+  EXPECT_EQ(code, absl::StatusCode::kNotFound);
+  const std::string text = testing::HttpGet(server->metrics_port, "/metrics");
+  EXPECT_NE(text.find("txl_session_evictions_total{reason=\"idle_ttl\"} 1"), std::string::npos) << text;
+}
+
+TEST(ServerLimitsTest, FullQueueIsResourceExhausted) {
+  auto server = StartServer({"--max_batch=1", "--max_queue=1"});
+  ASSERT_NE(server, nullptr);
+  auto c = Connect(*server);
+  // One long request holds the only batch slot; one waits; a third is refused.
+  absl::Notification running;
+  std::atomic<bool> seen{false};
+  std::thread first([&] {
+    auto c1 = Connect(*server);
+    (void)c1->Generate(Gen("", "one", 3000), [&](const v1::GenerateResponse&) {
+      if (!seen.exchange(true)) running.Notify();
+    });
+  });
+  running.WaitForNotification();
+  std::thread second([&] {
+    auto c2 = Connect(*server);
+    (void)Stream(*c2, Gen("", "two", 1));
+  });
+  // Wait until the second request is in the queue (the gauge says so).
+  for (int i = 0; i < 2000; ++i) {
+    if (testing::HttpGet(server->metrics_port, "/metrics").find("txl_queue_depth 1") != std::string::npos) break;
+    std::this_thread::yield();
+  }
+  auto third = Stream(*c, Gen("", "three", 1));
+  EXPECT_EQ(third.status.code(), absl::StatusCode::kResourceExhausted) << third.status;
+  server->Signal(SIGTERM);  // ends the long request through the drain
+  first.join();
+  second.join();
+}
+
+TEST(ServerLifecycleTest, SigtermDrainsAndExitsZero) {
+  auto server = StartServer({"--drain_timeout=2"});
+  ASSERT_NE(server, nullptr);
+  auto c = Connect(*server);
+  absl::Notification running;
+  std::atomic<bool> seen{false};
+  absl::Status stream_status;
+  std::thread t([&] {
+    auto c1 = Connect(*server);
+    stream_status = c1->Generate(Gen("", "drain", 4000), [&](const v1::GenerateResponse&) {
+      if (!seen.exchange(true)) running.Notify();
+    });
+  });
+  running.WaitForNotification();
+  server->Signal(SIGTERM);
+  // Health flips to NOT_SERVING and new work is refused while draining.
+  absl::StatusOr<std::string> health;
+  for (int i = 0; i < 2000; ++i) {
+    health = c->Health();
+    if (!health.ok() || *health != "SERVING") break;
+    std::this_thread::yield();
+  }
+  if (health.ok()) {
+    EXPECT_EQ(*health, "NOT_SERVING");
+    EXPECT_EQ(Stream(*c, Gen("", "late", 1)).status.code(), absl::StatusCode::kUnavailable);
+  }
+  t.join();
+  // The long stream ended within the drain: completed, or cancelled with its tokens kept.
+  EXPECT_TRUE(stream_status.ok() || stream_status.code() == absl::StatusCode::kCancelled ||
+              stream_status.code() == absl::StatusCode::kUnavailable)
+      << stream_status;
+  EXPECT_EQ(server->Wait(), 0) << server->output();
+}
+
+TEST(ServerLifecycleTest, BadModelAndBusyPortFailClearly) {
+  std::string output;
+  auto none = ServerProcess::Start(TXL_SERVER_BINARY, {"--model=/nonexistent/model.pt"}, &output);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_NE(output.find("/nonexistent/model.pt: no such file"), std::string::npos) << output;
+
+  auto first = StartServer();
+  ASSERT_NE(first, nullptr);
+  output.clear();
+  auto second = ServerProcess::Start(TXL_SERVER_BINARY, {"--model=" + ModelPath(), "--listen=" + first->address()},
+                                     &output);
+  EXPECT_EQ(second, nullptr);
+  EXPECT_NE(output.find("cannot listen on " + first->address()), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace txl

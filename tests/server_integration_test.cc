@@ -247,23 +247,46 @@ TEST_F(ServerTest, ScoreWithoutCommitLeavesTheSession) {
 }
 
 TEST_F(ServerTest, ConcurrentSessionsGetWhatEachGetsAlone) {
+  // Half greedy, half seeded sampling: batching must change neither.
   const int kSessions = 8;
-  std::vector<std::string> prompts;
+  auto request = [](int i) {
+    const std::string prompt(1 + i * 3, static_cast<char>('a' + i));
+    return i % 2 == 0 ? Gen("", prompt, 12) : Gen("", prompt, 12, 100 + i, 0.9f);
+  };
   std::vector<std::vector<int>> alone;
-  for (int i = 0; i < kSessions; ++i) {
-    prompts.push_back(std::string(1 + i * 3, static_cast<char>('a' + i)));
-    alone.push_back(Stream(*client_, Gen("", prompts.back(), 12)).ids);
-  }
+  for (int i = 0; i < kSessions; ++i) alone.push_back(Stream(*client_, request(i)).ids);
   std::vector<std::vector<int>> together(kSessions);
   std::vector<std::thread> threads;
   for (int i = 0; i < kSessions; ++i) {
     threads.emplace_back([&, i] {
       auto c = Connect(*server_);
-      together[i] = Stream(*c, Gen("", prompts[i], 12)).ids;
+      together[i] = Stream(*c, request(i)).ids;
     });
   }
   for (auto& t : threads) t.join();
-  for (int i = 0; i < kSessions; ++i) EXPECT_EQ(together[i], alone[i]) << "session " << i;
+  for (int i = 0; i < kSessions; ++i) {
+    EXPECT_EQ(together[i].size(), 12u);
+    EXPECT_EQ(together[i], alone[i]) << "session " << i;
+  }
+}
+
+TEST_F(ServerTest, LogprobsCarryTheTopAlternatives) {
+  v1::GenerateRequest r = Gen("", "alternatives", 4);
+  r.set_logprobs(3);
+  std::vector<v1::GeneratedToken> tokens;
+  ASSERT_TRUE(client_->Generate(r, [&](const v1::GenerateResponse& resp) {
+    for (const auto& t : resp.tokens()) tokens.push_back(t);
+  }).ok());
+  ASSERT_EQ(tokens.size(), 4u);
+  for (const auto& t : tokens) {
+    ASSERT_EQ(t.top_size(), 3);
+    EXPECT_GE(t.top(0).logprob(), t.top(1).logprob());
+    EXPECT_GE(t.top(1).logprob(), t.top(2).logprob());
+    EXPECT_EQ(t.top(0).id(), t.id());  // greedy: the chosen token is the most likely
+    EXPECT_FLOAT_EQ(t.top(0).logprob(), t.logprob());
+  }
+  r.set_logprobs(1000);
+  EXPECT_EQ(Stream(*client_, r).status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ServerTest, BusySessionIsAbortedAndUnchanged) {

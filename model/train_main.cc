@@ -31,8 +31,8 @@ ABSL_FLAG(absl::optional<int64_t>, d_inner, absl::nullopt, "feed-forward width")
 ABSL_FLAG(absl::optional<int64_t>, d_embed, absl::nullopt, "embedding width (-1: d_model)");
 ABSL_FLAG(absl::optional<int64_t>, div_val, absl::nullopt, "adaptive embedding divisor");
 ABSL_FLAG(absl::optional<std::string>, cutoffs, absl::nullopt, "adaptive softmax cutoffs, comma-separated");
-ABSL_FLAG(absl::optional<bool>, pre_lnorm, absl::nullopt, "pre-norm layers");
-ABSL_FLAG(absl::optional<bool>, untie_r, absl::nullopt, "per-layer u/v biases");
+ABSL_FLAG(absl::optional<bool>, pre_lnorm, absl::nullopt, "pre-norm layers (give a value: --pre_lnorm=true)");
+ABSL_FLAG(absl::optional<bool>, untie_r, absl::nullopt, "per-layer u/v biases (--untie_r=true)");
 ABSL_FLAG(absl::optional<int64_t>, clamp_len, absl::nullopt, "clamp relative distances (<= 0: no clamp)");
 ABSL_FLAG(absl::optional<double>, dropout, absl::nullopt, "dropout");
 ABSL_FLAG(absl::optional<double>, dropatt, absl::nullopt, "attention dropout");

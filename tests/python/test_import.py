@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import make_checkpoint as mc  # noqa: E402
 import txl_reference as ref  # noqa: E402
+from driver_args import take_flag  # noqa: E402
 
 TXL_IMPORT = None  # command list
 TXL_EVAL = None
@@ -654,25 +655,11 @@ class ImportErrorTest(unittest.TestCase):
         self.assertIn("proj_adaptive_softmax.py", p.stdout)  # where the NVIDIA order comes from
 
 
-def _take_flag(argv, flag):
-    for i, a in enumerate(argv):
-        if a == flag:
-            if i + 1 >= len(argv):
-                sys.exit("%s needs a path" % flag)
-            value = argv[i + 1]
-            del argv[i:i + 2]
-            return value
-        if a.startswith(flag + "="):
-            del argv[i]
-            return a[len(flag) + 1:]
-    return None
-
-
 def main():
     global TXL_IMPORT, TXL_EVAL
     argv = list(sys.argv)
-    imp = _take_flag(argv, "--txl-import")
-    ev = _take_flag(argv, "--txl-eval")
+    imp = take_flag(argv, "--txl-import")
+    ev = take_flag(argv, "--txl-eval")
     for flag, path in (("--txl-import", imp), ("--txl-eval", ev)):
         if path is not None and not os.access(path, os.X_OK):
             sys.exit("%s %s is not an executable file" % (flag, path))

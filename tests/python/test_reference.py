@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_checkpoint as mc  # noqa: E402
 import txl_reference as ref  # noqa: E402
+from driver_args import take_flag  # noqa: E402
 
 TXL_EVAL = None
 TXL_INIT = None
@@ -457,26 +458,11 @@ def _add_config_tests():
 _add_config_tests()
 
 
-def _take_flag(argv, flag):
-    """Removes `flag PATH` or `flag=PATH` from argv; returns PATH or None."""
-    for i, a in enumerate(argv):
-        if a == flag:
-            if i + 1 >= len(argv):
-                sys.exit("%s needs a path" % flag)
-            value = argv[i + 1]
-            del argv[i:i + 2]
-            return value
-        if a.startswith(flag + "="):
-            del argv[i]
-            return a[len(flag) + 1:]
-    return None
-
-
 def main():
     global TXL_EVAL, TXL_INIT
     argv = list(sys.argv)
-    TXL_EVAL = _take_flag(argv, "--txl-eval")
-    TXL_INIT = _take_flag(argv, "--txl-init")
+    TXL_EVAL = take_flag(argv, "--txl-eval")
+    TXL_INIT = take_flag(argv, "--txl-init")
     TXL_EVAL = os.path.abspath(TXL_EVAL) if TXL_EVAL else None
     TXL_INIT = os.path.abspath(TXL_INIT) if TXL_INIT else None
     torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -1,6 +1,7 @@
 // Engine: the narrow interface between the scheduler and the model. The
 // scheduler's tests drive it with a fake; ModelEngine runs the real
-// LanguageModel. Every call is made from the one engine thread.
+// LanguageModel. Step and EngineSession::Clone run on the one engine thread;
+// NewSession allocates no tensors and may be called from any thread.
 #ifndef TXL_SERVER_ENGINE_H_
 #define TXL_SERVER_ENGINE_H_
 
@@ -38,7 +39,8 @@ class Engine {
   virtual ~Engine() = default;
   virtual int64_t vocab_size() const = 0;
   virtual absl::StatusOr<std::unique_ptr<EngineSession>> NewSession(int64_t mem_len) = 0;
-  // One batched forward pass. On error no session has changed.
+  // One batched forward pass; consumes the inputs' token vectors. On error
+  // no session has changed.
   virtual absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<EngineInput> inputs) = 0;
 };
 

@@ -24,9 +24,14 @@ int64_t SessionState::position() const { return memory_->position(); }
 int64_t SessionState::mem_len() const { return memory_->mem_len(); }
 int64_t SessionState::memory_tokens() const { return memory_->length(); }
 int64_t SessionState::memory_bytes() const { return memory_->bytes(); }
-std::unique_ptr<SessionState> SessionState::Clone() const {
-  return std::unique_ptr<SessionState>(
-      new SessionState(std::make_unique<SessionMemory>(memory_->Clone())));
+absl::StatusOr<std::unique_ptr<SessionState>> SessionState::Clone() const {
+  try {
+    return std::unique_ptr<SessionState>(
+        new SessionState(std::make_unique<SessionMemory>(memory_->Clone())));
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
+  }
 }
 
 LanguageModel::LanguageModel(ModelConfig config, Tokenizer tokenizer, std::string device_name,

@@ -33,7 +33,8 @@ class SessionState {
   int64_t mem_len() const;        // attention window, in keys
   int64_t memory_tokens() const;  // positions held (<= mem_len - 1)
   int64_t memory_bytes() const;
-  std::unique_ptr<SessionState> Clone() const;  // deep copy (fork)
+  // Deep copy (fork); RESOURCE_EXHAUSTED when the device is out of memory.
+  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const;
 
  private:
   friend class LanguageModel;

@@ -10,8 +10,10 @@ class ModelSession : public EngineSession {
   int64_t mem_len() const override { return state_->mem_len(); }
   int64_t memory_tokens() const override { return state_->memory_tokens(); }
   int64_t memory_bytes() const override { return state_->memory_bytes(); }
-  std::unique_ptr<EngineSession> Clone() const override {
-    return std::make_unique<ModelSession>(state_->Clone());
+  absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const override {
+    auto copy = state_->Clone();
+    if (!copy.ok()) return copy.status();
+    return std::unique_ptr<EngineSession>(new ModelSession(*std::move(copy)));
   }
   SessionState* state() { return state_.get(); }
 

@@ -24,7 +24,7 @@ class EngineSession {
   virtual int64_t mem_len() const = 0;
   virtual int64_t memory_tokens() const = 0;
   virtual int64_t memory_bytes() const = 0;
-  virtual std::unique_ptr<EngineSession> Clone() const = 0;
+  virtual absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const = 0;
 };
 
 struct EngineInput {

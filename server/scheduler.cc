@@ -267,8 +267,12 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
     }
     if (job->result.queue_seconds == 0) job->result.queue_seconds = Since(job->submitted);
     if (job->kind == Job::Kind::kFork) {
-      auto lease = store_->CreateAcquired(job->lease.state->Clone(), job->fork_ttl,
-                                          job->fork_labels, absl::Now());
+      auto copy = job->lease.state->Clone();
+      if (!copy.ok()) {
+        Finish(*job, copy.status());
+        continue;
+      }
+      auto lease = store_->CreateAcquired(*std::move(copy), job->fork_ttl, job->fork_labels, absl::Now());
       if (!lease.ok()) {
         Finish(*job, lease.status());
         continue;
@@ -282,7 +286,12 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
       continue;
     }
     if (job->kind == Job::Kind::kScore && !job->commit && !job->scratch) {
-      job->scratch = job->lease.state->Clone();
+      auto copy = job->lease.state->Clone();
+      if (!copy.ok()) {
+        Finish(*job, copy.status());
+        continue;
+      }
+      job->scratch = *std::move(copy);
     }
     if (job->kind == Job::Kind::kScore && job->prefill_left() == 0) {
       // Only one token, and nothing before it: nothing to predict.

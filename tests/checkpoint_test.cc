@@ -234,7 +234,7 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   EXPECT_NEAR(total, 1.0, 1e-5);
   EXPECT_EQ(s->position(), 4);
   EXPECT_EQ(s->memory_tokens(), 4);
-  auto fork = s->Clone();
+  auto fork = *s->Clone();
   EXPECT_EQ(fork->position(), 4);
   EXPECT_EQ(fork->memory_bytes(), s->memory_bytes());
 }

@@ -19,12 +19,14 @@ class FakeSession : public EngineSession {
   int64_t mem_len() const override { return mem_len_; }
   int64_t memory_tokens() const override { return std::min<int64_t>(fed(), mem_len_ - 1); }
   int64_t memory_bytes() const override { return memory_tokens() * 8; }
-  std::unique_ptr<EngineSession> Clone() const override {
+  absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const override {
+    if (fail_clone) return absl::ResourceExhaustedError("injected: no memory for a copy");
     auto c = std::make_unique<FakeSession>(mem_len_);
     c->history = history;
-    return c;
+    return std::unique_ptr<EngineSession>(std::move(c));
   }
   std::vector<int> history;
+  bool fail_clone = false;
 
  private:
   int64_t mem_len_;

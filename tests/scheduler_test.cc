@@ -254,6 +254,32 @@ TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
   EXPECT_EQ(History(child), (std::vector<int>{1, 2, 3, 4, 50, 51}));
 }
 
+// Regression: a failed memory copy (device out of memory) used to throw on
+// the engine thread and take the server down; now the request fails cleanly.
+TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
+  Make();
+  scheduler_->Start();
+  const std::string id = NewSession();
+  Outcome gen;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({1, 2}, 2), gen.Callbacks()).ok());
+  gen.Wait();
+  {
+    auto lease = Lease(id);
+    static_cast<FakeSession*>(lease.state.get())->fail_clone = true;
+    store_.Release(std::move(lease), absl::Now());
+  }
+  Outcome fork, probe;
+  ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {}, fork.Callbacks()).ok());
+  fork.Wait();
+  EXPECT_EQ(fork.status.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {9}, false, probe.Callbacks()).ok());
+  probe.Wait();
+  EXPECT_EQ(probe.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.size(), 1);
+  EXPECT_EQ(History(id), (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_FALSE(store_.Get(id)->busy);
+}
+
 TEST_F(SchedulerTest, StopTokenAndStopSequence) {
   Make();
   scheduler_->Start();

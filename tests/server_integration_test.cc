@@ -514,6 +514,8 @@ TEST(ServerLifecycleTest, SigtermDrainsAndExitsZero) {
   EXPECT_EQ(server->Wait(), 0) << server->output();
 }
 
+// Regression (busy port): gRPC's default SO_REUSEPORT let a second server
+// bind a port in use and silently share it; it must fail with a message.
 TEST(ServerLifecycleTest, BadModelAndBusyPortFailClearly) {
   std::string output;
   auto none = ServerProcess::Start(TXL_SERVER_BINARY, {"--model=/nonexistent/model.pt"}, &output);

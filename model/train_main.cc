@@ -1,6 +1,8 @@
 // txl-train: trains a Transformer-XL language model on text files and writes
 // checkpoints the server and txl-eval load as they are. Data parallel when
 // launched torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+#include <unistd.h>
+
 #include <iostream>
 #include <string>
 #include <vector>
@@ -184,6 +186,7 @@ int main(int argc, char** argv) {
   opt.out = absl::GetFlag(FLAGS_out);
   opt.resume = absl::GetFlag(FLAGS_resume);
   opt.loss_log = absl::GetFlag(FLAGS_loss_log);
+  opt.progress_bar = isatty(STDOUT_FILENO) != 0;
   if (opt.log_interval < 1) return Fail(2, "--log_interval must be >= 1");
 
   auto parallel = txl::DataParallel::FromEnvironment();

@@ -301,7 +301,11 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
         << std::flush;
   }
 
+  auto clear_bar = [&]() {
+    if (opt.progress_bar) log << "\r\033[K";
+  };
   auto evaluate = [&]() {
+    clear_bar();
     report.eval_mem = Evaluate(s.config, s.weights, s.data.valid, opt.eval_mem_len, opt.eval_tgt_len,
                                opt.eval_streams, opt.eval_max_tokens);
     report.eval_no_mem = Evaluate(s.config, s.weights, s.data.valid, 0, opt.eval_tgt_len,
@@ -317,6 +321,7 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
 
   while (s.step < opt.max_steps) {
     if (opt.time_budget_s > 0 && Seconds(start) >= opt.time_budget_s) {
+      if (lead) clear_bar();
       if (lead) log << "time budget of " << opt.time_budget_s << " s reached at step " << s.step << "\n";
       break;
     }
@@ -351,7 +356,15 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
     ++interval_steps;
     interval_tokens += seg.len * opt.batch_size * s.parallel->world_size();
     if (loss_log.is_open()) loss_log << s.step << " " << absl::StrFormat("%.7f", step_loss) << "\n";
+    if (lead && opt.progress_bar) {
+      // Redrawn in place; the log lines below clear it first.
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(kWidth * s.step / std::max<int64_t>(1, opt.max_steps));
+      log << "\r[" << std::string(filled, '=') << std::string(kWidth - filled, ' ') << "] "
+          << absl::StrFormat("%d/%d loss %.4f", s.step, opt.max_steps, step_loss) << std::flush;
+    }
     if (lead && (s.step % opt.log_interval == 0 || s.step == opt.max_steps)) {
+      clear_bar();
       const double secs = Seconds(interval_start);
       const double tps = interval_tokens / std::max(secs, 1e-9);
       const double mean = interval_loss / interval_steps;

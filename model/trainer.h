@@ -44,6 +44,7 @@ struct TrainOptions {
   std::string out;              // checkpoint path; training state goes beside it
   bool resume = false;
   std::string loss_log;  // optional: "step loss" per line, every step (rank 0)
+  bool progress_bar = false;  // redraw a one-line bar every step (for a terminal)
 };
 
 struct EvalResult {

@@ -2,7 +2,10 @@
 
 #include <chrono>
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 
 namespace txl {
@@ -37,10 +40,19 @@ absl::StatusOr<v1::ModelInfo> TxlClient::Info() {
 }
 
 absl::StatusOr<v1::Session> TxlClient::CreateSession(const v1::CreateSessionRequest& request) {
+  // The client picks the id, so a proxy routing on txl-session-id sends the
+  // creation where the session's later calls will go.
+  v1::CreateSessionRequest req = request;
+  if (req.session_id().empty()) {
+    std::random_device rd;  // the OS entropy source
+    std::string id;
+    for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&id, "%08x", rd());
+    req.set_session_id(id);
+  }
   grpc::ClientContext ctx;
-  Prepare(&ctx, "");
+  Prepare(&ctx, req.session_id());
   v1::Session out;
-  grpc::Status s = stub_->CreateSession(&ctx, request, &out);
+  grpc::Status s = stub_->CreateSession(&ctx, req, &out);
   if (!s.ok()) return FromGrpc(s);
   return out;
 }

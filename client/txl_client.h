@@ -39,6 +39,7 @@ class TxlClient {
   static absl::StatusOr<std::unique_ptr<TxlClient>> Create(const ClientOptions& options);
 
   absl::StatusOr<v1::ModelInfo> Info();
+  // Picks a random session id when the request has none (see the proto).
   absl::StatusOr<v1::Session> CreateSession(const v1::CreateSessionRequest& request);
   absl::StatusOr<v1::Session> GetSession(const std::string& id);
   absl::StatusOr<v1::ListSessionsResponse> ListSessions();

@@ -41,6 +41,14 @@ const char* CodeName(grpc::StatusCode code) {
   }
 }
 
+// The form of a session id: 128 bits as 32 lowercase hex characters.
+bool IsSessionIdForm(const std::string& id) {
+  if (id.size() != 32) return false;
+  for (char c : id)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
 v1::FinishReason ToProto(Finish f) {
   switch (f) {
     case Finish::kLength: return v1::FINISH_REASON_LENGTH;
@@ -486,10 +494,16 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
     if (!mem_len.ok()) return mem_len.status();
     if (req->idle_ttl_seconds() < 0)
       return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds: must be >= 0, got ", req->idle_ttl_seconds()));
+    auto id = ctx_->SessionId(ctx, req->session_id());
+    if (!id.ok()) return id.status();
+    if (!id->empty() && !IsSessionIdForm(*id)) {
+      return absl::InvalidArgumentError(
+          "session_id: must be 32 lowercase hex characters (128 random bits), or empty");
+    }
     auto state = ctx_->engine->NewSession(*mem_len);
     if (!state.ok()) return state.status();
     auto info = ctx_->store->Create(*std::move(state), absl::Seconds(req->idle_ttl_seconds()),
-                                    {req->labels().begin(), req->labels().end()}, absl::Now());
+                                    {req->labels().begin(), req->labels().end()}, absl::Now(), *id);
     if (!info.ok()) return info.status();
     FillSession(*info, r);
     return absl::OkStatus();

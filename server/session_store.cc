@@ -34,18 +34,18 @@ void SessionStore::Refresh(Entry& e) {
 absl::StatusOr<SessionInfo> SessionStore::Create(std::unique_ptr<EngineSession> state,
                                                  absl::Duration idle_ttl,
                                                  std::map<std::string, std::string> labels,
-                                                 absl::Time now) {
-  auto lease = CreateAcquired(std::move(state), idle_ttl, std::move(labels), now);
+                                                 absl::Time now, const std::string& id) {
+  auto lease = CreateAcquired(std::move(state), idle_ttl, std::move(labels), now, id);
   if (!lease.ok()) return lease.status();
-  const std::string id = lease->id;
+  const std::string created = lease->id;
   Release(*std::move(lease), now);
-  return Get(id);
+  return Get(created);
 }
 
 absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<EngineSession> state,
                                                           absl::Duration idle_ttl,
                                                           std::map<std::string, std::string> labels,
-                                                          absl::Time now) {
+                                                          absl::Time now, const std::string& requested) {
   absl::StatusOr<absl::Duration> ttl = ResolveTtl(idle_ttl);
   if (!ttl.ok()) return ttl.status();
   absl::MutexLock lock(&mu_);
@@ -53,7 +53,10 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<Engine
     return absl::ResourceExhaustedError(
         absl::StrCat("session limit reached (max_sessions=", config_.max_sessions, ")"));
   }
-  std::string id = NewId();
+  if (!requested.empty() && sessions_.contains(requested)) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: ", requested, " already exists"));
+  }
+  std::string id = requested.empty() ? NewId() : requested;
   while (sessions_.contains(id)) id = NewId();
   Entry& e = sessions_[id];
   e.info.id = id;

@@ -60,14 +60,16 @@ class SessionStore {
   explicit SessionStore(const SessionStoreConfig& config) : config_(config) {}
 
   // RESOURCE_EXHAUSTED at max_sessions; INVALID_ARGUMENT for a ttl outside
-  // [0, max_ttl] (0 picks the default).
+  // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
+  // taken one is ALREADY_EXISTS (the caller validates its form).
   absl::StatusOr<SessionInfo> Create(std::unique_ptr<EngineSession> state, absl::Duration idle_ttl,
-                                     std::map<std::string, std::string> labels, absl::Time now);
+                                     std::map<std::string, std::string> labels, absl::Time now,
+                                     const std::string& id = "");
   // Creates the session already acquired (throw-away sessions, forks).
   absl::StatusOr<SessionLease> CreateAcquired(std::unique_ptr<EngineSession> state,
                                               absl::Duration idle_ttl,
                                               std::map<std::string, std::string> labels,
-                                              absl::Time now);
+                                              absl::Time now, const std::string& id = "");
 
   absl::StatusOr<SessionInfo> Get(const std::string& id) const;
   std::vector<SessionInfo> List() const;

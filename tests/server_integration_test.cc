@@ -141,6 +141,24 @@ TEST_F(ServerTest, SessionLifecycle) {
   EXPECT_EQ(Stream(*client_, Gen("no-such-session", "x", 1)).status.code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(ServerTest, ClientChosenSessionIds) {
+  // The client library picks the id and sends it as metadata too.
+  auto picked = client_->CreateSession(v1::CreateSessionRequest());
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_EQ(picked->session_id().size(), 32u);
+  v1::CreateSessionRequest req;
+  req.set_session_id("00000000000000000000000000c0ffee");
+  auto chosen = client_->CreateSession(req);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->session_id(), req.session_id());
+  EXPECT_EQ(client_->CreateSession(req).status().code(), absl::StatusCode::kAlreadyExists);
+  req.set_session_id("Not-A-Valid-Id");
+  auto bad = client_->CreateSession(req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("session_id"), std::string::npos);
+  EXPECT_TRUE(client_->DeleteSession("00000000000000000000000000c0ffee").ok());
+}
+
 TEST_F(ServerTest, InvalidArgumentsNameTheField) {
   auto expect = [&](absl::Status s, const std::string& field) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;

@@ -25,6 +25,17 @@ TEST(SessionStoreTest, IdsAreLongRandomAndUnique) {
   EXPECT_EQ(ids.size(), 200u);
 }
 
+TEST(SessionStoreTest, ClientChosenIdIsKeptAndCannotBeTakenTwice) {
+  SessionStore store({});
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  auto first = store.Create(State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->id, id);
+  auto again = store.Create(State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store.size(), 1);
+}
+
 TEST(SessionStoreTest, BusySessionIsAbortedAndUnchanged) {
   SessionStore store({});
   auto info = store.Create(State(), absl::ZeroDuration(), {{"team", "a"}}, absl::Now());

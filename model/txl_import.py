@@ -871,14 +871,19 @@ def _has_space(b):
     return any(ch.isspace() for ch in s)
 
 
-def vocab_tokenizer(path):
+def _read_nonempty(path, what):
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise ImportFailure("vocab file '%s' cannot be opened (%s)" % (path, e.strerror or e))
+        raise ImportFailure("%s '%s' cannot be opened (%s)" % (what, path, e.strerror or e))
     if not data:
-        raise ImportFailure("vocab file '%s' is empty" % path)
+        raise ImportFailure("%s '%s' is empty" % (what, path))
+    return data
+
+
+def vocab_tokenizer(path):
+    data = _read_nonempty(path, "vocab file")
     lines = data.split(b"\n")
     if data.endswith(b"\n"):
         lines.pop()
@@ -900,13 +905,7 @@ def vocab_tokenizer(path):
 
 
 def corpus_tokenizer(path):
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ImportFailure("corpus '%s' cannot be opened (%s)" % (path, e.strerror or e))
-    if not data:
-        raise ImportFailure("corpus '%s' is empty" % path)
+    data = _read_nonempty(path, "corpus")
     # surrogateescape turns every byte outside well-formed UTF-8 into its own code
     # point, so each stray byte becomes a one-byte symbol (as Tokenizer::CharFromCorpus).
     chars = set(data.decode("utf-8", errors="surrogateescape"))

@@ -91,6 +91,11 @@ absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t 
       new SessionState(std::make_unique<SessionMemory>(config_.n_layer, mem_len)));
 }
 
+int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
+  const int64_t element = model_->weights().emb_layers[0].element_size();
+  return config_.n_layer * 2 * std::max<int64_t>(0, mem_len - 1) * config_.n_head * config_.d_head * element;
+}
+
 absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {
   const int64_t V = config_.n_token;
   std::set<const SessionState*> seen;

@@ -5,20 +5,23 @@ namespace {
 
 class ModelSession : public EngineSession {
  public:
-  explicit ModelSession(std::unique_ptr<SessionState> state) : state_(std::move(state)) {}
+  ModelSession(std::unique_ptr<SessionState> state, int64_t full_bytes)
+      : state_(std::move(state)), full_bytes_(full_bytes) {}
   int64_t fed() const override { return state_->position(); }
   int64_t mem_len() const override { return state_->mem_len(); }
   int64_t memory_tokens() const override { return state_->memory_tokens(); }
   int64_t memory_bytes() const override { return state_->memory_bytes(); }
+  int64_t full_memory_bytes() const override { return full_bytes_; }
   absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const override {
     auto copy = state_->Clone();
     if (!copy.ok()) return copy.status();
-    return std::unique_ptr<EngineSession>(new ModelSession(*std::move(copy)));
+    return std::unique_ptr<EngineSession>(new ModelSession(*std::move(copy), full_bytes_));
   }
   SessionState* state() { return state_.get(); }
 
  private:
   std::unique_ptr<SessionState> state_;
+  const int64_t full_bytes_;
 };
 
 }  // namespace
@@ -32,7 +35,8 @@ absl::StatusOr<std::unique_ptr<ModelEngine>> ModelEngine::Create(const LanguageM
 absl::StatusOr<std::unique_ptr<EngineSession>> ModelEngine::NewSession(int64_t mem_len) {
   auto state = model_->NewSession(mem_len);
   if (!state.ok()) return state.status();
-  return std::unique_ptr<EngineSession>(new ModelSession(*std::move(state)));
+  return std::unique_ptr<EngineSession>(
+      new ModelSession(*std::move(state), model_->FullMemoryBytes(mem_len)));
 }
 
 absl::StatusOr<std::vector<StepOutput>> ModelEngine::Step(absl::Span<EngineInput> inputs) {

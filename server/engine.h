@@ -24,6 +24,7 @@ class EngineSession {
   virtual int64_t mem_len() const = 0;
   virtual int64_t memory_tokens() const = 0;
   virtual int64_t memory_bytes() const = 0;
+  virtual int64_t full_memory_bytes() const = 0;  // memory_bytes once the window is full
   virtual absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const = 0;
 };
 

@@ -36,6 +36,9 @@ ABSL_FLAG(int, max_batch_tokens, 2048, "tokens fed per engine step");
 ABSL_FLAG(int, prefill_chunk, 256, "tokens one request feeds per step while prefilling");
 ABSL_FLAG(int, max_queue, 256, "waiting requests before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 1000, "live sessions before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, session_memory_budget, 0,
+          "bytes of session memory (each session counted at its full window) before "
+          "RESOURCE_EXHAUSTED; 0: no limit");
 ABSL_FLAG(int64_t, session_ttl, 600, "default idle seconds before a session expires");
 ABSL_FLAG(int64_t, max_session_ttl, 86400, "largest idle_ttl_seconds a client may ask for");
 ABSL_FLAG(int64_t, default_mem_len, 0, "a new session's window (0: the model's mem_len)");
@@ -90,6 +93,9 @@ int main(int argc, char** argv) {
   store_config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   store_config.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl));
   store_config.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
+  store_config.memory_budget_bytes = absl::GetFlag(FLAGS_session_memory_budget);
+  if (store_config.max_sessions < 1 || store_config.memory_budget_bytes < 0)
+    return Fail("--max_sessions must be >= 1 and --session_memory_budget >= 0");
   txl::SessionStore store(store_config);
 
   txl::MetricsConfig metrics_config;
@@ -99,6 +105,9 @@ int main(int argc, char** argv) {
                          {"device", model.device()},
                          {"n_layer", std::to_string(mc.n_layer)},
                          {"d_model", std::to_string(mc.d_model)}};
+  metrics_config.max_sessions = store_config.max_sessions;
+  metrics_config.max_queue = absl::GetFlag(FLAGS_max_queue);
+  metrics_config.session_memory_budget = store_config.memory_budget_bytes;
   auto metrics = txl::Metrics::Create(metrics_config, &store);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
 

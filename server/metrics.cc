@@ -49,6 +49,22 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   m->sessions_idle_ = &sessions.Add({{"state", "idle"}});
   m->sessions_busy_ = &sessions.Add({{"state", "busy"}});
   m->memory_bytes_ = &BuildGauge().Name("txl_session_memory_bytes").Help("Bytes of all session memories").Register(r).Add({});
+  m->reserved_bytes_ = &BuildGauge()
+                           .Name("txl_session_memory_reserved_bytes")
+                           .Help("Full-window bytes of all sessions (what the memory budget counts)")
+                           .Register(r)
+                           .Add({});
+  // Limits, so that rules can express saturation as a ratio.
+  BuildGauge().Name("txl_sessions_max").Help("--max_sessions").Register(r).Add({}).Set(
+      static_cast<double>(config.max_sessions));
+  BuildGauge().Name("txl_queue_max").Help("--max_queue").Register(r).Add({}).Set(
+      static_cast<double>(config.max_queue));
+  BuildGauge()
+      .Name("txl_session_memory_budget_bytes")
+      .Help("--session_memory_budget (0: none)")
+      .Register(r)
+      .Add({})
+      .Set(static_cast<double>(config.session_memory_budget));
   BuildGauge().Name("txl_build_info").Help("Build and model facts (value 1)").Register(r).Add(
       {config.info.begin(), config.info.end()}).Set(1);
   if (!config.listen.empty()) {
@@ -82,6 +98,7 @@ void Metrics::OnTick() {
   sessions_busy_->Set(static_cast<double>(busy));
   sessions_idle_->Set(static_cast<double>(total - busy));
   memory_bytes_->Set(static_cast<double>(store_->memory_bytes()));
+  reserved_bytes_->Set(static_cast<double>(store_->reserved_bytes()));
 }
 
 std::string Metrics::Scrape() const {

@@ -32,6 +32,8 @@ namespace txl {
 struct MetricsConfig {
   std::string listen;  // host:port for /metrics; empty: not served
   std::map<std::string, std::string> info;  // labels of txl_build_info
+  // Limits exported as gauges.
+  int64_t max_sessions = 0, max_queue = 0, session_memory_budget = 0;
 };
 
 class Metrics : public SchedulerObserver, public ServiceMetrics {
@@ -67,7 +69,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Histogram *ttft_ = nullptr, *itl_ = nullptr, *step_seconds_ = nullptr;
   prometheus::Histogram *batch_size_ = nullptr, *step_tokens_ = nullptr;
   prometheus::Gauge *queue_depth_ = nullptr, *sessions_idle_ = nullptr, *sessions_busy_ = nullptr;
-  prometheus::Gauge* memory_bytes_ = nullptr;
+  prometheus::Gauge *memory_bytes_ = nullptr, *reserved_bytes_ = nullptr;
 };
 
 }  // namespace txl

@@ -53,6 +53,13 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<Engine
     return absl::ResourceExhaustedError(
         absl::StrCat("session limit reached (max_sessions=", config_.max_sessions, ")"));
   }
+  const int64_t reserve = state->full_memory_bytes();
+  if (config_.memory_budget_bytes > 0 && reserved_bytes_ + reserve > config_.memory_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session memory budget reached (session_memory_budget=", config_.memory_budget_bytes,
+        " bytes; sessions hold ", reserved_bytes_, ", this one needs ", reserve, " at mem_len ",
+        state->mem_len(), ")"));
+  }
   if (!requested.empty() && sessions_.contains(requested)) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: ", requested, " already exists"));
   }
@@ -65,6 +72,8 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<Engine
   e.info.labels = std::move(labels);
   e.info.busy = true;
   e.info.mem_len = state->mem_len();
+  e.reserved_bytes = reserve;
+  reserved_bytes_ += reserve;
   SessionLease lease;
   lease.id = id;
   lease.state = std::move(state);
@@ -94,7 +103,7 @@ absl::Status SessionStore::Delete(const std::string& id) {
   if (it->second.info.busy)
     return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
   doomed = std::move(it->second.state);
-  sessions_.erase(it);
+  Erase(it);
   return absl::OkStatus();
 }
 
@@ -127,7 +136,8 @@ void SessionStore::Release(SessionLease lease, absl::Time now) {
 void SessionStore::Discard(SessionLease lease) {
   {
     absl::MutexLock lock(&mu_);
-    sessions_.erase(lease.id);
+    auto it = sessions_.find(lease.id);
+    if (it != sessions_.end()) Erase(it);
   }
   lease.state.reset();
 }
@@ -139,7 +149,7 @@ int SessionStore::ExpireIdle(absl::Time now) {
     const SessionInfo& info = it->second.info;
     if (!info.busy && now - info.last_used > info.idle_ttl) {
       doomed.push_back(std::move(it->second.state));
-      sessions_.erase(it++);
+      Erase(it++);
     } else {
       ++it;
     }
@@ -157,6 +167,16 @@ int64_t SessionStore::memory_bytes() const {
   int64_t total = 0;
   for (const auto& [id, e] : sessions_) total += e.info.memory_bytes;
   return total;
+}
+
+void SessionStore::Erase(Map::iterator it) {
+  reserved_bytes_ -= it->second.reserved_bytes;
+  sessions_.erase(it);
+}
+
+int64_t SessionStore::reserved_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return reserved_bytes_;
 }
 
 int64_t SessionStore::busy_count() const {

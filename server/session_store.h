@@ -53,13 +53,17 @@ struct SessionStoreConfig {
   int64_t max_sessions = 1000;
   absl::Duration default_ttl = absl::Minutes(10);
   absl::Duration max_ttl = absl::Hours(24);
+  // Bytes of session memory the store may commit to; 0: no limit. Each
+  // session reserves its full-window size (EngineSession::full_memory_bytes)
+  // when created, so a session admitted never runs out of room later.
+  int64_t memory_budget_bytes = 0;
 };
 
 class SessionStore {
  public:
   explicit SessionStore(const SessionStoreConfig& config) : config_(config) {}
 
-  // RESOURCE_EXHAUSTED at max_sessions; INVALID_ARGUMENT for a ttl outside
+  // RESOURCE_EXHAUSTED at max_sessions or past the memory budget; INVALID_ARGUMENT for a ttl outside
   // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
   // taken one is ALREADY_EXISTS (the caller validates its form).
   absl::StatusOr<SessionInfo> Create(std::unique_ptr<EngineSession> state, absl::Duration idle_ttl,
@@ -89,21 +93,27 @@ class SessionStore {
 
   int64_t size() const;
   int64_t memory_bytes() const;
+  int64_t reserved_bytes() const;  // full-window bytes of every session (the budget's measure)
   int64_t busy_count() const;
+  const SessionStoreConfig& config() const { return config_; }
 
  private:
   struct Entry {
     SessionInfo info;
     std::unique_ptr<EngineSession> state;  // null while busy
     std::vector<int> pending;
+    int64_t reserved_bytes = 0;
   };
+  using Map = absl::flat_hash_map<std::string, Entry>;
+  void Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
   static void Refresh(Entry& e);
   std::string NewId() const;
 
   const SessionStoreConfig config_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+  Map sessions_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace txl

@@ -239,5 +239,21 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   EXPECT_EQ(fork->memory_bytes(), s->memory_bytes());
 }
 
+// The memory budget reserves FullMemoryBytes per session: it must be what a
+// full window really holds, not an estimate.
+TEST_F(LanguageModelTest, FullMemoryBytesIsWhatAFullWindowHolds) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto s = *model->NewSession(6);
+  StepInput in;
+  in.session = s.get();
+  in.tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  EXPECT_EQ(s->memory_tokens(), 5);
+  EXPECT_EQ(s->memory_bytes(), model->FullMemoryBytes(6));
+  EXPECT_EQ(model->FullMemoryBytes(6),
+            config_.n_layer * 2 * 5 * config_.n_head * config_.d_head * static_cast<int64_t>(sizeof(float)));
+}
+
 }  // namespace
 }  // namespace txl

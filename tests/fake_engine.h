@@ -19,6 +19,7 @@ class FakeSession : public EngineSession {
   int64_t mem_len() const override { return mem_len_; }
   int64_t memory_tokens() const override { return std::min<int64_t>(fed(), mem_len_ - 1); }
   int64_t memory_bytes() const override { return memory_tokens() * 8; }
+  int64_t full_memory_bytes() const override { return (mem_len_ - 1) * 8; }
   absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const override {
     if (fail_clone) return absl::ResourceExhaustedError("injected: no memory for a copy");
     auto c = std::make_unique<FakeSession>(mem_len_);

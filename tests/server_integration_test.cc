@@ -451,6 +451,29 @@ TEST(ServerLimitsTest, MaxSessionsIsResourceExhausted) {
   EXPECT_EQ(Stream(*c, Gen("", "throwaway", 1)).status.code(), absl::StatusCode::kResourceExhausted);
 }
 
+TEST(ServerLimitsTest, MemoryBudgetAdmitsFullWindowsOnly) {
+  // Model of ModelPath(): 2 layers x 2 heads x 16, float32; mem_len 24 holds 23 positions of K and V.
+  const int64_t full = 2 * 2 * 23 * 2 * 16 * 4;
+  auto server = StartServer({"--session_memory_budget=" + std::to_string(2 * full + full / 2)});
+  ASSERT_NE(server, nullptr);
+  auto c = Connect(*server);
+  const std::string a = NewSession(*c);
+  NewSession(*c);
+  auto third = c->CreateSession(v1::CreateSessionRequest());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("session memory budget"), std::string::npos) << third.status();
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(a);
+  EXPECT_EQ(c->ForkSession(fork).status().code(), absl::StatusCode::kResourceExhausted);
+  NewSession(*c, 12);  // a smaller window still fits
+  const std::string text = testing::HttpGet(server->metrics_port, "/metrics");
+  EXPECT_NE(text.find("txl_session_memory_budget_bytes " + std::to_string(2 * full + full / 2)), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("txl_sessions_max 1000"), std::string::npos) << text;
+  ASSERT_TRUE(c->DeleteSession(a).ok());
+  EXPECT_TRUE(c->CreateSession(v1::CreateSessionRequest()).ok());
+}
+
 TEST(ServerLimitsTest, IdleSessionsExpire) {
   auto server = StartServer({"--session_ttl=1"});
   ASSERT_NE(server, nullptr);

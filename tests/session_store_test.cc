@@ -67,6 +67,33 @@ TEST(SessionStoreTest, MaxSessionsIsResourceExhausted) {
   EXPECT_NE(third.status().message().find("max_sessions=2"), std::string::npos);
 }
 
+TEST(SessionStoreTest, MemoryBudgetReservesFullWindowsAndFreesThem) {
+  SessionStoreConfig config;
+  config.memory_budget_bytes = 2 * (9 - 1) * 8;  // two fake sessions of mem_len 9
+  SessionStore store(config);
+  auto a = store.Create(State(9), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(store.reserved_bytes(), 64);
+  EXPECT_EQ(store.memory_bytes(), 0);  // reserved, not yet filled
+  auto b = store.CreateAcquired(State(9), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(b.ok());
+  auto third = store.Create(State(2), absl::ZeroDuration(), {}, absl::Now());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("session_memory_budget=128"), std::string::npos) << third.status();
+  EXPECT_EQ(store.size(), 2);
+  // Every way out of the store gives the reservation back.
+  store.Discard(*std::move(b));
+  EXPECT_EQ(store.reserved_bytes(), 64);
+  ASSERT_TRUE(store.Delete(a->id).ok());
+  EXPECT_EQ(store.reserved_bytes(), 0);
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(store.Create(State(9), absl::Seconds(1), {}, t0).ok());
+  ASSERT_TRUE(store.Create(State(9), absl::Seconds(1), {}, t0).ok());
+  EXPECT_EQ(store.ExpireIdle(t0 + absl::Seconds(2)), 2);
+  EXPECT_EQ(store.reserved_bytes(), 0);
+  EXPECT_TRUE(store.Create(State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
+}
+
 TEST(SessionStoreTest, TtlIsBoundedAndIdleSessionsExpire) {
   SessionStoreConfig config;
   config.default_ttl = absl::Seconds(10);

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages txl-serve needs. Idempotent: packages already
 # present are skipped, so a second run does nothing but check.
+#   scripts/install-deps.sh            everything to build and test
+#   scripts/install-deps.sh --runtime  only what the installed binaries load (the container's
+#                                      runtime stage; tests/integration/test_container.py checks
+#                                      the list against the binaries' NEEDED libraries)
 set -euo pipefail
+
+RUNTIME_PACKAGES=(
+  libtorch1.13 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
+  libprometheus-cpp-core1.0 libopenblas0-openmp
+)
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -12,7 +21,15 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   # Without an optimised BLAS libtorch uses the reference BLAS (~10x slower).
   libopenblas0-openmp
+  # Real peers of the deployment tests (tests/integration): the proxy, the scraper, YAML.
+  nginx-light prometheus python3-yaml
 )
+
+case "${1:-}" in
+  "") ;;
+  --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
+  *) echo "usage: $0 [--runtime]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -26,7 +27,9 @@
 #define TXL_BUNDLED_MODEL "model/bundled/shakespeare_char.pt"
 #endif
 
-ABSL_FLAG(std::string, model, TXL_BUNDLED_MODEL, "checkpoint to serve (default: the bundled model)");
+ABSL_FLAG(std::string, model, "",
+          "checkpoint to serve (empty: the bundled model, beside an installed binary in ../model/, "
+          "else in the source tree)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (empty: off)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
@@ -54,6 +57,18 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// The bundled model: installed next to the binary (P/bin/txl-server and
+// P/model/, see the top-level CMakeLists.txt), else the source tree's.
+std::string BundledModel() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto installed = exe.parent_path().parent_path() / "model" / "shakespeare_char.pt";
+    if (std::filesystem::exists(installed, ec)) return installed.string();
+  }
+  return TXL_BUNDLED_MODEL;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,7 +83,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   txl::LanguageModelOptions model_options;
-  model_options.path = absl::GetFlag(FLAGS_model);
+  model_options.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
   model_options.device = absl::GetFlag(FLAGS_device);
   model_options.threads = absl::GetFlag(FLAGS_threads);
   auto engine = txl::ModelEngine::Create(model_options);

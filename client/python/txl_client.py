@@ -1,0 +1,204 @@
+"""A small Python client for txl-serve (gRPC service txl.v1.TransformerXL).
+
+Needs Debian's python3-grpcio and python3-protobuf, and the stubs generated at
+build time (target txl_python_stubs) in build/client/python/gen: put that
+directory on sys.path / PYTHONPATH before importing this module.
+
+    client = TxlClient("127.0.0.1:50051")
+    session = client.create_session()
+    for r in client.generate("ROMEO:", session_id=session.session_id, max_new_tokens=20):
+        print(r.text, end="", flush=True)
+    client.delete_session(session.session_id)
+
+Every call that names a session also sends the id as "txl-session-id"
+metadata, so that a proxy hashing on it sends all calls of a session to the
+replica holding it; create_session picks the id here for the same reason.
+
+Errors are grpc.RpcError: e.code() is a grpc.StatusCode (NOT_FOUND for an
+unknown session, ABORTED for a busy one, INVALID_ARGUMENT, ...) and
+e.details() the server's message.
+"""
+import queue
+import secrets
+
+import grpc
+from google.protobuf import wrappers_pb2
+
+try:
+    from txl.v1 import txl_pb2, txl_pb2_grpc
+except ImportError as e:  # pragma: no cover - a setup error, explained
+    raise ImportError("txl.v1 stubs not found: build the txl_python_stubs target and put "
+                      "build/client/python/gen on PYTHONPATH (" + str(e) + ")") from e
+
+SESSION_METADATA_KEY = "txl-session-id"
+
+_NOT_LAST = txl_pb2.FINISH_REASON_UNSPECIFIED  # finish_reason of every response but a turn's last
+
+_HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def new_session_id():
+    """32 lowercase hex characters: 128 bits from the OS's cryptographic source."""
+    return secrets.token_hex(16)
+
+
+def make_input(text=None, tokens=None):
+    """A txl.v1.Input from text or token ids (exactly one of them)."""
+    if (text is None) == (tokens is None):
+        raise ValueError("give exactly one of text and tokens")
+    if text is not None:
+        return txl_pb2.Input(text=text)
+    return txl_pb2.Input(tokens=txl_pb2.TokenIds(ids=list(tokens)))
+
+
+def make_generate_request(text=None, tokens=None, *, session_id="", max_new_tokens=32, temperature=0.0,
+                          top_k=0, top_p=0.0, seed=0, stop_token_ids=(), stop_sequences=(), logprobs=0):
+    """A txl.v1.GenerateRequest. temperature 0 is greedy; seed 0 is random."""
+    return txl_pb2.GenerateRequest(
+        session_id=session_id,
+        input=make_input(text, tokens),
+        max_new_tokens=max_new_tokens,
+        sampling=txl_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        stop_token_ids=list(stop_token_ids),
+        stop_sequences=list(stop_sequences),
+        logprobs=logprobs,
+    )
+
+
+def _metadata(session_id):
+    return ((SESSION_METADATA_KEY, session_id),) if session_id else None
+
+
+class Conversation:
+    """An open Converse stream on one session: one turn at a time.
+
+    turn() sends a turn at once and returns an iterator over its responses,
+    ending with the one that carries finish_reason. Read a turn to its end
+    before starting the next. close() ends the stream. The stream's
+    txl-session-id metadata is its session, so every turn names that one.
+    """
+
+    _END = object()
+
+    def __init__(self, stub, session_id, timeout):
+        self._session_id = session_id
+        self._requests = queue.Queue()
+        self._call = stub.Converse(iter(self._requests.get, self._END), metadata=_metadata(session_id),
+                                   timeout=timeout)
+        self._closed = False
+
+    def turn(self, text=None, tokens=None, **params):
+        if self._closed:
+            raise ValueError("conversation closed")
+        params.setdefault("session_id", self._session_id)
+        self._requests.put(make_generate_request(text, tokens, **params))
+        return self._read_turn()
+
+    def _read_turn(self):
+        for r in self._call:
+            yield r
+            if r.finish_reason != _NOT_LAST:
+                return
+        # (A failed stream raises its grpc.RpcError from the loop above.)
+        raise RuntimeError("Converse stream ended before the turn finished")
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.put(self._END)
+        for _ in self._call:  # drain: the server ends the stream after the last turn
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.close()
+        else:
+            self._closed = True
+            self._call.cancel()
+
+
+class TxlClient:
+    """A client for one txl-serve address. timeout: seconds per call, streams included.
+
+    interceptors: optional grpc client interceptors for the channel.
+    The raw generated stub is `stub`, for calls this class does not wrap.
+    """
+
+    def __init__(self, address="127.0.0.1:50051", timeout=60.0, interceptors=()):
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        channel = grpc.intercept_channel(self._channel, *interceptors) if interceptors else self._channel
+        self.stub = txl_pb2_grpc.TransformerXLStub(channel)
+        # grpc.health.v1: HealthCheckRequest {string service = 1} and HealthCheckResponse
+        # {ServingStatus status = 1} have the wire format of the StringValue and Int32Value
+        # wrappers, so no generated health module (whose package would be named `grpc`) is needed.
+        self._health_check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=wrappers_pb2.StringValue.SerializeToString,
+            response_deserializer=wrappers_pb2.Int32Value.FromString)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def health(self, service=""):
+        """"SERVING", "NOT_SERVING", ... for `service` ("" = the whole server)."""
+        status = self._health_check(wrappers_pb2.StringValue(value=service), timeout=self.timeout).value
+        return _HEALTH_NAMES.get(status, str(status))
+
+    def info(self):
+        return self.stub.GetModelInfo(txl_pb2.GetModelInfoRequest(), timeout=self.timeout)
+
+    def create_session(self, mem_len=0, idle_ttl_seconds=0, labels=None, session_id=None):
+        """A new session; its id is chosen here (new_session_id()) unless given."""
+        session_id = session_id or new_session_id()
+        request = txl_pb2.CreateSessionRequest(mem_len=mem_len, idle_ttl_seconds=idle_ttl_seconds,
+                                               labels=labels or {}, session_id=session_id)
+        return self.stub.CreateSession(request, metadata=_metadata(session_id), timeout=self.timeout)
+
+    def get_session(self, session_id):
+        return self.stub.GetSession(txl_pb2.GetSessionRequest(session_id=session_id),
+                                    metadata=_metadata(session_id), timeout=self.timeout)
+
+    def list_sessions(self):
+        return list(self.stub.ListSessions(txl_pb2.ListSessionsRequest(), timeout=self.timeout).sessions)
+
+    def delete_session(self, session_id):
+        self.stub.DeleteSession(txl_pb2.DeleteSessionRequest(session_id=session_id),
+                                metadata=_metadata(session_id), timeout=self.timeout)
+
+    def fork_session(self, session_id, labels=None):
+        return self.stub.ForkSession(txl_pb2.ForkSessionRequest(session_id=session_id, labels=labels or {}),
+                                     metadata=_metadata(session_id), timeout=self.timeout)
+
+    def generate(self, text=None, tokens=None, **params):
+        """Feeds text or token ids (new ones only) and yields each GenerateResponse as it
+        streams; the last carries finish_reason and usage. Keyword parameters are those of
+        make_generate_request (session_id "" = a throw-away session). Stopping the
+        iteration early cancels the call."""
+        request = make_generate_request(text, tokens, **params)
+        call = self.stub.Generate(request, metadata=_metadata(request.session_id), timeout=self.timeout)
+        try:
+            yield from call
+        finally:
+            call.cancel()  # no-op once the call has finished
+
+    def converse(self, session_id=""):
+        """A Conversation on session_id ("" = a session that lives as long as the stream)."""
+        return Conversation(self.stub, session_id, self.timeout)
+
+    def score(self, text=None, tokens=None, *, session_id="", commit=False):
+        """Per-token log-probs of the input given the session's history. commit=False
+        leaves the session untouched."""
+        request = txl_pb2.ScoreRequest(session_id=session_id, input=make_input(text, tokens), commit=commit)
+        return self.stub.Score(request, metadata=_metadata(session_id), timeout=self.timeout)

@@ -1,0 +1,225 @@
+"""Session affinity through the real Debian nginx with deploy/nginx/nginx.conf.
+
+Two txl-server replicas sit behind the proxy; 20 sessions are created and
+driven through it with multi-turn greedy Generate, concurrently. Each turn
+must equal the same turn of a control server driven directly, both replicas
+must hold sessions, and after one replica stops exactly its own sessions fail
+(with NOT_FOUND from the survivor) while the others go on unharmed.
+
+Run by CTest: /usr/bin/python3 test_nginx_affinity.py --bin-dir BUILD --nginx-conf deploy/nginx/nginx.conf
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ARGS = None
+SESSIONS = 20
+TURNS = ["To be, or not", " to be: that is", " the question."]
+NEW_TOKENS = 6
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def render(template, values):
+    """envsubst restricted to the given names (what the config's header documents)."""
+    out = template
+    for name, value in values.items():
+        out = out.replace("${" + name + "}", value)
+    left = re.findall(r"\$\{TXL_[A-Z_]+\}", out)
+    if left:
+        raise AssertionError(f"unrendered placeholders: {left}")
+    return out
+
+
+class Server:
+    def __init__(self, model, *extra):
+        self.proc = subprocess.Popen([os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model", model,
+                                      "--listen", "127.0.0.1:0", "--metrics_listen", "", *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = ""
+        while "listening on" not in line:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("txl-server did not start")
+        self.address = re.search(r"listening on (\S+)", line).group(1).rstrip(",")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+
+def client(address, *args):
+    return subprocess.run([os.path.join(ARGS.bin_dir, "client", "txl-client"), "--server", address,
+                           "--timeout", "60", *args], capture_output=True, text=True, timeout=120)
+
+
+def turn(address, sid, text):
+    """One greedy turn; returns (ok, generated text or the error line)."""
+    r = client(address, "--session", sid, "--temperature", "0", "--max_new_tokens", str(NEW_TOKENS),
+               "generate", text)
+    return r.returncode == 0, (r.stdout if r.returncode == 0 else r.stderr.strip())
+
+
+def create(address):
+    r = client(address, "create")
+    if r.returncode != 0:
+        raise AssertionError(f"create via {address}: {r.stderr}")
+    return r.stdout.strip()
+
+
+def listed(address):
+    r = client(address, "sessions", "list")
+    if r.returncode != 0:
+        raise AssertionError(r.stderr)
+    return set(re.findall(r"\b[0-9a-f]{32}\b", r.stdout))
+
+
+class NginxAffinityTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(cls.nginx_bin):
+            raise RuntimeError("nginx is not installed (scripts/install-deps.sh installs nginx-light)")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="txl_nginx_")
+        model = os.path.join(cls.tmp.name, "m.pt")
+        config = os.path.join(cls.tmp.name, "c.json")
+        with open(config, "w") as f:
+            json.dump({"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}, f)
+        subprocess.run([os.path.join(ARGS.bin_dir, "model", "txl-init"), "--config", config, "--out", model,
+                        "--init_std", "0.3"], check=True, capture_output=True)
+        cls.replicas = [Server(model), Server(model)]
+        cls.control = Server(model)
+        run_dir = os.path.join(cls.tmp.name, "nginx")
+        os.makedirs(run_dir)
+        os.chmod(cls.tmp.name, 0o755)  # nginx workers may run as another user when we are root
+        os.chmod(run_dir, 0o777)
+        cls.proxy = f"127.0.0.1:{free_port()}"
+        with open(ARGS.nginx_conf) as f:
+            conf = render(f.read(), {
+                "TXL_PROXY_LISTEN": cls.proxy,
+                "TXL_NGINX_RUN_DIR": run_dir,
+                "TXL_UPSTREAM_SERVERS": " ".join(f"server {r.address};" for r in cls.replicas),
+            })
+        conf_path = os.path.join(run_dir, "nginx.conf")
+        with open(conf_path, "w") as f:
+            f.write(conf)
+        check = subprocess.run([cls.nginx_bin, "-t", "-p", run_dir, "-e", "stderr", "-c", conf_path],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"nginx -t rejected the rendered config:\n{check.stderr}")
+        cls.nginx = subprocess.Popen([cls.nginx_bin, "-p", run_dir, "-e", "stderr", "-c", conf_path,
+                                      "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        cls.access_log = os.path.join(run_dir, "access.log")
+        # Ready when a call through it succeeds (bounded).
+        deadline = time.monotonic() + 30
+        while True:
+            if cls.nginx.poll() is not None:
+                raise RuntimeError(f"nginx exited: {cls.nginx.stdout.read()}")
+            if client(cls.proxy, "health").returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("nginx did not start proxying within 30 s")
+            time.sleep(0.1)  # polling a process that is starting, not hiding a race
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "nginx", None) is not None and cls.nginx.poll() is None:
+            cls.nginx.send_signal(signal.SIGQUIT)
+            cls.nginx.wait(timeout=30)
+        for s in getattr(cls, "replicas", []) + [getattr(cls, "control", None)]:
+            if s is not None:
+                s.stop()
+        cls.tmp.cleanup()
+
+    def test_sessions_stick_to_one_replica(self):
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+
+        # Control: every session's turns straight against one server.
+        def direct(i):
+            sid = create(self.control.address)
+            return [turn(self.control.address, sid, t) for t in TURNS]
+
+        # Through the proxy: creation and every turn hash on the id.
+        def proxied(i):
+            sid = create(self.proxy)
+            return sid, [turn(self.proxy, sid, t) for t in TURNS]
+
+        expected = list(pool.map(direct, range(SESSIONS)))
+        got = list(pool.map(proxied, range(SESSIONS)))
+        for i, (sid, turns) in enumerate(got):
+            for k, (ok, text) in enumerate(turns):
+                self.assertTrue(ok, f"session {i} turn {k} via the proxy failed: {text}")
+                self.assertEqual(text, expected[i][k][1], f"session {i} turn {k}: history differs from direct run")
+
+        owners = [listed(r.address) for r in self.replicas]
+        ids = {sid for sid, _ in got}
+        self.assertEqual(owners[0] | owners[1], ids)
+        self.assertFalse(owners[0] & owners[1], "a session exists on both replicas")
+        self.assertTrue(owners[0] and owners[1], f"one replica holds every session: {[len(o) for o in owners]}")
+        print(f"replica sessions: {len(owners[0])} + {len(owners[1])}", file=sys.stderr)
+
+        # The proxy's log shows each session on one upstream only.
+        upstream_of = {}
+        with open(self.access_log) as f:
+            for line in f:
+                m = re.search(r"upstream=(\S+) .*session=([0-9a-f]{32})", line)
+                if m:
+                    upstream_of.setdefault(m.group(2), set()).add(m.group(1))
+        for sid in ids:
+            self.assertEqual(len(upstream_of.get(sid, ())), 1, f"{sid} reached {upstream_of.get(sid)}")
+
+        # Stop replica 0: only its sessions fail, with a clear status; the rest continue exactly.
+        self.replicas[0].stop()
+        more = " Whether 'tis nobler"
+
+        def direct_next(i):
+            sid = create(self.control.address)
+            for t in TURNS:
+                turn(self.control.address, sid, t)
+            return turn(self.control.address, sid, more)[1]
+
+        expected_next = list(pool.map(direct_next, range(SESSIONS)))
+        after = list(pool.map(lambda g: turn(self.proxy, g[0], more), got))
+        for i, (sid, _) in enumerate(got):
+            ok, text = after[i]
+            if sid in owners[0]:
+                self.assertFalse(ok, f"session {i} of the stopped replica still answered")
+                self.assertIn("NOT_FOUND", text)
+                self.assertIn(sid, text)
+            else:
+                self.assertTrue(ok, f"session {i} of the live replica failed: {text}")
+                self.assertEqual(text, expected_next[i])
+        # Calls without a session fail over to the live replica.
+        for _ in range(4):
+            r = client(self.proxy, "--temperature", "0", "--max_new_tokens", "2", "generate", "x")
+            self.assertEqual(r.returncode, 0, r.stderr)
+        pool.shutdown()
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin-dir", required=True)
+    parser.add_argument("--nginx-conf", required=True)
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()

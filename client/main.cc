@@ -5,10 +5,15 @@
 //   txl-client [flags] sessions list|get|delete|fork [ID]
 //   txl-client [flags] create             create a session and print its id
 //   txl-client [flags] info | health
+//   txl-client [flags] bench [--sessions N] [--turns T] [--input-tokens I] [--new-tokens G]
+//                            [--duration S] [--json FILE]      load generator (client/load_generator.h)
 // Errors print the gRPC status and exit non-zero.
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,9 +21,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "client/load_generator.h"
 #include "client/txl_client.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "txl-server address");
@@ -93,18 +101,138 @@ int Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req) {
   return 0;
 }
 
+constexpr double kYearSeconds = 365 * 24 * 3600.0;  // LoadGeneratorConfig's longest duration and timeout
+
+// `bench`'s own flags, after the command word: --name V or --name=V (`_` may
+// stand for `-`). The error names the flag.
+absl::Status ParseBenchFlags(const std::vector<std::string>& args, txl::LoadGeneratorConfig* config,
+                             std::string* json_path) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bench: unexpected argument '", arg, "'"));
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = absl::StrReplaceAll(arg.substr(0, eq), {{"_", "-"}});
+    if (name != "--sessions" && name != "--turns" && name != "--input-tokens" && name != "--new-tokens" &&
+        name != "--duration" && name != "--json") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bench: unknown flag '", name, "' (global flags such as --server go before 'bench')"));
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": needs a value"));
+    }
+    const auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat(name, ": ", why)); };
+    // An integer in [lo, hi].
+    const auto integer = [&](int64_t lo, int64_t hi) -> absl::StatusOr<int64_t> {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(value, &n)) return bad(absl::StrCat("not an integer: '", value, "'"));
+      if (n < lo || n > hi) return bad(absl::StrCat("must be in [", lo, ", ", hi, "], got ", n));
+      return n;
+    };
+    constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+    if (name == "--sessions") {
+      auto n = integer(1, txl::LoadGeneratorConfig::kMaxSessions);
+      if (!n.ok()) return n.status();
+      config->sessions = static_cast<int>(*n);
+    } else if (name == "--turns") {
+      auto n = integer(1, std::numeric_limits<int64_t>::max());
+      if (!n.ok()) return n.status();
+      config->turns = *n;
+    } else if (name == "--input-tokens") {
+      auto n = integer(1, kIntMax);
+      if (!n.ok()) return n.status();
+      config->input_tokens = static_cast<int>(*n);
+    } else if (name == "--new-tokens") {
+      auto n = integer(1, kIntMax);
+      if (!n.ok()) return n.status();
+      config->new_tokens = static_cast<int>(*n);
+    } else if (name == "--duration") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(value, &seconds)) return bad(absl::StrCat("not a number of seconds: '", value, "'"));
+      if (!(seconds > 0 && seconds <= kYearSeconds)) {
+        return bad(absl::StrCat("must be in (0, ", kYearSeconds, "] seconds, got ", value));
+      }
+      config->duration = absl::Seconds(seconds);
+    } else {  // --json
+      if (value.empty()) return bad("needs a file name");
+      *json_path = value;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs the load generator; exit 0 when no call failed, 1 when any did (or
+// the run could not start), 2 for bad flags.
+int Bench(const std::vector<std::string>& args, const txl::ClientOptions& options) {
+  txl::LoadGeneratorConfig config;
+  config.server = options.server;
+  config.call_timeout = options.timeout;
+  config.sessions = 4;
+  config.turns = 4;
+  config.input_tokens = 32;
+  config.new_tokens = 32;
+  std::string json_path;
+  if (absl::Status s = ParseBenchFlags(args, &config, &json_path); !s.ok()) return Usage(std::string(s.message()));
+  const double timeout = absl::GetFlag(FLAGS_timeout);
+  if (!(timeout > 0 && timeout <= kYearSeconds)) {
+    return Usage(absl::StrCat("--timeout: must be in (0, ", kYearSeconds, "] seconds, got ", timeout));
+  }
+  if (absl::Status s = txl::ValidateLoadGeneratorConfig(config); !s.ok()) return Usage(std::string(s.message()));
+  std::ofstream json;
+  if (!json_path.empty()) {
+    json.open(json_path, std::ios::trunc);
+    if (!json) return Usage(absl::StrCat("--json: cannot open '", json_path, "' for writing: ", std::strerror(errno)));
+  }
+  absl::StatusOr<txl::LoadReport> report = txl::RunLoad(config);
+  if (!report.ok()) return Error(report.status());
+  std::cout << txl::FormatLoadReportText(*report) << std::flush;
+  if (json.is_open()) {
+    json << txl::FormatLoadReportJson(*report);
+    json.close();
+    if (!json) {
+      std::cerr << "txl-client: --json: cannot write '" << json_path << "'" << std::endl;
+      return 1;
+    }
+  }
+  return report->errors_total() == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "txl-client [--server H:P] [--session ID] (generate TEXT | chat | score FILE | create | "
-      "sessions list|get|delete|fork [ID] | info | health)");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+      "sessions list|get|delete|fork [ID] | info | health |\n"
+      "  bench [--sessions N=4] [--turns T=4] [--input-tokens I=32] [--new-tokens G=32] [--duration S] "
+      "[--json FILE])\n"
+      "bench: N sessions at once, each T greedy Generate turns of I random token ids in, G tokens out;\n"
+      "  stops after T turns or S seconds; prints tokens/s, TTFT and inter-token p50/p95/p99, errors by code;\n"
+      "  exit 0 when no call failed, 1 otherwise. Its flags follow the word bench.");
+  // `bench` has flags of its own after the command word: absl parses what precedes them.
+  int global_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "bench") == 0) {
+      global_argc = i + 1;
+      break;
+    }
+  }
+  const std::vector<std::string> bench_args(argv + global_argc, argv + argc);
+  std::vector<char*> args = absl::ParseCommandLine(global_argc, argv);
   if (args.size() < 2) return Usage("no command");
   const std::string cmd = args[1];
   txl::ClientOptions options;
   options.server = absl::GetFlag(FLAGS_server);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  if (cmd == "bench") {
+    if (args.size() > 2) return Usage(absl::StrCat("bench: unexpected argument '", args[2], "'"));
+    return Bench(bench_args, options);
+  }
   auto client_or = txl::TxlClient::Create(options);
   if (!client_or.ok()) return Error(client_or.status());
   txl::TxlClient& client = **client_or;

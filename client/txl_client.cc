@@ -118,8 +118,9 @@ namespace {
 
 class StreamConversation : public Conversation {
  public:
-  StreamConversation(v1::TransformerXL::Stub* stub, const std::string& session_id) {
-    if (!session_id.empty()) ctx_.AddMetadata("txl-session-id", session_id);
+  // `prepare` sets the deadline (ClientOptions.timeout, for the whole stream) and metadata.
+  StreamConversation(v1::TransformerXL::Stub* stub, const std::function<void(grpc::ClientContext*)>& prepare) {
+    prepare(&ctx_);
     stream_ = stub->Converse(&ctx_);
   }
   absl::Status Turn(const v1::GenerateRequest& request,
@@ -154,7 +155,8 @@ class StreamConversation : public Conversation {
 }  // namespace
 
 std::unique_ptr<Conversation> TxlClient::Converse(const std::string& session_id) {
-  return std::make_unique<StreamConversation>(stub_.get(), session_id);
+  return std::make_unique<StreamConversation>(stub_.get(),
+                                              [&](grpc::ClientContext* ctx) { Prepare(ctx, session_id); });
 }
 
 absl::StatusOr<std::string> TxlClient::Health(const std::string& service) {

@@ -132,8 +132,8 @@ int main(int argc, char** argv) {
   sched_config.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   sched_config.max_queue = absl::GetFlag(FLAGS_max_queue);
   if (sched_config.max_batch < 1 || sched_config.max_batch_tokens < 1 || sched_config.prefill_chunk < 1 ||
-      sched_config.max_queue < 0) {
-    return Fail("--max_batch, --max_batch_tokens and --prefill_chunk must be >= 1, --max_queue >= 0");
+      sched_config.max_queue < 1) {
+    return Fail("--max_batch, --max_batch_tokens, --prefill_chunk and --max_queue must be >= 1");
   }
   txl::Scheduler scheduler(sched_config, engine->get(), &store, &model.tokenizer(), metrics->get());
 

@@ -179,6 +179,11 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, 
   return Enqueue(std::move(job));
 }
 
+bool Scheduler::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_;
+}
+
 void Scheduler::Cancel(const std::shared_ptr<Job>& job) { job->cancelled.store(true); }
 
 void Scheduler::Finish(Job& job, absl::Status status) {
@@ -272,7 +277,8 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
         Finish(*job, copy.status());
         continue;
       }
-      auto lease = store_->CreateAcquired(*std::move(copy), job->fork_ttl, job->fork_labels, absl::Now());
+      auto lease = store_->CreateAcquired(*std::move(copy), job->fork_ttl, job->fork_labels, absl::Now(),
+                                          SessionStore::NewId(job->lease.id));
       if (!lease.ok()) {
         Finish(*job, lease.status());
         continue;

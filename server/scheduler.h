@@ -109,6 +109,7 @@ class Scheduler {
   void Start();
   // Refuses new jobs (UNAVAILABLE); running ones go on.
   void Drain();
+  bool draining() const;
   // Cancels what is left and joins the engine thread.
   void Stop();
 

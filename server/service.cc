@@ -231,6 +231,7 @@ class StreamingCall : public Base {
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (!ok) {
+        cancelled_ = true;
         queue_.clear();  // the client is gone
         if (job_) c_->scheduler->Cancel(job_);
       }
@@ -240,6 +241,7 @@ class StreamingCall : public Base {
   }
   void Cancelled() {
     absl::MutexLock lock(&mu_);
+    cancelled_ = true;
     if (job_) c_->scheduler->Cancel(job_);
   }
   void SetJob(std::shared_ptr<Job> job) {
@@ -311,6 +313,9 @@ class StreamingCall : public Base {
     }
     if (ending_) {
       finished_ = true;
+      // A call the client abandoned (cancel, deadline, disconnect) is counted
+      // as such, whatever the job made of it.
+      if (cancelled_) return {Action::kFinish, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client")};
       return {Action::kFinish, status_};
     }
     return {};
@@ -332,6 +337,7 @@ class StreamingCall : public Base {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
 };
@@ -500,6 +506,8 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
       return absl::InvalidArgumentError(
           "session_id: must be 32 lowercase hex characters (128 random bits), or empty");
     }
+    // A session made now would die with the process moments later.
+    if (ctx_->scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     auto state = ctx_->engine->NewSession(*mem_len);
     if (!state.ok()) return state.status();
     auto info = ctx_->store->Create(*std::move(state), absl::Seconds(req->idle_ttl_seconds()),

@@ -7,17 +7,19 @@
 
 namespace txl {
 
-std::string SessionStore::NewId() const {
-  // 128 bits from the OS entropy source (std::random_device reads it on Linux).
+std::string SessionStore::NewId(const std::string& same_route_as) {
+  // 128 bits from the OS entropy source (std::random_device reads it on Linux);
+  // a fork's id shares 32 of them with its source, known only to its holders.
   std::random_device rd;
   std::string id;
   for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&id, "%08x", rd());
+  if (same_route_as.size() >= kRoutePrefixChars) id.replace(0, kRoutePrefixChars, same_route_as, 0, kRoutePrefixChars);
   return id;
 }
 
 absl::StatusOr<absl::Duration> SessionStore::ResolveTtl(absl::Duration ttl) const {
   if (ttl < absl::ZeroDuration() || ttl > config_.max_ttl) {
-    return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds must be in [0, ",
+    return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds: must be in [0, ",
                                                    absl::ToInt64Seconds(config_.max_ttl),
                                                    "], got ", absl::ToInt64Seconds(ttl)));
   }

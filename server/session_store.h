@@ -63,6 +63,13 @@ class SessionStore {
  public:
   explicit SessionStore(const SessionStoreConfig& config) : config_(config) {}
 
+  // Session ids are 32 lowercase hex characters from the OS entropy source.
+  // A proxy routes on their first kRoutePrefixChars (deploy/nginx/nginx.conf),
+  // so an id made for a fork keeps its source's prefix (`same_route_as`) and
+  // the fork stays reachable on the replica that holds it.
+  static constexpr size_t kRoutePrefixChars = 8;
+  static std::string NewId(const std::string& same_route_as = "");
+
   // RESOURCE_EXHAUSTED at max_sessions or past the memory budget; INVALID_ARGUMENT for a ttl outside
   // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
   // taken one is ALREADY_EXISTS (the caller validates its form).
@@ -108,7 +115,6 @@ class SessionStore {
   void Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
   static void Refresh(Entry& e);
-  std::string NewId() const;
 
   const SessionStoreConfig config_;
   mutable absl::Mutex mu_;

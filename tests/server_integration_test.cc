@@ -368,6 +368,11 @@ TEST_F(ServerTest, ForkCopiesAndDiverges) {
   auto child = client_->ForkSession(f);
   ASSERT_TRUE(child.ok()) << child.status();
   EXPECT_EQ(child->position(), 17);
+  // Regression: a fork got an unrelated id, which a proxy routing on the id's
+  // prefix sent to another replica. It keeps its source's routing prefix.
+  EXPECT_EQ(child->session_id().substr(0, 8), id.substr(0, 8));
+  EXPECT_NE(child->session_id(), id);
+  EXPECT_EQ(child->session_id().size(), 32u);
   Generated a = Stream(*client_, Gen(id, "", 6));
   Generated b = Stream(*client_, Gen(child->session_id(), "", 6));
   EXPECT_EQ(a.ids, b.ids);  // same history, greedy: same continuation
@@ -438,6 +443,38 @@ TEST_F(ServerTest, MetricsMoveAndNameNoSession) {
   const size_t at = text.find("\ntxl_tokens_generated_total ");
   ASSERT_NE(at, std::string::npos);
   EXPECT_GE(std::stod(text.substr(at + 28)), 5.0);
+}
+
+// Regression: a Generate the client cancelled after tokens had streamed was
+// counted as code="OK" in txl_requests_total.
+TEST(ServerMetricsTest, CancelledCallsAreCountedAsCancelled) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto c = Connect(*server);
+  const std::string id = NewSession(*c);
+  {
+    grpc::ClientContext ctx;
+    auto stub = v1::TransformerXL::NewStub(grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+    auto reader = stub->Generate(&ctx, Gen(id, "cancel me", 5000));
+    v1::GenerateResponse r;
+    int received = 0;
+    while (received < 3 && reader->Read(&r)) received += r.tokens_size();
+    ctx.TryCancel();
+    while (reader->Read(&r)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The server counts the call when its reactor finishes, after the client saw the end.
+  const std::string cancelled = "txl_requests_total{code=\"CANCELLED\",method=\"Generate\"} 1";
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    text = testing::HttpGet(server->metrics_port, "/metrics");
+    if (text.find(cancelled) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a counter, not a race
+  }
+  EXPECT_NE(text.find(cancelled), std::string::npos) << text;
+  EXPECT_EQ(text.find("txl_requests_total{code=\"OK\",method=\"Generate\"}"), std::string::npos) << text;
 }
 
 TEST(ServerLimitsTest, MaxSessionsIsResourceExhausted) {
@@ -546,6 +583,9 @@ TEST(ServerLifecycleTest, SigtermDrainsAndExitsZero) {
   if (health.ok()) {
     EXPECT_EQ(*health, "NOT_SERVING");
     EXPECT_EQ(Stream(*c, Gen("", "late", 1)).status.code(), absl::StatusCode::kUnavailable);
+    // Regression: CreateSession was accepted while draining, and the session
+    // died with the process a moment later.
+    EXPECT_EQ(c->CreateSession(v1::CreateSessionRequest()).status().code(), absl::StatusCode::kUnavailable);
   }
   t.join();
   // The long stream ended within the drain: completed, or cancelled with its tokens kept.

@@ -153,7 +153,7 @@ class NginxAffinityTest(unittest.TestCase):
         # Control: every session's turns straight against one server.
         def direct(i):
             sid = create(self.control.address)
-            return [turn(self.control.address, sid, t) for t in TURNS]
+            return sid, [turn(self.control.address, sid, t) for t in TURNS]
 
         # Through the proxy: creation and every turn hash on the id.
         def proxied(i):
@@ -165,7 +165,7 @@ class NginxAffinityTest(unittest.TestCase):
         for i, (sid, turns) in enumerate(got):
             for k, (ok, text) in enumerate(turns):
                 self.assertTrue(ok, f"session {i} turn {k} via the proxy failed: {text}")
-                self.assertEqual(text, expected[i][k][1], f"session {i} turn {k}: history differs from direct run")
+                self.assertEqual(text, expected[i][1][k][1], f"session {i} turn {k}: history differs from direct run")
 
         owners = [listed(r.address) for r in self.replicas]
         ids = {sid for sid, _ in got}
@@ -174,15 +174,29 @@ class NginxAffinityTest(unittest.TestCase):
         self.assertTrue(owners[0] and owners[1], f"one replica holds every session: {[len(o) for o in owners]}")
         print(f"replica sessions: {len(owners[0])} + {len(owners[1])}", file=sys.stderr)
 
-        # The proxy's log shows each session on one upstream only.
+        # The proxy's log shows each session's route on one upstream only.
         upstream_of = {}
         with open(self.access_log) as f:
             for line in f:
-                m = re.search(r"upstream=(\S+) .*session=([0-9a-f]{32})", line)
+                m = re.search(r"upstream=(\S+) .*route=([0-9a-f]{8})\b", line)
                 if m:
                     upstream_of.setdefault(m.group(2), set()).add(m.group(1))
         for sid in ids:
-            self.assertEqual(len(upstream_of.get(sid, ())), 1, f"{sid} reached {upstream_of.get(sid)}")
+            self.assertEqual(len(upstream_of.get(sid[:8], ())), 1, f"{sid} reached {upstream_of.get(sid[:8])}")
+
+        # Forks made through the proxy stay with their source and continue it exactly.
+        def fork_turn(address, sid):
+            r = client(address, "sessions", "fork", sid)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            child = r.stdout.split()[0]
+            return child, turn(address, child, " Ay")
+
+        for i in range(5):
+            child, (ok, text) = fork_turn(self.proxy, got[i][0])
+            self.assertTrue(ok, f"fork of session {i} via the proxy failed: {text}")
+            self.assertEqual(text, fork_turn(self.control.address, expected[i][0])[1][1])
+            self.assertEqual(child[:8], got[i][0][:8])
+            self.assertEqual(client(self.proxy, "sessions", "delete", child).returncode, 0)
 
         # Stop replica 0: only its sessions fail, with a clear status; the rest continue exactly.
         self.replicas[0].stop()

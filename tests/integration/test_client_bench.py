@@ -5,51 +5,29 @@ Run by CTest: /usr/bin/python3 test_client_bench.py --bin-dir BUILD
 import argparse
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
+
 ARGS = None
-
-
-def start_server(model, *flags):
-    """A txl-server on a free loopback port; returns (process, address)."""
-    server = subprocess.Popen([os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model", model,
-                               "--listen", "127.0.0.1:0", "--metrics_listen", ""] + list(flags),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = ""
-    while "listening on" not in line:
-        line = server.stdout.readline()
-        if not line:
-            raise RuntimeError("txl-server did not start")
-    return server, re.search(r"listening on (\S+)", line).group(1).rstrip(",")
-
-
-def stop_server(server):
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=60)
-    server.stdout.close()
 
 
 class ClientBenchTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory(prefix="txl_bench_")
-        cls.model = os.path.join(cls.tmp.name, "m.pt")
-        config = os.path.join(cls.tmp.name, "c.json")
-        with open(config, "w") as f:
-            json.dump({"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}, f)
-        subprocess.run([os.path.join(ARGS.bin_dir, "model", "txl-init"), "--config", config, "--out", cls.model,
-                        "--init_std", "0.3"], check=True, capture_output=True)
-        cls.server, cls.address = start_server(cls.model)
+        cls.model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
+        cls.server = txl_procs.Server(ARGS.bin_dir, cls.model)
+        cls.address = cls.server.address
 
     @classmethod
     def tearDownClass(cls):
-        stop_server(cls.server)
+        cls.server.stop()
         cls.tmp.cleanup()
 
     def client(self, *args, address=None, timeout=120):
@@ -150,8 +128,8 @@ class ClientBenchTest(unittest.TestCase):
         self.assertNoSessions()
 
     def test_session_limit_is_resource_exhausted(self):
-        server, address = start_server(self.model, "--max_sessions", "2")
-        try:
+        with txl_procs.Server(ARGS.bin_dir, self.model, "--max_sessions", "2") as server:
+            address = server.address
             r, report = self.bench("--sessions", "4", "--turns", "2", "--input-tokens", "4", "--new-tokens", "3",
                                    address=address)
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
@@ -163,8 +141,6 @@ class ClientBenchTest(unittest.TestCase):
             self.assertEqual(report["requests_ok"], 2 * 2)
             self.assertEqual(report["generated_tokens"], 2 * 2 * 3)
             self.assertNoSessions(address)
-        finally:
-            stop_server(server)
 
     def test_unreachable_server_exits_1(self):
         r = self.client("bench", "--sessions", "1", address="127.0.0.1:1")

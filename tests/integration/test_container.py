@@ -14,11 +14,13 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
 
 ARGS = None
 # In every debian:12 image (essential, or required by apt itself).
@@ -97,27 +99,18 @@ class ContainerTest(unittest.TestCase):
             self.assertIn("build*/", f.read().split())
 
     def start(self, *extra):
-        """The image's ENTRYPOINT on the installed tree, on loopback ports."""
+        """The image's ENTRYPOINT on the installed tree, on loopback ports; returns a txl_procs.Server."""
         entry = exec_form(self.final("ENTRYPOINT")[-1])
         argv = [self.root + entry[0] if entry[0].startswith(self.prefix) else entry[0]]
         for a in entry[1:]:
             argv.append(re.sub(r"0\.0\.0\.0:\d+", "127.0.0.1:0", a))
-        proc = subprocess.Popen(argv + list(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines = []
-        while not any("model " in l for l in lines):
-            line = proc.stdout.readline()
-            if not line:
-                proc.wait()
-                self.fail("installed txl-server did not start:\n" + "".join(lines))
-            lines.append(line)
-        text = "".join(lines)
-        address = re.search(r"listening on (\S+?),", text).group(1)
-        return proc, address, text
+        try:
+            return txl_procs.Server.from_argv(argv + list(extra))
+        except RuntimeError as e:
+            self.fail(f"installed {e}")
 
-    def stop(self, proc):
-        proc.send_signal(signal.SIGTERM)
-        self.assertEqual(proc.wait(timeout=60), 0)
-        proc.stdout.close()
+    def stop(self, server):
+        self.assertEqual(server.stop(), 0)
 
     def healthcheck(self, address):
         cmd = exec_form(self.final("HEALTHCHECK")[-1].split("CMD", 1)[1])
@@ -126,26 +119,26 @@ class ContainerTest(unittest.TestCase):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
 
     def test_installed_server_serves_the_bundled_model_and_passes_the_healthcheck(self):
-        proc, address, log = self.start()
+        server = self.start()
         try:
-            self.assertIn(f"model {self.installed}/model/shakespeare_char.pt", log)
-            health = self.healthcheck(address)
+            self.assertIn(f"model {self.installed}/model/shakespeare_char.pt", server.output)
+            health = self.healthcheck(server.address)
             self.assertEqual(health.returncode, 0, health.stderr)
             self.assertEqual(health.stdout.strip(), "SERVING")
         finally:
-            self.stop(proc)
+            self.stop(server)
         # With the server gone the health check must fail (it is a real probe).
-        self.assertNotEqual(self.healthcheck(address).returncode, 0)
+        self.assertNotEqual(self.healthcheck(server.address).returncode, 0)
 
     def test_a_mounted_model_is_served_with_model_flag(self):
         mounted = os.path.join(self.tmp.name, "models", "m.pt")
         os.makedirs(os.path.dirname(mounted))
         shutil.copy(os.path.join(self.installed, "model", "shakespeare_char.pt"), mounted)
-        proc, address, log = self.start("--model", mounted)
+        server = self.start("--model", mounted)
         try:
-            self.assertIn(f"model {mounted}", log)
+            self.assertIn(f"model {mounted}", server.output)
         finally:
-            self.stop(proc)
+            self.stop(server)
 
     def test_runtime_packages_cover_what_the_binaries_load(self):
         with open(os.path.join(ARGS.source_dir, "scripts", "install-deps.sh")) as f:

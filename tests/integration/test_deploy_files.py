@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import string
 import subprocess
 import sys
@@ -25,6 +24,9 @@ import unittest
 import urllib.request
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
 
 ARGS = None
 
@@ -309,26 +311,9 @@ class ServedMetricsTest(unittest.TestCase):
         with open(cls.flagfile, "w") as f:
             f.write(cm["data"]["txl-server.flags"])
         cls.flags = parse_flagfile(cm["data"]["txl-server.flags"])
-        model = os.path.join(cls.tmp.name, "m.pt")
-        config = os.path.join(cls.tmp.name, "c.json")
-        with open(config, "w") as f:
-            json.dump({"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}, f)
-        subprocess.run([os.path.join(ARGS.bin_dir, "model", "txl-init"), "--config", config, "--out", model,
-                        "--init_std", "0.3"], check=True, capture_output=True, timeout=120)
-        cls.server = subprocess.Popen(
-            [os.path.join(ARGS.bin_dir, "server", "txl-server"), f"--flagfile={cls.flagfile}", "--model", model,
-             "--threads", "1", "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        cls.startup = []
-        line = ""
-        while "listening on" not in line:
-            line = cls.server.stdout.readline()
-            cls.startup.append(line)
-            if not line:
-                cls.stop_server()
-                raise RuntimeError("txl-server did not start with the ConfigMap's flags:\n" + "".join(cls.startup))
-        m = re.search(r"listening on (\S+), metrics on (\S+)", line)
-        cls.address, cls.metrics_address = m.group(1), m.group(2)
+        model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
+        cls.server = txl_procs.Server(ARGS.bin_dir, model, "--threads", "1", metrics=True, flagfile=cls.flagfile)
+        cls.address, cls.metrics_address = cls.server.address, cls.server.metrics_address
         gen = subprocess.run([os.path.join(ARGS.bin_dir, "client", "txl-client"), "--server", cls.address,
                               "--max_new_tokens", "8", "generate", "hello"], capture_output=True, text=True,
                              timeout=120)
@@ -353,13 +338,7 @@ class ServedMetricsTest(unittest.TestCase):
 
     @classmethod
     def stop_server(cls):
-        if cls.server.poll() is None:
-            cls.server.send_signal(signal.SIGTERM)
-            try:
-                cls.server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                cls.server.kill()
-                cls.server.wait()
+        cls.server.stop(timeout=30, check=False)
 
     @classmethod
     def tearDownClass(cls):

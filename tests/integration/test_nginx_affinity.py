@@ -10,28 +10,23 @@ Run by CTest: /usr/bin/python3 test_nginx_affinity.py --bin-dir BUILD --nginx-co
 """
 import argparse
 import concurrent.futures
-import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
+
 ARGS = None
 SESSIONS = 20
 TURNS = ["To be, or not", " to be: that is", " the question."]
 NEW_TOKENS = 6
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def render(template, values):
@@ -43,24 +38,6 @@ def render(template, values):
     if left:
         raise AssertionError(f"unrendered placeholders: {left}")
     return out
-
-
-class Server:
-    def __init__(self, model, *extra):
-        self.proc = subprocess.Popen([os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model", model,
-                                      "--listen", "127.0.0.1:0", "--metrics_listen", "", *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = ""
-        while "listening on" not in line:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("txl-server did not start")
-        self.address = re.search(r"listening on (\S+)", line).group(1).rstrip(",")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
 
 
 def client(address, *args):
@@ -96,19 +73,14 @@ class NginxAffinityTest(unittest.TestCase):
         if not os.path.exists(cls.nginx_bin):
             raise RuntimeError("nginx is not installed (scripts/install-deps.sh installs nginx-light)")
         cls.tmp = tempfile.TemporaryDirectory(prefix="txl_nginx_")
-        model = os.path.join(cls.tmp.name, "m.pt")
-        config = os.path.join(cls.tmp.name, "c.json")
-        with open(config, "w") as f:
-            json.dump({"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}, f)
-        subprocess.run([os.path.join(ARGS.bin_dir, "model", "txl-init"), "--config", config, "--out", model,
-                        "--init_std", "0.3"], check=True, capture_output=True)
-        cls.replicas = [Server(model), Server(model)]
-        cls.control = Server(model)
+        model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
+        cls.replicas = [txl_procs.Server(ARGS.bin_dir, model), txl_procs.Server(ARGS.bin_dir, model)]
+        cls.control = txl_procs.Server(ARGS.bin_dir, model)
         run_dir = os.path.join(cls.tmp.name, "nginx")
         os.makedirs(run_dir)
         os.chmod(cls.tmp.name, 0o755)  # nginx workers may run as another user when we are root
         os.chmod(run_dir, 0o777)
-        cls.proxy = f"127.0.0.1:{free_port()}"
+        cls.proxy = f"127.0.0.1:{txl_procs.free_port()}"
         with open(ARGS.nginx_conf) as f:
             conf = render(f.read(), {
                 "TXL_PROXY_LISTEN": cls.proxy,

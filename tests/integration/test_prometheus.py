@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -27,18 +26,15 @@ import urllib.request
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
+
 ARGS = None
 PROMETHEUS = "/usr/bin/prometheus"
 TOTAL_SECONDS = 110   # every wait below also stops at this overall deadline
 DEADLINE = None       # set when the class starts
 BUDGET = 100_000_000  # --session_memory_budget of the test server
 MAX_SESSIONS = 2      # small, so that a third session gets RESOURCE_EXHAUSTED
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(what, probe, timeout, interval=0.2):
@@ -81,24 +77,11 @@ class PrometheusTest(unittest.TestCase):
                                "(scripts/install-deps.sh does)")
         tmp = cls.tmp.name
         # A tiny model, a server with metrics on a free loopback port.
-        model, config = os.path.join(tmp, "m.pt"), os.path.join(tmp, "c.json")
-        with open(config, "w") as f:
-            json.dump({"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}, f)
-        subprocess.run([os.path.join(ARGS.bin_dir, "model", "txl-init"), "--config", config, "--out", model,
-                        "--init_std", "0.3"], check=True, capture_output=True, timeout=120)
-        cls.server = subprocess.Popen(
-            [os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model", model, "--threads", "1",
-             "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0",
-             "--max_sessions", str(MAX_SESSIONS), "--session_memory_budget", str(BUDGET)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        cls.procs.append(cls.server)
-        line = ""
-        while "listening on" not in line:
-            line = cls.server.stdout.readline()
-            if not line:
-                raise RuntimeError("txl-server did not start")
-        m = re.search(r"listening on (\S+), metrics on (\S+)", line)
-        cls.address, cls.metrics_target = m.group(1), m.group(2)
+        cls.server = txl_procs.Server(ARGS.bin_dir, txl_procs.tiny_model(ARGS.bin_dir, tmp), "--threads", "1",
+                                      "--max_sessions", str(MAX_SESSIONS), "--session_memory_budget", str(BUDGET),
+                                      metrics=True)
+        cls.procs.append(cls.server.proc)
+        cls.address, cls.metrics_target = cls.server.address, cls.server.metrics_address
 
         # The scrape configuration, rendered the documented way; 1 s intervals for the test.
         with open(os.path.join(ARGS.source_dir, "deploy", "prometheus", "prometheus.yml")) as f:
@@ -113,7 +96,7 @@ class PrometheusTest(unittest.TestCase):
         with open(os.path.join(tmp, "rules.yml")) as f:
             cls.rules = yaml.safe_load(f)
 
-        port = free_port()
+        port = txl_procs.free_port()
         cls.api = f"http://127.0.0.1:{port}"
         cls.prom_log = open(os.path.join(tmp, "prometheus.log"), "w")
         cls.prometheus = subprocess.Popen(

@@ -3,14 +3,15 @@
 Run by CTest: /usr/bin/python3 test_python_client.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
 import argparse
-import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
 
 ARGS = None
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,28 +55,14 @@ class PythonClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory(prefix="txl_pyclient_")
-        model = os.path.join(cls.tmp.name, "m.pt")
-        config = os.path.join(cls.tmp.name, "c.json")
-        with open(config, "w") as f:
-            json.dump({"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}, f)
-        subprocess.run([os.path.join(ARGS.bin_dir, "model", "txl-init"), "--config", config, "--out", model,
-                        "--init_std", "0.3"], check=True, capture_output=True)
-        cls.server = subprocess.Popen([os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model", model,
-                                       "--listen", "127.0.0.1:0", "--metrics_listen", ""],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = ""
-        while "listening on" not in line:
-            line = cls.server.stdout.readline()
-            if not line:
-                raise RuntimeError("txl-server did not start")
-        cls.address = re.search(r"listening on (\S+)", line).group(1).rstrip(",")
+        cls.server = txl_procs.Server(ARGS.bin_dir, txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name))
+        cls.address = cls.server.address
         cls.client = txl_client.TxlClient(cls.address, timeout=60)
 
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
-        cls.server.send_signal(signal.SIGTERM)
-        cls.server.wait(timeout=60)
+        cls.server.stop()
         cls.tmp.cleanup()
 
     def encode(self, text):

@@ -4,11 +4,13 @@ Run by CTest: /usr/bin/python3 test_train.py --bin-dir BUILD/model --corpus FILE
 """
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
 
 ARGS = None
 SMALL = ["--n_layer", "2", "--n_head", "2", "--d_model", "32", "--d_head", "16",
@@ -28,12 +30,6 @@ def train(args, env=None, check=True):
 def read_losses(path):
     with open(path) as f:
         return [(int(s), float(l)) for s, l in (line.split() for line in f)]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TrainTest(unittest.TestCase):
@@ -100,7 +96,7 @@ class TrainTest(unittest.TestCase):
         common = ["--train", self.corpus, "--max_steps", "8", "--dropout", "0", "--seed", "3"] + SMALL
         train(common + ["--batch_size", "8", "--out", self.path("one.pt"),
                         "--loss_log", self.path("one.log")])
-        port = free_port()
+        port = txl_procs.free_port()
         procs = []
         for rank in range(2):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

@@ -1,0 +1,114 @@
+"""The processes the integration tests start, in one place: a tiny model, a txl-server, a free port.
+
+- free_port(): a loopback port nobody listens on (for a process that cannot pick its own).
+- tiny_model(bin_dir, directory, **config): a small random model written by txl-init.
+- Server(bin_dir, model, *flags, metrics=False): txl-server on 127.0.0.1:0, started and ready, with the
+  addresses it reports; stop() (SIGTERM) returns its exit code; a context manager.
+
+A test script imports it from its own directory:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import txl_procs
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+
+# The model every server test uses unless it says otherwise: 2 layers, fast on a CPU.
+TINY_CONFIG = {"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}
+TINY_INIT_ARGS = ("--init_std", "0.3")  # weights large enough that the outputs differ by input
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_model(bin_dir, directory, name="m.pt", init_args=TINY_INIT_ARGS, **config):
+    """Writes TINY_CONFIG updated with `config` as c.json in `directory` and a random model from it
+    (BUILD/model/txl-init with `init_args`) as `name` there; returns the model's path."""
+    model = os.path.join(directory, name)
+    config_path = os.path.join(directory, "c.json")
+    with open(config_path, "w") as f:
+        json.dump(dict(TINY_CONFIG, **config), f)
+    subprocess.run([os.path.join(bin_dir, "model", "txl-init"), "--config", config_path, "--out", model,
+                    *init_args], check=True, capture_output=True, timeout=120)
+    return model
+
+
+class Server:
+    """A running txl-server, started on loopback ports and ready once the constructor returns.
+
+    Server(bin_dir, model, *flags): BUILD/server/txl-server --model MODEL --listen 127.0.0.1:0
+    --metrics_listen (127.0.0.1:0 with metrics=True, else "": off) FLAGS; `flagfile` goes first, so
+    that every flag after it wins. Server.from_argv(argv) runs a command line as given instead.
+
+    address, metrics_address (None when metrics are off): what the server reported;
+    lines: its output (stdout and stderr) read so far: the startup report, and the rest after stop().
+    Raises RuntimeError, with the output, when the server exits before it is ready.
+    """
+
+    def __init__(self, bin_dir, model, *flags, metrics=False, flagfile=None):
+        self._start([os.path.join(bin_dir, "server", "txl-server")] +
+                    ([f"--flagfile={flagfile}"] if flagfile else []) +
+                    ["--model", model, "--listen", "127.0.0.1:0",
+                     "--metrics_listen", "127.0.0.1:0" if metrics else "", *flags])
+
+    @classmethod
+    def from_argv(cls, argv):
+        server = cls.__new__(cls)
+        server._start(list(argv))
+        return server
+
+    def _start(self, argv):
+        self.argv = argv
+        self.address = self.metrics_address = None
+        self.lines = []
+        self._stopped = False
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # server/main.cc reports "listening on ADDR[, metrics on ADDR]" and then "model PATH (...)"
+        # in one write, once it serves.
+        while not self.lines or not self.lines[-1].startswith("txl-server: model "):
+            line = self.proc.stdout.readline()
+            if not line:
+                self.stop(timeout=30, check=False)
+                raise RuntimeError("txl-server did not start: %s\n%s" % (" ".join(argv), self.output))
+            self.lines.append(line)
+            m = re.search(r"listening on (\S+?)(?:, metrics on (\S+))?\s*$", line)
+            if m:
+                self.address, self.metrics_address = m.group(1), m.group(2)
+
+    @property
+    def output(self):
+        return "".join(self.lines)
+
+    def stop(self, timeout=60, check=True):
+        """SIGTERM, then waits up to `timeout` s for the exit; returns the exit code. Past the timeout
+        the server is killed, and with `check` subprocess.TimeoutExpired is raised. Stopping again
+        returns the same code."""
+        if self._stopped:
+            return self.proc.returncode
+        self._stopped = True
+        hung = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                hung = e
+                self.proc.kill()
+                self.proc.wait()
+        self.lines.extend(self.proc.stdout.readlines())
+        self.proc.stdout.close()
+        if hung is not None and check:
+            raise hung
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -8,8 +8,10 @@
 //   txl-client [flags] bench [--sessions N] [--turns T] [--input-tokens I] [--new-tokens G]
 //                            [--duration S] [--json FILE]      load generator (client/load_generator.h)
 // Errors print the gRPC status and exit non-zero.
+// Security: --token (or the TXL_TOKEN environment variable) and the --tls_* flags.
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -41,6 +43,14 @@ ABSL_FLAG(int64_t, mem_len, 0, "create: the session's window (0: server default)
 ABSL_FLAG(int64_t, ttl, 0, "create: idle seconds before the session expires (0: server default)");
 ABSL_FLAG(bool, no_commit, false, "score: leave the session untouched");
 ABSL_FLAG(double, timeout, 300, "seconds per call");
+ABSL_FLAG(std::string, token, "",
+          "bearer token for a server with --auth_tokens (default: the TXL_TOKEN environment variable)");
+ABSL_FLAG(bool, tls, false, "connect with TLS, verifying the server against gRPC's default roots");
+ABSL_FLAG(std::string, tls_ca, "", "PEM roots that verify the server (implies --tls)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS (with --tls_key; implies --tls)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name the server's certificate must carry, instead of the --server host (implies --tls)");
 
 namespace {
 
@@ -207,7 +217,8 @@ int Bench(const std::vector<std::string>& args, const txl::ClientOptions& option
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "txl-client [--server H:P] [--session ID] (generate TEXT | chat | score FILE | create | "
+      "txl-client [--server H:P] [--session ID] [--token T] [--tls_ca PEM [--tls_cert PEM --tls_key PEM] "
+      "[--tls_server_name N]]\n  (generate TEXT | chat | score FILE | create | "
       "sessions list|get|delete|fork [ID] | info | health |\n"
       "  bench [--sessions N=4] [--turns T=4] [--input-tokens I=32] [--new-tokens G=32] [--duration S] "
       "[--json FILE])\n"
@@ -229,8 +240,26 @@ int main(int argc, char** argv) {
   txl::ClientOptions options;
   options.server = absl::GetFlag(FLAGS_server);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  // The flag wins over the environment; the environment keeps the token out of `ps`.
+  options.token = absl::GetFlag(FLAGS_token);
+  if (options.token.empty()) {
+    if (const char* env = std::getenv("TXL_TOKEN")) options.token = env;
+  }
+  options.tls = absl::GetFlag(FLAGS_tls);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return Usage("--tls_cert and --tls_key go together");
+  }
   if (cmd == "bench") {
     if (args.size() > 2) return Usage(absl::StrCat("bench: unexpected argument '", args[2], "'"));
+    // The load generator makes its own plaintext channels, without a token.
+    if (!options.token.empty() || options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
+        !options.tls_server_name.empty()) {
+      return Usage("bench: --token/TXL_TOKEN and --tls* are not supported yet");
+    }
     return Bench(bench_args, options);
   }
   auto client_or = txl::TxlClient::Create(options);

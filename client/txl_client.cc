@@ -1,8 +1,11 @@
 #include "client/txl_client.h"
 
+#include <cerrno>
 #include <chrono>
-
+#include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,9 +18,44 @@ absl::Status TxlClient::FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+namespace {
+
+// A PEM file's content; empty path: empty content. Errors name the option.
+absl::StatusOr<std::string> ReadFileOption(const char* option, const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(option, ": cannot read ", path, ": ", std::strerror(errno)));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TxlClient>> TxlClient::Create(const ClientOptions& options) {
   if (options.server.empty()) return absl::InvalidArgumentError("server: address required");
-  auto channel = grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials());
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
+  }
+  const bool tls = options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
+                   !options.tls_server_name.empty();
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  if (tls) {
+    grpc::SslCredentialsOptions ssl;
+    auto roots = ReadFileOption("tls_ca_file", options.tls_ca_file);
+    if (!roots.ok()) return roots.status();
+    auto cert = ReadFileOption("tls_cert_file", options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFileOption("tls_key_file", options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_root_certs = *std::move(roots);
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  auto channel = grpc::CreateCustomChannel(options.server, credentials, args);
   return std::unique_ptr<TxlClient>(new TxlClient(options, std::move(channel)));
 }
 
@@ -28,6 +66,9 @@ void TxlClient::Prepare(grpc::ClientContext* ctx, const std::string& session_id)
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
   if (!session_id.empty()) ctx->AddMetadata("txl-session-id", session_id);
+  // Plain metadata rather than gRPC call credentials, which refuse to travel
+  // without TLS: a server behind a TLS-terminating proxy still needs the token.
+  if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
 absl::StatusOr<v1::ModelInfo> TxlClient::Info() {

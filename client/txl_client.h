@@ -1,6 +1,8 @@
 // TxlClient: the C++ client library for txl.v1.TransformerXL. Every call
 // that names a session also sends it as "txl-session-id" metadata, so a
-// proxy can route it to the replica that holds the session.
+// proxy can route it to the replica that holds the session. With a token,
+// every call carries "authorization: Bearer <token>" (docs/OPERATIONS.md,
+// Security).
 //
 // Threading: a TxlClient may be shared by threads; each call is independent.
 #ifndef TXL_CLIENT_TXL_CLIENT_H_
@@ -21,6 +23,14 @@ namespace txl {
 struct ClientOptions {
   std::string server = "127.0.0.1:50051";
   absl::Duration timeout = absl::Seconds(60);  // per call; streams included
+  // Bearer token for a server with --auth_tokens (empty: none sent).
+  std::string token;
+  // TLS: on when `tls` or any tls_* option is set. PEM files:
+  std::string tls_ca_file;    // roots that verify the server (empty: gRPC's default roots)
+  std::string tls_cert_file;  // client certificate chain, for mutual TLS (with tls_key_file)
+  std::string tls_key_file;
+  std::string tls_server_name;  // the name to verify instead of the address's host (tests, IPs)
+  bool tls = false;
 };
 
 // An open Converse stream: one turn at a time.
@@ -36,6 +46,9 @@ class Conversation {
 
 class TxlClient {
  public:
+  // INVALID_ARGUMENT naming the option when a TLS file cannot be read. No
+  // connection is made here: an unreachable server or a failed handshake
+  // shows as UNAVAILABLE on the first call.
   static absl::StatusOr<std::unique_ptr<TxlClient>> Create(const ClientOptions& options);
 
   absl::StatusOr<v1::ModelInfo> Info();

@@ -23,6 +23,8 @@ PACKAGES=(
   libopenblas0-openmp
   # Real peers of the deployment tests (tests/integration): the proxy, the scraper, YAML.
   nginx-light prometheus python3-yaml
+  # The security tests make their CA and certificates with the openssl CLI.
+  openssl
 )
 
 case "${1:-}" in

@@ -5,10 +5,15 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -17,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/auth.h"
 #include "server/engine.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
@@ -49,6 +55,16 @@ ABSL_FLAG(int64_t, max_mem_len, 4096, "largest mem_len a client may ask for");
 ABSL_FLAG(int, max_new_tokens, 4096, "largest max_new_tokens a request may ask for");
 ABSL_FLAG(int64_t, max_input_tokens, 65536, "largest input of one request, in tokens");
 ABSL_FLAG(double, drain_timeout, 10, "seconds in-flight requests get to finish on SIGTERM");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC port (with --tls_key; empty: plaintext)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates: when set, clients must present a certificate issued by one of them (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "file of 'TOKEN PRINCIPAL' lines: every txl.v1 call then needs 'authorization: Bearer TOKEN' "
+          "(empty: no authentication)");
+ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "largest request message the gRPC port accepts");
+ABSL_FLAG(int64_t, max_sessions_per_principal, 0,
+          "live sessions one principal may hold before RESOURCE_EXHAUSTED; 0: no limit");
 
 namespace {
 
@@ -69,6 +85,50 @@ std::string BundledModel() {
   return TXL_BUNDLED_MODEL;
 }
 
+// The content of the PEM file named by --`flag`, which must hold `marker`
+// (e.g. "-----BEGIN CERTIFICATE-----"): gRPC's own error for a bad file only
+// says that the port could not be opened.
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* marker,
+                                    const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path, ": ", std::strerror(errno)));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().find(marker) == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " holds no PEM ", what));
+  }
+  return text.str();
+}
+
+// The gRPC port's credentials from the --tls_* flags; a description for the startup log in `mode`.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(std::string* mode) {
+  const std::string cert_path = absl::GetFlag(FLAGS_tls_cert), key_path = absl::GetFlag(FLAGS_tls_key),
+                    ca_path = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert_path.empty() != key_path.empty()) {
+    return absl::InvalidArgumentError(cert_path.empty() ? "--tls_key needs --tls_cert" : "--tls_cert needs --tls_key");
+  }
+  if (cert_path.empty()) {
+    if (!ca_path.empty()) return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    *mode = "plaintext (no TLS)";
+    return grpc::InsecureServerCredentials();
+  }
+  auto cert = ReadPem("tls_cert", cert_path, "-----BEGIN CERTIFICATE-----", "certificate");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem("tls_key", key_path, "PRIVATE KEY-----", "private key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  *mode = "TLS";
+  if (!ca_path.empty()) {
+    auto ca = ReadPem("tls_client_ca", ca_path, "-----BEGIN CERTIFICATE-----", "certificate");
+    if (!ca.ok()) return ca.status();
+    options = grpc::SslServerCredentialsOptions(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    options.pem_root_certs = *std::move(ca);
+    *mode = "TLS, client certificates required (mutual TLS)";
+  }
+  options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  return grpc::SslServerCredentials(options);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,6 +141,27 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  // Security flags first: a mistake there should not wait for the model to load.
+  std::string transport;
+  auto credentials = ServerCredentials(&transport);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  std::unique_ptr<txl::BearerTokens> tokens;
+  if (!absl::GetFlag(FLAGS_auth_tokens).empty()) {
+    auto loaded = txl::BearerTokens::Create({absl::GetFlag(FLAGS_auth_tokens)});
+    if (!loaded.ok()) return Fail(absl::StrCat("--auth_tokens: ", loaded.status().message()));
+    tokens = *std::move(loaded);
+    if (absl::GetFlag(FLAGS_tls_cert).empty()) {
+      std::cerr << "txl-server: warning: --auth_tokens without --tls_cert: bearer tokens cross the network "
+                   "in clear text"
+                << std::endl;
+    }
+  }
+  const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_message_bytes < 1 || max_message_bytes > std::numeric_limits<int>::max()) {
+    return Fail(absl::StrCat("--max_message_bytes must be in [1, ", std::numeric_limits<int>::max(), "], got ",
+                             max_message_bytes));
+  }
 
   txl::LanguageModelOptions model_options;
   model_options.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
@@ -109,8 +190,10 @@ int main(int argc, char** argv) {
   store_config.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl));
   store_config.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
   store_config.memory_budget_bytes = absl::GetFlag(FLAGS_session_memory_budget);
+  store_config.max_sessions_per_principal = absl::GetFlag(FLAGS_max_sessions_per_principal);
   if (store_config.max_sessions < 1 || store_config.memory_budget_bytes < 0)
     return Fail("--max_sessions must be >= 1 and --session_memory_budget >= 0");
+  if (store_config.max_sessions_per_principal < 0) return Fail("--max_sessions_per_principal must be >= 0");
   txl::SessionStore store(store_config);
 
   txl::MetricsConfig metrics_config;
@@ -138,19 +221,27 @@ int main(int argc, char** argv) {
   txl::Scheduler scheduler(sched_config, engine->get(), &store, &model.tokenizer(), metrics->get());
 
   txl::TxlService service(service_config, mc, model.tokenizer(), engine->get(), &store, &scheduler,
-                          metrics->get());
+                          metrics->get(), tokens.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
   // silently shares it instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // gRPC answers a bigger request with RESOURCE_EXHAUSTED before any handler runs.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  // Health and reflection share this port and its TLS; they need no token (service.h).
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail(absl::StrCat("cannot listen on ", listen, " (address in use?)"));
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", listen,
+                             absl::GetFlag(FLAGS_tls_cert).empty()
+                                 ? " (address in use?)"
+                                 : " (address in use, or --tls_cert/--tls_key not a matching certificate and key?)"));
+  }
   scheduler.Start();
   server->GetHealthCheckService()->SetServingStatus(true);
   std::cout << "txl-server: listening on " << listen.substr(0, listen.rfind(':') + 1) << port
@@ -160,7 +251,10 @@ int main(int argc, char** argv) {
                           std::to_string((*metrics)->port()))
             << "\ntxl-server: model " << model_options.path << " (n_layer " << mc.n_layer << ", d_model "
             << mc.d_model << ", " << mc.n_token << " tokens, default mem_len " << service_config.default_mem_len
-            << ") on " << model.device() << std::endl;
+            << ") on " << model.device() << "\ntxl-server: " << transport << ", "
+            << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", absl::GetFlag(FLAGS_auth_tokens))
+                       : std::string("no authentication"))
+            << std::endl;
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -277,8 +277,9 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
         Finish(*job, copy.status());
         continue;
       }
-      auto lease = store_->CreateAcquired(*std::move(copy), job->fork_ttl, job->fork_labels, absl::Now(),
-                                          SessionStore::NewId(job->lease.id));
+      // The fork belongs to whoever may use the source (its owner, the caller).
+      auto lease = store_->CreateAcquired(job->lease.owner, *std::move(copy), job->fork_ttl, job->fork_labels,
+                                          absl::Now(), SessionStore::NewId(job->lease.id));
       if (!lease.ok()) {
         Finish(*job, lease.status());
         continue;
@@ -286,7 +287,7 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
       lease->pending = job->lease.pending;
       const std::string id = lease->id;
       store_->Release(*std::move(lease), absl::Now());
-      auto info = store_->Get(id);
+      auto info = store_->Get(job->lease.owner, id);
       if (info.ok()) job->result.forked = *info;
       Finish(*job, info.status());
       continue;

@@ -86,9 +86,21 @@ struct TxlService::Context {
   SessionStore* store;
   Scheduler* scheduler;
   ServiceMetrics* metrics;
+  const BearerTokens* tokens;  // null: no authentication
 
   void Count(const char* method, const grpc::Status& s) const {
     if (metrics) metrics->OnRequest(method, CodeName(s.error_code()));
+  }
+
+  // Who is calling: the principal of the call's bearer token, or the
+  // anonymous principal "" when the server has no tokens.
+  absl::StatusOr<std::string> Principal(grpc::CallbackServerContext* ctx) const {
+    if (tokens == nullptr) return std::string();
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    std::optional<absl::string_view> header;
+    if (it != md.end()) header = absl::string_view(it->second.data(), it->second.size());
+    return tokens->Authenticate(header);
   }
 
   // The session id from the field, or else from "txl-session-id" metadata.
@@ -174,13 +186,13 @@ struct TxlService::Context {
     return spec;
   }
 
-  // A throw-away session (empty id) or the named one, acquired.
-  absl::StatusOr<SessionLease> Lease(const std::string& id, bool* throwaway) const {
+  // A throw-away session (empty id) or the named one, acquired for `principal`.
+  absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id, bool* throwaway) const {
     *throwaway = id.empty();
-    if (!id.empty()) return store->Acquire(id, absl::Now());
+    if (!id.empty()) return store->Acquire(principal, id, absl::Now());
     auto state = engine->NewSession(config.default_mem_len);
     if (!state.ok()) return state.status();
-    return store->CreateAcquired(*std::move(state), absl::ZeroDuration(), {}, absl::Now());
+    return store->CreateAcquired(principal, *std::move(state), absl::ZeroDuration(), {}, absl::Now());
   }
 
   std::string TokenText(int id) const {
@@ -377,12 +389,14 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
 
  private:
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+    auto principal = c_->Principal(ctx);
+    if (!principal.ok()) return principal.status();
     auto id = c_->SessionId(ctx, req.session_id());
     if (!id.ok()) return id.status();
     auto spec = c_->Spec(req);
     if (!spec.ok()) return spec.status();
     bool throwaway = false;
-    auto lease = c_->Lease(*id, &throwaway);
+    auto lease = c_->Lease(*principal, *id, &throwaway);
     if (!lease.ok()) return lease.status();
     return Submit(*std::move(lease), throwaway, *std::move(spec), [this](absl::Status status, JobResult result) {
       if (status.ok()) Send(FinalResponse(result));
@@ -398,6 +412,13 @@ class ConverseCall final
  public:
   ConverseCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx)
       : StreamingCall(c, "Converse"), ctx_(ctx) {
+    // Once per stream: every turn runs as this principal.
+    auto principal = c_->Principal(ctx);
+    if (!principal.ok()) {
+      End(ToGrpcStatus(principal.status()));
+      return;
+    }
+    principal_ = *std::move(principal);
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override {
@@ -411,7 +432,7 @@ class ConverseCall final
   void OnWriteDone(bool ok) override { WriteDone(ok); }
   void OnCancel() override { Cancelled(); }
   void OnDone() override {
-    if (!stream_session_.empty()) (void)c_->store->Delete(stream_session_);
+    if (!stream_session_.empty()) (void)c_->store->Delete(principal_, stream_session_);
     Unref();
   }
 
@@ -426,13 +447,13 @@ class ConverseCall final
       if (stream_session_.empty()) {
         auto state = c_->engine->NewSession(c_->config.default_mem_len);
         if (!state.ok()) return state.status();
-        auto info = c_->store->Create(*std::move(state), absl::ZeroDuration(), {}, absl::Now());
+        auto info = c_->store->Create(principal_, *std::move(state), absl::ZeroDuration(), {}, absl::Now());
         if (!info.ok()) return info.status();
         stream_session_ = info->id;
       }
       session = stream_session_;
     }
-    auto lease = c_->store->Acquire(session, absl::Now());
+    auto lease = c_->store->Acquire(principal_, session, absl::Now());
     if (!lease.ok()) return lease.status();
     return Submit(*std::move(lease), false, *std::move(spec), [this](absl::Status status, JobResult result) {
       if (status.ok()) {
@@ -445,13 +466,15 @@ class ConverseCall final
   }
 
   grpc::CallbackServerContext* ctx_;
+  std::string principal_;  // set before the first read, then only read
   v1::GenerateRequest request_;
   std::string stream_session_;  // touched by one turn at a time
 };
 
 TxlService::TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
-                       Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics)
-    : ctx_(new Context{config, model, tokenizer, engine, store, scheduler, metrics}) {}
+                       Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics,
+                       const BearerTokens* tokens)
+    : ctx_(new Context{config, model, tokenizer, engine, store, scheduler, metrics, tokens}) {}
 
 TxlService::~TxlService() = default;
 
@@ -470,6 +493,8 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const TxlServic
 
 grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                    const v1::GetModelInfoRequest*, v1::ModelInfo* r) {
+  if (auto principal = ctx_->Principal(ctx); !principal.ok())
+    return Done(ctx, ctx_.get(), "GetModelInfo", principal.status());
   const ModelConfig& m = ctx_->model;
   r->set_n_token(m.n_token);
   r->set_n_layer(m.n_layer);
@@ -496,6 +521,8 @@ grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext* ctx,
                                                     const v1::CreateSessionRequest* req, v1::Session* r) {
   auto status = [&]() -> absl::Status {
+    auto principal = ctx_->Principal(ctx);
+    if (!principal.ok()) return principal.status();
     auto mem_len = ctx_->MemLen(req->mem_len());
     if (!mem_len.ok()) return mem_len.status();
     if (req->idle_ttl_seconds() < 0)
@@ -510,7 +537,7 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
     if (ctx_->scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     auto state = ctx_->engine->NewSession(*mem_len);
     if (!state.ok()) return state.status();
-    auto info = ctx_->store->Create(*std::move(state), absl::Seconds(req->idle_ttl_seconds()),
+    auto info = ctx_->store->Create(*principal, *std::move(state), absl::Seconds(req->idle_ttl_seconds()),
                                     {req->labels().begin(), req->labels().end()}, absl::Now(), *id);
     if (!info.ok()) return info.status();
     FillSession(*info, r);
@@ -522,10 +549,12 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* TxlService::GetSession(grpc::CallbackServerContext* ctx,
                                                  const v1::GetSessionRequest* req, v1::Session* r) {
   auto status = [&]() -> absl::Status {
+    auto principal = ctx_->Principal(ctx);
+    if (!principal.ok()) return principal.status();
     auto id = ctx_->SessionId(ctx, req->session_id());
     if (!id.ok()) return id.status();
     if (id->empty()) return absl::InvalidArgumentError("session_id: required");
-    auto info = ctx_->store->Get(*id);
+    auto info = ctx_->store->Get(*principal, *id);
     if (!info.ok()) return info.status();
     FillSession(*info, r);
     return absl::OkStatus();
@@ -536,7 +565,9 @@ grpc::ServerUnaryReactor* TxlService::GetSession(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* TxlService::ListSessions(grpc::CallbackServerContext* ctx,
                                                    const v1::ListSessionsRequest*,
                                                    v1::ListSessionsResponse* r) {
-  for (const SessionInfo& info : ctx_->store->List()) FillSession(info, r->add_sessions());
+  auto principal = ctx_->Principal(ctx);
+  if (!principal.ok()) return Done(ctx, ctx_.get(), "ListSessions", principal.status());
+  for (const SessionInfo& info : ctx_->store->List(*principal)) FillSession(info, r->add_sessions());
   return Done(ctx, ctx_.get(), "ListSessions", absl::OkStatus());
 }
 
@@ -544,10 +575,12 @@ grpc::ServerUnaryReactor* TxlService::DeleteSession(grpc::CallbackServerContext*
                                                     const v1::DeleteSessionRequest* req,
                                                     v1::DeleteSessionResponse*) {
   auto status = [&]() -> absl::Status {
+    auto principal = ctx_->Principal(ctx);
+    if (!principal.ok()) return principal.status();
     auto id = ctx_->SessionId(ctx, req->session_id());
     if (!id.ok()) return id.status();
     if (id->empty()) return absl::InvalidArgumentError("session_id: required");
-    return ctx_->store->Delete(*id);
+    return ctx_->store->Delete(*principal, *id);
   }();
   return Done(ctx, ctx_.get(), "DeleteSession", status);
 }
@@ -557,12 +590,14 @@ grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const Context* c = ctx_.get();
   auto status = [&]() -> absl::Status {
+    auto principal = c->Principal(ctx);
+    if (!principal.ok()) return principal.status();
     auto id = c->SessionId(ctx, req->session_id());
     if (!id.ok()) return id.status();
     if (id->empty()) return absl::InvalidArgumentError("session_id: required");
-    auto lease = c->store->Acquire(*id, absl::Now());
+    auto lease = c->store->Acquire(*principal, *id, absl::Now());
     if (!lease.ok()) return lease.status();
-    auto ttl = c->store->Get(*id);
+    auto ttl = c->store->Get(*principal, *id);
     JobCallbacks cb;
     cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
       if (s.ok()) FillSession(result.forked, r);
@@ -587,12 +622,14 @@ grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, co
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const Context* c = ctx_.get();
   auto status = [&]() -> absl::Status {
+    auto principal = c->Principal(ctx);
+    if (!principal.ok()) return principal.status();
     auto id = c->SessionId(ctx, req->session_id());
     if (!id.ok()) return id.status();
     auto input = c->DecodeInput(req->input());
     if (!input.ok()) return input.status();
     bool throwaway = false;
-    auto lease = c->Lease(*id, &throwaway);
+    auto lease = c->Lease(*principal, *id, &throwaway);
     if (!lease.ok()) return lease.status();
     JobCallbacks cb;
     cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {

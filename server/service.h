@@ -2,6 +2,11 @@
 // Reactors validate requests, take sessions out of the store and hand work
 // to the scheduler; they never block and never run model code. Every absl
 // status becomes a gRPC status here, in one place (ToGrpcStatus).
+//
+// Authentication: with a token table, every call must carry
+// "authorization: Bearer <token>" (else UNAUTHENTICATED) and runs as the
+// token's principal; without one, every caller is the anonymous principal "".
+// The store keeps sessions apart by principal (server/session_store.h).
 #ifndef TXL_SERVER_SERVICE_H_
 #define TXL_SERVER_SERVICE_H_
 
@@ -15,6 +20,7 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "proto/txl/v1/txl.grpc.pb.h"
+#include "server/auth.h"
 #include "server/engine.h"
 #include "server/scheduler.h"
 #include "server/service_metrics.h"
@@ -36,11 +42,13 @@ struct ServiceConfig {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Threading: all methods run on gRPC threads and are thread-safe; the
-// engine, store and scheduler must outlive the service.
+// engine, store, scheduler and tokens must outlive the service.
 class TxlService final : public v1::TransformerXL::CallbackService {
  public:
+  // `tokens` null: no authentication.
   TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
-             Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics);
+             Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics,
+             const BearerTokens* tokens = nullptr);
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
                                          const v1::GetModelInfoRequest* req,

@@ -33,18 +33,19 @@ void SessionStore::Refresh(Entry& e) {
   e.info.memory_bytes = e.state->memory_bytes();
 }
 
-absl::StatusOr<SessionInfo> SessionStore::Create(std::unique_ptr<EngineSession> state,
+absl::StatusOr<SessionInfo> SessionStore::Create(const std::string& owner, std::unique_ptr<EngineSession> state,
                                                  absl::Duration idle_ttl,
                                                  std::map<std::string, std::string> labels,
                                                  absl::Time now, const std::string& id) {
-  auto lease = CreateAcquired(std::move(state), idle_ttl, std::move(labels), now, id);
+  auto lease = CreateAcquired(owner, std::move(state), idle_ttl, std::move(labels), now, id);
   if (!lease.ok()) return lease.status();
   const std::string created = lease->id;
   Release(*std::move(lease), now);
-  return Get(created);
+  return Get(owner, created);
 }
 
-absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<EngineSession> state,
+absl::StatusOr<SessionLease> SessionStore::CreateAcquired(const std::string& owner,
+                                                          std::unique_ptr<EngineSession> state,
                                                           absl::Duration idle_ttl,
                                                           std::map<std::string, std::string> labels,
                                                           absl::Time now, const std::string& requested) {
@@ -54,6 +55,14 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<Engine
   if (static_cast<int64_t>(sessions_.size()) >= config_.max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("session limit reached (max_sessions=", config_.max_sessions, ")"));
+  }
+  if (config_.max_sessions_per_principal > 0) {
+    auto held = sessions_of_.find(owner);
+    if (held != sessions_of_.end() && held->second >= config_.max_sessions_per_principal) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session limit of this principal reached (max_sessions_per_principal=",
+                       config_.max_sessions_per_principal, "); delete a session first"));
+    }
   }
   const int64_t reserve = state->full_memory_bytes();
   if (config_.memory_budget_bytes > 0 && reserved_bytes_ + reserve > config_.memory_budget_bytes) {
@@ -69,6 +78,8 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<Engine
   while (sessions_.contains(id)) id = NewId();
   Entry& e = sessions_[id];
   e.info.id = id;
+  e.info.owner = owner;
+  ++sessions_of_[owner];
   e.info.created = e.info.last_used = now;
   e.info.idle_ttl = *ttl;
   e.info.labels = std::move(labels);
@@ -78,30 +89,45 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(std::unique_ptr<Engine
   reserved_bytes_ += reserve;
   SessionLease lease;
   lease.id = id;
+  lease.owner = owner;
   lease.state = std::move(state);
   return lease;
 }
 
-absl::StatusOr<SessionInfo> SessionStore::Get(const std::string& id) const {
-  absl::MutexLock lock(&mu_);
+absl::Status SessionStore::NotFound(const std::string& id) {
+  return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+}
+
+SessionStore::Map::iterator SessionStore::FindOwned(const std::string& caller, const std::string& id) {
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  return it != sessions_.end() && it->second.info.owner == caller ? it : sessions_.end();
+}
+
+SessionStore::Map::const_iterator SessionStore::FindOwned(const std::string& caller, const std::string& id) const {
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && it->second.info.owner == caller ? it : sessions_.end();
+}
+
+absl::StatusOr<SessionInfo> SessionStore::Get(const std::string& caller, const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = FindOwned(caller, id);
+  if (it == sessions_.end()) return NotFound(id);
   return it->second.info;
 }
 
-std::vector<SessionInfo> SessionStore::List() const {
+std::vector<SessionInfo> SessionStore::List(const std::string& caller) const {
   absl::MutexLock lock(&mu_);
   std::vector<SessionInfo> out;
-  out.reserve(sessions_.size());
-  for (const auto& [id, e] : sessions_) out.push_back(e.info);
+  for (const auto& [id, e] : sessions_)
+    if (e.info.owner == caller) out.push_back(e.info);
   return out;
 }
 
-absl::Status SessionStore::Delete(const std::string& id) {
+absl::Status SessionStore::Delete(const std::string& caller, const std::string& id) {
   std::unique_ptr<EngineSession> doomed;  // freed after the lock is released
   absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  auto it = FindOwned(caller, id);
+  if (it == sessions_.end()) return NotFound(id);
   if (it->second.info.busy)
     return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
   doomed = std::move(it->second.state);
@@ -109,10 +135,11 @@ absl::Status SessionStore::Delete(const std::string& id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SessionLease> SessionStore::Acquire(const std::string& id, absl::Time now) {
+absl::StatusOr<SessionLease> SessionStore::Acquire(const std::string& caller, const std::string& id,
+                                                   absl::Time now) {
   absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  auto it = FindOwned(caller, id);  // before the busy check: ABORTED would tell that it exists
+  if (it == sessions_.end()) return NotFound(id);
   Entry& e = it->second;
   if (e.info.busy)
     return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
@@ -120,6 +147,7 @@ absl::StatusOr<SessionLease> SessionStore::Acquire(const std::string& id, absl::
   e.info.last_used = now;
   SessionLease lease;
   lease.id = id;
+  lease.owner = e.info.owner;
   lease.state = std::move(e.state);
   lease.pending = std::move(e.pending);
   return lease;
@@ -173,6 +201,8 @@ int64_t SessionStore::memory_bytes() const {
 
 void SessionStore::Erase(Map::iterator it) {
   reserved_bytes_ -= it->second.reserved_bytes;
+  auto held = sessions_of_.find(it->second.info.owner);
+  if (--held->second == 0) sessions_of_.erase(held);  // no entry per principal that ever called
   sessions_.erase(it);
 }
 

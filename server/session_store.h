@@ -9,6 +9,12 @@
 // request on the session feeds it, so a generation never runs a step whose
 // output nobody needs.
 //
+// Ownership: every session belongs to the principal that created it
+// (DESIGN section 6; "" is the anonymous principal of a server without
+// --auth_tokens). Every lookup takes the caller's principal, and a session of
+// another principal answers exactly like an id that does not exist
+// (NOT_FOUND, same message), so no caller can learn that it exists.
+//
 // Threading: all methods are thread-safe; the store never blocks on anything
 // but its own mutex, and never touches tensors (states are moved, not copied).
 #ifndef TXL_SERVER_SESSION_STORE_H_
@@ -31,6 +37,7 @@ namespace txl {
 
 struct SessionInfo {
   std::string id;
+  std::string owner;  // the principal that created it
   int64_t position = 0;
   int64_t mem_len = 0;
   int64_t memory_tokens = 0;
@@ -44,6 +51,7 @@ struct SessionInfo {
 // A session checked out by one request.
 struct SessionLease {
   std::string id;
+  std::string owner;  // a fork of this lease's session gets the same owner
   std::unique_ptr<EngineSession> state;
   std::vector<int> pending;  // history tokens not yet fed (at most one)
   int64_t position() const { return state->fed() + static_cast<int64_t>(pending.size()); }
@@ -57,6 +65,9 @@ struct SessionStoreConfig {
   // session reserves its full-window size (EngineSession::full_memory_bytes)
   // when created, so a session admitted never runs out of room later.
   int64_t memory_budget_bytes = 0;
+  // Sessions one principal may hold (throw-away and stream sessions
+  // included); 0: no limit beyond max_sessions.
+  int64_t max_sessions_per_principal = 0;
 };
 
 class SessionStore {
@@ -70,24 +81,27 @@ class SessionStore {
   static constexpr size_t kRoutePrefixChars = 8;
   static std::string NewId(const std::string& same_route_as = "");
 
-  // RESOURCE_EXHAUSTED at max_sessions or past the memory budget; INVALID_ARGUMENT for a ttl outside
+  // RESOURCE_EXHAUSTED at max_sessions, at max_sessions_per_principal for
+  // `owner`, or past the memory budget; INVALID_ARGUMENT for a ttl outside
   // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
   // taken one is ALREADY_EXISTS (the caller validates its form).
-  absl::StatusOr<SessionInfo> Create(std::unique_ptr<EngineSession> state, absl::Duration idle_ttl,
-                                     std::map<std::string, std::string> labels, absl::Time now,
-                                     const std::string& id = "");
+  absl::StatusOr<SessionInfo> Create(const std::string& owner, std::unique_ptr<EngineSession> state,
+                                     absl::Duration idle_ttl, std::map<std::string, std::string> labels,
+                                     absl::Time now, const std::string& id = "");
   // Creates the session already acquired (throw-away sessions, forks).
-  absl::StatusOr<SessionLease> CreateAcquired(std::unique_ptr<EngineSession> state,
+  absl::StatusOr<SessionLease> CreateAcquired(const std::string& owner, std::unique_ptr<EngineSession> state,
                                               absl::Duration idle_ttl,
                                               std::map<std::string, std::string> labels,
                                               absl::Time now, const std::string& id = "");
 
-  absl::StatusOr<SessionInfo> Get(const std::string& id) const;
-  std::vector<SessionInfo> List() const;
+  // `caller`: the principal asking. NOT_FOUND for a session of another one.
+  absl::StatusOr<SessionInfo> Get(const std::string& caller, const std::string& id) const;
+  // The caller's sessions only.
+  std::vector<SessionInfo> List(const std::string& caller) const;
   // NOT_FOUND, or ABORTED while a request runs on it.
-  absl::Status Delete(const std::string& id);
+  absl::Status Delete(const std::string& caller, const std::string& id);
 
-  absl::StatusOr<SessionLease> Acquire(const std::string& id, absl::Time now);
+  absl::StatusOr<SessionLease> Acquire(const std::string& caller, const std::string& id, absl::Time now);
   // Returns the state; a session deleted meanwhile cannot be (Delete refuses
   // busy sessions), so this always finds it.
   void Release(SessionLease lease, absl::Time now);
@@ -115,11 +129,18 @@ class SessionStore {
   void Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
   static void Refresh(Entry& e);
+  // The caller's entry, or end() (also for another principal's session).
+  Map::iterator FindOwned(const std::string& caller, const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Map::const_iterator FindOwned(const std::string& caller, const std::string& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One message for "no such id" and "not yours": they must not differ.
+  static absl::Status NotFound(const std::string& id);
 
   const SessionStoreConfig config_;
   mutable absl::Mutex mu_;
   Map sessions_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int64_t> sessions_of_ ABSL_GUARDED_BY(mu_);  // per owner
 };
 
 }  // namespace txl

@@ -47,12 +47,12 @@ class SchedulerTest : public ::testing::Test {
     scheduler_ = std::make_unique<Scheduler>(config, &engine_, &store_, &tokenizer_, nullptr);
   }
   std::string NewSession(int64_t mem_len = 64) {
-    auto info = store_.Create(*engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+    auto info = store_.Create("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
     EXPECT_TRUE(info.ok()) << info.status();
     return info->id;
   }
   SessionLease Lease(const std::string& id) {
-    auto lease = store_.Acquire(id, absl::Now());
+    auto lease = store_.Acquire("", id, absl::Now());
     EXPECT_TRUE(lease.ok()) << lease.status();
     return *std::move(lease);
   }
@@ -98,8 +98,8 @@ TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
   ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), b.Callbacks()).ok());
   b.Wait();
   EXPECT_EQ(b.ids, (std::vector<int>{'f', 'g'}));
-  EXPECT_EQ(store_.Get(id)->position, 7);
-  EXPECT_FALSE(store_.Get(id)->busy);
+  EXPECT_EQ(store_.Get("", id)->position, 7);
+  EXPECT_FALSE(store_.Get("", id)->busy);
 }
 
 TEST_F(SchedulerTest, EmptyInputOnEmptySessionIsInvalidAndReturnsTheSession) {
@@ -109,7 +109,7 @@ TEST_F(SchedulerTest, EmptyInputOnEmptySessionIsInvalidAndReturnsTheSession) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("input"), std::string::npos);
-  EXPECT_FALSE(store_.Get(id)->busy);
+  EXPECT_FALSE(store_.Get("", id)->busy);
 }
 
 TEST_F(SchedulerTest, DecodersShareOneStep) {
@@ -165,8 +165,8 @@ TEST_F(SchedulerTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {
   ASSERT_FALSE(full.ok());
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(full.status().message().find("max_queue=1"), std::string::npos);
-  EXPECT_FALSE(store_.Get(b)->busy);  // the rejected lease went back
-  EXPECT_EQ(store_.Get(b)->position, 0);
+  EXPECT_FALSE(store_.Get("", b)->busy);  // the rejected lease went back
+  EXPECT_EQ(store_.Get("", b)->position, 0);
   scheduler_->Drain();
   auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({1}, 1), {});
   EXPECT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
@@ -200,7 +200,7 @@ TEST_F(SchedulerTest, CancelledGenerationKeepsWhatWasDelivered) {
   std::vector<int> expected = {'a'};
   expected.insert(expected.end(), o.ids.begin(), o.ids.end());
   EXPECT_EQ(History(id), expected);
-  EXPECT_EQ(store_.Get(id)->position, static_cast<int64_t>(expected.size()));
+  EXPECT_EQ(store_.Get("", id)->position, static_cast<int64_t>(expected.size()));
 }
 
 TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
@@ -216,7 +216,7 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   EXPECT_TRUE(probe.result.scores[1].has_logprob);
   EXPECT_NEAR(probe.result.scores[1].logprob, std::log(0.9f), 1e-6);  // 6 follows 5
   EXPECT_LT(probe.result.scores[2].logprob, std::log(0.01f));          // 9 does not follow 6
-  EXPECT_EQ(store_.Get(id)->position, 0);
+  EXPECT_EQ(store_.Get("", id)->position, 0);
 
   Outcome commit;
   ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {5, 6}, true, commit.Callbacks()).ok());
@@ -229,7 +229,7 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   ASSERT_EQ(next.result.scores.size(), 1u);
   EXPECT_TRUE(next.result.scores[0].has_logprob);
   EXPECT_NEAR(next.result.scores[0].logprob, std::log(0.9f), 1e-6);
-  EXPECT_EQ(store_.Get(id)->position, 3);
+  EXPECT_EQ(store_.Get("", id)->position, 3);
 }
 
 TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
@@ -252,6 +252,26 @@ TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
   more.Wait();
   EXPECT_EQ(History(id), (std::vector<int>{1, 2, 3, 4}));
   EXPECT_EQ(History(child), (std::vector<int>{1, 2, 3, 4, 50, 51}));
+}
+
+// A fork is made on the engine thread, away from the call that asked for it:
+// it must still belong to the source's owner (the caller), and to nobody else.
+TEST_F(SchedulerTest, ForkBelongsToTheSourcesOwner) {
+  Make();
+  scheduler_->Start();
+  auto info = store_.Create("alice", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto lease = store_.Acquire("alice", info->id, absl::Now());
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  Outcome fork;
+  ASSERT_TRUE(scheduler_->SubmitFork(*std::move(lease), absl::ZeroDuration(), {}, fork.Callbacks()).ok());
+  fork.Wait();
+  ASSERT_TRUE(fork.status.ok()) << fork.status;
+  EXPECT_EQ(fork.result.forked.owner, "alice");
+  EXPECT_TRUE(store_.Get("alice", fork.result.forked.id).ok());
+  EXPECT_EQ(store_.Get("", fork.result.forked.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_.List("alice").size(), 2u);
+  EXPECT_TRUE(store_.List("").empty());
 }
 
 // Regression: a failed memory copy (device out of memory) used to throw on
@@ -277,7 +297,7 @@ TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
   EXPECT_EQ(probe.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(store_.size(), 1);
   EXPECT_EQ(History(id), (std::vector<int>{1, 2, 3, 4}));
-  EXPECT_FALSE(store_.Get(id)->busy);
+  EXPECT_FALSE(store_.Get("", id)->busy);
 }
 
 TEST_F(SchedulerTest, StopTokenAndStopSequence) {
@@ -299,7 +319,7 @@ TEST_F(SchedulerTest, StopTokenAndStopSequence) {
   sb.Wait();
   EXPECT_EQ(sb.result.finish, Finish::kStopSequence);
   EXPECT_EQ(sb.text, "bc");  // never a piece of the stop sequence
-  EXPECT_EQ(store_.Get(b)->position, 6);  // the stop sequence's tokens are history
+  EXPECT_EQ(store_.Get("", b)->position, 6);  // the stop sequence's tokens are history
 }
 
 TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
@@ -316,20 +336,20 @@ TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
   failed.Wait();
   EXPECT_EQ(failed.status.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(History(id), before);
-  EXPECT_FALSE(store_.Get(id)->busy);
+  EXPECT_FALSE(store_.Get("", id)->busy);
 }
 
 TEST_F(SchedulerTest, ThrowAwaySessionIsGoneAfterTheRequest) {
   Make();
   scheduler_->Start();
-  auto lease = store_.CreateAcquired(*engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
+  auto lease = store_.CreateAcquired("", *engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(lease.ok());
   const std::string id = lease->id;
   Outcome o;
   ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), true, Spec({1}, 2), o.Callbacks()).ok());
   o.Wait();
   EXPECT_EQ(o.ids.size(), 2u);
-  EXPECT_EQ(store_.Get(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_.Get("", id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_.size(), 0);
 }
 

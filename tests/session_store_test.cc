@@ -17,7 +17,7 @@ TEST(SessionStoreTest, IdsAreLongRandomAndUnique) {
   SessionStore store({});
   std::set<std::string> ids;
   for (int i = 0; i < 200; ++i) {
-    auto info = store.Create(State(), absl::ZeroDuration(), {}, absl::Now());
+    auto info = store.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
     ASSERT_TRUE(info.ok());
     EXPECT_EQ(info->id.size(), 32u);  // 128 bits, hex
     ids.insert(info->id);
@@ -28,41 +28,41 @@ TEST(SessionStoreTest, IdsAreLongRandomAndUnique) {
 TEST(SessionStoreTest, ClientChosenIdIsKeptAndCannotBeTakenTwice) {
   SessionStore store({});
   const std::string id = "0123456789abcdef0123456789abcdef";
-  auto first = store.Create(State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  auto first = store.Create("", State(), absl::ZeroDuration(), {}, absl::Now(), id);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->id, id);
-  auto again = store.Create(State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  auto again = store.Create("", State(), absl::ZeroDuration(), {}, absl::Now(), id);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(store.size(), 1);
 }
 
 TEST(SessionStoreTest, BusySessionIsAbortedAndUnchanged) {
   SessionStore store({});
-  auto info = store.Create(State(), absl::ZeroDuration(), {{"team", "a"}}, absl::Now());
-  auto lease = store.Acquire(info->id, absl::Now());
+  auto info = store.Create("", State(), absl::ZeroDuration(), {{"team", "a"}}, absl::Now());
+  auto lease = store.Acquire("", info->id, absl::Now());
   ASSERT_TRUE(lease.ok());
-  EXPECT_TRUE(store.Get(info->id)->busy);
-  EXPECT_EQ(store.Acquire(info->id, absl::Now()).status().code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(store.Delete(info->id).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(store.Get("", info->id)->busy);
+  EXPECT_EQ(store.Acquire("", info->id, absl::Now()).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store.Delete("", info->id).code(), absl::StatusCode::kAborted);
   static_cast<testing::FakeSession*>(lease->state.get())->history = {1, 2, 3};
   lease->pending = {4};
   store.Release(*std::move(lease), absl::Now());
-  auto after = store.Get(info->id);
+  auto after = store.Get("", info->id);
   EXPECT_FALSE(after->busy);
   EXPECT_EQ(after->position, 4);
   EXPECT_EQ(after->labels.at("team"), "a");
-  EXPECT_TRUE(store.Delete(info->id).ok());
-  EXPECT_EQ(store.Get(info->id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.Delete(info->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store.Delete("", info->id).ok());
+  EXPECT_EQ(store.Get("", info->id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Delete("", info->id).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(SessionStoreTest, MaxSessionsIsResourceExhausted) {
   SessionStoreConfig config;
   config.max_sessions = 2;
   SessionStore store(config);
-  ASSERT_TRUE(store.Create(State(), absl::ZeroDuration(), {}, absl::Now()).ok());
-  ASSERT_TRUE(store.Create(State(), absl::ZeroDuration(), {}, absl::Now()).ok());
-  auto third = store.Create(State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(store.Create("", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  ASSERT_TRUE(store.Create("", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  auto third = store.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(third.status().message().find("max_sessions=2"), std::string::npos);
 }
@@ -71,27 +71,27 @@ TEST(SessionStoreTest, MemoryBudgetReservesFullWindowsAndFreesThem) {
   SessionStoreConfig config;
   config.memory_budget_bytes = 2 * (9 - 1) * 8;  // two fake sessions of mem_len 9
   SessionStore store(config);
-  auto a = store.Create(State(9), absl::ZeroDuration(), {}, absl::Now());
+  auto a = store.Create("", State(9), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(store.reserved_bytes(), 64);
   EXPECT_EQ(store.memory_bytes(), 0);  // reserved, not yet filled
-  auto b = store.CreateAcquired(State(9), absl::ZeroDuration(), {}, absl::Now());
+  auto b = store.CreateAcquired("", State(9), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(b.ok());
-  auto third = store.Create(State(2), absl::ZeroDuration(), {}, absl::Now());
+  auto third = store.Create("", State(2), absl::ZeroDuration(), {}, absl::Now());
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(third.status().message().find("session_memory_budget=128"), std::string::npos) << third.status();
   EXPECT_EQ(store.size(), 2);
   // Every way out of the store gives the reservation back.
   store.Discard(*std::move(b));
   EXPECT_EQ(store.reserved_bytes(), 64);
-  ASSERT_TRUE(store.Delete(a->id).ok());
+  ASSERT_TRUE(store.Delete("", a->id).ok());
   EXPECT_EQ(store.reserved_bytes(), 0);
   const absl::Time t0 = absl::Now();
-  ASSERT_TRUE(store.Create(State(9), absl::Seconds(1), {}, t0).ok());
-  ASSERT_TRUE(store.Create(State(9), absl::Seconds(1), {}, t0).ok());
+  ASSERT_TRUE(store.Create("", State(9), absl::Seconds(1), {}, t0).ok());
+  ASSERT_TRUE(store.Create("", State(9), absl::Seconds(1), {}, t0).ok());
   EXPECT_EQ(store.ExpireIdle(t0 + absl::Seconds(2)), 2);
   EXPECT_EQ(store.reserved_bytes(), 0);
-  EXPECT_TRUE(store.Create(State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
+  EXPECT_TRUE(store.Create("", State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
 }
 
 TEST(SessionStoreTest, TtlIsBoundedAndIdleSessionsExpire) {
@@ -99,21 +99,113 @@ TEST(SessionStoreTest, TtlIsBoundedAndIdleSessionsExpire) {
   config.default_ttl = absl::Seconds(10);
   config.max_ttl = absl::Seconds(60);
   SessionStore store(config);
-  EXPECT_EQ(store.Create(State(), absl::Seconds(61), {}, absl::Now()).status().code(),
+  EXPECT_EQ(store.Create("", State(), absl::Seconds(61), {}, absl::Now()).status().code(),
             absl::StatusCode::kInvalidArgument);
   const absl::Time t0 = absl::Now();
-  auto short_lived = store.Create(State(), absl::Seconds(5), {}, t0);
-  auto defaulted = store.Create(State(), absl::ZeroDuration(), {}, t0);
-  auto busy = store.Create(State(), absl::Seconds(5), {}, t0);
+  auto short_lived = store.Create("", State(), absl::Seconds(5), {}, t0);
+  auto defaulted = store.Create("", State(), absl::ZeroDuration(), {}, t0);
+  auto busy = store.Create("", State(), absl::Seconds(5), {}, t0);
   EXPECT_EQ(defaulted->idle_ttl, absl::Seconds(10));
-  auto lease = store.Acquire(busy->id, t0);
+  auto lease = store.Acquire("", busy->id, t0);
   EXPECT_EQ(store.ExpireIdle(t0 + absl::Seconds(4)), 0);
   EXPECT_EQ(store.ExpireIdle(t0 + absl::Seconds(6)), 1);  // short_lived; busy is spared
-  EXPECT_FALSE(store.Get(short_lived->id).ok());
-  EXPECT_TRUE(store.Get(busy->id).ok());
+  EXPECT_FALSE(store.Get("", short_lived->id).ok());
+  EXPECT_TRUE(store.Get("", busy->id).ok());
   EXPECT_EQ(store.ExpireIdle(t0 + absl::Seconds(11)), 1);  // defaulted
   store.Release(*std::move(lease), t0 + absl::Seconds(11));
   EXPECT_EQ(store.ExpireIdle(t0 + absl::Seconds(12)), 0);  // last used just now
+}
+
+// Another principal's session must look exactly like an id that does not
+// exist, whatever the call, and the calls must leave it as it was.
+TEST(SessionStoreTest, OtherPrincipalsSessionIsNotFoundEverywhere) {
+  SessionStore store({});
+  const absl::Time t0 = absl::Now();
+  auto mine = store.Create("alice", State(), absl::ZeroDuration(), {{"team", "a"}}, t0);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->owner, "alice");
+  {  // give it some history
+    auto lease = store.Acquire("alice", mine->id, t0);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_EQ(lease->owner, "alice");
+    static_cast<testing::FakeSession*>(lease->state.get())->history = {1, 2};
+    lease->pending = {3};
+    store.Release(*std::move(lease), t0);
+  }
+  const std::string unknown = "0123456789abcdef0123456789abcdef";
+  for (const std::string& other : {std::string("bob"), std::string("")}) {
+    SCOPED_TRACE(other);
+    const absl::Status expected = store.Get(other, unknown).status();
+    ASSERT_EQ(expected.code(), absl::StatusCode::kNotFound);
+    const auto same_as_unknown = [&](const absl::Status& s, const std::string& id) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+      // The message differs from an unknown id's only by the id itself.
+      EXPECT_EQ(s.message(), std::string(expected.message()).replace(expected.message().find(unknown),
+                                                                       unknown.size(), id));
+    };
+    same_as_unknown(store.Get(other, mine->id).status(), mine->id);
+    same_as_unknown(store.Acquire(other, mine->id, t0 + absl::Seconds(5)).status(), mine->id);
+    same_as_unknown(store.Delete(other, mine->id), mine->id);
+    EXPECT_TRUE(store.List(other).empty());
+  }
+  // Even while busy, the others get NOT_FOUND, not ABORTED (which would tell that it exists).
+  auto busy = store.Acquire("alice", mine->id, t0);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_EQ(store.Acquire("bob", mine->id, t0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Delete("bob", mine->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Acquire("alice", mine->id, t0).status().code(), absl::StatusCode::kAborted);
+  store.Release(*std::move(busy), t0);
+  auto after = store.Get("alice", mine->id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->position, 3);
+  EXPECT_EQ(after->last_used, t0);  // the others' attempts did not touch it
+  EXPECT_EQ(after->labels.at("team"), "a");
+  ASSERT_EQ(store.List("alice").size(), 1u);
+  EXPECT_EQ(store.List("alice")[0].id, mine->id);
+  EXPECT_TRUE(store.Delete("alice", mine->id).ok());
+}
+
+TEST(SessionStoreTest, ListShowsEachPrincipalItsOwnSessions) {
+  SessionStore store({});
+  auto a1 = store.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a2 = store.CreateAcquired("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto b1 = store.Create("bob", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto anon = store.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(a1.ok() && a2.ok() && b1.ok() && anon.ok());
+  std::set<std::string> alice;
+  for (const SessionInfo& s : store.List("alice")) alice.insert(s.id);
+  EXPECT_EQ(alice, (std::set<std::string>{a1->id, a2->id}));
+  ASSERT_EQ(store.List("bob").size(), 1u);
+  EXPECT_EQ(store.List("bob")[0].id, b1->id);
+  ASSERT_EQ(store.List("").size(), 1u);
+  EXPECT_EQ(store.List("")[0].id, anon->id);
+  EXPECT_TRUE(store.List("carol").empty());
+  EXPECT_EQ(store.size(), 4);
+}
+
+TEST(SessionStoreTest, PerPrincipalLimitCountsEachPrincipalApart) {
+  SessionStoreConfig config;
+  config.max_sessions_per_principal = 2;
+  SessionStore store(config);
+  auto a1 = store.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a2 = store.CreateAcquired("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  auto a3 = store.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(a3.status().message().find("max_sessions_per_principal=2"), std::string::npos) << a3.status();
+  EXPECT_TRUE(store.Create("bob", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  // Every way out gives the slot back: discard, delete, expiry.
+  store.Discard(*std::move(a2));
+  auto a4 = store.Create("alice", State(), absl::Seconds(1), {}, absl::Now());
+  ASSERT_TRUE(a4.ok()) << a4.status();
+  ASSERT_TRUE(store.Delete("alice", a1->id).ok());
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(store.Create("alice", State(), absl::Seconds(1), {}, t0).ok());
+  EXPECT_EQ(store.Create("alice", State(), absl::ZeroDuration(), {}, t0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.ExpireIdle(t0 + absl::Hours(1)), 3);  // alice's two, and bob's (default ttl 10 min)
+  EXPECT_TRUE(store.Create("alice", State(), absl::ZeroDuration(), {}, t0).ok());
+  EXPECT_TRUE(store.Create("alice", State(), absl::ZeroDuration(), {}, t0).ok());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,104 @@ class ClientCliTest(unittest.TestCase):
         self.assertIn("INVALID_ARGUMENT", r.stderr)
         self.assertIn("sampling.temperature", r.stderr)
         self.assertEqual(self.client("frobnicate").returncode, 2)
+
+
+def make_certificates(directory):
+    """ca.pem, server.{pem,key} for localhost and client.{pem,key}, made with the openssl CLI."""
+    if shutil.which("openssl") is None:
+        raise RuntimeError(
+            "the openssl command-line tool is missing: install the 'openssl' package (scripts/install-deps.sh)")
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    path = lambda name: os.path.join(directory, name)  # noqa: E731
+    with open(path("server.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    with open(path("client.ext"), "w") as f:
+        f.write("extendedKeyUsage=clientAuth\n")
+    steps = [["req", "-x509", *key, "-keyout", path("ca.key"), "-out", path("ca.pem"), "-days", "2",
+              "-subj", "/CN=txl test CA"]]
+    for name in ("server", "client"):
+        steps += [["req", *key, "-keyout", path(name + ".key"), "-out", path(name + ".csr"),
+                   "-subj", "/CN=" + ("localhost" if name == "server" else "txl test client")],
+                  ["x509", "-req", "-in", path(name + ".csr"), "-CA", path("ca.pem"), "-CAkey", path("ca.key"),
+                   "-CAcreateserial", "-out", path(name + ".pem"), "-days", "2", "-extfile", path(name + ".ext")]]
+    for step in steps:
+        subprocess.run(["openssl", *step], check=True, capture_output=True, timeout=60)
+
+
+class ClientCliSecurityTest(unittest.TestCase):
+    """--tls_* and --token / TXL_TOKEN against a server with mutual TLS and bearer tokens."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="txl_cli_sec_")
+        d = cls.tmp.name
+        make_certificates(d)
+        with open(os.path.join(d, "tokens.txt"), "w") as f:
+            f.write("# test tokens\ntok-alice alice\ntok-bob bob\n")
+        cls.server = txl_procs.Server(
+            ARGS.bin_dir, txl_procs.tiny_model(ARGS.bin_dir, d),
+            "--tls_cert", os.path.join(d, "server.pem"), "--tls_key", os.path.join(d, "server.key"),
+            "--tls_client_ca", os.path.join(d, "ca.pem"), "--auth_tokens", os.path.join(d, "tokens.txt"))
+        cls.tls = ["--tls_ca", os.path.join(d, "ca.pem"), "--tls_server_name", "localhost",
+                   "--tls_cert", os.path.join(d, "client.pem"), "--tls_key", os.path.join(d, "client.key")]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.tmp.cleanup()
+
+    def client(self, *args, env_token=None):
+        env = {k: v for k, v in os.environ.items() if k != "TXL_TOKEN"}
+        if env_token is not None:
+            env["TXL_TOKEN"] = env_token
+        return subprocess.run([os.path.join(ARGS.bin_dir, "client", "txl-client"), "--server", self.server.address,
+                               "--timeout", "30"] + list(args), capture_output=True, text=True, env=env, timeout=120)
+
+    def test_token_from_flag_or_environment_flag_wins(self):
+        r = self.client(*self.tls, "--token", "tok-alice", "info")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("n_layer: 2", r.stdout)
+        r = self.client(*self.tls, "info", env_token="tok-alice")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.client(*self.tls, "--token", "tok-alice", "info", env_token="tok-wrong")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.client(*self.tls, "--token", "tok-wrong", "info", env_token="tok-alice")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("UNAUTHENTICATED: invalid bearer token", r.stderr)
+        self.assertNotIn("tok-wrong", r.stderr)
+
+    def test_without_token_unauthenticated_but_health_serves(self):
+        r = self.client(*self.tls, "sessions", "list")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("UNAUTHENTICATED", r.stderr)
+        r = self.client(*self.tls, "health")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "SERVING")
+
+    def test_without_client_certificate_or_tls_unavailable(self):
+        r = self.client(*self.tls[:4], "--token", "tok-alice", "health")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("UNAVAILABLE", r.stderr)
+        r = self.client("--token", "tok-alice", "health")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("UNAVAILABLE", r.stderr)
+        r = self.client(*self.tls[:6], "--token", "tok-alice", "info")
+        self.assertEqual(r.returncode, 2)  # --tls_cert without --tls_key
+        self.assertIn("--tls_cert and --tls_key go together", r.stderr)
+
+    def test_sessions_are_per_principal(self):
+        created = self.client(*self.tls, "--token", "tok-alice", "create")
+        self.assertEqual(created.returncode, 0, created.stderr)
+        sid = created.stdout.strip()
+        self.assertIn(sid, self.client(*self.tls, "--token", "tok-alice", "sessions", "list").stdout)
+        listed = self.client(*self.tls, "--token", "tok-bob", "sessions", "list")
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        self.assertNotIn(sid, listed.stdout)
+        for cmd in (["sessions", "get", sid], ["sessions", "delete", sid], ["--session", sid, "generate", "x"]):
+            r = self.client(*self.tls, "--token", "tok-bob", *cmd)
+            self.assertEqual(r.returncode, 1, cmd)
+            self.assertIn(f"NOT_FOUND: session {sid} not found", r.stderr)
+        self.assertEqual(self.client(*self.tls, "--token", "tok-alice", "sessions", "delete", sid).returncode, 0)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ RUN /tmp/install-deps.sh --runtime && rm -rf /var/lib/apt/lists/* /tmp/install-d
 # Empty unless the build used a downloaded (CUDA) libtorch.
 COPY --from=build /opt/libtorch/lib /opt/libtorch/lib
 ENV LD_LIBRARY_PATH=/opt/libtorch/lib
+# Idle OpenMP workers sleep instead of spinning: spinning made engine steps
+# ~10x slower when the container's cores are shared (docs/PERFORMANCE.md).
+ENV OMP_WAIT_POLICY=PASSIVE
 COPY --from=build /opt/txl-serve /opt/txl-serve
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin txl
 USER 10001

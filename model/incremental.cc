@@ -1,24 +1,27 @@
 #include "model/incremental.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "model/txl_math.h"
 
 namespace txl {
 
 int64_t SessionMemory::bytes() const {
-  int64_t total = 0;
-  for (const auto* list : {&k_, &v_})
-    for (const at::Tensor& t : *list)
-      if (t.defined()) total += t.numel() * t.element_size();
-  return total;
+  if (k_.empty() || !k_[0].defined()) return 0;
+  const at::Tensor& t = k_[0];  // [H, capacity, dh]: what is allocated, not just what is held
+  return 2 * static_cast<int64_t>(k_.size()) * capacity_ * t.size(0) * t.size(2) * t.element_size();
 }
 
 SessionMemory SessionMemory::Clone() const {
   SessionMemory copy(static_cast<int64_t>(k_.size()), mem_len_);
   copy.position_ = position_;
   copy.length_ = length_;
+  copy.capacity_ = capacity_;
   for (size_t l = 0; l < k_.size(); ++l) {
     if (k_[l].defined()) copy.k_[l] = k_[l].clone();
     if (v_[l].defined()) copy.v_[l] = v_[l].clone();
@@ -26,11 +29,206 @@ SessionMemory SessionMemory::Clone() const {
   return copy;
 }
 
+namespace {
+
+// Positions [first, first + n) of a ring [H, capacity, dh] whose slots are
+// p % mem_len, in order, as [n, H, dh] (a view unless they wrap).
+at::Tensor RingRows(const at::Tensor& ring, int64_t mem_len, int64_t first, int64_t n) {
+  const int64_t s = first % mem_len, cap = ring.size(1);
+  if (s + n <= cap) return ring.slice(1, s, s + n).permute({1, 0, 2});
+  return at::cat({ring.slice(1, s, cap), ring.slice(1, 0, s + n - cap)}, 1).permute({1, 0, 2});
+}
+
+// Writes rows [n, H, dh] as positions [first, first + n) of a ring.
+void RingWrite(at::Tensor& ring, int64_t mem_len, int64_t first, const at::Tensor& rows) {
+  const int64_t n = rows.size(0), s = first % mem_len, cap = ring.size(1);
+  const int64_t a = std::min(n, cap - s);
+  ring.slice(1, s, s + a).copy_(rows.slice(0, 0, a).permute({1, 0, 2}));
+  if (a < n) ring.slice(1, 0, n - a).copy_(rows.slice(0, a, n).permute({1, 0, 2}));
+}
+
+// ---- The decode kernel: one query per (session, head), keys read in place.
+// Written with GCC vector extensions; compiled twice (AVX2+FMA and the
+// baseline ISA) and picked at run time.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float V8 __attribute__((vector_size(32)));
+
+__attribute__((always_inline)) inline V8 Load8(const float* p) {
+  V8 r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+
+__attribute__((always_inline)) inline float Sum8(V8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// a.b + c.d over n floats.
+__attribute__((always_inline)) inline float DotPair(const float* a, const float* b, const float* c,
+                                                    const float* d, int64_t n) {
+  V8 acc0 = {}, acc1 = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    acc0 += Load8(a + i) * Load8(b + i);
+    acc1 += Load8(c + i) * Load8(d + i);
+  }
+  float s = Sum8(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i] + c[i] * d[i];
+  return s;
+}
+
+// a.b over n floats.
+__attribute__((always_inline)) inline float Dot(const float* a, const float* b, int64_t n) {
+  V8 acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 += Load8(a + i) * Load8(b + i);
+    acc1 += Load8(a + i + 8) * Load8(b + i + 8);
+    acc2 += Load8(a + i + 16) * Load8(b + i + 16);
+    acc3 += Load8(a + i + 24) * Load8(b + i + 24);
+  }
+  for (; i + 8 <= n; i += 8) acc0 += Load8(a + i) * Load8(b + i);
+  float s = Sum8((acc0 + acc1) + (acc2 + acc3));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y += alpha x over n floats.
+__attribute__((always_inline)) inline void Axpy(float alpha, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  const V8 a = {alpha, alpha, alpha, alpha, alpha, alpha, alpha, alpha};
+  for (; i + 8 <= n; i += 8) {
+    V8 r = Load8(y + i) + a * Load8(x + i);
+    std::memcpy(y + i, &r, sizeof(r));
+  }
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+struct DecodeSession {
+  float* k;  // ring [H, cap, dh] of this layer (null when mem_len == 1)
+  float* v;
+  int64_t cap, mem_len;
+  int64_t position;  // of the new token
+  int64_t length;    // positions held (all attended)
+};
+
+struct DecodeArgs {
+  const DecodeSession* sessions;
+  int64_t batch, H, dh, width;  // width: columns of the score rows
+  const float* qu;       // [B, H, dh]: query + u
+  const float* qv;       // [B, H, dh]: query + v
+  const float* qkv;      // [B, 3, H, dh]
+  const float* rel;      // [H, rel_size, dh]
+  int64_t rel_size;
+  const float* bd;       // null, or [H, B, width]: (q + v) . rel at distance j, precomputed
+  float scale;
+  float* scores;  // [B, H, width]; column c < length: position - length + c; column length: the new token
+  float* out;     // [B, H, dh]
+};
+
+__attribute__((always_inline)) inline void ScoresBody(const DecodeArgs& a, int64_t begin, int64_t end) {
+  const int64_t H = a.H, dh = a.dh;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t b = t / H, h = t % H;
+    const DecodeSession& s = a.sessions[b];
+    const float* qu = a.qu + t * dh;
+    const float* qv = a.qv + t * dh;
+    const float* rel = a.rel + h * a.rel_size * dh;
+    float* row = a.scores + t * a.width;
+    const int64_t L = s.length;
+    int64_t slot = (s.position - L) % s.mem_len;
+    const float* k = s.k + h * s.cap * dh;
+    const float* knew = a.qkv + ((b * 3 + 1) * H + h) * dh;
+    if (a.bd != nullptr) {
+      const float* bd = a.bd + (h * a.batch + b) * a.width;
+      for (int64_t c = 0; c < L; ++c) {
+        row[c] = (Dot(qu, k + slot * dh, dh) + bd[L - c]) * a.scale;
+        if (++slot == s.mem_len) slot = 0;
+      }
+      row[L] = (Dot(qu, knew, dh) + bd[0]) * a.scale;
+    } else {
+      for (int64_t c = 0; c < L; ++c) {
+        row[c] = DotPair(qu, k + slot * dh, qv, rel + (L - c) * dh, dh) * a.scale;
+        if (++slot == s.mem_len) slot = 0;
+      }
+      row[L] = DotPair(qu, knew, qv, rel, dh) * a.scale;
+    }
+    for (int64_t c = L + 1; c < a.width; ++c) row[c] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+__attribute__((always_inline)) inline void ValuesBody(const DecodeArgs& a, int64_t begin, int64_t end) {
+  const int64_t H = a.H, dh = a.dh;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t b = t / H, h = t % H;
+    const DecodeSession& s = a.sessions[b];
+    const float* prob = a.scores + t * a.width;
+    float* out = a.out + t * dh;
+    std::fill(out, out + dh, 0.0f);
+    const int64_t L = s.length;
+    int64_t slot = (s.position - L) % s.mem_len;
+    const float* v = s.v + h * s.cap * dh;
+    const float* knew = a.qkv + ((b * 3 + 1) * H + h) * dh;
+    const float* vnew = a.qkv + ((b * 3 + 2) * H + h) * dh;
+    if (dh == 64) {  // the common head size: the sum stays in registers
+      V8 acc[8] = {};
+      auto add = [&](float p, const float* x) {
+        const V8 pv = {p, p, p, p, p, p, p, p};
+        for (int i = 0; i < 8; ++i) acc[i] += pv * Load8(x + 8 * i);
+      };
+      for (int64_t c = 0; c < L; ++c) {
+        add(prob[c], v + slot * 64);
+        if (++slot == s.mem_len) slot = 0;
+      }
+      add(prob[L], vnew);
+      std::memcpy(out, acc, sizeof(acc));
+    } else {
+      for (int64_t c = 0; c < L; ++c) {
+        Axpy(prob[c], v + slot * dh, out, dh);
+        if (++slot == s.mem_len) slot = 0;
+      }
+      Axpy(prob[L], vnew, out, dh);
+    }
+    // Store the new key and value in the slot of the position that left the
+    // window (never one of the held positions, so a failed step changes nothing).
+    if (s.mem_len > 1) {
+      const int64_t at = h * s.cap * dh + (s.position % s.mem_len) * dh;
+      std::memcpy(s.k + at, knew, dh * sizeof(float));
+      std::memcpy(s.v + at, vnew, dh * sizeof(float));
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void ScoresAvx2(const DecodeArgs& a, int64_t b, int64_t e) {
+  ScoresBody(a, b, e);
+}
+__attribute__((target("avx2,fma"))) void ValuesAvx2(const DecodeArgs& a, int64_t b, int64_t e) {
+  ValuesBody(a, b, e);
+}
+void ScoresPlain(const DecodeArgs& a, int64_t b, int64_t e) { ScoresBody(a, b, e); }
+void ValuesPlain(const DecodeArgs& a, int64_t b, int64_t e) { ValuesBody(a, b, e); }
+#pragma GCC diagnostic pop
+
+constexpr int64_t kBatchedPositionTerm = 4;
+
+bool HasAvx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+}  // namespace
+
 // A session's memory as it evolves during one step; committed at the end.
+// k[l] / v[l] are undefined until a pass replaces the memory (then
+// [length, H, dh], the held positions in order); until then the memory is
+// read from the session's ring.
 struct IncrementalModel::Pending {
   SessionMemory* memory;
   int64_t length;
+  int64_t position;
   std::vector<at::Tensor> k, v;
+  bool replaced() const { return !k.empty() && k[0].defined(); }
 };
 
 IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -43,9 +241,36 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
   at::Tensor pos = PositionEmbedding(
       weights_, ClampedDistances(config_, size, at::TensorOptions().device(device_)));
   rel_k_.clear();
-  for (const LayerWeights& L : weights_.layers)
+  rel_kt_.clear();
+  for (const LayerWeights& L : weights_.layers) {
     rel_k_.push_back(at::linear(pos, L.r_w).view({size, config_.n_head, config_.d_head}));
+    rel_kt_.push_back(rel_k_.back().permute({1, 0, 2}).contiguous());
+  }
   rel_size_ = size;
+}
+
+// Grows a session's rings to hold `needed` slots (at most mem_len), keeping
+// their contents. Growth jumps to mem_len once past half of it, so a session
+// filled by a prefill is allocated once.
+void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
+  if (needed <= m->capacity_) return;
+  const int64_t M = m->mem_len_;
+  int64_t cap = std::max(needed, std::min(M, 2 * m->capacity_));
+  if (2 * cap > M) cap = M;
+  const auto opts = weights_.layers[0].qkv_w.options();
+  const int64_t n = static_cast<int64_t>(m->k_.size());
+  std::vector<at::Tensor> k(n), v(n);
+  for (int64_t l = 0; l < n; ++l) {
+    k[l] = at::empty({config_.n_head, cap, config_.d_head}, opts);
+    v[l] = at::empty({config_.n_head, cap, config_.d_head}, opts);
+    if (m->capacity_ > 0) {  // not wrapped yet: slot == position
+      k[l].slice(1, 0, m->capacity_).copy_(m->k_[l]);
+      v[l].slice(1, 0, m->capacity_).copy_(m->v_[l]);
+    }
+  }
+  m->k_.swap(k);
+  m->v_.swap(v);
+  m->capacity_ = cap;
 }
 
 at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
@@ -53,14 +278,21 @@ at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
   pending.reserve(items.size());
   int64_t max_n = 0;
   for (StepItem& item : items) {
-    pending.push_back({item.memory, item.memory->length_, item.memory->k_, item.memory->v_});
-    max_n = std::max<int64_t>(max_n, item.tokens.size());
+    SessionMemory* m = item.memory;
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    // Room for every position the step will hold (contents kept: invisible).
+    if (n > 0 && m->mem_len_ > 1) Reserve(m, std::min(m->mem_len_, m->position_ + n));
+    pending.push_back({m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()),
+                       std::vector<at::Tensor>(m->v_.size())});
+    max_n = std::max(max_n, n);
   }
+  const bool can_decode = device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat;
   std::vector<std::vector<at::Tensor>> parts(items.size());
   for (int64_t start = 0; start < max_n; start += kPassTokens) {
     std::vector<Pending*> batch;
     std::vector<std::vector<int64_t>> tokens;
     std::vector<size_t> which;
+    bool decode = can_decode;
     for (size_t i = 0; i < items.size(); ++i) {
       const auto& t = items[i].tokens;
       const int64_t n = static_cast<int64_t>(t.size());
@@ -68,27 +300,118 @@ at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
       batch.push_back(&pending[i]);
       tokens.emplace_back(t.begin() + start, t.begin() + std::min(n, start + kPassTokens));
       which.push_back(i);
+      decode = decode && tokens.back().size() == 1 && !pending[i].replaced();
     }
-    at::Tensor hidden = Pass(batch, tokens);
+    at::Tensor hidden = decode ? DecodePass(batch, tokens) : Pass(batch, tokens);
     int64_t offset = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       const int64_t n = static_cast<int64_t>(tokens[b].size());
       parts[which[b]].push_back(hidden.slice(0, offset, offset + n));
       offset += n;
+      batch[b]->position += n;
     }
   }
-  // Commit: nothing above touched the sessions.
+  // Commit: nothing above touched the positions the sessions hold.
   std::vector<at::Tensor> all;
   for (size_t i = 0; i < items.size(); ++i) {
     SessionMemory* mem = items[i].memory;
-    mem->k_ = std::move(pending[i].k);
-    mem->v_ = std::move(pending[i].v);
-    mem->length_ = pending[i].length;
-    mem->position_ += static_cast<int64_t>(items[i].tokens.size());
-    for (at::Tensor& p : parts[i]) all.push_back(std::move(p));
+    Pending& p = pending[i];
+    if (p.replaced()) {
+      for (size_t l = 0; l < p.k.size(); ++l) {
+        RingWrite(mem->k_[l], mem->mem_len_, p.position - p.length, p.k[l]);
+        RingWrite(mem->v_[l], mem->mem_len_, p.position - p.length, p.v[l]);
+      }
+    }
+    mem->length_ = p.length;
+    mem->position_ = p.position;
+    for (at::Tensor& t : parts[i]) all.push_back(std::move(t));
   }
   if (all.empty()) return at::empty({0, config_.d_model}, at::TensorOptions().device(device_));
   return all.size() == 1 ? all[0] : at::cat(all, 0);
+}
+
+at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
+                                        const std::vector<std::vector<int64_t>>& tokens) {
+  const ModelConfig& c = config_;
+  const int64_t B = static_cast<int64_t>(batch.size()), H = c.n_head, dh = c.d_head;
+  std::vector<int64_t> flat(B);
+  int64_t width = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    flat[b] = tokens[b][0];
+    width = std::max(width, batch[b]->length + 1);
+  }
+  EnsureRelTable(width);
+  at::Tensor x = Embed(c, weights_, at::tensor(flat, at::TensorOptions().dtype(at::kLong)));  // [B, d]
+  const auto fopt = x.options();
+  at::Tensor scores = at::empty({B, H, width}, fopt);
+  at::Tensor vec = at::empty({B, H * dh}, fopt);
+  std::vector<DecodeSession> sessions(B);
+  DecodeArgs args;
+  args.sessions = sessions.data();
+  args.batch = B;
+  args.H = H;
+  args.bd = nullptr;
+  args.dh = dh;
+  args.width = width;
+  args.rel_size = rel_size_;
+  args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)));
+  args.scores = scores.data_ptr<float>();
+  args.out = vec.data_ptr<float>();
+  // One row: matrix-vector products. (linear() on one row runs a GEMM that
+  // packs the whole weight matrix first: about 2x the memory traffic.)
+  auto Linear = [B](const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias) {
+    if (B != 1) return at::linear(in, w, bias);
+    at::Tensor y = bias.defined() ? at::addmv(bias, w, in.view({in.size(-1)})) : at::mv(w, in.view({in.size(-1)}));
+    return y.unsqueeze(0);
+  };
+  const bool avx2 = HasAvx2();
+  const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    for (int64_t b = 0; b < B; ++b) {
+      SessionMemory* m = batch[b]->memory;
+      const bool ring = m->mem_len_ > 1;
+      sessions[b] = {ring ? m->k_[l].data_ptr<float>() : nullptr, ring ? m->v_[l].data_ptr<float>() : nullptr,
+                     m->capacity_, m->mem_len_, batch[b]->position, batch[b]->length};
+    }
+    at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
+    at::Tensor qkv = Linear(h, L.qkv_w, at::Tensor()).contiguous();  // [B, 3H dh]
+    at::Tensor q = qkv.view({B, 3, H, dh}).select(1, 0);
+    at::Tensor qu = (q + weights_.u(c, l)).contiguous(), qv = (q + weights_.v(c, l)).contiguous();
+    args.qu = qu.data_ptr<float>();
+    args.qv = qv.data_ptr<float>();
+    args.qkv = qkv.data_ptr<float>();
+    args.rel = rel_kt_[l].data_ptr<float>();
+    // Several sessions: the position term for all of them in one GEMM per
+    // head, so the relative-position table is read once, not once per session.
+    at::Tensor bd;
+    if (B >= kBatchedPositionTerm) {
+      bd = at::bmm(qv.transpose(0, 1), rel_kt_[l].slice(1, 0, width).transpose(1, 2)).contiguous();
+      args.bd = bd.data_ptr<float>();
+    }
+    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
+      avx2 ? ScoresAvx2(args, begin, end) : ScoresPlain(args, begin, end);
+    });
+    at::Tensor prob = at::softmax(scores, -1);
+    args.scores = prob.data_ptr<float>();
+    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
+      avx2 ? ValuesAvx2(args, begin, end) : ValuesPlain(args, begin, end);
+    });
+    args.scores = scores.data_ptr<float>();
+    at::Tensor out = Linear(vec, L.o_w, at::Tensor());
+    x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
+    // FeedForward (txl_math.h), with the same Linear.
+    auto core = [&](const at::Tensor& in) {
+      return Linear(at::relu(Linear(in, L.ff1_w, L.ff1_b)), L.ff2_w, L.ff2_b);
+    };
+    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t M = batch[b]->memory->mem_len_;
+    batch[b]->length = std::min(M - 1, batch[b]->length + 1);
+  }
+  return x;
 }
 
 at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
@@ -116,6 +439,14 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
   const int64_t D = std::min(Kmax, maxM);  // distances that can be attended
   EnsureRelTable(D);
 
+  // The held positions of session b in layer l, in order, [m_b, H, dh].
+  auto held = [&](int64_t b, int64_t l, bool key) -> at::Tensor {
+    const Pending* p = batch[b];
+    if (p->replaced()) return key ? p->k[l] : p->v[l];
+    const SessionMemory* s = p->memory;
+    return RingRows(key ? s->k_[l] : s->v_[l], s->mem_len_, p->position - p->length, p->length);
+  };
+
   const auto lopt = at::TensorOptions().dtype(at::kLong);
   auto to_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, lopt).to(device_); };
   at::Tensor x = Embed(c, weights_, to_dev(flat));  // [T, d]
@@ -135,26 +466,51 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
   at::Tensor row_idx = uniform ? at::Tensor() : to_dev(rows);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
 
+  // Where the new keys/values fit in free ring slots (the span from the
+  // oldest committed position to the newest new one is at most mem_len), they
+  // are written in place, never over a committed position; otherwise the
+  // pass builds the new held memory aside and the commit installs it.
+  std::vector<char> in_place(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const Pending* p = batch[b];
+    const SessionMemory* s = p->memory;
+    in_place[b] = !p->replaced() && (p->position + n[b]) - (s->position_ - s->length_) <= M[b];
+  }
+  // New layer memories; installed in the pending states after the last layer
+  // (held() reads the old ones until then).
+  std::vector<std::vector<at::Tensor>> new_k(B, std::vector<at::Tensor>(c.n_layer)),
+      new_v(B, std::vector<at::Tensor>(c.n_layer));
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
     at::Tensor qkv = at::linear(h, L.qkv_w).view({T, 3, H, dh});
     at::Tensor q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);
+    {
+      int64_t offset = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        if (in_place[b] && M[b] > 1) {
+          SessionMemory* s = batch[b]->memory;
+          RingWrite(s->k_[l], M[b], batch[b]->position, k.slice(0, offset, offset + n[b]));
+          RingWrite(s->v_[l], M[b], batch[b]->position, v.slice(0, offset, offset + n[b]));
+        }
+        offset += n[b];
+      }
+    }
 
     at::Tensor Qp = uniform ? q.reshape({B, N, H, dh})
                             : at::zeros({B * N, H, dh}, fopt).index_copy_(0, row_idx, q).view({B, N, H, dh});
     at::Tensor Kp, Vp;
     if (B == 1) {
-      Kp = (m[0] > 0 ? at::cat({batch[0]->k[l], k}, 0) : k.contiguous()).unsqueeze(0);
-      Vp = (m[0] > 0 ? at::cat({batch[0]->v[l], v}, 0) : v.contiguous()).unsqueeze(0);
+      Kp = (m[0] > 0 ? at::cat({held(0, l, true), k}, 0) : k.contiguous()).unsqueeze(0);
+      Vp = (m[0] > 0 ? at::cat({held(0, l, false), v}, 0) : v.contiguous()).unsqueeze(0);
     } else {
       Kp = at::zeros({B, Kmax, H, dh}, fopt);
       Vp = at::zeros({B, Kmax, H, dh}, fopt);
       int64_t offset = 0;
       for (int64_t b = 0; b < B; ++b) {
         if (m[b] > 0) {
-          Kp[b].slice(0, 0, m[b]).copy_(batch[b]->k[l]);
-          Vp[b].slice(0, 0, m[b]).copy_(batch[b]->v[l]);
+          Kp[b].slice(0, 0, m[b]).copy_(held(b, l, true));
+          Vp[b].slice(0, 0, m[b]).copy_(held(b, l, false));
         }
         Kp[b].slice(0, m[b], K[b]).copy_(k.slice(0, offset, offset + n[b]));
         Vp[b].slice(0, m[b], K[b]).copy_(v.slice(0, offset, offset + n[b]));
@@ -177,17 +533,18 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
     // The window needs mem_len - 1 earlier keys; keep exactly those.
     for (int64_t b = 0; b < B; ++b) {
       const int64_t keep = std::min(M[b] - 1, K[b]);
-      Pending* p = batch[b];
-      if (keep <= 0) {
-        p->k[l] = at::Tensor();
-        p->v[l] = at::Tensor();
-      } else {
-        p->k[l] = Kp[b].slice(0, K[b] - keep, K[b]).clone();
-        p->v[l] = Vp[b].slice(0, K[b] - keep, K[b]).clone();
+      if (keep > 0 && !in_place[b]) {
+        new_k[b][l] = Kp[b].slice(0, K[b] - keep, K[b]).clone();
+        new_v[b][l] = Vp[b].slice(0, K[b] - keep, K[b]).clone();
       }
     }
   }
-  for (int64_t b = 0; b < B; ++b) batch[b]->length = std::max<int64_t>(0, std::min(M[b] - 1, K[b]));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t keep = std::max<int64_t>(0, std::min(M[b] - 1, K[b]));
+    batch[b]->length = keep;
+    batch[b]->k = std::move(new_k[b]);
+    batch[b]->v = std::move(new_v[b]);
+  }
   return x;
 }
 

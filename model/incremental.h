@@ -20,6 +20,14 @@
 namespace txl {
 
 // One session's memory. Not thread-safe; owned by whoever owns the session.
+//
+// Layout: per layer, keys and values live in ring buffers [H, capacity, dh]
+// where position p occupies slot p % mem_len. The capacity grows (with
+// copies) until it reaches mem_len, and then stays: a decode step writes its
+// new key and value in place into the slot of the position that just left the
+// window, so a full session never reallocates or copies its memory. (One slot
+// more than the mem_len - 1 held positions, so that a step's new key never
+// overwrites a key that step still attends.)
 class SessionMemory {
  public:
   SessionMemory(int64_t n_layer, int64_t mem_len) : mem_len_(mem_len), k_(n_layer), v_(n_layer) {}
@@ -27,7 +35,8 @@ class SessionMemory {
   int64_t mem_len() const { return mem_len_; }
   int64_t position() const { return position_; }  // tokens in the history
   int64_t length() const { return length_; }       // positions held
-  int64_t bytes() const;
+  int64_t bytes() const;                           // allocated: capacity slots in every layer
+  int64_t capacity() const { return capacity_; }   // ring slots per layer
   SessionMemory Clone() const;  // deep copy (fork)
 
  private:
@@ -35,7 +44,8 @@ class SessionMemory {
   int64_t mem_len_;
   int64_t position_ = 0;
   int64_t length_ = 0;
-  std::vector<at::Tensor> k_, v_;  // per layer [length, H, dh]; undefined while empty
+  int64_t capacity_ = 0;  // < mem_len only while position_ <= capacity_ (no wrap yet)
+  std::vector<at::Tensor> k_, v_;  // per layer [H, capacity, dh]; undefined while capacity is 0
 };
 
 struct StepItem {
@@ -65,12 +75,16 @@ class IncrementalModel {
  private:
   struct Pending;  // a session's memory being built during a step
   at::Tensor Pass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  // One token per session, memories read and written in place (CPU, float).
+  at::Tensor DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  void Reserve(SessionMemory* memory, int64_t needed) const;
   void EnsureRelTable(int64_t distances);
 
   ModelConfig config_;
   TxlWeights weights_;
   at::Device device_;
-  std::vector<at::Tensor> rel_k_;  // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
+  std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
+  std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous (decode kernel)
   int64_t rel_size_ = 0;
 };
 

@@ -93,7 +93,10 @@ absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t 
 
 int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
   const int64_t element = model_->weights().emb_layers[0].element_size();
-  return config_.n_layer * 2 * std::max<int64_t>(0, mem_len - 1) * config_.n_head * config_.d_head * element;
+  // A full ring: mem_len slots (the mem_len - 1 positions held plus the slot
+  // a step writes before it drops the oldest); a window of 1 holds nothing.
+  const int64_t slots = mem_len > 1 ? mem_len : 0;
+  return config_.n_layer * 2 * slots * config_.n_head * config_.d_head * element;
 }
 
 absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {

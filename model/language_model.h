@@ -74,8 +74,9 @@ class LanguageModel {
 
   // mem_len: the session's attention window (>= 1).
   absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) const;
-  // Bytes a session's memory holds once its window is full: keys and values
-  // of mem_len - 1 positions in every layer. Admission control reserves it.
+  // Bytes a session's memory takes once its window is full: keys and values
+  // of mem_len ring slots in every layer (mem_len - 1 positions held, one
+  // slot to write into). Admission control reserves it.
   int64_t FullMemoryBytes(int64_t mem_len) const;
 
   // Advances every input's session by its tokens, in one batched forward

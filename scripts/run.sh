@@ -11,7 +11,8 @@ MODEL=${MODEL:-model/bundled/shakespeare_char.pt}
 LISTEN=${LISTEN:-127.0.0.1:50051}
 PROMPT=${PROMPT:-$'ROMEO:\n'}
 
-"$BUILD_DIR/server/txl-server" --model "$MODEL" --listen "$LISTEN" --metrics_listen 127.0.0.1:9464 &
+# Idle OpenMP workers sleep instead of spinning (docs/PERFORMANCE.md).
+OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} "$BUILD_DIR/server/txl-server" --model "$MODEL" --listen "$LISTEN" --metrics_listen 127.0.0.1:9464 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do

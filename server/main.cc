@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -134,6 +135,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(std::
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("txl-server [--model M.pt] [--listen HOST:PORT] [--device cpu|cuda] ...");
   absl::ParseCommandLine(argc, argv);
+  // libgomp reads this once, when it loads, so only the launcher can set it.
+  // Spinning workers made an engine step ~10x slower on busy shared cores
+  // (docs/PERFORMANCE.md); the Dockerfile and scripts/run.sh set PASSIVE.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    std::cerr << "txl-server: OMP_WAIT_POLICY is not set; on shared or busy cores set "
+                 "OMP_WAIT_POLICY=PASSIVE (docs/PERFORMANCE.md)"
+              << std::endl;
+  }
 
   // Signals go to the waiting thread below, not to whichever thread runs.
   sigset_t signals;

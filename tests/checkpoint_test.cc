@@ -252,7 +252,8 @@ TEST_F(LanguageModelTest, FullMemoryBytesIsWhatAFullWindowHolds) {
   EXPECT_EQ(s->memory_tokens(), 5);
   EXPECT_EQ(s->memory_bytes(), model->FullMemoryBytes(6));
   EXPECT_EQ(model->FullMemoryBytes(6),
-            config_.n_layer * 2 * 5 * config_.n_head * config_.d_head * static_cast<int64_t>(sizeof(float)));
+            config_.n_layer * 2 * 6 * config_.n_head * config_.d_head * static_cast<int64_t>(sizeof(float)));
+  EXPECT_EQ(model->FullMemoryBytes(1), 0);
 }
 
 }  // namespace

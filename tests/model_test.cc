@@ -117,7 +117,8 @@ TEST(IncrementalTest, MemoryHoldsMemLenMinusOnePositions) {
   FeedInChunks(model, mem, RandomTokens(30, c.n_token, 2), 4);
   EXPECT_EQ(mem.position(), 35);
   EXPECT_EQ(mem.length(), c.mem_len - 1);
-  EXPECT_EQ(mem.bytes(), 2 * c.n_layer * (c.mem_len - 1) * c.n_head * c.d_head * 4);
+  // Allocated: mem_len ring slots (the held positions plus the one a step writes into).
+  EXPECT_EQ(mem.bytes(), 2 * c.n_layer * c.mem_len * c.n_head * c.d_head * 4);
 }
 
 TEST(IncrementalTest, CloneDivergesIndependently) {
@@ -145,6 +146,95 @@ TEST(IncrementalTest, EmptyInputsAdvanceNothing) {
   EXPECT_EQ(h.size(0), 3);
   EXPECT_EQ(a.position(), 0);
   EXPECT_EQ(b.position(), 3);
+}
+
+// Memory layout (ring buffers, slot = position % mem_len, grown until
+// mem_len): decoding one token at a time writes keys in place; across every
+// growth and many wraps it must agree with feeding the history at once.
+TEST(IncrementalTest, RingGrowthAndWrapsMatchOneShotFeed) {
+  ModelConfig c = testing::SmallConfig();
+  IncrementalModel model(c, TestWeights(c, 6), at::kCPU);
+  const int64_t window = 37;  // odd, so the wrap point moves around
+  const auto tokens = RandomTokens(5 * window + 3, c.n_token, 21);
+  SessionMemory ones(c.n_layer, window), whole(c.n_layer, window);
+  at::Tensor a = FeedInChunks(model, ones, tokens, 1);
+  at::Tensor b = FeedInChunks(model, whole, tokens, tokens.size());
+  EXPECT_LT(MaxAbsDiff(a, b), 1e-5);
+  EXPECT_EQ(ones.capacity(), window);
+  EXPECT_EQ(ones.length(), window - 1);
+  EXPECT_EQ(ones.bytes(), whole.bytes());
+  // Then both continue with mixed chunks; still the same.
+  const auto more = RandomTokens(50, c.n_token, 22);
+  EXPECT_LT(MaxAbsDiff(FeedInChunks(model, ones, more, 3), FeedInChunks(model, whole, more, 1)), 1e-5);
+}
+
+// A fork of a wrapped session decodes in place in its own buffers: the fork
+// and the original, fed the same tokens, agree, and feeding one leaves the
+// other's later results unchanged.
+TEST(IncrementalTest, ForkOfWrappedSessionDecodesIndependently) {
+  ModelConfig c = testing::SmallConfig();
+  IncrementalModel model(c, TestWeights(c, 8), at::kCPU);
+  SessionMemory original(c.n_layer, c.mem_len);
+  FeedInChunks(model, original, RandomTokens(3 * c.mem_len + 5, c.n_token, 1), 1);
+  SessionMemory fork = original.Clone();
+  FeedInChunks(model, fork, RandomTokens(7, c.n_token, 2), 1);  // diverges in place
+  SessionMemory fork2 = original.Clone();
+  const auto same = RandomTokens(9, c.n_token, 3);
+  EXPECT_LT(MaxAbsDiff(FeedInChunks(model, original, same, 1), FeedInChunks(model, fork2, same, 9)), 1e-5);
+}
+
+// One step mixing an input longer than a pass with single-token decodes
+// (the long one's second pass reads the memory its first pass built).
+TEST(IncrementalTest, LongInputBesideDecodesMatchesAlone) {
+  ModelConfig c = testing::SmallConfig();
+  IncrementalModel model(c, TestWeights(c, 2), at::kCPU);
+  const int64_t n_long = IncrementalModel::kPassTokens + 2;
+  SessionMemory a(c.n_layer, c.mem_len), b(c.n_layer, 5), a_alone(c.n_layer, c.mem_len), b_alone(c.n_layer, 5);
+  const auto pa = RandomTokens(30, c.n_token, 4), pb = RandomTokens(11, c.n_token, 5);
+  FeedInChunks(model, a, pa, 30);
+  FeedInChunks(model, a_alone, pa, 30);
+  FeedInChunks(model, b, pb, 11);
+  FeedInChunks(model, b_alone, pb, 11);
+  const auto la = RandomTokens(n_long, c.n_token, 6);
+  const std::vector<int64_t> lb = {7};
+  std::vector<StepItem> items = {{&b, lb}, {&a, la}};
+  at::Tensor got = LogProbs(c, model.weights(), model.Step(absl::MakeSpan(items)));
+  at::Tensor want = at::cat({FeedInChunks(model, b_alone, lb, 1), FeedInChunks(model, a_alone, la, 1)}, 0);
+  EXPECT_LT(MaxAbsDiff(got, want), 1e-5);
+  const auto next = RandomTokens(4, c.n_token, 7);
+  EXPECT_LT(MaxAbsDiff(FeedInChunks(model, a, next, 1), FeedInChunks(model, a_alone, next, 4)), 1e-5);
+}
+
+// Batched single-token steps (the decode kernel; from 4 sessions on, the
+// position term of all sessions is one GEMM) agree with each session alone,
+// with windows full, filling and wrapping.
+TEST(IncrementalTest, BatchedDecodeStepsMatchAlone) {
+  ModelConfig c = testing::Variants()[4].config;  // untied biases
+  IncrementalModel model(c, TestWeights(c, 12), at::kCPU);
+  const std::vector<int64_t> history = {0, 3, 11, 40, 25, 7}, window = {12, 5, 12, 9, 30, 1};
+  std::vector<SessionMemory> alone, batched;
+  for (size_t b = 0; b < history.size(); ++b) {
+    alone.emplace_back(c.n_layer, window[b]);
+    batched.emplace_back(c.n_layer, window[b]);
+    const auto prefix = RandomTokens(history[b], c.n_token, 300 + b);
+    if (prefix.empty()) continue;
+    FeedInChunks(model, alone[b], prefix, 4);
+    FeedInChunks(model, batched[b], prefix, 4);
+  }
+  double worst = 0;
+  for (int step = 0; step < 20; ++step) {
+    std::vector<StepItem> items;
+    std::vector<at::Tensor> expected;
+    for (size_t b = 0; b < history.size(); ++b) {
+      const std::vector<int64_t> tok = {(step * 7 + static_cast<int64_t>(b) * 5) % c.n_token};
+      expected.push_back(FeedInChunks(model, alone[b], tok, 1));
+      items.push_back({&batched[b], tok});
+    }
+    at::Tensor got = LogProbs(c, model.weights(), model.Step(absl::MakeSpan(items)));
+    worst = std::max(worst, MaxAbsDiff(got, at::cat(expected, 0)));
+  }
+  EXPECT_LT(worst, 1e-5);
+  for (size_t b = 0; b < history.size(); ++b) EXPECT_EQ(batched[b].length(), alone[b].length());
 }
 
 TEST(TrainingFormTest, SameLengthFalseSeesTheWholeMemory) {

@@ -489,8 +489,8 @@ TEST(ServerLimitsTest, MaxSessionsIsResourceExhausted) {
 }
 
 TEST(ServerLimitsTest, MemoryBudgetAdmitsFullWindowsOnly) {
-  // Model of ModelPath(): 2 layers x 2 heads x 16, float32; mem_len 24 holds 23 positions of K and V.
-  const int64_t full = 2 * 2 * 23 * 2 * 16 * 4;
+  // Model of ModelPath(): 2 layers x 2 heads x 16, float32; mem_len 24 takes 24 ring slots of K and V.
+  const int64_t full = 2 * 2 * 24 * 2 * 16 * 4;
   auto server = StartServer({"--session_memory_budget=" + std::to_string(2 * full + full / 2)});
   ASSERT_NE(server, nullptr);
   auto c = Connect(*server);

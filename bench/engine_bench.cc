@@ -1,0 +1,618 @@
+// engine_bench: the engine's incremental step against the ways the original
+// code would serve the same prediction, measured in one run. Every figure is
+// a ratio of two interleaved measurements (A B A B ...; each repetition times
+// a batch of steps; the median over repetitions is reported); absolute times
+// are printed for reference only.
+//   engine_bench --shape base --threads 2 --reps 5 --json out.json
+//   engine_bench --quick --shape small        (CI: checks that it works)
+//
+// P1   one session, one token per step, 800 positions of memory: engine step
+//      vs (b) hidden-state memory (TrainingForward with mems, keys/values of
+//      the whole memory projected again every step) + the output softmax.
+// P1f  engine step vs the bandwidth floor: bytes that must be read per step
+//      (weights touched by one token + the session's K/V) / measured bandwidth.
+// P2   engine step vs (a) recompute: the whole window through the model with
+//      no memory, at attention windows 800 and 3800.
+// P3   aggregate tokens/s, 32 sessions in one step vs 1 session.
+// P5   resident bytes per session (RSS growth) vs memory_bytes() per session.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/cuda.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "model/checkpoint.h"
+#include "model/language_model.h"
+#include "model/tokenizer.h"
+#include "model/training_forward.h"
+#include "model/txl_math.h"
+#include "model/weights.h"
+#include "nlohmann/json.hpp"
+
+#ifndef TXL_BUNDLED_MODEL
+#define TXL_BUNDLED_MODEL ""
+#endif
+
+ABSL_FLAG(std::string, shape, "base", "base (random 12-layer d512 model) or small (the bundled model)");
+ABSL_FLAG(std::string, model, "", "checkpoint for --shape small (default: the bundled model)");
+ABSL_FLAG(int, threads, 2, "intra-op threads (model and bandwidth probe alike)");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
+ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
+ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
+ABSL_FLAG(int, sessions, 32, "concurrent sessions for P3 and P5");
+ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3): for profiling");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using txl::LanguageModel;
+using txl::SessionState;
+using txl::StepInput;
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::cerr << "engine_bench: " << what << "\n";
+  std::exit(1);
+}
+
+template <typename T>
+T Must(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Fail(absl::StrCat(what, ": ", v.status().ToString()));
+  return *std::move(v);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int64_t RssBytes() {
+  std::ifstream f("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+std::string CpuModel() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+struct Sizes {
+  int64_t mem = 800;                      // memory positions for P1 / P3 / P5
+  std::vector<int64_t> windows = {800, 3800};  // attention windows for P2
+  int sessions = 32;
+  int reps = 5;
+  // Steps per timed batch.
+  int engine_batch = 20, baseline_batch = 3, multi_batch = 5;
+};
+
+// One measured pair; per-repetition times are seconds per unit (step or token).
+struct Row {
+  std::string id, measurement, a_name, b_name, unit;
+  double a = 0, b = 0, ratio = 0, target = 0;
+  bool at_least = true;  // target is a lower bound on the ratio
+  std::vector<double> a_reps, b_reps;
+  nlohmann::json extra = nlohmann::json::object();
+  bool met() const { return at_least ? ratio >= target : ratio <= target; }
+};
+
+// Runs A and B alternately, `reps` times each; returns the per-rep values.
+void Interleave(int reps, const std::function<double()>& a, const std::function<double()>& b,
+                std::vector<double>* a_out, std::vector<double>* b_out) {
+  for (int r = 0; r < reps; ++r) {
+    a_out->push_back(a());
+    b_out->push_back(b());
+  }
+}
+
+class Bench {
+ public:
+  Bench(const std::string& path, const std::string& device, int threads, Sizes sizes)
+      : sizes_(std::move(sizes)), device_(device), cuda_(device != "cpu") {
+    txl::LanguageModelOptions o;
+    o.path = path;
+    o.device = device;
+    o.threads = threads;
+    lm_ = Must(LanguageModel::Create(o), "loading " + path);
+    txl::Checkpoint ckpt = Must(txl::LoadCheckpoint(path), "loading " + path);
+    config_ = ckpt.config;
+    weights_ = ckpt.weights->To(at::Device(device));
+  }
+
+  const txl::ModelConfig& config() const { return config_; }
+
+  void Sync() const {
+    if (cuda_) torch::cuda::synchronize();
+  }
+
+  std::vector<int> RandomTokens(int64_t n, uint64_t seed) const {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> d(0, static_cast<int>(config_.n_token) - 1);
+    std::vector<int> t(n);
+    for (int& x : t) x = d(rng);
+    return t;
+  }
+
+  std::unique_ptr<SessionState> FullSession(int64_t mem_len, uint64_t seed) {
+    auto s = Must(lm_->NewSession(mem_len), "new session");
+    std::vector<StepInput> in(1);
+    in[0].session = s.get();
+    in[0].tokens = RandomTokens(mem_len - 1, seed);
+    Must(lm_->Step(absl::MakeSpan(in)), "filling a session");
+    if (s->memory_tokens() != mem_len - 1) Fail("a filled session does not hold a full window");
+    return s;
+  }
+
+  // Seconds per step over `n` single-token steps of all `sessions` at once,
+  // each asking for its next-token distribution.
+  double EngineSteps(const std::vector<SessionState*>& sessions, int n) {
+    std::vector<StepInput> in(sessions.size());
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      for (size_t s = 0; s < sessions.size(); ++s) {
+        in[s].session = sessions[s];
+        in[s].tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
+        in[s].want_last_distribution = true;
+      }
+      auto out = Must(lm_->Step(absl::MakeSpan(in)), "engine step");
+      sink_ += out[0].last_distribution[0];
+    }
+    return std::chrono::duration<double>(Clock::now() - start).count() / n;
+  }
+
+  // The original code's step: hidden-state mems of every layer, the new
+  // token's segment forward (keys/values of the whole memory projected
+  // again, mems updated), then the output softmax for that token.
+  double HiddenStateSteps(const std::vector<at::Tensor>& mems, int n) {
+    txl::ModelConfig c = config_;
+    c.mem_len = mems[0].size(0) + 1;  // every memory position is attended, as in the engine
+    c.same_length = true;
+    const auto lopt = at::TensorOptions().dtype(at::kLong).device(device_);
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      c10::InferenceMode guard;
+      at::Tensor tok = at::full({1, 1}, (counter_++ * 7919) % config_.n_token, lopt);
+      txl::SegmentOutput seg = txl::TrainingForward(c, weights_, tok, mems, /*train=*/false);
+      at::Tensor lp = txl::LogProbs(c, weights_, seg.hidden.view({1, c.d_model})).to(at::kCPU).contiguous();
+      std::vector<float> dist(lp.data_ptr<float>(), lp.data_ptr<float>() + c.n_token);
+      sink_ += dist[0] + seg.mems[0].size(0);
+    }
+    return std::chrono::duration<double>(Clock::now() - start).count() / n;
+  }
+
+  // Vanilla: the whole window through the model, no memory; the last
+  // position's distribution.
+  double RecomputeSteps(const at::Tensor& window_tokens, int n) {
+    txl::ModelConfig c = config_;
+    c.mem_len = window_tokens.size(0);
+    c.same_length = true;
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      c10::InferenceMode guard;
+      txl::SegmentOutput seg = txl::TrainingForward(c, weights_, window_tokens, {}, /*train=*/false);
+      at::Tensor last = seg.hidden.select(0, seg.hidden.size(0) - 1);  // [1, d]
+      at::Tensor lp = txl::LogProbs(c, weights_, last).to(at::kCPU).contiguous();
+      std::vector<float> dist(lp.data_ptr<float>(), lp.data_ptr<float>() + c.n_token);
+      sink_ += dist[0];
+    }
+    return std::chrono::duration<double>(Clock::now() - start).count() / n;
+  }
+
+  // Seconds per byte-read pass of `probe` (a timed reduction).
+  double BandwidthPass(const at::Tensor& probe, int n) {
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      c10::InferenceMode guard;
+      sink_ += probe.sum().item<float>();
+    }
+    return std::chrono::duration<double>(Clock::now() - start).count() / n;
+  }
+
+  // Bytes one single-token step must read: every layer's weights, the output
+  // layer, one embedding row and the session's keys/values.
+  int64_t FloorBytes(int64_t mem) const {
+    auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; };
+    int64_t total = 0;
+    for (const txl::LayerWeights& L : weights_.layers) {
+      for (const at::Tensor* t : {&L.qkv_w, &L.o_w, &L.attn_ln_w, &L.attn_ln_b, &L.ff1_w, &L.ff1_b,
+                                  &L.ff2_w, &L.ff2_b, &L.ff_ln_w, &L.ff_ln_b})
+        total += bytes(*t);
+    }
+    for (const auto& t : weights_.out_w) total += bytes(t);
+    for (const auto& t : weights_.out_b) total += bytes(t);
+    for (const auto& t : weights_.out_projs) total += bytes(t);
+    total += bytes(weights_.cluster_w) + bytes(weights_.cluster_b);
+    total += 2 * config_.n_head * config_.d_head * 4 * config_.n_layer;  // u, v biases (upper bound)
+    total += config_.embed_dim() * 4;                                    // one embedding row
+    total += config_.n_layer * 2 * mem * config_.n_head * config_.d_head * 4;  // K/V
+    return total;
+  }
+
+  // Bytes of the relative-position key table the engine reads for a window
+  // (not in the floor: the floor counts the model and the session only).
+  int64_t RelTableBytes(int64_t window) const {
+    return config_.n_layer * window * config_.n_head * config_.d_head * 4;
+  }
+
+  static void Progress(const std::string& what) { std::cerr << "engine_bench: " << what << std::endl; }
+
+  std::vector<Row> Run() {
+    std::vector<Row> rows;
+    const Sizes& z = sizes_;
+    const int64_t mem = z.mem;
+    const int64_t d = config_.d_model;
+
+    // ---- P5 then P3: N sessions with full windows. First, while the heap
+    // holds nothing freed by the other measurements.
+    if (Want("P3")) {
+      const int N = z.sessions;
+      Progress(absl::StrFormat("P5: %d sessions", N));
+      auto single = FullSession(mem + 1, 9);
+      std::vector<SessionState*> one = {single.get()};
+      EngineSteps(one, 2);
+      // Fill by stepping, a few sessions per step (as a server's prefill would).
+      constexpr int kFillGroup = 4;
+      auto fill = [&](std::vector<std::unique_ptr<SessionState>>& sessions, int seed) {
+        for (size_t g = 0; g < sessions.size(); g += kFillGroup) {
+          std::vector<StepInput> in;
+          for (size_t i = g; i < std::min(sessions.size(), g + kFillGroup); ++i) {
+            StepInput x;
+            x.session = sessions[i].get();
+            x.tokens = RandomTokens(mem, seed + i);
+            in.push_back(std::move(x));
+          }
+          Must(lm_->Step(absl::MakeSpan(in)), "filling sessions");
+        }
+      };
+      auto make = [&](int n) {
+        std::vector<std::unique_ptr<SessionState>> out;
+        for (int i = 0; i < n; ++i) out.push_back(Must(lm_->NewSession(mem + 1), "new session"));
+        return out;
+      };
+      // The heap first serves one fill step and then frees it, as a running
+      // server's has: the per-step working set (scores, padded batches) is
+      // then already resident, and RSS growth measures what the sessions
+      // themselves keep (including any heap holes they cause).
+      {
+        auto warm = make(kFillGroup);
+        fill(warm, 50);
+      }
+      // Freed blocks can still be reused by the first sessions (which would
+      // flatter them), so the figure is the growth over the second half of
+      // the sessions; the growth over all of them is reported too.
+      const int64_t rss_before = RssBytes();
+      std::vector<std::unique_ptr<SessionState>> sessions = make(N / 2);
+      fill(sessions, 100);
+      const int64_t rss_mid = RssBytes();
+      {
+        auto more = make(N - N / 2);
+        fill(more, 100 + N);
+        for (auto& s : more) sessions.push_back(std::move(s));
+      }
+      std::vector<SessionState*> all;
+      for (auto& s : sessions) all.push_back(s.get());
+      EngineSteps(all, 1);  // every window full and one decode step taken
+      const int64_t rss_after = RssBytes();
+      int64_t mem_bytes = 0;
+      for (auto& s : sessions) {
+        if (s->memory_tokens() != mem) Fail("a session's window is not full");
+        mem_bytes += s->memory_bytes();
+      }
+      Row p5;
+      p5.id = "P5";
+      p5.measurement = absl::StrFormat(
+          "%d sessions, window full (%d positions): RSS growth over the last %d vs memory_bytes()", N, mem, N - N / 2);
+      p5.a_name = "RSS growth per session";
+      p5.b_name = "memory_bytes() per session";
+      p5.unit = "MB/session";
+      const int second_half = N - N / 2;
+      p5.a = static_cast<double>(rss_after - rss_mid) / second_half / 1e6;
+      p5.b = static_cast<double>(mem_bytes) / N / 1e6;
+      p5.a_reps = {p5.a};
+      p5.b_reps = {p5.b};
+      p5.ratio = p5.a / p5.b;
+      p5.target = 1.05;
+      p5.at_least = false;
+      p5.extra = {{"rss_before_bytes", rss_before},
+                  {"rss_before_note", "after one warm-up fill step of throwaway sessions, freed; no malloc_trim"},
+                  {"rss_mid_bytes", rss_mid},
+                  {"rss_after_bytes", rss_after},
+                  {"rss_growth_per_session_all", static_cast<double>(rss_after - rss_before) / N},
+                  {"memory_bytes_total", mem_bytes},
+                  {"raw_kv_bytes_per_session", config_.n_layer * 2 * mem * config_.n_head * config_.d_head * 4}};
+      if (cuda_) p5.extra["note"] = "device memory is not in the RSS: not meaningful on cuda";
+      rows.push_back(p5);
+
+      EngineSteps(all, 1);
+      Progress("P3: batched decode");
+      Row p3;
+      p3.id = "P3";
+      p3.measurement = absl::StrFormat("aggregate tokens/s: %d sessions per step vs 1 session (memory %d)", N, mem);
+      p3.a_name = absl::StrFormat("%d sessions", N);
+      p3.b_name = "1 session";
+      p3.unit = "tokens/s";
+      std::vector<double> a_sec, b_sec;
+      Interleave(z.reps, [&] { return EngineSteps(all, z.multi_batch); },
+                 [&] { return EngineSteps(one, z.engine_batch); }, &a_sec, &b_sec);
+      for (double t : a_sec) p3.a_reps.push_back(N / t);
+      for (double t : b_sec) p3.b_reps.push_back(1 / t);
+      p3.a = Median(p3.a_reps);
+      p3.b = Median(p3.b_reps);
+      p3.ratio = p3.a / p3.b;
+      p3.target = 4;
+      p3.extra = {{"step_seconds_32", a_sec}, {"step_seconds_1", b_sec}};
+      rows.push_back(p3);
+    }
+    // ---- P1 and the bandwidth floor: one session, `mem` positions of memory.
+    if (Want("P1")) {
+      Progress("P1: hidden-state memory baseline");
+      auto s = FullSession(mem + 1, 1);
+      std::vector<SessionState*> one = {s.get()};
+      std::vector<at::Tensor> mems;
+      at::manual_seed(3);
+      for (int64_t l = 0; l < config_.n_layer; ++l)
+        mems.push_back(at::randn({mem, 1, d}, at::TensorOptions().device(device_)));
+      EngineSteps(one, 2);  // warm-up (rel table, allocator)
+      HiddenStateSteps(mems, 1);
+
+      Row r;
+      r.id = "P1";
+      r.measurement = absl::StrFormat("1 session, 1 token/step, memory %d: engine step vs hidden-state memory (b)", mem);
+      r.a_name = "engine step";
+      r.b_name = "hidden-state mems step";
+      r.unit = "ms/step";
+      Interleave(z.reps, [&] { return EngineSteps(one, z.engine_batch); },
+                 [&] { return HiddenStateSteps(mems, z.baseline_batch); }, &r.a_reps, &r.b_reps);
+      r.a = Median(r.a_reps);
+      r.b = Median(r.b_reps);
+      r.ratio = r.b / r.a;
+      r.target = 15;
+      rows.push_back(r);
+
+      // Bandwidth: a reduction over a 512 MB float tensor (64 MB in quick mode),
+      // with the model's thread count, interleaved with the engine step.
+      const int64_t probe_bytes = quick_ ? (64ll << 20) : (512ll << 20);
+      at::Tensor probe = at::ones({probe_bytes / 4}, at::TensorOptions().device(device_));
+      BandwidthPass(probe, 1);
+      Progress("P1f: bandwidth floor");
+      Row f;
+      f.id = "P1f";
+      const int64_t floor_bytes = FloorBytes(mem);
+      f.measurement = absl::StrFormat(
+          "engine step vs bandwidth floor (%.1f MB read per step / measured bandwidth)", floor_bytes / 1e6);
+      f.a_name = "engine step";
+      f.b_name = "floor";
+      f.unit = "ms/step";
+      std::vector<double> pass;
+      Interleave(z.reps, [&] { return EngineSteps(one, z.engine_batch); },
+                 [&] { return BandwidthPass(probe, 3); }, &f.a_reps, &pass);
+      for (double p : pass) f.b_reps.push_back(floor_bytes * p / probe_bytes);
+      f.a = Median(f.a_reps);
+      f.b = Median(f.b_reps);
+      f.ratio = f.a / f.b;
+      f.target = 1.25;
+      f.at_least = false;
+      const double bw = probe_bytes / Median(pass);
+      f.extra = {{"floor_bytes", floor_bytes},
+                 {"bandwidth_bytes_per_s", bw},
+                 {"bandwidth_probe_bytes", probe_bytes},
+                 {"rel_table_bytes_read", RelTableBytes(mem + 1)},
+                 {"step_over_floor_with_rel_table", f.a / ((floor_bytes + RelTableBytes(mem + 1)) / bw)}};
+      rows.push_back(f);
+    }
+
+    // ---- P2: recompute the whole window vs the engine step, per window.
+    for (int64_t w : Want("P2") ? z.windows : std::vector<int64_t>{}) {
+      Progress(absl::StrFormat("P2: recompute, window %d", w));
+      auto s = FullSession(w, 2);
+      std::vector<SessionState*> one = {s.get()};
+      const std::vector<int> toks = RandomTokens(w, 5);
+      at::Tensor window = at::tensor(std::vector<int64_t>(toks.begin(), toks.end()), at::kLong)
+                              .view({w, 1})
+                              .to(at::Device(device_));
+      EngineSteps(one, 2);
+      const int reps = w > 2000 ? std::max(2, std::min(z.reps, 3)) : z.reps;
+      Row r;
+      r.id = absl::StrFormat("P2-%d", w);
+      r.measurement = absl::StrFormat("1 session, window %d: engine step vs recompute the window (a)", w);
+      r.a_name = "engine step";
+      r.b_name = "recompute";
+      r.unit = "ms/step";
+      Interleave(reps, [&] { return EngineSteps(one, z.engine_batch); },
+                 [&] { return RecomputeSteps(window, 1); }, &r.a_reps, &r.b_reps);
+      r.a = Median(r.a_reps);
+      r.b = Median(r.b_reps);
+      r.ratio = r.b / r.a;
+      r.target = w > 2000 ? 250 : 100;
+      rows.push_back(r);
+    }
+
+    return rows;
+  }
+
+  void set_quick(bool q) { quick_ = q; }
+  void set_only(std::vector<std::string> only) { only_ = std::move(only); }
+  bool Want(const std::string& group) const {
+    return only_.empty() || std::find(only_.begin(), only_.end(), group) != only_.end();
+  }
+  double sink() const { return sink_; }
+
+ private:
+  Sizes sizes_;
+  std::string device_;
+  bool cuda_;
+  bool quick_ = false;
+  std::vector<std::string> only_;
+  std::unique_ptr<LanguageModel> lm_;
+  txl::ModelConfig config_;
+  txl::TxlWeights weights_;
+  int64_t counter_ = 1;
+  double sink_ = 0;
+};
+
+std::string Fmt(const Row& r, double v) {
+  if (r.unit == "ms/step") return absl::StrFormat("%.3f ms", v * 1e3);
+  if (r.unit == "tokens/s") return absl::StrFormat("%.1f tok/s", v);
+  return absl::StrFormat("%.3f MB", v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // libgomp reads its wait policy when it loads. Its default spins idle
+  // threads, which on shared cores stalls every parallel region behind a
+  // descheduled sibling (measured: an engine step ~10x slower on 2 busy
+  // cores). Unless the caller chose one, run again with PASSIVE.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);
+    Fail("re-running with OMP_WAIT_POLICY=PASSIVE failed");
+  }
+  absl::ParseCommandLine(argc, argv);
+  const std::string shape = absl::GetFlag(FLAGS_shape);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  if (device != "cpu" && device.rfind("cuda", 0) != 0) Fail("--device must be cpu or cuda");
+  if (device != "cpu" && !torch::cuda::is_available())
+    Fail("--device " + device + ": this libtorch has no CUDA support or no GPU is visible");
+  if (threads < 1) Fail("--threads must be >= 1");
+  if (absl::GetFlag(FLAGS_reps) < 1) Fail("--reps must be >= 1");
+  txl::SetThreads(threads);
+
+  std::string path, temp;
+  if (shape == "base") {
+    // enwik8 base geometry with a 204-symbol vocabulary, random weights.
+    txl::ModelConfig c;
+    c.n_layer = 12;
+    c.d_model = 512;
+    c.n_head = 8;
+    c.d_head = 64;
+    c.d_inner = 2048;
+    c.n_token = 204;
+    c.mem_len = 800;
+    std::vector<std::string> symbols;
+    for (int i = 0; i < 204; ++i) symbols.push_back("w" + std::to_string(i));
+    txl::Tokenizer tok = Must(txl::Tokenizer::WordFromSymbols(symbols), "tokenizer");
+    char dir[] = "/tmp/engine_bench.XXXXXX";
+    if (mkdtemp(dir) == nullptr) Fail("cannot make a temporary directory");
+    temp = dir;
+    path = temp + "/base.pt";
+    absl::Status s = txl::WriteInitialCheckpoint(path, c, tok, /*seed=*/1);
+    if (!s.ok()) Fail("writing the base checkpoint: " + s.ToString());
+  } else if (shape == "small") {
+    path = absl::GetFlag(FLAGS_model).empty() ? std::string(TXL_BUNDLED_MODEL) : absl::GetFlag(FLAGS_model);
+    if (path.empty()) Fail("--shape small needs --model (no bundled model compiled in)");
+  } else {
+    Fail("--shape must be base or small");
+  }
+
+  Sizes z;
+  z.reps = absl::GetFlag(FLAGS_reps);
+  z.sessions = absl::GetFlag(FLAGS_sessions);
+  if (z.sessions < 1) Fail("--sessions must be >= 1");
+  if (quick) {
+    z.mem = 32;
+    z.windows = {32, 128};
+    z.sessions = std::min(z.sessions, 4);
+    z.reps = 2;
+    z.engine_batch = 3;
+    z.baseline_batch = 1;
+    z.multi_batch = 2;
+  }
+
+  if (shape == "small" && !quick) {
+    // The model's own memory length.
+    z.mem = Must(txl::LoadCheckpoint(path), "loading " + path).config.mem_len;
+  }
+  std::vector<Row> rows;
+  auto b = std::make_unique<Bench>(path, device, threads, z);
+  b->set_quick(quick);
+  b->set_only(absl::GetFlag(FLAGS_only));
+  try {
+    rows = b->Run();
+  } catch (const c10::Error& e) {
+    Fail(std::string("torch error: ") + e.what_without_backtrace());
+  }
+  if (!temp.empty()) {
+    std::remove(path.c_str());
+    rmdir(temp.c_str());
+  }
+
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::cout << absl::StrFormat(
+      "\nengine_bench: shape %s, device %s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, %u cpus\n\n", shape,
+      device, threads, wait_policy, z.reps, quick ? " (quick)" : "", CpuModel(), std::thread::hardware_concurrency());
+  std::cout << "| id | measurement | A | B | ratio | target | met |\n|---|---|---|---|---|---|---|\n";
+  nlohmann::json rows_json = nlohmann::json::array();
+  for (const Row& r : rows) {
+    const std::string ratio = r.at_least ? absl::StrFormat("%.1fx", r.ratio) : absl::StrFormat("%.3f", r.ratio);
+    const std::string target = r.at_least ? absl::StrFormat(">= %gx", r.target) : absl::StrFormat("<= %g", r.target);
+    std::cout << absl::StrFormat("| %s | %s | %s: %s | %s: %s | %s | %s | %s |\n", r.id, r.measurement, r.a_name,
+                                 Fmt(r, r.a), r.b_name, Fmt(r, r.b), ratio, target, r.met() ? "yes" : "NO");
+    rows_json.push_back({{"id", r.id},
+                         {"measurement", r.measurement},
+                         {"a_name", r.a_name},
+                         {"b_name", r.b_name},
+                         {"unit", r.unit == "ms/step" ? "seconds/step" : r.unit},
+                         {"a", r.a},
+                         {"b", r.b},
+                         {"ratio", r.ratio},
+                         {"target", r.target},
+                         {"target_is_lower_bound", r.at_least},
+                         {"met", r.met()},
+                         {"a_reps", r.a_reps},
+                         {"b_reps", r.b_reps},
+                         {"extra", r.extra}});
+  }
+  std::cout << "\nA and B interleaved; medians of repetitions; absolute figures for reference only.\n";
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    nlohmann::json j = {{"benchmark", "engine_bench"},
+                        {"shape", shape},
+                        {"device", device},
+                        {"threads", threads},
+                        {"omp_wait_policy", wait_policy},
+                        {"reps", z.reps},
+                        {"quick", quick},
+                        {"machine", {{"host", host}, {"cpu", CpuModel()}, {"cpus", std::thread::hardware_concurrency()}}},
+                        {"memory_positions", z.mem},
+                        {"windows", z.windows},
+                        {"sessions", z.sessions},
+                        {"rows", rows_json},
+                        {"checksum", b->sink()}};
+    std::ofstream f(json_path);
+    f << j.dump(2) << "\n";
+    if (!f) Fail("writing " + json_path);
+  }
+  return 0;
+}

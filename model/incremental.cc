@@ -64,36 +64,6 @@ __attribute__((always_inline)) inline float Sum8(V8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// a.b + c.d over n floats.
-__attribute__((always_inline)) inline float DotPair(const float* a, const float* b, const float* c,
-                                                    const float* d, int64_t n) {
-  V8 acc0 = {}, acc1 = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    acc0 += Load8(a + i) * Load8(b + i);
-    acc1 += Load8(c + i) * Load8(d + i);
-  }
-  float s = Sum8(acc0 + acc1);
-  for (; i < n; ++i) s += a[i] * b[i] + c[i] * d[i];
-  return s;
-}
-
-// a.b over n floats.
-__attribute__((always_inline)) inline float Dot(const float* a, const float* b, int64_t n) {
-  V8 acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 += Load8(a + i) * Load8(b + i);
-    acc1 += Load8(a + i + 8) * Load8(b + i + 8);
-    acc2 += Load8(a + i + 16) * Load8(b + i + 16);
-    acc3 += Load8(a + i + 24) * Load8(b + i + 24);
-  }
-  for (; i + 8 <= n; i += 8) acc0 += Load8(a + i) * Load8(b + i);
-  float s = Sum8((acc0 + acc1) + (acc2 + acc3));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // y += alpha x over n floats.
 __attribute__((always_inline)) inline void Axpy(float alpha, const float* x, float* y, int64_t n) {
   int64_t i = 0;
@@ -115,62 +85,149 @@ struct DecodeSession {
 
 struct DecodeArgs {
   const DecodeSession* sessions;
-  int64_t batch, H, dh, width;  // width: columns of the score rows
-  const float* qu;       // [B, H, dh]: query + u
-  const float* qv;       // [B, H, dh]: query + v
-  const float* qkv;      // [B, 3, H, dh]
-  const float* rel;      // [H, rel_size, dh]
+  int64_t batch, H, dh;
+  int64_t width;     // the most keys of any session (length + 1): row buffer size
+  const float* qu;   // [B, H, dh]: query + u
+  const float* qv;   // [B, H, dh]: query + v
+  const float* qkv;  // [B, 3, H, dh]
+  const float* rel;  // [H, rel_size, dh]: W_r R at distance d in row d
   int64_t rel_size;
-  const float* bd;       // null, or [H, B, width]: (q + v) . rel at distance j, precomputed
   float scale;
-  float* scores;  // [B, H, width]; column c < length: position - length + c; column length: the new token
-  float* out;     // [B, H, dh]
+  float* out;  // [B, H, dh]
 };
 
-__attribute__((always_inline)) inline void ScoresBody(const DecodeArgs& a, int64_t begin, int64_t end) {
-  const int64_t H = a.H, dh = a.dh;
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t b = t / H, h = t % H;
-    const DecodeSession& s = a.sessions[b];
-    const float* qu = a.qu + t * dh;
-    const float* qv = a.qv + t * dh;
-    const float* rel = a.rel + h * a.rel_size * dh;
-    float* row = a.scores + t * a.width;
-    const int64_t L = s.length;
-    int64_t slot = (s.position - L) % s.mem_len;
-    const float* k = s.k + h * s.cap * dh;
-    const float* knew = a.qkv + ((b * 3 + 1) * H + h) * dh;
-    if (a.bd != nullptr) {
-      const float* bd = a.bd + (h * a.batch + b) * a.width;
-      for (int64_t c = 0; c < L; ++c) {
-        row[c] = (Dot(qu, k + slot * dh, dh) + bd[L - c]) * a.scale;
-        if (++slot == s.mem_len) slot = 0;
-      }
-      row[L] = (Dot(qu, knew, dh) + bd[0]) * a.scale;
-    } else {
-      for (int64_t c = 0; c < L; ++c) {
-        row[c] = DotPair(qu, k + slot * dh, qv, rel + (L - c) * dh, dh) * a.scale;
-        if (++slot == s.mem_len) slot = 0;
-      }
-      row[L] = DotPair(qu, knew, qv, rel, dh) * a.scale;
-    }
-    for (int64_t c = L + 1; c < a.width; ++c) row[c] = -std::numeric_limits<float>::infinity();
+// The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
+// accumulator chains per operand, one horizontal sum per key.
+__attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const float* const* k,
+                                                   const float* const* r, int64_t dh, float scale, float* dst) {
+  V8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+  int64_t i = 0;
+  for (; i + 8 <= dh; i += 8) {
+    const V8 u = Load8(qu + i), w = Load8(qv + i);
+    a0 += u * Load8(k[0] + i);
+    a1 += u * Load8(k[1] + i);
+    a2 += u * Load8(k[2] + i);
+    a3 += u * Load8(k[3] + i);
+    b0 += w * Load8(r[0] + i);
+    b1 += w * Load8(r[1] + i);
+    b2 += w * Load8(r[2] + i);
+    b3 += w * Load8(r[3] + i);
   }
+  float s[4] = {Sum8(a0 + b0), Sum8(a1 + b1), Sum8(a2 + b2), Sum8(a3 + b3)};
+  for (; i < dh; ++i) {
+    for (int j = 0; j < 4; ++j) s[j] += qu[i] * k[j][i] + qv[i] * r[j][i];
+  }
+  for (int j = 0; j < 4; ++j) dst[j] = s[j] * scale;
 }
 
-__attribute__((always_inline)) inline void ValuesBody(const DecodeArgs& a, int64_t begin, int64_t end) {
+// exp(x) for x <= 0 in eight lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its
+// Taylor series to r^7 (truncation below 1 ulp), times 2^n built in the
+// exponent bits. Inputs below -87 give e^-87 (a normal float; the caller
+// zeroes lanes that must not count).
+__attribute__((always_inline)) inline V8 Exp8(V8 x) {
+  typedef int32_t V8i __attribute__((vector_size(32)));
+  const V8 lowest = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f};
+  x = x < lowest ? lowest : x;
+  // n = round(x / ln2): adding 1.5 * 2^23 leaves the integer in the low mantissa bits.
+  const V8 shifted = x * 1.44269504088896341f + 12582912.f;
+  const V8 nf = shifted - 12582912.f;
+  V8i n;
+  std::memcpy(&n, &shifted, sizeof(n));
+  n -= 0x4B400000;
+  const V8 r = (x - nf * 0.693145751953125f) - nf * 1.42860682030941723212e-6f;  // ln2 in two parts
+  V8 p = r * (1.f / 5040) + (1.f / 720);
+  p = p * r + (1.f / 120);
+  p = p * r + (1.f / 24);
+  p = p * r + (1.f / 6);
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const V8i bits = (n + 127) << 23;
+  V8 two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return p * two_n;
+}
+
+// One (session, head) per item, head-major (item = h * batch + b), so that a
+// thread's run of items reads one head's relative-position rows from cache.
+// Per item: the scores of the held keys and the new one into a row buffer (the
+// keys read once, in ring order), softmax, then the values read once; finally
+// the new key and value go into the ring slot of the position that left the
+// window (never one of the held positions, so a failed step changes nothing).
+__attribute__((always_inline)) inline void AttendBody(const DecodeArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
+  std::vector<float> buffer((a.width + 7) / 8 * 8 + 8);
+  float* row = buffer.data();
   for (int64_t t = begin; t < end; ++t) {
-    const int64_t b = t / H, h = t % H;
+    const int64_t h = t / a.batch, b = t % a.batch;
     const DecodeSession& s = a.sessions[b];
-    const float* prob = a.scores + t * a.width;
-    float* out = a.out + t * dh;
-    std::fill(out, out + dh, 0.0f);
-    const int64_t L = s.length;
-    int64_t slot = (s.position - L) % s.mem_len;
-    const float* v = s.v + h * s.cap * dh;
+    const int64_t bh = b * H + h;
+    const float* qu = a.qu + bh * dh;
+    const float* qv = a.qv + bh * dh;
+    const float* rel = a.rel + h * a.rel_size * dh;
     const float* knew = a.qkv + ((b * 3 + 1) * H + h) * dh;
     const float* vnew = a.qkv + ((b * 3 + 2) * H + h) * dh;
+    const int64_t L = s.length, n = L + 1;  // keys: the held ones in order, then the new one
+    const int64_t first = (s.position - L) % s.mem_len;
+    const float* k = s.k + h * s.cap * dh;
+    const float* v = s.v + h * s.cap * dh;
+    // Scores: column c < L is the held position at distance L - c; column L the new token.
+    {
+      const float* kp[4];
+      const float* rp[4];
+      int64_t slot = first, c = 0;
+      for (; c + 4 <= L; c += 4) {
+        for (int j = 0; j < 4; ++j) {
+          kp[j] = k + slot * dh;
+          rp[j] = rel + (L - c - j) * dh;
+          if (++slot == s.mem_len) slot = 0;
+        }
+        Scores4(qu, qv, kp, rp, dh, a.scale, row + c);
+      }
+      // The rest (at most 3 held keys and the new one) as one padded group.
+      const int64_t rest = n - c;
+      float tail[4];
+      for (int j = 0; j < 4; ++j) {
+        if (c + j < L) {
+          kp[j] = k + slot * dh;
+          rp[j] = rel + (L - c - j) * dh;
+          if (++slot == s.mem_len) slot = 0;
+        } else {
+          kp[j] = knew;
+          rp[j] = rel;
+        }
+      }
+      Scores4(qu, qv, kp, rp, dh, a.scale, tail);
+      for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
+    }
+    // Softmax numerators exp(score - max) and their sum; the padding lanes
+    // up to a multiple of 8 are set to zero after the exponential.
+    const int64_t padded = (n + 7) / 8 * 8;
+    float max = row[0];
+    {
+      int64_t c = 0;
+      V8 m8 = {row[0], row[0], row[0], row[0], row[0], row[0], row[0], row[0]};
+      for (; c + 8 <= n; c += 8) {
+        const V8 x = Load8(row + c);
+        m8 = x > m8 ? x : m8;
+      }
+      for (int i = 0; i < 8; ++i) max = std::max(max, m8[i]);
+      for (; c < n; ++c) max = std::max(max, row[c]);
+    }
+    for (int64_t c = n; c < padded; ++c) row[c] = max;
+    V8 sum8 = {};
+    for (int64_t c = 0; c < padded; c += 8) {
+      V8 e = Exp8(Load8(row + c) - max);
+      if (c + 8 > n) {
+        for (int64_t i = n - c; i < 8; ++i) e[i] = 0.0f;
+      }
+      std::memcpy(row + c, &e, sizeof(e));
+      sum8 += e;
+    }
+    const float inv = 1.0f / Sum8(sum8);
+    // Values: sum of numerator * value, normalised at the end.
+    float* out = a.out + bh * dh;
+    int64_t slot = first;
     if (dh == 64) {  // the common head size: the sum stays in registers
       V8 acc[8] = {};
       auto add = [&](float p, const float* x) {
@@ -178,20 +235,21 @@ __attribute__((always_inline)) inline void ValuesBody(const DecodeArgs& a, int64
         for (int i = 0; i < 8; ++i) acc[i] += pv * Load8(x + 8 * i);
       };
       for (int64_t c = 0; c < L; ++c) {
-        add(prob[c], v + slot * 64);
+        add(row[c], v + slot * 64);
         if (++slot == s.mem_len) slot = 0;
       }
-      add(prob[L], vnew);
+      add(row[L], vnew);
+      for (int i = 0; i < 8; ++i) acc[i] *= inv;
       std::memcpy(out, acc, sizeof(acc));
     } else {
+      std::fill(out, out + dh, 0.0f);
       for (int64_t c = 0; c < L; ++c) {
-        Axpy(prob[c], v + slot * dh, out, dh);
+        Axpy(row[c], v + slot * dh, out, dh);
         if (++slot == s.mem_len) slot = 0;
       }
-      Axpy(prob[L], vnew, out, dh);
+      Axpy(row[L], vnew, out, dh);
+      for (int64_t i = 0; i < dh; ++i) out[i] *= inv;
     }
-    // Store the new key and value in the slot of the position that left the
-    // window (never one of the held positions, so a failed step changes nothing).
     if (s.mem_len > 1) {
       const int64_t at = h * s.cap * dh + (s.position % s.mem_len) * dh;
       std::memcpy(s.k + at, knew, dh * sizeof(float));
@@ -200,17 +258,11 @@ __attribute__((always_inline)) inline void ValuesBody(const DecodeArgs& a, int64
   }
 }
 
-__attribute__((target("avx2,fma"))) void ScoresAvx2(const DecodeArgs& a, int64_t b, int64_t e) {
-  ScoresBody(a, b, e);
+__attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeArgs& a, int64_t b, int64_t e) {
+  AttendBody(a, b, e);
 }
-__attribute__((target("avx2,fma"))) void ValuesAvx2(const DecodeArgs& a, int64_t b, int64_t e) {
-  ValuesBody(a, b, e);
-}
-void ScoresPlain(const DecodeArgs& a, int64_t b, int64_t e) { ScoresBody(a, b, e); }
-void ValuesPlain(const DecodeArgs& a, int64_t b, int64_t e) { ValuesBody(a, b, e); }
-#pragma GCC diagnostic pop
+void AttendPlain(const DecodeArgs& a, int64_t b, int64_t e) { AttendBody(a, b, e); }
 
-constexpr int64_t kBatchedPositionTerm = 4;
 
 bool HasAvx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -343,19 +395,16 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
   EnsureRelTable(width);
   at::Tensor x = Embed(c, weights_, at::tensor(flat, at::TensorOptions().dtype(at::kLong)));  // [B, d]
   const auto fopt = x.options();
-  at::Tensor scores = at::empty({B, H, width}, fopt);
   at::Tensor vec = at::empty({B, H * dh}, fopt);
   std::vector<DecodeSession> sessions(B);
   DecodeArgs args;
   args.sessions = sessions.data();
   args.batch = B;
   args.H = H;
-  args.bd = nullptr;
   args.dh = dh;
   args.width = width;
   args.rel_size = rel_size_;
   args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)));
-  args.scores = scores.data_ptr<float>();
   args.out = vec.data_ptr<float>();
   // One row: matrix-vector products. (linear() on one row runs a GEMM that
   // packs the whole weight matrix first: about 2x the memory traffic.)
@@ -383,22 +432,9 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     args.qv = qv.data_ptr<float>();
     args.qkv = qkv.data_ptr<float>();
     args.rel = rel_kt_[l].data_ptr<float>();
-    // Several sessions: the position term for all of them in one GEMM per
-    // head, so the relative-position table is read once, not once per session.
-    at::Tensor bd;
-    if (B >= kBatchedPositionTerm) {
-      bd = at::bmm(qv.transpose(0, 1), rel_kt_[l].slice(1, 0, width).transpose(1, 2)).contiguous();
-      args.bd = bd.data_ptr<float>();
-    }
     at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
-      avx2 ? ScoresAvx2(args, begin, end) : ScoresPlain(args, begin, end);
+      avx2 ? AttendAvx2(args, begin, end) : AttendPlain(args, begin, end);
     });
-    at::Tensor prob = at::softmax(scores, -1);
-    args.scores = prob.data_ptr<float>();
-    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
-      avx2 ? ValuesAvx2(args, begin, end) : ValuesPlain(args, begin, end);
-    });
-    args.scores = scores.data_ptr<float>();
     at::Tensor out = Linear(vec, L.o_w, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h), with the same Linear.
@@ -547,5 +583,8 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
   }
   return x;
 }
+
+// (GCC reports -Wpsabi for the vector helpers at the end of the file.)
+#pragma GCC diagnostic pop
 
 }  // namespace txl

@@ -205,9 +205,9 @@ TEST(IncrementalTest, LongInputBesideDecodesMatchesAlone) {
   EXPECT_LT(MaxAbsDiff(FeedInChunks(model, a, next, 1), FeedInChunks(model, a_alone, next, 4)), 1e-5);
 }
 
-// Batched single-token steps (the decode kernel; from 4 sessions on, the
-// position term of all sessions is one GEMM) agree with each session alone,
-// with windows full, filling and wrapping.
+// Batched single-token steps (the decode kernel: one (session, head) per
+// item, head-major, the position term read per key) agree with each session
+// alone, with windows full, filling and wrapping.
 TEST(IncrementalTest, BatchedDecodeStepsMatchAlone) {
   ModelConfig c = testing::Variants()[4].config;  // untied biases
   IncrementalModel model(c, TestWeights(c, 12), at::kCPU);
@@ -235,6 +235,50 @@ TEST(IncrementalTest, BatchedDecodeStepsMatchAlone) {
   }
   EXPECT_LT(worst, 1e-5);
   for (size_t b = 0; b < history.size(); ++b) EXPECT_EQ(batched[b].length(), alone[b].length());
+}
+
+// The decode kernel's own paths: head size 64 (values summed in registers),
+// key counts that are and are not multiples of its 4-key groups and 8-lane
+// softmax blocks, scores large enough that most softmax numerators underflow,
+// sessions of several windows in one batch. Decoding one token at a time must
+// agree with feeding the same history in one pass (no decode kernel).
+TEST(IncrementalTest, DecodeKernelHeadSize64MatchesOnePass) {
+  ModelConfig c = testing::SmallConfig();
+  c.n_head = 2;
+  c.d_head = 64;
+  c.d_model = 48;
+  c.mem_len = 21;
+  IncrementalModel model(c, TestWeights(c, 31), at::kCPU);
+  TxlWeights sharp = TestWeights(c, 31);  // sharper attention: queries scaled up
+  for (LayerWeights& L : sharp.layers) L.qkv_w = L.qkv_w * 4;
+  IncrementalModel peaked(c, sharp, at::kCPU);
+  for (IncrementalModel* m : {&model, &peaked}) {
+    const std::vector<int64_t> window = {21, 2, 9, 13, 1};
+    std::vector<SessionMemory> stepped, whole;
+    std::vector<std::vector<int64_t>> history(window.size());
+    for (size_t b = 0; b < window.size(); ++b) {
+      stepped.emplace_back(c.n_layer, window[b]);
+      whole.emplace_back(c.n_layer, window[b]);
+    }
+    double worst = 0;
+    for (int step = 0; step < 45; ++step) {
+      std::vector<StepItem> items;
+      for (size_t b = 0; b < window.size(); ++b) {
+        const int64_t tok = (step * 11 + static_cast<int64_t>(b) * 3) % c.n_token;
+        history[b].push_back(tok);
+        items.push_back({&stepped[b], {tok}});
+      }
+      at::Tensor got = LogProbs(c, m->weights(), m->Step(absl::MakeSpan(items)));
+      for (size_t b = 0; b < window.size(); ++b) {
+        SessionMemory fresh(c.n_layer, window[b]);
+        at::Tensor want = FeedInChunks(*m, fresh, history[b], static_cast<int64_t>(history[b].size()));
+        worst = std::max(worst, MaxAbsDiff(got.slice(0, b, b + 1), want.slice(0, -1)));
+      }
+    }
+    // Peaked attention makes the log-probs large and their rounding with it
+    // (the previous kernel measured 3.7e-4 here too).
+    EXPECT_LT(worst, m == &model ? 1e-5 : 1e-3) << (m == &model ? "model" : "peaked");
+  }
 }
 
 TEST(TrainingFormTest, SameLengthFalseSeesTheWholeMemory) {

@@ -2,7 +2,7 @@
 //   txl-client [flags] generate TEXT      stream a generation
 //   txl-client [flags] chat               a REPL on one session; each line sends only new text
 //   txl-client [flags] score FILE         per-token log-probs / perplexity of a file
-//   txl-client [flags] sessions list|get|delete|fork [ID]
+//   txl-client [flags] sessions list|get|delete|fork [ID] | export ID FILE | import FILE
 //   txl-client [flags] create             create a session and print its id
 //   txl-client [flags] info | health
 //   txl-client [flags] bench [--sessions N] [--turns T] [--input-tokens I] [--new-tokens G]
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -219,7 +220,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "txl-client [--server H:P] [--session ID] [--token T] [--tls_ca PEM [--tls_cert PEM --tls_key PEM] "
       "[--tls_server_name N]]\n  (generate TEXT | chat | score FILE | create | "
-      "sessions list|get|delete|fork [ID] | info | health |\n"
+      "sessions list|get|delete|fork [ID] | sessions export ID FILE | sessions import FILE |\n"
+      "info | health |\n"
       "  bench [--sessions N=4] [--turns T=4] [--input-tokens I=32] [--new-tokens G=32] [--duration S] "
       "[--json FILE])\n"
       "bench: N sessions at once, each T greedy Generate turns of I random token ids in, G tokens out;\n"
@@ -339,6 +341,18 @@ int main(int argc, char** argv) {
       for (const auto& s : l->sessions()) PrintSession(s);
       return 0;
     }
+    if (sub == "import") {  // sessions import FILE: a new session from exported bytes
+      if (args.size() < 4) return Usage("sessions import needs a FILE");
+      std::ifstream in(args[3], std::ios::binary);
+      if (!in) return Usage(absl::StrCat("cannot read ", args[3]));
+      const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      txl::v1::ImportSessionRequest settings;
+      settings.set_idle_ttl_seconds(absl::GetFlag(FLAGS_ttl));
+      auto s = client.ImportSession(settings, data);
+      if (!s.ok()) return Error(s.status());
+      PrintSession(*s);
+      return 0;
+    }
     if (id.empty()) return Usage(absl::StrCat("sessions ", sub, " needs an ID"));
     if (sub == "get") {
       auto s = client.GetSession(id);
@@ -349,6 +363,16 @@ int main(int argc, char** argv) {
     if (sub == "delete") {
       absl::Status s = client.DeleteSession(id);
       return s.ok() ? 0 : Error(s);
+    }
+    if (sub == "export") {  // sessions export ID FILE
+      if (args.size() < 5) return Usage("sessions export needs an ID and a FILE");
+      auto data = client.ExportSession(id);
+      if (!data.ok()) return Error(data.status());
+      std::ofstream out(args[4], std::ios::binary | std::ios::trunc);
+      out.write(data->data(), static_cast<std::streamsize>(data->size()));
+      if (!out.flush()) return Usage(absl::StrCat("cannot write ", args[4]));
+      std::cerr << "exported " << data->size() << " bytes to " << args[4] << std::endl;
+      return 0;
     }
     if (sub == "fork") {
       txl::v1::ForkSessionRequest req;

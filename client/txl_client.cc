@@ -80,16 +80,23 @@ absl::StatusOr<v1::ModelInfo> TxlClient::Info() {
   return out;
 }
 
+namespace {
+
+// 32 lowercase hex characters from the OS entropy source.
+std::string NewSessionId() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&id, "%08x", rd());
+  return id;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Session> TxlClient::CreateSession(const v1::CreateSessionRequest& request) {
   // The client picks the id, so a proxy routing on txl-session-id sends the
   // creation where the session's later calls will go.
   v1::CreateSessionRequest req = request;
-  if (req.session_id().empty()) {
-    std::random_device rd;  // the OS entropy source
-    std::string id;
-    for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&id, "%08x", rd());
-    req.set_session_id(id);
-  }
+  if (req.session_id().empty()) req.set_session_id(NewSessionId());
   grpc::ClientContext ctx;
   Prepare(&ctx, req.session_id());
   v1::Session out;
@@ -132,6 +139,40 @@ absl::StatusOr<v1::Session> TxlClient::ForkSession(const v1::ForkSessionRequest&
   Prepare(&ctx, request.session_id());
   v1::Session out;
   grpc::Status s = stub_->ForkSession(&ctx, request, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::StatusOr<std::string> TxlClient::ExportSession(const std::string& id) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, id);
+  v1::ExportSessionRequest req;
+  req.set_session_id(id);
+  auto reader = stub_->ExportSession(&ctx, req);
+  std::string data;
+  v1::SessionChunk chunk;
+  while (reader->Read(&chunk)) data += chunk.data();
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpc(s);
+  return data;
+}
+
+absl::StatusOr<v1::Session> TxlClient::ImportSession(v1::ImportSessionRequest settings, const std::string& data) {
+  if (settings.session_id().empty()) settings.set_session_id(NewSessionId());
+  grpc::ClientContext ctx;
+  Prepare(&ctx, settings.session_id());
+  v1::Session out;
+  auto writer = stub_->ImportSession(&ctx, &out);
+  constexpr size_t kChunk = 1 << 20;
+  size_t at = 0;
+  do {
+    settings.set_data(data.substr(at, kChunk));
+    at += kChunk;
+    if (!writer->Write(settings)) break;  // the server ended the call: Finish says why
+    settings.Clear();
+  } while (at < data.size());
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
   if (!s.ok()) return FromGrpc(s);
   return out;
 }

@@ -58,6 +58,11 @@ class TxlClient {
   absl::StatusOr<v1::ListSessionsResponse> ListSessions();
   absl::Status DeleteSession(const std::string& id);
   absl::StatusOr<v1::Session> ForkSession(const v1::ForkSessionRequest& request);
+  // A session's exported bytes (ExportSession's chunks, joined).
+  absl::StatusOr<std::string> ExportSession(const std::string& id);
+  // A new session from exported bytes, sent in chunks; `settings` carries
+  // the id (picked here when empty, as CreateSession does), ttl and labels.
+  absl::StatusOr<v1::Session> ImportSession(v1::ImportSessionRequest settings, const std::string& data);
   // Calls on_response for every streamed response; returns the call's status.
   absl::Status Generate(const v1::GenerateRequest& request,
                         const std::function<void(const v1::GenerateResponse&)>& on_response);

@@ -11,8 +11,10 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/model_config.h"
 #include "model/weights.h"
@@ -38,6 +40,14 @@ class SessionMemory {
   int64_t bytes() const;                           // allocated: capacity slots in every layer
   int64_t capacity() const { return capacity_; }   // ring slots per layer
   SessionMemory Clone() const;  // deep copy (fork)
+
+  // A byte image of the memory (session_snapshot.cc), and its inverse for a
+  // model of the same shape on `device`: INVALID_ARGUMENT naming what does
+  // not fit (damaged data, another model's shape). Exact: a restored session
+  // continues bit for bit like the original.
+  void AppendTo(std::string* out) const;
+  static absl::StatusOr<SessionMemory> Parse(const std::string& data, const ModelConfig& config,
+                                             const at::Device& device);
 
  private:
   friend class IncrementalModel;

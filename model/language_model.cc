@@ -9,6 +9,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/hash.h"
 #include "model/checkpoint.h"
 #include "model/incremental.h"
 #include "model/txl_math.h"
@@ -24,6 +26,26 @@ int64_t SessionState::position() const { return memory_->position(); }
 int64_t SessionState::mem_len() const { return memory_->mem_len(); }
 int64_t SessionState::memory_tokens() const { return memory_->length(); }
 int64_t SessionState::memory_bytes() const { return memory_->bytes(); }
+absl::Status SessionState::AppendTo(std::string* out) const {
+  try {
+    memory_->AppendTo(out);
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("copying a session's memory out failed: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::RestoreSession(const std::string& data) const {
+  try {
+    auto memory = SessionMemory::Parse(data, config_, model_->device());
+    if (!memory.ok()) return memory.status();
+    return std::unique_ptr<SessionState>(new SessionState(std::make_unique<SessionMemory>(*std::move(memory))));
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("restoring a session's memory failed: ", e.what_without_backtrace()));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<SessionState>> SessionState::Clone() const {
   try {
     return std::unique_ptr<SessionState>(
@@ -75,9 +97,25 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(
   absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(options.path);
   if (!ckpt.ok()) return ckpt.status();
   try {
+    // Fingerprint: the config, the tokenizer and every tensor's name, shape
+    // and bytes, hashed while the weights are still on the host.
+    const std::string config_json = ckpt->config.ToJson();
+    uint64_t h = Hash64(config_json.data(), config_json.size());
+    for (int64_t i = 0; i < ckpt->tokenizer.vocab_size(); ++i) {
+      auto text = ckpt->tokenizer.TokenText(static_cast<int>(i));
+      if (text.ok()) h = Hash64(text->data(), text->size(), h);
+    }
+    for (const auto& named : ckpt->weights->NamedTensors(ckpt->config)) {
+      const at::Tensor t = named.tensor.to(at::kCPU, at::kFloat).contiguous();
+      h = Hash64(named.name.data(), named.name.size(), h);
+      h = Hash64(t.sizes().data(), t.sizes().size() * sizeof(int64_t), h);
+      h = Hash64(t.data_ptr(), t.numel() * sizeof(float), h);
+    }
     auto model = std::make_unique<IncrementalModel>(ckpt->config, *ckpt->weights, *device);
-    return std::unique_ptr<LanguageModel>(new LanguageModel(
-        ckpt->config, ckpt->tokenizer, device->str(), std::move(model)));
+    std::unique_ptr<LanguageModel> lm(
+        new LanguageModel(ckpt->config, ckpt->tokenizer, device->str(), std::move(model)));
+    lm->fingerprint_ = absl::StrFormat("%016x", h);
+    return lm;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("moving the model to ", device->str(), ": ",
                                             e.what_without_backtrace()));

@@ -35,6 +35,9 @@ class SessionState {
   int64_t memory_bytes() const;
   // Deep copy (fork); RESOURCE_EXHAUSTED when the device is out of memory.
   absl::StatusOr<std::unique_ptr<SessionState>> Clone() const;
+  // Appends an exact byte image of the state (LanguageModel::RestoreSession
+  // reads it back); INTERNAL if the device copy fails.
+  absl::Status AppendTo(std::string* out) const;
 
  private:
   friend class LanguageModel;
@@ -78,6 +81,12 @@ class LanguageModel {
   // of mem_len ring slots in every layer (mem_len - 1 positions held, one
   // slot to write into). Admission control reserves it.
   int64_t FullMemoryBytes(int64_t mem_len) const;
+  // A session from SessionState::AppendTo's bytes, on this model's device;
+  // INVALID_ARGUMENT when they are damaged or fit another model's shape.
+  absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) const;
+  // 16 hex digits identifying the weights, config and tokenizer (a hash of
+  // them): sessions exported from one model import only into the same one.
+  const std::string& fingerprint() const { return fingerprint_; }
 
   // Advances every input's session by its tokens, in one batched forward
   // pass. Bad input (a token or target outside [0, n_token), a session
@@ -92,6 +101,7 @@ class LanguageModel {
   ModelConfig config_;
   Tokenizer tokenizer_;
   std::string device_name_;
+  std::string fingerprint_;
   std::unique_ptr<IncrementalModel> model_;
 };
 

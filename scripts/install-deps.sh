@@ -25,6 +25,9 @@ PACKAGES=(
   nginx-light prometheus python3-yaml
   # The security tests make their CA and certificates with the openssl CLI.
   openssl
+  # Sanitizer and fuzzing builds (scripts/test.sh, docs/ROBUSTNESS.md): clang, its sanitizer and
+  # libFuzzer runtimes (libclang-rt, only recommended by clang), llvm-symbolizer for the reports.
+  clang-14 libclang-rt-14-dev llvm-14
 )
 
 case "${1:-}" in

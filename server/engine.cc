@@ -17,6 +17,7 @@ class ModelSession : public EngineSession {
     if (!copy.ok()) return copy.status();
     return std::unique_ptr<EngineSession>(new ModelSession(*std::move(copy), full_bytes_));
   }
+  absl::Status AppendTo(std::string* out) const override { return state_->AppendTo(out); }
   SessionState* state() { return state_.get(); }
 
  private:
@@ -37,6 +38,13 @@ absl::StatusOr<std::unique_ptr<EngineSession>> ModelEngine::NewSession(int64_t m
   if (!state.ok()) return state.status();
   return std::unique_ptr<EngineSession>(
       new ModelSession(*std::move(state), model_->FullMemoryBytes(mem_len)));
+}
+
+absl::StatusOr<std::unique_ptr<EngineSession>> ModelEngine::RestoreSession(const std::string& data) {
+  auto state = model_->RestoreSession(data);
+  if (!state.ok()) return state.status();
+  const int64_t full = model_->FullMemoryBytes((*state)->mem_len());
+  return std::unique_ptr<EngineSession>(new ModelSession(*std::move(state), full));
 }
 
 absl::StatusOr<std::vector<StepOutput>> ModelEngine::Step(absl::Span<EngineInput> inputs) {

@@ -26,6 +26,8 @@ class EngineSession {
   virtual int64_t memory_bytes() const = 0;
   virtual int64_t full_memory_bytes() const = 0;  // memory_bytes once the window is full
   virtual absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const = 0;
+  // An exact byte image of the state (Engine::RestoreSession reads it).
+  virtual absl::Status AppendTo(std::string* out) const = 0;
 };
 
 struct EngineInput {
@@ -40,6 +42,11 @@ class Engine {
   virtual ~Engine() = default;
   virtual int64_t vocab_size() const = 0;
   virtual absl::StatusOr<std::unique_ptr<EngineSession>> NewSession(int64_t mem_len) = 0;
+  // A session from EngineSession::AppendTo's bytes; INVALID_ARGUMENT when
+  // they are damaged or fit another model. Engine thread only.
+  virtual absl::StatusOr<std::unique_ptr<EngineSession>> RestoreSession(const std::string& data) = 0;
+  // Identifies the model: exported sessions import only where it matches.
+  virtual std::string fingerprint() const = 0;
   // One batched forward pass; consumes the inputs' token vectors. On error
   // no session has changed.
   virtual absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<EngineInput> inputs) = 0;
@@ -52,6 +59,8 @@ class ModelEngine : public Engine {
 
   int64_t vocab_size() const override { return model_->config().n_token; }
   absl::StatusOr<std::unique_ptr<EngineSession>> NewSession(int64_t mem_len) override;
+  absl::StatusOr<std::unique_ptr<EngineSession>> RestoreSession(const std::string& data) override;
+  std::string fingerprint() const override { return model_->fingerprint(); }
   absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<EngineInput> inputs) override;
 
   const LanguageModel& model() const { return *model_; }

@@ -188,6 +188,8 @@ int main(int argc, char** argv) {
   service_config.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   service_config.max_input_tokens = absl::GetFlag(FLAGS_max_input_tokens);
   service_config.model_path = model_options.path;
+  // An import carries one session: at most a full window of max_mem_len, plus headers.
+  service_config.max_import_bytes = model.FullMemoryBytes(service_config.max_mem_len) + (int64_t{1} << 20);
   service_config.device = model.device();
   if (service_config.default_mem_len > service_config.max_mem_len) {
     return Fail(absl::StrCat("--default_mem_len ", service_config.default_mem_len, " exceeds --max_mem_len ",

@@ -11,7 +11,7 @@ namespace txl {
 // One request as the engine thread sees it.
 class Job {
  public:
-  enum class Kind { kGenerate, kScore, kFork };
+  enum class Kind { kGenerate, kScore, kFork, kExport, kImport };
 
   Kind kind;
   SessionLease lease;
@@ -37,9 +37,12 @@ class Job {
   bool commit = true;
   std::unique_ptr<EngineSession> scratch;  // commit=false works on a copy
 
-  // Fork.
+  // Fork, Import: the new session's settings.
   absl::Duration fork_ttl;
   std::map<std::string, std::string> fork_labels;
+  // Import.
+  std::string import_owner, import_id;
+  SessionExport image;
 
   JobResult result;
   bool done = false;
@@ -86,6 +89,27 @@ void Scheduler::Stop() {
 int64_t Scheduler::queue_depth() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(queue_.size());
+}
+
+absl::Status Scheduler::Import(Job& job) {
+  auto state = engine_->RestoreSession(job.image.state);
+  if (!state.ok()) return state.status();
+  if ((*state)->fed() + static_cast<int64_t>(job.image.pending.size()) != job.image.position) {
+    return absl::InvalidArgumentError("session export: the position does not match the state");
+  }
+  for (int t : job.image.pending) {
+    if (t < 0 || t >= engine_->vocab_size())
+      return absl::InvalidArgumentError("session export: a pending token is outside the vocabulary");
+  }
+  auto lease = store_->CreateAcquired(job.import_owner, *std::move(state), job.fork_ttl, job.fork_labels,
+                                      absl::Now(), job.import_id);
+  if (!lease.ok()) return lease.status();
+  lease->pending = job.image.pending;
+  const std::string id = lease->id;
+  store_->Release(*std::move(lease), absl::Now());
+  auto info = store_->Get(job.import_owner, id);
+  if (info.ok()) job.result.forked = *info;
+  return info.status();
 }
 
 void Scheduler::ReturnLease(Job& job) {
@@ -174,6 +198,29 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, 
   job->kind = Job::Kind::kFork;
   job->callbacks = std::move(callbacks);
   job->lease = std::move(source);
+  job->fork_ttl = idle_ttl;
+  job->fork_labels = std::move(labels);
+  return Enqueue(std::move(job));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitExport(SessionLease lease, JobCallbacks callbacks) {
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kExport;
+  job->callbacks = std::move(callbacks);
+  job->lease = std::move(lease);
+  return Enqueue(std::move(job));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(const std::string& owner, SessionExport image,
+                                                             absl::Duration idle_ttl,
+                                                             std::map<std::string, std::string> labels,
+                                                             const std::string& id, JobCallbacks callbacks) {
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kImport;
+  job->callbacks = std::move(callbacks);
+  job->import_owner = owner;
+  job->import_id = id;
+  job->image = std::move(image);
   job->fork_ttl = idle_ttl;
   job->fork_labels = std::move(labels);
   return Enqueue(std::move(job));
@@ -290,6 +337,20 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
       auto info = store_->Get(job->lease.owner, id);
       if (info.ok()) job->result.forked = *info;
       Finish(*job, info.status());
+      continue;
+    }
+    if (job->kind == Job::Kind::kExport) {
+      SessionExport image;
+      image.fingerprint = engine_->fingerprint();
+      image.position = job->lease.position();
+      image.pending = job->lease.pending;
+      absl::Status s = job->lease.state->AppendTo(&image.state);
+      if (s.ok()) job->result.exported = EncodeSessionExport(image);
+      Finish(*job, s);
+      continue;
+    }
+    if (job->kind == Job::Kind::kImport) {
+      Finish(*job, Import(*job));
       continue;
     }
     if (job->kind == Job::Kind::kScore && !job->commit && !job->scratch) {

@@ -29,6 +29,7 @@
 #include "model/tokenizer.h"
 #include "server/engine.h"
 #include "server/sampler.h"
+#include "server/session_export.h"
 #include "server/session_store.h"
 
 namespace txl {
@@ -73,7 +74,8 @@ struct JobResult {
   double queue_seconds = 0, first_token_seconds = 0, total_seconds = 0;
   std::string trailing_text;  // Generate: text held back until the end (e.g. a partial character)
   std::vector<ScoredTokenResult> scores;  // Score
-  SessionInfo forked;                     // Fork: the new session
+  SessionInfo forked;                     // Fork, Import: the new session
+  std::string exported;                   // Export: EncodeSessionExport's bytes
 };
 
 struct JobCallbacks {
@@ -125,6 +127,14 @@ class Scheduler {
   absl::StatusOr<std::shared_ptr<Job>> SubmitFork(SessionLease source, absl::Duration idle_ttl,
                                                   std::map<std::string, std::string> labels,
                                                   JobCallbacks callbacks);
+  // Export: the session's state as SessionExport bytes (JobResult::exported).
+  absl::StatusOr<std::shared_ptr<Job>> SubmitExport(SessionLease lease, JobCallbacks callbacks);
+  // Import: a new session of `owner` from a decoded export whose fingerprint
+  // the caller has checked (JobResult::forked). `id`: as SessionStore::Create.
+  absl::StatusOr<std::shared_ptr<Job>> SubmitImport(const std::string& owner, SessionExport image,
+                                                    absl::Duration idle_ttl,
+                                                    std::map<std::string, std::string> labels,
+                                                    const std::string& id, JobCallbacks callbacks);
   // The job leaves the batch at the next step and ends with Finish::kCancelled.
   void Cancel(const std::shared_ptr<Job>& job);
 
@@ -137,6 +147,7 @@ class Scheduler {
   void RunStep(std::vector<std::shared_ptr<Job>>& active);
   void Finish(Job& job, absl::Status status);
   void ReturnLease(Job& job);
+  absl::Status Import(Job& job);  // engine thread
 
   const SchedulerConfig config_;
   Engine* const engine_;

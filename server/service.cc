@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/util/time_util.h"
+#include "server/request_validation.h"
+#include "server/session_export.h"
 #include "server/text_stream.h"
 
 namespace txl {
@@ -39,14 +41,6 @@ const char* CodeName(grpc::StatusCode code) {
     case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
     default: return "UNKNOWN";
   }
-}
-
-// The form of a session id: 128 bits as 32 lowercase hex characters.
-bool IsSessionIdForm(const std::string& id) {
-  if (id.size() != 32) return false;
-  for (char c : id)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
 }
 
 v1::FinishReason ToProto(Finish f) {
@@ -87,6 +81,7 @@ struct TxlService::Context {
   Scheduler* scheduler;
   ServiceMetrics* metrics;
   const BearerTokens* tokens;  // null: no authentication
+  RequestValidator validator;  // request checks (server/request_validation.h)
 
   void Count(const char* method, const grpc::Status& s) const {
     if (metrics) metrics->OnRequest(method, CodeName(s.error_code()));
@@ -103,87 +98,18 @@ struct TxlService::Context {
     return tokens->Authenticate(header);
   }
 
-  // The session id from the field, or else from "txl-session-id" metadata.
-  absl::StatusOr<std::string> SessionId(grpc::CallbackServerContext* ctx, const std::string& field) const {
+  // The txl-session-id metadata of the call, if it has one.
+  static std::optional<std::string> MetadataSessionId(grpc::CallbackServerContext* ctx) {
     const auto& md = ctx->client_metadata();
     auto it = md.find("txl-session-id");
-    if (it == md.end()) return field;
-    const std::string from_md(it->second.data(), it->second.size());
-    if (!field.empty() && field != from_md) {
-      return absl::InvalidArgumentError(
-          "session_id: differs from the txl-session-id metadata of the same call");
-    }
-    return from_md;
+    if (it == md.end()) return std::nullopt;
+    return std::string(it->second.data(), it->second.size());
   }
 
-  absl::StatusOr<std::vector<int>> DecodeInput(const v1::Input& in) const {
-    std::vector<int> ids;
-    if (in.has_tokens()) {
-      const int64_t V = model.n_token;
-      for (int i = 0; i < in.tokens().ids_size(); ++i) {
-        const int id = in.tokens().ids(i);
-        if (id < 0 || id >= V) {
-          return absl::InvalidArgumentError(absl::StrCat("input.tokens.ids[", i, "]: ", id,
-                                                         " is outside [0, ", V, ")"));
-        }
-        ids.push_back(id);
-      }
-    } else if (in.has_text()) {
-      auto encoded = tokenizer.Encode(in.text());
-      if (!encoded.ok()) return absl::InvalidArgumentError(absl::StrCat("input.text: ", encoded.status().message()));
-      ids = *std::move(encoded);
-    }
-    if (static_cast<int64_t>(ids.size()) > config.max_input_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("input: ", ids.size(), " tokens, more than the limit of ",
-                                                     config.max_input_tokens));
-    }
-    return ids;
-  }
-
-  absl::StatusOr<int64_t> MemLen(int64_t requested) const {
-    if (requested == 0) return config.default_mem_len;
-    if (requested < 1 || requested > config.max_mem_len) {
-      return absl::InvalidArgumentError(absl::StrCat("mem_len: must be in [1, ", config.max_mem_len,
-                                                     "] (0: default ", config.default_mem_len, "), got ",
-                                                     requested));
-    }
-    return requested;
-  }
-
-  absl::StatusOr<GenerateSpec> Spec(const v1::GenerateRequest& req) const {
-    GenerateSpec spec;
-    auto input = DecodeInput(req.input());
-    if (!input.ok()) return input.status();
-    spec.input = *std::move(input);
-    spec.max_new_tokens = req.max_new_tokens() == 0 ? 16 : req.max_new_tokens();
-    if (spec.max_new_tokens < 1 || spec.max_new_tokens > config.max_new_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: must be in [1, ", config.max_new_tokens,
-                                                     "] (0: 16), got ", req.max_new_tokens()));
-    }
-    spec.sampling.temperature = req.sampling().temperature();
-    spec.sampling.top_k = req.sampling().top_k();
-    spec.sampling.top_p = req.sampling().top_p();
-    spec.sampling.seed = req.sampling().seed();
-    if (auto s = ValidateSampling(spec.sampling); !s.ok()) return s;
-    for (int i = 0; i < req.stop_token_ids_size(); ++i) {
-      const int id = req.stop_token_ids(i);
-      if (id < 0 || id >= model.n_token) {
-        return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "]: ", id, " is outside [0, ",
-                                                       model.n_token, ")"));
-      }
-      spec.stop_token_ids.push_back(id);
-    }
-    for (int i = 0; i < req.stop_sequences_size(); ++i) {
-      if (req.stop_sequences(i).empty())
-        return absl::InvalidArgumentError(absl::StrCat("stop_sequences[", i, "]: must not be empty"));
-      spec.stop_sequences.push_back(req.stop_sequences(i));
-    }
-    if (req.logprobs() < 0 || req.logprobs() > config.max_top_logprobs) {
-      return absl::InvalidArgumentError(absl::StrCat("logprobs: must be in [0, ", config.max_top_logprobs,
-                                                     "], got ", req.logprobs()));
-    }
-    spec.top_logprobs = req.logprobs();
-    return spec;
+  // The session id from the field, or else from "txl-session-id" metadata.
+  absl::StatusOr<std::string> SessionId(grpc::CallbackServerContext* ctx, const std::string& field) const {
+    const std::optional<std::string> md = MetadataSessionId(ctx);
+    return ResolveSessionId(field, md ? &*md : nullptr);
   }
 
   // A throw-away session (empty id) or the named one, acquired for `principal`.
@@ -391,14 +317,13 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     auto principal = c_->Principal(ctx);
     if (!principal.ok()) return principal.status();
-    auto id = c_->SessionId(ctx, req.session_id());
-    if (!id.ok()) return id.status();
-    auto spec = c_->Spec(req);
-    if (!spec.ok()) return spec.status();
+    const std::optional<std::string> md = c_->MetadataSessionId(ctx);
+    auto args = c_->validator.Generate(req, md ? &*md : nullptr);
+    if (!args.ok()) return args.status();
     bool throwaway = false;
-    auto lease = c_->Lease(*principal, *id, &throwaway);
+    auto lease = c_->Lease(*principal, args->session_id, &throwaway);
     if (!lease.ok()) return lease.status();
-    return Submit(*std::move(lease), throwaway, *std::move(spec), [this](absl::Status status, JobResult result) {
+    return Submit(*std::move(lease), throwaway, std::move(args->spec), [this](absl::Status status, JobResult result) {
       if (status.ok()) Send(FinalResponse(result));
       End(ToGrpcStatus(status));
     });
@@ -438,11 +363,10 @@ class ConverseCall final
 
  private:
   absl::Status Turn() {
-    auto id = c_->SessionId(ctx_, request_.session_id());
-    if (!id.ok()) return id.status();
-    auto spec = c_->Spec(request_);
-    if (!spec.ok()) return spec.status();
-    std::string session = *id;
+    const std::optional<std::string> md = c_->MetadataSessionId(ctx_);
+    auto args = c_->validator.Generate(request_, md ? &*md : nullptr);
+    if (!args.ok()) return args.status();
+    std::string session = args->session_id;
     if (session.empty()) {
       if (stream_session_.empty()) {
         auto state = c_->engine->NewSession(c_->config.default_mem_len);
@@ -455,7 +379,7 @@ class ConverseCall final
     }
     auto lease = c_->store->Acquire(principal_, session, absl::Now());
     if (!lease.ok()) return lease.status();
-    return Submit(*std::move(lease), false, *std::move(spec), [this](absl::Status status, JobResult result) {
+    return Submit(*std::move(lease), false, std::move(args->spec), [this](absl::Status status, JobResult result) {
       if (status.ok()) {
         Send(FinalResponse(result));
         StartRead(&request_);  // the next turn
@@ -474,7 +398,11 @@ class ConverseCall final
 TxlService::TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
                        Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics,
                        const BearerTokens* tokens)
-    : ctx_(new Context{config, model, tokenizer, engine, store, scheduler, metrics, tokens}) {}
+    : ctx_(new Context{config, model, tokenizer, engine, store, scheduler, metrics, tokens,
+                       RequestValidator(RequestLimits{model.n_token, config.default_mem_len, config.max_mem_len,
+                                                      config.max_new_tokens, config.max_input_tokens,
+                                                      config.max_top_logprobs},
+                                        tokenizer)}) {}
 
 TxlService::~TxlService() = default;
 
@@ -514,7 +442,7 @@ grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* 
   r->set_max_mem_len(ctx_->config.max_mem_len);
   r->set_device(ctx_->config.device);
   r->set_model_path(ctx_->config.model_path);
-  r->set_fingerprint(ctx_->config.fingerprint);
+  r->set_fingerprint(ctx_->engine->fingerprint());
   return Done(ctx, ctx_.get(), "GetModelInfo", absl::OkStatus());
 }
 
@@ -523,22 +451,15 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
   auto status = [&]() -> absl::Status {
     auto principal = ctx_->Principal(ctx);
     if (!principal.ok()) return principal.status();
-    auto mem_len = ctx_->MemLen(req->mem_len());
-    if (!mem_len.ok()) return mem_len.status();
-    if (req->idle_ttl_seconds() < 0)
-      return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds: must be >= 0, got ", req->idle_ttl_seconds()));
-    auto id = ctx_->SessionId(ctx, req->session_id());
-    if (!id.ok()) return id.status();
-    if (!id->empty() && !IsSessionIdForm(*id)) {
-      return absl::InvalidArgumentError(
-          "session_id: must be 32 lowercase hex characters (128 random bits), or empty");
-    }
+    const std::optional<std::string> md = ctx_->MetadataSessionId(ctx);
+    auto args = ctx_->validator.CreateSession(*req, md ? &*md : nullptr);
+    if (!args.ok()) return args.status();
     // A session made now would die with the process moments later.
     if (ctx_->scheduler->draining()) return absl::UnavailableError("the server is shutting down");
-    auto state = ctx_->engine->NewSession(*mem_len);
+    auto state = ctx_->engine->NewSession(args->mem_len);
     if (!state.ok()) return state.status();
-    auto info = ctx_->store->Create(*principal, *std::move(state), absl::Seconds(req->idle_ttl_seconds()),
-                                    {req->labels().begin(), req->labels().end()}, absl::Now(), *id);
+    auto info = ctx_->store->Create(*principal, *std::move(state), args->idle_ttl,
+                                    {req->labels().begin(), req->labels().end()}, absl::Now(), args->session_id);
     if (!info.ok()) return info.status();
     FillSession(*info, r);
     return absl::OkStatus();
@@ -624,12 +545,11 @@ grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, co
   auto status = [&]() -> absl::Status {
     auto principal = c->Principal(ctx);
     if (!principal.ok()) return principal.status();
-    auto id = c->SessionId(ctx, req->session_id());
-    if (!id.ok()) return id.status();
-    auto input = c->DecodeInput(req->input());
-    if (!input.ok()) return input.status();
+    const std::optional<std::string> md = c->MetadataSessionId(ctx);
+    auto args = c->validator.Score(*req, md ? &*md : nullptr);
+    if (!args.ok()) return args.status();
     bool throwaway = false;
-    auto lease = c->Lease(*principal, *id, &throwaway);
+    auto lease = c->Lease(*principal, args->session_id, &throwaway);
     if (!lease.ok()) return lease.status();
     JobCallbacks cb;
     cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
@@ -653,7 +573,7 @@ grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, co
       c->Count("Score", g);
       reactor->Finish(g);
     };
-    auto job = c->scheduler->SubmitScore(*std::move(lease), throwaway, *std::move(input), req->commit(),
+    auto job = c->scheduler->SubmitScore(*std::move(lease), throwaway, std::move(args->input), req->commit(),
                                          std::move(cb));
     return job.status();
   }();
@@ -663,6 +583,154 @@ grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, co
     reactor->Finish(g);
   }
   return reactor;
+}
+
+// ExportSession: one export job on the engine thread, then its bytes in
+// chunks, one write at a time. Deletes itself in OnDone.
+class ExportCall final : public grpc::ServerWriteReactor<v1::SessionChunk> {
+ public:
+  ExportCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx, const v1::ExportSessionRequest& req)
+      : c_(c) {
+    absl::Status s = Start(ctx, req);
+    if (!s.ok()) End(ToGrpcStatus(s));
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  static constexpr size_t kChunkBytes = 1 << 20;
+
+  absl::Status Start(grpc::CallbackServerContext* ctx, const v1::ExportSessionRequest& req) {
+    auto principal = c_->Principal(ctx);
+    if (!principal.ok()) return principal.status();
+    auto id = c_->SessionId(ctx, req.session_id());
+    if (!id.ok()) return id.status();
+    if (id->empty()) return absl::InvalidArgumentError("session_id: required");
+    auto lease = c_->store->Acquire(*principal, *id, absl::Now());
+    if (!lease.ok()) return lease.status();
+    JobCallbacks cb;
+    // Runs on the engine thread, after this constructor has returned.
+    cb.on_done = [this](absl::Status s, JobResult result) {
+      if (!s.ok()) {
+        End(ToGrpcStatus(s));
+        return;
+      }
+      data_ = std::move(result.exported);
+      Next();
+    };
+    return c_->scheduler->SubmitExport(*std::move(lease), std::move(cb)).status();
+  }
+  void Next() {
+    if (offset_ >= data_.size()) {
+      End(grpc::Status::OK);
+      return;
+    }
+    const size_t n = std::min(kChunkBytes, data_.size() - offset_);
+    chunk_.set_data(data_.substr(offset_, n));
+    offset_ += n;
+    StartWrite(&chunk_);
+  }
+  void End(const grpc::Status& g) {
+    c_->Count("ExportSession", g);
+    Finish(g);
+  }
+
+  const TxlService::Context* c_;
+  std::string data_;  // set once, on the engine thread, before the first write
+  size_t offset_ = 0;
+  v1::SessionChunk chunk_;
+};
+
+// ImportSession: reads every chunk (bounded), checks the bytes, then one
+// import job on the engine thread. Deletes itself in OnDone.
+class ImportCall final : public grpc::ServerReadReactor<v1::ImportSessionRequest> {
+ public:
+  ImportCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx, v1::Session* response)
+      : c_(c), ctx_(ctx), response_(response) {
+    auto principal = c_->Principal(ctx);
+    if (!principal.ok()) {
+      End(ToGrpcStatus(principal.status()));
+      return;
+    }
+    principal_ = *std::move(principal);
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      if (first_) {
+        settings_ = request_;
+        settings_.clear_data();
+        first_ = false;
+      }
+      data_ += request_.data();
+      if (static_cast<int64_t>(data_.size()) > c_->config.max_import_bytes) {
+        End(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+            "import: more than ", c_->config.max_import_bytes, " bytes (a session of max_mem_len at most)"))));
+        return;
+      }
+      StartRead(&request_);
+      return;
+    }
+    absl::Status s = Submit();
+    if (!s.ok()) End(ToGrpcStatus(s));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Submit() {
+    if (first_) return absl::InvalidArgumentError("import: no data");
+    v1::CreateSessionRequest as_create;  // the same rules for the id and the ttl
+    as_create.set_session_id(settings_.session_id());
+    as_create.set_idle_ttl_seconds(settings_.idle_ttl_seconds());
+    const std::optional<std::string> md = c_->MetadataSessionId(ctx_);
+    auto args = c_->validator.CreateSession(as_create, md ? &*md : nullptr);
+    if (!args.ok()) return args.status();
+    auto image = DecodeSessionExport(data_);
+    if (!image.ok()) return image.status();
+    const std::string here = c_->engine->fingerprint();
+    if (image->fingerprint != here) {
+      return absl::FailedPreconditionError(absl::StrCat("import: the session was exported from model ",
+                                                        image->fingerprint, "; this server serves ", here));
+    }
+    if (c_->scheduler->draining()) return absl::UnavailableError("the server is shutting down");
+    JobCallbacks cb;
+    cb.on_done = [this](absl::Status s, JobResult result) {
+      if (s.ok()) FillSession(result.forked, response_);
+      End(ToGrpcStatus(s));
+    };
+    return c_->scheduler
+        ->SubmitImport(principal_, *std::move(image), args->idle_ttl,
+                       {settings_.labels().begin(), settings_.labels().end()}, args->session_id, std::move(cb))
+        .status();
+  }
+  void End(const grpc::Status& g) {
+    c_->Count("ImportSession", g);
+    Finish(g);
+  }
+
+  const TxlService::Context* c_;
+  grpc::CallbackServerContext* ctx_;
+  v1::Session* response_;
+  std::string principal_;
+  v1::ImportSessionRequest request_, settings_;
+  bool first_ = true;
+  std::string data_;
+};
+
+grpc::ServerWriteReactor<v1::SessionChunk>* TxlService::ExportSession(grpc::CallbackServerContext* ctx,
+                                                                      const v1::ExportSessionRequest* req) {
+  return new ExportCall(ctx_.get(), ctx, *req);
+}
+
+grpc::ServerReadReactor<v1::ImportSessionRequest>* TxlService::ImportSession(grpc::CallbackServerContext* ctx,
+                                                                            v1::Session* resp) {
+  return new ImportCall(ctx_.get(), ctx, resp);
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* TxlService::Generate(grpc::CallbackServerContext* ctx,

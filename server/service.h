@@ -36,7 +36,7 @@ struct ServiceConfig {
   int max_top_logprobs = 20;
   std::string model_path;
   std::string device;
-  std::string fingerprint;
+  int64_t max_import_bytes = int64_t{1} << 30;  // ImportSession's data, in all
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
@@ -72,6 +72,10 @@ class TxlService final : public v1::TransformerXL::CallbackService {
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
                                   v1::ScoreResponse* resp) override;
+  grpc::ServerWriteReactor<v1::SessionChunk>* ExportSession(grpc::CallbackServerContext* ctx,
+                                                           const v1::ExportSessionRequest* req) override;
+  grpc::ServerReadReactor<v1::ImportSessionRequest>* ImportSession(grpc::CallbackServerContext* ctx,
+                                                                  v1::Session* resp) override;
 
   ~TxlService() override;
 

@@ -1,10 +1,13 @@
 // Checkpoint I/O (DESIGN section 5) and the LanguageModel facade on top.
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "model/archive.h"
 #include "model/checkpoint.h"
@@ -44,6 +47,35 @@ class CheckpointTest : public ::testing::Test {
                              {{"config.json", config_json.empty() ? config_.ToJson() : config_json},
                               {"tokenizer.json", tokenizer_.ToJson()}})
                     .ok());
+    return path;
+  }
+
+  using Records = std::vector<std::pair<std::string, std::string>>;  // name, contents
+
+  // Saves the model, then writes its archive again with every record (the version aside,
+  // which the writer adds) after `edit` had its way: sizes and CRCs stay valid.
+  std::string RewriteRecords(const std::string& name, const std::function<void(Records&)>& edit) {
+    const std::string good = Path("good_" + name);
+    EXPECT_TRUE(SaveCheckpoint(good, config_, tokenizer_, weights_).ok());
+    Records records;
+    caffe2::serialize::PyTorchStreamReader reader(good);
+    for (const std::string& record : reader.getAllRecords()) {
+      if (record == "version" || record == ".data/version") continue;
+      auto [data, size] = reader.getRecord(record);
+      records.emplace_back(record, std::string(static_cast<const char*>(data.get()), size));
+    }
+    edit(records);
+    std::string bytes;
+    {
+      caffe2::serialize::PyTorchStreamWriter writer([&bytes](const void* p, size_t n) {
+        bytes.append(static_cast<const char*>(p), n);
+        return n;
+      });
+      for (const auto& [record, contents] : records) writer.writeRecord(record, contents.data(), contents.size());
+      writer.writeEndOfFile();
+    }
+    const std::string path = Path(name);
+    std::ofstream(path, std::ios::binary) << bytes;
     return path;
   }
 
@@ -92,6 +124,43 @@ TEST_F(CheckpointTest, TruncatedArchive) {
   const std::string path = Path("m.pt");
   ASSERT_TRUE(SaveCheckpoint(path, config_, tokenizer_, weights_).ok());
   fs::resize_file(path, fs::file_size(path) / 2);
+  ExpectLoadError(path, {"not a readable TorchScript archive"});
+}
+
+// Regression (found by tests/fuzz/checkpoint_fuzzer under ASan): a tensor record shorter than
+// the tensor its pickle describes was loaded as it was, and the first operation on the tensor
+// read past the end of the record's buffer (heap-buffer-overflow in the embedding lookup).
+TEST_F(CheckpointTest, TruncatedTensorRecord) {
+  const std::string path = RewriteRecords("short.pt", [](Records& records) {
+    auto largest = records.end();
+    for (auto it = records.begin(); it != records.end(); ++it) {
+      if (it->first.rfind("data/", 0) == 0 &&
+          (largest == records.end() || it->second.size() > largest->second.size()))
+        largest = it;
+    }
+    ASSERT_NE(largest, records.end());
+    largest->second.resize(5);
+  });
+  ExpectLoadError(path, {"tensor '", "bytes of data, but its record holds 5", "truncated"});
+  LanguageModelOptions options;
+  options.path = path;
+  EXPECT_EQ(LanguageModel::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Regression (found by tests/fuzz/checkpoint_fuzzer): a malformed TorchScript code record made
+// torch::jit::load throw std::runtime_error, which LoadCheckpoint did not catch (only
+// c10::Error): the process aborted instead of refusing the file.
+TEST_F(CheckpointTest, MalformedCodeRecord) {
+  const std::string path = RewriteRecords("code.pt", [](Records& records) {
+    bool cut = false;
+    for (auto& [name, contents] : records) {
+      if (name.rfind("code/", 0) == 0 && name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) {
+        contents = "~";
+        cut = true;
+      }
+    }
+    ASSERT_TRUE(cut);
+  });
   ExpectLoadError(path, {"not a readable TorchScript archive"});
 }
 
@@ -237,6 +306,85 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   auto fork = *s->Clone();
   EXPECT_EQ(fork->position(), 4);
   EXPECT_EQ(fork->memory_bytes(), s->memory_bytes());
+}
+
+// ExportSession/ImportSession rest on this: a restored session continues
+// bit for bit like the original, before and after its ring has wrapped.
+TEST_F(LanguageModelTest, RestoredSessionContinuesExactly) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  for (int fed : {0, 3, 30}) {  // empty, part-filled, wrapped (mem_len 8)
+    auto s = *model->NewSession(8);
+    std::vector<int> history;
+    for (int i = 0; i < fed; ++i) history.push_back((i * 7 + 3) % static_cast<int>(config_.n_token));
+    StepInput in;
+    in.session = s.get();
+    in.tokens = history;
+    if (!history.empty()) ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+    std::string image;
+    ASSERT_TRUE(s->AppendTo(&image).ok());
+    auto r = model->RestoreSession(image);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->position(), s->position());
+    EXPECT_EQ((*r)->memory_bytes(), s->memory_bytes());
+    // Each alone, so the same computation runs on both: bit-identical.
+    std::vector<std::vector<float>> logprobs;
+    for (SessionState* state : {s.get(), r->get()}) {
+      StepInput next;
+      next.session = state;
+      next.tokens = {1, 2, 3, 4, 5};
+      next.targets = {2, 3, 4, 5, 6};
+      auto out = model->Step(absl::MakeSpan(&next, 1));
+      ASSERT_TRUE(out.ok()) << out.status();
+      logprobs.push_back((*out)[0].target_logprobs);
+    }
+    EXPECT_EQ(logprobs[0], logprobs[1]) << "fed " << fed;
+  }
+  // Damaged or foreign images are refused with a reason, never loaded.
+  auto s = *model->NewSession(8);
+  StepInput in;
+  in.session = s.get();
+  in.tokens = {1, 2, 3};
+  ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  std::string image;
+  ASSERT_TRUE(s->AppendTo(&image).ok());
+  EXPECT_EQ(model->RestoreSession(image.substr(0, image.size() - 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string other_layers = image;
+  other_layers[8] = static_cast<char>(other_layers[8] + 1);  // n_layer follows the 8-byte magic
+  auto foreign = model->RestoreSession(other_layers);
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(foreign.status().message().find("n_layer"), std::string::npos) << foreign.status();
+  EXPECT_FALSE(model->RestoreSession("").ok());
+  EXPECT_EQ(model->fingerprint().size(), 16u);
+}
+
+// Regression (found by tests/fuzz/session_import_fuzzer under UBSan): an image's header is
+// client data (ImportSession). Sizes in it overflowed int64 while the expected length was
+// computed (undefined behaviour), and a position near the int64 limit was restored as it was,
+// so the next step overflowed it.
+TEST_F(LanguageModelTest, RestoreRefusesHeadersOutOfRange) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto s = *model->NewSession(8);
+  StepInput in;
+  in.session = s.get();
+  for (int i = 0; i < 20; ++i) in.tokens.push_back(i % 5);  // the ring wraps: capacity = mem_len
+  ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  std::string image;
+  ASSERT_TRUE(s->AppendTo(&image).ok());
+  ASSERT_TRUE(model->RestoreSession(image).ok());
+  // Header fields: int64 at 8 + 8 * i: n_layer, n_head, d_head, mem_len, position, length, capacity.
+  const auto with = [&image](std::vector<std::pair<int, int64_t>> fields) {
+    std::string patched = image;
+    for (auto [i, v] : fields) std::memcpy(&patched[8 + 8 * i], &v, sizeof(v));
+    return patched;
+  };
+  const int64_t huge = int64_t{1} << 61;
+  auto sizes = model->RestoreSession(with({{3, huge}, {6, huge}}));
+  EXPECT_EQ(sizes.status().code(), absl::StatusCode::kInvalidArgument) << sizes.status();
+  auto position = model->RestoreSession(with({{4, std::numeric_limits<int64_t>::max() - 2}}));
+  EXPECT_EQ(position.status().code(), absl::StatusCode::kInvalidArgument) << position.status();
 }
 
 // The memory budget reserves FullMemoryBytes per session: it must be what a

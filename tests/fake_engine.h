@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -26,6 +27,12 @@ class FakeSession : public EngineSession {
     c->history = history;
     return std::unique_ptr<EngineSession>(std::move(c));
   }
+  // Image: mem_len, then the history, as text.
+  absl::Status AppendTo(std::string* out) const override {
+    out->append(std::to_string(mem_len_));
+    for (int t : history) out->append(" " + std::to_string(t));
+    return absl::OkStatus();
+  }
   std::vector<int> history;
   bool fail_clone = false;
 
@@ -40,6 +47,16 @@ class FakeEngine : public Engine {
   absl::StatusOr<std::unique_ptr<EngineSession>> NewSession(int64_t mem_len) override {
     return std::unique_ptr<EngineSession>(new FakeSession(mem_len));
   }
+
+  absl::StatusOr<std::unique_ptr<EngineSession>> RestoreSession(const std::string& data) override {
+    std::istringstream in(data);
+    int64_t mem_len = 0;
+    if (!(in >> mem_len) || mem_len < 1) return absl::InvalidArgumentError("fake state: bad image");
+    auto s = std::make_unique<FakeSession>(mem_len);
+    for (int t; in >> t;) s->history.push_back(t);
+    return std::unique_ptr<EngineSession>(std::move(s));
+  }
+  std::string fingerprint() const override { return "fake-" + std::to_string(vocab_); }
 
   // log p(next | last): 0.9 on last + 1, the rest spread evenly.
   std::vector<float> Distribution(int last) const {

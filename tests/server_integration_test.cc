@@ -477,6 +477,63 @@ TEST(ServerMetricsTest, CancelledCallsAreCountedAsCancelled) {
   EXPECT_EQ(text.find("txl_requests_total{code=\"OK\",method=\"Generate\"}"), std::string::npos) << text;
 }
 
+// A session moves between servers: exported from one, imported into another
+// of the same model, it continues exactly; other models and damaged bytes
+// are refused with the reason.
+TEST(SessionTransferTest, ExportImportContinuesExactlyAcrossServers) {
+  auto a = StartServer();
+  auto b = StartServer();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto ca = Connect(*a);
+  auto cb = Connect(*b);
+  const std::string id = NewSession(*ca);
+  ASSERT_TRUE(Stream(*ca, Gen(id, "export me", 6)).status.ok());
+  auto bytes = ca->ExportSession(id);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto moved = cb->ImportSession(v1::ImportSessionRequest(), *bytes);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->position(), ca->GetSession(id)->position());
+  EXPECT_EQ(moved->mem_len(), ca->GetSession(id)->mem_len());
+  EXPECT_FALSE(ca->GetSession(id)->busy());  // the export gave the session back
+  const Generated here = Stream(*ca, Gen(id, " and on", 12));
+  const Generated there = Stream(*cb, Gen(moved->session_id(), " and on", 12));
+  ASSERT_TRUE(here.status.ok() && there.status.ok());
+  EXPECT_EQ(here.ids, there.ids);
+  EXPECT_EQ(here.positions, there.positions);
+
+  v1::ImportSessionRequest same_id;
+  same_id.set_session_id(moved->session_id());
+  EXPECT_EQ(cb->ImportSession(same_id, *bytes).status().code(), absl::StatusCode::kAlreadyExists);
+  std::string damaged = *bytes;
+  damaged[damaged.size() / 2] ^= 0x01;
+  auto bad = cb->ImportSession(v1::ImportSessionRequest(), damaged);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("damaged"), std::string::npos) << bad.status();
+  EXPECT_EQ(cb->ImportSession(v1::ImportSessionRequest(), bytes->substr(0, 100)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ca->ExportSession("0123456789abcdef0123456789abcdef").status().code(), absl::StatusCode::kNotFound);
+
+  // Another model (other weights): FAILED_PRECONDITION naming both fingerprints.
+  const std::string other = ModelPath() + ".other.pt";
+  ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.d_head = 16;
+  c.d_inner = 64;
+  c.mem_len = 24;
+  c.n_token = 256;
+  ASSERT_TRUE(WriteInitialCheckpoint(other, c, Tokenizer::Byte(), 4, 0.3).ok());
+  std::string output;
+  auto d = ServerProcess::Start(TXL_SERVER_BINARY, {"--model=" + other}, &output);
+  ASSERT_NE(d, nullptr) << output;
+  auto foreign = Connect(*d)->ImportSession(v1::ImportSessionRequest(), *bytes);
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(foreign.status().message().find("exported from model"), std::string::npos) << foreign.status();
+  std::filesystem::remove(other);
+}
+
 TEST(ServerLimitsTest, MaxSessionsIsResourceExhausted) {
   auto server = StartServer({"--max_sessions=2"});
   ASSERT_NE(server, nullptr);

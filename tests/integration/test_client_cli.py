@@ -62,6 +62,30 @@ class ClientCliTest(unittest.TestCase):
         self.assertEqual(missing.returncode, 1)
         self.assertIn("NOT_FOUND", missing.stderr)
 
+    def test_export_and_import(self):
+        sid = self.client("create").stdout.strip()
+        self.assertEqual(self.client("--session", sid, "--max_new_tokens", "3", "generate", "abc").returncode, 0)
+        path = os.path.join(self.tmp.name, "s.txl")
+        exported = self.client("sessions", "export", sid, path)
+        self.assertEqual(exported.returncode, 0, exported.stderr)
+        self.assertGreater(os.path.getsize(path), 0)
+        imported = self.client("sessions", "import", path)
+        self.assertEqual(imported.returncode, 0, imported.stderr)
+        copy = imported.stdout.split()[0]
+        self.assertNotEqual(copy, sid)
+        self.assertIn("position=6", imported.stdout)
+        greedy = lambda s: self.client("--session", s, "--max_new_tokens", "6", "--temperature", "0",
+                                       "generate", "xyz").stdout
+        self.assertEqual(greedy(sid), greedy(copy))
+        with open(path, "r+b") as f:
+            f.seek(40)
+            byte = f.read(1)
+            f.seek(40)
+            f.write(bytes([byte[0] ^ 1]))
+        damaged = self.client("sessions", "import", path)
+        self.assertEqual(damaged.returncode, 1)
+        self.assertIn("INVALID_ARGUMENT", damaged.stderr)
+
     def test_score_file(self):
         path = os.path.join(self.tmp.name, "text.txt")
         with open(path, "w") as f:

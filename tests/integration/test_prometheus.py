@@ -214,8 +214,8 @@ class PrometheusTest(unittest.TestCase):
             self.assertEqual(list(self.query(selector).values()), [1.0], selector)
 
         # 4. The recording rules produce what the raw metrics say.
-        # One session at mem_len 16 reserves 2 layers * 2 * 15 positions * 2 heads * 16 * 4 bytes.
-        reserved = MAX_SESSIONS * 2 * 2 * 15 * 2 * 16 * 4
+        # One session at mem_len 16 reserves its full ring: 2 layers * 2 * 16 slots * 2 heads * 16 * 4 bytes.
+        reserved = MAX_SESSIONS * 2 * 2 * 16 * 2 * 16 * 4
         checks = {
             "txl:tokens_generated:rate1m": lambda v: v > 0,
             "txl:sessions:saturation": lambda v: v == 1.0,

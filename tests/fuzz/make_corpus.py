@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/), in each
+target's input format (see the comment at the top of each *_fuzzer.cc).
+
+    /usr/bin/python3 tests/fuzz/make_corpus.py --build-dir build
+
+Needs the normal build: the Python stubs (build/client/python/gen) for the request
+seeds, and build/model/txl-init for the checkpoint seeds (it writes checkpoints like
+the fuzzer's templates, whose records are then read in archive order). Rewrites the
+seed directories; the seeds are small and kept in git.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "corpus")
+
+# The fuzzer's templates (checkpoint_fuzzer.cc, LLVMFuzzerInitialize).
+TEMPLATE_CORPUS = "abcdefghijklmnopqrstuvwxyz \n.,"
+PLAIN = {"n_layer": 1, "n_head": 2, "d_model": 8, "d_head": 4, "d_inner": 16, "mem_len": 8}
+ADAPTIVE = dict(PLAIN, n_layer=2, d_embed=8, cutoffs=[8, 16], div_val=2, tie_projs=[False, True, True],
+                untie_r=True, pre_lnorm=True, clamp_len=3)
+VERSION_RECORDS = ("version", ".data/version")
+
+
+def write_seeds(target, seeds):
+    d = os.path.join(CORPUS, target)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    for name, data in seeds:
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    print("%s: %d seeds" % (target, len(seeds)))
+
+
+def tokenizer_seeds():
+    mixed = "caf\u00e9 \u4e2d \U0001F600\n".encode() + b"\xff-\xe4\xb8"
+    return [
+        ("byte_text", b"\x00hello, world\n" + bytes(range(0, 256, 7))),
+        ("char_corpus", b"\x01the quick brown fox\n\0the fox\n"),
+        ("char_mixed", b"\x01" + mixed + b"\0" + mixed[::-1]),
+        ("char_unk", b"\x02abc\0abcxyz \xc3\xa9"),
+        ("word_vocab", b"\x03the\ncat\nsat\n<eos>\n<unk>\0\x00\x01\x00\x02\x00\x03\x00\x00"),
+        ("word_text", b"\x03a\nb\n<eos>\0a b\nb  a\n"),
+        ("json_char", b'\x04{"type":"char","symbols":["a","b",[255],"<unk>"]}\0ab\xff?'),
+        ("json_word", b'\x04{"type":"word","symbols":["x","y","<eos>"]}\0x y\ny x\n'),
+        ("json_byte", b'\x04{"type":"byte"}\0bytes'),
+    ]
+
+
+def request_seeds(stubs):
+    sys.path.insert(0, stubs)
+    from txl.v1 import txl_pb2  # noqa: E402
+
+    sid = "0123456789abcdef0123456789abcdef"
+
+    def seed(rpc, tokenizer, message, metadata=None):
+        md = b"\x00" if metadata is None else bytes([len(metadata) + 1]) + metadata.encode()
+        return bytes([rpc, tokenizer]) + md + message.SerializeToString()
+
+    create = txl_pb2.CreateSessionRequest(mem_len=8, idle_ttl_seconds=60, session_id=sid, labels={"a": "b"})
+    gen_text = txl_pb2.GenerateRequest(
+        session_id=sid, input=txl_pb2.Input(text="cat"), max_new_tokens=4,
+        sampling=txl_pb2.SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=3),
+        stop_token_ids=[1], stop_sequences=["\n"], logprobs=2)
+    gen_ids = txl_pb2.GenerateRequest(input=txl_pb2.Input(tokens=txl_pb2.TokenIds(ids=[1, 2, 3])), max_new_tokens=32)
+    gen_words = txl_pb2.GenerateRequest(input=txl_pb2.Input(text="the cat sat\non the mat\n"), logprobs=5)
+    score = txl_pb2.ScoreRequest(session_id=sid, input=txl_pb2.Input(text="caf\u00e9"), commit=True)
+    score_ids = txl_pb2.ScoreRequest(input=txl_pb2.Input(tokens=txl_pb2.TokenIds(ids=[0, 255])))
+    return [
+        ("create", seed(0, 0, create)),
+        ("create_metadata", seed(0, 0, txl_pb2.CreateSessionRequest(), sid)),
+        ("generate_text", seed(1, 1, gen_text, sid)),
+        ("generate_ids", seed(1, 0, gen_ids)),
+        ("generate_words", seed(1, 2, gen_words)),
+        ("score_text", seed(2, 1, score, sid)),
+        ("score_ids", seed(2, 0, score_ids)),
+    ]
+
+
+def template_records(bin_dir, tmp, name, config):
+    cfg = os.path.join(tmp, name + ".json")
+    corpus = os.path.join(tmp, "corpus.txt")
+    out = os.path.join(tmp, name + ".pt")
+    with open(cfg, "w") as f:
+        json.dump(config, f)
+    with open(corpus, "w") as f:
+        f.write(TEMPLATE_CORPUS)
+    subprocess.run([os.path.join(bin_dir, "model", "txl-init"), "--config", cfg, "--tokenizer", "char",
+                    "--corpus", corpus, "--out", out], check=True, capture_output=True)
+    with zipfile.ZipFile(out) as z:
+        records = []
+        for n in z.namelist():
+            short = n.split("/", 1)[1]
+            if short not in VERSION_RECORDS:
+                records.append((short, z.read(n)))
+    return records
+
+
+def checkpoint_seeds(bin_dir):
+    # Modes 0 and 1 run in the "torch" scope only (TXL_FUZZ_CHECKPOINT_SCOPE=torch).
+    seeds = [
+        ("raw_not_zip", b"\x00not a checkpoint"),
+        ("raw_zip_magic", b"\x00PK\x03\x04" + bytes(60)),
+        ("template_plain", b"\x01"),
+        ("template_adaptive", b"\x05"),
+        ("patch_header", b"\x01" + struct.pack("<IB", 8, 2) + b"\xff\xff"),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for template, (label, config) in enumerate([("plain", PLAIN), ("adaptive", ADAPTIVE)]):
+            records = template_records(bin_dir, tmp, label, config)
+            # Mode 2 picks among the records the default scope may replace (checkpoint_fuzzer.cc,
+            # OursToReplace), in archive order: seeds for config.json, tokenizer.json and the first
+            # tensor storage, each with its original contents.
+            ours = [(n, d) for n, d in records if n in ("extra/config.json", "extra/tokenizer.json")
+                    or n.startswith("data/")]
+            kinds = set()
+            for i, (name, data) in enumerate(ours):
+                kind = "storage" if name.startswith("data/") else name.split("/")[-1].replace(".", "_")
+                if kind in kinds:
+                    continue
+                kinds.add(kind)
+                seeds.append(("%s_record_%s" % (label, kind), bytes([2 | template << 2, i]) + data))
+            storages = [i for i, (n, _) in enumerate(ours) if n.startswith("data/")]
+            seeds.append(("%s_short_storage" % label, bytes([2 | template << 2, storages[-1]]) +
+                          ours[storages[-1]][1][:5]))
+            named = dict(records)
+            seeds.append(("%s_json" % label, bytes([3 | template << 2]) + named["extra/config.json"] + b"\0" +
+                          named["extra/tokenizer.json"]))
+    return seeds
+
+
+def session_import_seeds():
+    # The memory image's header fields (model/session_snapshot.cc) at 8 + 8 * i:
+    # n_layer, n_head, d_head, mem_len, position, length, capacity, element size.
+    def patch(field, value):
+        return struct.pack("<HB", 8 + 8 * field, 8) + struct.pack("<q", value)
+
+    return [
+        ("export_not", b"\x00TXLSESS\x00\x01\x00\x00\x00"),
+        ("image_empty", b"\x01\x00TXLMEM1\x00" + struct.pack("<8q", 2, 0, 0, 8, 0, 0, 0, 4)),
+        ("real", b"\x02\x00"),
+        ("real_pending", b"\x02\x02"),
+        ("real_mem_len", b"\x02\x00" + patch(3, 4096)),
+        ("real_position", b"\x02\x01" + patch(4, 1 << 40)),
+        ("real_capacity", b"\x02\x00" + patch(6, 4) + patch(5, 3)),
+    ]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build-dir", default=os.path.join(HERE, "..", "..", "build"))
+    args = p.parse_args()
+    build = os.path.abspath(args.build_dir)
+    write_seeds("tokenizer", tokenizer_seeds())
+    write_seeds("request_validation", request_seeds(os.path.join(build, "client", "python", "gen")))
+    write_seeds("checkpoint", checkpoint_seeds(build))
+    write_seeds("session_import", session_import_seeds())
+
+
+if __name__ == "__main__":
+    main()

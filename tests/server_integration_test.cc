@@ -17,19 +17,24 @@ namespace {
 
 using testing::ServerProcess;
 
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.d_head = 16;
+  c.d_inner = 64;
+  c.mem_len = 24;
+  c.n_token = 256;
+  return c;
+}
+
 std::string ModelPath() {
   static const std::string path = [] {
     const std::string p = (std::filesystem::temp_directory_path() /
                            ("txl_server_it_" + std::to_string(getpid()) + ".pt"))
                               .string();
-    ModelConfig c;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.d_model = 32;
-    c.d_head = 16;
-    c.d_inner = 64;
-    c.mem_len = 24;
-    c.n_token = 256;
+    const ModelConfig c = TinyConfig();
     // Large weights make the distributions peaked, so greedy choices are
     // far from ties and batching differences could not flip them.
     EXPECT_TRUE(WriteInitialCheckpoint(p, c, Tokenizer::Byte(), 3, 0.3).ok());
@@ -516,15 +521,7 @@ TEST(SessionTransferTest, ExportImportContinuesExactlyAcrossServers) {
 
   // Another model (other weights): FAILED_PRECONDITION naming both fingerprints.
   const std::string other = ModelPath() + ".other.pt";
-  ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 32;
-  c.d_head = 16;
-  c.d_inner = 64;
-  c.mem_len = 24;
-  c.n_token = 256;
-  ASSERT_TRUE(WriteInitialCheckpoint(other, c, Tokenizer::Byte(), 4, 0.3).ok());
+  ASSERT_TRUE(WriteInitialCheckpoint(other, TinyConfig(), Tokenizer::Byte(), 4, 0.3).ok());
   std::string output;
   auto d = ServerProcess::Start(TXL_SERVER_BINARY, {"--model=" + other}, &output);
   ASSERT_NE(d, nullptr) << output;

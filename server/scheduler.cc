@@ -41,8 +41,7 @@ class Job {
   absl::Duration fork_ttl;
   std::map<std::string, std::string> fork_labels;
   // Import.
-  std::string import_owner, import_id;
-  SessionExport image;
+  Scheduler::ImportSpec import;
 
   JobResult result;
   bool done = false;
@@ -92,22 +91,27 @@ int64_t Scheduler::queue_depth() const {
 }
 
 absl::Status Scheduler::Import(Job& job) {
-  auto state = engine_->RestoreSession(job.image.state);
+  const ImportSpec& spec = job.import;
+  auto state = engine_->RestoreSession(spec.image.state);
   if (!state.ok()) return state.status();
-  if ((*state)->fed() + static_cast<int64_t>(job.image.pending.size()) != job.image.position) {
+  if ((*state)->mem_len() > spec.max_mem_len) {
+    return absl::InvalidArgumentError(absl::StrCat("import: the session's mem_len ", (*state)->mem_len(),
+                                                   " is more than this server allows (max_mem_len=",
+                                                   spec.max_mem_len, ")"));
+  }
+  if ((*state)->fed() + static_cast<int64_t>(spec.image.pending.size()) != spec.image.position) {
     return absl::InvalidArgumentError("session export: the position does not match the state");
   }
-  for (int t : job.image.pending) {
+  for (int t : spec.image.pending) {
     if (t < 0 || t >= engine_->vocab_size())
       return absl::InvalidArgumentError("session export: a pending token is outside the vocabulary");
   }
-  auto lease = store_->CreateAcquired(job.import_owner, *std::move(state), job.fork_ttl, job.fork_labels,
-                                      absl::Now(), job.import_id);
+  auto lease = store_->CreateAcquired(spec.owner, *std::move(state), spec.idle_ttl, spec.labels, absl::Now(), spec.id);
   if (!lease.ok()) return lease.status();
-  lease->pending = job.image.pending;
+  lease->pending = spec.image.pending;
   const std::string id = lease->id;
   store_->Release(*std::move(lease), absl::Now());
-  auto info = store_->Get(job.import_owner, id);
+  auto info = store_->Get(spec.owner, id);
   if (info.ok()) job.result.forked = *info;
   return info.status();
 }
@@ -211,18 +215,11 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitExport(SessionLease lease,
   return Enqueue(std::move(job));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(const std::string& owner, SessionExport image,
-                                                             absl::Duration idle_ttl,
-                                                             std::map<std::string, std::string> labels,
-                                                             const std::string& id, JobCallbacks callbacks) {
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(ImportSpec spec, JobCallbacks callbacks) {
   auto job = std::make_shared<Job>();
   job->kind = Job::Kind::kImport;
   job->callbacks = std::move(callbacks);
-  job->import_owner = owner;
-  job->import_id = id;
-  job->image = std::move(image);
-  job->fork_ttl = idle_ttl;
-  job->fork_labels = std::move(labels);
+  job->import = std::move(spec);
   return Enqueue(std::move(job));
 }
 

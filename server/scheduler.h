@@ -129,12 +129,17 @@ class Scheduler {
                                                   JobCallbacks callbacks);
   // Export: the session's state as SessionExport bytes (JobResult::exported).
   absl::StatusOr<std::shared_ptr<Job>> SubmitExport(SessionLease lease, JobCallbacks callbacks);
-  // Import: a new session of `owner` from a decoded export whose fingerprint
-  // the caller has checked (JobResult::forked). `id`: as SessionStore::Create.
-  absl::StatusOr<std::shared_ptr<Job>> SubmitImport(const std::string& owner, SessionExport image,
-                                                    absl::Duration idle_ttl,
-                                                    std::map<std::string, std::string> labels,
-                                                    const std::string& id, JobCallbacks callbacks);
+  // Import: a new session from a decoded export whose fingerprint the caller
+  // has checked (JobResult::forked).
+  struct ImportSpec {
+    std::string owner;
+    SessionExport image;
+    absl::Duration idle_ttl;
+    std::map<std::string, std::string> labels;
+    std::string id;           // as SessionStore::Create
+    int64_t max_mem_len = 0;  // a larger window in the image: INVALID_ARGUMENT
+  };
+  absl::StatusOr<std::shared_ptr<Job>> SubmitImport(ImportSpec spec, JobCallbacks callbacks);
   // The job leaves the batch at the next step and ends with Finish::kCancelled.
   void Cancel(const std::shared_ptr<Job>& job);
 

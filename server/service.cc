@@ -704,10 +704,14 @@ class ImportCall final : public grpc::ServerReadReactor<v1::ImportSessionRequest
       if (s.ok()) FillSession(result.forked, response_);
       End(ToGrpcStatus(s));
     };
-    return c_->scheduler
-        ->SubmitImport(principal_, *std::move(image), args->idle_ttl,
-                       {settings_.labels().begin(), settings_.labels().end()}, args->session_id, std::move(cb))
-        .status();
+    Scheduler::ImportSpec spec;
+    spec.owner = principal_;
+    spec.image = *std::move(image);
+    spec.idle_ttl = args->idle_ttl;
+    spec.labels = {settings_.labels().begin(), settings_.labels().end()};
+    spec.id = args->session_id;
+    spec.max_mem_len = c_->config.max_mem_len;
+    return c_->scheduler->SubmitImport(std::move(spec), std::move(cb)).status();
   }
   void End(const grpc::Status& g) {
     c_->Count("ImportSession", g);

@@ -518,6 +518,13 @@ TEST(SessionTransferTest, ExportImportContinuesExactlyAcrossServers) {
   EXPECT_EQ(cb->ImportSession(v1::ImportSessionRequest(), bytes->substr(0, 100)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ca->ExportSession("0123456789abcdef0123456789abcdef").status().code(), absl::StatusCode::kNotFound);
+  // Regression: an import's window was not held to --max_mem_len, so a
+  // client could import a session whose memory then grew past the limit.
+  auto narrow = StartServer({"--max_mem_len=8", "--default_mem_len=8"});
+  ASSERT_NE(narrow, nullptr);
+  auto wide = Connect(*narrow)->ImportSession(v1::ImportSessionRequest(), *bytes);
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wide.status().message().find("max_mem_len=8"), std::string::npos) << wide.status();
 
   // Another model (other weights): FAILED_PRECONDITION naming both fingerprints.
   const std::string other = ModelPath() + ".other.pt";

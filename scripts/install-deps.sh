@@ -10,6 +10,8 @@ set -euo pipefail
 RUNTIME_PACKAGES=(
   libtorch1.13 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libprometheus-cpp-core1.0 libopenblas0-openmp
+  # The Redis state store client, for --state_store=redis://HOST:PORT.
+  libhiredis0.14
 )
 
 PACKAGES=(
@@ -25,6 +27,8 @@ PACKAGES=(
   nginx-light prometheus python3-yaml
   # The security tests make their CA and certificates with the openssl CLI.
   openssl
+  # The Redis state store: its client library, and the server its tests run on loopback.
+  redis-server libhiredis-dev
   # Sanitizer and fuzzing builds (scripts/test.sh, docs/ROBUSTNESS.md): clang, its sanitizer and
   # libFuzzer runtimes (libclang-rt, only recommended by clang), llvm-symbolizer for the reports.
   clang-14 libclang-rt-14-dev llvm-14

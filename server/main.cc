@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -27,6 +28,8 @@
 #include "server/engine.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/session_journal.h"
+#include "server/state_backend.h"
 #include "server/service.h"
 #include "server/session_store.h"
 
@@ -66,6 +69,22 @@ ABSL_FLAG(std::string, auth_tokens, "",
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "largest request message the gRPC port accepts");
 ABSL_FLAG(int64_t, max_sessions_per_principal, 0,
           "live sessions one principal may hold before RESOURCE_EXHAUSTED; 0: no limit");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory that keeps every session durably (write-ahead token log + snapshots); sessions survive a "
+          "crash or restart, and replicas sharing it can take over each other's sessions (empty: off)");
+ABSL_FLAG(std::string, state_store, "",
+          "instead of --state_dir: redis://HOST:PORT[/PREFIX], a Redis server as the shared session store");
+ABSL_FLAG(std::string, fsync, "interval",
+          "always: fsync before every acknowledgement; interval: fsync every --fsync_interval_ms; never: leave it "
+          "to the OS (every mode survives a process crash; see docs/OPERATIONS.md)");
+ABSL_FLAG(int64_t, fsync_interval_ms, 1000, "how often --fsync=interval syncs");
+ABSL_FLAG(std::string, replica_name, "",
+          "this replica's name in the state store (default: the host name); keep it stable across restarts");
+ABSL_FLAG(int64_t, snapshot_tokens, 4096, "tokens logged per session before its log is folded into a snapshot");
+ABSL_FLAG(double, holder_timeout, 10, "seconds without a heartbeat before a replica's sessions may be taken over");
+ABSL_FLAG(int64_t, host_memory_budget, 0,
+          "bytes of host memory for idle sessions moved out of --session_memory_budget (offload; least recently "
+          "used first; with a state store, beyond it they live in the store only). 0: no offload");
 
 namespace {
 
@@ -205,7 +224,50 @@ int main(int argc, char** argv) {
   if (store_config.max_sessions < 1 || store_config.memory_budget_bytes < 0)
     return Fail("--max_sessions must be >= 1 and --session_memory_budget >= 0");
   if (store_config.max_sessions_per_principal < 0) return Fail("--max_sessions_per_principal must be >= 0");
+  store_config.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
+  if (store_config.host_memory_budget_bytes < 0) return Fail("--host_memory_budget must be >= 0");
+
+  // The state store, before anything is served: a restart finds its sessions first.
+  std::unique_ptr<txl::SessionJournal> journal;
+  if (!absl::GetFlag(FLAGS_state_dir).empty() && !absl::GetFlag(FLAGS_state_store).empty())
+    return Fail("--state_dir and --state_store: give one of them");
+  const std::string state_spec = !absl::GetFlag(FLAGS_state_store).empty()
+                                     ? absl::GetFlag(FLAGS_state_store)
+                                     : (absl::GetFlag(FLAGS_state_dir).empty() ? ""
+                                                                              : "dir:" + absl::GetFlag(FLAGS_state_dir));
+  if (!state_spec.empty()) {
+    txl::StateBackendConfig backend_config;
+    backend_config.spec = state_spec;
+    auto fsync = txl::ParseFsyncPolicy(absl::GetFlag(FLAGS_fsync));
+    if (!fsync.ok()) return Fail(absl::StrCat("--fsync: ", fsync.status().message()));
+    backend_config.fsync = *fsync;
+    if (absl::GetFlag(FLAGS_fsync_interval_ms) < 1) return Fail("--fsync_interval_ms must be >= 1");
+    backend_config.fsync_interval = absl::Milliseconds(absl::GetFlag(FLAGS_fsync_interval_ms));
+    auto backend = txl::OpenStateBackend(backend_config);
+    if (!backend.ok()) return Fail(absl::StrCat("state store: ", backend.status().message()));
+    txl::SessionJournalConfig journal_config;
+    journal_config.replica = absl::GetFlag(FLAGS_replica_name);
+    if (journal_config.replica.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      journal_config.replica = host;
+    }
+    if (absl::GetFlag(FLAGS_holder_timeout) <= 0) return Fail("--holder_timeout must be > 0");
+    journal_config.holder_timeout = absl::Seconds(absl::GetFlag(FLAGS_holder_timeout));
+    journal_config.heartbeat_interval = journal_config.holder_timeout / 4;
+    auto opened = txl::SessionJournal::Create(journal_config, *std::move(backend));
+    if (!opened.ok()) return Fail(absl::StrCat("state store: ", opened.status().message()));
+    journal = *std::move(opened);
+    store_config.has_state_store = true;
+  }
+  if (absl::GetFlag(FLAGS_snapshot_tokens) < 1) return Fail("--snapshot_tokens must be >= 1");
   txl::SessionStore store(store_config);
+  if (journal) {
+    auto recovered = txl::RecoverSessions(journal.get(), &store, (*engine)->fingerprint());
+    if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
+    std::cout << "txl-server: state store " << journal->Describe() << " as replica " << journal->replica() << ": "
+              << *recovered << " session(s) recovered" << std::endl;
+  }
 
   txl::MetricsConfig metrics_config;
   metrics_config.listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -229,10 +291,12 @@ int main(int argc, char** argv) {
       sched_config.max_queue < 1) {
     return Fail("--max_batch, --max_batch_tokens, --prefill_chunk and --max_queue must be >= 1");
   }
+  sched_config.snapshot_tokens = absl::GetFlag(FLAGS_snapshot_tokens);
   txl::Scheduler scheduler(sched_config, engine->get(), &store, &model.tokenizer(), metrics->get());
+  scheduler.SetJournal(journal.get());
 
   txl::TxlService service(service_config, mc, model.tokenizer(), engine->get(), &store, &scheduler,
-                          metrics->get(), tokens.get());
+                          metrics->get(), tokens.get(), journal.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -279,6 +343,10 @@ int main(int argc, char** argv) {
   // What is still running is cancelled; its sessions keep what was delivered.
   scheduler.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // A graceful stop leaves snapshots, so the next start (here or on another
+  // replica) replays nothing; the journal's destructor then retires this
+  // replica's heartbeat, which lets another replica take its sessions at once.
+  if (auto s = scheduler.SnapshotAll(); !s.ok()) std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
   std::cout << "txl-server: stopped" << std::endl;
   return 0;
 }

@@ -18,6 +18,9 @@ prometheus::Histogram::BucketBoundaries Exponential(double start, double factor,
   return b;
 }
 
+// Offload and restore times: 0.1 ms .. 13 s.
+prometheus::Histogram::BucketBoundaries MoveBuckets() { return Exponential(0.0001, 2, 18); }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& config,
@@ -54,6 +57,36 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
                            .Help("Full-window bytes of all sessions (what the memory budget counts)")
                            .Register(r)
                            .Add({});
+  // Offload (--host_memory_budget) and the state store: where sessions are, how they move.
+  m->offloads_ = &BuildCounter()
+                      .Name("txl_session_offloads_total")
+                      .Help("Idle sessions moved out of device memory (to=host) or host memory (to=store)")
+                      .Register(r);
+  m->restores_ = &BuildCounter()
+                      .Name("txl_session_restores_total")
+                      .Help("Sessions brought back into device memory, from=host or from=store")
+                      .Register(r);
+  m->offload_seconds_ =
+      &BuildHistogram().Name("txl_session_offload_seconds").Help("Time to offload one session").Register(r);
+  m->restore_seconds_ = &BuildHistogram()
+                             .Name("txl_session_restore_seconds")
+                             .Help("Time to bring one session back (read, rebuild, replay)")
+                             .Register(r);
+  m->tier_sessions_ =
+      &BuildGauge().Name("txl_sessions_by_tier").Help("Sessions by where their state is: device, host, store").Register(r);
+  m->host_bytes_ = &BuildGauge()
+                        .Name("txl_session_host_bytes")
+                        .Help("Bytes of offloaded sessions held in host memory")
+                        .Register(r)
+                        .Add({});
+  // Every series exists from the start (at 0), so dashboards and rates see them before the first offload.
+  for (const char* to : {"host", "store"}) {
+    m->offloads_->Add({{"to", to}});
+    m->offload_seconds_->Add({{"to", to}}, MoveBuckets());
+    m->restores_->Add({{"from", to}});
+    m->restore_seconds_->Add({{"from", to}}, MoveBuckets());
+  }
+  for (const char* tier : {"device", "host", "store"}) m->tier_sessions_->Add({{"tier", tier}});
   // Limits, so that rules can express saturation as a ratio.
   BuildGauge().Name("txl_sessions_max").Help("--max_sessions").Register(r).Add({}).Set(
       static_cast<double>(config.max_sessions));
@@ -92,8 +125,21 @@ void Metrics::OnInterTokenGap(double seconds) { itl_->Observe(seconds); }
 void Metrics::OnTokensFed(int64_t n) { tokens_fed_->Increment(static_cast<double>(n)); }
 void Metrics::OnTokensGenerated(int64_t n) { tokens_generated_->Increment(static_cast<double>(n)); }
 void Metrics::OnSessionsExpired(int n) { evicted_ttl_->Increment(n); }
+void Metrics::OnOffload(const char* to, double seconds) {
+  offloads_->Add({{"to", to}}).Increment();
+  offload_seconds_->Add({{"to", to}}, MoveBuckets()).Observe(seconds);
+}
+void Metrics::OnRestore(const char* from, double seconds) {
+  restores_->Add({{"from", from}}).Increment();
+  restore_seconds_->Add({{"from", from}}, MoveBuckets()).Observe(seconds);
+}
 void Metrics::OnTick() {
   if (store_ == nullptr) return;
+  const SessionStore::TierCounts tiers = store_->tiers();
+  tier_sessions_->Add({{"tier", "device"}}).Set(static_cast<double>(tiers.device));
+  tier_sessions_->Add({{"tier", "host"}}).Set(static_cast<double>(tiers.host));
+  tier_sessions_->Add({{"tier", "store"}}).Set(static_cast<double>(tiers.store));
+  host_bytes_->Set(static_cast<double>(tiers.host_bytes));
   const int64_t total = store_->size(), busy = store_->busy_count();
   sessions_busy_->Set(static_cast<double>(busy));
   sessions_idle_->Set(static_cast<double>(total - busy));

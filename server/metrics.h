@@ -54,6 +54,8 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   void OnTokensGenerated(int64_t n) override;
   void OnSessionsExpired(int n) override;
   void OnTick() override;  // refreshes the session gauges
+  void OnOffload(const char* to, double seconds) override;
+  void OnRestore(const char* from, double seconds) override;
 
   // The text exposition (what /metrics serves), for tests and debugging.
   std::string Scrape() const;
@@ -70,6 +72,12 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Histogram *batch_size_ = nullptr, *step_tokens_ = nullptr;
   prometheus::Gauge *queue_depth_ = nullptr, *sessions_idle_ = nullptr, *sessions_busy_ = nullptr;
   prometheus::Gauge *memory_bytes_ = nullptr, *reserved_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* offloads_ = nullptr;
+  prometheus::Family<prometheus::Counter>* restores_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* offload_seconds_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* restore_seconds_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tier_sessions_ = nullptr;
+  prometheus::Gauge* host_bytes_ = nullptr;
 };
 
 }  // namespace txl

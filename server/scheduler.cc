@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,7 @@ namespace txl {
 // One request as the engine thread sees it.
 class Job {
  public:
-  enum class Kind { kGenerate, kScore, kFork, kExport, kImport };
+  enum class Kind { kGenerate, kScore, kFork, kExport, kImport, kAdopt };
 
   Kind kind;
   SessionLease lease;
@@ -42,6 +43,13 @@ class Job {
   std::map<std::string, std::string> fork_labels;
   // Import.
   Scheduler::ImportSpec import;
+  // Adopt.
+  std::string adopt_caller, adopt_id;
+
+  // History bookkeeping for the journal: the session's position when the
+  // job was submitted, how far its history is logged, the tokens sampled.
+  int64_t start_position = 0, logged_position = 0;
+  std::vector<int> generated;
 
   JobResult result;
   bool done = false;
@@ -112,12 +120,14 @@ absl::Status Scheduler::Import(Job& job) {
   const std::string id = lease->id;
   store_->Release(*std::move(lease), absl::Now());
   auto info = store_->Get(spec.owner, id);
-  if (info.ok()) job.result.forked = *info;
-  return info.status();
+  if (!info.ok()) return info.status();
+  if (journal_) RecordNewSession(*info, EncodeSessionExport(spec.image));
+  job.result.forked = *info;
+  return absl::OkStatus();
 }
 
 void Scheduler::ReturnLease(Job& job) {
-  if (!job.lease.state) return;
+  if (job.lease.id.empty()) return;  // no session (import, adopt) or given back already
   if (job.throwaway) {
     store_->Discard(std::move(job.lease));
   } else {
@@ -164,6 +174,7 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease leas
     ReturnLease(*job);
     return invalid;
   }
+  job->start_position = job->logged_position = job->lease.position();
   job->feed = std::move(job->lease.pending);
   job->pending_len = job->feed.size();
   job->lease.pending.clear();
@@ -188,6 +199,7 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, 
     return absl::InvalidArgumentError("input: must hold at least one token");
   }
   job->commit = commit;
+  job->start_position = job->logged_position = job->lease.position();
   job->feed = job->lease.pending;  // kept in the lease until the job commits
   job->pending_len = job->feed.size();
   job->feed.insert(job->feed.end(), input.begin(), input.end());
@@ -223,6 +235,17 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(ImportSpec spec, Jo
   return Enqueue(std::move(job));
 }
 
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitAdopt(std::string caller, std::string id,
+                                                            JobCallbacks callbacks) {
+  if (journal_ == nullptr) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  auto job = std::make_shared<Job>();
+  job->kind = Job::Kind::kAdopt;
+  job->callbacks = std::move(callbacks);
+  job->adopt_caller = std::move(caller);
+  job->adopt_id = std::move(id);
+  return Enqueue(std::move(job));
+}
+
 bool Scheduler::draining() const {
   absl::MutexLock lock(&mu_);
   return draining_;
@@ -252,11 +275,191 @@ void Scheduler::Finish(Job& job, absl::Status status) {
   }
   job.scratch.reset();
   job.result.session_id = job.lease.id;
-  if (job.lease.state) job.result.position = job.lease.position();
+  if (job.lease.state) {
+    job.result.position = job.lease.position();
+    LogHistory(job, job.result.position);
+    if (journal_ && job.lease.durable && !job.throwaway && job.lease.since_snapshot >= config_.snapshot_tokens) {
+      SessionExport image;
+      image.fingerprint = engine_->fingerprint();
+      image.position = job.lease.position();
+      image.pending = job.lease.pending;
+      if (job.lease.state->AppendTo(&image.state).ok()) {
+        journal_->RecordSnapshot(job.lease.id, EncodeSessionExport(image));
+        job.lease.since_snapshot = 0;
+      }
+    }
+  }
   job.result.total_seconds = Since(job.submitted);
+  const bool durable = job.lease.durable || job.kind == Job::Kind::kImport || job.kind == Job::Kind::kAdopt ||
+                       job.kind == Job::Kind::kFork;
   ReturnLease(job);
   active_count_.fetch_sub(1);
-  if (job.callbacks.on_done) job.callbacks.on_done(std::move(status), std::move(job.result));
+  if (job.callbacks.on_done) {
+    // Told only once what it was told is written (the journal's promise).
+    Ack(durable, [done = std::move(job.callbacks.on_done), status = std::move(status),
+                  result = std::move(job.result)](absl::Status written) mutable {
+      done(status.ok() && !written.ok() ? written : status, std::move(result));
+    });
+  }
+}
+
+void Scheduler::Ack(bool durable, std::function<void(absl::Status)> fn) {
+  if (journal_ != nullptr && durable) {
+    journal_->After(std::move(fn));
+  } else {
+    fn(absl::OkStatus());
+  }
+}
+
+void Scheduler::LogHistory(Job& job, int64_t position) {
+  if (journal_ == nullptr || !job.lease.durable || job.throwaway) return;
+  if (job.kind != Job::Kind::kGenerate && !(job.kind == Job::Kind::kScore && job.commit)) return;
+  if (position <= job.logged_position) return;
+  // The history the job adds: its input, then what it sampled.
+  const int64_t n_input = static_cast<int64_t>(job.feed.size() - job.pending_len);
+  std::vector<int> tokens;
+  for (int64_t i = job.logged_position - job.start_position; i < position - job.start_position; ++i) {
+    tokens.push_back(i < n_input ? job.feed[job.pending_len + i] : job.generated[i - n_input]);
+  }
+  journal_->RecordTokens(job.lease.id, job.logged_position, std::move(tokens));
+  job.lease.since_snapshot += position - job.logged_position;
+  job.logged_position = position;
+}
+
+void Scheduler::RecordNewSession(const SessionInfo& info, std::string snapshot) {
+  SessionMeta meta{info.id, info.owner, info.mem_len, info.idle_ttl, info.created, info.labels};
+  journal_->RecordCreate(meta, std::move(snapshot));
+  store_->SetDurable(info.id);
+}
+
+std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::vector<int>* pending) {
+  auto idle = std::make_shared<IdleSession>();
+  idle->state = record.image.state;
+  idle->mem_len = record.meta.mem_len;
+  idle->feed = record.image.pending;
+  idle->feed.insert(idle->feed.end(), record.tail.begin(), record.tail.end());
+  pending->clear();
+  if (!idle->feed.empty()) {
+    pending->push_back(idle->feed.back());
+    idle->feed.pop_back();
+  }
+  return idle;
+}
+
+absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionStore* store, const std::string& fingerprint) {
+  auto held = journal->Held();
+  if (!held.ok()) return held.status();
+  int recovered = 0;
+  for (const std::string& id : *held) {
+    auto record = journal->Load(id);  // DATA_LOSS: reported and quarantined by Load
+    if (!record.ok()) continue;
+    if (record->image.fingerprint != fingerprint) {
+      std::fprintf(stderr, "txl-server: session %s not recovered: it belongs to model %s, this server serves %s\n",
+                   id.c_str(), record->image.fingerprint.c_str(), fingerprint.c_str());
+      continue;
+    }
+    std::vector<int> pending;
+    auto idle = IdleFromRecord(*record, &pending);
+    if (store->AddIdle(id, record->meta.owner, record->meta.idle_ttl, record->meta.labels, record->meta.created,
+                       std::move(idle), std::move(pending), record->position())
+            .ok())
+      ++recovered;
+  }
+  return recovered;
+}
+
+absl::StatusOr<std::unique_ptr<EngineSession>> Scheduler::Rebuild(const IdleSession& idle) {
+  auto state = idle.state.empty() ? engine_->NewSession(idle.mem_len) : engine_->RestoreSession(idle.state);
+  if (!state.ok()) return state.status();
+  for (size_t at = 0; at < idle.feed.size(); at += static_cast<size_t>(config_.prefill_chunk)) {
+    const size_t n = std::min(idle.feed.size() - at, static_cast<size_t>(config_.prefill_chunk));
+    EngineInput in;
+    in.session = state->get();
+    in.tokens.assign(idle.feed.begin() + at, idle.feed.begin() + at + n);
+    auto out = engine_->Step(absl::MakeSpan(&in, 1));
+    if (!out.ok()) return out.status();
+  }
+  return state;
+}
+
+absl::Status Scheduler::Materialize(Job& job) {
+  const absl::Time start = absl::Now();
+  const char* from = "host";
+  std::shared_ptr<const IdleSession> idle = job.lease.idle;
+  if (!idle) {
+    from = "store";
+    if (journal_ == nullptr) return absl::InternalError("the session has no state");
+    (void)journal_->Flush();  // its last tokens may still be on their way
+    auto record = journal_->Load(job.lease.id);
+    if (!record.ok()) {
+      if (absl::IsDataLoss(record.status()) || absl::IsNotFound(record.status())) job.throwaway = true;  // gone for good
+      return record.status();
+    }
+    if (record->position() != job.lease.known_position) {
+      job.throwaway = true;
+      return absl::DataLossError(absl::StrCat("session ", job.lease.id, ": the state store has position ",
+                                              record->position(), ", expected ", job.lease.known_position));
+    }
+    std::vector<int> pending;
+    idle = IdleFromRecord(*record, &pending);
+  }
+  auto state = Rebuild(*idle);
+  if (!state.ok()) return state.status();
+  job.lease.state = *std::move(state);
+  job.lease.idle.reset();
+  if (observer_) observer_->OnRestore(from, Since(start));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Adopt(Job& job) {
+  auto record = journal_->Adopt(job.adopt_id, job.adopt_caller);
+  if (!record.ok()) return record.status();
+  std::vector<int> pending;
+  std::shared_ptr<IdleSession> idle = IdleFromRecord(*record, &pending);
+  absl::Status s = store_->AddIdle(record->meta.id, record->meta.owner, record->meta.idle_ttl, record->meta.labels,
+                                   record->meta.created, std::move(idle), std::move(pending), record->position());
+  return absl::IsAlreadyExists(s) ? absl::OkStatus() : s;  // a concurrent adoption got here first
+}
+
+void Scheduler::Offload() {
+  for (const std::string& id : store_->DeviceOverflow()) {
+    const absl::Time start = absl::Now();
+    auto lease = store_->TakeForOffload(id);
+    if (!lease.ok()) continue;
+    auto idle = std::make_shared<IdleSession>();
+    idle->mem_len = lease->state->mem_len();
+    if (!lease->state->AppendTo(&idle->state).ok()) {
+      store_->Release(*std::move(lease), absl::Now());
+      continue;
+    }
+    store_->ReturnOffloaded(*std::move(lease), std::move(idle));
+    if (observer_) observer_->OnOffload("host", Since(start));
+  }
+  for (const std::string& id : store_->HostOverflow()) {
+    const absl::Time start = absl::Now();
+    store_->DropToStore(id);  // the journal holds it already
+    if (observer_) observer_->OnOffload("store", Since(start));
+  }
+}
+
+absl::Status Scheduler::SnapshotAll() {
+  if (journal_ == nullptr) return absl::OkStatus();
+  for (const std::string& id : store_->Ids()) {
+    auto lease = store_->TakeForOffload(id);  // idle and in device memory
+    if (!lease.ok()) continue;
+    if (lease->durable) {
+      SessionExport image;
+      image.fingerprint = engine_->fingerprint();
+      image.position = lease->position();
+      image.pending = lease->pending;
+      if (lease->state->AppendTo(&image.state).ok()) {
+        journal_->RecordSnapshot(id, EncodeSessionExport(image));
+        lease->since_snapshot = 0;
+      }
+    }
+    store_->Release(*std::move(lease), absl::Now());
+  }
+  return journal_->Flush();
 }
 
 void Scheduler::Loop() {
@@ -265,8 +468,13 @@ void Scheduler::Loop() {
   while (true) {
     if (absl::Now() - last_expiry >= absl::Seconds(1)) {
       last_expiry = absl::Now();
-      const int expired = store_->ExpireIdle(last_expiry);
+      std::vector<std::string> durable;
+      const int expired = store_->ExpireIdle(last_expiry, &durable);
       if (expired > 0 && observer_) observer_->OnSessionsExpired(expired);
+      if (journal_) {
+        for (const std::string& id : durable) journal_->RecordDelete(id);
+      }
+      Offload();
       if (observer_) observer_->OnTick();
     }
     {
@@ -299,6 +507,7 @@ void Scheduler::Loop() {
       continue;
     }
     RunStep(active);
+    Offload();
     active.erase(std::remove_if(active.begin(), active.end(), [](const auto& j) { return j->done; }),
                  active.end());
   }
@@ -315,6 +524,16 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
       continue;
     }
     if (job->result.queue_seconds == 0) job->result.queue_seconds = Since(job->submitted);
+    if (!job->lease.id.empty() && !job->lease.state) {  // offloaded: back into device memory first
+      if (auto s = Materialize(*job); !s.ok()) {
+        Finish(*job, s);
+        continue;
+      }
+    }
+    if (job->kind == Job::Kind::kAdopt) {
+      Finish(*job, Adopt(*job));
+      continue;
+    }
     if (job->kind == Job::Kind::kFork) {
       auto copy = job->lease.state->Clone();
       if (!copy.ok()) {
@@ -329,10 +548,22 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
         continue;
       }
       lease->pending = job->lease.pending;
+      // A fork of a journaled session is journaled too, from its first state.
+      std::string snapshot;
+      if (journal_ && job->lease.durable) {
+        SessionExport image;
+        image.fingerprint = engine_->fingerprint();
+        image.position = lease->position();
+        image.pending = lease->pending;
+        if (lease->state->AppendTo(&image.state).ok()) snapshot = EncodeSessionExport(image);
+      }
       const std::string id = lease->id;
       store_->Release(*std::move(lease), absl::Now());
       auto info = store_->Get(job->lease.owner, id);
-      if (info.ok()) job->result.forked = *info;
+      if (info.ok()) {
+        if (!snapshot.empty()) RecordNewSession(*info, std::move(snapshot));
+        job->result.forked = *info;
+      }
       Finish(*job, info.status());
       continue;
     }
@@ -465,7 +696,13 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
     job.last = token;
     ++job.result.generated_tokens;
     const int64_t position = job.lease.state->fed() + 1;  // the sampled token, pending
-    if (job.callbacks.on_tokens) job.callbacks.on_tokens({std::move(ev)}, position);
+    job.generated.push_back(token);
+    LogHistory(job, position);
+    if (job.callbacks.on_tokens) {
+      Ack(job.lease.durable, [cb = job.callbacks.on_tokens, ev = std::move(ev), position](absl::Status written) mutable {
+        if (written.ok()) cb({std::move(ev)}, position);  // else on_done reports the failure
+      });
+    }
 
     const bool stop_token = std::find(job.spec.stop_token_ids.begin(), job.spec.stop_token_ids.end(),
                                       token) != job.spec.stop_token_ids.end();

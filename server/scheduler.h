@@ -30,6 +30,7 @@
 #include "server/engine.h"
 #include "server/sampler.h"
 #include "server/session_export.h"
+#include "server/session_journal.h"
 #include "server/session_store.h"
 
 namespace txl {
@@ -39,6 +40,9 @@ struct SchedulerConfig {
   int max_batch_tokens = 2048;  // tokens fed per engine step
   int prefill_chunk = 256;      // tokens one request feeds per step while prefilling
   int max_queue = 256;          // waiting requests; past it RESOURCE_EXHAUSTED
+  // With a journal: a session's log is folded into a fresh snapshot once
+  // this many tokens were logged since the last one (bounds replay time).
+  int64_t snapshot_tokens = 4096;
 };
 
 struct GeneratedTokenEvent {
@@ -97,6 +101,10 @@ class SchedulerObserver {
   virtual void OnTokensGenerated(int64_t n) {}
   virtual void OnSessionsExpired(int n) {}
   virtual void OnTick() {}  // about once a second
+  // A session left device memory ("host") or host memory ("store").
+  virtual void OnOffload(const char* to, double seconds) {}
+  // A session came back into device memory from "host" or "store".
+  virtual void OnRestore(const char* from, double seconds) {}
 };
 
 class Job;
@@ -108,6 +116,8 @@ class Scheduler {
             const Tokenizer* tokenizer, SchedulerObserver* observer);
   ~Scheduler();  // Stop()s
 
+  // Makes every acknowledgement wait for the journal (before Start; may be null).
+  void SetJournal(SessionJournal* journal) { journal_ = journal; }
   void Start();
   // Refuses new jobs (UNAVAILABLE); running ones go on.
   void Drain();
@@ -140,6 +150,15 @@ class Scheduler {
     int64_t max_mem_len = 0;  // a larger window in the image: INVALID_ARGUMENT
   };
   absl::StatusOr<std::shared_ptr<Job>> SubmitImport(ImportSpec spec, JobCallbacks callbacks);
+  // Adopt: claims a session that the state store holds for no live replica,
+  // and adds it here (out of device memory) for `caller`, its owner.
+  // NOT_FOUND (none, or another principal's), UNAVAILABLE (a live replica
+  // serves it), DATA_LOSS (damaged; quarantined). Needs a journal.
+  absl::StatusOr<std::shared_ptr<Job>> SubmitAdopt(std::string caller, std::string id, JobCallbacks callbacks);
+  // After Stop(): writes a snapshot of every journaled session still in
+  // device memory (a graceful restart then replays nothing) and waits for
+  // the journal. The caller's thread does the engine work (it is the only one left).
+  absl::Status SnapshotAll();
   // The job leaves the batch at the next step and ends with Finish::kCancelled.
   void Cancel(const std::shared_ptr<Job>& job);
 
@@ -153,12 +172,25 @@ class Scheduler {
   void Finish(Job& job, absl::Status status);
   void ReturnLease(Job& job);
   absl::Status Import(Job& job);  // engine thread
+  absl::Status Adopt(Job& job);   // engine thread
+  // Engine thread: brings an offloaded session's state back (lease.idle or the journal).
+  absl::Status Materialize(Job& job);
+  absl::StatusOr<std::unique_ptr<EngineSession>> Rebuild(const IdleSession& idle);
+  // Engine thread: moves idle sessions out of device and host memory per the budgets.
+  void Offload();
+  // Journal: logs the job's history up to `position`; runs fn once that is written.
+  void LogHistory(Job& job, int64_t position);
+  // Runs fn after the journal has written what came before (durable jobs), or now.
+  void Ack(bool durable, std::function<void(absl::Status)> fn);
+  // Journals a session made on the engine thread (fork, import) from its export bytes.
+  void RecordNewSession(const SessionInfo& info, std::string snapshot);
 
   const SchedulerConfig config_;
   Engine* const engine_;
   SessionStore* const store_;
   const Tokenizer* const tokenizer_;
   SchedulerObserver* const observer_;
+  SessionJournal* journal_ = nullptr;
 
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
@@ -168,6 +200,17 @@ class Scheduler {
   std::atomic<int64_t> active_count_{0};
   std::thread thread_;
 };
+
+// The state a journal record rebuilds: its image, then every history token
+// but the last, which stays pending (returned in `pending`).
+std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::vector<int>* pending);
+
+// Startup: registers the sessions this replica held when it last ran (a
+// restart, or a crash) in `store`, out of device memory; each comes back on
+// its first request. A damaged one is reported and quarantined, one of
+// another model is reported and left alone, and the rest still load.
+// Returns how many were registered.
+absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionStore* store, const std::string& fingerprint);
 
 }  // namespace txl
 

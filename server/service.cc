@@ -9,6 +9,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "server/request_validation.h"
 #include "server/session_export.h"
+#include "server/session_journal.h"
 #include "server/text_stream.h"
 
 namespace txl {
@@ -82,6 +83,44 @@ struct TxlService::Context {
   ServiceMetrics* metrics;
   const BearerTokens* tokens;  // null: no authentication
   RequestValidator validator;  // request checks (server/request_validation.h)
+  SessionJournal* journal;     // null: no state store
+
+  // Runs `attempt`, which either fails or sees the request through. When it
+  // fails with NOT_FOUND for a named session and there is a state store, the
+  // session may be one a replica that is gone served: adopt it (on the
+  // engine thread; reactors never wait for the store) and try once more.
+  // `fail` gets the error that ends the request.
+  void WithAdoption(const std::string& principal, const std::string& id, std::function<absl::Status()> attempt,
+                    std::function<void(absl::Status)> fail) const {
+    absl::Status s = attempt();
+    if (s.ok()) return;
+    if (!absl::IsNotFound(s) || id.empty() || journal == nullptr) {
+      fail(s);
+      return;
+    }
+    JobCallbacks cb;
+    cb.on_done = [attempt, fail](absl::Status adopted, JobResult) {
+      absl::Status again = adopted.ok() ? attempt() : adopted;
+      if (!again.ok()) fail(again);
+    };
+    auto job = scheduler->SubmitAdopt(principal, id, std::move(cb));
+    if (!job.ok()) fail(job.status());
+  }
+
+  // Journals a session made by CreateSession or Converse, then runs `then`
+  // once that is written (at once without a state store).
+  void Journal(const SessionInfo& info, std::function<void(absl::Status)> then) const {
+    if (journal == nullptr) {
+      then(absl::OkStatus());
+      return;
+    }
+    SessionExport fresh;  // an empty state: the journal rebuilds it from mem_len
+    fresh.fingerprint = engine->fingerprint();
+    journal->RecordCreate(SessionMeta{info.id, info.owner, info.mem_len, info.idle_ttl, info.created, info.labels},
+                          EncodeSessionExport(fresh));
+    store->SetDurable(info.id);
+    journal->After(std::move(then));
+  }
 
   void Count(const char* method, const grpc::Status& s) const {
     if (metrics) metrics->OnRequest(method, CodeName(s.error_code()));
@@ -320,13 +359,19 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
     const std::optional<std::string> md = c_->MetadataSessionId(ctx);
     auto args = c_->validator.Generate(req, md ? &*md : nullptr);
     if (!args.ok()) return args.status();
-    bool throwaway = false;
-    auto lease = c_->Lease(*principal, args->session_id, &throwaway);
-    if (!lease.ok()) return lease.status();
-    return Submit(*std::move(lease), throwaway, std::move(args->spec), [this](absl::Status status, JobResult result) {
-      if (status.ok()) Send(FinalResponse(result));
-      End(ToGrpcStatus(status));
-    });
+    c_->WithAdoption(
+        *principal, args->session_id,
+        [this, principal = *principal, session = args->session_id, spec = args->spec]() -> absl::Status {
+          bool throwaway = false;
+          auto lease = c_->Lease(principal, session, &throwaway);
+          if (!lease.ok()) return lease.status();
+          return Submit(*std::move(lease), throwaway, spec, [this](absl::Status status, JobResult result) {
+            if (status.ok()) Send(FinalResponse(result));
+            End(ToGrpcStatus(status));
+          });
+        },
+        [this](absl::Status s) { End(ToGrpcStatus(s)); });
+    return absl::OkStatus();
   }
 };
 
@@ -377,16 +422,22 @@ class ConverseCall final
       }
       session = stream_session_;
     }
-    auto lease = c_->store->Acquire(principal_, session, absl::Now());
-    if (!lease.ok()) return lease.status();
-    return Submit(*std::move(lease), false, std::move(args->spec), [this](absl::Status status, JobResult result) {
-      if (status.ok()) {
-        Send(FinalResponse(result));
-        StartRead(&request_);  // the next turn
-      } else {
-        End(ToGrpcStatus(status));
-      }
-    });
+    c_->WithAdoption(
+        principal_, session == stream_session_ ? "" : session,
+        [this, session, spec = args->spec]() -> absl::Status {
+          auto lease = c_->store->Acquire(principal_, session, absl::Now());
+          if (!lease.ok()) return lease.status();
+          return Submit(*std::move(lease), false, spec, [this](absl::Status status, JobResult result) {
+            if (status.ok()) {
+              Send(FinalResponse(result));
+              StartRead(&request_);  // the next turn
+            } else {
+              End(ToGrpcStatus(status));
+            }
+          });
+        },
+        [this](absl::Status s) { End(ToGrpcStatus(s)); });
+    return absl::OkStatus();
   }
 
   grpc::CallbackServerContext* ctx_;
@@ -397,12 +448,13 @@ class ConverseCall final
 
 TxlService::TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
                        Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics,
-                       const BearerTokens* tokens)
+                       const BearerTokens* tokens, SessionJournal* journal)
     : ctx_(new Context{config, model, tokenizer, engine, store, scheduler, metrics, tokens,
                        RequestValidator(RequestLimits{model.n_token, config.default_mem_len, config.max_mem_len,
                                                       config.max_new_tokens, config.max_input_tokens,
                                                       config.max_top_logprobs},
-                                        tokenizer)}) {}
+                                        tokenizer),
+                       journal}) {}
 
 TxlService::~TxlService() = default;
 
@@ -415,6 +467,13 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const TxlServic
   c->Count(method, g);
   reactor->Finish(g);
   return reactor;
+}
+
+// Finishes a unary call with `s` (OK included) and counts it.
+void Fail(const TxlService::Context* c, grpc::ServerUnaryReactor* reactor, const char* method, const absl::Status& s) {
+  grpc::Status g = ToGrpcStatus(s);
+  c->Count(method, g);
+  reactor->Finish(g);
 }
 
 }  // namespace
@@ -448,6 +507,8 @@ grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext* ctx,
                                                     const v1::CreateSessionRequest* req, v1::Session* r) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const Context* c = ctx_.get();
   auto status = [&]() -> absl::Status {
     auto principal = ctx_->Principal(ctx);
     if (!principal.ok()) return principal.status();
@@ -462,25 +523,47 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
                                     {req->labels().begin(), req->labels().end()}, absl::Now(), args->session_id);
     if (!info.ok()) return info.status();
     FillSession(*info, r);
+    // Answered once the session is on record: a crash after this keeps it.
+    c->Journal(*info, [reactor, c](absl::Status written) {
+      grpc::Status g = ToGrpcStatus(written);
+      c->Count("CreateSession", g);
+      reactor->Finish(g);
+    });
     return absl::OkStatus();
   }();
-  return Done(ctx, ctx_.get(), "CreateSession", status);
+  if (!status.ok()) {
+    grpc::Status g = ToGrpcStatus(status);
+    c->Count("CreateSession", g);
+    reactor->Finish(g);
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* TxlService::GetSession(grpc::CallbackServerContext* ctx,
                                                  const v1::GetSessionRequest* req, v1::Session* r) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const Context* c = ctx_.get();
   auto status = [&]() -> absl::Status {
-    auto principal = ctx_->Principal(ctx);
+    auto principal = c->Principal(ctx);
     if (!principal.ok()) return principal.status();
-    auto id = ctx_->SessionId(ctx, req->session_id());
+    auto id = c->SessionId(ctx, req->session_id());
     if (!id.ok()) return id.status();
     if (id->empty()) return absl::InvalidArgumentError("session_id: required");
-    auto info = ctx_->store->Get(*principal, *id);
-    if (!info.ok()) return info.status();
-    FillSession(*info, r);
+    c->WithAdoption(
+        *principal, *id,
+        [c, reactor, r, principal = *principal, id = *id]() -> absl::Status {
+          auto info = c->store->Get(principal, id);
+          if (!info.ok()) return info.status();
+          FillSession(*info, r);
+          c->Count("GetSession", grpc::Status::OK);
+          reactor->Finish(grpc::Status::OK);
+          return absl::OkStatus();
+        },
+        [c, reactor](absl::Status s) { Fail(c, reactor, "GetSession", s); });
     return absl::OkStatus();
   }();
-  return Done(ctx, ctx_.get(), "GetSession", status);
+  if (!status.ok()) Fail(c, reactor, "GetSession", status);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* TxlService::ListSessions(grpc::CallbackServerContext* ctx,
@@ -495,15 +578,32 @@ grpc::ServerUnaryReactor* TxlService::ListSessions(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* TxlService::DeleteSession(grpc::CallbackServerContext* ctx,
                                                     const v1::DeleteSessionRequest* req,
                                                     v1::DeleteSessionResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const Context* c = ctx_.get();
   auto status = [&]() -> absl::Status {
-    auto principal = ctx_->Principal(ctx);
+    auto principal = c->Principal(ctx);
     if (!principal.ok()) return principal.status();
-    auto id = ctx_->SessionId(ctx, req->session_id());
+    auto id = c->SessionId(ctx, req->session_id());
     if (!id.ok()) return id.status();
     if (id->empty()) return absl::InvalidArgumentError("session_id: required");
-    return ctx_->store->Delete(*principal, *id);
+    c->WithAdoption(
+        *principal, *id,
+        [c, reactor, principal = *principal, id = *id]() -> absl::Status {
+          if (auto s = c->store->Delete(principal, id); !s.ok()) return s;
+          if (c->journal == nullptr) {
+            c->Count("DeleteSession", grpc::Status::OK);
+            reactor->Finish(grpc::Status::OK);
+            return absl::OkStatus();
+          }
+          c->journal->RecordDelete(id);
+          c->journal->After([c, reactor](absl::Status written) { Fail(c, reactor, "DeleteSession", written); });
+          return absl::OkStatus();
+        },
+        [c, reactor](absl::Status s) { Fail(c, reactor, "DeleteSession", s); });
+    return absl::OkStatus();
   }();
-  return Done(ctx, ctx_.get(), "DeleteSession", status);
+  if (!status.ok()) Fail(c, reactor, "DeleteSession", status);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* ctx,
@@ -516,19 +616,23 @@ grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* c
     auto id = c->SessionId(ctx, req->session_id());
     if (!id.ok()) return id.status();
     if (id->empty()) return absl::InvalidArgumentError("session_id: required");
-    auto lease = c->store->Acquire(*principal, *id, absl::Now());
-    if (!lease.ok()) return lease.status();
-    auto ttl = c->store->Get(*principal, *id);
-    JobCallbacks cb;
-    cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
-      if (s.ok()) FillSession(result.forked, r);
-      grpc::Status g = ToGrpcStatus(s);
-      c->Count("ForkSession", g);
-      reactor->Finish(g);
-    };
-    auto job = c->scheduler->SubmitFork(*std::move(lease), ttl.ok() ? ttl->idle_ttl : absl::ZeroDuration(),
-                                        {req->labels().begin(), req->labels().end()}, std::move(cb));
-    return job.status();
+    c->WithAdoption(
+        *principal, *id,
+        [c, reactor, r, req, principal = *principal, id = *id]() -> absl::Status {
+          auto lease = c->store->Acquire(principal, id, absl::Now());
+          if (!lease.ok()) return lease.status();
+          auto ttl = c->store->Get(principal, id);
+          JobCallbacks cb;
+          cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
+            if (s.ok()) FillSession(result.forked, r);
+            Fail(c, reactor, "ForkSession", s);
+          };
+          auto job = c->scheduler->SubmitFork(*std::move(lease), ttl.ok() ? ttl->idle_ttl : absl::ZeroDuration(),
+                                              {req->labels().begin(), req->labels().end()}, std::move(cb));
+          return job.status();
+        },
+        [c, reactor](absl::Status s) { Fail(c, reactor, "ForkSession", s); });
+    return absl::OkStatus();
   }();
   if (!status.ok()) {
     grpc::Status g = ToGrpcStatus(status);
@@ -548,8 +652,11 @@ grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, co
     const std::optional<std::string> md = c->MetadataSessionId(ctx);
     auto args = c->validator.Score(*req, md ? &*md : nullptr);
     if (!args.ok()) return args.status();
+    c->WithAdoption(
+        *principal, args->session_id,
+        [c, reactor, r, req, principal = *principal, session = args->session_id, input = args->input]() -> absl::Status {
     bool throwaway = false;
-    auto lease = c->Lease(*principal, args->session_id, &throwaway);
+    auto lease = c->Lease(principal, session, &throwaway);
     if (!lease.ok()) return lease.status();
     JobCallbacks cb;
     cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
@@ -573,9 +680,11 @@ grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, co
       c->Count("Score", g);
       reactor->Finish(g);
     };
-    auto job = c->scheduler->SubmitScore(*std::move(lease), throwaway, std::move(args->input), req->commit(),
-                                         std::move(cb));
+    auto job = c->scheduler->SubmitScore(*std::move(lease), throwaway, input, req->commit(), std::move(cb));
     return job.status();
+        },
+        [c, reactor](absl::Status s) { Fail(c, reactor, "Score", s); });
+    return absl::OkStatus();
   }();
   if (!status.ok()) {
     grpc::Status g = ToGrpcStatus(status);
@@ -612,19 +721,25 @@ class ExportCall final : public grpc::ServerWriteReactor<v1::SessionChunk> {
     auto id = c_->SessionId(ctx, req.session_id());
     if (!id.ok()) return id.status();
     if (id->empty()) return absl::InvalidArgumentError("session_id: required");
-    auto lease = c_->store->Acquire(*principal, *id, absl::Now());
-    if (!lease.ok()) return lease.status();
-    JobCallbacks cb;
-    // Runs on the engine thread, after this constructor has returned.
-    cb.on_done = [this](absl::Status s, JobResult result) {
-      if (!s.ok()) {
-        End(ToGrpcStatus(s));
-        return;
-      }
-      data_ = std::move(result.exported);
-      Next();
-    };
-    return c_->scheduler->SubmitExport(*std::move(lease), std::move(cb)).status();
+    c_->WithAdoption(
+        *principal, *id,
+        [this, principal = *principal, id = *id]() -> absl::Status {
+          auto lease = c_->store->Acquire(principal, id, absl::Now());
+          if (!lease.ok()) return lease.status();
+          JobCallbacks cb;
+          // Runs on the engine thread, after this constructor has returned.
+          cb.on_done = [this](absl::Status s, JobResult result) {
+            if (!s.ok()) {
+              End(ToGrpcStatus(s));
+              return;
+            }
+            data_ = std::move(result.exported);
+            Next();
+          };
+          return c_->scheduler->SubmitExport(*std::move(lease), std::move(cb)).status();
+        },
+        [this](absl::Status s) { End(ToGrpcStatus(s)); });
+    return absl::OkStatus();
   }
   void Next() {
     if (offset_ >= data_.size()) {

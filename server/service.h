@@ -48,7 +48,7 @@ class TxlService final : public v1::TransformerXL::CallbackService {
   // `tokens` null: no authentication.
   TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
              Engine* engine, SessionStore* store, Scheduler* scheduler, ServiceMetrics* metrics,
-             const BearerTokens* tokens = nullptr);
+             const BearerTokens* tokens = nullptr, SessionJournal* journal = nullptr);
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
                                          const v1::GetModelInfoRequest* req,

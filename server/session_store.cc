@@ -1,5 +1,6 @@
 #include "server/session_store.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,10 @@ absl::StatusOr<absl::Duration> SessionStore::ResolveTtl(absl::Duration ttl) cons
 }
 
 void SessionStore::Refresh(Entry& e) {
+  if (!e.state) {  // out of device memory: position and window are as they were
+    e.info.memory_bytes = 0;
+    return;
+  }
   e.info.position = e.state->fed() + static_cast<int64_t>(e.pending.size());
   e.info.mem_len = e.state->mem_len();
   e.info.memory_tokens = e.state->memory_tokens();
@@ -65,7 +70,7 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(const std::string& own
     }
   }
   const int64_t reserve = state->full_memory_bytes();
-  if (config_.memory_budget_bytes > 0 && reserved_bytes_ + reserve > config_.memory_budget_bytes) {
+  if (!offloading() && config_.memory_budget_bytes > 0 && reserved_bytes_ + reserve > config_.memory_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "session memory budget reached (session_memory_budget=", config_.memory_budget_bytes,
         " bytes; sessions hold ", reserved_bytes_, ", this one needs ", reserve, " at mem_len ",
@@ -150,6 +155,14 @@ absl::StatusOr<SessionLease> SessionStore::Acquire(const std::string& caller, co
   lease.owner = e.info.owner;
   lease.state = std::move(e.state);
   lease.pending = std::move(e.pending);
+  lease.idle = std::move(e.idle);
+  lease.known_position = e.info.position;
+  lease.durable = e.durable;
+  lease.since_snapshot = e.since_snapshot;
+  if (!e.resident) {  // its request brings it back into device memory
+    e.resident = true;
+    reserved_bytes_ += e.reserved_bytes;
+  }
   return lease;
 }
 
@@ -158,6 +171,17 @@ void SessionStore::Release(SessionLease lease, absl::Time now) {
   Entry& e = sessions_[lease.id];
   e.state = std::move(lease.state);
   e.pending = std::move(lease.pending);
+  e.since_snapshot = lease.since_snapshot;
+  e.durable = lease.durable;
+  if (e.state) {  // a restored session learns its window's size only now
+    reserved_bytes_ += e.state->full_memory_bytes() - e.reserved_bytes;
+    e.reserved_bytes = e.state->full_memory_bytes();
+  } else {  // it never made it back (its restore failed): still idle where it was
+    e.idle = std::move(lease.idle);
+    e.info.position = lease.known_position;
+    if (e.resident) reserved_bytes_ -= e.reserved_bytes;
+    e.resident = false;
+  }
   e.info.busy = false;
   e.info.last_used = now;
   Refresh(e);
@@ -172,12 +196,13 @@ void SessionStore::Discard(SessionLease lease) {
   lease.state.reset();
 }
 
-int SessionStore::ExpireIdle(absl::Time now) {
+int SessionStore::ExpireIdle(absl::Time now, std::vector<std::string>* durable) {
   std::vector<std::unique_ptr<EngineSession>> doomed;
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     const SessionInfo& info = it->second.info;
     if (!info.busy && now - info.last_used > info.idle_ttl) {
+      if (durable && it->second.durable) durable->push_back(info.id);
       doomed.push_back(std::move(it->second.state));
       Erase(it++);
     } else {
@@ -200,7 +225,7 @@ int64_t SessionStore::memory_bytes() const {
 }
 
 void SessionStore::Erase(Map::iterator it) {
-  reserved_bytes_ -= it->second.reserved_bytes;
+  if (it->second.resident) reserved_bytes_ -= it->second.reserved_bytes;
   auto held = sessions_of_.find(it->second.info.owner);
   if (--held->second == 0) sessions_of_.erase(held);  // no entry per principal that ever called
   sessions_.erase(it);
@@ -216,6 +241,140 @@ int64_t SessionStore::busy_count() const {
   int64_t n = 0;
   for (const auto& [id, e] : sessions_) n += e.info.busy ? 1 : 0;
   return n;
+}
+
+absl::Status SessionStore::AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
+                                   std::map<std::string, std::string> labels, absl::Time created,
+                                   std::shared_ptr<const IdleSession> idle, std::vector<int> pending,
+                                   int64_t position) {
+  absl::MutexLock lock(&mu_);
+  if (sessions_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("session ", id, " is already live here"));
+  Entry& e = sessions_[id];
+  e.info.id = id;
+  e.info.owner = owner;
+  ++sessions_of_[owner];
+  e.info.created = created;
+  e.info.last_used = absl::Now();
+  e.info.idle_ttl = std::min(idle_ttl, config_.max_ttl);
+  e.info.labels = std::move(labels);
+  e.info.mem_len = idle->mem_len;
+  e.info.position = position;
+  e.pending = std::move(pending);
+  e.idle = std::move(idle);
+  e.resident = false;
+  e.durable = true;
+  // What it will reserve once back in device memory: the window it had.
+  e.reserved_bytes = 0;
+  return absl::OkStatus();
+}
+
+void SessionStore::SetDurable(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it != sessions_.end()) it->second.durable = true;
+}
+
+std::vector<std::string> SessionStore::DeviceOverflow() const {
+  std::vector<std::string> out;
+  if (!offloading() || config_.memory_budget_bytes <= 0) return out;
+  absl::MutexLock lock(&mu_);
+  int64_t over = reserved_bytes_ - config_.memory_budget_bytes;
+  if (over <= 0) return out;
+  std::vector<std::pair<absl::Time, const Entry*>> idle;
+  for (const auto& [id, e] : sessions_) {
+    if (!e.info.busy && e.state) idle.emplace_back(e.info.last_used, &e);
+  }
+  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [t, e] : idle) {
+    if (over <= 0) break;
+    out.push_back(e->info.id);
+    over -= e->reserved_bytes;
+  }
+  return out;
+}
+
+std::vector<std::string> SessionStore::HostOverflow() const {
+  std::vector<std::string> out;
+  if (!offloading() || !config_.has_state_store) return out;
+  absl::MutexLock lock(&mu_);
+  int64_t host = 0;
+  std::vector<std::pair<absl::Time, const Entry*>> held;
+  for (const auto& [id, e] : sessions_) {
+    if (!e.info.busy && e.idle && e.durable) {
+      host += e.idle->bytes();
+      held.emplace_back(e.info.last_used, &e);
+    }
+  }
+  int64_t over = host - config_.host_memory_budget_bytes;
+  std::sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [t, e] : held) {
+    if (over <= 0) break;
+    out.push_back(e->info.id);
+    over -= e->idle->bytes();
+  }
+  return out;
+}
+
+absl::StatusOr<SessionLease> SessionStore::TakeForOffload(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NotFound(id);
+  Entry& e = it->second;
+  if (e.info.busy || !e.state) return absl::AbortedError(absl::StrCat("session ", id, " is busy"));
+  e.info.busy = true;
+  SessionLease lease;
+  lease.id = id;
+  lease.owner = e.info.owner;
+  lease.state = std::move(e.state);
+  lease.pending = std::move(e.pending);
+  lease.known_position = e.info.position;
+  lease.durable = e.durable;
+  lease.since_snapshot = e.since_snapshot;
+  return lease;
+}
+
+void SessionStore::ReturnOffloaded(SessionLease lease, std::shared_ptr<const IdleSession> idle) {
+  std::unique_ptr<EngineSession> freed = std::move(lease.state);  // after the lock
+  absl::MutexLock lock(&mu_);
+  Entry& e = sessions_[lease.id];
+  e.idle = std::move(idle);
+  e.pending = std::move(lease.pending);
+  e.info.busy = false;
+  if (e.resident) reserved_bytes_ -= e.reserved_bytes;
+  e.resident = false;
+  e.info.memory_bytes = 0;
+}
+
+void SessionStore::DropToStore(const std::string& id) {
+  std::shared_ptr<const IdleSession> freed;
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.info.busy || !it->second.durable) return;
+  freed = std::move(it->second.idle);
+}
+
+std::vector<std::string> SessionStore::Ids() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, e] : sessions_) out.push_back(id);
+  return out;
+}
+
+SessionStore::TierCounts SessionStore::tiers() const {
+  absl::MutexLock lock(&mu_);
+  TierCounts t;
+  for (const auto& [id, e] : sessions_) {
+    if (e.resident) {
+      ++t.device;
+      t.device_bytes += e.reserved_bytes;
+    } else if (e.idle) {
+      ++t.host;
+      t.host_bytes += e.idle->bytes();
+    } else {
+      ++t.store;
+    }
+  }
+  return t;
 }
 
 }  // namespace txl

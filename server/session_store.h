@@ -48,13 +48,32 @@ struct SessionInfo {
   bool busy = false;
 };
 
+// A session out of device memory (offloaded, or read back from the state
+// store): the engine image (empty: a fresh session of mem_len) and history
+// tokens to feed into it before it is current. The engine thread turns it
+// back into a state (Scheduler, on the session's next request).
+struct IdleSession {
+  std::string state;
+  int64_t mem_len = 0;
+  std::vector<int> feed;
+  int64_t bytes() const { return static_cast<int64_t>(state.size() + feed.size() * sizeof(int)); }
+};
+
 // A session checked out by one request.
 struct SessionLease {
   std::string id;
   std::string owner;  // a fork of this lease's session gets the same owner
+  // Null while the session is out of device memory: then `idle` holds it,
+  // or, if that is null too, only the state store (the journal) does.
   std::unique_ptr<EngineSession> state;
+  std::shared_ptr<const IdleSession> idle;
   std::vector<int> pending;  // history tokens not yet fed (at most one)
-  int64_t position() const { return state->fed() + static_cast<int64_t>(pending.size()); }
+  int64_t known_position = 0;   // the history length, whatever the tier
+  bool durable = false;         // journaled in the state store
+  int64_t since_snapshot = 0;   // tokens logged since its last snapshot
+  int64_t position() const {
+    return state ? state->fed() + static_cast<int64_t>(pending.size()) : known_position;
+  }
 };
 
 struct SessionStoreConfig {
@@ -68,6 +87,12 @@ struct SessionStoreConfig {
   // Sessions one principal may hold (throw-away and stream sessions
   // included); 0: no limit beyond max_sessions.
   int64_t max_sessions_per_principal = 0;
+  // Offload (--host_memory_budget > 0): the memory budget no longer refuses
+  // sessions; idle ones leave device memory instead, least recently used
+  // first, for host memory (IdleSession, up to this many bytes) and then,
+  // with a state store, for the store alone.
+  int64_t host_memory_budget_bytes = 0;
+  bool has_state_store = false;
 };
 
 class SessionStore {
@@ -109,8 +134,38 @@ class SessionStore {
   void Discard(SessionLease lease);
 
   // Removes sessions idle past their ttl (busy ones are never expired) and
-  // returns how many.
-  int ExpireIdle(absl::Time now);
+  // returns how many; `durable` gets the ids of the journaled ones.
+  int ExpireIdle(absl::Time now, std::vector<std::string>* durable = nullptr);
+
+  // --- Durability and offload (the engine thread drives these). ---
+  // Registers a session read back from the state store (restart, adoption),
+  // out of device memory. ALREADY_EXISTS if the id is live here.
+  absl::Status AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
+                       std::map<std::string, std::string> labels, absl::Time created,
+                       std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position);
+  // Marks a session as journaled (its creation is recorded).
+  void SetDurable(const std::string& id);
+  // Idle sessions in device memory to offload, least recently used first,
+  // so that the rest fit memory_budget_bytes (empty unless offloading).
+  std::vector<std::string> DeviceOverflow() const;
+  // Idle sessions in host memory to drop to the state store, least recently
+  // used first, so that the rest fit the host budget (empty without a store).
+  std::vector<std::string> HostOverflow() const;
+  // Takes an idle, device-resident session for offload (busy meanwhile);
+  // NOT_FOUND or ABORTED otherwise.
+  absl::StatusOr<SessionLease> TakeForOffload(const std::string& id);
+  // Gives it back out of device memory; last_used is left as it was.
+  void ReturnOffloaded(SessionLease lease, std::shared_ptr<const IdleSession> idle);
+  // Drops an idle session's host copy: the state store has it.
+  void DropToStore(const std::string& id);
+  // Ids of all sessions (shutdown snapshots).
+  std::vector<std::string> Ids() const;
+  // Device-resident bytes (full-window) and host bytes, per tier.
+  struct TierCounts {
+    int64_t device = 0, host = 0, store = 0;  // sessions
+    int64_t device_bytes = 0, host_bytes = 0;
+  };
+  TierCounts tiers() const;
 
   int64_t size() const;
   int64_t memory_bytes() const;
@@ -121,14 +176,19 @@ class SessionStore {
  private:
   struct Entry {
     SessionInfo info;
-    std::unique_ptr<EngineSession> state;  // null while busy
+    std::unique_ptr<EngineSession> state;  // null while busy or offloaded
+    std::shared_ptr<const IdleSession> idle;  // the host tier
     std::vector<int> pending;
     int64_t reserved_bytes = 0;
+    bool resident = true;  // in device memory (or on its way back, while busy)
+    bool durable = false;
+    int64_t since_snapshot = 0;
   };
   using Map = absl::flat_hash_map<std::string, Entry>;
   void Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
   static void Refresh(Entry& e);
+  bool offloading() const { return config_.host_memory_budget_bytes > 0; }
   // The caller's entry, or end() (also for another principal's session).
   Map::iterator FindOwned(const std::string& caller, const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Map::const_iterator FindOwned(const std::string& caller, const std::string& id) const

@@ -1,0 +1,338 @@
+#include "server/session_journal.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "model/hash.h"
+#include "server/byte_io.h"
+
+namespace txl {
+namespace {
+
+constexpr char kMetaMagic[8] = {'T', 'X', 'L', 'M', 'E', 'T', 'A', '1'};
+
+std::string Key(const std::string& id, const char* part) { return absl::StrCat("sessions/", id, "/", part); }
+
+std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
+  std::string out;
+  PutLE<uint32_t>(&out, static_cast<uint32_t>(tokens.size()));
+  PutLE<int64_t>(&out, start);
+  for (int t : tokens) PutLE<int32_t>(&out, t);
+  PutLE<uint64_t>(&out, Hash64(out.data(), out.size()));
+  return out;
+}
+
+// Applies the log to `record`: records before its position are skipped (a
+// snapshot already holds them), a torn last record is ignored (it was never
+// acknowledged: acknowledgements wait for the whole write), and anything
+// else out of place is damage.
+absl::Status ReplayLog(const std::string& log, JournalRecord* record) {
+  ByteReader r(log);
+  while (r.left() > 0) {
+    const size_t begin = r.at();
+    uint32_t n = 0;
+    int64_t start = 0;
+    if (!r.Get(&n) || !r.Get(&start) || r.left() < uint64_t{n} * 4 + 8) return absl::OkStatus();  // torn tail
+    std::vector<int> tokens(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      int32_t t = 0;
+      r.Get(&t);
+      tokens[i] = t;
+    }
+    const size_t body = r.at() - begin;
+    uint64_t sum = 0;
+    r.Get(&sum);
+    if (sum != Hash64(log.data() + begin, body))
+      return absl::DataLossError(absl::StrCat("log record at byte ", begin, " fails its checksum"));
+    const int64_t have = record->position();
+    if (start > have) {
+      return absl::DataLossError(
+          absl::StrCat("log record at byte ", begin, " starts at position ", start, " but the history ends at ", have));
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+      if (start + static_cast<int64_t>(i) >= have) record->tail.push_back(tokens[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeSessionMeta(const SessionMeta& m) {
+  std::string out(kMetaMagic, sizeof(kMetaMagic));
+  PutString(&out, m.id);
+  PutString(&out, m.owner);
+  PutLE<int64_t>(&out, m.mem_len);
+  PutLE<int64_t>(&out, absl::ToInt64Seconds(m.idle_ttl));
+  PutLE<int64_t>(&out, absl::ToUnixNanos(m.created));
+  PutLE<uint32_t>(&out, static_cast<uint32_t>(m.labels.size()));
+  for (const auto& [k, v] : m.labels) {
+    PutString(&out, k);
+    PutString(&out, v);
+  }
+  PutLE<uint64_t>(&out, Hash64(out.data(), out.size()));
+  return out;
+}
+
+absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes) {
+  const auto damaged = [] { return absl::DataLossError("session meta: truncated or damaged"); };
+  if (bytes.size() < sizeof(kMetaMagic) + 8 || bytes.compare(0, sizeof(kMetaMagic), kMetaMagic, sizeof(kMetaMagic)) != 0)
+    return damaged();
+  ByteReader r(absl::string_view(bytes).substr(sizeof(kMetaMagic)));
+  SessionMeta m;
+  int64_t ttl = 0, created = 0;
+  uint32_t n_labels = 0;
+  if (!r.String(&m.id) || !r.String(&m.owner) || !r.Get(&m.mem_len) || !r.Get(&ttl) || !r.Get(&created) ||
+      !r.Get(&n_labels))
+    return damaged();
+  for (uint32_t i = 0; i < n_labels; ++i) {
+    std::string k, v;
+    if (!r.String(&k) || !r.String(&v)) return damaged();
+    m.labels[k] = v;
+  }
+  const size_t body = sizeof(kMetaMagic) + r.at();
+  uint64_t sum = 0;
+  if (!r.Get(&sum) || r.left() != 0 || sum != Hash64(bytes.data(), body)) return damaged();
+  m.idle_ttl = absl::Seconds(ttl);
+  m.created = absl::FromUnixNanos(created);
+  return m;
+}
+
+SessionJournal::SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend)
+    : config_(config), backend_(std::move(backend)) {}
+
+absl::StatusOr<std::unique_ptr<SessionJournal>> SessionJournal::Create(const SessionJournalConfig& config,
+                                                                       std::unique_ptr<StateBackend> backend) {
+  if (config.replica.empty() || !IsValidStateKey(config.replica) || config.replica.find('/') != std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat("replica_name: '", config.replica,
+                                                   "' must be non-empty and of [A-Za-z0-9._-]"));
+  std::unique_ptr<SessionJournal> j(new SessionJournal(config, std::move(backend)));
+  if (auto s = j->Heartbeat(); !s.ok()) return s;
+  j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
+  return j;
+}
+
+SessionJournal::~SessionJournal() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
+  // A clean exit: this replica's sessions may be claimed at once, by a
+  // replica that takes over or by this one when it restarts.
+  (void)backend_->Delete(absl::StrCat("replicas/", config_.replica));
+}
+
+absl::Status SessionJournal::Heartbeat() {
+  return backend_->Put(absl::StrCat("replicas/", config_.replica), absl::StrCat(absl::ToUnixNanos(absl::Now())));
+}
+
+void SessionJournal::Enqueue(std::vector<Op> ops) {
+  absl::MutexLock lock(&mu_);
+  for (Op& op : ops) queue_.push_back(std::move(op));
+  enqueued_ += static_cast<int64_t>(ops.size());
+}
+
+void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot) {
+  std::vector<Op> ops;
+  ops.push_back({Op::kPut, Key(meta.id, "holder"), config_.replica, nullptr});
+  ops.push_back({Op::kPut, Key(meta.id, "log"), "", nullptr});
+  ops.push_back({Op::kPut, Key(meta.id, "snap"), std::move(snapshot), nullptr});
+  ops.push_back({Op::kPut, Key(meta.id, "meta"), EncodeSessionMeta(meta), nullptr});  // last: meta marks it complete
+  Enqueue(std::move(ops));
+}
+
+void SessionJournal::RecordTokens(const std::string& id, int64_t start, std::vector<int> tokens) {
+  if (tokens.empty()) return;
+  std::vector<Op> ops;
+  ops.push_back({Op::kAppend, Key(id, "log"), EncodeLogRecord(start, tokens), nullptr});
+  Enqueue(std::move(ops));
+}
+
+void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot) {
+  std::vector<Op> ops;
+  ops.push_back({Op::kPut, Key(id, "snap"), std::move(snapshot), nullptr});
+  ops.push_back({Op::kPut, Key(id, "log"), "", nullptr});
+  Enqueue(std::move(ops));
+}
+
+void SessionJournal::RecordDelete(const std::string& id) {
+  std::vector<Op> ops;
+  ops.push_back({Op::kDelete, Key(id, "meta"), "", nullptr});  // first: without meta it is gone
+  for (const char* part : {"snap", "log", "holder"}) ops.push_back({Op::kDelete, Key(id, part), "", nullptr});
+  Enqueue(std::move(ops));
+}
+
+void SessionJournal::After(Done fn) {
+  std::vector<Op> ops;
+  ops.push_back({Op::kAfter, "", "", std::move(fn)});
+  Enqueue(std::move(ops));
+}
+
+absl::Status SessionJournal::Flush() {
+  absl::MutexLock lock(&mu_);
+  const int64_t target = enqueued_;
+  auto done = [this, target]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return applied_ >= target; };
+  mu_.Await(absl::Condition(&done));
+  return error_;
+}
+
+int64_t SessionJournal::quarantined() const {
+  absl::MutexLock lock(&mu_);
+  return quarantined_;
+}
+
+absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
+  // Runs of appends go to the backend as one group commit; puts and deletes
+  // keep their place in the order.
+  std::vector<std::pair<std::string, std::string>> appends;
+  absl::Status status;
+  auto flush_appends = [&] {
+    if (appends.empty()) return;
+    if (status.ok()) status = backend_->Append(appends);
+    appends.clear();
+  };
+  for (Op& op : batch) {
+    if (op.kind == Op::kAppend) {
+      appends.emplace_back(std::move(op.key), std::move(op.value));
+      continue;
+    }
+    flush_appends();
+    if (!status.ok()) continue;
+    if (op.kind == Op::kPut) status = backend_->Put(op.key, op.value);
+    if (op.kind == Op::kDelete) status = backend_->Delete(op.key);
+  }
+  flush_appends();
+  return status;
+}
+
+void SessionJournal::WriterLoop() {
+  absl::Time next_heartbeat = absl::Now() + config_.heartbeat_interval;
+  while (true) {
+    std::vector<Op> batch;
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), next_heartbeat - absl::Now());
+      while (!queue_.empty()) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      stopping = stopping_;
+    }
+    if (absl::Now() >= next_heartbeat) {
+      next_heartbeat = absl::Now() + config_.heartbeat_interval;
+      if (auto s = Heartbeat(); !s.ok()) std::fprintf(stderr, "txl-server: state store heartbeat: %s\n", std::string(s.message()).c_str());
+    }
+    if (!batch.empty()) {
+      // Writes first, then the acknowledgements that waited for them.
+      absl::Status s = Apply(batch);
+      absl::Status error;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!s.ok() && error_.ok()) {
+          error_ = absl::UnavailableError(absl::StrCat("the session state store failed (", backend_->Describe(),
+                                                       "): ", s.message()));
+          std::fprintf(stderr, "txl-server: %s\n", std::string(error_.message()).c_str());
+        }
+        error = error_;
+      }
+      for (Op& op : batch) {
+        if (op.kind == Op::kAfter && op.done) op.done(error);
+      }
+      absl::MutexLock lock(&mu_);
+      applied_ += static_cast<int64_t>(batch.size());
+    }
+    if (stopping) {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) return;
+    }
+  }
+}
+
+absl::Status SessionJournal::QuarantineSession(const std::string& id, const std::string& why) {
+  std::fprintf(stderr, "txl-server: session %s: %s; its state is quarantined\n", id.c_str(), why.c_str());
+  for (const char* part : {"meta", "snap", "log", "holder"}) (void)backend_->Quarantine(Key(id, part));
+  absl::MutexLock lock(&mu_);
+  ++quarantined_;
+  return absl::DataLossError(absl::StrCat("session ", id, ": its saved state is damaged (", why,
+                                          "); it was quarantined in the state store"));
+}
+
+absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
+  if (!IsValidStateKey(id)) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  auto meta_bytes = backend_->Get(Key(id, "meta"));
+  if (absl::IsNotFound(meta_bytes.status())) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  if (!meta_bytes.ok()) return absl::UnavailableError(meta_bytes.status().message());
+  JournalRecord record;
+  auto meta = DecodeSessionMeta(*meta_bytes);
+  if (!meta.ok()) return QuarantineSession(id, std::string(meta.status().message()));
+  if (meta->id != id) return QuarantineSession(id, "its meta names another session");
+  record.meta = *std::move(meta);
+  auto snap = backend_->Get(Key(id, "snap"));
+  if (!snap.ok() && !absl::IsNotFound(snap.status())) return absl::UnavailableError(snap.status().message());
+  if (!snap.ok()) return QuarantineSession(id, "its snapshot is missing");
+  auto image = DecodeSessionExport(*snap);
+  if (!image.ok()) return QuarantineSession(id, absl::StrCat("snapshot: ", image.status().message()));
+  record.image = *std::move(image);
+  auto log = backend_->Get(Key(id, "log"));
+  if (!log.ok() && !absl::IsNotFound(log.status())) return absl::UnavailableError(log.status().message());
+  if (log.ok()) {
+    if (auto s = ReplayLog(*log, &record); !s.ok()) return QuarantineSession(id, std::string(s.message()));
+  }
+  return record;
+}
+
+absl::StatusOr<std::vector<std::string>> SessionJournal::Held() {
+  auto keys = backend_->List("sessions/");
+  if (!keys.ok()) return keys.status();
+  std::vector<std::string> ids;
+  for (const std::string& key : *keys) {
+    constexpr absl::string_view kSuffix = "/holder";
+    if (!absl::StartsWith(key, "sessions/") || !absl::EndsWith(key, kSuffix) || key.size() <= kSuffix.size() + 9)
+      continue;
+    auto holder = backend_->Get(key);
+    if (holder.ok() && *holder == config_.replica) ids.push_back(key.substr(9, key.size() - 9 - kSuffix.size()));
+  }
+  return ids;
+}
+
+absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const std::string& caller) {
+  const auto not_found = [&] { return absl::NotFoundError(absl::StrCat("session ", id, " not found")); };
+  if (!IsValidStateKey(id) || id.find('/') != std::string::npos) return not_found();
+  auto meta = backend_->Get(Key(id, "meta"));
+  if (absl::IsNotFound(meta.status())) return not_found();
+  if (!meta.ok()) return absl::UnavailableError(meta.status().message());
+  // Another principal's session answers like none at all, before anything
+  // could tell that it exists.
+  auto decoded = DecodeSessionMeta(*meta);
+  if (decoded.ok() && decoded->owner != caller) return not_found();
+  auto holder = backend_->Get(Key(id, "holder"));
+  std::optional<std::string> current;
+  if (holder.ok()) {
+    current = *holder;
+  } else if (!absl::IsNotFound(holder.status())) {
+    return absl::UnavailableError(holder.status().message());
+  }
+  if (current && *current != config_.replica) {
+    auto beat = backend_->Get(absl::StrCat("replicas/", *current));
+    int64_t nanos = 0;
+    if (beat.ok() && absl::SimpleAtoi(*beat, &nanos) &&
+        absl::Now() - absl::FromUnixNanos(nanos) < config_.holder_timeout) {
+      return absl::UnavailableError(absl::StrCat("session ", id, " is served by replica ", *current,
+                                                 "; retry there, or here once it is gone"));
+    }
+  }
+  if (!current || *current != config_.replica) {
+    auto claimed = backend_->CompareAndSet(Key(id, "holder"), current, config_.replica);
+    if (!claimed.ok()) return absl::UnavailableError(claimed.status().message());
+    if (!*claimed) return absl::UnavailableError(absl::StrCat("session ", id, " was just taken over by another replica"));
+  }
+  return Load(id);
+}
+
+}  // namespace txl

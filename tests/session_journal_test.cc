@@ -1,0 +1,358 @@
+// The session journal on a directory state store: records, replay, damage
+// and quarantine, claims between replicas; and the scheduler with a journal
+// and with offload, against the fake engine (its state is its history, so
+// "rebuilt exactly" is checkable).
+#include "server/session_journal.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
+#include "server/scheduler.h"
+#include "tests/fake_engine.h"
+
+namespace txl {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FakeEngine;
+using testing::FakeSession;
+
+std::string TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / absl::StrCat("txl_journal_", name, "_", getpid());
+  fs::remove_all(p);
+  return p.string();
+}
+
+std::unique_ptr<SessionJournal> Open(const std::string& dir, const std::string& replica,
+                                     absl::Duration holder_timeout = absl::Seconds(10)) {
+  StateBackendConfig b;
+  b.spec = "dir:" + dir;
+  b.fsync = FsyncPolicy::kNever;
+  auto backend = OpenStateBackend(b);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  SessionJournalConfig c;
+  c.replica = replica;
+  c.holder_timeout = holder_timeout;
+  c.heartbeat_interval = holder_timeout / 4;
+  auto j = SessionJournal::Create(c, *std::move(backend));
+  EXPECT_TRUE(j.ok()) << j.status();
+  return *std::move(j);
+}
+
+SessionMeta Meta(const std::string& id, const std::string& owner = "alice") {
+  return SessionMeta{id, owner, 16, absl::Seconds(60), absl::FromUnixSeconds(1700000000), {{"k", "v"}}};
+}
+
+std::string Snapshot(int64_t position, std::vector<int> pending, std::string state) {
+  SessionExport e;
+  e.fingerprint = "fake-256";
+  e.position = position;
+  e.pending = std::move(pending);
+  e.state = std::move(state);
+  return EncodeSessionExport(e);
+}
+
+void Corrupt(const fs::path& file, size_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+TEST(SessionMetaTest, RoundTripsAndRejectsDamage) {
+  SessionMeta m = Meta("abc");
+  auto back = DecodeSessionMeta(EncodeSessionMeta(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->id, "abc");
+  EXPECT_EQ(back->owner, "alice");
+  EXPECT_EQ(back->mem_len, 16);
+  EXPECT_EQ(back->idle_ttl, absl::Seconds(60));
+  EXPECT_EQ(back->created, m.created);
+  EXPECT_EQ(back->labels, m.labels);
+  std::string bytes = EncodeSessionMeta(m);
+  bytes[12] ^= 1;
+  EXPECT_TRUE(absl::IsDataLoss(DecodeSessionMeta(bytes).status()));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeSessionMeta(bytes.substr(0, 10)).status()));
+}
+
+TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
+  const std::string dir = TempDir("replay");
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  j->RecordTokens("s1", 0, {1, 2, 3});
+  j->RecordTokens("s1", 3, {4});
+  ASSERT_TRUE(j->Flush().ok());
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->position(), 4);
+  EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(r->meta.owner, "alice");
+
+  // A snapshot at 3 resets the log; a record that overlaps it replays only what is new.
+  j->RecordSnapshot("s1", Snapshot(3, {3}, "16 1 2"));
+  j->RecordTokens("s1", 2, {3, 4, 5});
+  ASSERT_TRUE(j->Flush().ok());
+  r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 3);
+  EXPECT_EQ(r->tail, (std::vector<int>{4, 5}));
+  EXPECT_EQ(r->position(), 5);
+
+  std::vector<int> pending;
+  auto idle = IdleFromRecord(*r, &pending);
+  EXPECT_EQ(idle->state, "16 1 2");
+  EXPECT_EQ(idle->feed, (std::vector<int>{3, 4}));
+  EXPECT_EQ(pending, (std::vector<int>{5}));
+
+  auto held = j->Held();
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(*held, (std::vector<std::string>{"s1"}));
+  EXPECT_TRUE(absl::IsNotFound(j->Load("nope").status()));
+  fs::remove_all(dir);
+}
+
+TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
+  const std::string dir = TempDir("damage");
+  auto j = Open(dir, "r1");
+  for (const char* id : {"torn", "bad", "gap"}) {
+    j->RecordCreate(Meta(id), Snapshot(0, {}, ""));
+    j->RecordTokens(id, 0, {7, 8});
+  }
+  j->RecordTokens("bad", 2, {9});
+  j->RecordTokens("gap", 5, {9});  // starts past the end of the history
+  ASSERT_TRUE(j->Flush().ok());
+  const fs::path sessions = fs::path(dir) / "sessions";
+  {
+    std::ofstream f(sessions / "torn" / "log", std::ios::app | std::ios::binary);
+    f.write("\x05\x00\x00", 3);  // a record cut short by a crash
+  }
+  Corrupt(sessions / "bad" / "log", 14);  // inside the first record
+
+  auto torn = j->Load("torn");
+  ASSERT_TRUE(torn.ok()) << torn.status();
+  EXPECT_EQ(torn->tail, (std::vector<int>{7, 8}));
+
+  for (const char* id : {"bad", "gap"}) {
+    auto r = j->Load(id);
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << id << ": " << r.status();
+    EXPECT_NE(r.status().message().find("quarantined"), std::string::npos);
+    EXPECT_FALSE(fs::exists(sessions / id / "log")) << id;
+    EXPECT_TRUE(absl::IsNotFound(j->Load(id).status())) << id << " is gone after quarantine";
+  }
+  EXPECT_EQ(j->quarantined(), 2);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "quarantine" / "sessions" / "bad"));
+
+  // A damaged snapshot is damage too.
+  j->RecordCreate(Meta("snap"), Snapshot(2, {8}, "16 7"));
+  ASSERT_TRUE(j->Flush().ok());
+  Corrupt(sessions / "snap" / "snap", 20);
+  EXPECT_TRUE(absl::IsDataLoss(j->Load("snap").status()));
+  fs::remove_all(dir);
+}
+
+TEST(SessionJournalTest, AdoptionWaitsForTheHolderToGoAndOnlyOneReplicaWins) {
+  const std::string dir = TempDir("adopt");
+  auto a = Open(dir, "a");
+  auto b = Open(dir, "b");
+  auto c = Open(dir, "c");
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  a->RecordTokens("s1", 0, {4, 5});
+  ASSERT_TRUE(a->Flush().ok());
+
+  // Another principal learns nothing, not even that a replica holds it.
+  EXPECT_TRUE(absl::IsNotFound(b->Adopt("s1", "mallory").status()));
+  EXPECT_TRUE(absl::IsNotFound(b->Adopt("missing", "alice").status()));
+  // Its holder is alive.
+  auto live = b->Adopt("s1", "alice");
+  EXPECT_TRUE(absl::IsUnavailable(live.status())) << live.status();
+  EXPECT_NE(live.status().message().find("replica a"), std::string::npos);
+
+  a.reset();  // a clean stop retires a's heartbeat
+  auto won = b->Adopt("s1", "alice");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(won->tail, (std::vector<int>{4, 5}));
+  EXPECT_TRUE(absl::IsUnavailable(c->Adopt("s1", "alice").status())) << "b holds it now";
+  EXPECT_EQ(*b->Held(), (std::vector<std::string>{"s1"}));
+  EXPECT_TRUE(c->Held()->empty());
+  fs::remove_all(dir);
+}
+
+TEST(SessionJournalTest, AReplicaThatStoppedBeatingLosesItsSessionsAfterTheTimeout) {
+  const std::string dir = TempDir("stale");
+  auto a = Open(dir, "a", absl::Hours(1));  // beats every 15 min: not during this test
+  auto b = Open(dir, "b", absl::Seconds(10));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  ASSERT_TRUE(a->Flush().ok());
+  EXPECT_TRUE(absl::IsUnavailable(b->Adopt("s1", "alice").status()));
+  // a's last heartbeat is now 11 s old, as if it died then (its next beat is seconds away).
+  StateBackendConfig bc;
+  bc.spec = "dir:" + dir;
+  auto raw = OpenStateBackend(bc);
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE((*raw)->Put("replicas/a", absl::StrCat(absl::ToUnixNanos(absl::Now() - absl::Seconds(11)))).ok());
+  auto won = b->Adopt("s1", "alice");
+  ASSERT_TRUE(won.ok()) << won.status();
+  fs::remove_all(dir);
+}
+
+TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
+  const std::string dir = TempDir("after");
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  int64_t seen = -1;
+  absl::Notification done;
+  for (int i = 0; i < 50; ++i) j->RecordTokens("s1", i, {i});
+  j->After([&](absl::Status s) {
+    EXPECT_TRUE(s.ok());
+    auto r = j->Load("s1");  // on the writer thread, after the writes
+    seen = r.ok() ? r->position() : -2;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(seen, 50);
+  fs::remove_all(dir);
+}
+
+// The scheduler with a journal and offload, against the fake engine.
+class DurableSchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = TempDir("sched"); }
+  void TearDown() override {
+    scheduler_.reset();
+    journal_.reset();
+    fs::remove_all(dir_);
+  }
+  void Make(SessionStoreConfig store_config, SchedulerConfig config = {}) {
+    journal_ = Open(dir_, "r1");
+    store_config.has_state_store = true;
+    store_ = std::make_unique<SessionStore>(store_config);
+    scheduler_ = std::make_unique<Scheduler>(config, &engine_, store_.get(), &tokenizer_, nullptr);
+    scheduler_->SetJournal(journal_.get());
+    scheduler_->Start();
+  }
+  // As the service makes a durable session.
+  std::string NewSession() {
+    auto info = store_->Create("", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+    EXPECT_TRUE(info.ok()) << info.status();
+    journal_->RecordCreate(SessionMeta{info->id, "", 64, info->idle_ttl, info->created, {}},
+                           Snapshot(0, {}, ""));
+    store_->SetDurable(info->id);
+    return info->id;
+  }
+  absl::Status Generate(const std::string& id, std::vector<int> input, int n, std::vector<int>* out = nullptr) {
+    auto lease = store_->Acquire("", id, absl::Now());
+    if (!lease.ok()) return lease.status();
+    GenerateSpec spec;
+    spec.input = std::move(input);
+    spec.max_new_tokens = n;
+    absl::Notification done;
+    absl::Status status;
+    JobCallbacks cb;
+    cb.on_tokens = [out](std::vector<GeneratedTokenEvent> ev, int64_t) {
+      if (out) for (auto& e : ev) out->push_back(e.id);
+    };
+    cb.on_done = [&](absl::Status s, JobResult) {
+      status = s;
+      done.Notify();
+    };
+    auto job = scheduler_->SubmitGenerate(*std::move(lease), false, std::move(spec), std::move(cb));
+    if (!job.ok()) return job.status();
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return status;
+  }
+  // Polls the store's tiers until `ok` holds (true) or 10 s pass (false).
+  bool WaitForTiers(const std::function<bool(const SessionStore::TierCounts&)>& ok) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!ok(store_->tiers())) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+  // The history the journal rebuilds: the image's, plus what replays onto it.
+  std::vector<int> JournalHistory(const std::string& id) {
+    EXPECT_TRUE(journal_->Flush().ok());
+    auto r = journal_->Load(id);
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::vector<int> pending;
+    auto idle = IdleFromRecord(*r, &pending);
+    auto state = idle->state.empty() ? engine_.NewSession(idle->mem_len) : engine_.RestoreSession(idle->state);
+    std::vector<int> h = static_cast<FakeSession*>(state->get())->history;
+    h.insert(h.end(), idle->feed.begin(), idle->feed.end());
+    h.insert(h.end(), pending.begin(), pending.end());
+    return h;
+  }
+
+  std::string dir_;
+  FakeEngine engine_;
+  Tokenizer tokenizer_ = Tokenizer::Byte();
+  std::unique_ptr<SessionJournal> journal_;
+  std::unique_ptr<SessionStore> store_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST_F(DurableSchedulerTest, TheJournalHoldsExactlyTheHistoryEvenAcrossSnapshots) {
+  SchedulerConfig config;
+  config.snapshot_tokens = 5;  // several snapshots along the way
+  Make(SessionStoreConfig{}, config);
+  const std::string id = NewSession();
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3, &seen).ok());
+  ASSERT_TRUE(Generate(id, {}, 4, &seen).ok());
+  ASSERT_TRUE(Generate(id, {'x'}, 2, &seen).ok());
+  std::vector<int> want = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'x', 'y', 'z'};
+  EXPECT_EQ(JournalHistory(id), want);
+  EXPECT_EQ(store_->Get("", id)->position, 12);
+  // A snapshot was taken (the log no longer starts at 0).
+  auto r = journal_->Load(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->image.position, 0);
+}
+
+TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheStore) {
+  SessionStoreConfig sc;
+  sc.memory_budget_bytes = 63 * 8;  // one fake session's full window
+  sc.host_memory_budget_bytes = 40;  // about one offloaded fake image
+  Make(sc);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(NewSession());
+    ASSERT_TRUE(Generate(ids.back(), {10 * i, 10 * i + 1}, 2).ok());
+  }
+  // The engine thread offloads right after each step; wait until it has.
+  ASSERT_TRUE(WaitForTiers([](const SessionStore::TierCounts& t) { return t.device <= 1 && t.host >= 1 && t.store >= 1; }));
+  // Every session continues as if it never left: the fake's next token is last + 1.
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int> seen;
+    ASSERT_TRUE(Generate(ids[i], {}, 2, &seen).ok()) << i;
+    EXPECT_EQ(seen, (std::vector<int>{10 * i + 4, 10 * i + 5})) << i;
+    EXPECT_EQ(store_->Get("", ids[i])->position, 6) << i;
+  }
+}
+
+TEST_F(DurableSchedulerTest, DamagedStateInTheStoreEndsTheSessionWithDataLoss) {
+  SessionStoreConfig sc;
+  sc.memory_budget_bytes = 63 * 8;
+  sc.host_memory_budget_bytes = 1;  // everything idle goes to the store
+  Make(sc);
+  const std::string a = NewSession(), b = NewSession();
+  ASSERT_TRUE(Generate(a, {1}, 1).ok());
+  ASSERT_TRUE(Generate(b, {1}, 1).ok());  // pushes a out to the store
+  ASSERT_TRUE(WaitForTiers([](const SessionStore::TierCounts& t) { return t.store == 1; }));
+  ASSERT_TRUE(journal_->Flush().ok());
+  Corrupt(fs::path(dir_) / "sessions" / a / "log", 13);
+  absl::Status s = Generate(a, {2}, 1);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_TRUE(absl::IsNotFound(store_->Get("", a).status())) << "a damaged session is not kept";
+  EXPECT_TRUE(Generate(b, {2}, 1).ok());
+}
+
+}  // namespace
+}  // namespace txl

@@ -15,6 +15,9 @@ original code's ways of serving; see bench/engine_bench.cc) and, here:
       autograd, the same TXL scheme). Target: ratio >= 1.5.
   P7  txl-server process start to the first streamed token ("base" model),
       client connecting with wait-for-ready. Target: < 2 s.
+  P8  what durability costs: txl-client bench throughput (8 sessions, bundled
+      model) with --state_dir --fsync=always (P8) and --fsync=interval (P8i)
+      vs the same server without a state store. Target: ratio >= 0.90.
 
 Every ratio is measured in one run: A and B interleaved (A B A B ...), the
 median of the repetitions; absolute figures are printed for reference only.
@@ -46,7 +49,7 @@ import urllib.request
 import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7"]
+ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8"]
 ENGINE_IDS = {"P1", "P2", "P3", "P5"}  # measured by engine_bench
 BASE_CONFIG = {"n_layer": 12, "n_head": 8, "d_model": 512, "d_head": 64, "d_inner": 2048, "mem_len": 800}
 BASE_VOCAB = 204
@@ -60,6 +63,7 @@ SIZES = {
         "p4_turns": 4, "p4_new_tokens": 64,
         "p6_reps": 4, "p6_skip": 5, "p6_measure": 20, "p6_corpus_chars": 200000,
         "p7_reps": 5,
+        "p8_sessions": 8, "p8_turns": 8, "p8_new_tokens": 64,
         "engine_timeout": 1200, "step_timeout": 600,
     },
     "quick": {
@@ -67,6 +71,7 @@ SIZES = {
         "p4_turns": 1, "p4_new_tokens": 8,
         "p6_reps": 1, "p6_skip": 1, "p6_measure": 2, "p6_corpus_chars": 60000,
         "p7_reps": 1,
+        "p8_sessions": 2, "p8_turns": 1, "p8_new_tokens": 8,
         "engine_timeout": 300, "step_timeout": 300,
     },
 }
@@ -159,7 +164,7 @@ class Tools:
 class Server:
     """A txl-server child on loopback; its output lines are kept with arrival times."""
 
-    def __init__(self, tools, model, threads, device, port=0, metrics=False):
+    def __init__(self, tools, model, threads, device, port=0, metrics=False, flags=()):
         self.lines = []  # (perf_counter, line)
         self.listening = threading.Event()
         self.address = self.metrics_address = None
@@ -167,6 +172,7 @@ class Server:
                "127.0.0.1:0" if metrics else "", "--device", device]
         if threads > 0:
             cmd += ["--threads", str(threads)]
+        cmd += list(flags)
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -368,6 +374,61 @@ class Harness:
         row["note"] = "in-server engine step %.3f ms: ratio %.3f" % (median(in_server) * 1e3,
                                                                      extra["ratio_to_in_server_step"])
         return [row]
+
+    # ------------------------------------------------------------------ P8
+    def p8(self):
+        """Throughput with a state store vs without, the same bench against each.
+
+        Three servers on the bundled model run at once (one without a state
+        store, one with --state_dir --fsync=always, one with --fsync=interval,
+        each its own directory under the run's temporary directory); each
+        repetition runs the same txl-client bench (N sessions, T greedy turns of
+        32 input + G generated tokens; every token is journaled and each answer
+        waits for its write) against each server in turn, interleaved.
+        Ratio: generated tokens/s with the store / without (>= 0.90).
+        """
+        t = self.tools
+        t.need(t.server, t.client)
+        model = os.path.join(REPO, "model", "bundled", "shakespeare_char.pt")
+        N, T, G = self.z["p8_sessions"], self.z["p8_turns"], self.z["p8_new_tokens"]
+        servers = {}
+        try:
+            servers["none"] = Server(t, model, self.threads, self.device)
+            for mode in ("always", "interval"):
+                servers[mode] = Server(t, model, self.threads, self.device,
+                                       flags=["--state_dir", self.path("p8_state_" + mode), "--fsync", mode,
+                                              "--replica_name", "bench"])
+            addrs = {k: s.wait_listening() for k, s in servers.items()}
+            bench_json = self.path("p8_bench.json")
+
+            def bench(addr, turns):
+                run([t.client, "--server", addr, "--timeout", "600", "bench", "--sessions", str(N), "--turns",
+                     str(turns), "--input-tokens", "32", "--new-tokens", str(G), "--json", bench_json],
+                    self.z["step_timeout"], "txl-client bench")
+                with open(bench_json) as f:
+                    j = json.load(f)
+                if j["errors_total"] or j["generated_tokens"] != N * turns * G:
+                    raise HarnessError("txl-client bench: unexpected result %s" % json.dumps(j))
+                return j["generated_tokens"] / j["wall_seconds"]
+
+            for addr in addrs.values():
+                bench(addr, 1)  # warm-up
+            reps = {k: [] for k in servers}
+            for r in range(self.z["reps"]):
+                for k in ("none", "always", "interval"):
+                    reps[k].append(bench(addrs[k], T))
+                log("P8 rep %d: %s tokens/s" % (r + 1, ", ".join("%s %.0f" % (k, v[-1]) for k, v in reps.items())))
+        finally:
+            for s in servers.values():
+                s.stop()
+        extra = {"sessions": N, "turns": T, "new_tokens": G, "input_tokens": 32}
+        rows = []
+        for rid, mode in (("P8", "always"), ("P8i", "interval")):
+            rows.append(make_row(rid, "txl-client bench tokens/s (%d sessions x %d turns x %d tokens, small) with "
+                                 "--state_dir --fsync=%s vs no state store" % (N, T, G, mode),
+                                 "fsync=" + mode, "no store", "tokens/s", reps[mode], reps["none"], 0.90, True,
+                                 dict(extra)))
+        return rows
 
     # ------------------------------------------------------------------ P6
     def p6(self):
@@ -664,7 +725,7 @@ def main():
     steps = []
     if ENGINE_IDS & set(only):
         steps.append(("engine", ENGINE_IDS & set(only), h.engine))
-    for rid, fn in (("P4", h.p4), ("P6", h.p6), ("P7", h.p7)):
+    for rid, fn in (("P4", h.p4), ("P6", h.p6), ("P7", h.p7), ("P8", h.p8)):
         if rid in only:
             steps.append((rid, {rid}, fn))
     try:

@@ -138,9 +138,9 @@ void RunSession(const Run& run, int index, SessionResult* out) {
     const Clock::time_point deadline = ends_at_run_end ? run_end : now + call_timeout;
 
     grpc::ClientContext ctx;
+    run.client.Prepare(&ctx, id);  // the session id and the token
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - now));
-    ctx.AddMetadata("txl-session-id", id);
     ++out->requests;
     const Clock::time_point sent = Clock::now();
     Clock::time_point last = sent;
@@ -228,7 +228,7 @@ int64_t LoadReport::errors_total() const {
 
 absl::StatusOr<LoadReport> RunLoad(const LoadGeneratorConfig& config) {
   if (absl::Status s = ValidateLoadGeneratorConfig(config); !s.ok()) return s;
-  ClientOptions options;
+  ClientOptions options = config.security;
   options.server = config.server;
   options.timeout = config.call_timeout;
   absl::StatusOr<std::unique_ptr<TxlClient>> client = TxlClient::Create(options);
@@ -240,7 +240,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadGeneratorConfig& config) {
   if (vocab <= 0) return absl::FailedPreconditionError("GetModelInfo: the model reports no vocabulary");
 
   // Generate goes through a stub of its own: each call's deadline may be the run's end.
-  auto stub = v1::TransformerXL::NewStub(grpc::CreateChannel(config.server, grpc::InsecureChannelCredentials()));
+  // (Its channel, so TLS and the token apply to it too.)
+  auto stub = v1::TransformerXL::NewStub((*client)->channel());
   StartGate gate(config.sessions);
   const Run run{config, **client, *stub, vocab, gate};
   std::vector<SessionResult> results(config.sessions);

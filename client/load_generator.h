@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/txl_client.h"
 
 namespace txl {
 
@@ -41,6 +42,9 @@ struct LoadGeneratorConfig {
   int new_tokens = 16;      // tokens generated per turn, >= 1 (the server has its own maximum)
   absl::Duration duration = absl::InfiniteDuration();  // of the Generate phase, (0, 1 year] or infinite
   absl::Duration call_timeout = absl::Seconds(300);    // per call, (0, 1 year]
+  // Token and TLS for a server with --auth_tokens / --tls_cert (the fields
+  // above decide the address and the timeout; its own are ignored).
+  ClientOptions security;
 };
 
 // INVALID_ARGUMENT naming the config field when a value is out of range.

@@ -184,6 +184,7 @@ int Bench(const std::vector<std::string>& args, const txl::ClientOptions& option
   txl::LoadGeneratorConfig config;
   config.server = options.server;
   config.call_timeout = options.timeout;
+  config.security = options;  // token and TLS
   config.sessions = 4;
   config.turns = 4;
   config.input_tokens = 32;
@@ -258,10 +259,6 @@ int main(int argc, char** argv) {
   if (cmd == "bench") {
     if (args.size() > 2) return Usage(absl::StrCat("bench: unexpected argument '", args[2], "'"));
     // The load generator makes its own plaintext channels, without a token.
-    if (!options.token.empty() || options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
-        !options.tls_server_name.empty()) {
-      return Usage("bench: --token/TXL_TOKEN and --tls* are not supported yet");
-    }
     return Bench(bench_args, options);
   }
   auto client_or = txl::TxlClient::Create(options);

@@ -74,9 +74,13 @@ class TxlClient {
   // The status of a gRPC call as an absl::Status (same code and message).
   static absl::Status FromGrpc(const grpc::Status& s);
 
+  // The channel (TLS as configured) and the metadata every call carries
+  // (session id, token, deadline), for callers that drive a stub themselves.
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  void Prepare(grpc::ClientContext* ctx, const std::string& session_id) const;
+
  private:
   explicit TxlClient(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
-  void Prepare(grpc::ClientContext* ctx, const std::string& session_id) const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

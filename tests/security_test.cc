@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "client/load_generator.h"
 #include "client/txl_client.h"
 #include "tests/reflection_client.h"
 #include "tests/server_process.h"
@@ -152,6 +153,26 @@ TEST_F(SecurityTest, TlsWithTheRightCaClientCertificateAndToken) {
   EXPECT_NE(server_->output().find("TLS, client certificates required (mutual TLS), 3 bearer token(s)"),
             std::string::npos)
       << server_->output();
+}
+
+// txl-client bench's load generator carries the token and TLS on every call,
+// its own Generate stream included.
+TEST_F(SecurityTest, LoadGeneratorRunsOverTlsWithAToken) {
+  LoadGeneratorConfig config;
+  config.server = server_->address();
+  config.security = Options("tok-carol");
+  config.sessions = 2;
+  config.turns = 2;
+  config.input_tokens = 4;
+  config.new_tokens = 3;
+  auto report = RunLoad(config);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->errors_total(), 0);
+  EXPECT_EQ(report->generated_tokens, 2 * 2 * 3);
+
+  config.security.token = "not-a-token";
+  auto refused = RunLoad(config);
+  EXPECT_TRUE(absl::IsUnauthenticated(refused.status())) << refused.status();
 }
 
 TEST_F(SecurityTest, WithoutClientCertificateOrTrustedCaTheConnectionFails) {

@@ -2,11 +2,17 @@
 """A multi-turn session with txl-serve from Python, streaming each turn's tokens.
 
     /usr/bin/python3 client/python/example.py --server 127.0.0.1:50051 [--stubs DIR]
+        [--token T] [--tls-ca PEM [--tls-cert PEM --tls-key PEM] [--tls-server-name NAME]]
 
 Each turn sends only its new text: the session keeps the model's memory of
 everything before it, and its position grows by the tokens fed plus those
 generated. The stubs (target txl_python_stubs) are looked for in --stubs,
 then on PYTHONPATH, then in build/client/python/gen of this checkout.
+
+For a server with --auth_tokens, --token (or the environment variable
+TXL_TOKEN; the flag wins, the variable keeps the token out of `ps`); for one
+with TLS, --tls-ca (and --tls-cert/--tls-key under mutual TLS, and
+--tls-server-name when the certificate does not name the --server host).
 """
 import argparse
 import os
@@ -29,7 +35,17 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0, help="0: random")
     p.add_argument("--converse", action="store_true", help="all turns on one Converse stream")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per call")
-    return p.parse_args()
+    p.add_argument("--token", default=os.environ.get("TXL_TOKEN") or None,
+                   help="bearer token for a server with --auth_tokens (default: $TXL_TOKEN)")
+    p.add_argument("--tls-ca", help="PEM roots that verify the server (implies TLS)")
+    p.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key; implies TLS)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-server-name", help="name the server's certificate must carry, instead of the --server "
+                   "host (implies TLS)")
+    args = p.parse_args()
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    return args
 
 
 def main():
@@ -47,7 +63,9 @@ def main():
     finish_names = {1: "LENGTH", 2: "STOP_TOKEN", 3: "STOP_SEQUENCE", 4: "CANCELLED"}
     turns = args.turns or DEFAULT_TURNS
     try:
-        with TxlClient(args.server, timeout=args.timeout) as client:
+        with TxlClient(args.server, timeout=args.timeout, token=args.token, tls_ca=args.tls_ca,
+                       tls_cert=args.tls_cert, tls_key=args.tls_key,
+                       tls_server_name=args.tls_server_name) as client:
             info = client.info()
             print("server %s: %s; model: %d layers, d_model %d, %s tokenizer (%d tokens), device %s"
                   % (args.server, client.health(), info.n_layer, info.d_model, info.tokenizer, info.vocab_size,

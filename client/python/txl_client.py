@@ -14,10 +14,32 @@ Every call that names a session also sends the id as "txl-session-id"
 metadata, so that a proxy hashing on it sends all calls of a session to the
 replica holding it; create_session picks the id here for the same reason.
 
+Security (docs/OPERATIONS.md, "Security"): by default the channel is
+plaintext and sends no credentials. For a server with --tls_cert/--tls_key
+and --auth_tokens:
+
+    client = TxlClient("10.0.0.5:50051", token=os.environ["TXL_TOKEN"],
+                       tls_ca="ca.pem", tls_server_name="txl.internal",
+                       tls_cert="client.pem", tls_key="client.key")  # the last two: mutual TLS only
+
+- tls_ca, tls_cert, tls_key: PEM file paths. Any of them, tls_server_name or
+  tls=True makes the channel TLS; tls_ca verifies the server (None: gRPC's
+  default roots); tls_cert and tls_key (both or neither, else ValueError) are
+  the client certificate a server with --tls_client_ca requires.
+- tls_server_name: the name the server's certificate must carry, instead of
+  the address's host (for an IP address or a test certificate).
+- token: every call, on every channel kind, carries the metadata
+  "authorization: Bearer TOKEN" (a txl.v1 call without it: UNAUTHENTICATED;
+  health checks need none). Over plaintext anyone reading the traffic can
+  replay it: send tokens over TLS only.
+A handshake that fails (untrusted server, wrong name, no client certificate
+under mutual TLS, plaintext against TLS) shows as UNAVAILABLE on the call.
+
 Errors are grpc.RpcError: e.code() is a grpc.StatusCode (NOT_FOUND for an
-unknown session, ABORTED for a busy one, INVALID_ARGUMENT, ...) and
-e.details() the server's message.
+unknown session, ABORTED for a busy one, UNAUTHENTICATED for a missing or
+unknown token, INVALID_ARGUMENT, ...) and e.details() the server's message.
 """
+import collections
 import queue
 import secrets
 
@@ -31,6 +53,7 @@ except ImportError as e:  # pragma: no cover - a setup error, explained
                       "build/client/python/gen on PYTHONPATH (" + str(e) + ")") from e
 
 SESSION_METADATA_KEY = "txl-session-id"
+AUTHORIZATION_METADATA_KEY = "authorization"
 
 _NOT_LAST = txl_pb2.FINISH_REASON_UNSPECIFIED  # finish_reason of every response but a turn's last
 
@@ -121,17 +144,85 @@ class Conversation:
             self._call.cancel()
 
 
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                             "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
+class BearerTokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                             grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Appends ("authorization", "Bearer " + token) to the metadata of every call.
+
+    Plain metadata rather than grpc.access_token_call_credentials, which refuse to
+    travel without TLS: a server behind a TLS-terminating proxy still needs the token
+    (as in the C++ client)."""
+
+    def __init__(self, token):
+        if not token:
+            raise ValueError("token: empty")
+        self._entry = (AUTHORIZATION_METADATA_KEY, "Bearer " + token)
+
+    def __repr__(self):
+        return "BearerTokenInterceptor(<token>)"  # never the token itself
+
+    def _with_token(self, details):
+        return _CallDetails(details.method, details.timeout, list(details.metadata or ()) + [self._entry],
+                            details.credentials, getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def _intercept(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    intercept_unary_unary = intercept_unary_stream = _intercept
+    intercept_stream_unary = intercept_stream_stream = _intercept
+
+
+def _read_pem(option, path):
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError("%s: cannot read %s: %s" % (option, path, e.strerror)) from e
+
+
+def channel_credentials(tls_ca=None, tls_cert=None, tls_key=None):
+    """grpc.ChannelCredentials for TLS from PEM file paths: tls_ca verifies the server (None:
+    gRPC's default roots); tls_cert and tls_key, both or neither, are the client certificate
+    for mutual TLS. ValueError when only one of those is given or a file cannot be read."""
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("tls_cert and tls_key: give both or neither")
+    return grpc.ssl_channel_credentials(root_certificates=_read_pem("tls_ca", tls_ca),
+                                        private_key=_read_pem("tls_key", tls_key),
+                                        certificate_chain=_read_pem("tls_cert", tls_cert))
+
+
 class TxlClient:
     """A client for one txl-serve address. timeout: seconds per call, streams included.
 
-    interceptors: optional grpc client interceptors for the channel.
-    The raw generated stub is `stub`, for calls this class does not wrap.
+    interceptors: optional grpc client interceptors for the channel. They run before the
+    one adding the token, so they never see it.
+    token, tls_ca, tls_cert, tls_key, tls_server_name, tls: see the module docstring; none
+    of them given: a plaintext channel without credentials.
+    The raw generated stub is `stub`, for calls this class does not wrap (it carries the
+    token too).
     """
 
-    def __init__(self, address="127.0.0.1:50051", timeout=60.0, interceptors=()):
+    def __init__(self, address="127.0.0.1:50051", timeout=60.0, interceptors=(), *, token=None, tls_ca=None,
+                 tls_cert=None, tls_key=None, tls_server_name=None, tls=False):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        interceptors = list(interceptors)
+        if token:
+            interceptors.append(BearerTokenInterceptor(token))  # innermost: the last before the wire
+        if tls or tls_ca or tls_cert or tls_key or tls_server_name:  # "" counts as not given
+            credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+            options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address)
         channel = grpc.intercept_channel(self._channel, *interceptors) if interceptors else self._channel
         self.stub = txl_pb2_grpc.TransformerXLStub(channel)
         # grpc.health.v1: HealthCheckRequest {string service = 1} and HealthCheckResponse

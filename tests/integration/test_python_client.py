@@ -1,10 +1,14 @@
 """The Python client (client/python) against a real txl-server (loopback, tiny model).
 
 Run by CTest: /usr/bin/python3 test_python_client.py --bin-dir BUILD --stubs BUILD/client/python/gen
+
+PythonClientTest: a plaintext server without tokens. SecureServerTest: servers with TLS (a CA and
+certificates made here with the openssl command-line tool), mutual TLS and --auth_tokens.
 """
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -230,6 +234,224 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("sampling.temperature", e.exception.details())
         with self.assertRaises(ValueError):
             txl_client.make_input()
+
+
+TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+
+
+def make_certificates(directory):
+    """ca.pem; server.{pem,key} for DNS:localhost and IP:127.0.0.1, signed by ca; client.{pem,key}
+    signed by ca; other_ca.pem, which signed neither (as tests/security_test.cc, with the IP added)."""
+    if shutil.which("openssl") is None:
+        raise RuntimeError("the openssl command-line tool is missing: install the 'openssl' package "
+                           "(scripts/install-deps.sh)")
+    d = lambda name: os.path.join(directory, name)  # noqa: E731
+    with open(d("server.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    with open(d("client.ext"), "w") as f:
+        f.write("extendedKeyUsage=clientAuth\n")
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    steps = [
+        ["req", "-x509", *key, "-keyout", d("ca.key"), "-out", d("ca.pem"), "-days", "2", "-subj", "/CN=txl test CA"],
+        ["req", "-x509", *key, "-keyout", d("other_ca.key"), "-out", d("other_ca.pem"), "-days", "2",
+         "-subj", "/CN=txl other CA"],
+    ]
+    for name, cn in (("server", "localhost"), ("client", "txl test client")):
+        steps += [
+            ["req", *key, "-keyout", d(name + ".key"), "-out", d(name + ".csr"), "-subj", "/CN=" + cn],
+            ["x509", "-req", "-in", d(name + ".csr"), "-CA", d("ca.pem"), "-CAkey", d("ca.key"), "-CAcreateserial",
+             "-out", d(name + ".pem"), "-days", "2", "-extfile", d(name + ".ext")],
+        ]
+    for step in steps:
+        r = subprocess.run(["openssl", *step], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError("failed: openssl %s\n%s%s" % (" ".join(step), r.stdout, r.stderr))
+
+
+class SecureServerTest(unittest.TestCase):
+    """TxlClient's token and tls_* arguments against servers with TLS, mutual TLS and --auth_tokens."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="txl_pyclient_tls_")
+        cls.dir = cls.tmp.name
+        make_certificates(cls.dir)
+        cls.tokens_file = cls.path("tokens.txt")
+        with open(cls.tokens_file, "w") as f:
+            f.write("# TOKEN PRINCIPAL\n" + "".join("%s %s\n" % kv for kv in TOKENS.items()))
+        cls.model = txl_procs.tiny_model(ARGS.bin_dir, cls.dir)
+        # TLS (no client certificates) and tokens.
+        cls.server = txl_procs.Server(ARGS.bin_dir, cls.model, "--tls_cert", cls.path("server.pem"),
+                                      "--tls_key", cls.path("server.key"), "--auth_tokens", cls.tokens_file)
+        cls.address = cls.server.address
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.tmp.cleanup()
+
+    @classmethod
+    def path(cls, name):
+        return os.path.join(cls.dir, name)
+
+    def client(self, address=None, **kwargs):
+        """A TxlClient for `address` (default: the TLS server), trusting ca.pem unless told; closed at
+        the test's end."""
+        kwargs.setdefault("tls_ca", self.path("ca.pem"))
+        kwargs.setdefault("timeout", 30)
+        client = txl_client.TxlClient(address or self.address, **kwargs)
+        self.addCleanup(client.close)
+        return client
+
+    def assertCode(self, code, call, details=None):
+        with self.assertRaises(grpc.RpcError) as e:
+            call()
+        self.assertEqual(e.exception.code(), code, e.exception.details())
+        if details is not None:
+            self.assertIn(details, e.exception.details())
+        return e.exception
+
+    def check_works(self, client):
+        self.assertEqual(client.info().n_layer, 2)
+        sid = client.create_session().session_id
+        ids, _, _, last = run_turn(client.generate("hello", session_id=sid, max_new_tokens=3, temperature=0.0))
+        self.assertEqual(len(ids), 3)
+        self.assertEqual(last.finish_reason, txl_pb2.FINISH_REASON_LENGTH)
+        self.assertEqual(client.get_session(sid).position, last.position)
+        client.delete_session(sid)
+
+    def test_tls_with_the_right_token_works(self):
+        # The certificate names 127.0.0.1 (the address dialled) and localhost (checked instead).
+        for name in (None, "localhost"):
+            with self.subTest(tls_server_name=name):
+                self.check_works(self.client(token="tok-alice", tls_server_name=name))
+
+    def test_every_kind_of_call_carries_the_token(self):
+        client = self.client(token="tok-bob")
+        sid = client.create_session().session_id  # unary-unary
+        run_turn(client.generate("abc", session_id=sid, max_new_tokens=2))  # unary-stream
+        with client.converse(sid) as conversation:  # stream-stream
+            run_turn(conversation.turn("d", max_new_tokens=2))
+        metadata = [(txl_client.SESSION_METADATA_KEY, sid)]
+        data = b"".join(c.data for c in client.stub.ExportSession(  # unary-stream, through the raw stub
+            txl_pb2.ExportSessionRequest(session_id=sid), metadata=metadata, timeout=30))
+        imported = client.stub.ImportSession(iter([txl_pb2.ImportSessionRequest(data=data)]),  # stream-unary
+                                             timeout=30)
+        self.assertEqual(imported.position, client.get_session(sid).position)
+        self.assertEqual({s.session_id for s in client.list_sessions()}, {sid, imported.session_id})
+        client.delete_session(imported.session_id)
+        client.delete_session(sid)
+
+    def test_the_interceptor_adds_the_token_to_all_four_kinds(self):
+        interceptor = txl_client.BearerTokenInterceptor("t0k")
+        details = txl_client._CallDetails("/txl.v1.TransformerXL/GetSession", 5, [(KEY, "x")], None, None, None)
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            seen = []
+            result = getattr(interceptor, "intercept_" + kind)(lambda d, r: seen.append((d, r)) or "call",
+                                                               details, "request")
+            self.assertEqual(result, "call", kind)
+            (got, request), = seen
+            self.assertEqual(request, "request")
+            self.assertEqual((got.method, got.timeout), (details.method, 5))
+            self.assertEqual(list(got.metadata), [(KEY, "x"), ("authorization", "Bearer t0k")], kind)
+        self.assertEqual(details.metadata, [(KEY, "x")])  # the caller's metadata is left as it was
+        self.assertNotIn("t0k", repr(interceptor))
+        with self.assertRaises(ValueError):
+            txl_client.BearerTokenInterceptor("")
+
+    def test_missing_or_unknown_token_is_unauthenticated(self):
+        for token, details in ((None, "missing credentials"), ("tok-mallory", "invalid bearer token")):
+            client = self.client(token=token)
+            calls = {
+                "info": client.info,
+                "create_session": client.create_session,
+                "list_sessions": client.list_sessions,
+                "get_session": lambda: client.get_session(txl_client.new_session_id()),
+                "generate": lambda: list(client.generate("hello", max_new_tokens=2)),
+                "score": lambda: client.score("hello"),
+                "converse": lambda: list(client.converse().turn("hello", max_new_tokens=2)),
+            }
+            for name, call in calls.items():
+                with self.subTest(token=token, call=name):
+                    e = self.assertCode(grpc.StatusCode.UNAUTHENTICATED, call, details)
+                    self.assertNotIn("tok-mallory", e.details())  # never echoed
+
+    def test_health_needs_no_token(self):
+        self.assertEqual(self.client().health(), "SERVING")
+        self.assertEqual(self.client(token="tok-mallory").health(), "SERVING")  # nor looks at one
+
+    def test_failed_handshakes_are_unavailable(self):
+        cases = {
+            "plaintext": dict(tls_ca=None),
+            "server not signed by the trusted CA": dict(tls_ca=self.path("other_ca.pem")),
+            "certificate for another name": dict(tls_server_name="not-localhost"),
+        }
+        for name, kwargs in cases.items():
+            with self.subTest(name):
+                client = self.client(token="tok-alice", **kwargs)
+                self.assertCode(grpc.StatusCode.UNAVAILABLE, client.info)
+                self.assertCode(grpc.StatusCode.UNAVAILABLE, client.health)
+
+    def test_mutual_tls_needs_a_client_certificate(self):
+        with txl_procs.Server(ARGS.bin_dir, self.model, "--tls_cert", self.path("server.pem"),
+                              "--tls_key", self.path("server.key"), "--tls_client_ca", self.path("ca.pem"),
+                              "--auth_tokens", self.tokens_file) as server:
+            without = self.client(server.address, token="tok-alice")
+            self.assertCode(grpc.StatusCode.UNAVAILABLE, without.info)
+            self.assertCode(grpc.StatusCode.UNAVAILABLE, without.health)
+            with_cert = self.client(server.address, token="tok-alice", tls_cert=self.path("client.pem"),
+                                    tls_key=self.path("client.key"), tls_server_name="localhost")
+            self.check_works(with_cert)
+            self.assertEqual(with_cert.health(), "SERVING")
+            # The client certificate is no token: without one, still UNAUTHENTICATED.
+            no_token = self.client(server.address, tls_cert=self.path("client.pem"), tls_key=self.path("client.key"))
+            self.assertCode(grpc.StatusCode.UNAUTHENTICATED, no_token.info)
+        # (The server reports its mode right after the line txl_procs waits for: read by stop().)
+        self.assertIn("TLS, client certificates required (mutual TLS), %d bearer token(s)" % len(TOKENS),
+                      server.output)
+
+    def test_a_token_over_plaintext(self):
+        with txl_procs.Server(ARGS.bin_dir, self.model, "--auth_tokens", self.tokens_file) as server:
+            self.assertIn("warning: --auth_tokens without --tls_cert", server.output)
+            recorder = make_recorder()
+            client = self.client(server.address, tls_ca=None, token="tok-alice", interceptors=[recorder])
+            self.check_works(client)
+            self.assertCode(grpc.StatusCode.UNAUTHENTICATED, self.client(server.address, tls_ca=None).info)
+            # The caller's interceptors run before the token is added: they never see it.
+            self.assertTrue(recorder.calls)
+            self.assertFalse([md for _, md in recorder.calls if any(k == "authorization" for k, _ in md)])
+
+    def test_a_certificate_without_its_key_is_a_value_error(self):
+        for kwargs in (dict(tls_cert=self.path("client.pem")), dict(tls_key=self.path("client.key"))):
+            with self.subTest(**kwargs), self.assertRaises(ValueError) as e:
+                txl_client.TxlClient(self.address, **kwargs)
+            self.assertIn("tls_cert", str(e.exception))
+            self.assertIn("tls_key", str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            txl_client.TxlClient(self.address, tls_ca=self.path("no-such.pem"))
+        self.assertIn("tls_ca", str(e.exception))
+        self.assertIn("no-such.pem", str(e.exception))
+
+    def example(self, *args, env=None):
+        return subprocess.run([sys.executable, os.path.join(CLIENT_DIR, "example.py"), "--server", self.address,
+                               "--stubs", ARGS.stubs, "--max-new-tokens", "3", "--turn", "a\n", "--turn", "b\n",
+                               *args], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, **(env or {})))
+
+    def test_example_over_tls_with_a_token(self):
+        tls = ["--tls-ca", self.path("ca.pem"), "--tls-server-name", "localhost"]
+        for name, args, env in (("--token", tls + ["--token", "tok-alice"], {"TXL_TOKEN": ""}),
+                                ("TXL_TOKEN", tls, {"TXL_TOKEN": "tok-bob"})):
+            with self.subTest(name):
+                r = self.example(*args, env=env)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertRegex(r.stdout, r"deleted session [0-9a-f]{32}; get_session now: NOT_FOUND")
+        r = self.example(*tls, env={"TXL_TOKEN": ""})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("UNAUTHENTICATED", r.stderr)
+        r = self.example("--tls-cert", self.path("client.pem"), env={"TXL_TOKEN": ""})
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--tls-cert and --tls-key go together", r.stderr)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,39 @@ Scheduler::Scheduler(const SchedulerConfig& config, Engine* engine, SessionStore
 
 Scheduler::~Scheduler() { Stop(); }
 
+void Scheduler::SetJournal(SessionJournal* journal) {
+  journal_ = journal;
+  if (journal_ == nullptr) return;
+  journal_->SetHandoffHandler([this](std::vector<std::string> ids) {
+    absl::MutexLock lock(&mu_);
+    wanted_.insert(ids.begin(), ids.end());
+  });
+}
+
+void Scheduler::HandOff() {
+  std::set<std::string> wanted;
+  {
+    absl::MutexLock lock(&mu_);
+    wanted.swap(wanted_);
+  }
+  for (const std::string& id : wanted) {
+    auto lease = store_->TakeForOffload(id, /*any_tier=*/true);
+    if (absl::IsNotFound(lease.status())) continue;
+    if (!lease.ok() || !lease->durable) {  // busy: at the next heartbeat
+      continue;
+    }
+    if (lease->state) {  // its current state, so the next replica replays nothing
+      SessionExport image;
+      image.fingerprint = engine_->fingerprint();
+      image.position = lease->position();
+      image.pending = lease->pending;
+      if (lease->state->AppendTo(&image.state).ok()) journal_->RecordSnapshot(id, EncodeSessionExport(image));
+    }
+    journal_->RecordRelease(id);
+    store_->Discard(*std::move(lease));
+  }
+}
+
 void Scheduler::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -473,6 +506,7 @@ void Scheduler::Loop() {
       if (expired > 0 && observer_) observer_->OnSessionsExpired(expired);
       if (journal_) {
         for (const std::string& id : durable) journal_->RecordDelete(id);
+        HandOff();
       }
       Offload();
       if (observer_) observer_->OnTick();

@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -117,7 +118,7 @@ class Scheduler {
   ~Scheduler();  // Stop()s
 
   // Makes every acknowledgement wait for the journal (before Start; may be null).
-  void SetJournal(SessionJournal* journal) { journal_ = journal; }
+  void SetJournal(SessionJournal* journal);
   void Start();
   // Refuses new jobs (UNAVAILABLE); running ones go on.
   void Drain();
@@ -178,6 +179,8 @@ class Scheduler {
   absl::StatusOr<std::unique_ptr<EngineSession>> Rebuild(const IdleSession& idle);
   // Engine thread: moves idle sessions out of device and host memory per the budgets.
   void Offload();
+  // Engine thread: lets go of the sessions other replicas asked for, once idle.
+  void HandOff();
   // Journal: logs the job's history up to `position`; runs fn once that is written.
   void LogHistory(Job& job, int64_t position);
   // Runs fn after the journal has written what came before (durable jobs), or now.
@@ -196,6 +199,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> wanted_ ABSL_GUARDED_BY(mu_);  // sessions to hand over
 
   std::atomic<int64_t> active_count_{0};
   std::thread thread_;

@@ -162,8 +162,40 @@ void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot)
 void SessionJournal::RecordDelete(const std::string& id) {
   std::vector<Op> ops;
   ops.push_back({Op::kDelete, Key(id, "meta"), "", nullptr});  // first: without meta it is gone
-  for (const char* part : {"snap", "log", "holder"}) ops.push_back({Op::kDelete, Key(id, part), "", nullptr});
+  for (const char* part : {"snap", "log", "holder", "wanted"}) ops.push_back({Op::kDelete, Key(id, part), "", nullptr});
   Enqueue(std::move(ops));
+}
+
+void SessionJournal::RecordRelease(const std::string& id) {
+  std::vector<Op> ops;
+  ops.push_back({Op::kDelete, Key(id, "wanted"), "", nullptr});
+  ops.push_back({Op::kDelete, Key(id, "holder"), "", nullptr});
+  Enqueue(std::move(ops));
+}
+
+void SessionJournal::SetHandoffHandler(std::function<void(std::vector<std::string>)> handler) {
+  absl::MutexLock lock(&mu_);
+  handoff_ = std::move(handler);
+}
+
+void SessionJournal::FindWanted() {
+  std::function<void(std::vector<std::string>)> handler;
+  {
+    absl::MutexLock lock(&mu_);
+    handler = handoff_;
+  }
+  if (!handler) return;
+  auto keys = backend_->List("sessions/");
+  if (!keys.ok()) return;
+  std::vector<std::string> wanted;
+  for (const std::string& key : *keys) {
+    constexpr absl::string_view kSuffix = "/wanted";
+    if (!absl::EndsWith(key, kSuffix) || key.size() <= kSuffix.size() + 9) continue;
+    const std::string id = key.substr(9, key.size() - 9 - kSuffix.size());
+    auto holder = backend_->Get(Key(id, "holder"));
+    if (holder.ok() && *holder == config_.replica) wanted.push_back(id);
+  }
+  if (!wanted.empty()) handler(std::move(wanted));
 }
 
 void SessionJournal::After(Done fn) {
@@ -227,6 +259,7 @@ void SessionJournal::WriterLoop() {
     if (absl::Now() >= next_heartbeat) {
       next_heartbeat = absl::Now() + config_.heartbeat_interval;
       if (auto s = Heartbeat(); !s.ok()) std::fprintf(stderr, "txl-server: state store heartbeat: %s\n", std::string(s.message()).c_str());
+      FindWanted();
     }
     if (!batch.empty()) {
       // Writes first, then the acknowledgements that waited for them.
@@ -323,8 +356,10 @@ absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const
     int64_t nanos = 0;
     if (beat.ok() && absl::SimpleAtoi(*beat, &nanos) &&
         absl::Now() - absl::FromUnixNanos(nanos) < config_.holder_timeout) {
+      // Ask the holder to hand it over: the proxy routes the session here now.
+      (void)backend_->Put(Key(id, "wanted"), config_.replica);
       return absl::UnavailableError(absl::StrCat("session ", id, " is served by replica ", *current,
-                                                 "; retry there, or here once it is gone"));
+                                                 ", which was asked to hand it over; retry shortly"));
     }
   }
   if (!current || *current != config_.replica) {

@@ -8,6 +8,7 @@
 //   sessions/<id>/snap    SessionExport bytes (an empty state: a fresh session)
 //   sessions/<id>/log     records: u32 n, i64 start, i32 tokens[n], u64 Hash64
 //   sessions/<id>/holder  the replica that serves it
+//   sessions/<id>/wanted  another replica asks the holder to hand it over
 //   replicas/<name>       that replica's heartbeat (unix nanoseconds)
 //
 // Writes are queued and applied in order by one writer thread, which commits
@@ -20,7 +21,10 @@
 // Ownership between replicas: a session is served by its holder. A replica
 // whose heartbeat is older than holder_timeout (or gone: a clean shutdown
 // removes it) is dead, and any replica may claim its sessions
-// (CompareAndSet on the holder key, so exactly one does).
+// (CompareAndSet on the holder key, so exactly one does). A replica asked
+// for a session a live replica holds leaves a "wanted" key; the holder finds
+// it at its next heartbeat and hands the session over (snapshot, release)
+// once it is idle, so a session whose route moved (scale-up) follows it.
 //
 // Threading: all methods are thread-safe. Load, Held and Adopt do blocking
 // I/O on the caller's thread; the rest only enqueue.
@@ -89,6 +93,8 @@ class SessionJournal {
   // The session's state at some position; the log restarts empty.
   void RecordSnapshot(const std::string& id, std::string snapshot);
   void RecordDelete(const std::string& id);
+  // This replica lets the session go: another may claim it at once.
+  void RecordRelease(const std::string& id);
   // fn(first write error since the journal opened, or OK) on the writer
   // thread, after everything queued before it. A failed write is sticky:
   // the promise cannot be kept, so nothing more is acknowledged.
@@ -106,6 +112,10 @@ class SessionJournal {
   // no such session, or not `caller`'s; UNAVAILABLE: a live replica holds it.
   absl::StatusOr<JournalRecord> Adopt(const std::string& id, const std::string& caller);
 
+  // Called on the writer thread, at heartbeats, with the sessions this
+  // replica holds that another replica asked for (see above).
+  void SetHandoffHandler(std::function<void(std::vector<std::string>)> handler);
+
   const std::string& replica() const { return config_.replica; }
   std::string Describe() const { return backend_->Describe(); }
   int64_t quarantined() const;
@@ -121,6 +131,7 @@ class SessionJournal {
   void WriterLoop();
   absl::Status Apply(std::vector<Op>& batch);
   absl::Status Heartbeat();
+  void FindWanted();
   absl::Status QuarantineSession(const std::string& id, const std::string& why);
 
   const SessionJournalConfig config_;
@@ -133,6 +144,7 @@ class SessionJournal {
   int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // ops queued
   absl::Status error_ ABSL_GUARDED_BY(mu_);    // the first write error
   int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(std::vector<std::string>)> handoff_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

@@ -315,18 +315,19 @@ std::vector<std::string> SessionStore::HostOverflow() const {
   return out;
 }
 
-absl::StatusOr<SessionLease> SessionStore::TakeForOffload(const std::string& id) {
+absl::StatusOr<SessionLease> SessionStore::TakeForOffload(const std::string& id, bool any_tier) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFound(id);
   Entry& e = it->second;
-  if (e.info.busy || !e.state) return absl::AbortedError(absl::StrCat("session ", id, " is busy"));
+  if (e.info.busy || (!e.state && !any_tier)) return absl::AbortedError(absl::StrCat("session ", id, " is busy"));
   e.info.busy = true;
   SessionLease lease;
   lease.id = id;
   lease.owner = e.info.owner;
   lease.state = std::move(e.state);
   lease.pending = std::move(e.pending);
+  lease.idle = std::move(e.idle);
   lease.known_position = e.info.position;
   lease.durable = e.durable;
   lease.since_snapshot = e.since_snapshot;

@@ -152,8 +152,8 @@ class SessionStore {
   // used first, so that the rest fit the host budget (empty without a store).
   std::vector<std::string> HostOverflow() const;
   // Takes an idle, device-resident session for offload (busy meanwhile);
-  // NOT_FOUND or ABORTED otherwise.
-  absl::StatusOr<SessionLease> TakeForOffload(const std::string& id);
+  // NOT_FOUND or ABORTED otherwise. With `any_tier`, also one out of device memory.
+  absl::StatusOr<SessionLease> TakeForOffload(const std::string& id, bool any_tier = false);
   // Gives it back out of device memory; last_used is left as it was.
   void ReturnOffloaded(SessionLease lease, std::shared_ptr<const IdleSession> idle);
   // Drops an idle session's host copy: the state store has it.

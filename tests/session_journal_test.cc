@@ -202,6 +202,43 @@ TEST(SessionJournalTest, AReplicaThatStoppedBeatingLosesItsSessionsAfterTheTimeo
   fs::remove_all(dir);
 }
 
+TEST(SessionJournalTest, TheHolderHearsThatAnotherReplicaWantsASession) {
+  const std::string dir = TempDir("wanted");
+  auto a = Open(dir, "a", absl::Milliseconds(40));  // beats every 10 ms
+  auto b = Open(dir, "b");
+  absl::Mutex mu;
+  std::vector<std::string> asked;
+  a->SetHandoffHandler([&](std::vector<std::string> ids) {
+    absl::MutexLock lock(&mu);
+    asked.insert(asked.end(), ids.begin(), ids.end());
+  });
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  a->RecordCreate(Meta("s2"), Snapshot(0, {}, ""));
+  ASSERT_TRUE(a->Flush().ok());
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(asked.empty()) << "nobody asked yet";
+  }
+  // b's timeout is 10 s: a is alive. b asks for s1 and is told to retry.
+  auto refused = b->Adopt("s1", "alice");
+  ASSERT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("asked to hand it over"), std::string::npos);
+  {
+    absl::MutexLock lock(&mu);
+    auto heard = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return !asked.empty(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&heard), absl::Seconds(30)));
+    EXPECT_EQ(asked.front(), "s1");
+    for (const std::string& id : asked) EXPECT_EQ(id, "s1") << "only the session asked for";
+  }
+  a->RecordRelease("s1");
+  ASSERT_TRUE(a->Flush().ok());
+  auto won = b->Adopt("s1", "alice");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(*a->Held(), (std::vector<std::string>{"s2"}));
+  a->SetHandoffHandler(nullptr);
+  fs::remove_all(dir);
+}
+
 TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
   const std::string dir = TempDir("after");
   auto j = Open(dir, "r1");
@@ -230,7 +267,7 @@ class DurableSchedulerTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
   void Make(SessionStoreConfig store_config, SchedulerConfig config = {}) {
-    journal_ = Open(dir_, "r1");
+    journal_ = Open(dir_, "r1", journal_holder_timeout_);
     store_config.has_state_store = true;
     store_ = std::make_unique<SessionStore>(store_config);
     scheduler_ = std::make_unique<Scheduler>(config, &engine_, store_.get(), &tokenizer_, nullptr);
@@ -291,6 +328,7 @@ class DurableSchedulerTest : public ::testing::Test {
   }
 
   std::string dir_;
+  absl::Duration journal_holder_timeout_ = absl::Seconds(10);
   FakeEngine engine_;
   Tokenizer tokenizer_ = Tokenizer::Byte();
   std::unique_ptr<SessionJournal> journal_;
@@ -335,6 +373,26 @@ TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheS
     EXPECT_EQ(seen, (std::vector<int>{10 * i + 4, 10 * i + 5})) << i;
     EXPECT_EQ(store_->Get("", ids[i])->position, 6) << i;
   }
+}
+
+TEST_F(DurableSchedulerTest, ASessionAnotherReplicaAsksForIsHandedOverExactly) {
+  SessionStoreConfig sc;
+  journal_holder_timeout_ = absl::Milliseconds(40);  // beats (and looks for requests) every 10 ms
+  Make(sc);
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3).ok());
+  auto b = Open(dir_, "b");
+  EXPECT_TRUE(absl::IsUnavailable(b->Adopt(id, "").status()));
+  // The engine thread hands it over within a heartbeat and a tick.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (store_->Get("", id).ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_FALSE(store_->Get("", id).ok()) << "not handed over";
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto won = b->Adopt(id, "");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(won->position(), 5);
+  EXPECT_EQ(won->tail.size(), 0u) << "a snapshot at the hand-over: nothing to replay";
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e'}));
 }
 
 TEST_F(DurableSchedulerTest, DamagedStateInTheStoreEndsTheSessionWithDataLoss) {

@@ -166,7 +166,18 @@ class KubernetesManifestTest(unittest.TestCase):
         kinds = sorted(k for k, _ in self.objects)
         self.assertEqual(kinds, sorted(["Namespace", "ConfigMap", "ConfigMap", "StatefulSet", "Service", "Service",
                                         "Service", "PodDisruptionBudget", "PodDisruptionBudget", "PodMonitor",
-                                        "Deployment"]))
+                                        "Deployment", "PersistentVolumeClaim"]))
+
+    def test_state_dir_is_the_shared_volume(self):
+        state_dir = self.flags["state_dir"]
+        mount = next(m for m in self.container["volumeMounts"] if m["mountPath"].rstrip("/") == state_dir.rstrip("/"))
+        self.assertFalse(mount.get("readOnly", False))
+        volume = next(v for v in self.pod["spec"]["volumes"] if v["name"] == mount["name"])
+        claim = self.objects[("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])]
+        # Every replica mounts the one claim: it must be shareable.
+        self.assertEqual(claim["spec"]["accessModes"], ["ReadWriteMany"])
+        self.assertEqual(self.pod["spec"]["securityContext"]["fsGroup"], 10001)
+        self.assertNotIn("replica_name", self.flags, "the default (the pod's host name) is stable per pod")
         self.assertEqual(self.objects[("PodMonitor", "txl-server")]["apiVersion"], "monitoring.coreos.com/v1")
 
     def test_container_listens_where_its_ports_and_probes_are(self):
@@ -312,7 +323,9 @@ class ServedMetricsTest(unittest.TestCase):
             f.write(cm["data"]["txl-server.flags"])
         cls.flags = parse_flagfile(cm["data"]["txl-server.flags"])
         model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
-        cls.server = txl_procs.Server(ARGS.bin_dir, model, "--threads", "1", metrics=True, flagfile=cls.flagfile)
+        # The flagfile's --state_dir is the pod's volume: here, a temporary directory instead.
+        cls.server = txl_procs.Server(ARGS.bin_dir, model, "--threads", "1", "--state_dir",
+                                      os.path.join(cls.tmp.name, "state"), metrics=True, flagfile=cls.flagfile)
         cls.address, cls.metrics_address = cls.server.address, cls.server.metrics_address
         gen = subprocess.run([os.path.join(ARGS.bin_dir, "client", "txl-client"), "--server", cls.address,
                               "--max_new_tokens", "8", "generate", "hello"], capture_output=True, text=True,

@@ -12,32 +12,19 @@ import argparse
 import concurrent.futures
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nginx_proxy  # noqa: E402
 import txl_procs  # noqa: E402
 
 ARGS = None
 SESSIONS = 20
 TURNS = ["To be, or not", " to be: that is", " the question."]
 NEW_TOKENS = 6
-
-
-def render(template, values):
-    """envsubst restricted to the given names (what the config's header documents)."""
-    out = template
-    for name, value in values.items():
-        out = out.replace("${" + name + "}", value)
-    left = re.findall(r"\$\{TXL_[A-Z_]+\}", out)
-    if left:
-        raise AssertionError(f"unrendered placeholders: {left}")
-    return out
 
 
 def client(address, *args):
@@ -69,51 +56,19 @@ def listed(address):
 class NginxAffinityTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not os.path.exists(cls.nginx_bin):
-            raise RuntimeError("nginx is not installed (scripts/install-deps.sh installs nginx-light)")
         cls.tmp = tempfile.TemporaryDirectory(prefix="txl_nginx_")
         model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
         cls.replicas = [txl_procs.Server(ARGS.bin_dir, model), txl_procs.Server(ARGS.bin_dir, model)]
         cls.control = txl_procs.Server(ARGS.bin_dir, model)
-        run_dir = os.path.join(cls.tmp.name, "nginx")
-        os.makedirs(run_dir)
-        os.chmod(cls.tmp.name, 0o755)  # nginx workers may run as another user when we are root
-        os.chmod(run_dir, 0o777)
-        cls.proxy = f"127.0.0.1:{txl_procs.free_port()}"
-        with open(ARGS.nginx_conf) as f:
-            conf = render(f.read(), {
-                "TXL_PROXY_LISTEN": cls.proxy,
-                "TXL_NGINX_RUN_DIR": run_dir,
-                "TXL_UPSTREAM_SERVERS": " ".join(f"server {r.address};" for r in cls.replicas),
-            })
-        conf_path = os.path.join(run_dir, "nginx.conf")
-        with open(conf_path, "w") as f:
-            f.write(conf)
-        check = subprocess.run([cls.nginx_bin, "-t", "-p", run_dir, "-e", "stderr", "-c", conf_path],
-                               capture_output=True, text=True)
-        if check.returncode != 0:
-            raise RuntimeError(f"nginx -t rejected the rendered config:\n{check.stderr}")
-        cls.nginx = subprocess.Popen([cls.nginx_bin, "-p", run_dir, "-e", "stderr", "-c", conf_path,
-                                      "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-        cls.access_log = os.path.join(run_dir, "access.log")
+        cls.nginx = nginx_proxy.NginxProxy(ARGS.nginx_conf, [r.address for r in cls.replicas], cls.tmp.name)
+        cls.proxy, cls.access_log = cls.nginx.address, cls.nginx.access_log
         # Ready when a call through it succeeds (bounded).
-        deadline = time.monotonic() + 30
-        while True:
-            if cls.nginx.poll() is not None:
-                raise RuntimeError(f"nginx exited: {cls.nginx.stdout.read()}")
-            if client(cls.proxy, "health").returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("nginx did not start proxying within 30 s")
-            time.sleep(0.1)  # polling a process that is starting, not hiding a race
+        cls.nginx.start(lambda: client(cls.proxy, "health").returncode == 0)
 
     @classmethod
     def tearDownClass(cls):
-        if getattr(cls, "nginx", None) is not None and cls.nginx.poll() is None:
-            cls.nginx.send_signal(signal.SIGQUIT)
-            cls.nginx.wait(timeout=30)
+        if getattr(cls, "nginx", None) is not None:
+            cls.nginx.stop()
         for s in getattr(cls, "replicas", []) + [getattr(cls, "control", None)]:
             if s is not None:
                 s.stop()

@@ -25,11 +25,12 @@ std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
   return out;
 }
 
-// Applies the log to `record`: records before its position are skipped (a
-// snapshot already holds them), a torn last record is ignored (it was never
-// acknowledged: acknowledgements wait for the whole write), and anything
-// else out of place is damage.
-absl::Status ReplayLog(const std::string& log, JournalRecord* record) {
+}  // namespace
+
+// Records before the record's position are skipped (a snapshot already holds
+// them); a torn last record was never acknowledged (acknowledgements wait for
+// the whole write).
+absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record) {
   ByteReader r(log);
   while (r.left() > 0) {
     const size_t begin = r.at();
@@ -58,8 +59,6 @@ absl::Status ReplayLog(const std::string& log, JournalRecord* record) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 std::string EncodeSessionMeta(const SessionMeta& m) {
   std::string out(kMetaMagic, sizeof(kMetaMagic));
@@ -315,7 +314,7 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   auto log = backend_->Get(Key(id, "log"));
   if (!log.ok() && !absl::IsNotFound(log.status())) return absl::UnavailableError(log.status().message());
   if (log.ok()) {
-    if (auto s = ReplayLog(*log, &record); !s.ok()) return QuarantineSession(id, std::string(s.message()));
+    if (auto s = ReplayJournalLog(*log, &record); !s.ok()) return QuarantineSession(id, std::string(s.message()));
   }
   return record;
 }

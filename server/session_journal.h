@@ -69,7 +69,12 @@ struct JournalRecord {
 };
 
 std::string EncodeSessionMeta(const SessionMeta& meta);
+// DATA_LOSS when truncated or damaged.
 absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes);
+// Applies a session's log bytes to `record`: tokens before its position are
+// skipped, a torn last record is ignored; DATA_LOSS for any other damage
+// (a checksum that fails, a record that starts past the end of the history).
+absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record);
 
 struct SessionJournalConfig {
   std::string replica;                          // this replica's name

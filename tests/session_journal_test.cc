@@ -82,6 +82,27 @@ TEST(SessionMetaTest, RoundTripsAndRejectsDamage) {
   EXPECT_TRUE(absl::IsDataLoss(DecodeSessionMeta(bytes.substr(0, 10)).status()));
 }
 
+// The fuzz seeds of the journal's formats (tests/fuzz/make_corpus.py writes
+// them in Python) are valid, so the fuzzer starts from the accepting paths.
+TEST(SessionJournalTest, FuzzSeedsAreWellFormed) {
+  const fs::path seeds = fs::path(TXL_SOURCE_DIR) / "tests" / "fuzz" / "corpus" / "session_import";
+  auto read = [&](const char* name) {
+    std::ifstream f(seeds / name, std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(s.empty()) << name;
+    return s.empty() ? s : s.substr(1);  // byte 0 picks the fuzzer's mode
+  };
+  auto meta = DecodeSessionMeta(read("journal_meta"));
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->owner, "alice");
+  for (const char* name : {"journal_log", "journal_log_torn"}) {
+    JournalRecord r;
+    r.image.position = 2;
+    ASSERT_TRUE(ReplayJournalLog(read(name), &r).ok()) << name;
+    EXPECT_EQ(r.tail, (std::vector<int>{1, 2, 3, 4, 5, 6})) << name;
+  }
+}
+
 TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
   const std::string dir = TempDir("replay");
   auto j = Open(dir, "r1");

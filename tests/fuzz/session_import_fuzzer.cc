@@ -23,6 +23,11 @@
 // has the position and window its image states, at most mem_len - 1 tokens in
 // memory, its own image restores to a session with the same image, and it
 // runs a step of two tokens (position + 2).
+// Mode 0's bytes also go to the session journal's two decoders of stored
+// state (server/session_journal.h): DecodeSessionMeta (OK or DATA_LOSS; what
+// decodes encodes back to the same bytes) and ReplayJournalLog (OK or
+// DATA_LOSS; it only appends, and a log written by the journal replays back
+// to its tokens).
 // A broken property calls __builtin_trap(), which libFuzzer reports as a crash.
 #include <stdlib.h>
 
@@ -38,6 +43,7 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "server/session_export.h"
+#include "server/session_journal.h"
 
 namespace {
 
@@ -137,6 +143,25 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+namespace {
+
+void JournalDecoders(const std::string& bytes) {
+  absl::StatusOr<SessionMeta> meta = DecodeSessionMeta(bytes);
+  if (meta.ok()) {
+    Check(EncodeSessionMeta(*meta) == bytes, "a meta that decodes encodes back to the same bytes");
+  } else {
+    Check(meta.status().code() == absl::StatusCode::kDataLoss, "DecodeSessionMeta refuses with DATA_LOSS");
+  }
+  JournalRecord record;
+  record.image.position = 3;
+  record.tail = {1};
+  absl::Status s = ReplayJournalLog(bytes, &record);
+  Check(s.ok() || s.code() == absl::StatusCode::kDataLoss, "ReplayJournalLog refuses with DATA_LOSS");
+  Check(record.tail.size() >= 1 && record.tail[0] == 1, "a replay only appends");
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const int mode = data[0] % 3;
@@ -146,6 +171,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool well_formed = false;  // an export DecodeSessionExport must accept
   if (mode == 0) {
     bytes = rest;
+    JournalDecoders(rest);
   } else {
     std::string image;
     size_t at = 1;  // rest[0]: the pending-token count

@@ -243,15 +243,17 @@ int main(int argc, char** argv) {
     backend_config.fsync = *fsync;
     if (absl::GetFlag(FLAGS_fsync_interval_ms) < 1) return Fail("--fsync_interval_ms must be >= 1");
     backend_config.fsync_interval = absl::Milliseconds(absl::GetFlag(FLAGS_fsync_interval_ms));
+    std::string replica = absl::GetFlag(FLAGS_replica_name);
+    if (replica.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      replica = host;
+    }
+    backend_config.writer = replica;
     auto backend = txl::OpenStateBackend(backend_config);
     if (!backend.ok()) return Fail(absl::StrCat("state store: ", backend.status().message()));
     txl::SessionJournalConfig journal_config;
-    journal_config.replica = absl::GetFlag(FLAGS_replica_name);
-    if (journal_config.replica.empty()) {
-      char host[256] = {};
-      gethostname(host, sizeof(host) - 1);
-      journal_config.replica = host;
-    }
+    journal_config.replica = replica;
     if (absl::GetFlag(FLAGS_holder_timeout) <= 0) return Fail("--holder_timeout must be > 0");
     journal_config.holder_timeout = absl::Seconds(absl::GetFlag(FLAGS_holder_timeout));
     journal_config.heartbeat_interval = journal_config.holder_timeout / 4;

@@ -394,7 +394,8 @@ absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionStore* store
     std::vector<int> pending;
     auto idle = IdleFromRecord(*record, &pending);
     if (store->AddIdle(id, record->meta.owner, record->meta.idle_ttl, record->meta.labels, record->meta.created,
-                       std::move(idle), std::move(pending), record->position())
+                       std::move(idle), std::move(pending), record->position(),
+                       static_cast<int64_t>(record->tail.size()))
             .ok())
       ++recovered;
   }
@@ -450,7 +451,8 @@ absl::Status Scheduler::Adopt(Job& job) {
   std::vector<int> pending;
   std::shared_ptr<IdleSession> idle = IdleFromRecord(*record, &pending);
   absl::Status s = store_->AddIdle(record->meta.id, record->meta.owner, record->meta.idle_ttl, record->meta.labels,
-                                   record->meta.created, std::move(idle), std::move(pending), record->position());
+                                   record->meta.created, std::move(idle), std::move(pending), record->position(),
+                                   static_cast<int64_t>(record->tail.size()));
   return absl::IsAlreadyExists(s) ? absl::OkStatus() : s;  // a concurrent adoption got here first
 }
 

@@ -20,6 +20,9 @@ std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
   std::string out;
   PutLE<uint32_t>(&out, static_cast<uint32_t>(tokens.size()));
   PutLE<int64_t>(&out, start);
+  // The header's own checksum tells a damaged length (DATA_LOSS) from a
+  // record a crash cut short (a torn tail, ignored).
+  PutLE<uint64_t>(&out, Hash64(out.data(), out.size()));
   for (int t : tokens) PutLE<int32_t>(&out, t);
   PutLE<uint64_t>(&out, Hash64(out.data(), out.size()));
   return out;
@@ -30,13 +33,22 @@ std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
 // Records before the record's position are skipped (a snapshot already holds
 // them); a torn last record was never acknowledged (acknowledgements wait for
 // the whole write).
-absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record) {
+absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, size_t* valid_bytes) {
+  constexpr size_t kHeader = 4 + 8 + 8;
   ByteReader r(log);
+  if (valid_bytes) *valid_bytes = 0;
   while (r.left() > 0) {
     const size_t begin = r.at();
+    if (r.left() < kHeader) return absl::OkStatus();  // torn tail
     uint32_t n = 0;
     int64_t start = 0;
-    if (!r.Get(&n) || !r.Get(&start) || r.left() < uint64_t{n} * 4 + 8) return absl::OkStatus();  // torn tail
+    uint64_t header_sum = 0;
+    r.Get(&n);
+    r.Get(&start);
+    r.Get(&header_sum);
+    if (header_sum != Hash64(log.data() + begin, 12))
+      return absl::DataLossError(absl::StrCat("log record at byte ", begin, ": its header fails its checksum"));
+    if (r.left() < uint64_t{n} * 4 + 8) return absl::OkStatus();  // torn tail
     std::vector<int> tokens(n);
     for (uint32_t i = 0; i < n; ++i) {
       int32_t t = 0;
@@ -56,6 +68,7 @@ absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record) {
     for (uint32_t i = 0; i < n; ++i) {
       if (start + static_cast<int64_t>(i) >= have) record->tail.push_back(tokens[i]);
     }
+    if (valid_bytes) *valid_bytes = r.at();
   }
   return absl::OkStatus();
 }
@@ -314,7 +327,16 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   auto log = backend_->Get(Key(id, "log"));
   if (!log.ok() && !absl::IsNotFound(log.status())) return absl::UnavailableError(log.status().message());
   if (log.ok()) {
-    if (auto s = ReplayJournalLog(*log, &record); !s.ok()) return QuarantineSession(id, std::string(s.message()));
+    size_t valid = 0;
+    if (auto s = ReplayJournalLog(*log, &record, &valid); !s.ok()) return QuarantineSession(id, std::string(s.message()));
+    if (valid < log->size()) {
+      // A record a crash cut short: never acknowledged. Cut it off before
+      // anything is appended after it.
+      std::fprintf(stderr, "txl-server: session %s: a log record cut short by a crash (%zu bytes) was dropped\n",
+                   id.c_str(), log->size() - valid);
+      if (auto s = backend_->Put(Key(id, "log"), absl::string_view(*log).substr(0, valid)); !s.ok())
+        return absl::UnavailableError(s.message());
+    }
   }
   return record;
 }

@@ -6,7 +6,8 @@
 // state. Keys on the StateBackend:
 //   sessions/<id>/meta    owner, mem_len, ttl, labels, created (immutable)
 //   sessions/<id>/snap    SessionExport bytes (an empty state: a fresh session)
-//   sessions/<id>/log     records: u32 n, i64 start, i32 tokens[n], u64 Hash64
+//   sessions/<id>/log     records: u32 n, i64 start, u64 Hash64 of those two,
+//                         i32 tokens[n], u64 Hash64 of all before it
 //   sessions/<id>/holder  the replica that serves it
 //   sessions/<id>/wanted  another replica asks the holder to hand it over
 //   replicas/<name>       that replica's heartbeat (unix nanoseconds)
@@ -72,9 +73,11 @@ std::string EncodeSessionMeta(const SessionMeta& meta);
 // DATA_LOSS when truncated or damaged.
 absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes);
 // Applies a session's log bytes to `record`: tokens before its position are
-// skipped, a torn last record is ignored; DATA_LOSS for any other damage
-// (a checksum that fails, a record that starts past the end of the history).
-absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record);
+// skipped, a torn last record (cut short by a crash) is ignored; DATA_LOSS
+// for any other damage (a checksum that fails, a record that starts past the
+// end of the history). `valid_bytes`: the length of the log without its torn
+// tail.
+absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, size_t* valid_bytes = nullptr);
 
 struct SessionJournalConfig {
   std::string replica;                          // this replica's name

@@ -246,7 +246,7 @@ int64_t SessionStore::busy_count() const {
 absl::Status SessionStore::AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
                                    std::map<std::string, std::string> labels, absl::Time created,
                                    std::shared_ptr<const IdleSession> idle, std::vector<int> pending,
-                                   int64_t position) {
+                                   int64_t position, int64_t since_snapshot) {
   absl::MutexLock lock(&mu_);
   if (sessions_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("session ", id, " is already live here"));
   Entry& e = sessions_[id];
@@ -263,6 +263,7 @@ absl::Status SessionStore::AddIdle(const std::string& id, const std::string& own
   e.idle = std::move(idle);
   e.resident = false;
   e.durable = true;
+  e.since_snapshot = since_snapshot;  // its log's length: the next request may fold it
   // What it will reserve once back in device memory: the window it had.
   e.reserved_bytes = 0;
   return absl::OkStatus();

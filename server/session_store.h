@@ -142,7 +142,8 @@ class SessionStore {
   // out of device memory. ALREADY_EXISTS if the id is live here.
   absl::Status AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
                        std::map<std::string, std::string> labels, absl::Time created,
-                       std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position);
+                       std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position,
+                       int64_t since_snapshot);
   // Marks a session as journaled (its creation is recorded).
   void SetDurable(const std::string& id);
   // Idle sessions in device memory to offload, least recently used first,

@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<StateBackend>> OpenStateBackend(const StateBacken
     return BadSpec(spec, "unknown scheme");
   }
   if (dir.empty()) return BadSpec(spec, "no directory");
-  return state_backend_internal::OpenDirectoryStateBackend(dir, config.fsync, config.fsync_interval);
+  return state_backend_internal::OpenDirectoryStateBackend(dir, config.fsync, config.fsync_interval, config.writer);
 }
 
 namespace state_backend_internal {

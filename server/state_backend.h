@@ -43,6 +43,11 @@ struct StateBackendConfig {
   FsyncPolicy fsync = FsyncPolicy::kInterval;
   absl::Duration fsync_interval = absl::Seconds(1);
   absl::Duration redis_timeout = absl::Seconds(2);  // connect and per-command
+  // Directory store: who writes (the replica name). Its temporary files carry
+  // it, and opening the store removes only the ones a crash of this writer
+  // left (and any older than an hour): another live replica's writes in
+  // flight in a shared directory are not touched.
+  std::string writer;
 };
 
 class StateBackend {

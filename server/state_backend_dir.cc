@@ -119,8 +119,9 @@ bool IsTempName(absl::string_view name) { return absl::StartsWith(name, ".") && 
 
 class DirectoryStateBackend : public StateBackend {
  public:
-  DirectoryStateBackend(std::string root, FsyncPolicy fsync, absl::Duration interval, int lock_fd)
-      : root_(std::move(root)), fsync_(fsync), interval_(interval), lock_fd_(lock_fd) {
+  DirectoryStateBackend(std::string root, FsyncPolicy fsync, absl::Duration interval, int lock_fd,
+                        std::string writer)
+      : root_(std::move(root)), writer_(std::move(writer)), fsync_(fsync), interval_(interval), lock_fd_(lock_fd) {
     if (fsync_ == FsyncPolicy::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   }
 
@@ -274,7 +275,9 @@ class DirectoryStateBackend : public StateBackend {
     return absl::AlreadyExistsError(absl::StrCat("state key \"", key, "\": too many quarantined copies this second"));
   }
 
-  // Removes temp files a crash left behind (a Put that never renamed).
+  // Removes temp files a crash of this writer left behind (a Put that never
+  // renamed), and anyone's older than an hour; a shared directory's other
+  // writers may have theirs in flight.
   absl::Status RemoveStaleTemps(const std::string& dir) {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("state directory: open ", dir));
@@ -285,7 +288,8 @@ class DirectoryStateBackend : public StateBackend {
       const std::string path = absl::StrCat(dir, "/", name);
       if (IsDirectory(path, e)) {
         if (absl::Status s = RemoveStaleTemps(path); !s.ok()) return s;
-      } else if (IsTempName(name) && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      } else if (IsTempName(name) && (IsOwnTemp(name) || IsOldFile(path)) && ::unlink(path.c_str()) != 0 &&
+                 errno != ENOENT) {
         return absl::ErrnoToStatus(errno, absl::StrCat("state directory: remove stale temp file ", path));
       }
     }
@@ -297,6 +301,14 @@ class DirectoryStateBackend : public StateBackend {
 
   static absl::Status NotFound(const std::string& key) {
     return absl::NotFoundError(absl::StrCat("state key \"", key, "\" not found"));
+  }
+
+  bool IsOwnTemp(const std::string& name) const {
+    return !writer_.empty() && absl::StrContains(name, absl::StrCat(kTempInfix, writer_, "."));
+  }
+  static bool IsOldFile(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && ::time(nullptr) - st.st_mtime > 3600;
   }
 
   static bool IsDirectory(const std::string& path, const struct dirent* e) {
@@ -326,8 +338,9 @@ class DirectoryStateBackend : public StateBackend {
   absl::Status PutFile(const std::string& key, absl::string_view value) {
     const std::string path = PathOf(key);
     const std::string dir = Dirname(path);
-    const std::string temp = absl::StrCat(dir, "/.", path.substr(dir.size() + 1), kTempInfix, ::getpid(), ".",
-                                          temp_counter_.fetch_add(1, std::memory_order_relaxed));
+    const std::string temp =
+        absl::StrCat(dir, "/.", path.substr(dir.size() + 1), kTempInfix, writer_, writer_.empty() ? "" : ".",
+                     ::getpid(), ".", temp_counter_.fetch_add(1, std::memory_order_relaxed));
     int raw = OpenRetryingEintr(temp, O_WRONLY | O_CREAT | O_EXCL);
     for (int attempt = 0; raw < 0 && errno == ENOENT && attempt < kMaxDirRaces; ++attempt) {
       if (absl::Status s = MakeParents(key); !s.ok()) return s;
@@ -435,6 +448,7 @@ class DirectoryStateBackend : public StateBackend {
   }
 
   const std::string root_;
+  const std::string writer_;  // in temp file names
   const FsyncPolicy fsync_;
   const absl::Duration interval_;
   std::atomic<uint64_t> temp_counter_{0};
@@ -454,7 +468,8 @@ class DirectoryStateBackend : public StateBackend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateBackend>> OpenDirectoryStateBackend(const std::string& root, FsyncPolicy fsync,
-                                                                        absl::Duration fsync_interval) {
+                                                                        absl::Duration fsync_interval,
+                                                                        const std::string& writer) {
   std::error_code ec;
   std::filesystem::path abs = std::filesystem::absolute(root, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("state directory ", root, ": ", ec.message()));
@@ -474,7 +489,7 @@ absl::StatusOr<std::unique_ptr<StateBackend>> OpenDirectoryStateBackend(const st
     return absl::UnavailableError(absl::StrCat("state directory ", dir, ": cannot open ", lock_path, ": ",
                                                std::strerror(errno)));
   }
-  auto backend = std::make_unique<DirectoryStateBackend>(dir, fsync, fsync_interval, lock_fd);
+  auto backend = std::make_unique<DirectoryStateBackend>(dir, fsync, fsync_interval, lock_fd, writer);
   if (absl::Status s = backend->RemoveStaleTemps(dir); !s.ok()) {
     return absl::UnavailableError(s.message());
   }

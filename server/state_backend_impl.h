@@ -15,7 +15,8 @@ namespace state_backend_internal {
 
 // `root` is created if missing; UNAVAILABLE when that fails or it is not writable.
 absl::StatusOr<std::unique_ptr<StateBackend>> OpenDirectoryStateBackend(const std::string& root, FsyncPolicy fsync,
-                                                                        absl::Duration fsync_interval);
+                                                                        absl::Duration fsync_interval,
+                                                                        const std::string& writer);
 
 // UNAVAILABLE when the server does not answer a PING within `timeout`.
 absl::StatusOr<std::unique_ptr<StateBackend>> OpenRedisStateBackend(const std::string& host, int port,

@@ -28,6 +28,17 @@ std::string TempDir(const std::string& name) {
   return p.string();
 }
 
+// A temporary directory, removed when it goes out of scope: declared before
+// the journals that write into it, it outlives their writer threads.
+struct ScopedDir {
+  explicit ScopedDir(const std::string& name) : path(TempDir(name)) {}
+  ~ScopedDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
 std::unique_ptr<SessionJournal> Open(const std::string& dir, const std::string& replica,
                                      absl::Duration holder_timeout = absl::Seconds(10)) {
   StateBackendConfig b;
@@ -104,7 +115,8 @@ TEST(SessionJournalTest, FuzzSeedsAreWellFormed) {
 }
 
 TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
-  const std::string dir = TempDir("replay");
+  const ScopedDir scoped("replay");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
   j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
   j->RecordTokens("s1", 0, {1, 2, 3});
@@ -136,11 +148,11 @@ TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
   ASSERT_TRUE(held.ok());
   EXPECT_EQ(*held, (std::vector<std::string>{"s1"}));
   EXPECT_TRUE(absl::IsNotFound(j->Load("nope").status()));
-  fs::remove_all(dir);
 }
 
 TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
-  const std::string dir = TempDir("damage");
+  const ScopedDir scoped("damage");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
   for (const char* id : {"torn", "bad", "gap"}) {
     j->RecordCreate(Meta(id), Snapshot(0, {}, ""));
@@ -175,11 +187,54 @@ TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
   ASSERT_TRUE(j->Flush().ok());
   Corrupt(sessions / "snap" / "snap", 20);
   EXPECT_TRUE(absl::IsDataLoss(j->Load("snap").status()));
-  fs::remove_all(dir);
+}
+
+// Regression: the torn record stayed in the log, so the records appended
+// after it were unreadable at the next recovery and the session was lost.
+TEST(SessionJournalTest, ATornTailIsCutOffSoLaterRecordsReplay) {
+  const ScopedDir scoped("torn_then_more");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  j->RecordTokens("s1", 0, {7, 8});
+  ASSERT_TRUE(j->Flush().ok());
+  const fs::path log = fs::path(dir) / "sessions" / "s1" / "log";
+  const auto whole = fs::file_size(log);
+  {
+    std::ofstream f(log, std::ios::app | std::ios::binary);
+    f.write("\x05\x00\x00\x00\x02\x00\x00", 7);  // a crash in the middle of the next append
+  }
+  auto first = j->Load("s1");  // the recovery after that crash
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(fs::file_size(log), whole) << "the torn record is cut off";
+  j->RecordTokens("s1", 2, {9});  // what the recovered session does next
+  ASSERT_TRUE(j->Flush().ok());
+  auto second = j->Load("s1");  // the next crash's recovery
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->tail, (std::vector<int>{7, 8, 9}));
+}
+
+// Regression: a damaged length field in a middle record looked like a torn
+// tail, and the history was silently cut there.
+TEST(SessionJournalTest, ADamagedLengthIsDamageNotATornTail) {
+  const ScopedDir scoped("bad_length");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  j->RecordTokens("s1", 0, {1, 2});
+  j->RecordTokens("s1", 2, {3});
+  j->RecordTokens("s1", 3, {4});
+  ASSERT_TRUE(j->Flush().ok());
+  const fs::path log = fs::path(dir) / "sessions" / "s1" / "log";
+  Corrupt(log, 36 + 1);  // the second record's length: it now runs past the end of the log
+  auto r = j->Load("s1");
+  EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("header"), std::string::npos) << r.status();
 }
 
 TEST(SessionJournalTest, AdoptionWaitsForTheHolderToGoAndOnlyOneReplicaWins) {
-  const std::string dir = TempDir("adopt");
+  const ScopedDir scoped("adopt");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
   auto a = Open(dir, "a");
   auto b = Open(dir, "b");
   auto c = Open(dir, "c");
@@ -202,11 +257,11 @@ TEST(SessionJournalTest, AdoptionWaitsForTheHolderToGoAndOnlyOneReplicaWins) {
   EXPECT_TRUE(absl::IsUnavailable(c->Adopt("s1", "alice").status())) << "b holds it now";
   EXPECT_EQ(*b->Held(), (std::vector<std::string>{"s1"}));
   EXPECT_TRUE(c->Held()->empty());
-  fs::remove_all(dir);
 }
 
 TEST(SessionJournalTest, AReplicaThatStoppedBeatingLosesItsSessionsAfterTheTimeout) {
-  const std::string dir = TempDir("stale");
+  const ScopedDir scoped("stale");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
   auto a = Open(dir, "a", absl::Hours(1));  // beats every 15 min: not during this test
   auto b = Open(dir, "b", absl::Seconds(10));
   a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
@@ -220,15 +275,15 @@ TEST(SessionJournalTest, AReplicaThatStoppedBeatingLosesItsSessionsAfterTheTimeo
   ASSERT_TRUE((*raw)->Put("replicas/a", absl::StrCat(absl::ToUnixNanos(absl::Now() - absl::Seconds(11)))).ok());
   auto won = b->Adopt("s1", "alice");
   ASSERT_TRUE(won.ok()) << won.status();
-  fs::remove_all(dir);
 }
 
 TEST(SessionJournalTest, TheHolderHearsThatAnotherReplicaWantsASession) {
-  const std::string dir = TempDir("wanted");
+  const ScopedDir scoped("wanted");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  absl::Mutex mu;  // before the journals: a's handler may run until a stops
+  std::vector<std::string> asked;
   auto a = Open(dir, "a", absl::Milliseconds(40));  // beats every 10 ms
   auto b = Open(dir, "b");
-  absl::Mutex mu;
-  std::vector<std::string> asked;
   a->SetHandoffHandler([&](std::vector<std::string> ids) {
     absl::MutexLock lock(&mu);
     asked.insert(asked.end(), ids.begin(), ids.end());
@@ -257,11 +312,11 @@ TEST(SessionJournalTest, TheHolderHearsThatAnotherReplicaWantsASession) {
   ASSERT_TRUE(won.ok()) << won.status();
   EXPECT_EQ(*a->Held(), (std::vector<std::string>{"s2"}));
   a->SetHandoffHandler(nullptr);
-  fs::remove_all(dir);
 }
 
 TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
-  const std::string dir = TempDir("after");
+  const ScopedDir scoped("after");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
   j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
   int64_t seen = -1;
@@ -275,7 +330,6 @@ TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
   });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(seen, 50);
-  fs::remove_all(dir);
 }
 
 // The scheduler with a journal and offload, against the fake engine.
@@ -414,6 +468,33 @@ TEST_F(DurableSchedulerTest, ASessionAnotherReplicaAsksForIsHandedOverExactly) {
   EXPECT_EQ(won->position(), 5);
   EXPECT_EQ(won->tail.size(), 0u) << "a snapshot at the hand-over: nothing to replay";
   EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e'}));
+}
+
+// Regression: a recovered session's count of logged tokens started at 0, so
+// a server that crashed more often than every snapshot_tokens never folded
+// its logs.
+TEST_F(DurableSchedulerTest, ARecoveredSessionCountsTheLogItWasRecoveredWith) {
+  SchedulerConfig config;
+  config.snapshot_tokens = 8;
+  Make(SessionStoreConfig{}, config);
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b', 'c'}, 3).ok());  // 6 tokens logged, no snapshot yet
+  ASSERT_TRUE(journal_->Flush().ok());
+  ASSERT_EQ(journal_->Load(id)->image.position, 0);
+  // A restart: a new store recovers the session from the journal.
+  scheduler_.reset();
+  store_ = std::make_unique<SessionStore>(SessionStoreConfig{});
+  ASSERT_EQ(*RecoverSessions(journal_.get(), store_.get(), engine_.fingerprint()), 1);
+  scheduler_ = std::make_unique<Scheduler>(config, &engine_, store_.get(), &tokenizer_, nullptr);
+  scheduler_->SetJournal(journal_.get());
+  scheduler_->Start();
+  ASSERT_TRUE(Generate(id, {}, 2).ok());  // 6 + 2 = 8 logged: the log is folded
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto r = journal_->Load(id);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 8);
+  EXPECT_TRUE(r->tail.empty());
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}));
 }
 
 TEST_F(DurableSchedulerTest, DamagedStateInTheStoreEndsTheSessionWithDataLoss) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -501,8 +502,9 @@ TEST(OpenStateBackendTest, PlainAndRelativePathsAreDirectories) {
 // --- The directory backend ---
 
 std::unique_ptr<StateBackend> OpenDir(const std::string& root, FsyncPolicy fsync = FsyncPolicy::kAlways,
-                                      absl::Duration interval = absl::Seconds(1)) {
+                                      absl::Duration interval = absl::Seconds(1), const std::string& writer = "") {
   StateBackendConfig config;
+  config.writer = writer;
   config.spec = absl::StrCat("dir:", root);
   config.fsync = fsync;
   config.fsync_interval = interval;
@@ -544,18 +546,18 @@ TEST(DirectoryStateBackendTest, AKeyUnderAFileKeyFailsNamingTheKey) {
 
 TEST(DirectoryStateBackendTest, TempFilesACrashLeftAreIgnoredThenRemovedOnReopen) {
   TempDir dir;
-  auto backend = OpenDir(dir.path());
+  auto backend = OpenDir(dir.path(), FsyncPolicy::kAlways, absl::Seconds(1), "r1");
   ASSERT_TRUE(backend->Put("sessions/s1/snap", "complete").ok());
   ASSERT_TRUE(backend->Put("x.tmp.y", "a key that only looks like a temp file").ok());
-  // What a Put killed between write and rename leaves: a temp file beside the key.
-  const std::string stale1 = absl::StrCat(dir.path(), "/sessions/s1/.snap.tmp.4242.7");
-  const std::string stale2 = absl::StrCat(dir.path(), "/.top.tmp.1.0");
+  // What a Put of this writer killed between write and rename leaves: a temp file beside the key.
+  const std::string stale1 = absl::StrCat(dir.path(), "/sessions/s1/.snap.tmp.r1.4242.7");
+  const std::string stale2 = absl::StrCat(dir.path(), "/.top.tmp.r1.1.0");
   std::ofstream(stale1) << "torn";
   std::ofstream(stale2) << "torn";
   EXPECT_EQ(*backend->List(""), (std::vector<std::string>{"sessions/s1/snap", "x.tmp.y"}));
   backend.reset();
 
-  backend = OpenDir(dir.path());
+  backend = OpenDir(dir.path(), FsyncPolicy::kAlways, absl::Seconds(1), "r1");
   EXPECT_FALSE(fs::exists(stale1));
   EXPECT_FALSE(fs::exists(stale2));
   EXPECT_EQ(*backend->Get("sessions/s1/snap"), "complete");
@@ -565,6 +567,23 @@ TEST(DirectoryStateBackendTest, TempFilesACrashLeftAreIgnoredThenRemovedOnReopen
   int files = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir.path())) files += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(files, 3);  // snap, x.tmp.y, .lock
+}
+
+// Regression: a replica opening a shared directory removed every temp file,
+// including another live replica's Put in flight, whose rename then failed.
+TEST(DirectoryStateBackendTest, OpeningLeavesOtherWritersTempFilesUnlessOld) {
+  TempDir dir;
+  auto a = OpenDir(dir.path(), FsyncPolicy::kNever, absl::Seconds(1), "a");
+  ASSERT_TRUE(a->Put("sessions/s1/snap", "x").ok());
+  const std::string in_flight = absl::StrCat(dir.path(), "/sessions/s1/.snap.tmp.a.77.3");
+  const std::string abandoned = absl::StrCat(dir.path(), "/sessions/s1/.log.tmp.c.78.0");
+  std::ofstream(in_flight) << "being written by a";
+  std::ofstream(abandoned) << "left by c two hours ago";
+  const auto two_hours_ago = fs::file_time_type::clock::now() - std::chrono::hours(2);
+  fs::last_write_time(abandoned, two_hours_ago);
+  auto b = OpenDir(dir.path(), FsyncPolicy::kNever, absl::Seconds(1), "b");
+  EXPECT_TRUE(fs::exists(in_flight)) << "a's write in flight was removed by b opening the directory";
+  EXPECT_FALSE(fs::exists(abandoned));
 }
 
 TEST(DirectoryStateBackendTest, EveryFsyncPolicyRoundTrips) {

@@ -158,11 +158,12 @@ def journal_seeds():
     meta += struct.pack("<Q", hash64(meta))
 
     def record(start, tokens):
-        body = struct.pack("<Iq", len(tokens), start) + struct.pack("<%di" % len(tokens), *tokens)
+        header = struct.pack("<Iq", len(tokens), start)
+        body = header + struct.pack("<Q", hash64(header)) + struct.pack("<%di" % len(tokens), *tokens)
         return body + struct.pack("<Q", hash64(body))
     log = record(2, [1, 2, 3]) + record(5, [4]) + record(6, [5, 6])
     return [("journal_meta", b"\x00" + meta), ("journal_log", b"\x00" + log),
-            ("journal_log_torn", b"\x00" + log + record(8, [9])[:7])]
+            ("journal_log_torn", b"\x00" + log + record(8, [9])[:23])]
 
 
 def session_import_seeds():

@@ -1,0 +1,84 @@
+"""The real Debian nginx with deploy/nginx/nginx.conf in front of txl-server replicas, for tests.
+
+    proxy = nginx_proxy.NginxProxy(conf_template, [replica.address, ...], work_dir)
+    proxy.start(ready)   # ready(): True once a call through proxy.address succeeds
+    ... proxy.address, proxy.access_log ...
+    proxy.stop()
+
+A test script imports it from its own directory, like txl_procs.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import txl_procs
+
+
+def render(template, values):
+    """envsubst restricted to the given names (what the config's header documents)."""
+    out = template
+    for name, value in values.items():
+        out = out.replace("${" + name + "}", value)
+    left = re.findall(r"\$\{TXL_[A-Z_]+\}", out)
+    if left:
+        raise AssertionError(f"unrendered placeholders: {left}")
+    return out
+
+
+class NginxProxy:
+    """nginx rendered from `conf_template` with `upstreams` (host:port), run from `work_dir`/nginx."""
+
+    def __init__(self, conf_template, upstreams, work_dir):
+        self.bin = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(self.bin):
+            raise RuntimeError("nginx is not installed (scripts/install-deps.sh installs nginx-light)")
+        self.run_dir = os.path.join(work_dir, "nginx")
+        os.makedirs(self.run_dir)
+        os.chmod(work_dir, 0o755)  # nginx workers may run as another user when we are root
+        os.chmod(self.run_dir, 0o777)
+        self.address = f"127.0.0.1:{txl_procs.free_port()}"
+        self.access_log = os.path.join(self.run_dir, "access.log")
+        with open(conf_template) as f:
+            conf = render(f.read(), {
+                "TXL_PROXY_LISTEN": self.address,
+                "TXL_NGINX_RUN_DIR": self.run_dir,
+                "TXL_UPSTREAM_SERVERS": " ".join(f"server {u};" for u in upstreams),
+            })
+        self.conf_path = os.path.join(self.run_dir, "nginx.conf")
+        with open(self.conf_path, "w") as f:
+            f.write(conf)
+        self.proc = None
+
+    def start(self, ready, timeout=30):
+        """Checks the config (nginx -t), starts nginx in the foreground and returns once ready()."""
+        check = subprocess.run([self.bin, "-t", "-p", self.run_dir, "-e", "stderr", "-c", self.conf_path],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"nginx -t rejected the rendered config:\n{check.stderr}")
+        self.proc = subprocess.Popen([self.bin, "-p", self.run_dir, "-e", "stderr", "-c", self.conf_path,
+                                      "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nginx exited: {self.proc.stdout.read()}")
+            if ready():
+                return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"nginx did not start proxying within {timeout} s")
+            time.sleep(0.1)  # polling a process that is starting, not hiding a race
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stdout:
+            self.proc.stdout.close()

@@ -465,7 +465,7 @@ class Harness:
                    "--dropout", "0", "--dropatt", "0", "--seed", str(seed), "--max_steps", str(steps),
                    "--log_interval", str(skip), "--eval_interval", "0", "--checkpoint_interval", "0",
                    "--eval_max_tokens", "256", "--threads", str(threads), "--out", self.path("p6_out.pt"),
-                   "--loss_log", loss_log]
+                   "--loss_log", loss_log, "--device", self.device]
             for k, v in common.items():
                 cmd += ["--" + k, str(v)]
             out = run(cmd, self.z["step_timeout"], "txl-train").stdout
@@ -480,7 +480,8 @@ class Harness:
 
         def python():
             cmd = [sys.executable, os.path.join(REPO, "bench", "python_train_loop.py"), "--init", init,
-                   "--text", slice_path, "--max_steps", str(steps), "--skip", str(skip), "--threads", str(threads)]
+                   "--text", slice_path, "--max_steps", str(steps), "--skip", str(skip), "--threads", str(threads),
+                   "--device", self.device]
             for k, v in common.items():
                 cmd += ["--" + k, str(v)]
             j = last_json_line(run(cmd, self.z["step_timeout"], "python_train_loop.py").stdout,
@@ -503,7 +504,7 @@ class Harness:
                  "final_loss_txl_train": a_losses[-1], "final_loss_python": b_losses[-1],
                  "max_abs_loss_diff": loss_diff, "median_pair_ratio": median(pair), "pair_ratios": pair}
         if self.device != "cpu":
-            extra["note"] = "txl-train has no --device: P6 runs both sides on the CPU"
+            extra["note"] = "P6 runs both sides on %s" % self.device
         if abs(a_losses[0] - b_losses[0]) > 1e-3:
             raise HarnessError("P6: the two loops do not compute the same loss: initial %.6f (txl-train) vs %.6f "
                                "(Python)" % (a_losses[0], b_losses[0]))

@@ -1,6 +1,8 @@
 // txl-train: trains a Transformer-XL language model on text files and writes
 // checkpoints the server and txl-eval load as they are. Data parallel when
-// launched torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+// launched torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// LOCAL_RANK); on the CPU (Gloo) or a GPU (--device cuda: NCCL when libtorch
+// has it, else Gloo through host copies).
 #include <unistd.h>
 
 #include <iostream>
@@ -61,6 +63,9 @@ ABSL_FLAG(std::string, out, "", "checkpoint to write (training state goes to OUT
 ABSL_FLAG(bool, resume, false, "continue from OUT.trainstate");
 ABSL_FLAG(std::string, loss_log, "", "write 'step loss' for every step to this file");
 ABSL_FLAG(int, threads, 0, "intra-op threads (0: libtorch default)");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu, cuda or cuda:N: where the model, gradients, optimizer state and memories live "
+          "(plain cuda in a data-parallel run: cuda:LOCAL_RANK); checkpoints are written as CPU tensors");
 
 namespace {
 
@@ -83,11 +88,15 @@ absl::StatusOr<std::string> ReadAll(const std::string& list) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "txl-train --train FILES [--valid FILES] [--config CFG.json] [model and training flags] --out M.pt");
+      "txl-train --train FILES [--valid FILES] [--config CFG.json] [model and training flags] "
+      "[--device cpu|cuda|cuda:N] --out M.pt");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_train).empty()) return Fail(2, "--train is required");
   if (absl::GetFlag(FLAGS_out).empty()) return Fail(2, "--out is required");
   if (absl::GetFlag(FLAGS_threads) > 0) txl::SetThreads(absl::GetFlag(FLAGS_threads));
+  // Checked before anything is read or any process group joined.
+  auto device = txl::ParseTrainingDevice(absl::GetFlag(FLAGS_device), "--device");
+  if (!device.ok()) return Fail(2, std::string(device.status().message()));
 
   auto train_text = ReadAll(absl::GetFlag(FLAGS_train));
   if (!train_text.ok()) return Fail(1, std::string(train_text.status().message()));
@@ -187,9 +196,10 @@ int main(int argc, char** argv) {
   opt.resume = absl::GetFlag(FLAGS_resume);
   opt.loss_log = absl::GetFlag(FLAGS_loss_log);
   opt.progress_bar = isatty(STDOUT_FILENO) != 0;
+  opt.device = absl::GetFlag(FLAGS_device);
   if (opt.log_interval < 1) return Fail(2, "--log_interval must be >= 1");
 
-  auto parallel = txl::DataParallel::FromEnvironment();
+  auto parallel = txl::DataParallel::FromEnvironment(*device);
   if (!parallel.ok()) return Fail(1, std::string(parallel.status().message()));
   auto trainer = txl::Trainer::Create(opt, config, *tokenizer, std::move(split), parallel->get());
   if (!trainer.ok()) return Fail(1, std::string(trainer.status().message()));

@@ -34,8 +34,18 @@ std::string Duration(double s) {
   return absl::StrFormat("%dm%02ds", t / 60, t % 60);
 }
 
-at::Tensor LongTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols) {
-  return at::tensor(v, at::kLong).view({rows, cols});
+// Built on the host, then moved (a no-op on the CPU).
+at::Tensor LongTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols, const at::Device& device) {
+  return at::tensor(v, at::kLong).view({rows, cols}).to(device);
+}
+
+at::Tensor TargetColumn(const std::vector<int64_t>& v, const at::Device& device) {
+  return at::tensor(v, at::kLong).view({-1, 1}).to(device);
+}
+
+// The default generator dropout draws from on `device`.
+at::Generator DefaultGenerator(const at::Device& device) {
+  return at::globalContext().defaultGenerator(device);
 }
 
 std::string StatePath(const std::string& out, int rank) {
@@ -47,6 +57,7 @@ std::string StatePath(const std::string& out, int rank) {
 EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const std::vector<int>& data,
                     int64_t mem_len, int64_t tgt_len, int64_t streams, int64_t max_tokens) {
   at::NoGradGuard no_grad;
+  const at::Device device = weights.emb_layers.at(0).device();
   ModelConfig c = config;
   c.mem_len = mem_len;
   c.same_length = true;  // the serving window (DESIGN section 4)
@@ -61,10 +72,11 @@ EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const 
   std::vector<at::Tensor> mems;
   for (int64_t k = 0; k < batches->segments(); ++k) {
     Segment seg = batches->Get(k);
-    SegmentOutput out = TrainingForward(c, weights, LongTensor(seg.input, seg.len, streams), mems, false);
+    SegmentOutput out =
+        TrainingForward(c, weights, LongTensor(seg.input, seg.len, streams, device), mems, false);
     mems = out.mems;
     at::Tensor logp = LogProbs(c, weights, out.hidden.reshape({-1, c.d_model}));
-    nll -= logp.gather(1, at::tensor(seg.target, at::kLong).view({-1, 1})).sum().item<double>();
+    nll -= logp.gather(1, TargetColumn(seg.target, device)).sum().item<double>();
     r.tokens += seg.len * streams;
   }
   r.loss = nll / static_cast<double>(std::max<int64_t>(1, r.tokens));
@@ -81,7 +93,8 @@ struct Trainer::State {
   DataParallel* parallel = nullptr;
   std::unique_ptr<DataParallel> own_parallel;
   OrderedBatches batches;
-  TxlWeights weights;
+  at::Device device = at::Device(at::kCPU);  // parallel->device(): with its index on a GPU
+  TxlWeights weights;  // on `device`, like everything below
   std::vector<at::Tensor> params, exp_avg, exp_avg_sq;
   std::vector<at::Tensor> mems;
   int64_t step = 0;
@@ -115,9 +128,17 @@ struct Trainer::State {
 
   double ClipGradients() {
     at::NoGradGuard no_grad;
-    double total = 0;
+    // Per-tensor float sums, added up in double in order; fetched in one
+    // transfer (one sync on a GPU) rather than one .item() each.
+    std::vector<at::Tensor> sums;
     for (const at::Tensor& p : params)
-      if (p.grad().defined()) total += p.grad().pow(2).sum().item<double>();
+      if (p.grad().defined()) sums.push_back(p.grad().pow(2).sum());
+    double total = 0;
+    if (!sums.empty()) {
+      const at::Tensor host = at::stack(sums).to(at::kCPU, at::kDouble);
+      const double* v = host.data_ptr<double>();
+      for (int64_t i = 0; i < host.numel(); ++i) total += v[i];
+    }
     const double norm = std::sqrt(total);
     if (opt.clip > 0 && norm > opt.clip) {
       const double scale = opt.clip / (norm + 1e-6);
@@ -128,9 +149,10 @@ struct Trainer::State {
   }
 
   absl::Status SaveState() const {
+    // Host tensors on disk whatever the device, so that any run can resume.
     std::vector<ArchiveTensor> tensors;
     auto add = [&](const std::string& name, const at::Tensor& t, bool buffer = false) {
-      tensors.push_back({name, t.detach(), buffer});
+      tensors.push_back({name, t.detach().to(at::kCPU), buffer});
     };
     for (size_t i = 0; i < params.size(); ++i) {
       add(absl::StrCat("param.", i), params[i]);
@@ -145,6 +167,13 @@ struct Trainer::State {
       rng = gen.get_state();
     }
     add("rng", rng, true);
+    if (device.is_cuda()) {
+      // Dropout on a GPU draws from that device's generator (its state is a
+      // host byte tensor: seed and Philox offset).
+      at::Generator gen = DefaultGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      add("rng_cuda", gen.get_state(), true);
+    }
     nlohmann::json meta = {{"step", step},
                            {"params", params.size()},
                            {"mems", mems.size()},
@@ -185,12 +214,21 @@ struct Trainer::State {
       exp_avg_sq[i].copy_(named.at(absl::StrCat("exp_avg_sq.", i)));
     }
     mems.clear();
-    for (size_t l = 0; l < meta.value("mems", size_t{0}); ++l)
-      mems.push_back(named.at(absl::StrCat("mem.", l)).clone());
+    for (size_t l = 0; l < meta.value("mems", size_t{0}); ++l) {
+      const at::Tensor& m = named.at(absl::StrCat("mem.", l));
+      mems.push_back(device.is_cpu() ? m.clone() : m.to(device));
+    }
     {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(named.at("rng"));
+    }
+    // A state written on another kind of device resumes with this device's
+    // generator as seeded: the run continues, its dropout masks differ.
+    if (auto it = named.find("rng_cuda"); device.is_cuda() && it != named.end()) {
+      at::Generator gen = DefaultGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(it->second);
     }
     step = meta.value("step", int64_t{0});
     return absl::OkStatus();
@@ -203,7 +241,9 @@ struct Trainer::State {
     ModelConfig serving = config;
     serving.mem_len = opt.eval_mem_len;
     serving.same_length = true;
-    return SaveCheckpoint(opt.out, serving, tokenizer, weights);
+    if (device.is_cpu()) return SaveCheckpoint(opt.out, serving, tokenizer, weights);
+    // To() keeps tied tensors one tensor, so the file is laid out as a CPU run's.
+    return SaveCheckpoint(opt.out, serving, tokenizer, weights.To(at::Device(at::kCPU)));
   }
 };
 
@@ -232,13 +272,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   if (options.eval_mem_len < 0) return absl::InvalidArgumentError("eval_mem_len must be >= 0");
   if (!(options.lr > 0)) return absl::InvalidArgumentError(absl::StrCat("lr must be > 0, got ", options.lr));
   if (options.resume && options.out.empty()) return absl::InvalidArgumentError("--resume needs --out");
+  absl::StatusOr<at::Device> wanted = ParseTrainingDevice(options.device);
+  if (!wanted.ok()) return wanted.status();
 
   std::unique_ptr<DataParallel> own;
   if (parallel == nullptr) {
-    auto single = DataParallel::FromEnvironment();
+    auto single = DataParallel::FromEnvironment(*wanted);
     if (!single.ok()) return single.status();
     own = *std::move(single);
     parallel = own.get();
+  }
+  const at::Device device = parallel->device();
+  if (device.type() != wanted->type() || (wanted->is_cuda() && wanted->has_index() && device != *wanted)) {
+    return absl::InvalidArgumentError(absl::StrCat("device: '", options.device,
+                                                   "' asked for, but the process group was set up for ",
+                                                   device.str()));
   }
   const int64_t W = parallel->world_size(), B = options.batch_size;
   absl::StatusOr<OrderedBatches> batches =
@@ -253,8 +301,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   s->data = std::move(data);
   s->parallel = parallel;
   s->own_parallel = std::move(own);
-  at::manual_seed(options.seed);
+  s->device = device;
+  at::manual_seed(options.seed);  // every device's default generator
+  // Initialised on the host from the seed (the same weights on any device), then moved.
   s->weights = InitWeights(config, options.seed);
+  if (!device.is_cpu()) {
+    try {
+      s->weights = s->weights.To(device);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(
+          absl::StrCat("moving the model to ", device.str(), ": ", e.what_without_backtrace()));
+    }
+  }
   s->params = s->weights.Parameters(config);
   parallel->Broadcast(s->params);  // identical start on every rank
   for (at::Tensor& p : s->params) {
@@ -290,14 +348,16 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
   if (lead) {
     log << absl::StrFormat(
                "txl-train: %d params, %d train / %d valid tokens, %d process(es) x %d streams, "
-               "tgt_len %d, mem_len %d, %d segments per epoch, starting at step %d\n",
+               "tgt_len %d, mem_len %d, %d segments per epoch, starting at step %d, on %s%s\n",
                [&] {
                  int64_t n = 0;
                  for (const auto& p : s.params) n += p.numel();
                  return n;
                }(),
                s.data.train.size(), s.data.valid.size(), s.parallel->world_size(), opt.batch_size,
-               opt.tgt_len, opt.mem_len, s.batches.segments(), s.step)
+               opt.tgt_len, opt.mem_len, s.batches.segments(), s.step, s.device.str(),
+               s.parallel->world_size() > 1 ? absl::StrCat(" (rank 0), allreduce over ", s.parallel->backend())
+                                            : std::string())
         << std::flush;
   }
 
@@ -329,10 +389,10 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
     const int64_t k = s.step % s.batches.segments();
     if (k == 0) s.mems.clear();  // a new pass over the data starts without memory
     Segment seg = s.batches.Get(k);
-    SegmentOutput out =
-        TrainingForward(train_config, s.weights, LongTensor(seg.input, seg.len, opt.batch_size), s.mems, true);
+    SegmentOutput out = TrainingForward(train_config, s.weights,
+                                        LongTensor(seg.input, seg.len, opt.batch_size, s.device), s.mems, true);
     at::Tensor logp = LogProbs(s.config, s.weights, out.hidden.reshape({-1, s.config.d_model}));
-    at::Tensor loss = -logp.gather(1, at::tensor(seg.target, at::kLong).view({-1, 1})).mean();
+    at::Tensor loss = -logp.gather(1, TargetColumn(seg.target, s.device)).mean();
     for (at::Tensor& p : s.params) p.mutable_grad() = at::Tensor();
     loss.backward();
     std::vector<at::Tensor> grads;

@@ -45,6 +45,10 @@ struct TrainOptions {
   bool resume = false;
   std::string loss_log;  // optional: "step loss" per line, every step (rank 0)
   bool progress_bar = false;  // redraw a one-line bar every step (for a terminal)
+  // Where the model, its gradients, the optimizer state and the memories
+  // live: "cpu", "cuda" (cuda:LOCAL_RANK in a data-parallel run) or "cuda:N".
+  // Checkpoints and training state are written as CPU tensors either way.
+  std::string device = "cpu";
 };
 
 struct EvalResult {
@@ -63,14 +67,16 @@ struct TrainReport {
 };
 
 // Log-likelihood of `data` in segments of tgt_len with same_length memories
-// of mem_len (0: no memory, causal within each segment).
+// of mem_len (0: no memory, causal within each segment). Runs on the device
+// the weights are on.
 EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const std::vector<int>& data,
                     int64_t mem_len, int64_t tgt_len, int64_t streams, int64_t max_tokens);
 
 class Trainer {
  public:
   // `config` holds the model hyperparameters (n_token must match the
-  // tokenizer). `parallel` may be null for a single process.
+  // tokenizer). `parallel` may be null for a single process; otherwise it
+  // must have been set up for options.device (DataParallel::FromEnvironment).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainOptions& options,
                                                          const ModelConfig& config,
                                                          const Tokenizer& tokenizer,

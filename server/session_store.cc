@@ -99,6 +99,20 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(const std::string& own
   return lease;
 }
 
+SessionLease SessionStore::CheckOut(const std::string& id, Entry& e) {
+  e.info.busy = true;
+  SessionLease lease;
+  lease.id = id;
+  lease.owner = e.info.owner;
+  lease.state = std::move(e.state);
+  lease.pending = std::move(e.pending);
+  lease.idle = std::move(e.idle);
+  lease.known_position = e.info.position;
+  lease.durable = e.durable;
+  lease.since_snapshot = e.since_snapshot;
+  return lease;
+}
+
 absl::Status SessionStore::NotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
 }
@@ -148,17 +162,8 @@ absl::StatusOr<SessionLease> SessionStore::Acquire(const std::string& caller, co
   Entry& e = it->second;
   if (e.info.busy)
     return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
-  e.info.busy = true;
   e.info.last_used = now;
-  SessionLease lease;
-  lease.id = id;
-  lease.owner = e.info.owner;
-  lease.state = std::move(e.state);
-  lease.pending = std::move(e.pending);
-  lease.idle = std::move(e.idle);
-  lease.known_position = e.info.position;
-  lease.durable = e.durable;
-  lease.since_snapshot = e.since_snapshot;
+  SessionLease lease = CheckOut(id, e);
   if (!e.resident) {  // its request brings it back into device memory
     e.resident = true;
     reserved_bytes_ += e.reserved_bytes;
@@ -322,17 +327,7 @@ absl::StatusOr<SessionLease> SessionStore::TakeForOffload(const std::string& id,
   if (it == sessions_.end()) return NotFound(id);
   Entry& e = it->second;
   if (e.info.busy || (!e.state && !any_tier)) return absl::AbortedError(absl::StrCat("session ", id, " is busy"));
-  e.info.busy = true;
-  SessionLease lease;
-  lease.id = id;
-  lease.owner = e.info.owner;
-  lease.state = std::move(e.state);
-  lease.pending = std::move(e.pending);
-  lease.idle = std::move(e.idle);
-  lease.known_position = e.info.position;
-  lease.durable = e.durable;
-  lease.since_snapshot = e.since_snapshot;
-  return lease;
+  return CheckOut(id, e);
 }
 
 void SessionStore::ReturnOffloaded(SessionLease lease, std::shared_ptr<const IdleSession> idle) {

@@ -189,6 +189,8 @@ class SessionStore {
   void Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
   static void Refresh(Entry& e);
+  // Marks the entry busy and moves its state (whatever the tier) into a lease.
+  static SessionLease CheckOut(const std::string& id, Entry& e);
   bool offloading() const { return config_.host_memory_budget_bytes > 0; }
   // The caller's entry, or end() (also for another principal's session).
   Map::iterator FindOwned(const std::string& caller, const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -19,6 +19,9 @@ import sys
 import tempfile
 import zipfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import txl_procs  # noqa: E402  (hash64: the server's checksum)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 
@@ -137,30 +140,18 @@ def checkpoint_seeds(bin_dir):
     return seeds
 
 
-def hash64(data, h=0xcbf29ce484222325):
-    """model/hash.h's Hash64 (FNV-1a over 8-byte words, then the length)."""
-    prime, mask = 0x100000001b3, (1 << 64) - 1
-    i = 0
-    while i + 8 <= len(data):
-        h = ((h ^ struct.unpack_from("<Q", data, i)[0]) * prime) & mask
-        i += 8
-    for b in data[i:]:
-        h = ((h ^ b) * prime) & mask
-    return ((h ^ len(data)) * prime) & mask
-
-
 def journal_seeds():
     """server/session_journal.cc's stored formats, valid, as mode-0 inputs."""
     def string(b):
         return struct.pack("<I", len(b)) + b
     meta = (b"TXLMETA1" + string(b"0123456789abcdef0123456789abcdef") + string(b"alice") +
             struct.pack("<qqq", 256, 600, 1700000000 * 10**9) + struct.pack("<I", 1) + string(b"k") + string(b"v"))
-    meta += struct.pack("<Q", hash64(meta))
+    meta += struct.pack("<Q", txl_procs.hash64(meta))
 
     def record(start, tokens):
         header = struct.pack("<Iq", len(tokens), start)
-        body = header + struct.pack("<Q", hash64(header)) + struct.pack("<%di" % len(tokens), *tokens)
-        return body + struct.pack("<Q", hash64(body))
+        body = header + struct.pack("<Q", txl_procs.hash64(header)) + struct.pack("<%di" % len(tokens), *tokens)
+        return body + struct.pack("<Q", txl_procs.hash64(body))
     log = record(2, [1, 2, 3]) + record(5, [4]) + record(6, [5, 6])
     return [("journal_meta", b"\x00" + meta), ("journal_log", b"\x00" + log),
             ("journal_log_torn", b"\x00" + log + record(8, [9])[:23])]

@@ -18,7 +18,6 @@ c) damage: bytes flipped in a session's snap, or in the middle of its log record
 Run by CTest: /usr/bin/python3 test_durability.py --bin-dir BUILD --stubs BUILD/client/python/gen
 [--seed N] [--kills N]
 """
-import argparse
 import glob
 import os
 import random
@@ -42,18 +41,6 @@ PROBE = [ord(c) for c in " the probe, scored but never committed."]
 SEED_TEXT = [ord(c) for c in "A durable session begins here."]
 # u32 n, i64 start, u64 checksum of those; then i32 tokens[n], u64 checksum of the record
 LOG_HEADER = struct.calcsize("<IqQ")
-
-
-def hash64(data, h=0xcbf29ce484222325):
-    """model/hash.h's Hash64 (FNV-1a over 8-byte words, then the length)."""
-    prime, mask = 0x100000001b3, (1 << 64) - 1
-    i = 0
-    while i + 8 <= len(data):
-        h = ((h ^ struct.unpack_from("<Q", data, i)[0]) * prime) & mask
-        i += 8
-    for b in data[i:]:
-        h = ((h ^ b) * prime) & mask
-    return ((h ^ len(data)) * prime) & mask
 
 
 def log_records(data):
@@ -336,7 +323,7 @@ class DurabilityTest(unittest.TestCase):
     def torn_tail(self, position):
         """A 5-token record cut short after its header and two tokens: a write a crash interrupted."""
         header = struct.pack("<Iq", 5, position)
-        return header + struct.pack("<Q", hash64(header)) + struct.pack("<ii", 65, 66)
+        return header + struct.pack("<Q", txl_procs.hash64(header)) + struct.pack("<ii", 65, 66)
 
     def test_b1_stale_temp_and_torn_log_tail(self):
         node, sid, position, session_dir, snap = self.crash_with_snapshot_and_log("torn")
@@ -489,22 +476,10 @@ class DurabilityTest(unittest.TestCase):
 
 
 def main():
-    global ARGS, grpc, txl_pb2, txl_pb2_grpc
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--bin-dir", required=True, help="the build directory")
-    parser.add_argument("--stubs", required=True, help="the generated stubs (target txl_python_stubs)")
-    parser.add_argument("--seed", type=int, default=None, help="the kill loop's random seed (default: from the clock)")
-    parser.add_argument("--kills", type=int, default=40, help="kills in the kill loop (at least 20)")
-    ARGS, rest = parser.parse_known_args()
-    if ARGS.seed is None:
-        ARGS.seed = int(time.time() * 1000) % 1000000
-    if not os.path.isfile(os.path.join(ARGS.stubs, "txl", "v1", "txl_pb2_grpc.py")):
-        sys.exit("no generated stubs in %s: build the txl_python_stubs target" % ARGS.stubs)
-    sys.path.insert(0, ARGS.stubs)
-    import grpc as grpc_module  # noqa: E402
-    from txl.v1 import txl_pb2 as pb2, txl_pb2_grpc as pb2_grpc  # noqa: E402
-    grpc, txl_pb2, txl_pb2_grpc = grpc_module, pb2, pb2_grpc
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    txl_procs.run_stub_tests(globals(), __doc__, [
+        ("--seed", dict(type=int, default=int(time.time() * 1000) % 1000000,
+                        help="the kill loop's random seed (default: from the clock)")),
+        ("--kills", dict(type=int, default=40, help="kills in the kill loop (at least 20)"))])
 
 
 if __name__ == "__main__":

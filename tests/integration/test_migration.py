@@ -19,7 +19,6 @@ starts beside a busy one (again and again, for 15 s) never disturbs it.
 Run by CTest: /usr/bin/python3 test_migration.py --bin-dir BUILD --stubs BUILD/client/python/gen
 --nginx-conf deploy/nginx/nginx.conf
 """
-import argparse
 import os
 import shutil
 import socket
@@ -328,19 +327,7 @@ class MigrationTest(unittest.TestCase):
 
 
 def main():
-    global ARGS, grpc, txl_pb2, txl_pb2_grpc
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--bin-dir", required=True, help="the build directory")
-    parser.add_argument("--stubs", required=True, help="the generated stubs (target txl_python_stubs)")
-    parser.add_argument("--nginx-conf", required=True, help="deploy/nginx/nginx.conf")
-    ARGS, rest = parser.parse_known_args()
-    if not os.path.isfile(os.path.join(ARGS.stubs, "txl", "v1", "txl_pb2_grpc.py")):
-        sys.exit("no generated stubs in %s: build the txl_python_stubs target" % ARGS.stubs)
-    sys.path.insert(0, ARGS.stubs)
-    import grpc as grpc_module  # noqa: E402
-    from txl.v1 import txl_pb2 as pb2, txl_pb2_grpc as pb2_grpc  # noqa: E402
-    grpc, txl_pb2, txl_pb2_grpc = grpc_module, pb2, pb2_grpc
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    txl_procs.run_stub_tests(globals(), __doc__, [("--nginx-conf", dict(required=True, help="deploy/nginx/nginx.conf"))])
 
 
 if __name__ == "__main__":

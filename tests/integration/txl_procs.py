@@ -5,16 +5,24 @@
 - Server(bin_dir, model, *flags, metrics=False): txl-server on 127.0.0.1:0, started and ready, with the
   addresses it reports; stop() (SIGTERM) returns its exit code; a context manager.
 
+- run_stub_tests(namespace, doc, extra_args): the main() of a unittest script that talks gRPC
+  through the generated Python stubs (--bin-dir, --stubs).
+- hash64(data): model/hash.h's Hash64, for tests that write the server's checksummed formats.
+
 A test script imports it from its own directory:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import txl_procs
 """
+import argparse
 import json
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
+import sys
+import unittest
 
 # The model every server test uses unless it says otherwise: 2 layers, fast on a CPU.
 TINY_CONFIG = {"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 32}
@@ -112,3 +120,34 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def run_stub_tests(namespace, doc, extra_args=()):
+    """Parses --bin-dir, --stubs and `extra_args` ((flag, kwargs) pairs for add_argument), imports grpc
+    and the txl.v1 stubs from --stubs, sets ARGS, grpc, txl_pb2 and txl_pb2_grpc in `namespace` (the
+    script's globals()) and runs its unittests with the rest of the command line."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--bin-dir", required=True, help="the build directory")
+    parser.add_argument("--stubs", required=True, help="the generated stubs (target txl_python_stubs)")
+    for flag, kwargs in extra_args:
+        parser.add_argument(flag, **kwargs)
+    args, rest = parser.parse_known_args()
+    if not os.path.isfile(os.path.join(args.stubs, "txl", "v1", "txl_pb2_grpc.py")):
+        sys.exit("no generated stubs in %s: build the txl_python_stubs target" % args.stubs)
+    sys.path.insert(0, args.stubs)
+    import grpc  # noqa: E402
+    from txl.v1 import txl_pb2, txl_pb2_grpc  # noqa: E402
+    namespace.update(ARGS=args, grpc=grpc, txl_pb2=txl_pb2, txl_pb2_grpc=txl_pb2_grpc)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+def hash64(data, h=0xcbf29ce484222325):
+    """model/hash.h's Hash64 (FNV-1a over 8-byte words, then the length)."""
+    prime, mask = 0x100000001b3, (1 << 64) - 1
+    i = 0
+    while i + 8 <= len(data):
+        h = ((h ^ struct.unpack_from("<Q", data, i)[0]) * prime) & mask
+        i += 8
+    for b in data[i:]:
+        h = ((h ^ b) * prime) & mask
+    return ((h ^ len(data)) * prime) & mask

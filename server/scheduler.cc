@@ -147,14 +147,20 @@ absl::Status Scheduler::Import(Job& job) {
     if (t < 0 || t >= engine_->vocab_size())
       return absl::InvalidArgumentError("session export: a pending token is outside the vocabulary");
   }
-  auto lease = store_->CreateAcquired(spec.owner, *std::move(state), spec.idle_ttl, spec.labels, absl::Now(), spec.id);
+  auto lease = store_->CreateAcquired(spec.owner, *std::move(state), spec.idle_ttl, spec.labels, absl::Now(), spec.id,
+                                      /*durable=*/journal_ != nullptr);
   if (!lease.ok()) return lease.status();
   lease->pending = spec.image.pending;
   const std::string id = lease->id;
+  if (journal_) {
+    auto info = store_->Get(spec.owner, id);
+    if (!info.ok()) return info.status();
+    RecordNewSession(job, *info, *std::move(lease), EncodeSessionExport(spec.image));
+    return absl::OkStatus();
+  }
   store_->Release(*std::move(lease), absl::Now());
   auto info = store_->Get(spec.owner, id);
   if (!info.ok()) return info.status();
-  if (journal_) RecordNewSession(*info, EncodeSessionExport(spec.image));
   job.result.forked = *info;
   return absl::OkStatus();
 }
@@ -359,10 +365,27 @@ void Scheduler::LogHistory(Job& job, int64_t position) {
   job.logged_position = position;
 }
 
-void Scheduler::RecordNewSession(const SessionInfo& info, std::string snapshot) {
+void Scheduler::RecordNewSession(Job& job, const SessionInfo& info, SessionLease lease, std::string snapshot) {
   SessionMeta meta{info.id, info.owner, info.mem_len, info.idle_ttl, info.created, info.labels};
-  journal_->RecordCreate(meta, std::move(snapshot));
-  store_->SetDurable(info.id);
+  auto held = std::make_shared<SessionLease>(std::move(lease));
+  // The job's answer waits for the creation: it may still find the id taken.
+  auto done = std::move(job.callbacks.on_done);
+  job.callbacks.on_done = nullptr;
+  SessionInfo answer = info;
+  answer.busy = false;
+  journal_->RecordCreate(meta, std::move(snapshot),
+                         [store = store_, held, done, answer](absl::Status written) mutable {
+                           if (written.ok()) {
+                             store->Release(std::move(*held), absl::Now());
+                           } else {
+                             store->Discard(std::move(*held));
+                           }
+                           if (!done) return;
+                           JobResult result;
+                           result.forked = answer;
+                           result.session_id = answer.id;
+                           done(written, std::move(result));
+                         });
 }
 
 std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::vector<int>* pending) {
@@ -577,29 +600,34 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
         continue;
       }
       // The fork belongs to whoever may use the source (its owner, the caller).
+      const bool durable = journal_ != nullptr && job->lease.durable;  // a fork of a journaled session is too
       auto lease = store_->CreateAcquired(job->lease.owner, *std::move(copy), job->fork_ttl, job->fork_labels,
-                                          absl::Now(), SessionStore::NewId(job->lease.id));
+                                          absl::Now(), SessionStore::NewId(job->lease.id), durable);
       if (!lease.ok()) {
         Finish(*job, lease.status());
         continue;
       }
       lease->pending = job->lease.pending;
-      // A fork of a journaled session is journaled too, from its first state.
-      std::string snapshot;
-      if (journal_ && job->lease.durable) {
+      const std::string id = lease->id;
+      if (durable) {
         SessionExport image;
         image.fingerprint = engine_->fingerprint();
         image.position = lease->position();
         image.pending = lease->pending;
-        if (lease->state->AppendTo(&image.state).ok()) snapshot = EncodeSessionExport(image);
+        absl::Status s = lease->state->AppendTo(&image.state);
+        auto info = store_->Get(job->lease.owner, id);
+        if (!s.ok() || !info.ok()) {
+          store_->Discard(*std::move(lease));
+          Finish(*job, s.ok() ? info.status() : s);
+          continue;
+        }
+        RecordNewSession(*job, *info, *std::move(lease), EncodeSessionExport(image));
+        Finish(*job, absl::OkStatus());
+        continue;
       }
-      const std::string id = lease->id;
       store_->Release(*std::move(lease), absl::Now());
       auto info = store_->Get(job->lease.owner, id);
-      if (info.ok()) {
-        if (!snapshot.empty()) RecordNewSession(*info, std::move(snapshot));
-        job->result.forked = *info;
-      }
+      if (info.ok()) job->result.forked = *info;
       Finish(*job, info.status());
       continue;
     }

@@ -185,8 +185,10 @@ class Scheduler {
   void LogHistory(Job& job, int64_t position);
   // Runs fn after the journal has written what came before (durable jobs), or now.
   void Ack(bool durable, std::function<void(absl::Status)> fn);
-  // Journals a session made on the engine thread (fork, import) from its export bytes.
-  void RecordNewSession(const SessionInfo& info, std::string snapshot);
+  // Journals a session made on the engine thread (fork, import), held
+  // (busy) in `lease` meanwhile, from its export bytes; then releases it (or
+  // drops it if the id was taken in the store) and ends the job with that.
+  void RecordNewSession(Job& job, const SessionInfo& info, SessionLease lease, std::string snapshot);
 
   const SchedulerConfig config_;
   Engine* const engine_;

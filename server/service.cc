@@ -107,21 +107,6 @@ struct TxlService::Context {
     if (!job.ok()) fail(job.status());
   }
 
-  // Journals a session made by CreateSession or Converse, then runs `then`
-  // once that is written (at once without a state store).
-  void Journal(const SessionInfo& info, std::function<void(absl::Status)> then) const {
-    if (journal == nullptr) {
-      then(absl::OkStatus());
-      return;
-    }
-    SessionExport fresh;  // an empty state: the journal rebuilds it from mem_len
-    fresh.fingerprint = engine->fingerprint();
-    journal->RecordCreate(SessionMeta{info.id, info.owner, info.mem_len, info.idle_ttl, info.created, info.labels},
-                          EncodeSessionExport(fresh));
-    store->SetDurable(info.id);
-    journal->After(std::move(then));
-  }
-
   void Count(const char* method, const grpc::Status& s) const {
     if (metrics) metrics->OnRequest(method, CodeName(s.error_code()));
   }
@@ -470,7 +455,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const TxlServic
 }
 
 // Finishes a unary call with `s` (OK included) and counts it.
-void Fail(const TxlService::Context* c, grpc::ServerUnaryReactor* reactor, const char* method, const absl::Status& s) {
+void Answer(const TxlService::Context* c, grpc::ServerUnaryReactor* reactor, const char* method, const absl::Status& s) {
   grpc::Status g = ToGrpcStatus(s);
   c->Count(method, g);
   reactor->Finish(g);
@@ -517,18 +502,39 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
     if (!args.ok()) return args.status();
     // A session made now would die with the process moments later.
     if (ctx_->scheduler->draining()) return absl::UnavailableError("the server is shutting down");
-    auto state = ctx_->engine->NewSession(args->mem_len);
+    auto state = c->engine->NewSession(args->mem_len);
     if (!state.ok()) return state.status();
-    auto info = ctx_->store->Create(*principal, *std::move(state), args->idle_ttl,
-                                    {req->labels().begin(), req->labels().end()}, absl::Now(), args->session_id);
+    if (c->journal == nullptr) {
+      auto info = c->store->Create(*principal, *std::move(state), args->idle_ttl,
+                                   {req->labels().begin(), req->labels().end()}, absl::Now(), args->session_id);
+      if (!info.ok()) return info.status();
+      FillSession(*info, r);
+      Answer(c, reactor, "CreateSession", absl::OkStatus());
+      return absl::OkStatus();
+    }
+    // Journaled: busy (requests on it get ABORTED) until its creation is
+    // written, and answered only then, so a crash after the answer keeps it.
+    auto lease = c->store->CreateAcquired(*principal, *std::move(state), args->idle_ttl,
+                                          {req->labels().begin(), req->labels().end()}, absl::Now(),
+                                          args->session_id, /*durable=*/true);
+    if (!lease.ok()) return lease.status();
+    auto info = c->store->Get(*principal, lease->id);
     if (!info.ok()) return info.status();
+    info->busy = false;
     FillSession(*info, r);
-    // Answered once the session is on record: a crash after this keeps it.
-    c->Journal(*info, [reactor, c](absl::Status written) {
-      grpc::Status g = ToGrpcStatus(written);
-      c->Count("CreateSession", g);
-      reactor->Finish(g);
-    });
+    SessionExport fresh;  // an empty state: the journal rebuilds it from mem_len
+    fresh.fingerprint = c->engine->fingerprint();
+    auto held = std::make_shared<SessionLease>(*std::move(lease));
+    c->journal->RecordCreate(
+        SessionMeta{info->id, info->owner, info->mem_len, info->idle_ttl, info->created, info->labels},
+        EncodeSessionExport(fresh), [c, reactor, held](absl::Status written) {
+          if (written.ok()) {
+            c->store->Release(std::move(*held), absl::Now());
+          } else {
+            c->store->Discard(std::move(*held));  // the id is taken in the store, or the store failed
+          }
+          Answer(c, reactor, "CreateSession", written);
+        });
     return absl::OkStatus();
   }();
   if (!status.ok()) {
@@ -559,10 +565,10 @@ grpc::ServerUnaryReactor* TxlService::GetSession(grpc::CallbackServerContext* ct
           reactor->Finish(grpc::Status::OK);
           return absl::OkStatus();
         },
-        [c, reactor](absl::Status s) { Fail(c, reactor, "GetSession", s); });
+        [c, reactor](absl::Status s) { Answer(c, reactor, "GetSession", s); });
     return absl::OkStatus();
   }();
-  if (!status.ok()) Fail(c, reactor, "GetSession", status);
+  if (!status.ok()) Answer(c, reactor, "GetSession", status);
   return reactor;
 }
 
@@ -596,13 +602,13 @@ grpc::ServerUnaryReactor* TxlService::DeleteSession(grpc::CallbackServerContext*
             return absl::OkStatus();
           }
           c->journal->RecordDelete(id);
-          c->journal->After([c, reactor](absl::Status written) { Fail(c, reactor, "DeleteSession", written); });
+          c->journal->After([c, reactor](absl::Status written) { Answer(c, reactor, "DeleteSession", written); });
           return absl::OkStatus();
         },
-        [c, reactor](absl::Status s) { Fail(c, reactor, "DeleteSession", s); });
+        [c, reactor](absl::Status s) { Answer(c, reactor, "DeleteSession", s); });
     return absl::OkStatus();
   }();
-  if (!status.ok()) Fail(c, reactor, "DeleteSession", status);
+  if (!status.ok()) Answer(c, reactor, "DeleteSession", status);
   return reactor;
 }
 
@@ -625,13 +631,13 @@ grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* c
           JobCallbacks cb;
           cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
             if (s.ok()) FillSession(result.forked, r);
-            Fail(c, reactor, "ForkSession", s);
+            Answer(c, reactor, "ForkSession", s);
           };
           auto job = c->scheduler->SubmitFork(*std::move(lease), ttl.ok() ? ttl->idle_ttl : absl::ZeroDuration(),
                                               {req->labels().begin(), req->labels().end()}, std::move(cb));
           return job.status();
         },
-        [c, reactor](absl::Status s) { Fail(c, reactor, "ForkSession", s); });
+        [c, reactor](absl::Status s) { Answer(c, reactor, "ForkSession", s); });
     return absl::OkStatus();
   }();
   if (!status.ok()) {
@@ -683,7 +689,7 @@ grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, co
     auto job = c->scheduler->SubmitScore(*std::move(lease), throwaway, input, req->commit(), std::move(cb));
     return job.status();
         },
-        [c, reactor](absl::Status s) { Fail(c, reactor, "Score", s); });
+        [c, reactor](absl::Status s) { Answer(c, reactor, "Score", s); });
     return absl::OkStatus();
   }();
   if (!status.ok()) {

@@ -148,12 +148,11 @@ void SessionJournal::Enqueue(std::vector<Op> ops) {
   enqueued_ += static_cast<int64_t>(ops.size());
 }
 
-void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot) {
+void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot, Done done) {
   std::vector<Op> ops;
-  ops.push_back({Op::kPut, Key(meta.id, "holder"), config_.replica, nullptr});
-  ops.push_back({Op::kPut, Key(meta.id, "log"), "", nullptr});
-  ops.push_back({Op::kPut, Key(meta.id, "snap"), std::move(snapshot), nullptr});
-  ops.push_back({Op::kPut, Key(meta.id, "meta"), EncodeSessionMeta(meta), nullptr});  // last: meta marks it complete
+  Op op{Op::kCreate, meta.id, EncodeSessionMeta(meta), std::move(done)};
+  op.snapshot = std::move(snapshot);
+  ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
 
@@ -248,6 +247,22 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
     if (!status.ok()) continue;
     if (op.kind == Op::kPut) status = backend_->Put(op.key, op.value);
     if (op.kind == Op::kDelete) status = backend_->Delete(op.key);
+    if (op.kind == Op::kCreate) {
+      // The meta claims the id, atomically across replicas; a session that
+      // exists anywhere in the store keeps its state.
+      auto claimed = backend_->CompareAndSet(Key(op.key, "meta"), std::nullopt, op.value);
+      if (!claimed.ok()) {
+        status = claimed.status();
+      } else if (!*claimed) {
+        op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", op.key, " already exists"));
+      } else {
+        // A log a crash left behind by an earlier session of this id goes first.
+        for (const auto& [part, value] : {std::pair<const char*, const std::string*>{"log", nullptr},
+                                          {"snap", &op.snapshot}, {"holder", &config_.replica}}) {
+          if (status.ok()) status = backend_->Put(Key(op.key, part), value ? *value : std::string());
+        }
+      }
+    }
   }
   flush_appends();
   return status;
@@ -287,7 +302,7 @@ void SessionJournal::WriterLoop() {
         error = error_;
       }
       for (Op& op : batch) {
-        if (op.kind == Op::kAfter && op.done) op.done(error);
+        if ((op.kind == Op::kAfter || op.kind == Op::kCreate) && op.done) op.done(error.ok() ? op.result : error);
       }
       absl::MutexLock lock(&mu_);
       applied_ += static_cast<int64_t>(batch.size());

@@ -95,8 +95,13 @@ class SessionJournal {
   using Done = std::function<void(absl::Status)>;
 
   // --- Queued writes, applied in order. ---
-  // A new session held by this replica: meta, snapshot (export bytes), empty log.
-  void RecordCreate(const SessionMeta& meta, std::string snapshot);
+  // A new session held by this replica: meta (only if the store has no
+  // session of that id: another replica's, or one this replica has not
+  // loaded), snapshot (export bytes), an empty log. done(OK), or
+  // ALREADY_EXISTS and nothing written, or the store's failure; called on
+  // the writer thread once written. Keep the session busy until then, so
+  // that nothing is logged for it before it exists.
+  void RecordCreate(const SessionMeta& meta, std::string snapshot, Done done);
   void RecordTokens(const std::string& id, int64_t start, std::vector<int> tokens);
   // The session's state at some position; the log restarts empty.
   void RecordSnapshot(const std::string& id, std::string snapshot);
@@ -130,9 +135,11 @@ class SessionJournal {
 
  private:
   struct Op {
-    enum Kind { kPut, kAppend, kDelete, kAfter } kind;
+    enum Kind { kPut, kAppend, kDelete, kAfter, kCreate } kind;
     std::string key, value;
     Done done;
+    std::string snapshot;  // kCreate (key: the id, value: the meta)
+    absl::Status result;   // kCreate: ALREADY_EXISTS when the id is taken
   };
   SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend);
   void Enqueue(std::vector<Op> ops);

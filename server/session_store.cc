@@ -53,7 +53,8 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(const std::string& own
                                                           std::unique_ptr<EngineSession> state,
                                                           absl::Duration idle_ttl,
                                                           std::map<std::string, std::string> labels,
-                                                          absl::Time now, const std::string& requested) {
+                                                          absl::Time now, const std::string& requested,
+                                                          bool durable) {
   absl::StatusOr<absl::Duration> ttl = ResolveTtl(idle_ttl);
   if (!ttl.ok()) return ttl.status();
   absl::MutexLock lock(&mu_);
@@ -91,11 +92,13 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(const std::string& own
   e.info.busy = true;
   e.info.mem_len = state->mem_len();
   e.reserved_bytes = reserve;
+  e.durable = durable;
   reserved_bytes_ += reserve;
   SessionLease lease;
   lease.id = id;
   lease.owner = owner;
   lease.state = std::move(state);
+  lease.durable = durable;
   return lease;
 }
 
@@ -272,12 +275,6 @@ absl::Status SessionStore::AddIdle(const std::string& id, const std::string& own
   // What it will reserve once back in device memory: the window it had.
   e.reserved_bytes = 0;
   return absl::OkStatus();
-}
-
-void SessionStore::SetDurable(const std::string& id) {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(id);
-  if (it != sessions_.end()) it->second.durable = true;
 }
 
 std::vector<std::string> SessionStore::DeviceOverflow() const {

@@ -113,11 +113,13 @@ class SessionStore {
   absl::StatusOr<SessionInfo> Create(const std::string& owner, std::unique_ptr<EngineSession> state,
                                      absl::Duration idle_ttl, std::map<std::string, std::string> labels,
                                      absl::Time now, const std::string& id = "");
-  // Creates the session already acquired (throw-away sessions, forks).
+  // Creates the session already acquired (throw-away sessions, forks, and
+  // journaled sessions until their creation is written). `durable`: its
+  // history goes to the journal.
   absl::StatusOr<SessionLease> CreateAcquired(const std::string& owner, std::unique_ptr<EngineSession> state,
                                               absl::Duration idle_ttl,
                                               std::map<std::string, std::string> labels,
-                                              absl::Time now, const std::string& id = "");
+                                              absl::Time now, const std::string& id = "", bool durable = false);
 
   // `caller`: the principal asking. NOT_FOUND for a session of another one.
   absl::StatusOr<SessionInfo> Get(const std::string& caller, const std::string& id) const;
@@ -144,8 +146,6 @@ class SessionStore {
                        std::map<std::string, std::string> labels, absl::Time created,
                        std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position,
                        int64_t since_snapshot);
-  // Marks a session as journaled (its creation is recorded).
-  void SetDurable(const std::string& id);
   // Idle sessions in device memory to offload, least recently used first,
   // so that the rest fit memory_budget_bytes (empty unless offloading).
   std::vector<std::string> DeviceOverflow() const;

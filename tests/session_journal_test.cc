@@ -118,7 +118,7 @@ TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
   const ScopedDir scoped("replay");  // removed after the journals below stop
   const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
-  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   j->RecordTokens("s1", 0, {1, 2, 3});
   j->RecordTokens("s1", 3, {4});
   ASSERT_TRUE(j->Flush().ok());
@@ -155,7 +155,7 @@ TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
   const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
   for (const char* id : {"torn", "bad", "gap"}) {
-    j->RecordCreate(Meta(id), Snapshot(0, {}, ""));
+    j->RecordCreate(Meta(id), Snapshot(0, {}, ""), nullptr);
     j->RecordTokens(id, 0, {7, 8});
   }
   j->RecordTokens("bad", 2, {9});
@@ -183,7 +183,7 @@ TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
   EXPECT_TRUE(fs::exists(fs::path(dir) / "quarantine" / "sessions" / "bad"));
 
   // A damaged snapshot is damage too.
-  j->RecordCreate(Meta("snap"), Snapshot(2, {8}, "16 7"));
+  j->RecordCreate(Meta("snap"), Snapshot(2, {8}, "16 7"), nullptr);
   ASSERT_TRUE(j->Flush().ok());
   Corrupt(sessions / "snap" / "snap", 20);
   EXPECT_TRUE(absl::IsDataLoss(j->Load("snap").status()));
@@ -195,7 +195,7 @@ TEST(SessionJournalTest, ATornTailIsCutOffSoLaterRecordsReplay) {
   const ScopedDir scoped("torn_then_more");  // removed after the journals below stop
   const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
-  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   j->RecordTokens("s1", 0, {7, 8});
   ASSERT_TRUE(j->Flush().ok());
   const fs::path log = fs::path(dir) / "sessions" / "s1" / "log";
@@ -220,7 +220,7 @@ TEST(SessionJournalTest, ADamagedLengthIsDamageNotATornTail) {
   const ScopedDir scoped("bad_length");  // removed after the journals below stop
   const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
-  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   j->RecordTokens("s1", 0, {1, 2});
   j->RecordTokens("s1", 2, {3});
   j->RecordTokens("s1", 3, {4});
@@ -238,7 +238,7 @@ TEST(SessionJournalTest, AdoptionWaitsForTheHolderToGoAndOnlyOneReplicaWins) {
   auto a = Open(dir, "a");
   auto b = Open(dir, "b");
   auto c = Open(dir, "c");
-  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   a->RecordTokens("s1", 0, {4, 5});
   ASSERT_TRUE(a->Flush().ok());
 
@@ -264,7 +264,7 @@ TEST(SessionJournalTest, AReplicaThatStoppedBeatingLosesItsSessionsAfterTheTimeo
   const std::string& dir = scoped.path;
   auto a = Open(dir, "a", absl::Hours(1));  // beats every 15 min: not during this test
   auto b = Open(dir, "b", absl::Seconds(10));
-  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   ASSERT_TRUE(a->Flush().ok());
   EXPECT_TRUE(absl::IsUnavailable(b->Adopt("s1", "alice").status()));
   // a's last heartbeat is now 11 s old, as if it died then (its next beat is seconds away).
@@ -288,8 +288,8 @@ TEST(SessionJournalTest, TheHolderHearsThatAnotherReplicaWantsASession) {
     absl::MutexLock lock(&mu);
     asked.insert(asked.end(), ids.begin(), ids.end());
   });
-  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
-  a->RecordCreate(Meta("s2"), Snapshot(0, {}, ""));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  a->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), nullptr);
   ASSERT_TRUE(a->Flush().ok());
   {
     absl::MutexLock lock(&mu);
@@ -314,11 +314,43 @@ TEST(SessionJournalTest, TheHolderHearsThatAnotherReplicaWantsASession) {
   a->SetHandoffHandler(nullptr);
 }
 
+// Regression: creating a session whose id the store already has (another
+// replica's session, or one this replica has not loaded) overwrote its state.
+TEST(SessionJournalTest, CreatingAnIdTheStoreHasIsAlreadyExistsAndWritesNothing) {
+  const ScopedDir scoped("create_taken");
+  const std::string& dir = scoped.path;
+  auto a = Open(dir, "a");
+  auto b = Open(dir, "b");
+  absl::Notification first;
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    first.Notify();
+  });
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  a->RecordTokens("s1", 0, {4, 5});
+  ASSERT_TRUE(a->Flush().ok());
+
+  absl::Notification second;
+  absl::Status taken;
+  b->RecordCreate(Meta("s1", "mallory"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    taken = s;
+    second.Notify();
+  });
+  ASSERT_TRUE(second.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(absl::IsAlreadyExists(taken)) << taken;
+  auto r = a->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->meta.owner, "alice");
+  EXPECT_EQ(r->tail, (std::vector<int>{4, 5}));
+  EXPECT_EQ(*a->Held(), (std::vector<std::string>{"s1"}));
+  EXPECT_TRUE(b->Flush().ok()) << "ALREADY_EXISTS is an answer, not a store failure";
+}
+
 TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
   const ScopedDir scoped("after");  // removed after the journals below stop
   const std::string& dir = scoped.path;
   auto j = Open(dir, "r1");
-  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""));
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   int64_t seen = -1;
   absl::Notification done;
   for (int i = 0; i < 50; ++i) j->RecordTokens("s1", i, {i});
@@ -349,14 +381,23 @@ class DurableSchedulerTest : public ::testing::Test {
     scheduler_->SetJournal(journal_.get());
     scheduler_->Start();
   }
-  // As the service makes a durable session.
+  // As the service makes a durable session: busy until its creation is written.
   std::string NewSession() {
-    auto info = store_->Create("", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
-    EXPECT_TRUE(info.ok()) << info.status();
-    journal_->RecordCreate(SessionMeta{info->id, "", 64, info->idle_ttl, info->created, {}},
-                           Snapshot(0, {}, ""));
-    store_->SetDurable(info->id);
-    return info->id;
+    auto lease = store_->CreateAcquired("", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now(), "",
+                                        /*durable=*/true);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    const std::string id = lease->id;
+    auto info = store_->Get("", id);
+    auto held = std::make_shared<SessionLease>(*std::move(lease));
+    absl::Notification written;
+    journal_->RecordCreate(SessionMeta{id, "", 64, info->idle_ttl, info->created, {}}, Snapshot(0, {}, ""),
+                           [&, held](absl::Status s) {
+                             EXPECT_TRUE(s.ok()) << s;
+                             store_->Release(std::move(*held), absl::Now());
+                             written.Notify();
+                           });
+    EXPECT_TRUE(written.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return id;
   }
   absl::Status Generate(const std::string& id, std::vector<int> input, int n, std::vector<int>* out = nullptr) {
     auto lease = store_->Acquire("", id, absl::Now());

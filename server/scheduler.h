@@ -5,8 +5,16 @@
 // prefill_chunk tokens, all under max_batch_tokens. Decoders go first and
 // prefills take turns in arrival order, so a long prefill cannot starve them.
 //
+// With a journal (SetJournal), every history token a job commits is logged
+// before the client hears of it: callbacks that acknowledge run after the
+// journal has written what came before (on its writer thread). Between
+// steps the engine thread also moves idle sessions out of device and host
+// memory per the store's budgets, brings offloaded ones back for their next
+// job, and hands sessions over to replicas that asked for them.
+//
 // Threading: Submit*/Cancel/Drain may be called from any thread and never
-// block on the engine. Callbacks run on the engine thread and must not block.
+// block on the engine. Callbacks run on the engine thread (or, with a
+// journal, on its writer thread) and must not block.
 // Only the engine thread touches the engine and session states.
 #ifndef TXL_SERVER_SCHEDULER_H_
 #define TXL_SERVER_SCHEDULER_H_

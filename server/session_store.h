@@ -15,6 +15,11 @@
 // another principal answers exactly like an id that does not exist
 // (NOT_FOUND, same message), so no caller can learn that it exists.
 //
+// Tiers (offload, durability): a session's state is in device memory (an
+// EngineSession), in host memory (an IdleSession image), or only in the
+// state store's journal. Acquire hands out whatever there is; the scheduler
+// brings the state back on the engine thread before the request runs.
+//
 // Threading: all methods are thread-safe; the store never blocks on anything
 // but its own mutex, and never touches tensors (states are moved, not copied).
 #ifndef TXL_SERVER_SESSION_STORE_H_

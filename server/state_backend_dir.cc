@@ -100,6 +100,15 @@ int Fsync(int fd) {
   return 0;
 }
 
+// For appends: the data and the new size, without the timestamps fsync also
+// writes (measurably cheaper per engine step under --fsync=always).
+int Fdatasync(int fd) {
+  while (::fdatasync(fd) != 0) {
+    if (errno != EINTR) return errno;
+  }
+  return 0;
+}
+
 // fsync by path (a file or a directory); 0 or the errno.
 int FsyncPath(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -170,7 +179,9 @@ class DirectoryStateBackend : public StateBackend {
     }
     for (auto& [path, fd] : files) {
       if (fsync_ == FsyncPolicy::kAlways) {
-        if (int err = Fsync(fd.get()); err != 0) return KeyError(err, path.substr(root_.size() + 1), "fsync", path);
+        if (int err = Fdatasync(fd.get()); err != 0) {
+          return KeyError(err, path.substr(root_.size() + 1), "fdatasync", path);
+        }
       }
       if (int err = fd.Close(); err != 0) return KeyError(err, path.substr(root_.size() + 1), "close", path);
     }

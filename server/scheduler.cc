@@ -73,7 +73,11 @@ Scheduler::Scheduler(const SchedulerConfig& config, Engine* engine, SessionStore
                      const Tokenizer* tokenizer, SchedulerObserver* observer)
     : config_(config), engine_(engine), store_(store), tokenizer_(tokenizer), observer_(observer) {}
 
-Scheduler::~Scheduler() { Stop(); }
+Scheduler::~Scheduler() {
+  Stop();
+  // The journal may outlive this scheduler: its writer thread must not call into it.
+  if (journal_ != nullptr) journal_->SetHandoffHandler(nullptr);
+}
 
 void Scheduler::SetJournal(SessionJournal* journal) {
   journal_ = journal;

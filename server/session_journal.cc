@@ -185,17 +185,15 @@ void SessionJournal::RecordRelease(const std::string& id) {
 }
 
 void SessionJournal::SetHandoffHandler(std::function<void(std::vector<std::string>)> handler) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&handoff_mu_);
   handoff_ = std::move(handler);
 }
 
 void SessionJournal::FindWanted() {
-  std::function<void(std::vector<std::string>)> handler;
   {
-    absl::MutexLock lock(&mu_);
-    handler = handoff_;
+    absl::MutexLock lock(&handoff_mu_);
+    if (!handoff_) return;
   }
-  if (!handler) return;
   auto keys = backend_->List("sessions/");
   if (!keys.ok()) return;
   std::vector<std::string> wanted;
@@ -206,7 +204,9 @@ void SessionJournal::FindWanted() {
     auto holder = backend_->Get(Key(id, "holder"));
     if (holder.ok() && *holder == config_.replica) wanted.push_back(id);
   }
-  if (!wanted.empty()) handler(std::move(wanted));
+  if (wanted.empty()) return;
+  absl::MutexLock lock(&handoff_mu_);  // the handler's owner cannot go while it runs
+  if (handoff_) handoff_(std::move(wanted));
 }
 
 void SessionJournal::After(Done fn) {

@@ -126,7 +126,9 @@ class SessionJournal {
   absl::StatusOr<JournalRecord> Adopt(const std::string& id, const std::string& caller);
 
   // Called on the writer thread, at heartbeats, with the sessions this
-  // replica holds that another replica asked for (see above).
+  // replica holds that another replica asked for (see above). Setting
+  // another (or null) waits for a call in progress, so the owner of a
+  // handler may clear it and then go.
   void SetHandoffHandler(std::function<void(std::vector<std::string>)> handler);
 
   const std::string& replica() const { return config_.replica; }
@@ -159,7 +161,9 @@ class SessionJournal {
   int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // ops queued
   absl::Status error_ ABSL_GUARDED_BY(mu_);    // the first write error
   int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
-  std::function<void(std::vector<std::string>)> handoff_ ABSL_GUARDED_BY(mu_);
+  // Its own mutex, held while the handler runs (see SetHandoffHandler).
+  absl::Mutex handoff_mu_;
+  std::function<void(std::vector<std::string>)> handoff_ ABSL_GUARDED_BY(handoff_mu_);
   std::thread writer_;
 };
 

@@ -291,7 +291,11 @@ class DirectoryStateBackend : public StateBackend {
   // writers may have theirs in flight.
   absl::Status RemoveStaleTemps(const std::string& dir) {
     DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("state directory: open ", dir));
+    if (d == nullptr) {
+      // Another replica sharing the directory may remove an emptied session directory meanwhile.
+      if (dir != root_ && (errno == ENOENT || errno == ENOTDIR)) return absl::OkStatus();
+      return absl::ErrnoToStatus(errno, absl::StrCat("state directory: open ", dir));
+    }
     absl::Cleanup closer = [d] { ::closedir(d); };
     while (struct dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;

@@ -538,6 +538,31 @@ TEST_F(DurableSchedulerTest, ARecoveredSessionCountsTheLogItWasRecoveredWith) {
   EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}));
 }
 
+// Regression: the journal outlives the scheduler at shutdown, and its writer
+// thread went on calling the scheduler's hand-over handler after the
+// scheduler was gone (AddressSanitizer: stack-use-after-scope in txl-server).
+TEST_F(DurableSchedulerTest, TheJournalNoLongerCallsASchedulerThatIsGone) {
+  journal_holder_timeout_ = absl::Milliseconds(40);  // beats (and looks for requests) every 10 ms
+  Make(SessionStoreConfig{});
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a'}, 1).ok());
+  scheduler_.reset();  // the store keeps the session; nobody will hand it over now
+  auto b = Open(dir_, "b");
+  EXPECT_TRUE(absl::IsUnavailable(b->Adopt(id, "").status()));  // leaves a "wanted" key
+  // Let the writer see the request at several heartbeats.
+  StateBackendConfig bc;
+  bc.spec = "dir:" + dir_;
+  auto raw = OpenStateBackend(bc);
+  ASSERT_TRUE(raw.ok());
+  for (int beats = 0; beats < 5;) {
+    const std::string before = *(*raw)->Get("replicas/r1");
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (*(*raw)->Get("replicas/r1") == before && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+    ++beats;
+  }
+  EXPECT_TRUE(store_->Get("", id).ok()) << "no scheduler: nothing was handed over";
+}
+
 TEST_F(DurableSchedulerTest, DamagedStateInTheStoreEndsTheSessionWithDataLoss) {
   SessionStoreConfig sc;
   sc.memory_budget_bytes = 63 * 8;

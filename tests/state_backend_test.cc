@@ -586,6 +586,37 @@ TEST(DirectoryStateBackendTest, OpeningLeavesOtherWritersTempFilesUnlessOld) {
   EXPECT_FALSE(fs::exists(abandoned));
 }
 
+// Regression: opening the store failed ("state directory: open ...: No such
+// file or directory") when another replica removed an emptied session
+// directory while the opening one looked for its stale temp files.
+TEST(DirectoryStateBackendTest, OpeningWhileAnotherWriterRemovesDirectoriesWorks) {
+  TempDir dir;
+  auto churn = OpenDir(dir.path(), FsyncPolicy::kNever, absl::Seconds(1), "a");
+  constexpr int kSessions = 400;  // each open walks them all: a wide window for the race
+  for (int i = 0; i < kSessions; ++i) ASSERT_TRUE(churn->Put(absl::StrCat("sessions/s", i, "/meta"), "m").ok());
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      const std::string key = absl::StrCat("sessions/s", i % kSessions, "/meta");
+      ASSERT_TRUE(churn->Delete(key).ok());  // removes the emptied directory
+      ASSERT_TRUE(churn->Put(key, "m").ok());
+    }
+  });
+  int failures = 0;
+  std::string first;
+  for (int n = 0; n < 300; ++n) {
+    StateBackendConfig config;
+    config.spec = absl::StrCat("dir:", dir.path());
+    config.fsync = FsyncPolicy::kNever;
+    config.writer = "b";
+    auto b = OpenStateBackend(config);
+    if (!b.ok() && failures++ == 0) first = std::string(b.status().message());
+  }
+  stop.store(true);
+  writer.join();
+  EXPECT_EQ(failures, 0) << first;
+}
+
 TEST(DirectoryStateBackendTest, EveryFsyncPolicyRoundTrips) {
   for (FsyncPolicy policy : {FsyncPolicy::kAlways, FsyncPolicy::kInterval, FsyncPolicy::kNever}) {
     SCOPED_TRACE(static_cast<int>(policy));

@@ -95,7 +95,7 @@ void Scheduler::HandOff() {
     wanted.swap(wanted_);
   }
   for (const std::string& id : wanted) {
-    auto lease = store_->TakeForOffload(id, /*any_tier=*/true);
+    auto lease = store_->TakeForSnapshot(id, /*any_tier=*/true);
     if (absl::IsNotFound(lease.status())) continue;
     if (!lease.ok() || !lease->durable) {  // busy: at the next heartbeat
       continue;
@@ -447,6 +447,10 @@ absl::Status Scheduler::Materialize(Job& job) {
   const absl::Time start = absl::Now();
   const char* from = "host";
   std::shared_ptr<const IdleSession> idle = job.lease.idle;
+  if (!idle) {  // acquired while being offloaded: the image is in the store's entry now
+    idle = store_->TakeIdle(job.lease.id);
+    job.lease.idle = idle;
+  }
   if (!idle) {
     from = "store";
     if (journal_ == nullptr) return absl::InternalError("the session has no state");
@@ -486,15 +490,16 @@ absl::Status Scheduler::Adopt(Job& job) {
 void Scheduler::Offload() {
   for (const std::string& id : store_->DeviceOverflow()) {
     const absl::Time start = absl::Now();
-    auto lease = store_->TakeForOffload(id);
-    if (!lease.ok()) continue;
+    // Not busy meanwhile: a request arriving now waits in the queue, not ABORTED.
+    std::unique_ptr<EngineSession> state = store_->BeginOffload(id);
+    if (!state) continue;
     auto idle = std::make_shared<IdleSession>();
-    idle->mem_len = lease->state->mem_len();
-    if (!lease->state->AppendTo(&idle->state).ok()) {
-      store_->Release(*std::move(lease), absl::Now());
+    idle->mem_len = state->mem_len();
+    if (!state->AppendTo(&idle->state).ok()) {  // no image: it stays in device memory
+      store_->AbortOffload(id, std::move(state));
       continue;
     }
-    store_->ReturnOffloaded(*std::move(lease), std::move(idle));
+    store_->FinishOffload(id, std::move(idle));
     if (observer_) observer_->OnOffload("host", Since(start));
   }
   for (const std::string& id : store_->HostOverflow()) {
@@ -507,7 +512,7 @@ void Scheduler::Offload() {
 absl::Status Scheduler::SnapshotAll() {
   if (journal_ == nullptr) return absl::OkStatus();
   for (const std::string& id : store_->Ids()) {
-    auto lease = store_->TakeForOffload(id);  // idle and in device memory
+    auto lease = store_->TakeForSnapshot(id);  // idle and in device memory
     if (!lease.ok()) continue;
     if (lease->durable) {
       SessionExport image;

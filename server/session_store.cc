@@ -184,8 +184,8 @@ void SessionStore::Release(SessionLease lease, absl::Time now) {
   if (e.state) {  // a restored session learns its window's size only now
     reserved_bytes_ += e.state->full_memory_bytes() - e.reserved_bytes;
     e.reserved_bytes = e.state->full_memory_bytes();
-  } else {  // it never made it back (its restore failed): still idle where it was
-    e.idle = std::move(lease.idle);
+  } else {  // it never made it back (its restore failed, or it never ran): still idle where it was
+    if (lease.idle) e.idle = std::move(lease.idle);  // else the entry keeps what an offload left there
     e.info.position = lease.known_position;
     if (e.resident) reserved_bytes_ -= e.reserved_bytes;
     e.resident = false;
@@ -318,7 +318,7 @@ std::vector<std::string> SessionStore::HostOverflow() const {
   return out;
 }
 
-absl::StatusOr<SessionLease> SessionStore::TakeForOffload(const std::string& id, bool any_tier) {
+absl::StatusOr<SessionLease> SessionStore::TakeForSnapshot(const std::string& id, bool any_tier) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFound(id);
@@ -327,16 +327,39 @@ absl::StatusOr<SessionLease> SessionStore::TakeForOffload(const std::string& id,
   return CheckOut(id, e);
 }
 
-void SessionStore::ReturnOffloaded(SessionLease lease, std::shared_ptr<const IdleSession> idle) {
-  std::unique_ptr<EngineSession> freed = std::move(lease.state);  // after the lock
+
+std::unique_ptr<EngineSession> SessionStore::BeginOffload(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  Entry& e = sessions_[lease.id];
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.info.busy || !it->second.state) return nullptr;
+  it->second.info.memory_bytes = 0;
+  return std::move(it->second.state);
+}
+
+void SessionStore::FinishOffload(const std::string& id, std::shared_ptr<const IdleSession> idle) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;  // deleted meanwhile
+  Entry& e = it->second;
   e.idle = std::move(idle);
-  e.pending = std::move(lease.pending);
-  e.info.busy = false;
+  if (e.info.busy) return;  // acquired meanwhile: on its way back to device memory
   if (e.resident) reserved_bytes_ -= e.reserved_bytes;
   e.resident = false;
-  e.info.memory_bytes = 0;
+}
+
+void SessionStore::AbortOffload(const std::string& id, std::unique_ptr<EngineSession> state) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.info.busy) return;  // a request has it: it falls back to the journal
+  it->second.state = std::move(state);
+  Refresh(it->second);
+}
+
+std::shared_ptr<const IdleSession> SessionStore::TakeIdle(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return nullptr;
+  return std::move(it->second.idle);
 }
 
 void SessionStore::DropToStore(const std::string& id) {

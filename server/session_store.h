@@ -157,11 +157,19 @@ class SessionStore {
   // Idle sessions in host memory to drop to the state store, least recently
   // used first, so that the rest fit the host budget (empty without a store).
   std::vector<std::string> HostOverflow() const;
-  // Takes an idle, device-resident session for offload (busy meanwhile);
-  // NOT_FOUND or ABORTED otherwise. With `any_tier`, also one out of device memory.
-  absl::StatusOr<SessionLease> TakeForOffload(const std::string& id, bool any_tier = false);
-  // Gives it back out of device memory; last_used is left as it was.
-  void ReturnOffloaded(SessionLease lease, std::shared_ptr<const IdleSession> idle);
+  // Takes an idle, device-resident session for a snapshot or a hand-over
+  // (busy meanwhile); NOT_FOUND or ABORTED otherwise. With `any_tier`, also
+  // one out of device memory.
+  absl::StatusOr<SessionLease> TakeForSnapshot(const std::string& id, bool any_tier = false);
+  // Offload without making the session busy: a request that acquires it
+  // meanwhile gets a lease with no state and finds the image with TakeIdle
+  // (on the engine thread, which finishes the offload first). Null when the
+  // session is not idle in device memory.
+  std::unique_ptr<EngineSession> BeginOffload(const std::string& id);
+  void FinishOffload(const std::string& id, std::shared_ptr<const IdleSession> idle);
+  void AbortOffload(const std::string& id, std::unique_ptr<EngineSession> state);
+  // The host image of a session (whatever its state), taken out of the store; null if none.
+  std::shared_ptr<const IdleSession> TakeIdle(const std::string& id);
   // Drops an idle session's host copy: the state store has it.
   void DropToStore(const std::string& id);
   // Ids of all sessions (shutdown snapshots).

@@ -563,6 +563,33 @@ TEST_F(DurableSchedulerTest, TheJournalNoLongerCallsASchedulerThatIsGone) {
   EXPECT_TRUE(store_->Get("", id).ok()) << "no scheduler: nothing was handed over";
 }
 
+// Regression: a request on a session the engine thread was offloading at
+// that moment got ABORTED (busy), as if another request held it.
+TEST(SessionStoreOffloadTest, ARequestDuringAnOffloadGetsTheSessionNotAborted) {
+  FakeEngine engine;
+  SessionStoreConfig config;
+  config.memory_budget_bytes = 63 * 8;
+  config.host_memory_budget_bytes = 1 << 20;
+  SessionStore store(config);
+  auto info = store.Create("", *engine.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(info.ok());
+  std::unique_ptr<EngineSession> state = store.BeginOffload(info->id);
+  ASSERT_NE(state, nullptr);
+  auto lease = store.Acquire("", info->id, absl::Now());  // while the image is being made
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->state, nullptr);
+  auto idle = std::make_shared<IdleSession>();
+  idle->mem_len = 64;
+  ASSERT_TRUE(state->AppendTo(&idle->state).ok());
+  store.FinishOffload(info->id, idle);
+  // The engine thread, running the request next, finds the image.
+  EXPECT_EQ(store.TakeIdle(info->id), idle);
+  lease->state = *engine.RestoreSession(idle->state);
+  store.Release(*std::move(lease), absl::Now());
+  EXPECT_EQ(store.tiers().device, 1);
+  EXPECT_EQ(store.reserved_bytes(), 63 * 8);
+}
+
 TEST_F(DurableSchedulerTest, DamagedStateInTheStoreEndsTheSessionWithDataLoss) {
   SessionStoreConfig sc;
   sc.memory_budget_bytes = 63 * 8;

@@ -169,7 +169,7 @@ class StateBackendTest : public ::testing::TestWithParam<Kind> {
 
   void SetUp() override {
     if (GetParam() == Kind::kRedis) {
-      if (!RedisServer::Installed()) GTEST_SKIP() << kRedisServer << " is missing (scripts/install-deps.sh installs it)";
+      ASSERT_TRUE(RedisServer::Installed()) << kRedisServer << " is missing: scripts/install-deps.sh installs it";
       if (redis_ == nullptr) {
         std::string error;
         redis_ = RedisServer::Start(0, &error);
@@ -677,7 +677,7 @@ TEST(DirectoryStateBackendTest, IntervalMustBePositive) {
 // --- The Redis backend ---
 
 TEST(RedisStateBackendTest, PrefixesSeparateKeySpaces) {
-  if (!RedisServer::Installed()) GTEST_SKIP() << kRedisServer << " is missing (scripts/install-deps.sh installs it)";
+  ASSERT_TRUE(RedisServer::Installed()) << kRedisServer << " is missing: scripts/install-deps.sh installs it";
   std::string error;
   auto server = RedisServer::Start(0, &error);
   ASSERT_NE(server, nullptr) << error;
@@ -696,7 +696,7 @@ TEST(RedisStateBackendTest, PrefixesSeparateKeySpaces) {
 }
 
 TEST(RedisStateBackendTest, ReconnectsAfterTheServerRestarts) {
-  if (!RedisServer::Installed()) GTEST_SKIP() << kRedisServer << " is missing (scripts/install-deps.sh installs it)";
+  ASSERT_TRUE(RedisServer::Installed()) << kRedisServer << " is missing: scripts/install-deps.sh installs it";
   std::string error;
   auto server = RedisServer::Start(0, &error);
   ASSERT_NE(server, nullptr) << error;

@@ -101,11 +101,7 @@ void Scheduler::HandOff() {
       continue;
     }
     if (lease->state) {  // its current state, so the next replica replays nothing
-      SessionExport image;
-      image.fingerprint = engine_->fingerprint();
-      image.position = lease->position();
-      image.pending = lease->pending;
-      if (lease->state->AppendTo(&image.state).ok()) journal_->RecordSnapshot(id, EncodeSessionExport(image));
+      if (auto image = ExportImage(*lease); image.ok()) journal_->RecordSnapshot(id, *std::move(image));
     }
     journal_->RecordRelease(id);
     store_->Discard(*std::move(lease));
@@ -322,12 +318,8 @@ void Scheduler::Finish(Job& job, absl::Status status) {
     job.result.position = job.lease.position();
     LogHistory(job, job.result.position);
     if (journal_ && job.lease.durable && !job.throwaway && job.lease.since_snapshot >= config_.snapshot_tokens) {
-      SessionExport image;
-      image.fingerprint = engine_->fingerprint();
-      image.position = job.lease.position();
-      image.pending = job.lease.pending;
-      if (job.lease.state->AppendTo(&image.state).ok()) {
-        journal_->RecordSnapshot(job.lease.id, EncodeSessionExport(image));
+      if (auto image = ExportImage(job.lease); image.ok()) {
+        journal_->RecordSnapshot(job.lease.id, *std::move(image));
         job.lease.since_snapshot = 0;
       }
     }
@@ -344,6 +336,15 @@ void Scheduler::Finish(Job& job, absl::Status status) {
       done(status.ok() && !written.ok() ? written : status, std::move(result));
     });
   }
+}
+
+absl::StatusOr<std::string> Scheduler::ExportImage(const SessionLease& lease) const {
+  SessionExport image;
+  image.fingerprint = engine_->fingerprint();
+  image.position = lease.position();
+  image.pending = lease.pending;
+  if (absl::Status s = lease.state->AppendTo(&image.state); !s.ok()) return s;
+  return EncodeSessionExport(image);
 }
 
 void Scheduler::Ack(bool durable, std::function<void(absl::Status)> fn) {
@@ -487,7 +488,8 @@ absl::Status Scheduler::Adopt(Job& job) {
   return absl::IsAlreadyExists(s) ? absl::OkStatus() : s;  // a concurrent adoption got here first
 }
 
-void Scheduler::Offload() {
+void Scheduler::Offload(bool tick) {
+  bool moved = false;
   for (const std::string& id : store_->DeviceOverflow()) {
     const absl::Time start = absl::Now();
     // Not busy meanwhile: a request arriving now waits in the queue, not ABORTED.
@@ -500,8 +502,10 @@ void Scheduler::Offload() {
       continue;
     }
     store_->FinishOffload(id, std::move(idle));
+    moved = true;
     if (observer_) observer_->OnOffload("host", Since(start));
   }
+  if (!moved && !tick) return;
   for (const std::string& id : store_->HostOverflow()) {
     const absl::Time start = absl::Now();
     store_->DropToStore(id);  // the journal holds it already
@@ -515,12 +519,8 @@ absl::Status Scheduler::SnapshotAll() {
     auto lease = store_->TakeForSnapshot(id);  // idle and in device memory
     if (!lease.ok()) continue;
     if (lease->durable) {
-      SessionExport image;
-      image.fingerprint = engine_->fingerprint();
-      image.position = lease->position();
-      image.pending = lease->pending;
-      if (lease->state->AppendTo(&image.state).ok()) {
-        journal_->RecordSnapshot(id, EncodeSessionExport(image));
+      if (auto image = ExportImage(*lease); image.ok()) {
+        journal_->RecordSnapshot(id, *std::move(image));
         lease->since_snapshot = 0;
       }
     }
@@ -542,7 +542,7 @@ void Scheduler::Loop() {
         for (const std::string& id : durable) journal_->RecordDelete(id);
         HandOff();
       }
-      Offload();
+      Offload(/*tick=*/true);
       if (observer_) observer_->OnTick();
     }
     {
@@ -575,7 +575,7 @@ void Scheduler::Loop() {
       continue;
     }
     RunStep(active);
-    Offload();
+    Offload(/*tick=*/false);
     active.erase(std::remove_if(active.begin(), active.end(), [](const auto& j) { return j->done; }),
                  active.end());
   }
@@ -619,18 +619,14 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
       lease->pending = job->lease.pending;
       const std::string id = lease->id;
       if (durable) {
-        SessionExport image;
-        image.fingerprint = engine_->fingerprint();
-        image.position = lease->position();
-        image.pending = lease->pending;
-        absl::Status s = lease->state->AppendTo(&image.state);
+        auto image = ExportImage(*lease);
         auto info = store_->Get(job->lease.owner, id);
-        if (!s.ok() || !info.ok()) {
+        if (!image.ok() || !info.ok()) {
           store_->Discard(*std::move(lease));
-          Finish(*job, s.ok() ? info.status() : s);
+          Finish(*job, image.ok() ? info.status() : image.status());
           continue;
         }
-        RecordNewSession(*job, *info, *std::move(lease), EncodeSessionExport(image));
+        RecordNewSession(*job, *info, *std::move(lease), *std::move(image));
         Finish(*job, absl::OkStatus());
         continue;
       }
@@ -641,13 +637,9 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
       continue;
     }
     if (job->kind == Job::Kind::kExport) {
-      SessionExport image;
-      image.fingerprint = engine_->fingerprint();
-      image.position = job->lease.position();
-      image.pending = job->lease.pending;
-      absl::Status s = job->lease.state->AppendTo(&image.state);
-      if (s.ok()) job->result.exported = EncodeSessionExport(image);
-      Finish(*job, s);
+      auto image = ExportImage(job->lease);
+      if (image.ok()) job->result.exported = *std::move(image);
+      Finish(*job, image.status());
       continue;
     }
     if (job->kind == Job::Kind::kImport) {

@@ -185,12 +185,16 @@ class Scheduler {
   // Engine thread: brings an offloaded session's state back (lease.idle or the journal).
   absl::Status Materialize(Job& job);
   absl::StatusOr<std::unique_ptr<EngineSession>> Rebuild(const IdleSession& idle);
-  // Engine thread: moves idle sessions out of device and host memory per the budgets.
-  void Offload();
+  // Engine thread: moves idle sessions out of device and host memory per the
+  // budgets. Host memory only grows by offloads, so it is checked after one
+  // (and at the tick, for sessions recovered at start).
+  void Offload(bool tick);
   // Engine thread: lets go of the sessions other replicas asked for, once idle.
   void HandOff();
   // Journal: logs the job's history up to `position`; runs fn once that is written.
   void LogHistory(Job& job, int64_t position);
+  // Engine thread: the session's ExportSession bytes (its state in device memory).
+  absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
   // Runs fn after the journal has written what came before (durable jobs), or now.
   void Ack(bool durable, std::function<void(absl::Status)> fn);
   // Journals a session made on the engine thread (fork, import), held

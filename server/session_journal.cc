@@ -15,6 +15,11 @@ namespace {
 constexpr char kMetaMagic[8] = {'T', 'X', 'L', 'M', 'E', 'T', 'A', '1'};
 
 std::string Key(const std::string& id, const char* part) { return absl::StrCat("sessions/", id, "/", part); }
+// A request to `holder` to hand session `id` over (kept under the holder's
+// name, so each replica lists only its own).
+std::string WantedKey(const std::string& holder, const std::string& id) {
+  return absl::StrCat("wanted/", holder, "/", id);
+}
 
 std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
   std::string out;
@@ -173,13 +178,14 @@ void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot)
 void SessionJournal::RecordDelete(const std::string& id) {
   std::vector<Op> ops;
   ops.push_back({Op::kDelete, Key(id, "meta"), "", nullptr});  // first: without meta it is gone
-  for (const char* part : {"snap", "log", "holder", "wanted"}) ops.push_back({Op::kDelete, Key(id, part), "", nullptr});
+  for (const char* part : {"snap", "log", "holder"}) ops.push_back({Op::kDelete, Key(id, part), "", nullptr});
+  ops.push_back({Op::kDelete, WantedKey(config_.replica, id), "", nullptr});
   Enqueue(std::move(ops));
 }
 
 void SessionJournal::RecordRelease(const std::string& id) {
   std::vector<Op> ops;
-  ops.push_back({Op::kDelete, Key(id, "wanted"), "", nullptr});
+  ops.push_back({Op::kDelete, WantedKey(config_.replica, id), "", nullptr});
   ops.push_back({Op::kDelete, Key(id, "holder"), "", nullptr});
   Enqueue(std::move(ops));
 }
@@ -194,15 +200,20 @@ void SessionJournal::FindWanted() {
     absl::MutexLock lock(&handoff_mu_);
     if (!handoff_) return;
   }
-  auto keys = backend_->List("sessions/");
+  // Only this replica's requests: the scan runs between group commits, so
+  // it must not grow with the number of sessions in the store.
+  const std::string prefix = WantedKey(config_.replica, "");
+  auto keys = backend_->List(prefix);
   if (!keys.ok()) return;
   std::vector<std::string> wanted;
   for (const std::string& key : *keys) {
-    constexpr absl::string_view kSuffix = "/wanted";
-    if (!absl::EndsWith(key, kSuffix) || key.size() <= kSuffix.size() + 9) continue;
-    const std::string id = key.substr(9, key.size() - 9 - kSuffix.size());
+    const std::string id = key.substr(prefix.size());
     auto holder = backend_->Get(Key(id, "holder"));
-    if (holder.ok() && *holder == config_.replica) wanted.push_back(id);
+    if (holder.ok() && *holder == config_.replica) {
+      wanted.push_back(id);
+    } else if (absl::IsNotFound(holder.status()) || holder.ok()) {
+      (void)backend_->Delete(key);  // no longer ours to hand over
+    }
   }
   if (wanted.empty()) return;
   absl::MutexLock lock(&handoff_mu_);  // the handler's owner cannot go while it runs
@@ -393,7 +404,7 @@ absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const
     if (beat.ok() && absl::SimpleAtoi(*beat, &nanos) &&
         absl::Now() - absl::FromUnixNanos(nanos) < config_.holder_timeout) {
       // Ask the holder to hand it over: the proxy routes the session here now.
-      (void)backend_->Put(Key(id, "wanted"), config_.replica);
+      (void)backend_->Put(WantedKey(*current, id), config_.replica);
       return absl::UnavailableError(absl::StrCat("session ", id, " is served by replica ", *current,
                                                  ", which was asked to hand it over; retry shortly"));
     }

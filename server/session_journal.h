@@ -9,7 +9,7 @@
 //   sessions/<id>/log     records: u32 n, i64 start, u64 Hash64 of those two,
 //                         i32 tokens[n], u64 Hash64 of all before it
 //   sessions/<id>/holder  the replica that serves it
-//   sessions/<id>/wanted  another replica asks the holder to hand it over
+//   wanted/<holder>/<id>  another replica asks the holder to hand it over
 //   replicas/<name>       that replica's heartbeat (unix nanoseconds)
 //
 // Writes are queued and applied in order by one writer thread, which commits

@@ -277,45 +277,46 @@ absl::Status SessionStore::AddIdle(const std::string& id, const std::string& own
   return absl::OkStatus();
 }
 
-std::vector<std::string> SessionStore::DeviceOverflow() const {
+namespace {
+
+// Ids of the least recently used entries that `pick` accepts, oldest first,
+// until their `size`s add up to `over`.
+template <typename Map, typename Pick, typename Size>
+std::vector<std::string> OldestCovering(const Map& sessions, int64_t over, Pick pick, Size size) {
   std::vector<std::string> out;
-  if (!offloading() || config_.memory_budget_bytes <= 0) return out;
-  absl::MutexLock lock(&mu_);
-  int64_t over = reserved_bytes_ - config_.memory_budget_bytes;
   if (over <= 0) return out;
-  std::vector<std::pair<absl::Time, const Entry*>> idle;
-  for (const auto& [id, e] : sessions_) {
-    if (!e.info.busy && e.state) idle.emplace_back(e.info.last_used, &e);
+  std::vector<std::pair<absl::Time, const typename Map::mapped_type*>> candidates;
+  for (const auto& [id, e] : sessions) {
+    if (pick(e)) candidates.emplace_back(e.info.last_used, &e);
   }
-  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [t, e] : idle) {
+  std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [t, e] : candidates) {
     if (over <= 0) break;
     out.push_back(e->info.id);
-    over -= e->reserved_bytes;
+    over -= size(*e);
   }
   return out;
 }
 
-std::vector<std::string> SessionStore::HostOverflow() const {
-  std::vector<std::string> out;
-  if (!offloading() || !config_.has_state_store) return out;
+}  // namespace
+
+std::vector<std::string> SessionStore::DeviceOverflow() const {
+  if (!offloading() || config_.memory_budget_bytes <= 0) return {};
   absl::MutexLock lock(&mu_);
+  return OldestCovering(
+      sessions_, reserved_bytes_ - config_.memory_budget_bytes,
+      [](const Entry& e) { return !e.info.busy && e.state != nullptr; },
+      [](const Entry& e) { return e.reserved_bytes; });
+}
+
+std::vector<std::string> SessionStore::HostOverflow() const {
+  if (!offloading() || !config_.has_state_store) return {};
+  absl::MutexLock lock(&mu_);
+  const auto in_host = [](const Entry& e) { return !e.info.busy && e.idle && e.durable; };
   int64_t host = 0;
-  std::vector<std::pair<absl::Time, const Entry*>> held;
-  for (const auto& [id, e] : sessions_) {
-    if (!e.info.busy && e.idle && e.durable) {
-      host += e.idle->bytes();
-      held.emplace_back(e.info.last_used, &e);
-    }
-  }
-  int64_t over = host - config_.host_memory_budget_bytes;
-  std::sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [t, e] : held) {
-    if (over <= 0) break;
-    out.push_back(e->info.id);
-    over -= e->idle->bytes();
-  }
-  return out;
+  for (const auto& [id, e] : sessions_) host += in_host(e) ? e.idle->bytes() : 0;
+  return OldestCovering(sessions_, host - config_.host_memory_budget_bytes, in_host,
+                        [](const Entry& e) { return e.idle->bytes(); });
 }
 
 absl::StatusOr<SessionLease> SessionStore::TakeForSnapshot(const std::string& id, bool any_tier) {
@@ -326,7 +327,6 @@ absl::StatusOr<SessionLease> SessionStore::TakeForSnapshot(const std::string& id
   if (e.info.busy || (!e.state && !any_tier)) return absl::AbortedError(absl::StrCat("session ", id, " is busy"));
   return CheckOut(id, e);
 }
-
 
 std::unique_ptr<EngineSession> SessionStore::BeginOffload(const std::string& id) {
   absl::MutexLock lock(&mu_);

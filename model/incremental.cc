@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "model/decode_kernels.h"
 #include "model/txl_math.h"
 
 namespace txl {
@@ -47,228 +48,6 @@ void RingWrite(at::Tensor& ring, int64_t mem_len, int64_t first, const at::Tenso
   if (a < n) ring.slice(1, 0, n - a).copy_(rows.slice(0, a, n).permute({1, 0, 2}));
 }
 
-// ---- The decode kernel: one query per (session, head), keys read in place.
-// Written with GCC vector extensions; compiled twice (AVX2+FMA and the
-// baseline ISA) and picked at run time.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef float V8 __attribute__((vector_size(32)));
-
-__attribute__((always_inline)) inline V8 Load8(const float* p) {
-  V8 r;
-  std::memcpy(&r, p, sizeof(r));
-  return r;
-}
-
-__attribute__((always_inline)) inline float Sum8(V8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
-// y += alpha x over n floats.
-__attribute__((always_inline)) inline void Axpy(float alpha, const float* x, float* y, int64_t n) {
-  int64_t i = 0;
-  const V8 a = {alpha, alpha, alpha, alpha, alpha, alpha, alpha, alpha};
-  for (; i + 8 <= n; i += 8) {
-    V8 r = Load8(y + i) + a * Load8(x + i);
-    std::memcpy(y + i, &r, sizeof(r));
-  }
-  for (; i < n; ++i) y[i] += alpha * x[i];
-}
-
-struct DecodeSession {
-  float* k;  // ring [H, cap, dh] of this layer (null when mem_len == 1)
-  float* v;
-  int64_t cap, mem_len;
-  int64_t position;  // of the new token
-  int64_t length;    // positions held (all attended)
-};
-
-struct DecodeArgs {
-  const DecodeSession* sessions;
-  int64_t batch, H, dh;
-  int64_t width;     // the most keys of any session (length + 1): row buffer size
-  const float* qu;   // [B, H, dh]: query + u
-  const float* qv;   // [B, H, dh]: query + v
-  const float* qkv;  // [B, 3, H, dh]
-  const float* rel;  // [H, rel_size, dh]: W_r R at distance d in row d
-  int64_t rel_size;
-  float scale;
-  float* out;  // [B, H, dh]
-};
-
-// The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
-// accumulator chains per operand, one horizontal sum per key.
-__attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const float* const* k,
-                                                   const float* const* r, int64_t dh, float scale, float* dst) {
-  V8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
-  int64_t i = 0;
-  for (; i + 8 <= dh; i += 8) {
-    const V8 u = Load8(qu + i), w = Load8(qv + i);
-    a0 += u * Load8(k[0] + i);
-    a1 += u * Load8(k[1] + i);
-    a2 += u * Load8(k[2] + i);
-    a3 += u * Load8(k[3] + i);
-    b0 += w * Load8(r[0] + i);
-    b1 += w * Load8(r[1] + i);
-    b2 += w * Load8(r[2] + i);
-    b3 += w * Load8(r[3] + i);
-  }
-  float s[4] = {Sum8(a0 + b0), Sum8(a1 + b1), Sum8(a2 + b2), Sum8(a3 + b3)};
-  for (; i < dh; ++i) {
-    for (int j = 0; j < 4; ++j) s[j] += qu[i] * k[j][i] + qv[i] * r[j][i];
-  }
-  for (int j = 0; j < 4; ++j) dst[j] = s[j] * scale;
-}
-
-// exp(x) for x <= 0 in eight lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its
-// Taylor series to r^7 (truncation below 1 ulp), times 2^n built in the
-// exponent bits. Inputs below -87 give e^-87 (a normal float; the caller
-// zeroes lanes that must not count).
-__attribute__((always_inline)) inline V8 Exp8(V8 x) {
-  typedef int32_t V8i __attribute__((vector_size(32)));
-  const V8 lowest = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f};
-  x = x < lowest ? lowest : x;
-  // n = round(x / ln2): adding 1.5 * 2^23 leaves the integer in the low mantissa bits.
-  const V8 shifted = x * 1.44269504088896341f + 12582912.f;
-  const V8 nf = shifted - 12582912.f;
-  V8i n;
-  std::memcpy(&n, &shifted, sizeof(n));
-  n -= 0x4B400000;
-  const V8 r = (x - nf * 0.693145751953125f) - nf * 1.42860682030941723212e-6f;  // ln2 in two parts
-  V8 p = r * (1.f / 5040) + (1.f / 720);
-  p = p * r + (1.f / 120);
-  p = p * r + (1.f / 24);
-  p = p * r + (1.f / 6);
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const V8i bits = (n + 127) << 23;
-  V8 two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return p * two_n;
-}
-
-// One (session, head) per item, head-major (item = h * batch + b), so that a
-// thread's run of items reads one head's relative-position rows from cache.
-// Per item: the scores of the held keys and the new one into a row buffer (the
-// keys read once, in ring order), softmax, then the values read once; finally
-// the new key and value go into the ring slot of the position that left the
-// window (never one of the held positions, so a failed step changes nothing).
-__attribute__((always_inline)) inline void AttendBody(const DecodeArgs& a, int64_t begin, int64_t end) {
-  const int64_t H = a.H, dh = a.dh;
-  std::vector<float> buffer((a.width + 7) / 8 * 8 + 8);
-  float* row = buffer.data();
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t h = t / a.batch, b = t % a.batch;
-    const DecodeSession& s = a.sessions[b];
-    const int64_t bh = b * H + h;
-    const float* qu = a.qu + bh * dh;
-    const float* qv = a.qv + bh * dh;
-    const float* rel = a.rel + h * a.rel_size * dh;
-    const float* knew = a.qkv + ((b * 3 + 1) * H + h) * dh;
-    const float* vnew = a.qkv + ((b * 3 + 2) * H + h) * dh;
-    const int64_t L = s.length, n = L + 1;  // keys: the held ones in order, then the new one
-    const int64_t first = (s.position - L) % s.mem_len;
-    const float* k = s.k + h * s.cap * dh;
-    const float* v = s.v + h * s.cap * dh;
-    // Scores: column c < L is the held position at distance L - c; column L the new token.
-    {
-      const float* kp[4];
-      const float* rp[4];
-      int64_t slot = first, c = 0;
-      for (; c + 4 <= L; c += 4) {
-        for (int j = 0; j < 4; ++j) {
-          kp[j] = k + slot * dh;
-          rp[j] = rel + (L - c - j) * dh;
-          if (++slot == s.mem_len) slot = 0;
-        }
-        Scores4(qu, qv, kp, rp, dh, a.scale, row + c);
-      }
-      // The rest (at most 3 held keys and the new one) as one padded group.
-      const int64_t rest = n - c;
-      float tail[4];
-      for (int j = 0; j < 4; ++j) {
-        if (c + j < L) {
-          kp[j] = k + slot * dh;
-          rp[j] = rel + (L - c - j) * dh;
-          if (++slot == s.mem_len) slot = 0;
-        } else {
-          kp[j] = knew;
-          rp[j] = rel;
-        }
-      }
-      Scores4(qu, qv, kp, rp, dh, a.scale, tail);
-      for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
-    }
-    // Softmax numerators exp(score - max) and their sum; the padding lanes
-    // up to a multiple of 8 are set to zero after the exponential.
-    const int64_t padded = (n + 7) / 8 * 8;
-    float max = row[0];
-    {
-      int64_t c = 0;
-      V8 m8 = {row[0], row[0], row[0], row[0], row[0], row[0], row[0], row[0]};
-      for (; c + 8 <= n; c += 8) {
-        const V8 x = Load8(row + c);
-        m8 = x > m8 ? x : m8;
-      }
-      for (int i = 0; i < 8; ++i) max = std::max(max, m8[i]);
-      for (; c < n; ++c) max = std::max(max, row[c]);
-    }
-    for (int64_t c = n; c < padded; ++c) row[c] = max;
-    V8 sum8 = {};
-    for (int64_t c = 0; c < padded; c += 8) {
-      V8 e = Exp8(Load8(row + c) - max);
-      if (c + 8 > n) {
-        for (int64_t i = n - c; i < 8; ++i) e[i] = 0.0f;
-      }
-      std::memcpy(row + c, &e, sizeof(e));
-      sum8 += e;
-    }
-    const float inv = 1.0f / Sum8(sum8);
-    // Values: sum of numerator * value, normalised at the end.
-    float* out = a.out + bh * dh;
-    int64_t slot = first;
-    if (dh == 64) {  // the common head size: the sum stays in registers
-      V8 acc[8] = {};
-      auto add = [&](float p, const float* x) {
-        const V8 pv = {p, p, p, p, p, p, p, p};
-        for (int i = 0; i < 8; ++i) acc[i] += pv * Load8(x + 8 * i);
-      };
-      for (int64_t c = 0; c < L; ++c) {
-        add(row[c], v + slot * 64);
-        if (++slot == s.mem_len) slot = 0;
-      }
-      add(row[L], vnew);
-      for (int i = 0; i < 8; ++i) acc[i] *= inv;
-      std::memcpy(out, acc, sizeof(acc));
-    } else {
-      std::fill(out, out + dh, 0.0f);
-      for (int64_t c = 0; c < L; ++c) {
-        Axpy(row[c], v + slot * dh, out, dh);
-        if (++slot == s.mem_len) slot = 0;
-      }
-      Axpy(row[L], vnew, out, dh);
-      for (int64_t i = 0; i < dh; ++i) out[i] *= inv;
-    }
-    if (s.mem_len > 1) {
-      const int64_t at = h * s.cap * dh + (s.position % s.mem_len) * dh;
-      std::memcpy(s.k + at, knew, dh * sizeof(float));
-      std::memcpy(s.v + at, vnew, dh * sizeof(float));
-    }
-  }
-}
-
-__attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeArgs& a, int64_t b, int64_t e) {
-  AttendBody(a, b, e);
-}
-void AttendPlain(const DecodeArgs& a, int64_t b, int64_t e) { AttendBody(a, b, e); }
-
-
-bool HasAvx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-
 }  // namespace
 
 // A session's memory as it evolves during one step; committed at the end.
@@ -283,8 +62,25 @@ struct IncrementalModel::Pending {
   bool replaced() const { return !k.empty() && k[0].defined(); }
 };
 
+namespace {
+
+at::Tensor Packed(const at::Tensor& w) {
+  const at::Tensor c = w.contiguous();
+  at::Tensor packed = at::empty({PackedSize(c.size(0), c.size(1))}, c.options());
+  PackPanels(c.data_ptr<float>(), c.size(0), c.size(1), packed.data_ptr<float>());
+  return packed;
+}
+
+}  // namespace
+
 IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
-    : config_(std::move(config)), weights_(weights.To(device)), device_(device) {}
+    : config_(std::move(config)), weights_(weights.To(device)), device_(device) {
+  if (device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat) {
+    for (const LayerWeights& L : weights_.layers) {
+      packed_.push_back({Packed(L.qkv_w), Packed(L.o_w), Packed(L.ff1_w), Packed(L.ff2_w)});
+    }
+  }
+}
 
 void IncrementalModel::EnsureRelTable(int64_t distances) {
   if (distances <= rel_size_) return;
@@ -397,7 +193,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
   const auto fopt = x.options();
   at::Tensor vec = at::empty({B, H * dh}, fopt);
   std::vector<DecodeSession> sessions(B);
-  DecodeArgs args;
+  DecodeAttentionArgs args;
   args.sessions = sessions.data();
   args.batch = B;
   args.H = H;
@@ -406,18 +202,36 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
   args.rel_size = rel_size_;
   args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)));
   args.out = vec.data_ptr<float>();
-  // One row: matrix-vector products. (linear() on one row runs a GEMM that
-  // packs the whole weight matrix first: about 2x the memory traffic.)
-  auto Linear = [B](const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias) {
-    if (B != 1) return at::linear(in, w, bias);
-    at::Tensor y = bias.defined() ? at::addmv(bias, w, in.view({in.size(-1)})) : at::mv(w, in.view({in.size(-1)}));
-    return y.unsqueeze(0);
+  // Projections, split over the threads by output rows. One session: a
+  // matrix-vector product streaming the weights as stored (the fastest read
+  // measured, bench/README.md). Several: the packed weights, streamed once
+  // and reused from cache for every session (at::linear would have the BLAS
+  // pack the whole matrix again on every call).
+  auto Linear = [B](const at::Tensor& in, const at::Tensor& w, const at::Tensor& packed, const at::Tensor& bias) {
+    const int64_t rows = w.size(0), cols = w.size(1);
+    at::Tensor y = at::empty({B, rows}, in.options());
+    const at::Tensor xc = in.contiguous(), wc = w.contiguous();  // (no copies: both are)
+    const float* xp = xc.data_ptr<float>();
+    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    if (B == 1) {
+      const float* wp = wc.data_ptr<float>();
+      at::parallel_for(0, (rows + 3) / 4, 16, [&](int64_t begin, int64_t end) {
+        GemvRows(wp, xp, bp, yp, cols, 4 * begin, std::min(rows, 4 * end));
+      });
+    } else {
+      const float* pp = packed.data_ptr<float>();
+      at::parallel_for(0, (rows + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
+        PackedProduct(pp, rows, cols, xp, B, bp, yp, begin, end);
+      });
+    }
+    return y;
   };
-  const bool avx2 = HasAvx2();
   const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
+    const PackedLayer& P = packed_[l];
     for (int64_t b = 0; b < B; ++b) {
       SessionMemory* m = batch[b]->memory;
       const bool ring = m->mem_len_ > 1;
@@ -425,7 +239,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
                      m->capacity_, m->mem_len_, batch[b]->position, batch[b]->length};
     }
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
-    at::Tensor qkv = Linear(h, L.qkv_w, at::Tensor()).contiguous();  // [B, 3H dh]
+    at::Tensor qkv = Linear(h, L.qkv_w, P.qkv, at::Tensor()).contiguous();  // [B, 3H dh]
     at::Tensor q = qkv.view({B, 3, H, dh}).select(1, 0);
     at::Tensor qu = (q + weights_.u(c, l)).contiguous(), qv = (q + weights_.v(c, l)).contiguous();
     args.qu = qu.data_ptr<float>();
@@ -433,13 +247,13 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     args.qkv = qkv.data_ptr<float>();
     args.rel = rel_kt_[l].data_ptr<float>();
     at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
-      avx2 ? AttendAvx2(args, begin, end) : AttendPlain(args, begin, end);
+      DecodeAttention(args, begin, end);
     });
-    at::Tensor out = Linear(vec, L.o_w, at::Tensor());
+    at::Tensor out = Linear(vec, L.o_w, P.o, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h), with the same Linear.
     auto core = [&](const at::Tensor& in) {
-      return Linear(at::relu(Linear(in, L.ff1_w, L.ff1_b)), L.ff2_w, L.ff2_b);
+      return Linear(at::relu(Linear(in, L.ff1_w, P.ff1, L.ff1_b)), L.ff2_w, P.ff2, L.ff2_b);
     };
     x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
   }
@@ -583,8 +397,5 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
   }
   return x;
 }
-
-// (GCC reports -Wpsabi for the vector helpers at the end of the file.)
-#pragma GCC diagnostic pop
 
 }  // namespace txl

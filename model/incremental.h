@@ -93,6 +93,13 @@ class IncrementalModel {
   ModelConfig config_;
   TxlWeights weights_;
   at::Device device_;
+  // Per layer, the decode step's projection weights packed in panels
+  // (decode_kernels.h): qkv, o, ff1, ff2. CPU float models only; a second
+  // copy of those weights (the prefill passes read the originals).
+  struct PackedLayer {
+    at::Tensor qkv, o, ff1, ff2;
+  };
+  std::vector<PackedLayer> packed_;
   std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
   std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous (decode kernel)
   int64_t rel_size_ = 0;

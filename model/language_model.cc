@@ -5,6 +5,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <set>
 
@@ -19,6 +20,14 @@
 namespace txl {
 
 void SetThreads(int threads) { at::set_num_threads(threads); }
+
+int ParallelLoopThreads() {
+  std::atomic<uint64_t> seen{0};  // a bit per thread number
+  at::parallel_for(0, 64 * at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    seen |= uint64_t{1} << std::min(63, at::get_thread_num());
+  });
+  return __builtin_popcountll(seen.load());
+}
 
 SessionState::SessionState(std::unique_ptr<SessionMemory> memory) : memory_(std::move(memory)) {}
 SessionState::~SessionState() = default;

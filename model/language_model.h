@@ -23,6 +23,10 @@ class IncrementalModel;
 
 // Sets libtorch's intra-op thread count for the process (threads >= 1).
 void SetThreads(int threads);
+// The threads one of model/'s parallel loops (the decode kernels) runs on
+// now: the intra-op thread count when the build compiled them with OpenMP
+// (GCC), otherwise 1 (the clang sanitizer builds: serial, same results).
+int ParallelLoopThreads();
 class SessionMemory;
 
 // One session's layer memories and position. Opaque outside model/.

@@ -1,0 +1,127 @@
+// The decode step's CPU kernels (model/decode_kernels.h) against libtorch, in
+// every instruction set this machine runs; and the build's parallel loops.
+#include "model/decode_kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "model/language_model.h"
+
+namespace txl {
+namespace {
+
+std::vector<KernelIsa> IsasHere() {
+  std::vector<KernelIsa> out;
+  for (KernelIsa isa : {KernelIsa::kPlain, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (CpuRuns(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// Shapes around the panel width (64), the vector widths (8, 16) and every
+// tile height (1..6 rows and a remainder), with and without a bias, computed
+// as two ranges of panels as two threads would.
+TEST(DecodeKernelsTest, PackedProductMatchesLinear) {
+  at::manual_seed(3);
+  for (KernelIsa isa : IsasHere()) {
+    for (int64_t rows : {1, 63, 64, 65, 200}) {
+      for (int64_t cols : {1, 7, 64, 130}) {
+        at::Tensor w = at::randn({rows, cols}), bias = at::randn({rows});
+        std::vector<float> packed(PackedSize(rows, cols));
+        PackPanels(w.data_ptr<float>(), rows, cols, packed.data());
+        const int64_t panels = (rows + kPanel - 1) / kPanel;
+        for (int64_t batch : {1, 2, 5, 6, 7, 13}) {
+          at::Tensor x = at::randn({batch, cols});
+          for (bool with_bias : {false, true}) {
+            at::Tensor y = at::full({batch, rows}, 1e9);  // every entry must be written
+            const float* b = with_bias ? bias.data_ptr<float>() : nullptr;
+            PackedProduct(packed.data(), rows, cols, x.data_ptr<float>(), batch, b, y.data_ptr<float>(), 0,
+                          panels / 2, isa);
+            PackedProduct(packed.data(), rows, cols, x.data_ptr<float>(), batch, b, y.data_ptr<float>(),
+                          panels / 2, panels, isa);
+            at::Tensor want = with_bias ? at::linear(x, w, bias) : at::linear(x, w);
+            EXPECT_LT(MaxAbsDiff(y, want), 1e-4 * (1 + std::sqrt(cols)))
+                << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols << " batch " << batch;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
+  at::manual_seed(4);
+  for (KernelIsa isa : IsasHere()) {
+    for (int64_t rows : {1, 3, 4, 9, 130}) {
+      for (int64_t cols : {1, 7, 8, 64, 203}) {
+        at::Tensor w = at::randn({rows, cols}), x = at::randn({cols}), bias = at::randn({rows});
+        at::Tensor y = at::full({rows}, 1e9);
+        const int64_t mid = rows / 2;  // two ranges, as two threads would
+        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), y.data_ptr<float>(), cols, 0,
+                 mid, isa);
+        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), y.data_ptr<float>(), cols, mid,
+                 rows, isa);
+        EXPECT_LT(MaxAbsDiff(y, at::addmv(bias, w, x)), 1e-4 * (1 + std::sqrt(cols)))
+            << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols;
+        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), nullptr, y.data_ptr<float>(), cols, 0, rows, isa);
+        EXPECT_LT(MaxAbsDiff(y, at::mv(w, x)), 1e-4 * (1 + std::sqrt(cols)));
+      }
+    }
+  }
+}
+
+// The engine's tests check the widest variant against the one-pass model;
+// the others must compute the same attention. Sessions of different lengths,
+// wrapped rings and head sizes 64 (register path) and 24.
+TEST(DecodeKernelsTest, AttentionVariantsAgree) {
+  at::manual_seed(5);
+  for (int64_t dh : {64, 24}) {
+    const int64_t H = 3, mem_len = 11, cap = 11;
+    const std::vector<int64_t> length = {10, 3, 0, 10}, position = {25, 3, 0, 10};
+    const int64_t B = static_cast<int64_t>(length.size()), rel_size = 12;
+    std::vector<at::Tensor> k, v;
+    std::vector<DecodeSession> sessions;
+    for (int64_t b = 0; b < B; ++b) {
+      k.push_back(at::randn({H, cap, dh}));
+      v.push_back(at::randn({H, cap, dh}));
+      sessions.push_back({k[b].data_ptr<float>(), v[b].data_ptr<float>(), cap, mem_len, position[b], length[b]});
+    }
+    at::Tensor qu = at::randn({B, H, dh}) * 2, qv = at::randn({B, H, dh}), qkv = at::randn({B, 3, H, dh});
+    at::Tensor rel = at::randn({H, rel_size, dh});
+    DecodeAttentionArgs args{sessions.data(), B, H, dh, 11, qu.data_ptr<float>(), qv.data_ptr<float>(),
+                             qkv.data_ptr<float>(), rel.data_ptr<float>(), rel_size, 0.125f, nullptr};
+    std::vector<at::Tensor> outs;
+    for (KernelIsa isa : IsasHere()) {
+      at::Tensor out = at::full({B, H, dh}, 1e9);
+      args.out = out.data_ptr<float>();
+      DecodeAttention(args, 0, B * H, isa);
+      outs.push_back(out);
+    }
+    for (size_t i = 1; i < outs.size(); ++i) EXPECT_LT(MaxAbsDiff(outs[i], outs[0]), 1e-5) << "dh " << dh;
+    EXPECT_LT(outs[0].abs().max().item<double>(), 1e3);  // every output written
+  }
+}
+
+// Regression: at::parallel_for is a header template, so model/ must itself be
+// compiled with OpenMP; without it every decode kernel ran on one thread.
+// The clang (sanitizer) builds cannot share libtorch's OpenMP runtime and
+// stay serial by design (model/CMakeLists.txt).
+TEST(DecodeKernelsTest, ParallelLoopsUseTheIntraOpThreads) {
+  const int before = at::get_num_threads();
+  SetThreads(2);
+#if defined(__GNUC__) && !defined(__clang__)
+  EXPECT_EQ(ParallelLoopThreads(), 2);
+#else
+  EXPECT_EQ(ParallelLoopThreads(), 1);
+#endif
+  SetThreads(before);
+}
+
+}  // namespace
+}  // namespace txl

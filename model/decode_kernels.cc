@@ -92,14 +92,19 @@ __attribute__((always_inline)) inline V8 Exp8(V8 x) {
 // keys read once, in ring order), softmax, then the values read once.
 __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
-  std::vector<float> buffer((a.width + 7) / 8 * 8 + 8);
-  float* row = buffer.data();
+  std::vector<float> buffer((a.width + 7) / 8 * 8 + 8 + 2 * dh);
+  float* qu = buffer.data();  // query + u, query + v
+  float* qv = qu + dh;
+  float* row = qv + dh;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t h = t / a.batch, b = t % a.batch;
     const DecodeSession& s = a.sessions[b];
     const int64_t bh = b * H + h;
-    const float* qu = a.qu + bh * dh;
-    const float* qv = a.qv + bh * dh;
+    const float* q = a.qkv + (b * 3 * H + h) * dh;
+    for (int64_t i = 0; i < dh; ++i) {
+      qu[i] = q[i] + a.u[h * dh + i];
+      qv[i] = q[i] + a.v[h * dh + i];
+    }
     const float* rel = a.rel + h * a.rel_size * dh;
     const float* knew = a.qkv + ((b * 3 + 1) * H + h) * dh;
     const float* vnew = a.qkv + ((b * 3 + 2) * H + h) * dh;
@@ -201,8 +206,8 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
 
 // Four rows at a time: x is read from L1 once per four weight rows; four
 // accumulators, one horizontal sum per row.
-__attribute__((always_inline)) inline void GemvBody(const float* w, const float* x, const float* bias, float* y,
-                                                    int64_t cols, int64_t begin, int64_t end) {
+__attribute__((always_inline)) inline void GemvBody(const float* w, const float* x, const float* bias, bool relu,
+                                                    float* y, int64_t cols, int64_t begin, int64_t end) {
   int64_t r = begin;
   for (; r + 4 <= end; r += 4) {
     const float* w0 = w + r * cols;
@@ -225,7 +230,10 @@ __attribute__((always_inline)) inline void GemvBody(const float* w, const float*
       s[2] += w2[c] * x[c];
       s[3] += w3[c] * x[c];
     }
-    for (int j = 0; j < 4; ++j) y[r + j] = bias ? s[j] + bias[r + j] : s[j];
+    for (int j = 0; j < 4; ++j) {
+      const float out = bias ? s[j] + bias[r + j] : s[j];
+      y[r + j] = relu && out < 0 ? 0.0f : out;
+    }
   }
   for (; r < end; ++r) {
     const float* row = w + r * cols;
@@ -234,7 +242,8 @@ __attribute__((always_inline)) inline void GemvBody(const float* w, const float*
     for (; c + 8 <= cols; c += 8) a += Load8(row + c) * Load8(x + c);
     float s = Sum8(a);
     for (; c < cols; ++c) s += row[c] * x[c];
-    y[r] = bias ? s + bias[r] : s;
+    const float out = bias ? s + bias[r] : s;
+    y[r] = relu && out < 0 ? 0.0f : out;
   }
 }
 
@@ -243,12 +252,13 @@ __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a
 }
 void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) { AttendBody(a, b, e); }
 
-__attribute__((target("avx2,fma"))) void GemvAvx2(const float* w, const float* x, const float* bias, float* y,
-                                                  int64_t cols, int64_t b, int64_t e) {
-  GemvBody(w, x, bias, y, cols, b, e);
+__attribute__((target("avx2,fma"))) void GemvAvx2(const float* w, const float* x, const float* bias, bool relu,
+                                                  float* y, int64_t cols, int64_t b, int64_t e) {
+  GemvBody(w, x, bias, relu, y, cols, b, e);
 }
-void GemvPlain(const float* w, const float* x, const float* bias, float* y, int64_t cols, int64_t b, int64_t e) {
-  GemvBody(w, x, bias, y, cols, b, e);
+void GemvPlain(const float* w, const float* x, const float* bias, bool relu, float* y, int64_t cols, int64_t b,
+               int64_t e) {
+  GemvBody(w, x, bias, relu, y, cols, b, e);
 }
 
 // ---- Packed products. A tile is R input rows x NV vectors of W lanes; its
@@ -256,9 +266,13 @@ void GemvPlain(const float* w, const float* x, const float* bias, float* y, int6
 // 6 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel).
 template <typename V, int W, int NV, int R>
 __attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols, const float* x, int64_t ldx,
-                                                float* y, int64_t ldy, int64_t valid, const float* bias) {
+                                                float* y, int64_t ldy, int64_t valid, const float* bias,
+                                                bool relu, const char* prefetch, int64_t lines) {
   V acc[R][NV] = {};
+  const int64_t per_k = (lines + cols - 1) / cols;
+  int64_t line = 0;
   for (int64_t k = 0; k < cols; ++k) {
+    for (int64_t q = 0; q < per_k && line < lines; ++q, ++line) __builtin_prefetch(prefetch + 64 * line);
     V w[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) std::memcpy(&w[j], panel + k * kPanel + j * W, sizeof(V));
@@ -273,34 +287,49 @@ __attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols
     for (int j = 0; j < NV; ++j) {
       for (int lane = 0; lane < W && j * W + lane < valid; ++lane) {
         const int64_t col = j * W + lane;
-        y[i * ldy + col] = bias ? acc[i][j][lane] + bias[col] : acc[i][j][lane];
+        const float out = bias ? acc[i][j][lane] + bias[col] : acc[i][j][lane];
+        y[i * ldy + col] = relu && out < 0 ? 0.0f : out;
       }
     }
   }
 }
 
+// A panel's first tile streams it from memory, the others find it in cache;
+// those others also fetch the next panel, a share each, so the memory keeps
+// streaming while they compute.
 template <typename V, int W, int NV>
 __attribute__((always_inline)) inline void ProductBody(const float* packed, int64_t rows, int64_t cols,
-                                                       const float* x, int64_t batch, const float* bias, float* y,
-                                                       int64_t begin, int64_t end) {
+                                                       const float* x, int64_t batch, const float* bias, bool relu,
+                                                       float* y, int64_t begin, int64_t end) {
   constexpr int kTile = W * NV;
+  const int64_t panel_lines = cols * kPanel * static_cast<int64_t>(sizeof(float)) / 64;
   for (int64_t p = begin; p < end; ++p) {
     const float* panel = packed + p * cols * kPanel;
-    for (int64_t sub = 0; sub < kPanel; sub += kTile) {
+    const int64_t subs = std::min<int64_t>(kPanel, rows - p * kPanel + kTile - 1) / kTile;
+    const int64_t units = subs * ((batch + 5) / 6);
+    const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + cols * kPanel) : nullptr;
+    int64_t unit = 0;
+    for (int64_t sub = 0; sub < subs * kTile; sub += kTile) {
       const int64_t r0 = p * kPanel + sub;
-      if (r0 >= rows) break;
       const int64_t valid = std::min<int64_t>(kTile, rows - r0);
       const float* b = bias ? bias + r0 : nullptr;
-      for (int64_t m = 0; m < batch; m += 6) {
+      for (int64_t m = 0; m < batch; m += 6, ++unit) {
         const float* xm = x + m * cols;
         float* ym = y + m * rows + r0;
+        const char* pf = nullptr;
+        int64_t lines = 0;
+        if (next != nullptr && unit > 0) {
+          const int64_t from = (unit - 1) * panel_lines / (units - 1), to = unit * panel_lines / (units - 1);
+          pf = next + 64 * from;
+          lines = to - from;
+        }
         switch (std::min<int64_t>(6, batch - m)) {
-          case 6: Tile<V, W, NV, 6>(panel + sub, cols, xm, cols, ym, rows, valid, b); break;
-          case 5: Tile<V, W, NV, 5>(panel + sub, cols, xm, cols, ym, rows, valid, b); break;
-          case 4: Tile<V, W, NV, 4>(panel + sub, cols, xm, cols, ym, rows, valid, b); break;
-          case 3: Tile<V, W, NV, 3>(panel + sub, cols, xm, cols, ym, rows, valid, b); break;
-          case 2: Tile<V, W, NV, 2>(panel + sub, cols, xm, cols, ym, rows, valid, b); break;
-          default: Tile<V, W, NV, 1>(panel + sub, cols, xm, cols, ym, rows, valid, b); break;
+          case 6: Tile<V, W, NV, 6>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
+          case 5: Tile<V, W, NV, 5>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
+          case 4: Tile<V, W, NV, 4>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
+          case 3: Tile<V, W, NV, 3>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
+          case 2: Tile<V, W, NV, 2>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
+          default: Tile<V, W, NV, 1>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
         }
       }
     }
@@ -310,18 +339,18 @@ __attribute__((always_inline)) inline void ProductBody(const float* packed, int6
 typedef float V16 __attribute__((vector_size(64)));
 
 __attribute__((target("avx512f"))) void ProductAvx512(const float* packed, int64_t rows, int64_t cols,
-                                                      const float* x, int64_t batch, const float* bias, float* y,
-                                                      int64_t b, int64_t e) {
-  ProductBody<V16, 16, 4>(packed, rows, cols, x, batch, bias, y, b, e);
+                                                      const float* x, int64_t batch, const float* bias, bool relu,
+                                                      float* y, int64_t b, int64_t e) {
+  ProductBody<V16, 16, 4>(packed, rows, cols, x, batch, bias, relu, y, b, e);
 }
 __attribute__((target("avx2,fma"))) void ProductAvx2(const float* packed, int64_t rows, int64_t cols,
-                                                    const float* x, int64_t batch, const float* bias, float* y,
-                                                    int64_t b, int64_t e) {
-  ProductBody<V8, 8, 2>(packed, rows, cols, x, batch, bias, y, b, e);
+                                                    const float* x, int64_t batch, const float* bias, bool relu,
+                                                    float* y, int64_t b, int64_t e) {
+  ProductBody<V8, 8, 2>(packed, rows, cols, x, batch, bias, relu, y, b, e);
 }
 void ProductPlain(const float* packed, int64_t rows, int64_t cols, const float* x, int64_t batch,
-                  const float* bias, float* y, int64_t b, int64_t e) {
-  ProductBody<V8, 8, 2>(packed, rows, cols, x, batch, bias, y, b, e);
+                  const float* bias, bool relu, float* y, int64_t b, int64_t e) {
+  ProductBody<V8, 8, 2>(packed, rows, cols, x, batch, bias, relu, y, b, e);
 }
 
 
@@ -352,10 +381,10 @@ void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end
   Resolve(isa) == KernelIsa::kPlain ? AttendPlain(args, begin, end) : AttendAvx2(args, begin, end);
 }
 
-void GemvRows(const float* w, const float* x, const float* bias, float* y, int64_t cols, int64_t begin,
-              int64_t end, KernelIsa isa) {
-  Resolve(isa) == KernelIsa::kPlain ? GemvPlain(w, x, bias, y, cols, begin, end)
-                                    : GemvAvx2(w, x, bias, y, cols, begin, end);
+void GemvRows(const float* w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+              int64_t begin, int64_t end, KernelIsa isa) {
+  Resolve(isa) == KernelIsa::kPlain ? GemvPlain(w, x, bias, relu, y, cols, begin, end)
+                                    : GemvAvx2(w, x, bias, relu, y, cols, begin, end);
 }
 
 int64_t PackedSize(int64_t rows, int64_t cols) { return (rows + kPanel - 1) / kPanel * kPanel * cols; }
@@ -373,14 +402,14 @@ void PackPanels(const float* w, int64_t rows, int64_t cols, float* packed) {
 }
 
 void PackedProduct(const float* packed, int64_t rows, int64_t cols, const float* x, int64_t batch,
-                   const float* bias, float* y, int64_t begin, int64_t end, KernelIsa isa) {
+                   const float* bias, bool relu, float* y, int64_t begin, int64_t end, KernelIsa isa) {
   switch (Resolve(isa)) {
     case KernelIsa::kAvx512:
-      return ProductAvx512(packed, rows, cols, x, batch, bias, y, begin, end);
+      return ProductAvx512(packed, rows, cols, x, batch, bias, relu, y, begin, end);
     case KernelIsa::kAvx2:
-      return ProductAvx2(packed, rows, cols, x, batch, bias, y, begin, end);
+      return ProductAvx2(packed, rows, cols, x, batch, bias, relu, y, begin, end);
     default:
-      return ProductPlain(packed, rows, cols, x, batch, bias, y, begin, end);
+      return ProductPlain(packed, rows, cols, x, batch, bias, relu, y, begin, end);
   }
 }
 

@@ -30,9 +30,9 @@ struct DecodeAttentionArgs {
   const DecodeSession* sessions;
   int64_t batch, H, dh;
   int64_t width;     // the most keys of any session (length + 1): row buffer size
-  const float* qu;   // [B, H, dh]: query + u
-  const float* qv;   // [B, H, dh]: query + v
-  const float* qkv;  // [B, 3, H, dh]
+  const float* qkv;  // [B, 3, H, dh]: query, new key, new value
+  const float* u;    // [H, dh]: content bias (r_w_bias), added to the query
+  const float* v;    // [H, dh]: position bias (r_r_bias)
   const float* rel;  // [H, rel_size, dh]: W_r R at distance d in row d
   int64_t rel_size;
   float scale;
@@ -48,10 +48,11 @@ void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end
                      KernelIsa isa = KernelIsa::kBest);
 
 // y[r] = w[r, :] . x (+ bias[r]) for rows [begin, end) of the row-major
-// matrix w [rows, cols]; bias may be null. Every weight is read once,
-// streaming: a one-token step is bound by reading its weights.
-void GemvRows(const float* w, const float* x, const float* bias, float* y, int64_t cols, int64_t begin,
-              int64_t end, KernelIsa isa = KernelIsa::kBest);
+// matrix w [rows, cols], then max(0, y[r]) when relu; bias may be null.
+// Every weight is read once, streaming: a one-token step is bound by reading
+// its weights.
+void GemvRows(const float* w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+              int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
 
 // Weights packed for products with a few rows (a decode step of several
 // sessions): panels of kPanel output rows, each panel [cols, kPanel]
@@ -63,10 +64,11 @@ int64_t PackedSize(int64_t rows, int64_t cols);
 void PackPanels(const float* w, int64_t rows, int64_t cols, float* packed);
 
 // y[m, r] = x[m, :] . w[r, :] (+ bias[r]) for m < batch and the rows r of
-// panels [begin, end); x is [batch, cols], y is [batch, rows], both
-// row-major; bias may be null.
+// panels [begin, end), then max(0, y) when relu; x is [batch, cols], y is
+// [batch, rows], both row-major; bias may be null.
 void PackedProduct(const float* packed, int64_t rows, int64_t cols, const float* x, int64_t batch,
-                   const float* bias, float* y, int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
+                   const float* bias, bool relu, float* y, int64_t begin, int64_t end,
+                   KernelIsa isa = KernelIsa::kBest);
 
 }  // namespace txl
 

@@ -207,7 +207,8 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
   // measured, bench/README.md). Several: the packed weights, streamed once
   // and reused from cache for every session (at::linear would have the BLAS
   // pack the whole matrix again on every call).
-  auto Linear = [B](const at::Tensor& in, const at::Tensor& w, const at::Tensor& packed, const at::Tensor& bias) {
+  auto Linear = [B](const at::Tensor& in, const at::Tensor& w, const at::Tensor& packed, const at::Tensor& bias,
+                    bool relu = false) {
     const int64_t rows = w.size(0), cols = w.size(1);
     at::Tensor y = at::empty({B, rows}, in.options());
     const at::Tensor xc = in.contiguous(), wc = w.contiguous();  // (no copies: both are)
@@ -217,17 +218,22 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     if (B == 1) {
       const float* wp = wc.data_ptr<float>();
       at::parallel_for(0, (rows + 3) / 4, 16, [&](int64_t begin, int64_t end) {
-        GemvRows(wp, xp, bp, yp, cols, 4 * begin, std::min(rows, 4 * end));
+        GemvRows(wp, xp, bp, relu, yp, cols, 4 * begin, std::min(rows, 4 * end));
       });
     } else {
       const float* pp = packed.data_ptr<float>();
       at::parallel_for(0, (rows + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
-        PackedProduct(pp, rows, cols, xp, B, bp, yp, begin, end);
+        PackedProduct(pp, rows, cols, xp, B, bp, relu, yp, begin, end);
       });
     }
     return y;
   };
   const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
+  std::vector<at::Tensor> bias_u, bias_v;  // contiguous [H, dh] per layer
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    bias_u.push_back(weights_.u(c, l).contiguous());
+    bias_v.push_back(weights_.v(c, l).contiguous());
+  }
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
@@ -240,11 +246,9 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     }
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
     at::Tensor qkv = Linear(h, L.qkv_w, P.qkv, at::Tensor()).contiguous();  // [B, 3H dh]
-    at::Tensor q = qkv.view({B, 3, H, dh}).select(1, 0);
-    at::Tensor qu = (q + weights_.u(c, l)).contiguous(), qv = (q + weights_.v(c, l)).contiguous();
-    args.qu = qu.data_ptr<float>();
-    args.qv = qv.data_ptr<float>();
     args.qkv = qkv.data_ptr<float>();
+    args.u = bias_u[l].data_ptr<float>();
+    args.v = bias_v[l].data_ptr<float>();
     args.rel = rel_kt_[l].data_ptr<float>();
     at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
       DecodeAttention(args, begin, end);
@@ -253,7 +257,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h), with the same Linear.
     auto core = [&](const at::Tensor& in) {
-      return Linear(at::relu(Linear(in, L.ff1_w, P.ff1, L.ff1_b)), L.ff2_w, P.ff2, L.ff2_b);
+      return Linear(Linear(in, L.ff1_w, P.ff1, L.ff1_b, /*relu=*/true), L.ff2_w, P.ff2, L.ff2_b);
     };
     x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
   }

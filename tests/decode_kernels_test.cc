@@ -38,16 +38,19 @@ TEST(DecodeKernelsTest, PackedProductMatchesLinear) {
         const int64_t panels = (rows + kPanel - 1) / kPanel;
         for (int64_t batch : {1, 2, 5, 6, 7, 13}) {
           at::Tensor x = at::randn({batch, cols});
-          for (bool with_bias : {false, true}) {
+          for (int mode = 0; mode < 3; ++mode) {  // no bias; bias; bias and relu
+            const bool with_bias = mode > 0, relu = mode == 2;
             at::Tensor y = at::full({batch, rows}, 1e9);  // every entry must be written
             const float* b = with_bias ? bias.data_ptr<float>() : nullptr;
-            PackedProduct(packed.data(), rows, cols, x.data_ptr<float>(), batch, b, y.data_ptr<float>(), 0,
+            PackedProduct(packed.data(), rows, cols, x.data_ptr<float>(), batch, b, relu, y.data_ptr<float>(), 0,
                           panels / 2, isa);
-            PackedProduct(packed.data(), rows, cols, x.data_ptr<float>(), batch, b, y.data_ptr<float>(),
+            PackedProduct(packed.data(), rows, cols, x.data_ptr<float>(), batch, b, relu, y.data_ptr<float>(),
                           panels / 2, panels, isa);
             at::Tensor want = with_bias ? at::linear(x, w, bias) : at::linear(x, w);
+            if (relu) want = at::relu(want);
             EXPECT_LT(MaxAbsDiff(y, want), 1e-4 * (1 + std::sqrt(cols)))
-                << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols << " batch " << batch;
+                << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols << " batch " << batch
+                << " mode " << mode;
           }
         }
       }
@@ -63,13 +66,16 @@ TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
         at::Tensor w = at::randn({rows, cols}), x = at::randn({cols}), bias = at::randn({rows});
         at::Tensor y = at::full({rows}, 1e9);
         const int64_t mid = rows / 2;  // two ranges, as two threads would
-        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), y.data_ptr<float>(), cols, 0,
-                 mid, isa);
-        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), y.data_ptr<float>(), cols, mid,
-                 rows, isa);
-        EXPECT_LT(MaxAbsDiff(y, at::addmv(bias, w, x)), 1e-4 * (1 + std::sqrt(cols)))
-            << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols;
-        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), nullptr, y.data_ptr<float>(), cols, 0, rows, isa);
+        for (bool relu : {false, true}) {
+          GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(),
+                   cols, 0, mid, isa);
+          GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(),
+                   cols, mid, rows, isa);
+          at::Tensor want = at::addmv(bias, w, x);
+          EXPECT_LT(MaxAbsDiff(y, relu ? at::relu(want) : want), 1e-4 * (1 + std::sqrt(cols)))
+              << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols << " relu " << relu;
+        }
+        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), nullptr, false, y.data_ptr<float>(), cols, 0, rows, isa);
         EXPECT_LT(MaxAbsDiff(y, at::mv(w, x)), 1e-4 * (1 + std::sqrt(cols)));
       }
     }
@@ -92,10 +98,10 @@ TEST(DecodeKernelsTest, AttentionVariantsAgree) {
       v.push_back(at::randn({H, cap, dh}));
       sessions.push_back({k[b].data_ptr<float>(), v[b].data_ptr<float>(), cap, mem_len, position[b], length[b]});
     }
-    at::Tensor qu = at::randn({B, H, dh}) * 2, qv = at::randn({B, H, dh}), qkv = at::randn({B, 3, H, dh});
+    at::Tensor qkv = at::randn({B, 3, H, dh}) * 2, u_bias = at::randn({H, dh}), v_bias = at::randn({H, dh});
     at::Tensor rel = at::randn({H, rel_size, dh});
-    DecodeAttentionArgs args{sessions.data(), B, H, dh, 11, qu.data_ptr<float>(), qv.data_ptr<float>(),
-                             qkv.data_ptr<float>(), rel.data_ptr<float>(), rel_size, 0.125f, nullptr};
+    DecodeAttentionArgs args{sessions.data(), B, H, dh, 11, qkv.data_ptr<float>(), u_bias.data_ptr<float>(),
+                             v_bias.data_ptr<float>(), rel.data_ptr<float>(), rel_size, 0.125f, nullptr};
     std::vector<at::Tensor> outs;
     for (KernelIsa isa : IsasHere()) {
       at::Tensor out = at::full({B, H, dh}, 1e9);

@@ -206,14 +206,14 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
 
 // Four rows at a time: x is read from L1 once per four weight rows; four
 // accumulators, one horizontal sum per row.
-__attribute__((always_inline)) inline void GemvBody(const float* w, const float* x, const float* bias, bool relu,
-                                                    float* y, int64_t cols, int64_t begin, int64_t end) {
+__attribute__((always_inline)) inline void GemvBody(const float* w, int64_t ld, const float* x, const float* bias,
+                                                    bool relu, float* y, int64_t cols, int64_t begin, int64_t end) {
   int64_t r = begin;
   for (; r + 4 <= end; r += 4) {
-    const float* w0 = w + r * cols;
-    const float* w1 = w0 + cols;
-    const float* w2 = w1 + cols;
-    const float* w3 = w2 + cols;
+    const float* w0 = w + r * ld;
+    const float* w1 = w0 + ld;
+    const float* w2 = w1 + ld;
+    const float* w3 = w2 + ld;
     V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
     int64_t c = 0;
     for (; c + 8 <= cols; c += 8) {
@@ -236,7 +236,7 @@ __attribute__((always_inline)) inline void GemvBody(const float* w, const float*
     }
   }
   for (; r < end; ++r) {
-    const float* row = w + r * cols;
+    const float* row = w + r * ld;
     V8 a = {};
     int64_t c = 0;
     for (; c + 8 <= cols; c += 8) a += Load8(row + c) * Load8(x + c);
@@ -252,13 +252,13 @@ __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a
 }
 void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) { AttendBody(a, b, e); }
 
-__attribute__((target("avx2,fma"))) void GemvAvx2(const float* w, const float* x, const float* bias, bool relu,
-                                                  float* y, int64_t cols, int64_t b, int64_t e) {
-  GemvBody(w, x, bias, relu, y, cols, b, e);
+__attribute__((target("avx2,fma"))) void GemvAvx2(const float* w, int64_t ld, const float* x, const float* bias,
+                                                  bool relu, float* y, int64_t cols, int64_t b, int64_t e) {
+  GemvBody(w, ld, x, bias, relu, y, cols, b, e);
 }
-void GemvPlain(const float* w, const float* x, const float* bias, bool relu, float* y, int64_t cols, int64_t b,
-               int64_t e) {
-  GemvBody(w, x, bias, relu, y, cols, b, e);
+void GemvPlain(const float* w, int64_t ld, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+               int64_t b, int64_t e) {
+  GemvBody(w, ld, x, bias, relu, y, cols, b, e);
 }
 
 // ---- Packed products. A tile is R input rows x NV vectors of W lanes; its
@@ -381,10 +381,10 @@ void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end
   Resolve(isa) == KernelIsa::kPlain ? AttendPlain(args, begin, end) : AttendAvx2(args, begin, end);
 }
 
-void GemvRows(const float* w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+void GemvRows(const float* w, int64_t ld, const float* x, const float* bias, bool relu, float* y, int64_t cols,
               int64_t begin, int64_t end, KernelIsa isa) {
-  Resolve(isa) == KernelIsa::kPlain ? GemvPlain(w, x, bias, relu, y, cols, begin, end)
-                                    : GemvAvx2(w, x, bias, relu, y, cols, begin, end);
+  Resolve(isa) == KernelIsa::kPlain ? GemvPlain(w, ld, x, bias, relu, y, cols, begin, end)
+                                    : GemvAvx2(w, ld, x, bias, relu, y, cols, begin, end);
 }
 
 int64_t PackedSize(int64_t rows, int64_t cols) { return (rows + kPanel - 1) / kPanel * kPanel * cols; }

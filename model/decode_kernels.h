@@ -47,11 +47,11 @@ struct DecodeAttentionArgs {
 void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end,
                      KernelIsa isa = KernelIsa::kBest);
 
-// y[r] = w[r, :] . x (+ bias[r]) for rows [begin, end) of the row-major
-// matrix w [rows, cols], then max(0, y[r]) when relu; bias may be null.
-// Every weight is read once, streaming: a one-token step is bound by reading
-// its weights.
-void GemvRows(const float* w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+// y[r] = w[r, :cols] . x (+ bias[r]) for rows [begin, end) of the row-major
+// matrix w with row stride ld (>= cols: a column block of a wider matrix),
+// then max(0, y[r]) when relu; bias may be null. Every weight is read once,
+// streaming: a one-token step is bound by reading its weights.
+void GemvRows(const float* w, int64_t ld, const float* x, const float* bias, bool relu, float* y, int64_t cols,
               int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
 
 // Weights packed for products with a few rows (a decode step of several

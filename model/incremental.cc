@@ -76,7 +76,8 @@ at::Tensor Packed(const at::Tensor& w) {
 IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
     : config_(std::move(config)), weights_(weights.To(device)), device_(device) {
   if (device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat) {
-    for (const LayerWeights& L : weights_.layers) {
+    for (LayerWeights& L : weights_.layers) {  // the decode kernels read them as plain arrays
+      for (at::Tensor* t : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff1_b, &L.ff2_w, &L.ff2_b}) *t = t->contiguous();
       packed_.push_back({Packed(L.qkv_w), Packed(L.o_w), Packed(L.ff1_w), Packed(L.ff2_w)});
     }
   }
@@ -218,7 +219,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     if (B == 1) {
       const float* wp = wc.data_ptr<float>();
       at::parallel_for(0, (rows + 3) / 4, 16, [&](int64_t begin, int64_t end) {
-        GemvRows(wp, xp, bp, relu, yp, cols, 4 * begin, std::min(rows, 4 * end));
+        GemvRows(wp, cols, xp, bp, relu, yp, cols, 4 * begin, std::min(rows, 4 * end));
       });
     } else {
       const float* pp = packed.data_ptr<float>();
@@ -229,6 +230,15 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     return y;
   };
   const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
+  // One session: work split into one part per thread (heads; inner units).
+  const int64_t threads = at::get_num_threads();
+  const int64_t head_parts = std::min(H, threads), inner_parts = std::min(c.d_inner, threads);
+  at::Tensor qkv1, inner1, shares1;
+  if (B == 1) {
+    qkv1 = at::empty({1, 3 * H * dh}, fopt);
+    inner1 = at::empty({c.d_inner}, fopt);
+    shares1 = at::empty({inner_parts, c.d_model}, fopt);
+  }
   std::vector<at::Tensor> bias_u, bias_v;  // contiguous [H, dh] per layer
   for (int64_t l = 0; l < c.n_layer; ++l) {
     bias_u.push_back(weights_.u(c, l).contiguous());
@@ -244,20 +254,61 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
       sessions[b] = {ring ? m->k_[l].data_ptr<float>() : nullptr, ring ? m->v_[l].data_ptr<float>() : nullptr,
                      m->capacity_, m->mem_len_, batch[b]->position, batch[b]->length};
     }
-    at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
-    at::Tensor qkv = Linear(h, L.qkv_w, P.qkv, at::Tensor()).contiguous();  // [B, 3H dh]
-    args.qkv = qkv.data_ptr<float>();
+    at::Tensor h = (c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x).contiguous();
     args.u = bias_u[l].data_ptr<float>();
     args.v = bias_v[l].data_ptr<float>();
     args.rel = rel_kt_[l].data_ptr<float>();
-    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
-      DecodeAttention(args, begin, end);
-    });
+    if (B == 1) {
+      // Each part projects the query, key and value rows of its own heads
+      // and attends with them: one parallel region, no wait in between.
+      const float* w = L.qkv_w.data_ptr<float>();
+      const float* in = h.data_ptr<float>();
+      args.qkv = qkv1.data_ptr<float>();
+      float* y = qkv1.data_ptr<float>();
+      at::parallel_for(0, head_parts, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          const int64_t h0 = p * H / head_parts, h1 = (p + 1) * H / head_parts;
+          for (int64_t which = 0; which < 3; ++which) {
+            GemvRows(w, c.d_model, in, nullptr, false, y, c.d_model, (which * H + h0) * dh, (which * H + h1) * dh);
+          }
+          DecodeAttention(args, h0, h1);
+        }
+      });
+    } else {
+      at::Tensor qkv = Linear(h, L.qkv_w, P.qkv, at::Tensor()).contiguous();  // [B, 3H dh]
+      args.qkv = qkv.data_ptr<float>();
+      at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
+        DecodeAttention(args, begin, end);
+      });
+    }
     at::Tensor out = Linear(vec, L.o_w, P.o, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
-    // FeedForward (txl_math.h), with the same Linear.
-    auto core = [&](const at::Tensor& in) {
-      return Linear(Linear(in, L.ff1_w, P.ff1, L.ff1_b, /*relu=*/true), L.ff2_w, P.ff2, L.ff2_b);
+    // FeedForward (txl_math.h), with the same Linear; one session: each part
+    // computes its block of the inner layer and that block's share of the
+    // output (one parallel region), and the shares are summed.
+    auto core = [&](const at::Tensor& in_t) {
+      if (B != 1) return Linear(Linear(in_t, L.ff1_w, P.ff1, L.ff1_b, /*relu=*/true), L.ff2_w, P.ff2, L.ff2_b);
+      const at::Tensor in_c = in_t.contiguous();
+      const float* in = in_c.data_ptr<float>();
+      float* inner = inner1.data_ptr<float>();
+      float* shares = shares1.data_ptr<float>();
+      const int64_t D = c.d_model, I = c.d_inner;
+      at::parallel_for(0, inner_parts, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          const int64_t a = p * I / inner_parts, e = (p + 1) * I / inner_parts;
+          GemvRows(L.ff1_w.data_ptr<float>(), D, in, L.ff1_b.data_ptr<float>(), true, inner, D, a, e);
+          GemvRows(L.ff2_w.data_ptr<float>() + a, I, inner + a, nullptr, false, shares + p * D, e - a, 0, D);
+        }
+      });
+      at::Tensor y = at::empty({1, D}, fopt);
+      float* yp = y.data_ptr<float>();
+      const float* b2 = L.ff2_b.data_ptr<float>();
+      for (int64_t i = 0; i < D; ++i) {
+        float sum = b2[i];
+        for (int64_t p = 0; p < inner_parts; ++p) sum += shares[p * D + i];
+        yp[i] = sum;
+      }
+      return y;
     };
     x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
   }

@@ -67,16 +67,21 @@ TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
         at::Tensor y = at::full({rows}, 1e9);
         const int64_t mid = rows / 2;  // two ranges, as two threads would
         for (bool relu : {false, true}) {
-          GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(),
+          GemvRows(w.data_ptr<float>(), cols, x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(),
                    cols, 0, mid, isa);
-          GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(),
+          GemvRows(w.data_ptr<float>(), cols, x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(),
                    cols, mid, rows, isa);
           at::Tensor want = at::addmv(bias, w, x);
           EXPECT_LT(MaxAbsDiff(y, relu ? at::relu(want) : want), 1e-4 * (1 + std::sqrt(cols)))
               << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols << " relu " << relu;
         }
-        GemvRows(w.data_ptr<float>(), x.data_ptr<float>(), nullptr, false, y.data_ptr<float>(), cols, 0, rows, isa);
+        GemvRows(w.data_ptr<float>(), cols, x.data_ptr<float>(), nullptr, false, y.data_ptr<float>(), cols, 0, rows, isa);
         EXPECT_LT(MaxAbsDiff(y, at::mv(w, x)), 1e-4 * (1 + std::sqrt(cols)));
+        // A block of columns [a, cols) of the same rows (row stride cols).
+        const int64_t a = cols / 3;
+        GemvRows(w.data_ptr<float>() + a, cols, x.data_ptr<float>() + a, nullptr, false, y.data_ptr<float>(),
+                 cols - a, 0, rows, isa);
+        EXPECT_LT(MaxAbsDiff(y, at::mv(w.slice(1, a), x.slice(0, a))), 1e-4 * (1 + std::sqrt(cols))) << "block";
       }
     }
   }

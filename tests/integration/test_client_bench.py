@@ -100,16 +100,22 @@ class ClientBenchTest(unittest.TestCase):
         self.assertNoSessions()  # sessions of cut calls are deleted too
 
     def test_duration_cuts_calls_in_flight(self):
-        # 4 x 4096 tokens take seconds here (about 4k tokens/s in all): every
-        # call is still running at 0.5 s and gets cut by its deadline.
-        r, report = self.bench("--sessions", "4", "--turns", "3", "--input-tokens", "4", "--new-tokens", "4096",
-                               "--duration", "0.5")
+        # Calls of 10^6 tokens each, against a server that allows them: at the
+        # tiny model's tens of thousands of tokens/s in all (4 x 4096 tokens
+        # once fitted in 0.5 s), every call is still running at 0.5 s and gets
+        # cut by its deadline.
+        server = txl_procs.Server(ARGS.bin_dir, self.model, "--max_new_tokens", "1000000")
+        try:
+            r, report = self.bench("--sessions", "4", "--turns", "3", "--input-tokens", "4", "--new-tokens",
+                                   "1000000", "--duration", "0.5", address=server.address)
+        finally:
+            server.stop()
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertEqual(report["stopped_by"], "duration")
         self.assertEqual((report["requests"], report["requests_ok"], report["requests_cut"]), (4, 0, 4))
         self.assertLess(report["wall_seconds"], 2)
         self.assertGreater(report["generated_tokens"], 0)
-        self.assertLess(report["generated_tokens"], 4 * 4096)
+        self.assertLess(report["generated_tokens"], 4 * 1000000)
         self.assertEqual(report["errors_total"], 0)
         self.assertNoSessions()  # deleted once the server has let go of the cut calls
 

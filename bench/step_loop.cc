@@ -1,0 +1,71 @@
+// step_loop: a loop of decode steps and nothing else, for profilers
+// (docs/PERFORMANCE.md, "Where a step's time goes now"):
+//   OMP_WAIT_POLICY=PASSIVE perf record -D 30000 build/bench/step_loop --model base.pt --sessions 32
+// It fills `sessions` sessions to a full window (prefill), then times
+// `steps` single-token steps of all of them at once and prints the median.
+// engine_bench has the figures; this is only the workload to look inside.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "model/language_model.h"
+
+ABSL_FLAG(std::string, model, "", "checkpoint (e.g. the base model engine_bench writes; required)");
+ABSL_FLAG(int, sessions, 1, "sessions stepped together");
+ABSL_FLAG(int, mem, 800, "memory positions per session (window mem + 1)");
+ABSL_FLAG(int, steps, 300, "timed steps");
+ABSL_FLAG(int, threads, 2, "intra-op threads");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  txl::LanguageModelOptions o;
+  o.path = absl::GetFlag(FLAGS_model);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  auto lm = txl::LanguageModel::Create(o);
+  if (!lm.ok()) {
+    std::cerr << "step_loop: " << lm.status() << "\n";
+    return 1;
+  }
+  const int B = absl::GetFlag(FLAGS_sessions), mem = absl::GetFlag(FLAGS_mem);
+  const int vocab = static_cast<int>((*lm)->config().n_token);
+  std::vector<std::unique_ptr<txl::SessionState>> sessions;
+  for (int b = 0; b < B; ++b) {
+    auto s = (*lm)->NewSession(mem + 1);
+    if (!s.ok()) {
+      std::cerr << "step_loop: " << s.status() << "\n";
+      return 1;
+    }
+    std::vector<txl::StepInput> in(1);
+    in[0].session = s->get();
+    for (int i = 0; i < mem; ++i) in[0].tokens.push_back((i * 31 + b) % vocab);
+    if (auto r = (*lm)->Step(absl::MakeSpan(in)); !r.ok()) {
+      std::cerr << "step_loop: " << r.status() << "\n";
+      return 1;
+    }
+    sessions.push_back(*std::move(s));
+  }
+  std::cerr << "step_loop: filled " << B << " sessions; stepping" << std::endl;
+  std::vector<txl::StepInput> in(B);
+  std::vector<double> seconds;
+  for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+    for (int b = 0; b < B; ++b) {
+      in[b].session = sessions[b].get();
+      in[b].tokens = {(i * 7 + b) % vocab};
+      in[b].want_last_distribution = true;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    if (auto r = (*lm)->Step(absl::MakeSpan(in)); !r.ok()) {
+      std::cerr << "step_loop: " << r.status() << "\n";
+      return 1;
+    }
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  std::printf("sessions %d, memory %d: median step %.3f ms, %.1f tokens/s\n", B, mem, median * 1e3, B / median);
+  return 0;
+}

@@ -273,30 +273,23 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
   args.rel_size = rel_size_;
   args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)));
   args.out = vec.data_ptr<float>();
-  // Projections, split over the threads by output rows. One session: a
-  // matrix-vector product streaming the weights as stored (the fastest read
-  // measured, bench/README.md). Several: the packed weights, streamed once
-  // and reused from cache for every session (at::linear would have the BLAS
-  // pack the whole matrix again on every call).
+  // Several sessions' projections: the packed weights, streamed once and
+  // reused from cache for every session (at::linear would have the BLAS pack
+  // the whole matrix again on every call), split over the threads by panels.
+  // (One session's run inside the fused regions below, on the weights as
+  // stored: the fastest one-row read measured, docs/PERFORMANCE.md.)
   auto Linear = [B](const at::Tensor& in, const at::Tensor& w, const at::Tensor& packed, const at::Tensor& bias,
                     bool relu = false) {
     const int64_t rows = w.size(0), cols = w.size(1);
     at::Tensor y = at::empty({B, rows}, in.options());
-    const at::Tensor xc = in.contiguous(), wc = w.contiguous();  // (no copies: both are)
+    const at::Tensor xc = in.contiguous();
     const float* xp = xc.data_ptr<float>();
+    const float* pp = packed.data_ptr<float>();
     const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    if (B == 1) {
-      const float* wp = wc.data_ptr<float>();
-      at::parallel_for(0, (rows + 3) / 4, 16, [&](int64_t begin, int64_t end) {
-        GemvRows(wp, cols, xp, bp, relu, yp, cols, 4 * begin, std::min(rows, 4 * end));
-      });
-    } else {
-      const float* pp = packed.data_ptr<float>();
-      at::parallel_for(0, (rows + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
-        PackedProduct(pp, rows, cols, xp, B, bp, relu, yp, begin, end);
-      });
-    }
+    at::parallel_for(0, (rows + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
+      PackedProduct(pp, rows, cols, xp, B, bp, relu, yp, begin, end);
+    });
     return y;
   };
   const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));

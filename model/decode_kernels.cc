@@ -6,9 +6,9 @@
 
 namespace txl {
 
-// Written with GCC vector extensions, so one body serves both instruction
-// sets. (-Wpsabi would note that the vector helpers pass AVX values, which
-// never cross this file's boundary.)
+// Written with GCC vector extensions, so one body serves every instruction
+// set it is compiled for. (-Wpsabi would note that the vector helpers pass
+// AVX values, which never cross this file's boundary.)
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace {

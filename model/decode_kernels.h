@@ -1,6 +1,7 @@
 // The CPU kernels of a decode step (every session feeds one token): the
 // attention of one query per (session, head) over its ring memory, read in
-// place, and the matrix-vector products of a one-session step. Torch-free:
+// place; the matrix-vector products of a one-session step; and the products
+// of a several-session step from panel-packed weights. Torch-free:
 // plain float arrays; the caller (incremental.cc) splits the work over
 // threads, each call covering a range of work items.
 //

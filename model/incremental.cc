@@ -25,9 +25,12 @@ SessionMemory SessionMemory::Clone() const {
   copy.position_ = position_;
   copy.length_ = length_;
   copy.capacity_ = capacity_;
-  for (size_t l = 0; l < k_.size(); ++l) {
-    if (k_[l].defined()) copy.k_[l] = k_[l].clone();
-    if (v_[l].defined()) copy.v_[l] = v_[l].clone();
+  if (k_.empty() || !k_[0].defined()) return copy;
+  const int64_t n = static_cast<int64_t>(k_.size());
+  std::vector<at::Tensor> rings = NewRings(2 * n, k_[0].sizes().vec(), k_[0].options());
+  for (int64_t l = 0; l < n; ++l) {
+    copy.k_[l] = rings[2 * l].copy_(k_[l]);
+    copy.v_[l] = rings[2 * l + 1].copy_(v_[l]);
   }
   return copy;
 }
@@ -70,18 +73,20 @@ namespace {
 // huge pages: a decode step streams its weights, tables and memories, and
 // with 4 KiB pages it paid a TLB miss every 4 KiB (measured: 3-5% of a
 // one-session step). Falls back to ordinary tensors if the arena fails.
+constexpr int64_t kHugePage = int64_t{2} << 20, kArenaAlign = 64;
+
+int64_t ArenaBytes(const std::vector<int64_t>& shape) {
+  int64_t n = 4;
+  for (int64_t d : shape) n *= d;
+  return (n + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+}
+
 std::vector<at::Tensor> HugePageTensors(const std::vector<std::vector<int64_t>>& shapes) {
-  constexpr int64_t kHuge = int64_t{2} << 20, kAlign = 64;
-  auto bytes = [](const std::vector<int64_t>& shape) {
-    int64_t n = 4;
-    for (int64_t d : shape) n *= d;
-    return (n + kAlign - 1) / kAlign * kAlign;
-  };
   int64_t total = 0;
-  for (const auto& shape : shapes) total += bytes(shape);
-  total = std::max(kHuge, (total + kHuge - 1) / kHuge * kHuge);
+  for (const auto& shape : shapes) total += ArenaBytes(shape);
+  total = std::max(kHugePage, (total + kHugePage - 1) / kHugePage * kHugePage);
   std::vector<at::Tensor> out;
-  void* raw = std::aligned_alloc(kHuge, total);
+  void* raw = std::aligned_alloc(kHugePage, total);
   if (raw == nullptr) {
     for (const auto& shape : shapes) out.push_back(at::empty(shape, at::kFloat));
     return out;
@@ -91,7 +96,7 @@ std::vector<at::Tensor> HugePageTensors(const std::vector<std::vector<int64_t>>&
   char* at = static_cast<char*>(raw);
   for (const auto& shape : shapes) {
     out.push_back(at::from_blob(at, shape, [arena](void*) {}, at::TensorOptions().dtype(at::kFloat)));
-    at += bytes(shape);
+    at += ArenaBytes(shape);
   }
   return out;
 }
@@ -107,31 +112,42 @@ void InHugePages(const std::vector<at::Tensor*>& tensors) {
   }
 }
 
-at::Tensor Packed(const at::Tensor& w) {
-  const at::Tensor c = w.contiguous();
-  at::Tensor packed = at::empty({PackedSize(c.size(0), c.size(1))}, c.options());
-  PackPanels(c.data_ptr<float>(), c.size(0), c.size(1), packed.data_ptr<float>());
-  return packed;
-}
-
 }  // namespace
+
+std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shape, const at::TensorOptions& options) {
+  const int64_t bytes = count * ArenaBytes(shape);
+  const int64_t spare = (kHugePage - bytes % kHugePage) % kHugePage;
+  if (options.device().is_cpu() && options.dtype() == at::kFloat && spare * 50 <= bytes) {
+    return HugePageTensors(std::vector<std::vector<int64_t>>(count, shape));
+  }
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back(at::empty(shape, options));
+  return out;
+}
 
 IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
     : config_(std::move(config)), weights_(weights.To(device)), device_(device) {
   if (device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat) {
     std::vector<at::Tensor*> streamed;
+    std::vector<const at::Tensor*> to_pack;
+    std::vector<std::vector<int64_t>> packed_shapes;
     for (LayerWeights& L : weights_.layers) {
       for (at::Tensor* t : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff1_b, &L.ff2_w, &L.ff2_b}) streamed.push_back(t);
+      for (const at::Tensor* w : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff2_w}) {
+        to_pack.push_back(w);
+        packed_shapes.push_back({PackedSize(w->size(0), w->size(1))});
+      }
     }
-    InHugePages(streamed);
-    for (LayerWeights& L : weights_.layers) {
-      packed_.push_back({Packed(L.qkv_w), Packed(L.o_w), Packed(L.ff1_w), Packed(L.ff2_w)});
+    InHugePages(streamed);  // contiguous from here on: the kernels read them as arrays
+    std::vector<at::Tensor> packed = HugePageTensors(packed_shapes);
+    for (size_t i = 0; i < packed.size(); ++i) {
+      const at::Tensor& w = *to_pack[i];
+      PackPanels(w.data_ptr<float>(), w.size(0), w.size(1), packed[i].data_ptr<float>());
     }
-    std::vector<at::Tensor*> packed;
-    for (PackedLayer& P : packed_) {
-      for (at::Tensor* t : {&P.qkv, &P.o, &P.ff1, &P.ff2}) packed.push_back(t);
+    for (int64_t l = 0; l < config_.n_layer; ++l) {
+      decode_.push_back({packed[4 * l], packed[4 * l + 1], packed[4 * l + 2], packed[4 * l + 3],
+                         weights_.u(config_, l).contiguous(), weights_.v(config_, l).contiguous()});
     }
-    InHugePages(packed);
   }
 }
 
@@ -147,7 +163,7 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
     rel_k_.push_back(at::linear(pos, L.r_w).view({size, config_.n_head, config_.d_head}));
     rel_kt_.push_back(rel_k_.back().permute({1, 0, 2}).contiguous());
   }
-  if (!packed_.empty()) {  // the CPU decode path streams these
+  if (!decode_.empty()) {  // the CPU decode path streams these
     std::vector<at::Tensor*> tables;
     for (at::Tensor& t : rel_kt_) tables.push_back(&t);
     InHugePages(tables);
@@ -165,23 +181,11 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
   if (2 * cap > M) cap = M;
   const auto opts = weights_.layers[0].qkv_w.options();
   const int64_t n = static_cast<int64_t>(m->k_.size());
-  const std::vector<int64_t> shape = {config_.n_head, cap, config_.d_head};
+  std::vector<at::Tensor> rings = NewRings(2 * n, {config_.n_head, cap, config_.d_head}, opts);
   std::vector<at::Tensor> k(n), v(n);
-  // Large memories (the decode step streams them) go into huge pages when
-  // rounding up to whole 2 MiB pages costs under 2%.
-  const int64_t bytes = 2 * n * config_.n_head * cap * config_.d_head * 4, huge = int64_t{2} << 20;
-  if (!packed_.empty() && (huge - bytes % huge) % huge * 50 <= bytes) {
-    std::vector<at::Tensor> rings = HugePageTensors(std::vector<std::vector<int64_t>>(2 * n, shape));
-    for (int64_t l = 0; l < n; ++l) {
-      k[l] = rings[2 * l];
-      v[l] = rings[2 * l + 1];
-    }
-  }
   for (int64_t l = 0; l < n; ++l) {
-    if (!k[l].defined()) {
-      k[l] = at::empty(shape, opts);
-      v[l] = at::empty(shape, opts);
-    }
+    k[l] = rings[2 * l];
+    v[l] = rings[2 * l + 1];
     if (m->capacity_ > 0) {  // not wrapped yet: slot == position
       k[l].slice(1, 0, m->capacity_).copy_(m->k_[l]);
       v[l].slice(1, 0, m->capacity_).copy_(m->v_[l]);
@@ -316,15 +320,10 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     }
     return y;
   };
-  std::vector<at::Tensor> bias_u, bias_v;  // contiguous [H, dh] per layer
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    bias_u.push_back(weights_.u(c, l).contiguous());
-    bias_v.push_back(weights_.v(c, l).contiguous());
-  }
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
-    const PackedLayer& P = packed_[l];
+    const DecodeLayer& P = decode_[l];
     for (int64_t b = 0; b < B; ++b) {
       SessionMemory* m = batch[b]->memory;
       const bool ring = m->mem_len_ > 1;
@@ -332,8 +331,8 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
                      m->capacity_, m->mem_len_, batch[b]->position, batch[b]->length};
     }
     at::Tensor h = (c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x).contiguous();
-    args.u = bias_u[l].data_ptr<float>();
-    args.v = bias_v[l].data_ptr<float>();
+    args.u = P.u.data_ptr<float>();
+    args.v = P.v.data_ptr<float>();
     args.rel = rel_kt_[l].data_ptr<float>();
     at::Tensor out;
     if (B == 1) {

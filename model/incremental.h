@@ -58,6 +58,13 @@ class SessionMemory {
   std::vector<at::Tensor> k_, v_;  // per layer [H, capacity, dh]; undefined while capacity is 0
 };
 
+// `count` rings of `shape` ([H, capacity, dh]) with `options`, contents
+// undefined. On the CPU (float) they share one arena of transparent huge
+// pages when rounding it up to whole 2 MiB pages costs under 2%: the decode
+// step streams them. Every session memory is allocated here (growth, fork,
+// restore).
+std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shape, const at::TensorOptions& options);
+
 struct StepItem {
   SessionMemory* memory;
   std::vector<int64_t> tokens;  // the new tokens; may be empty
@@ -93,13 +100,15 @@ class IncrementalModel {
   ModelConfig config_;
   TxlWeights weights_;
   at::Device device_;
-  // Per layer, the decode step's projection weights packed in panels
-  // (decode_kernels.h): qkv, o, ff1, ff2. CPU float models only; a second
-  // copy of those weights (the prefill passes read the originals).
-  struct PackedLayer {
-    at::Tensor qkv, o, ff1, ff2;
+  // Per layer, what the CPU decode step reads besides weights_: the
+  // projection weights packed in panels (decode_kernels.h; a second copy,
+  // the prefill passes read the originals) and the attention biases as
+  // contiguous [H, dh]. CPU float models only (empty otherwise).
+  struct DecodeLayer {
+    at::Tensor qkv, o, ff1, ff2;  // packed
+    at::Tensor u, v;
   };
-  std::vector<PackedLayer> packed_;
+  std::vector<DecodeLayer> decode_;
   std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
   std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous (decode kernel)
   int64_t rel_size_ = 0;

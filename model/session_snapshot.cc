@@ -77,12 +77,16 @@ absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, cons
   m.capacity_ = capacity;
   if (capacity == 0) return m;
   const char* p = data.data() + header;
+  std::vector<at::Tensor> rings =
+      NewRings(2 * n_layer, {heads, capacity, d_head}, at::TensorOptions().dtype(at::kFloat).device(device));
   for (int64_t l = 0; l < n_layer; ++l) {
+    m.k_[l] = rings[2 * l];
+    m.v_[l] = rings[2 * l + 1];
     for (at::Tensor* t : {&m.k_[l], &m.v_[l]}) {
-      at::Tensor host = at::empty({heads, capacity, d_head}, at::kFloat);
+      at::Tensor host = device.is_cpu() ? *t : at::empty({heads, capacity, d_head}, at::kFloat);
       std::memcpy(host.data_ptr(), p, per_tensor * sizeof(float));
       p += per_tensor * sizeof(float);
-      *t = host.to(device);
+      if (!device.is_cpu()) t->copy_(host);
     }
   }
   return m;

@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -85,6 +86,17 @@ ABSL_FLAG(double, holder_timeout, 10, "seconds without a heartbeat before a repl
 ABSL_FLAG(int64_t, host_memory_budget, 0,
           "bytes of host memory for idle sessions moved out of --session_memory_budget (offload; least recently "
           "used first; with a state store, beyond it they live in the store only). 0: no offload");
+
+ABSL_FLAG(int64_t, max_stream_buffer_bytes, 256 << 10,
+          "Generate/Converse output one call may hold for a client that reads slowly; past it the call's "
+          "session waits (other sessions go on) until the client reads");
+ABSL_FLAG(double, stream_stall_timeout, 30,
+          "seconds a call may wait on a client that reads none of its output before it is cancelled");
+ABSL_FLAG(int64_t, grpc_memory_quota, int64_t{1} << 30,
+          "bytes the gRPC transport may use for all connections and calls together (0: no quota)");
+ABSL_FLAG(int, grpc_max_threads, 0, "threads gRPC may run for the server (0: gRPC's default)");
+ABSL_FLAG(double, max_connection_idle, 300,
+          "seconds a connection with no call in flight stays open before the server closes it (0: forever)");
 
 namespace {
 
@@ -210,6 +222,8 @@ int main(int argc, char** argv) {
   // An import carries one session: at most a full window of max_mem_len, plus headers.
   service_config.max_import_bytes = model.FullMemoryBytes(service_config.max_mem_len) + (int64_t{1} << 20);
   service_config.device = model.device();
+  service_config.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);
+  if (service_config.max_stream_buffer_bytes < 1) return Fail("--max_stream_buffer_bytes must be >= 1");
   if (service_config.default_mem_len > service_config.max_mem_len) {
     return Fail(absl::StrCat("--default_mem_len ", service_config.default_mem_len, " exceeds --max_mem_len ",
                              service_config.max_mem_len));
@@ -294,6 +308,8 @@ int main(int argc, char** argv) {
     return Fail("--max_batch, --max_batch_tokens, --prefill_chunk and --max_queue must be >= 1");
   }
   sched_config.snapshot_tokens = absl::GetFlag(FLAGS_snapshot_tokens);
+  if (absl::GetFlag(FLAGS_stream_stall_timeout) <= 0) return Fail("--stream_stall_timeout must be > 0");
+  sched_config.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_stall_timeout));
   txl::Scheduler scheduler(sched_config, engine->get(), &store, &model.tokenizer(), metrics->get());
   scheduler.SetJournal(journal.get());
 
@@ -307,6 +323,20 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // gRPC answers a bigger request with RESOURCE_EXHAUSTED before any handler runs.
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
+  // The whole transport's memory and threads are bounded, whatever clients do.
+  if (absl::GetFlag(FLAGS_grpc_memory_quota) < 0 || absl::GetFlag(FLAGS_grpc_max_threads) < 0)
+    return Fail("--grpc_memory_quota and --grpc_max_threads must be >= 0");
+  grpc::ResourceQuota quota("txl-server");
+  if (absl::GetFlag(FLAGS_grpc_memory_quota) > 0) quota.Resize(static_cast<size_t>(absl::GetFlag(FLAGS_grpc_memory_quota)));
+  if (absl::GetFlag(FLAGS_grpc_max_threads) > 0) quota.SetMaxThreads(absl::GetFlag(FLAGS_grpc_max_threads));
+  builder.SetResourceQuota(quota);
+  // Idle connections cost a socket and buffers each: closed after a while
+  // (clients reconnect on their next call).
+  if (absl::GetFlag(FLAGS_max_connection_idle) < 0) return Fail("--max_connection_idle must be >= 0");
+  if (absl::GetFlag(FLAGS_max_connection_idle) > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(std::min(absl::GetFlag(FLAGS_max_connection_idle) * 1000, 2e9)));
+  }
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   // Health and reflection share this port and its TLS; they need no token (service.h).

@@ -4,13 +4,15 @@
 #include <cstdio>
 #include <random>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "server/text_stream.h"
+#include "server/echo_id.h"
 
 namespace txl {
 
 // One request as the engine thread sees it.
-class Job {
+class Job : public std::enable_shared_from_this<Job> {
  public:
   enum class Kind { kGenerate, kScore, kFork, kExport, kImport, kAdopt };
 
@@ -19,6 +21,9 @@ class Job {
   bool throwaway = false;
   JobCallbacks callbacks;
   std::atomic<bool> cancelled{false};
+  // Set by another thread: the client cannot take more output (0: not paused;
+  // else when it was paused, in unix nanoseconds).
+  std::atomic<int64_t> paused_since{0};
   absl::Time submitted = absl::Now();
 
   // Tokens to feed: the session's pending token, then the input.
@@ -67,7 +72,19 @@ namespace {
 
 double Since(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
 
+constexpr char kStalledPayload[] = "txl.stalled";
+
 }  // namespace
+
+absl::Status StalledError(absl::Duration waited) {
+  absl::Status s = absl::CancelledError(
+      absl::StrCat("the client read none of its stream for ", absl::FormatDuration(waited),
+                   " (--stream_stall_timeout); the call was cancelled and the session keeps what was generated"));
+  s.SetPayload(kStalledPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsStalled(const absl::Status& status) { return status.GetPayload(kStalledPayload).has_value(); }
 
 Scheduler::Scheduler(const SchedulerConfig& config, Engine* engine, SessionStore* store,
                      const Tokenizer* tokenizer, SchedulerObserver* observer)
@@ -194,6 +211,11 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::Enqueue(std::shared_ptr<Job> job
   return refused;
 }
 
+absl::Status Scheduler::CheckWritable(const SessionLease& lease, bool throwaway) const {
+  if (journal_ == nullptr || !lease.durable || throwaway) return absl::OkStatus();
+  return journal_->Writable();
+}
+
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease lease, bool throwaway,
                                                                GenerateSpec spec,
                                                                JobCallbacks callbacks) {
@@ -203,20 +225,23 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease leas
   job->callbacks = std::move(callbacks);
   job->lease = std::move(lease);
   absl::Status invalid;
-  if (spec.input.empty() && job->lease.pending.empty()) {
+  if (spec.input.empty() && job->lease.position() == 0) {
     invalid = absl::InvalidArgumentError(
         "input: empty, and the session has no history to continue from");
   } else if (auto s = ValidateSampling(spec.sampling); !s.ok()) {
     invalid = s;
+  } else if (auto w = CheckWritable(job->lease, throwaway); !w.ok()) {
+    invalid = w;
   }
   if (!invalid.ok()) {
     ReturnLease(*job);
     return invalid;
   }
   job->start_position = job->logged_position = job->lease.position();
-  job->feed = std::move(job->lease.pending);
+  // The pending token stays in the lease until the job ends (Finish settles
+  // it): a job refused by Enqueue hands the session back unchanged.
+  job->feed = job->lease.pending;
   job->pending_len = job->feed.size();
-  job->lease.pending.clear();
   job->feed.insert(job->feed.end(), spec.input.begin(), spec.input.end());
   job->result.input_tokens = static_cast<int64_t>(spec.input.size());
   job->sampler = std::make_unique<Sampler>(spec.sampling, std::random_device{}());
@@ -237,6 +262,12 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, 
     ReturnLease(*job);
     return absl::InvalidArgumentError("input: must hold at least one token");
   }
+  if (commit) {  // scoring without commit changes nothing: a read-only session still answers it
+    if (auto w = CheckWritable(job->lease, throwaway); !w.ok()) {
+      ReturnLease(*job);
+      return w;
+    }
+  }
   job->commit = commit;
   job->start_position = job->logged_position = job->lease.position();
   job->feed = job->lease.pending;  // kept in the lease until the job commits
@@ -253,6 +284,10 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, 
   job->kind = Job::Kind::kFork;
   job->callbacks = std::move(callbacks);
   job->lease = std::move(source);
+  if (auto w = CheckWritable(job->lease, false); !w.ok()) {  // the fork would be journaled
+    ReturnLease(*job);
+    return w;
+  }
   job->fork_ttl = idle_ttl;
   job->fork_labels = std::move(labels);
   return Enqueue(std::move(job));
@@ -271,12 +306,15 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(ImportSpec spec, Jo
   job->kind = Job::Kind::kImport;
   job->callbacks = std::move(callbacks);
   job->import = std::move(spec);
+  if (journal_ != nullptr) {
+    if (auto w = journal_->Writable(); !w.ok()) return w;
+  }
   return Enqueue(std::move(job));
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitAdopt(std::string caller, std::string id,
                                                             JobCallbacks callbacks) {
-  if (journal_ == nullptr) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  if (journal_ == nullptr) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
   auto job = std::make_shared<Job>();
   job->kind = Job::Kind::kAdopt;
   job->callbacks = std::move(callbacks);
@@ -290,7 +328,22 @@ bool Scheduler::draining() const {
   return draining_;
 }
 
-void Scheduler::Cancel(const std::shared_ptr<Job>& job) { job->cancelled.store(true); }
+void Scheduler::Cancel(const std::shared_ptr<Job>& job) {
+  job->cancelled.store(true);
+  absl::MutexLock lock(&mu_);  // a loop whose jobs are all paused wakes to end it
+  ++resumed_;
+}
+
+void Scheduler::Pause(const std::shared_ptr<Job>& job) {
+  int64_t none = 0;
+  job->paused_since.compare_exchange_strong(none, absl::ToUnixNanos(absl::Now()));
+}
+
+void Scheduler::Resume(const std::shared_ptr<Job>& job) {
+  if (job->paused_since.exchange(0) == 0) return;
+  absl::MutexLock lock(&mu_);  // releasing it re-checks the engine thread's wait
+  ++resumed_;
+}
 
 void Scheduler::Finish(Job& job, absl::Status status) {
   if (job.done) return;
@@ -325,16 +378,41 @@ void Scheduler::Finish(Job& job, absl::Status status) {
     }
   }
   job.result.total_seconds = Since(job.submitted);
+  active_count_.fetch_sub(1);
+  const bool logs = journal_ != nullptr && job.lease.durable && !job.throwaway && !job.lease.id.empty() &&
+                    (job.kind == Job::Kind::kGenerate || (job.kind == Job::Kind::kScore && job.commit));
+  if (logs) {
+    // The session stays busy until the journal has its history: if the
+    // store failed, it rolls back to what the store holds before anyone
+    // (this client's retry included) sees it. Runs on the writer thread.
+    auto held = std::make_shared<SessionLease>(std::move(job.lease));
+    job.lease = SessionLease();
+    const int64_t position = job.result.position;
+    journal_->AfterDurable(
+        held->id, position,
+        [store = store_, held, done = std::move(job.callbacks.on_done), status = std::move(status),
+         result = std::move(job.result)](absl::Status written, int64_t durable) mutable {
+          if (!written.ok()) {
+            // The history past `durable` never happened: the state is
+            // rebuilt from the store on the session's next request.
+            held->state.reset();
+            held->idle.reset();
+            held->pending.clear();
+            held->known_position = durable;
+            held->since_snapshot = 0;
+            result.position = durable;
+          }
+          store->Release(std::move(*held), absl::Now());
+          if (done) done(written.ok() ? std::move(status) : std::move(written), std::move(result));
+        });
+    return;
+  }
   const bool durable = job.lease.durable || job.kind == Job::Kind::kImport || job.kind == Job::Kind::kAdopt ||
                        job.kind == Job::Kind::kFork;
   ReturnLease(job);
-  active_count_.fetch_sub(1);
   if (job.callbacks.on_done) {
-    // Told only once what it was told is written (the journal's promise).
     Ack(durable, [done = std::move(job.callbacks.on_done), status = std::move(status),
-                  result = std::move(job.result)](absl::Status written) mutable {
-      done(status.ok() && !written.ok() ? written : status, std::move(result));
-    });
+                  result = std::move(job.result)](absl::Status) mutable { done(std::move(status), std::move(result)); });
   }
 }
 
@@ -459,15 +537,23 @@ absl::Status Scheduler::Materialize(Job& job) {
     auto record = journal_->Load(job.lease.id);
     if (!record.ok()) {
       if (absl::IsDataLoss(record.status()) || absl::IsNotFound(record.status())) job.throwaway = true;  // gone for good
+      if (absl::IsDataLoss(record.status())) (void)journal_->TakeQuarantined(job.lease.id, job.lease.owner);  // told now
       return record.status();
     }
     if (record->position() != job.lease.known_position) {
       job.throwaway = true;
-      return absl::DataLossError(absl::StrCat("session ", job.lease.id, ": the state store has position ",
+      return absl::DataLossError(absl::StrCat("session ", EchoId(job.lease.id), ": the state store has position ",
                                               record->position(), ", expected ", job.lease.known_position));
     }
     std::vector<int> pending;
     idle = IdleFromRecord(*record, &pending);
+    if (job.lease.pending.empty() && !pending.empty()) {
+      // Rolled back after a store failure (Finish): the pending token is
+      // only in the store. It goes before what the job was given to feed.
+      job.feed.insert(job.feed.begin(), pending.begin(), pending.end());
+      job.pending_len += pending.size();
+      job.lease.pending = std::move(pending);
+    }
   }
   auto state = Rebuild(*idle);
   if (!state.ok()) return state.status();
@@ -547,8 +633,12 @@ void Scheduler::Loop() {
     }
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this, &active]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty() || !active.empty();
+      // Jobs paused for their clients (Pause) do not keep the loop spinning.
+      bool runnable = false;
+      for (const auto& job : active) runnable = runnable || job->paused_since.load() == 0;
+      const int64_t resumed = resumed_;
+      auto ready = [this, runnable, resumed]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty() || runnable || resumed_ != resumed;
       };
       // Wakes at least once a second to expire idle sessions.
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
@@ -590,6 +680,14 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
                        ? absl::OkStatus()
                        : absl::CancelledError("the request was cancelled"));
       continue;
+    }
+    if (const int64_t since = job->paused_since.load(); since != 0) {
+      const absl::Duration waited = absl::Now() - absl::FromUnixNanos(since);
+      if (waited >= config_.stall_timeout) {
+        job->result.finish = Finish::kCancelled;
+        Finish(*job, StalledError(waited));
+        continue;
+      }
     }
     if (job->result.queue_seconds == 0) job->result.queue_seconds = Since(job->submitted);
     if (!job->lease.id.empty() && !job->lease.state) {  // offloaded: back into device memory first
@@ -669,7 +767,7 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
   std::vector<EngineInput> inputs;
   int64_t budget = config_.max_batch_tokens;
   for (auto& job : active) {
-    if (job->done || !job->decoding) continue;
+    if (job->done || !job->decoding || job->paused_since.load() != 0) continue;
     EngineInput in;
     in.session = job->state();
     in.tokens = {job->last};
@@ -764,9 +862,20 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
     job.generated.push_back(token);
     LogHistory(job, position);
     if (job.callbacks.on_tokens) {
-      Ack(job.lease.durable, [cb = job.callbacks.on_tokens, ev = std::move(ev), position](absl::Status written) mutable {
-        if (written.ok()) cb({std::move(ev)}, position);  // else on_done reports the failure
-      });
+      if (journal_ != nullptr && job.lease.durable && !job.throwaway) {
+        // Sent once written; if the store failed, the job stops (its end rolls the session back).
+        journal_->AfterDurable(job.lease.id, position,
+                               [cb = job.callbacks.on_tokens, ev = std::move(ev), position,
+                                weak = job.weak_from_this()](absl::Status written, int64_t) mutable {
+                                 if (written.ok()) {
+                                   cb({std::move(ev)}, position);
+                                 } else if (auto j = weak.lock()) {
+                                   j->cancelled.store(true);
+                                 }
+                               });
+      } else {
+        job.callbacks.on_tokens({std::move(ev)}, position);
+      }
     }
 
     const bool stop_token = std::find(job.spec.stop_token_ids.begin(), job.spec.stop_token_ids.end(),

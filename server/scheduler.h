@@ -10,9 +10,12 @@
 // journal has written what came before (on its writer thread). Between
 // steps the engine thread also moves idle sessions out of device and host
 // memory per the store's budgets, brings offloaded ones back for their next
-// job, and hands sessions over to replicas that asked for them.
+// job, and hands sessions over to replicas that asked for them. A job that
+// logs history keeps its session busy until the journal has written it; if
+// the store failed, the session rolls back to what the store holds
+// (docs/ROBUSTNESS.md, "When the state store fails").
 //
-// Threading: Submit*/Cancel/Drain may be called from any thread and never
+// Threading: Submit*/Cancel/Pause/Resume/Drain may be called from any thread and never
 // block on the engine. Callbacks run on the engine thread (or, with a
 // journal, on its writer thread) and must not block.
 // Only the engine thread touches the engine and session states.
@@ -52,7 +55,15 @@ struct SchedulerConfig {
   // With a journal: a session's log is folded into a fresh snapshot once
   // this many tokens were logged since the last one (bounds replay time).
   int64_t snapshot_tokens = 4096;
+  // A generation paused because its client stopped reading (Pause) is
+  // cancelled once paused this long (StalledError).
+  absl::Duration stall_timeout = absl::Seconds(30);
 };
+
+// The status of a job cancelled because its client read nothing for
+// stall_timeout; IsStalled tells it from a client's own cancel.
+absl::Status StalledError(absl::Duration waited);
+bool IsStalled(const absl::Status& status);
 
 struct GeneratedTokenEvent {
   int id = 0;
@@ -170,6 +181,11 @@ class Scheduler {
   absl::Status SnapshotAll();
   // The job leaves the batch at the next step and ends with Finish::kCancelled.
   void Cancel(const std::shared_ptr<Job>& job);
+  // Flow control for a client that reads slower than the job produces: a
+  // paused job is left out of the batch (others go on) until Resume, or is
+  // cancelled with StalledError after stall_timeout.
+  void Pause(const std::shared_ptr<Job>& job);
+  void Resume(const std::shared_ptr<Job>& job);
 
   int64_t queue_depth() const;
   int64_t active() const { return active_count_.load(); }
@@ -197,6 +213,9 @@ class Scheduler {
   absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
   // Runs fn after the journal has written what came before (durable jobs), or now.
   void Ack(bool durable, std::function<void(absl::Status)> fn);
+  // UNAVAILABLE when the job would change a journaled session while the
+  // state store cannot be written: refused before anything changes.
+  absl::Status CheckWritable(const SessionLease& lease, bool throwaway) const;
   // Journals a session made on the engine thread (fork, import), held
   // (busy) in `lease` meanwhile, from its export bytes; then releases it (or
   // drops it if the id was taken in the store) and ends the job with that.
@@ -214,6 +233,7 @@ class Scheduler {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> wanted_ ABSL_GUARDED_BY(mu_);  // sessions to hand over
+  int64_t resumed_ ABSL_GUARDED_BY(mu_) = 0;          // Resume calls: wakes a loop whose jobs are all paused
 
   std::atomic<int64_t> active_count_{0};
   std::thread thread_;

@@ -98,6 +98,11 @@ struct TxlService::Context {
       fail(s);
       return;
     }
+    // Quarantined at start-up: DATA_LOSS once for its owner (then NOT_FOUND).
+    if (absl::Status lost = journal->TakeQuarantined(id, principal); !lost.ok()) {
+      fail(lost);
+      return;
+    }
     JobCallbacks cb;
     cb.on_done = [attempt, fail](absl::Status adopted, JobResult) {
       absl::Status again = adopted.ok() ? attempt() : adopted;
@@ -158,7 +163,8 @@ struct TxlService::Context {
 template <typename Base>
 class StreamingCall : public Base {
  protected:
-  explicit StreamingCall(const TxlService::Context* c, const char* method) : c_(c), method_(method) {}
+  StreamingCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx, const char* method)
+      : c_(c), ctx_(ctx), method_(method) {}
 
   void Ref() { refs_.fetch_add(1); }
   void Unref() {
@@ -166,11 +172,19 @@ class StreamingCall : public Base {
   }
 
   // Queues a response; the caller holds no lock.
+  // Past max_stream_buffer_bytes unsent, the job is paused until the
+  // client has taken half of it (docs/ROBUSTNESS.md, "Slow readers").
   void Send(v1::GenerateResponse response) {
     Step a;
     {
       absl::MutexLock lock(&mu_);
+      if (cancelled_) return;  // nobody to send it to
+      buffered_ += static_cast<int64_t>(response.ByteSizeLong());
       queue_.push_back(std::move(response));
+      if (buffered_ > c_->config.max_stream_buffer_bytes && job_ && !paused_) {
+        paused_ = true;
+        c_->scheduler->Pause(job_);
+      }
       a = Pump();
     }
     Run(a);
@@ -192,10 +206,16 @@ class StreamingCall : public Base {
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      buffered_ -= static_cast<int64_t>(current_.ByteSizeLong());
       if (!ok) {
         cancelled_ = true;
         queue_.clear();  // the client is gone
+        buffered_ = 0;
         if (job_) c_->scheduler->Cancel(job_);
+      }
+      if (paused_ && buffered_ <= c_->config.max_stream_buffer_bytes / 2) {
+        paused_ = false;
+        if (job_) c_->scheduler->Resume(job_);
       }
       a = Pump();
     }
@@ -209,6 +229,8 @@ class StreamingCall : public Base {
   void SetJob(std::shared_ptr<Job> job) {
     absl::MutexLock lock(&mu_);
     job_ = std::move(job);
+    if (cancelled_) c_->scheduler->Cancel(job_);  // the client left before the job was known
+    if (paused_) c_->scheduler->Pause(job_);      // a turn after one that filled the buffer
   }
   void ClearJob() {
     absl::MutexLock lock(&mu_);
@@ -244,6 +266,12 @@ class StreamingCall : public Base {
     };
     cb.on_done = [this, after = std::move(after)](absl::Status status, JobResult result) {
       ClearJob();
+      // A client that stopped reading cannot take even the status: the
+      // write in flight would never complete, so the call is cancelled.
+      if (IsStalled(status)) {
+        Abandon();
+        ctx_->TryCancel();
+      }
       after(std::move(status), std::move(result));
       Unref();
     };
@@ -256,7 +284,15 @@ class StreamingCall : public Base {
     return absl::OkStatus();
   }
 
+  // Drops what is queued: the call ends as cancelled (a stalled client).
+  void Abandon() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    queue_.clear();
+  }
+
   const TxlService::Context* c_;
+  grpc::CallbackServerContext* ctx_;
   const char* method_;
 
  private:
@@ -300,6 +336,8 @@ class StreamingCall : public Base {
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;    // the job is paused for this client
+  int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;   // bytes queued or in the write in flight
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
 };
@@ -327,7 +365,7 @@ v1::GenerateResponse FinalResponse(const JobResult& result) {
 class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::GenerateResponse>> {
  public:
   GenerateCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req)
-      : StreamingCall(c, "Generate") {
+      : StreamingCall(c, ctx, "Generate") {
     Ref();  // the job may end (and drop its reference) before we return
     absl::Status s = Start(ctx, *req);
     if (!s.ok()) End(ToGrpcStatus(s));
@@ -366,7 +404,7 @@ class ConverseCall final
     : public StreamingCall<grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>> {
  public:
   ConverseCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx)
-      : StreamingCall(c, "Converse"), ctx_(ctx) {
+      : StreamingCall(c, ctx, "Converse") {
     // Once per stream: every turn runs as this principal.
     auto principal = c_->Principal(ctx);
     if (!principal.ok()) {
@@ -425,7 +463,6 @@ class ConverseCall final
     return absl::OkStatus();
   }
 
-  grpc::CallbackServerContext* ctx_;
   std::string principal_;  // set before the first read, then only read
   v1::GenerateRequest request_;
   std::string stream_session_;  // touched by one turn at a time
@@ -502,6 +539,9 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
     if (!args.ok()) return args.status();
     // A session made now would die with the process moments later.
     if (ctx_->scheduler->draining()) return absl::UnavailableError("the server is shutting down");
+    if (c->journal != nullptr) {
+      if (absl::Status w = c->journal->Writable(); !w.ok()) return w;  // it could not be made durable
+    }
     auto state = c->engine->NewSession(args->mem_len);
     if (!state.ok()) return state.status();
     if (c->journal == nullptr) {
@@ -595,14 +635,34 @@ grpc::ServerUnaryReactor* TxlService::DeleteSession(grpc::CallbackServerContext*
     c->WithAdoption(
         *principal, *id,
         [c, reactor, principal = *principal, id = *id]() -> absl::Status {
-          if (auto s = c->store->Delete(principal, id); !s.ok()) return s;
           if (c->journal == nullptr) {
+            if (auto s = c->store->Delete(principal, id); !s.ok()) return s;
             c->Count("DeleteSession", grpc::Status::OK);
             reactor->Finish(grpc::Status::OK);
             return absl::OkStatus();
           }
-          c->journal->RecordDelete(id);
-          c->journal->After([c, reactor](absl::Status written) { Answer(c, reactor, "DeleteSession", written); });
+          // Journaled: busy until the store has deleted it; if the store
+          // fails, the session stays (here and there) and the client is told.
+          auto lease = c->store->Acquire(principal, id, absl::Now());
+          if (!lease.ok()) return lease.status();
+          if (!lease->durable) {  // not journaled (a Converse stream's own session)
+            c->store->Discard(*std::move(lease));
+            Answer(c, reactor, "DeleteSession", absl::OkStatus());
+            return absl::OkStatus();
+          }
+          if (absl::Status w = c->journal->Writable(); !w.ok()) {
+            c->store->Release(*std::move(lease), absl::Now());
+            return w;
+          }
+          auto held = std::make_shared<SessionLease>(*std::move(lease));
+          c->journal->RecordDelete(id, [c, reactor, held](absl::Status written) {
+            if (written.ok()) {
+              c->store->Discard(std::move(*held));
+            } else {
+              c->store->Release(std::move(*held), absl::Now());
+            }
+            Answer(c, reactor, "DeleteSession", written);
+          });
           return absl::OkStatus();
         },
         [c, reactor](absl::Status s) { Answer(c, reactor, "DeleteSession", s); });
@@ -648,56 +708,116 @@ grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* c
   return reactor;
 }
 
+// Score: one job. Unlike the other unary calls it has a reactor of its
+// own, so that a cancel, a deadline or a disconnect stops the job at the
+// next step (it keeps the prefix fed so far, like a cancelled Generate).
+// Lifetime: one reference for gRPC (dropped in OnDone), one for the job.
+class ScoreCall final : public grpc::ServerUnaryReactor {
+ public:
+  ScoreCall(const TxlService::Context* c, grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
+            v1::ScoreResponse* r)
+      : c_(c), ctx_(ctx), r_(r) {
+    Ref();  // the job may end before Start returns
+    if (absl::Status s = Start(*req); !s.ok()) End(s);
+    Unref();
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (job_) c_->scheduler->Cancel(job_);
+  }
+  void OnDone() override { Unref(); }
+
+ private:
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  absl::Status Start(const v1::ScoreRequest& req) {
+    auto principal = c_->Principal(ctx_);
+    if (!principal.ok()) return principal.status();
+    const std::optional<std::string> md = c_->MetadataSessionId(ctx_);
+    auto args = c_->validator.Score(req, md ? &*md : nullptr);
+    if (!args.ok()) return args.status();
+    c_->WithAdoption(
+        *principal, args->session_id,
+        [this, principal = *principal, session = args->session_id, input = args->input,
+         commit = req.commit()]() -> absl::Status {
+          bool throwaway = false;
+          auto lease = c_->Lease(principal, session, &throwaway);
+          if (!lease.ok()) return lease.status();
+          Ref();  // for the job
+          JobCallbacks cb;
+          cb.on_done = [this](absl::Status s, JobResult result) {
+            {
+              absl::MutexLock lock(&mu_);
+              job_.reset();
+            }
+            if (s.ok()) Fill(result);
+            End(s);
+            Unref();
+          };
+          auto job = c_->scheduler->SubmitScore(*std::move(lease), throwaway, input, commit, std::move(cb));
+          if (!job.ok()) {
+            Unref();
+            return job.status();
+          }
+          absl::MutexLock lock(&mu_);
+          job_ = *std::move(job);
+          if (cancelled_) c_->scheduler->Cancel(job_);  // cancelled before the job was known
+          return absl::OkStatus();
+        },
+        [this](absl::Status s) { End(s); });
+    return absl::OkStatus();
+  }
+
+  void Fill(const JobResult& result) {
+    double total = 0;
+    for (const ScoredTokenResult& t : result.scores) {
+      v1::ScoredToken* out = r_->add_tokens();
+      out->set_id(t.id);
+      std::string text = c_->TokenText(t.id);
+      if (IsValidUtf8(text)) out->set_text(std::move(text));
+      out->set_has_logprob(t.has_logprob);
+      if (t.has_logprob) {
+        out->set_logprob(t.logprob);
+        total += t.logprob;
+      }
+    }
+    r_->set_total_logprob(total);
+    r_->set_position(result.position);
+  }
+
+  // A call the client abandoned counts as what ended it: its deadline or its cancel.
+  void End(const absl::Status& s) {
+    grpc::Status g = ToGrpcStatus(s);
+    bool cancelled = false;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = cancelled_;
+    }
+    if (cancelled) {
+      const bool expired = ctx_->deadline() <= std::chrono::system_clock::now();
+      g = expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline expired")
+                  : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    }
+    c_->Count("Score", g);
+    Finish(g);
+  }
+
+  const TxlService::Context* c_;
+  grpc::CallbackServerContext* ctx_;
+  v1::ScoreResponse* r_;
+  std::atomic<int> refs_{1};
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+};
+
 grpc::ServerUnaryReactor* TxlService::Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
                                             v1::ScoreResponse* r) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const Context* c = ctx_.get();
-  auto status = [&]() -> absl::Status {
-    auto principal = c->Principal(ctx);
-    if (!principal.ok()) return principal.status();
-    const std::optional<std::string> md = c->MetadataSessionId(ctx);
-    auto args = c->validator.Score(*req, md ? &*md : nullptr);
-    if (!args.ok()) return args.status();
-    c->WithAdoption(
-        *principal, args->session_id,
-        [c, reactor, r, req, principal = *principal, session = args->session_id, input = args->input]() -> absl::Status {
-    bool throwaway = false;
-    auto lease = c->Lease(principal, session, &throwaway);
-    if (!lease.ok()) return lease.status();
-    JobCallbacks cb;
-    cb.on_done = [reactor, r, c](absl::Status s, JobResult result) {
-      if (s.ok()) {
-        double total = 0;
-        for (const ScoredTokenResult& t : result.scores) {
-          v1::ScoredToken* out = r->add_tokens();
-          out->set_id(t.id);
-          std::string text = c->TokenText(t.id);
-          if (IsValidUtf8(text)) out->set_text(std::move(text));
-          out->set_has_logprob(t.has_logprob);
-          if (t.has_logprob) {
-            out->set_logprob(t.logprob);
-            total += t.logprob;
-          }
-        }
-        r->set_total_logprob(total);
-        r->set_position(result.position);
-      }
-      grpc::Status g = ToGrpcStatus(s);
-      c->Count("Score", g);
-      reactor->Finish(g);
-    };
-    auto job = c->scheduler->SubmitScore(*std::move(lease), throwaway, input, req->commit(), std::move(cb));
-    return job.status();
-        },
-        [c, reactor](absl::Status s) { Answer(c, reactor, "Score", s); });
-    return absl::OkStatus();
-  }();
-  if (!status.ok()) {
-    grpc::Status g = ToGrpcStatus(status);
-    c->Count("Score", g);
-    reactor->Finish(g);
-  }
-  return reactor;
+  return new ScoreCall(ctx_.get(), ctx, req, r);
 }
 
 // ExportSession: one export job on the engine thread, then its bytes in

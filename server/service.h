@@ -37,6 +37,9 @@ struct ServiceConfig {
   std::string model_path;
   std::string device;
   int64_t max_import_bytes = int64_t{1} << 30;  // ImportSession's data, in all
+  // Generate/Converse output a call may hold for a client that reads slower
+  // than it is produced; past it the call's session waits (Scheduler::Pause).
+  int64_t max_stream_buffer_bytes = 256 << 10;
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);

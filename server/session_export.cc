@@ -61,4 +61,17 @@ absl::StatusOr<SessionExport> DecodeSessionExport(const std::string& bytes) {
   return e;
 }
 
+absl::StatusOr<int64_t> SessionExportPosition(const std::string& bytes) {
+  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
+    return absl::InvalidArgumentError("session export: not a txl session export");
+  ByteReader r(bytes);
+  std::string skip;
+  uint32_t version = 0, fp_len = 0;
+  int64_t position = 0;
+  if (!r.Bytes(sizeof(kMagic), &skip) || !r.Get(&version) || !r.Get(&fp_len) || !r.Bytes(fp_len, &skip) ||
+      !r.Get(&position))
+    return absl::InvalidArgumentError("session export: truncated");
+  return position;
+}
+
 }  // namespace txl

@@ -30,6 +30,8 @@ struct SessionExport {
 std::string EncodeSessionExport(const SessionExport& e);
 // INVALID_ARGUMENT: not an export, another format version, truncated or damaged.
 absl::StatusOr<SessionExport> DecodeSessionExport(const std::string& bytes);
+// The position an export's header states, read without decoding (or checking) the rest.
+absl::StatusOr<int64_t> SessionExportPosition(const std::string& bytes);
 
 }  // namespace txl
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/hash.h"
 #include "server/byte_io.h"
+#include "server/echo_id.h"
 
 namespace txl {
 namespace {
@@ -156,6 +157,9 @@ void SessionJournal::Enqueue(std::vector<Op> ops) {
 void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot, Done done) {
   std::vector<Op> ops;
   Op op{Op::kCreate, meta.id, EncodeSessionMeta(meta), std::move(done)};
+  auto position = SessionExportPosition(snapshot);
+  op.session = meta.id;
+  op.end = position.ok() ? *position : 0;
   op.snapshot = std::move(snapshot);
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));
@@ -164,21 +168,31 @@ void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot,
 void SessionJournal::RecordTokens(const std::string& id, int64_t start, std::vector<int> tokens) {
   if (tokens.empty()) return;
   std::vector<Op> ops;
-  ops.push_back({Op::kAppend, Key(id, "log"), EncodeLogRecord(start, tokens), nullptr});
+  Op op{Op::kAppend, Key(id, "log"), EncodeLogRecord(start, tokens), nullptr};
+  op.session = id;
+  op.start = start;
+  op.end = start + static_cast<int64_t>(tokens.size());
+  ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
 
 void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot) {
+  auto position = SessionExportPosition(snapshot);
+  if (!position.ok()) return;  // never a snapshot nobody could read back
   std::vector<Op> ops;
-  ops.push_back({Op::kPut, Key(id, "snap"), std::move(snapshot), nullptr});
-  ops.push_back({Op::kPut, Key(id, "log"), "", nullptr});
+  Op op{Op::kSnapshot, id, "", nullptr};
+  op.session = id;
+  op.end = *position;
+  op.snapshot = std::move(snapshot);
+  ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
 
-void SessionJournal::RecordDelete(const std::string& id) {
+void SessionJournal::RecordDelete(const std::string& id, Done done) {
   std::vector<Op> ops;
-  ops.push_back({Op::kDelete, Key(id, "meta"), "", nullptr});  // first: without meta it is gone
+  ops.push_back({Op::kDelete, Key(id, "meta"), "", std::move(done)});  // first: without meta it is gone
   for (const char* part : {"snap", "log", "holder"}) ops.push_back({Op::kDelete, Key(id, part), "", nullptr});
+  ops.back().session = id;  // forgotten once its holder key is gone
   ops.push_back({Op::kDelete, WantedKey(config_.replica, id), "", nullptr});
   Enqueue(std::move(ops));
 }
@@ -187,6 +201,7 @@ void SessionJournal::RecordRelease(const std::string& id) {
   std::vector<Op> ops;
   ops.push_back({Op::kDelete, WantedKey(config_.replica, id), "", nullptr});
   ops.push_back({Op::kDelete, Key(id, "holder"), "", nullptr});
+  ops.back().session = id;
   Enqueue(std::move(ops));
 }
 
@@ -226,6 +241,22 @@ void SessionJournal::After(Done fn) {
   Enqueue(std::move(ops));
 }
 
+void SessionJournal::AfterDurable(const std::string& id, int64_t position,
+                                  std::function<void(absl::Status, int64_t)> fn) {
+  std::vector<Op> ops;
+  Op op{Op::kAfter, "", "", nullptr};
+  op.session = id;
+  op.end = position;
+  op.durable_done = std::move(fn);
+  ops.push_back(std::move(op));
+  Enqueue(std::move(ops));
+}
+
+absl::Status SessionJournal::Writable() const {
+  absl::MutexLock lock(&mu_);
+  return error_;
+}
+
 absl::Status SessionJournal::Flush() {
   absl::MutexLock lock(&mu_);
   const int64_t target = enqueued_;
@@ -239,25 +270,106 @@ int64_t SessionJournal::quarantined() const {
   return quarantined_;
 }
 
+absl::Status SessionJournal::TakeQuarantined(const std::string& id, const std::string& caller) {
+  absl::MutexLock lock(&mu_);
+  auto it = unreported_.find(id);
+  if (it == unreported_.end() || (!it->second.empty() && it->second != caller)) return absl::OkStatus();
+  unreported_.erase(it);
+  return absl::DataLossError(absl::StrCat("session ", EchoId(id),
+                                          ": its saved state was damaged and it was quarantined at start-up"));
+}
+
+int64_t SessionJournal::DurableLocked(const std::string& id) const {
+  auto it = durable_.find(id);
+  return it == durable_.end() ? -1 : it->second;
+}
+
+void SessionJournal::SetHealth(const absl::Status& write) {
+  absl::MutexLock lock(&mu_);
+  if (write.ok()) {
+    if (!error_.ok()) std::fprintf(stderr, "txl-server: the session state store is writable again\n");
+    error_ = absl::OkStatus();
+    return;
+  }
+  if (error_.ok()) {
+    std::fprintf(stderr, "txl-server: the session state store failed (%s): %s; journaled sessions are read-only "
+                 "until it recovers\n", backend_->Describe().c_str(), std::string(write.message()).c_str());
+  }
+  error_ = absl::UnavailableError(absl::StrCat("the session state store cannot be written (", backend_->Describe(),
+                                               "): ", write.message(),
+                                               "; journaled sessions are read-only until it recovers"));
+}
+
 absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
-  // Runs of appends go to the backend as one group commit; puts and deletes
-  // keep their place in the order.
-  std::vector<std::pair<std::string, std::string>> appends;
+  // Runs of appends go to the backend as one group commit (all or nothing);
+  // the other writes keep their place in the order. After the first failure
+  // nothing more of the batch is written. A session's writes must continue
+  // its durable history exactly; one that does not is refused unwritten.
+  std::vector<Op*> group;
+  std::map<std::string, int64_t> group_end;  // the durable position once the group is written
   absl::Status status;
-  auto flush_appends = [&] {
-    if (appends.empty()) return;
-    if (status.ok()) status = backend_->Append(appends);
-    appends.clear();
+  auto durable = [&](const std::string& id) {
+    auto it = group_end.find(id);
+    if (it != group_end.end()) return it->second;
+    absl::MutexLock lock(&mu_);
+    return DurableLocked(id);
+  };
+  auto out_of_step = [](const Op& op, int64_t have) {
+    return absl::UnavailableError(absl::StrCat("session ", EchoId(op.session), ": history from position ",
+                                               op.start >= 0 ? op.start : op.end, " not written: the state store has ",
+                                               have, " tokens of it (an earlier write failed)"));
+  };
+  auto commit_group = [&] {
+    if (group.empty()) return;
+    if (status.ok()) {
+      std::vector<std::pair<std::string, std::string>> appends;
+      for (Op* op : group) appends.emplace_back(op->key, std::move(op->value));
+      status = backend_->Append(appends);
+    }
+    absl::MutexLock lock(&mu_);
+    for (Op* op : group) {
+      op->result = status;
+      if (status.ok()) durable_[op->session] = op->end;
+    }
+    group.clear();
+    group_end.clear();
   };
   for (Op& op : batch) {
+    if (op.kind == Op::kAfter) continue;
     if (op.kind == Op::kAppend) {
-      appends.emplace_back(std::move(op.key), std::move(op.value));
+      const int64_t have = durable(op.session);
+      if (!status.ok()) {
+        op.result = status;
+      } else if (have >= 0 && (op.start > have || op.end <= have)) {  // a gap, or nothing new
+        op.result = out_of_step(op, have);
+      } else {
+        group.push_back(&op);
+        group_end[op.session] = op.end;  // an overlap replays only what is new
+      }
       continue;
     }
-    flush_appends();
-    if (!status.ok()) continue;
+    commit_group();
+    if (!status.ok()) {
+      op.result = status;
+      continue;
+    }
     if (op.kind == Op::kPut) status = backend_->Put(op.key, op.value);
-    if (op.kind == Op::kDelete) status = backend_->Delete(op.key);
+    if (op.kind == Op::kDelete) {
+      status = backend_->Delete(op.key);
+      if (status.ok() && !op.session.empty()) {
+        absl::MutexLock lock(&mu_);
+        durable_.erase(op.session);
+      }
+    }
+    if (op.kind == Op::kSnapshot) {
+      const int64_t have = durable(op.session);
+      if (have >= 0 && have != op.end) {
+        op.result = out_of_step(op, have);  // a snapshot holding history the store never acknowledged
+        continue;
+      }
+      status = backend_->Put(Key(op.key, "snap"), op.snapshot);
+      if (status.ok()) status = backend_->Put(Key(op.key, "log"), "");
+    }
     if (op.kind == Op::kCreate) {
       // The meta claims the id, atomically across replicas; a session that
       // exists anywhere in the store keeps its state.
@@ -265,17 +377,27 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
       if (!claimed.ok()) {
         status = claimed.status();
       } else if (!*claimed) {
-        op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", op.key, " already exists"));
+        op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(op.key), " already exists"));
+        continue;
       } else {
         // A log a crash left behind by an earlier session of this id goes first.
         for (const auto& [part, value] : {std::pair<const char*, const std::string*>{"log", nullptr},
                                           {"snap", &op.snapshot}, {"holder", &config_.replica}}) {
           if (status.ok()) status = backend_->Put(Key(op.key, part), value ? *value : std::string());
         }
+        if (!status.ok()) {
+          // Refused: the id must stay free. Undo the claim (a full disk
+          // still allows unlinking; an unwritable store left nothing to undo).
+          for (const char* part : {"meta", "snap", "log", "holder"}) (void)backend_->Delete(Key(op.key, part));
+        } else {
+          absl::MutexLock lock(&mu_);
+          durable_[op.session] = op.end;
+        }
       }
     }
+    op.result = status;
   }
-  flush_appends();
+  commit_group();
   return status;
 }
 
@@ -296,24 +418,38 @@ void SessionJournal::WriterLoop() {
     }
     if (absl::Now() >= next_heartbeat) {
       next_heartbeat = absl::Now() + config_.heartbeat_interval;
-      if (auto s = Heartbeat(); !s.ok()) std::fprintf(stderr, "txl-server: state store heartbeat: %s\n", std::string(s.message()).c_str());
+      absl::Status beat = Heartbeat();
+      if (!beat.ok()) std::fprintf(stderr, "txl-server: state store heartbeat: %s\n", std::string(beat.message()).c_str());
+      SetHealth(beat);  // a store that takes writes again takes sessions' writes again
       FindWanted();
     }
     if (!batch.empty()) {
       // Writes first, then the acknowledgements that waited for them.
+      bool writes = false;
+      for (const Op& op : batch) writes = writes || op.kind != Op::kAfter;
       absl::Status s = Apply(batch);
-      absl::Status error;
-      {
-        absl::MutexLock lock(&mu_);
-        if (!s.ok() && error_.ok()) {
-          error_ = absl::UnavailableError(absl::StrCat("the session state store failed (", backend_->Describe(),
-                                                       "): ", s.message()));
-          std::fprintf(stderr, "txl-server: %s\n", std::string(error_.message()).c_str());
-        }
-        error = error_;
-      }
+      if (writes) SetHealth(s);
       for (Op& op : batch) {
-        if ((op.kind == Op::kAfter || op.kind == Op::kCreate) && op.done) op.done(error.ok() ? op.result : error);
+        if (op.durable_done) {
+          int64_t have = 0;
+          absl::Status error;
+          {
+            absl::MutexLock lock(&mu_);
+            have = DurableLocked(op.session);
+            error = error_;
+          }
+          if (have >= op.end || have < 0) {  // < 0: not journaled here (nothing to wait for)
+            op.durable_done(absl::OkStatus(), op.end);
+          } else {
+            op.durable_done(!error.ok() ? error
+                                        : absl::UnavailableError(absl::StrCat(
+                                              "the session state store did not record the history of session ",
+                                              EchoId(op.session), " past position ", have)),
+                            have);
+          }
+        } else if (op.done) {
+          op.done(op.result);
+        }
       }
       absl::MutexLock lock(&mu_);
       applied_ += static_cast<int64_t>(batch.size());
@@ -325,19 +461,21 @@ void SessionJournal::WriterLoop() {
   }
 }
 
-absl::Status SessionJournal::QuarantineSession(const std::string& id, const std::string& why) {
+absl::Status SessionJournal::QuarantineSession(const std::string& id, const std::string& why,
+                                              const std::string& owner) {
   std::fprintf(stderr, "txl-server: session %s: %s; its state is quarantined\n", id.c_str(), why.c_str());
   for (const char* part : {"meta", "snap", "log", "holder"}) (void)backend_->Quarantine(Key(id, part));
   absl::MutexLock lock(&mu_);
   ++quarantined_;
-  return absl::DataLossError(absl::StrCat("session ", id, ": its saved state is damaged (", why,
+  unreported_[id] = owner;  // the caller that gets this DATA_LOSS erases it (TakeQuarantined)
+  return absl::DataLossError(absl::StrCat("session ", EchoId(id), ": its saved state is damaged (", why,
                                           "); it was quarantined in the state store"));
 }
 
 absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
-  if (!IsValidStateKey(id)) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  if (!IsValidStateKey(id)) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
   auto meta_bytes = backend_->Get(Key(id, "meta"));
-  if (absl::IsNotFound(meta_bytes.status())) return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  if (absl::IsNotFound(meta_bytes.status())) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
   if (!meta_bytes.ok()) return absl::UnavailableError(meta_bytes.status().message());
   JournalRecord record;
   auto meta = DecodeSessionMeta(*meta_bytes);
@@ -346,15 +484,15 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   record.meta = *std::move(meta);
   auto snap = backend_->Get(Key(id, "snap"));
   if (!snap.ok() && !absl::IsNotFound(snap.status())) return absl::UnavailableError(snap.status().message());
-  if (!snap.ok()) return QuarantineSession(id, "its snapshot is missing");
+  if (!snap.ok()) return QuarantineSession(id, "its snapshot is missing", record.meta.owner);
   auto image = DecodeSessionExport(*snap);
-  if (!image.ok()) return QuarantineSession(id, absl::StrCat("snapshot: ", image.status().message()));
+  if (!image.ok()) return QuarantineSession(id, absl::StrCat("snapshot: ", image.status().message()), record.meta.owner);
   record.image = *std::move(image);
   auto log = backend_->Get(Key(id, "log"));
   if (!log.ok() && !absl::IsNotFound(log.status())) return absl::UnavailableError(log.status().message());
   if (log.ok()) {
     size_t valid = 0;
-    if (auto s = ReplayJournalLog(*log, &record, &valid); !s.ok()) return QuarantineSession(id, std::string(s.message()));
+    if (auto s = ReplayJournalLog(*log, &record, &valid); !s.ok()) return QuarantineSession(id, std::string(s.message()), record.meta.owner);
     if (valid < log->size()) {
       // A record a crash cut short: never acknowledged. Cut it off before
       // anything is appended after it.
@@ -364,6 +502,8 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
         return absl::UnavailableError(s.message());
     }
   }
+  absl::MutexLock lock(&mu_);
+  durable_[id] = record.position();  // what the history goes on from
   return record;
 }
 
@@ -382,7 +522,7 @@ absl::StatusOr<std::vector<std::string>> SessionJournal::Held() {
 }
 
 absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const std::string& caller) {
-  const auto not_found = [&] { return absl::NotFoundError(absl::StrCat("session ", id, " not found")); };
+  const auto not_found = [&] { return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found")); };
   if (!IsValidStateKey(id) || id.find('/') != std::string::npos) return not_found();
   auto meta = backend_->Get(Key(id, "meta"));
   if (absl::IsNotFound(meta.status())) return not_found();
@@ -405,16 +545,18 @@ absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const
         absl::Now() - absl::FromUnixNanos(nanos) < config_.holder_timeout) {
       // Ask the holder to hand it over: the proxy routes the session here now.
       (void)backend_->Put(WantedKey(*current, id), config_.replica);
-      return absl::UnavailableError(absl::StrCat("session ", id, " is served by replica ", *current,
+      return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " is served by replica ", *current,
                                                  ", which was asked to hand it over; retry shortly"));
     }
   }
   if (!current || *current != config_.replica) {
     auto claimed = backend_->CompareAndSet(Key(id, "holder"), current, config_.replica);
     if (!claimed.ok()) return absl::UnavailableError(claimed.status().message());
-    if (!*claimed) return absl::UnavailableError(absl::StrCat("session ", id, " was just taken over by another replica"));
+    if (!*claimed) return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " was just taken over by another replica"));
   }
-  return Load(id);
+  auto record = Load(id);
+  if (absl::IsDataLoss(record.status())) (void)TakeQuarantined(id, caller);  // the caller is told now
+  return record;
 }
 
 }  // namespace txl

@@ -13,11 +13,20 @@
 //   replicas/<name>       that replica's heartbeat (unix nanoseconds)
 //
 // Writes are queued and applied in order by one writer thread, which commits
-// everything queued in one group (one Append call); After(fn) runs fn once
-// everything queued before it is written, which is when the scheduler may
-// acknowledge. A snapshot is written (atomically) before its log is reset,
-// and log records carry their start position, so a crash between the two
-// only leaves records that replay skips.
+// everything queued in one group (one Append call, all or nothing); After(fn)
+// runs fn once everything queued before it is written. A snapshot is written
+// (atomically) before its log is reset, and log records carry their start
+// position, so a crash between the two only leaves records that replay skips.
+//
+// A session changes only by what its client was told was done
+// (docs/ROBUSTNESS.md, "When the state store fails"). The journal knows, per session, how far its
+// history is written (the durable position) and never writes a gap: a log
+// record that does not start there, or a snapshot of another position, is
+// refused unwritten. AfterDurable tells the scheduler whether a session's
+// history reached a position, and if not, the position it may roll back to.
+// A failed write makes the journal unwritable (Writable() says why) until a
+// later write, or the heartbeat, succeeds; meanwhile the server refuses
+// requests that would change a journaled session.
 //
 // Ownership between replicas: a session is served by its holder. A replica
 // whose heartbeat is older than holder_timeout (or gone: a clean shutdown
@@ -105,19 +114,26 @@ class SessionJournal {
   void RecordTokens(const std::string& id, int64_t start, std::vector<int> tokens);
   // The session's state at some position; the log restarts empty.
   void RecordSnapshot(const std::string& id, std::string snapshot);
-  void RecordDelete(const std::string& id);
   // This replica lets the session go: another may claim it at once.
   void RecordRelease(const std::string& id);
-  // fn(first write error since the journal opened, or OK) on the writer
-  // thread, after everything queued before it. A failed write is sticky:
-  // the promise cannot be kept, so nothing more is acknowledged.
+  // Deletes a session; done(OK) once its meta (the commit point: without
+  // it the session is gone) is deleted, else the store's error and the
+  // session is still there.
+  void RecordDelete(const std::string& id, Done done = nullptr);
+  // fn(OK) on the writer thread, after everything queued before it.
   void After(Done fn);
-  // Blocks until everything queued so far is written (shutdown).
+  // fn(OK, position) once everything queued before it is written, if the
+  // session's history is written up to `position`; else fn(UNAVAILABLE,
+  // the durable position), which is what the session must roll back to.
+  void AfterDurable(const std::string& id, int64_t position, std::function<void(absl::Status, int64_t)> fn);
+  // OK, or UNAVAILABLE naming the store's last failure: writes fail now.
+  absl::Status Writable() const;
+  // Blocks until everything queued so far is written; then Writable().
   absl::Status Flush();
 
   // --- Blocking reads. ---
   // DATA_LOSS (and the session's keys quarantined) when its state is damaged;
-  // NOT_FOUND when there is no such session.
+  // NOT_FOUND when there is no such session. Sets the durable position.
   absl::StatusOr<JournalRecord> Load(const std::string& id);
   // Sessions held by this replica (its own after a restart).
   absl::StatusOr<std::vector<std::string>> Held();
@@ -134,14 +150,24 @@ class SessionJournal {
   const std::string& replica() const { return config_.replica; }
   std::string Describe() const { return backend_->Describe(); }
   int64_t quarantined() const;
+  // A session quarantined since start-up that nobody was told of yet:
+  // DATA_LOSS once for its owner (`caller`; anyone when its owner is
+  // unknown), then OK (it answers NOT_FOUND from then on).
+  absl::Status TakeQuarantined(const std::string& id, const std::string& caller);
 
  private:
   struct Op {
-    enum Kind { kPut, kAppend, kDelete, kAfter, kCreate } kind;
+    enum Kind { kPut, kAppend, kDelete, kAfter, kCreate, kSnapshot } kind;
     std::string key, value;
     Done done;
-    std::string snapshot;  // kCreate (key: the id, value: the meta)
-    absl::Status result;   // kCreate: ALREADY_EXISTS when the id is taken
+    std::string snapshot;  // kCreate (key: the id, value: the meta), kSnapshot
+    absl::Status result;   // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
+    // The session whose history the op extends (kAppend: [start, end);
+    // kCreate, kSnapshot: end) or forgets (kDelete of its holder), or that
+    // AfterDurable asks about (end).
+    std::string session;
+    int64_t start = -1, end = -1;
+    std::function<void(absl::Status, int64_t)> durable_done;  // AfterDurable
   };
   SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend);
   void Enqueue(std::vector<Op> ops);
@@ -149,7 +175,10 @@ class SessionJournal {
   absl::Status Apply(std::vector<Op>& batch);
   absl::Status Heartbeat();
   void FindWanted();
-  absl::Status QuarantineSession(const std::string& id, const std::string& why);
+  absl::Status QuarantineSession(const std::string& id, const std::string& why, const std::string& owner = "");
+  // The session's durable position, or -1 when the journal has not seen it.
+  int64_t DurableLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetHealth(const absl::Status& write) ABSL_LOCKS_EXCLUDED(mu_);
 
   const SessionJournalConfig config_;
   const std::unique_ptr<StateBackend> backend_;
@@ -159,8 +188,11 @@ class SessionJournal {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;   // ops written
   int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // ops queued
-  absl::Status error_ ABSL_GUARDED_BY(mu_);    // the first write error
+  absl::Status error_ ABSL_GUARDED_BY(mu_);    // the last write's error; OK once one succeeds
   int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> durable_ ABSL_GUARDED_BY(mu_);  // per session: its history written so far
+  // Quarantined sessions not yet reported: id -> owner ("" unknown).
+  std::map<std::string, std::string> unreported_ ABSL_GUARDED_BY(mu_);
   // Its own mutex, held while the handler runs (see SetHandoffHandler).
   absl::Mutex handoff_mu_;
   std::function<void(std::vector<std::string>)> handoff_ ABSL_GUARDED_BY(handoff_mu_);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/echo_id.h"
 
 namespace txl {
 
@@ -78,7 +79,7 @@ absl::StatusOr<SessionLease> SessionStore::CreateAcquired(const std::string& own
         state->mem_len(), ")"));
   }
   if (!requested.empty() && sessions_.contains(requested)) {
-    return absl::AlreadyExistsError(absl::StrCat("session_id: ", requested, " already exists"));
+    return absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(requested), " already exists"));
   }
   std::string id = requested.empty() ? NewId() : requested;
   while (sessions_.contains(id)) id = NewId();
@@ -117,7 +118,7 @@ SessionLease SessionStore::CheckOut(const std::string& id, Entry& e) {
 }
 
 absl::Status SessionStore::NotFound(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+  return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
 }
 
 SessionStore::Map::iterator SessionStore::FindOwned(const std::string& caller, const std::string& id) {
@@ -151,7 +152,7 @@ absl::Status SessionStore::Delete(const std::string& caller, const std::string& 
   auto it = FindOwned(caller, id);
   if (it == sessions_.end()) return NotFound(id);
   if (it->second.info.busy)
-    return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
+    return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy with another request"));
   doomed = std::move(it->second.state);
   Erase(it);
   return absl::OkStatus();
@@ -164,7 +165,7 @@ absl::StatusOr<SessionLease> SessionStore::Acquire(const std::string& caller, co
   if (it == sessions_.end()) return NotFound(id);
   Entry& e = it->second;
   if (e.info.busy)
-    return absl::AbortedError(absl::StrCat("session ", id, " is busy with another request"));
+    return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy with another request"));
   e.info.last_used = now;
   SessionLease lease = CheckOut(id, e);
   if (!e.resident) {  // its request brings it back into device memory
@@ -256,7 +257,7 @@ absl::Status SessionStore::AddIdle(const std::string& id, const std::string& own
                                    std::shared_ptr<const IdleSession> idle, std::vector<int> pending,
                                    int64_t position, int64_t since_snapshot) {
   absl::MutexLock lock(&mu_);
-  if (sessions_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("session ", id, " is already live here"));
+  if (sessions_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("session ", EchoId(id), " is already live here"));
   Entry& e = sessions_[id];
   e.info.id = id;
   e.info.owner = owner;
@@ -324,7 +325,7 @@ absl::StatusOr<SessionLease> SessionStore::TakeForSnapshot(const std::string& id
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFound(id);
   Entry& e = it->second;
-  if (e.info.busy || (!e.state && !any_tier)) return absl::AbortedError(absl::StrCat("session ", id, " is busy"));
+  if (e.info.busy || (!e.state && !any_tier)) return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy"));
   return CheckOut(id, e);
 }
 

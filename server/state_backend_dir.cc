@@ -158,31 +158,51 @@ class DirectoryStateBackend : public StateBackend {
       if (!IsValidStateKey(key)) return InvalidKey(key);
     }
     // One descriptor per key for the whole group; synced once at the end.
+    // All or nothing: on any failure every file is cut back to its length
+    // before the group, so no session keeps part of a refused write (the
+    // journal's durable positions rely on it).
     std::map<std::string, Fd> files;
-    std::set<std::string> created_in;  // directories that got a new entry
-    for (const auto& [key, value] : appends) {
-      const std::string path = PathOf(key);
-      auto it = files.find(path);
-      if (it == files.end()) {
-        int fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND);
-        if (fd < 0 && errno == ENOENT) {
-          for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < kMaxDirRaces; ++attempt) {
-            if (absl::Status s = MakeParents(key); !s.ok()) return s;
-            fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND | O_CREAT);
+    std::map<std::string, off_t> before;  // each file's length before the group
+    std::set<std::string> created_in;     // directories that got a new entry
+    absl::Status status = [&]() -> absl::Status {
+      for (const auto& [key, value] : appends) {
+        const std::string path = PathOf(key);
+        auto it = files.find(path);
+        if (it == files.end()) {
+          int fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND);
+          if (fd < 0 && errno == ENOENT) {
+            for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < kMaxDirRaces; ++attempt) {
+              if (absl::Status s = MakeParents(key); !s.ok()) return s;
+              fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND | O_CREAT);
+            }
+            if (fd >= 0) created_in.insert(Dirname(path));
           }
-          if (fd >= 0) created_in.insert(Dirname(path));
+          if (fd < 0) return KeyError(errno, key, "open", path);
+          struct stat st;
+          if (::fstat(fd, &st) != 0) {
+            const int err = errno;
+            ::close(fd);
+            return KeyError(err, key, "stat", path);
+          }
+          before[path] = st.st_size;
+          it = files.emplace(path, Fd(fd)).first;
         }
-        if (fd < 0) return KeyError(errno, key, "open", path);
-        it = files.emplace(path, Fd(fd)).first;
+        if (int err = WriteAll(it->second.get(), value); err != 0) return KeyError(err, key, "append to", path);
       }
-      if (int err = WriteAll(it->second.get(), value); err != 0) return KeyError(err, key, "append to", path);
+      for (auto& [path, fd] : files) {
+        if (fsync_ == FsyncPolicy::kAlways) {
+          if (int err = Fdatasync(fd.get()); err != 0) {
+            return KeyError(err, path.substr(root_.size() + 1), "fdatasync", path);
+          }
+        }
+      }
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) {
+      for (auto& [path, fd] : files) (void)::ftruncate(fd.get(), before[path]);
+      return status;
     }
     for (auto& [path, fd] : files) {
-      if (fsync_ == FsyncPolicy::kAlways) {
-        if (int err = Fdatasync(fd.get()); err != 0) {
-          return KeyError(err, path.substr(root_.size() + 1), "fdatasync", path);
-        }
-      }
       if (int err = fd.Close(); err != 0) return KeyError(err, path.substr(root_.size() + 1), "close", path);
     }
     for (const std::string& dir : created_in) {

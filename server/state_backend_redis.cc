@@ -105,11 +105,24 @@ class RedisStateBackend : public StateBackend {
       commands.push_back({"APPEND", Name(key), value});
     }
     if (commands.empty()) return absl::OkStatus();
-    // Pipelined: one round trip for the whole group.
+    // Pipelined (one round trip) inside MULTI/EXEC: the group is applied all
+    // or nothing, which the journal's durable positions rely on (a command
+    // refused at queueing, e.g. past maxmemory, aborts the whole EXEC).
+    commands.insert(commands.begin(), Command{"MULTI"});
+    commands.push_back({"EXEC"});
     absl::StatusOr<std::vector<Reply>> replies = Run(commands, Retry::kUnsafe);
     if (!replies.ok()) return replies.status();
+    const redisReply* exec = replies->back().get();
+    if (exec->type != REDIS_REPLY_ARRAY || exec->elements != appends.size()) {
+      for (size_t i = 1; i + 1 < replies->size(); ++i) {  // the first refused command says why
+        if ((*replies)[i]->type == REDIS_REPLY_ERROR) {
+          return Expect((*replies)[i].get(), REDIS_REPLY_STATUS, "APPEND", appends[i - 1].first);
+        }
+      }
+      return Expect(exec, REDIS_REPLY_ARRAY, "EXEC", appends.front().first);
+    }
     for (size_t i = 0; i < appends.size(); ++i) {
-      if (absl::Status s = Expect((*replies)[i].get(), REDIS_REPLY_INTEGER, "APPEND", appends[i].first); !s.ok()) {
+      if (absl::Status s = Expect(exec->element[i], REDIS_REPLY_INTEGER, "APPEND", appends[i].first); !s.ok()) {
         return s;
       }
     }

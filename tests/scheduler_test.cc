@@ -175,6 +175,100 @@ TEST_F(SchedulerTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {
   EXPECT_TRUE(first.status.ok());
 }
 
+// Regression (issue 13, 1): SubmitGenerate moved the session's pending token
+// into the job before the queue could refuse it, so a refused Generate
+// (queue full, draining) handed back a session one token shorter.
+TEST_F(SchedulerTest, ARefusedGenerateLeavesTheSessionExactlyAsItWas) {
+  SchedulerConfig config;
+  config.max_queue = 1;
+  Make(config);
+  const std::string a = NewSession(), b = NewSession();
+  scheduler_->Start();
+  Outcome warm;  // b gets a history whose last token is pending
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), false, Spec({10, 11, 12}, 1), warm.Callbacks()).ok());
+  warm.Wait();
+  ASSERT_TRUE(warm.status.ok());
+  const std::vector<int> before = History(b);
+  ASSERT_EQ(store_.Get("", b)->position, 4);
+  scheduler_->Stop();  // a scheduler that runs nothing: its queue fills
+  Make(config);
+  Outcome first;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, Spec({1}, 1), first.Callbacks()).ok());
+  auto full = scheduler_->SubmitGenerate(Lease(b), false, Spec({}, 1), {});
+  ASSERT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.Get("", b)->position, 4);
+  EXPECT_EQ(History(b), before);
+  scheduler_->Drain();
+  auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({5}, 1), {});
+  ASSERT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store_.Get("", b)->position, 4);
+  EXPECT_EQ(History(b), before);
+  scheduler_->Start();
+  first.Wait();
+}
+
+// Flow control (issue 13, 3): a job paused for a client that does not read
+// leaves the batch; the others go on; Resume brings it back.
+TEST_F(SchedulerTest, APausedJobWaitsWithoutHoldingUpTheOthers) {
+  Make();
+  const std::string slow = NewSession(), fast = NewSession();
+  Outcome paused_outcome, fast_outcome;
+  std::shared_ptr<Job> job;
+  absl::Notification first_token;
+  JobCallbacks cb = paused_outcome.Callbacks();
+  auto inner = cb.on_tokens;
+  cb.on_tokens = [&, inner](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
+    inner(std::move(ev), pos);
+    if (paused_outcome.ids.size() == 1) {  // on the engine thread, before its next step
+      scheduler_->Pause(job);
+      first_token.Notify();
+    }
+  };
+  auto submitted = scheduler_->SubmitGenerate(Lease(slow), false, Spec({'a'}, 20), cb);
+  ASSERT_TRUE(submitted.ok());
+  job = *submitted;
+  scheduler_->Start();
+  ASSERT_TRUE(first_token.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(fast), false, Spec({'x'}, 50), fast_outcome.Callbacks()).ok());
+  fast_outcome.Wait();
+  EXPECT_EQ(fast_outcome.ids.size(), 50u);
+  EXPECT_FALSE(paused_outcome.done.HasBeenNotified());
+  EXPECT_EQ(paused_outcome.ids.size(), 1u) << "a paused job takes no step";
+  scheduler_->Resume(job);
+  paused_outcome.Wait();
+  EXPECT_TRUE(paused_outcome.status.ok()) << paused_outcome.status;
+  EXPECT_EQ(paused_outcome.ids.size(), 20u);
+}
+
+// A job paused past stall_timeout ends with StalledError; the session keeps
+// what was generated, exactly like a client's cancel.
+TEST_F(SchedulerTest, AJobPausedPastTheStallTimeoutIsCancelled) {
+  SchedulerConfig config;
+  config.stall_timeout = absl::Milliseconds(50);
+  Make(config);
+  const std::string id = NewSession();
+  Outcome o;
+  std::shared_ptr<Job> job;
+  JobCallbacks cb = o.Callbacks();
+  auto inner = cb.on_tokens;
+  cb.on_tokens = [&, inner](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
+    inner(std::move(ev), pos);
+    if (o.ids.size() == 2) scheduler_->Pause(job);
+  };
+  auto submitted = scheduler_->SubmitGenerate(Lease(id), false, Spec({'a'}, 1000), cb);
+  ASSERT_TRUE(submitted.ok());
+  job = *submitted;
+  scheduler_->Start();
+  o.Wait();
+  EXPECT_TRUE(IsStalled(o.status)) << o.status;
+  EXPECT_EQ(o.result.finish, Finish::kCancelled);
+  EXPECT_EQ(o.ids.size(), 2u);
+  std::vector<int> expected = {'a'};
+  expected.insert(expected.end(), o.ids.begin(), o.ids.end());
+  EXPECT_EQ(History(id), expected);
+  EXPECT_FALSE(IsStalled(absl::CancelledError("a client's own cancel")));
+}
+
 TEST_F(SchedulerTest, CancelledGenerationKeepsWhatWasDelivered) {
   Make();
   const std::string id = NewSession();

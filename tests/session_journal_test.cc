@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <atomic>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,65 @@ std::unique_ptr<SessionJournal> Open(const std::string& dir, const std::string& 
   auto j = SessionJournal::Create(c, *std::move(backend));
   EXPECT_TRUE(j.ok()) << j.status();
   return *std::move(j);
+}
+
+// A directory store that fails every write while `failing` is set, as a
+// full or read-only disk does (reads still work).
+class FlakyBackend : public StateBackend {
+ public:
+  explicit FlakyBackend(std::unique_ptr<StateBackend> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> failing{false};
+  std::string Describe() const override { return inner_->Describe(); }
+  absl::Status Put(const std::string& key, absl::string_view value) override {
+    return failing ? Full() : inner_->Put(key, value);
+  }
+  absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) override {
+    return failing ? Full() : inner_->Append(appends);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key) override { return inner_->Get(key); }
+  absl::Status Delete(const std::string& key) override { return failing ? Full() : inner_->Delete(key); }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) override { return inner_->List(prefix); }
+  absl::StatusOr<bool> CompareAndSet(const std::string& key, const std::optional<std::string>& expected,
+                                     absl::string_view value) override {
+    if (failing) return Full();
+    return inner_->CompareAndSet(key, expected, value);
+  }
+  absl::Status Quarantine(const std::string& key) override { return inner_->Quarantine(key); }
+
+ private:
+  static absl::Status Full() { return absl::ResourceExhaustedError("No space left on device (test)"); }
+  std::unique_ptr<StateBackend> inner_;
+};
+
+// A journal on a FlakyBackend over `dir`; *flaky stays valid while the journal lives.
+std::unique_ptr<SessionJournal> OpenFlaky(const std::string& dir, const std::string& replica, FlakyBackend** flaky,
+                                          absl::Duration holder_timeout = absl::Seconds(10)) {
+  StateBackendConfig b;
+  b.spec = "dir:" + dir;
+  b.fsync = FsyncPolicy::kNever;
+  auto backend = OpenStateBackend(b);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  auto wrapped = std::make_unique<FlakyBackend>(*std::move(backend));
+  *flaky = wrapped.get();
+  SessionJournalConfig c;
+  c.replica = replica;
+  c.holder_timeout = holder_timeout;
+  c.heartbeat_interval = holder_timeout / 4;
+  auto j = SessionJournal::Create(c, std::move(wrapped));
+  EXPECT_TRUE(j.ok()) << j.status();
+  return *std::move(j);
+}
+
+// AfterDurable's answer, waited for.
+std::pair<absl::Status, int64_t> Durable(SessionJournal* j, const std::string& id, int64_t position) {
+  absl::Notification done;
+  std::pair<absl::Status, int64_t> out;
+  j->AfterDurable(id, position, [&](absl::Status s, int64_t have) {
+    out = {s, have};
+    done.Notify();
+  });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  return out;
 }
 
 SessionMeta Meta(const std::string& id, const std::string& owner = "alice") {
@@ -128,21 +188,21 @@ TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
   EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 3, 4}));
   EXPECT_EQ(r->meta.owner, "alice");
 
-  // A snapshot at 3 resets the log; a record that overlaps it replays only what is new.
-  j->RecordSnapshot("s1", Snapshot(3, {3}, "16 1 2"));
-  j->RecordTokens("s1", 2, {3, 4, 5});
+  // A snapshot at 4 resets the log; a record that overlaps it replays only what is new.
+  j->RecordSnapshot("s1", Snapshot(4, {4}, "16 1 2 3"));
+  j->RecordTokens("s1", 3, {4, 5, 6});
   ASSERT_TRUE(j->Flush().ok());
   r = j->Load("s1");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->image.position, 3);
-  EXPECT_EQ(r->tail, (std::vector<int>{4, 5}));
-  EXPECT_EQ(r->position(), 5);
+  EXPECT_EQ(r->image.position, 4);
+  EXPECT_EQ(r->tail, (std::vector<int>{5, 6}));
+  EXPECT_EQ(r->position(), 6);
 
   std::vector<int> pending;
   auto idle = IdleFromRecord(*r, &pending);
-  EXPECT_EQ(idle->state, "16 1 2");
-  EXPECT_EQ(idle->feed, (std::vector<int>{3, 4}));
-  EXPECT_EQ(pending, (std::vector<int>{5}));
+  EXPECT_EQ(idle->state, "16 1 2 3");
+  EXPECT_EQ(idle->feed, (std::vector<int>{4, 5}));
+  EXPECT_EQ(pending, (std::vector<int>{6}));
 
   auto held = j->Held();
   ASSERT_TRUE(held.ok());
@@ -159,8 +219,15 @@ TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
     j->RecordTokens(id, 0, {7, 8});
   }
   j->RecordTokens("bad", 2, {9});
-  j->RecordTokens("gap", 5, {9});  // starts past the end of the history
   ASSERT_TRUE(j->Flush().ok());
+  {
+    // A journal never writes a gap (JournalRefusesWritesThatWouldLeaveAGap),
+    // so a replica that knows nothing of "gap" (the store damaged behind
+    // its back) writes one: a record that starts past the end of the history.
+    auto other = Open(dir, "r2");
+    other->RecordTokens("gap", 5, {9});
+    ASSERT_TRUE(other->Flush().ok());
+  }
   const fs::path sessions = fs::path(dir) / "sessions";
   {
     std::ofstream f(sessions / "torn" / "log", std::ios::app | std::ios::binary);
@@ -346,6 +413,94 @@ TEST(SessionJournalTest, CreatingAnIdTheStoreHasIsAlreadyExistsAndWritesNothing)
   EXPECT_TRUE(b->Flush().ok()) << "ALREADY_EXISTS is an answer, not a store failure";
 }
 
+// Regression (issue 13, 2): after a failed write, later records of the
+// same session were still appended, leaving a log that starts past the end
+// of its history ("log record at byte 40 starts at position 10 but the
+// history ends at 3"): the session was quarantined after a crash.
+TEST(SessionJournalTest, JournalRefusesWritesThatWouldLeaveAGap) {
+  const ScopedDir scoped("gapless");
+  auto j = Open(scoped.path, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2});
+  j->RecordTokens("s1", 5, {9});                       // a gap: not written
+  j->RecordSnapshot("s1", Snapshot(7, {7}, "16 1"));  // holds history the store never had: not written
+  auto [status, have] = Durable(j.get(), "s1", 6);
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_EQ(have, 2);
+  EXPECT_TRUE(j->Writable().ok()) << "a refused record is not a store failure";
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->position(), 2);
+  EXPECT_EQ(r->image.position, 0);
+  j->RecordTokens("s1", 2, {3});  // continuing exactly is fine
+  EXPECT_TRUE(Durable(j.get(), "s1", 3).first.ok());
+}
+
+TEST(SessionJournalTest, AFailedWriteIsNeverAcknowledgedAndTheStoreRecovers) {
+  const ScopedDir scoped("flaky");
+  FlakyBackend* flaky = nullptr;
+  auto j = OpenFlaky(scoped.path, "r1", &flaky);
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2});
+  ASSERT_TRUE(Durable(j.get(), "s1", 2).first.ok());
+  flaky->failing = true;
+  j->RecordTokens("s1", 2, {3, 4});
+  auto [failed, have] = Durable(j.get(), "s1", 4);
+  EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+  EXPECT_NE(failed.message().find("No space left"), std::string::npos) << failed;
+  EXPECT_EQ(have, 2);
+  EXPECT_TRUE(absl::IsUnavailable(j->Writable()));
+  // A create refused by the store leaves its id free.
+  absl::Notification created;
+  absl::Status create_status;
+  j->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    create_status = s;
+    created.Notify();
+  });
+  ASSERT_TRUE(created.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(absl::IsUnavailable(create_status) || absl::IsResourceExhausted(create_status)) << create_status;
+  // A delete refused by the store leaves the session.
+  absl::Notification deleted;
+  absl::Status delete_status;
+  j->RecordDelete("s1", [&](absl::Status s) {
+    delete_status = s;
+    deleted.Notify();
+  });
+  ASSERT_TRUE(deleted.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(delete_status.ok());
+
+  flaky->failing = false;
+  j->RecordTokens("s1", 4, {5});  // past what the store has: refused even now
+  EXPECT_EQ(Durable(j.get(), "s1", 5).second, 2);
+  j->RecordTokens("s1", 2, {7, 8});  // the session, rolled back, goes on from 2
+  EXPECT_TRUE(Durable(j.get(), "s1", 4).first.ok());
+  EXPECT_TRUE(j->Writable().ok()) << "not sticky: a write succeeded";
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 7, 8}));
+  EXPECT_TRUE(absl::IsNotFound(j->Load("s2").status())) << "the refused create left nothing behind";
+  absl::Notification again;
+  j->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << "the id is free: " << s;
+    again.Notify();
+  });
+  ASSERT_TRUE(again.WaitForNotificationWithTimeout(absl::Seconds(30)));
+}
+
+TEST(SessionJournalTest, TheHeartbeatTellsWhenTheStoreIsWritableAgain) {
+  const ScopedDir scoped("beat");
+  FlakyBackend* flaky = nullptr;
+  auto j = OpenFlaky(scoped.path, "r1", &flaky, absl::Milliseconds(40));
+  flaky->failing = true;
+  j->RecordTokens("s1", 0, {1});
+  (void)j->Flush();
+  ASSERT_FALSE(j->Writable().ok());
+  flaky->failing = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!j->Writable().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(j->Writable().ok()) << "no write was queued: the heartbeat found the store writable";
+}
+
 TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
   const ScopedDir scoped("after");  // removed after the journals below stop
   const std::string& dir = scoped.path;
@@ -374,7 +529,8 @@ class DurableSchedulerTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
   void Make(SessionStoreConfig store_config, SchedulerConfig config = {}) {
-    journal_ = Open(dir_, "r1", journal_holder_timeout_);
+    journal_ = flaky_journal_ ? OpenFlaky(dir_, "r1", &flaky_, journal_holder_timeout_)
+                              : Open(dir_, "r1", journal_holder_timeout_);
     store_config.has_state_store = true;
     store_ = std::make_unique<SessionStore>(store_config);
     scheduler_ = std::make_unique<Scheduler>(config, &engine_, store_.get(), &tokenizer_, nullptr);
@@ -445,6 +601,8 @@ class DurableSchedulerTest : public ::testing::Test {
 
   std::string dir_;
   absl::Duration journal_holder_timeout_ = absl::Seconds(10);
+  bool flaky_journal_ = false;  // Make() opens the journal on a FlakyBackend (flaky_)
+  FlakyBackend* flaky_ = nullptr;
   FakeEngine engine_;
   Tokenizer tokenizer_ = Tokenizer::Byte();
   std::unique_ptr<SessionJournal> journal_;
@@ -468,6 +626,38 @@ TEST_F(DurableSchedulerTest, TheJournalHoldsExactlyTheHistoryEvenAcrossSnapshots
   auto r = journal_->Load(id);
   ASSERT_TRUE(r.ok());
   EXPECT_GT(r->image.position, 0);
+}
+
+// Regression (issue 13, 2): a request refused UNAVAILABLE by a failing store
+// still changed the in-memory session (and later the store).
+TEST_F(DurableSchedulerTest, AStoreFailureRollsTheSessionBackAndRefusesChangesUntilItRecovers) {
+  journal_holder_timeout_ = absl::Milliseconds(40);  // heartbeats every 10 ms
+  flaky_journal_ = true;
+  Make(SessionStoreConfig{});
+  const std::string id = NewSession();
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3, &seen).ok());
+  ASSERT_EQ(store_->Get("", id)->position, 5);
+  flaky_->failing = true;
+  std::vector<int> lost;
+  absl::Status s = Generate(id, {'x'}, 5, &lost);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_TRUE(lost.empty()) << "no token reaches a client before it is written";
+  EXPECT_EQ(store_->Get("", id)->position, 5);
+  s = Generate(id, {'y'}, 1);  // refused before anything runs: read-only until the store recovers
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("read-only"), std::string::npos) << s;
+  EXPECT_EQ(store_->Get("", id)->position, 5);
+  flaky_->failing = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!journal_->Writable().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(journal_->Writable().ok());
+  seen.clear();
+  absl::Status resumed = Generate(id, {}, 2, &seen);
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_EQ(seen, (std::vector<int>{'f', 'g'})) << "it goes on from e, as if 'x' had never been sent";
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f', 'g'}));
+  EXPECT_EQ(store_->Get("", id)->position, 7);
 }
 
 TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheStore) {

@@ -365,9 +365,10 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
-  server->GetHealthCheckService()->SetServingStatus(false);
+  // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
   scheduler.Drain();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout));
   while (absl::Now() < deadline && (scheduler.active() > 0 || scheduler.queue_depth() > 0)) {
     absl::SleepFor(absl::Milliseconds(20));

@@ -649,6 +649,18 @@ void Scheduler::Loop() {
         }
         queue_.clear();
       }
+      // A cancelled job (its client's deadline passed while it waited) leaves
+      // the queue now, not when a batch slot frees: its session must not stay busy.
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (!(*it)->cancelled.load()) {
+          ++it;
+          continue;
+        }
+        active.push_back(*it);
+        active_count_.fetch_add(1);
+        it = queue_.erase(it);
+        if (observer_) observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
+      }
       while (!queue_.empty() && static_cast<int>(active.size()) < config_.max_batch) {
         active.push_back(queue_.front());
         queue_.pop_front();

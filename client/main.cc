@@ -1,16 +1,23 @@
 // txl-client: command-line client of txl-server.
 //   txl-client [flags] generate TEXT      stream a generation
 //   txl-client [flags] chat               a REPL on one session; each line sends only new text
+//                                         (/help, /quit; Ctrl-C cancels a reply)
 //   txl-client [flags] score FILE         per-token log-probs / perplexity of a file
 //   txl-client [flags] sessions list|get|delete|fork [ID] | export ID FILE | import FILE
 //   txl-client [flags] create             create a session and print its id
 //   txl-client [flags] info | health
 //   txl-client [flags] bench [--sessions N] [--turns T] [--input-tokens I] [--new-tokens G]
 //                            [--duration S] [--json FILE]      load generator (client/load_generator.h)
-// Errors print the gRPC status and exit non-zero.
+// Errors print the gRPC status and exit non-zero (chat: only at start-up; a
+// failed line prints its error and the REPL goes on).
 // Security: --token (or the TXL_TOKEN environment variable) and the --tls_* flags.
+#include <fcntl.h>
+#include <google/protobuf/stubs/common.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -19,16 +26,21 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/load_generator.h"
 #include "client/txl_client.h"
 
@@ -95,20 +107,173 @@ const char* FinishName(txl::v1::FinishReason r) {
   }
 }
 
-// Streams one generation to stdout; the summary goes to stderr.
-int Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req) {
+// Streams one generation to stdout; the summary goes to stderr. `ctx`: see
+// TxlClient::Generate.
+absl::Status Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req,
+                    grpc::ClientContext* ctx = nullptr) {
   txl::v1::GenerateResponse last;
-  absl::Status s = client.Generate(req, [&](const txl::v1::GenerateResponse& r) {
-    std::cout << r.text() << std::flush;
-    if (r.finish_reason() != txl::v1::FINISH_REASON_UNSPECIFIED) last = r;
-  });
+  absl::Status s = client.Generate(
+      req,
+      [&](const txl::v1::GenerateResponse& r) {
+        std::cout << r.text() << std::flush;
+        if (r.finish_reason() != txl::v1::FINISH_REASON_UNSPECIFIED) last = r;
+      },
+      ctx);
   std::cout << std::endl;
-  if (!s.ok()) return Error(s);
+  if (!s.ok()) return s;
   const auto& u = last.usage();
   std::cerr << "[" << FinishName(last.finish_reason()) << ": " << u.input_tokens() << " input, "
             << u.generated_tokens() << " generated, first token " << static_cast<int>(u.time_to_first_token_seconds() * 1000)
             << " ms, " << (u.total_seconds() > 0 ? u.generated_tokens() / u.total_seconds() : 0.0)
             << " tokens/s, position " << last.position() << "]" << std::endl;
+  return absl::OkStatus();
+}
+
+// Ctrl-C in chat. The handler may only do async-signal-safe things, so it
+// writes a byte to a pipe; a thread reads it and cancels the reply in flight
+// or, at the prompt, prints a hint. SA_RESTART: the prompt's read of stdin
+// goes on instead of failing (which would read as end of input).
+int g_interrupt_fd = -1;  // the pipe's write end
+
+extern "C" void OnInterrupt(int) {
+  const int saved = errno;
+  // Non-blocking: with the pipe full, enough interrupts are pending already.
+  [[maybe_unused]] const ssize_t n = write(g_interrupt_fd, "", 1);
+  errno = saved;
+}
+
+class ReplyCanceller {
+ public:
+  ReplyCanceller() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return;  // then Ctrl-C keeps its default: it ends chat
+    fcntl(fds[1], F_SETFL, O_NONBLOCK);
+    read_fd_ = fds[0];
+    g_interrupt_fd = fds[1];
+    thread_ = std::thread([this] { Watch(); });
+    struct sigaction sa = {};
+    sa.sa_handler = OnInterrupt;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_);
+  }
+  ~ReplyCanceller() {
+    if (read_fd_ < 0) return;
+    sigaction(SIGINT, &old_, nullptr);
+    close(g_interrupt_fd);  // the watcher reads end of file and returns
+    thread_.join();
+    close(read_fd_);
+  }
+  // Ctrl-C cancels `ctx` from now until End, which says whether it did.
+  void Begin(grpc::ClientContext* ctx) {
+    absl::MutexLock lock(&mu_);
+    ctx_ = ctx;
+    cancelled_ = false;
+  }
+  bool End() {
+    absl::MutexLock lock(&mu_);
+    ctx_ = nullptr;
+    return cancelled_;
+  }
+
+ private:
+  void Watch() {
+    char c;
+    for (ssize_t n; (n = read(read_fd_, &c, 1)) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return;
+      absl::MutexLock lock(&mu_);
+      if (ctx_ != nullptr) {
+        ctx_->TryCancel();
+        cancelled_ = true;
+      } else {
+        std::cerr << "\n(Ctrl-C cancels a reply; /quit or Ctrl-D leaves)\n> " << std::flush;
+      }
+    }
+  }
+
+  int read_fd_ = -1;
+  std::thread thread_;
+  struct sigaction old_ = {};
+  absl::Mutex mu_;
+  grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the reply in flight
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+constexpr char kChatHelp[] =
+    "  /help         this list\n"
+    "  /quit, /exit  leave (so does Ctrl-D); the session stays for its TTL\n"
+    "  //TEXT        send /TEXT (a line that starts with / is a command, so double the /)\n"
+    "  Ctrl-C        cancel the reply in flight; the session keeps what it was fed\n";
+
+void ChatError(const absl::Status& s) {
+  std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << std::endl;
+}
+
+// The server stops a cancelled reply at its next step, keeping the prefix it
+// fed; until then the session is busy and the next line would get ABORTED.
+// So wait for that (bounded), and report the position it kept.
+void AfterCancel(txl::TxlClient& client, const std::string& id) {
+  absl::StatusOr<txl::v1::Session> s;
+  for (int i = 0; i < 100; ++i) {
+    s = client.GetSession(id);
+    if (!s.ok() || !s->busy()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (s.ok() && !s->busy()) {
+    std::cerr << "[cancelled: position " << s->position() << "]" << std::endl;
+  } else {
+    std::cerr << "[cancelled]" << std::endl;
+  }
+}
+
+// The chat REPL on session `id` (empty: a new one). Only start-up (reaching
+// the server, the session) and end of input end it; a line's error is
+// printed and the next line read. Prompts, notes and errors go to stderr,
+// stdout gets only the replies.
+int Chat(txl::TxlClient& client, std::string id) {
+  if (id.empty()) {
+    txl::v1::CreateSessionRequest req;
+    req.set_mem_len(absl::GetFlag(FLAGS_mem_len));
+    auto s = client.CreateSession(req);
+    if (!s.ok()) return Error(s.status());
+    id = s->session_id();
+    std::cerr << "session " << id << std::endl;
+  } else if (auto s = client.GetSession(id); !s.ok()) {
+    return Error(s.status());
+  }
+  ReplyCanceller canceller;
+  std::string line;
+  while (std::cerr << "> " && std::getline(std::cin, line)) {
+    if (absl::StartsWith(line, "/") && !absl::StartsWith(line, "//")) {
+      const std::string command = std::string(absl::StripAsciiWhitespace(line));
+      if (command == "/quit" || command == "/exit") return 0;
+      if (command == "/help") {
+        std::cerr << kChatHelp;
+      } else {
+        ChatError(absl::InvalidArgumentError(absl::StrCat(
+            "unknown command '", command.substr(0, command.find_first_of(" \t")), "' (/help lists them)")));
+      }
+      continue;
+    }
+    const std::string text = (absl::StartsWith(line, "//") ? line.substr(1) : line) + "\n";
+    // Input.text is a proto string: protobuf would send invalid UTF-8 anyway
+    // and the server fail to parse it, answering with no useful message.
+    if (!google::protobuf::internal::IsStructurallyValidUTF8(text.data(), static_cast<int>(text.size()))) {
+      ChatError(absl::InvalidArgumentError("the line is not valid UTF-8, the only text Input.text carries"));
+      continue;
+    }
+    txl::v1::GenerateRequest req = GenerateRequest(text);
+    req.set_session_id(id);
+    grpc::ClientContext ctx;
+    canceller.Begin(&ctx);
+    const absl::Status s = Stream(client, req, &ctx);
+    if (canceller.End() && s.code() == absl::StatusCode::kCancelled) {
+      AfterCancel(client, id);
+    } else if (!s.ok()) {
+      ChatError(s);
+    }
+  }
   return 0;
 }
 
@@ -227,7 +392,11 @@ int main(int argc, char** argv) {
       "[--json FILE])\n"
       "bench: N sessions at once, each T greedy Generate turns of I random token ids in, G tokens out;\n"
       "  stops after T turns or S seconds; prints tokens/s, TTFT and inter-token p50/p95/p99, errors by code;\n"
-      "  exit 0 when no call failed, 1 otherwise. Its flags follow the word bench.");
+      "  exit 0 when no call failed, 1 otherwise. Its flags follow the word bench.\n"
+      "chat: each line of stdin sends only that line (and a newline) to one session (--session, else a new\n"
+      "  one); a line's error is printed as 'error: CODE: message' and the REPL goes on. /help lists the\n"
+      "  commands: /quit or /exit (or end of input) leaves, exit 0; a line starting with // sends it with\n"
+      "  one / removed; Ctrl-C cancels the reply in flight, the session keeping what it was fed.");
   // `bench` has flags of its own after the command word: absl parses what precedes them.
   int global_argc = argc;
   for (int i = 1; i < argc; ++i) {
@@ -280,7 +449,8 @@ int main(int argc, char** argv) {
   }
   if (cmd == "generate") {
     std::string text = args.size() > 2 ? args[2] : "";
-    return Stream(client, GenerateRequest(text));
+    absl::Status s = Stream(client, GenerateRequest(text));
+    return s.ok() ? 0 : Error(s);
   }
   if (cmd == "create") {
     txl::v1::CreateSessionRequest req;
@@ -291,24 +461,7 @@ int main(int argc, char** argv) {
     std::cout << s->session_id() << std::endl;
     return 0;
   }
-  if (cmd == "chat") {
-    std::string id = session;
-    if (id.empty()) {
-      txl::v1::CreateSessionRequest req;
-      req.set_mem_len(absl::GetFlag(FLAGS_mem_len));
-      auto s = client.CreateSession(req);
-      if (!s.ok()) return Error(s.status());
-      id = s->session_id();
-      std::cerr << "session " << id << std::endl;
-    }
-    std::string line;
-    while (std::cerr << "> " && std::getline(std::cin, line)) {
-      txl::v1::GenerateRequest req = GenerateRequest(line + "\n");
-      req.set_session_id(id);
-      if (int rc = Stream(client, req); rc != 0) return rc;
-    }
-    return 0;
-  }
+  if (cmd == "chat") return Chat(client, session);
   if (cmd == "score") {
     if (args.size() < 3) return Usage("score needs a FILE");
     std::ifstream in(args[2], std::ios::binary);

@@ -178,10 +178,12 @@ absl::StatusOr<v1::Session> TxlClient::ImportSession(v1::ImportSessionRequest se
 }
 
 absl::Status TxlClient::Generate(const v1::GenerateRequest& request,
-                                 const std::function<void(const v1::GenerateResponse&)>& on_response) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, request.session_id());
-  auto reader = stub_->Generate(&ctx, request);
+                                 const std::function<void(const v1::GenerateResponse&)>& on_response,
+                                 grpc::ClientContext* ctx) {
+  grpc::ClientContext own;
+  if (ctx == nullptr) ctx = &own;
+  Prepare(ctx, request.session_id());
+  auto reader = stub_->Generate(ctx, request);
   v1::GenerateResponse r;
   while (reader->Read(&r)) on_response(r);
   return FromGrpc(reader->Finish());

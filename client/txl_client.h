@@ -64,8 +64,11 @@ class TxlClient {
   // the id (picked here when empty, as CreateSession does), ttl and labels.
   absl::StatusOr<v1::Session> ImportSession(v1::ImportSessionRequest settings, const std::string& data);
   // Calls on_response for every streamed response; returns the call's status.
+  // `ctx`: a fresh context of the caller's for the call (Prepare is applied to
+  // it), so that another thread can TryCancel it; null: one of its own.
   absl::Status Generate(const v1::GenerateRequest& request,
-                        const std::function<void(const v1::GenerateResponse&)>& on_response);
+                        const std::function<void(const v1::GenerateResponse&)>& on_response,
+                        grpc::ClientContext* ctx = nullptr);
   absl::StatusOr<v1::ScoreResponse> Score(const v1::ScoreRequest& request);
   std::unique_ptr<Conversation> Converse(const std::string& session_id);
   // "SERVING", "NOT_SERVING", ... of grpc.health.v1 for `service` ("" = server).

@@ -661,7 +661,12 @@ void Scheduler::Loop() {
         it = queue_.erase(it);
         if (observer_) observer_->OnQueueDepth(static_cast<int64_t>(queue_.size()));
       }
-      while (!queue_.empty() && static_cast<int>(active.size()) < config_.max_batch) {
+      // Paused jobs (clients that do not read) hold no batch slot: waiting
+      // for them must not keep other requests out.
+      int running = 0;
+      for (const auto& job : active) running += job->paused_since.load() == 0 ? 1 : 0;
+      while (!queue_.empty() && running < config_.max_batch) {
+        ++running;
         active.push_back(queue_.front());
         queue_.pop_front();
         active_count_.fetch_add(1);
@@ -779,6 +784,7 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
   std::vector<EngineInput> inputs;
   int64_t budget = config_.max_batch_tokens;
   for (auto& job : active) {
+    if (static_cast<int>(rows.size()) >= config_.max_batch) break;  // resumed jobs may exceed it for a step
     if (job->done || !job->decoding || job->paused_since.load() != 0) continue;
     EngineInput in;
     in.session = job->state();
@@ -789,6 +795,7 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
     --budget;
   }
   for (auto& job : active) {
+    if (static_cast<int>(rows.size()) >= config_.max_batch) break;
     if (job->done || job->decoding) continue;
     const size_t left = job->prefill_left();
     if (left == 0) continue;

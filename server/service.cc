@@ -179,8 +179,10 @@ class StreamingCall : public Base {
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return;  // nobody to send it to
-      buffered_ += static_cast<int64_t>(response.ByteSizeLong());
-      queue_.push_back(std::move(response));
+      // Its size in memory (with 20 alternatives a token, several times its wire size).
+      const int64_t bytes = static_cast<int64_t>(response.SpaceUsedLong());
+      buffered_ += bytes;
+      queue_.push_back({std::move(response), bytes});
       if (buffered_ > c_->config.max_stream_buffer_bytes && job_ && !paused_) {
         paused_ = true;
         c_->scheduler->Pause(job_);
@@ -206,7 +208,7 @@ class StreamingCall : public Base {
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
-      buffered_ -= static_cast<int64_t>(current_.ByteSizeLong());
+      buffered_ -= current_bytes_;
       if (!ok) {
         cancelled_ = true;
         queue_.clear();  // the client is gone
@@ -289,6 +291,7 @@ class StreamingCall : public Base {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     queue_.clear();
+    buffered_ = 0;
   }
 
   const TxlService::Context* c_;
@@ -304,7 +307,8 @@ class StreamingCall : public Base {
   Step Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_) return {};
     if (!queue_.empty()) {
-      current_ = std::move(queue_.front());
+      current_ = std::move(queue_.front().first);
+      current_bytes_ = queue_.front().second;
       queue_.pop_front();
       writing_ = true;
       return {Action::kWrite, {}};
@@ -330,8 +334,9 @@ class StreamingCall : public Base {
 
   std::atomic<int> refs_{1};
   absl::Mutex mu_;
-  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<v1::GenerateResponse, int64_t>> queue_ ABSL_GUARDED_BY(mu_);  // with its bytes
   v1::GenerateResponse current_;  // the write in flight
+  int64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

@@ -7,9 +7,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -109,6 +111,94 @@ class ClientCliTest(unittest.TestCase):
         self.assertIn("INVALID_ARGUMENT", r.stderr)
         self.assertIn("sampling.temperature", r.stderr)
         self.assertEqual(self.client("frobnicate").returncode, 2)
+
+
+class ClientChatTest(unittest.TestCase):
+    """`chat` as a REPL, on a character-level model whose vocabulary has no capitals: a refused line,
+    commands, and Ctrl-C cancelling a reply."""
+
+    CORPUS = "abcdefghijklmnopqrstuvwxyz .,/\n"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="txl_chat_")
+        corpus = os.path.join(cls.tmp.name, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write(cls.CORPUS)
+        model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name,
+                                     init_args=txl_procs.TINY_INIT_ARGS + ("--tokenizer", "char", "--corpus", corpus))
+        cls.server = txl_procs.Server(ARGS.bin_dir, model, "--max_new_tokens", "1000000")
+        cls.argv = [os.path.join(ARGS.bin_dir, "client", "txl-client"), "--server", cls.server.address]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.tmp.cleanup()
+
+    def chat(self, stdin, *flags):
+        r = subprocess.run(self.argv + ["--max_new_tokens", "3", *flags, "chat"], input=stdin, capture_output=True,
+                           timeout=120)
+        return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+    def test_a_refused_line_is_reported_and_the_session_goes_on(self):
+        code, _, err = self.chat(b"HELLO\n\xff\nhello\n/quit\nnot sent\n")
+        self.assertEqual(code, 0, err)
+        self.assertIn("error: INVALID_ARGUMENT: input.text: character 'H' (U+0048) at byte 0 is not in the vocabulary",
+                      err)
+        self.assertIn("error: INVALID_ARGUMENT: the line is not valid UTF-8", err)  # refused before sending
+        # Only "hello\n" was fed: the refused lines left the session at 0, /quit ended before "not sent".
+        self.assertEqual(re.findall(r"\[length: (\d+) input, 3 generated.*position (\d+)\]", err), [("6", "9")])
+
+    def test_commands(self):
+        sid = subprocess.run(self.argv + ["create"], capture_output=True, text=True, timeout=60).stdout.strip()
+        code, _, err = self.chat(b"/help\n/frobnicate now\n//ab\n", "--session", sid)  # then end of input
+        self.assertEqual(code, 0, err)
+        self.assertIn("/quit", err)
+        self.assertIn("error: INVALID_ARGUMENT: unknown command '/frobnicate'", err)
+        self.assertIn("[length: 4 input, 3 generated", err)  # "/ab\n": one / taken off
+        self.assertNotIn("session ", err.splitlines()[0])  # --session: no new one
+        code, _, err = self.chat(b"", "--session", "0" * 32)  # only start-up errors end chat
+        self.assertEqual(code, 1)
+        self.assertIn("NOT_FOUND", err)
+
+    def test_ctrl_c_cancels_the_reply_only(self):
+        n = 50000  # about 5 s of tokens: a reply still streaming when the signal comes
+        with subprocess.Popen(self.argv + ["--max_new_tokens", str(n), "chat"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0) as proc:
+            err = b""
+
+            def read_stderr_until(pattern):
+                nonlocal err
+                while not re.search(pattern, err):
+                    chunk = proc.stderr.read(4096)
+                    self.assertTrue(chunk, err)
+                    err += chunk
+
+            try:
+                read_stderr_until(rb"> ")
+                proc.send_signal(signal.SIGINT)  # at the prompt: a hint, not an exit
+                read_stderr_until(rb"/quit or Ctrl-D[^\n]*\n> ")
+                proc.stdin.write(b"hello\n")
+                self.assertTrue(proc.stdout.read(1))  # the reply is streaming
+                # Drained, so that the client never blocks writing the rest of it.
+                drain = threading.Thread(target=proc.stdout.read)
+                drain.start()
+                proc.send_signal(signal.SIGINT)
+                read_stderr_until(rb"\[cancelled[^\n]*\n")
+                self.assertIsNone(proc.poll())  # still running, back at the prompt
+                proc.stdin.write(b"hello again\n/quit\n")
+                proc.stdin.close()
+                err = (err + proc.stderr.read()).decode()
+                self.assertEqual(proc.wait(timeout=120), 0, err)
+                drain.join()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        kept = int(re.search(r"\[cancelled: position (\d+)\]", err).group(1))
+        self.assertTrue(6 <= kept < 6 + n, err)  # "hello\n" and part of its reply, fed before the cancel
+        self.assertIn(f"[length: 12 input, {n} generated", err)
+        self.assertIn(f"position {kept + 12 + n}]", err)
+        self.assertNotIn("error:", err)
 
 
 def make_certificates(directory):

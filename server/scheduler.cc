@@ -601,6 +601,8 @@ void Scheduler::Offload(bool tick) {
 
 absl::Status Scheduler::SnapshotAll() {
   if (journal_ == nullptr) return absl::OkStatus();
+  // Sessions whose last job's history is being written are busy until it is: settle that first.
+  (void)journal_->Flush();
   for (const std::string& id : store_->Ids()) {
     auto lease = store_->TakeForSnapshot(id);  // idle and in device memory
     if (!lease.ok()) continue;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "absl/synchronization/notification.h"
 #include "tests/fake_engine.h"
 
@@ -69,6 +71,22 @@ class SchedulerTest : public ::testing::Test {
     h.insert(h.end(), lease.pending.begin(), lease.pending.end());
     store_.Release(std::move(lease), absl::Now());
     return h;
+  }
+
+  // Submits a generation whose `at`-th token calls `hook(job)` on the engine
+  // thread, before its next step: deterministic, unlike acting from the test's thread.
+  std::shared_ptr<Job> SubmitWithHook(const std::string& id, GenerateSpec spec, Outcome& o, size_t at,
+                                      std::function<void(const std::shared_ptr<Job>&)> hook) {
+    auto job = std::make_shared<std::shared_ptr<Job>>();
+    JobCallbacks cb = o.Callbacks();
+    cb.on_tokens = [&o, inner = cb.on_tokens, at, hook, job](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
+      inner(std::move(ev), pos);
+      if (o.ids.size() == at) hook(*job);
+    };
+    auto submitted = scheduler_->SubmitGenerate(Lease(id), false, std::move(spec), std::move(cb));
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    *job = submitted.ok() ? *submitted : nullptr;
+    return *job;
   }
 
   FakeEngine engine_;
@@ -213,20 +231,11 @@ TEST_F(SchedulerTest, APausedJobWaitsWithoutHoldingUpTheOthers) {
   Make();
   const std::string slow = NewSession(), fast = NewSession();
   Outcome paused_outcome, fast_outcome;
-  std::shared_ptr<Job> job;
   absl::Notification first_token;
-  JobCallbacks cb = paused_outcome.Callbacks();
-  auto inner = cb.on_tokens;
-  cb.on_tokens = [&, inner](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
-    inner(std::move(ev), pos);
-    if (paused_outcome.ids.size() == 1) {  // on the engine thread, before its next step
-      scheduler_->Pause(job);
-      first_token.Notify();
-    }
-  };
-  auto submitted = scheduler_->SubmitGenerate(Lease(slow), false, Spec({'a'}, 20), cb);
-  ASSERT_TRUE(submitted.ok());
-  job = *submitted;
+  auto job = SubmitWithHook(slow, Spec({'a'}, 20), paused_outcome, 1, [&](const std::shared_ptr<Job>& j) {
+    scheduler_->Pause(j);
+    first_token.Notify();
+  });
   scheduler_->Start();
   ASSERT_TRUE(first_token.WaitForNotificationWithTimeout(absl::Seconds(30)));
   ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(fast), false, Spec({'x'}, 50), fast_outcome.Callbacks()).ok());
@@ -248,16 +257,7 @@ TEST_F(SchedulerTest, AJobPausedPastTheStallTimeoutIsCancelled) {
   Make(config);
   const std::string id = NewSession();
   Outcome o;
-  std::shared_ptr<Job> job;
-  JobCallbacks cb = o.Callbacks();
-  auto inner = cb.on_tokens;
-  cb.on_tokens = [&, inner](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
-    inner(std::move(ev), pos);
-    if (o.ids.size() == 2) scheduler_->Pause(job);
-  };
-  auto submitted = scheduler_->SubmitGenerate(Lease(id), false, Spec({'a'}, 1000), cb);
-  ASSERT_TRUE(submitted.ok());
-  job = *submitted;
+  SubmitWithHook(id, Spec({'a'}, 1000), o, 2, [&](const std::shared_ptr<Job>& j) { scheduler_->Pause(j); });
   scheduler_->Start();
   o.Wait();
   EXPECT_TRUE(IsStalled(o.status)) << o.status;
@@ -273,20 +273,11 @@ TEST_F(SchedulerTest, CancelledGenerationKeepsWhatWasDelivered) {
   Make();
   const std::string id = NewSession();
   Outcome o;
-  std::shared_ptr<Job> job;
-  JobCallbacks cb = o.Callbacks();
-  auto inner = cb.on_tokens;
   // Regression (flaky under load): the test cancelled from its own thread
   // after the third token, racing the engine, which sometimes finished all
   // 1000 first. Cancelling on the engine thread, before its next step, is
   // deterministic.
-  cb.on_tokens = [&, inner](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
-    inner(std::move(ev), pos);
-    if (o.ids.size() == 3) scheduler_->Cancel(job);
-  };
-  auto submitted = scheduler_->SubmitGenerate(Lease(id), false, Spec({'a'}, 1000), cb);
-  ASSERT_TRUE(submitted.ok());
-  job = *submitted;
+  SubmitWithHook(id, Spec({'a'}, 1000), o, 3, [&](const std::shared_ptr<Job>& j) { scheduler_->Cancel(j); });
   scheduler_->Start();
   o.Wait();
   EXPECT_EQ(o.result.finish, Finish::kCancelled);

@@ -40,22 +40,6 @@ struct ScopedDir {
   std::string path;
 };
 
-std::unique_ptr<SessionJournal> Open(const std::string& dir, const std::string& replica,
-                                     absl::Duration holder_timeout = absl::Seconds(10)) {
-  StateBackendConfig b;
-  b.spec = "dir:" + dir;
-  b.fsync = FsyncPolicy::kNever;
-  auto backend = OpenStateBackend(b);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  SessionJournalConfig c;
-  c.replica = replica;
-  c.holder_timeout = holder_timeout;
-  c.heartbeat_interval = holder_timeout / 4;
-  auto j = SessionJournal::Create(c, *std::move(backend));
-  EXPECT_TRUE(j.ok()) << j.status();
-  return *std::move(j);
-}
-
 // A directory store that fails every write while `failing` is set, as a
 // full or read-only disk does (reads still work).
 class FlakyBackend : public StateBackend {
@@ -84,21 +68,27 @@ class FlakyBackend : public StateBackend {
   std::unique_ptr<StateBackend> inner_;
 };
 
-// A journal on a FlakyBackend over `dir`; *flaky stays valid while the journal lives.
-std::unique_ptr<SessionJournal> OpenFlaky(const std::string& dir, const std::string& replica, FlakyBackend** flaky,
-                                          absl::Duration holder_timeout = absl::Seconds(10)) {
+// A journal on the directory store `dir`; with `flaky`, the store is wrapped
+// in a FlakyBackend, and *flaky stays valid while the journal lives.
+std::unique_ptr<SessionJournal> Open(const std::string& dir, const std::string& replica,
+                                     absl::Duration holder_timeout = absl::Seconds(10),
+                                     FlakyBackend** flaky = nullptr) {
   StateBackendConfig b;
   b.spec = "dir:" + dir;
   b.fsync = FsyncPolicy::kNever;
   auto backend = OpenStateBackend(b);
   EXPECT_TRUE(backend.ok()) << backend.status();
-  auto wrapped = std::make_unique<FlakyBackend>(*std::move(backend));
-  *flaky = wrapped.get();
+  std::unique_ptr<StateBackend> store = *std::move(backend);
+  if (flaky != nullptr) {
+    auto wrapped = std::make_unique<FlakyBackend>(std::move(store));
+    *flaky = wrapped.get();
+    store = std::move(wrapped);
+  }
   SessionJournalConfig c;
   c.replica = replica;
   c.holder_timeout = holder_timeout;
   c.heartbeat_interval = holder_timeout / 4;
-  auto j = SessionJournal::Create(c, std::move(wrapped));
+  auto j = SessionJournal::Create(c, std::move(store));
   EXPECT_TRUE(j.ok()) << j.status();
   return *std::move(j);
 }
@@ -439,7 +429,7 @@ TEST(SessionJournalTest, JournalRefusesWritesThatWouldLeaveAGap) {
 TEST(SessionJournalTest, AFailedWriteIsNeverAcknowledgedAndTheStoreRecovers) {
   const ScopedDir scoped("flaky");
   FlakyBackend* flaky = nullptr;
-  auto j = OpenFlaky(scoped.path, "r1", &flaky);
+  auto j = Open(scoped.path, "r1", absl::Seconds(10), &flaky);
   j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   j->RecordTokens("s1", 0, {1, 2});
   ASSERT_TRUE(Durable(j.get(), "s1", 2).first.ok());
@@ -490,7 +480,7 @@ TEST(SessionJournalTest, AFailedWriteIsNeverAcknowledgedAndTheStoreRecovers) {
 TEST(SessionJournalTest, TheHeartbeatTellsWhenTheStoreIsWritableAgain) {
   const ScopedDir scoped("beat");
   FlakyBackend* flaky = nullptr;
-  auto j = OpenFlaky(scoped.path, "r1", &flaky, absl::Milliseconds(40));
+  auto j = Open(scoped.path, "r1", absl::Milliseconds(40), &flaky);
   flaky->failing = true;
   j->RecordTokens("s1", 0, {1});
   (void)j->Flush();
@@ -529,8 +519,7 @@ class DurableSchedulerTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
   void Make(SessionStoreConfig store_config, SchedulerConfig config = {}) {
-    journal_ = flaky_journal_ ? OpenFlaky(dir_, "r1", &flaky_, journal_holder_timeout_)
-                              : Open(dir_, "r1", journal_holder_timeout_);
+    journal_ = Open(dir_, "r1", journal_holder_timeout_, flaky_journal_ ? &flaky_ : nullptr);
     store_config.has_state_store = true;
     store_ = std::make_unique<SessionStore>(store_config);
     scheduler_ = std::make_unique<Scheduler>(config, &engine_, store_.get(), &tokenizer_, nullptr);

@@ -785,14 +785,20 @@ void Scheduler::RunStep(std::vector<std::shared_ptr<Job>>& active) {
   std::vector<Job*> rows;
   std::vector<EngineInput> inputs;
   int64_t budget = config_.max_batch_tokens;
+  // Resumed jobs may make more decoders than max_batch for a while: they
+  // take turns (the start rotates), so none waits for the others to end.
+  std::vector<Job*> decoders;
   for (auto& job : active) {
-    if (static_cast<int>(rows.size()) >= config_.max_batch) break;  // resumed jobs may exceed it for a step
-    if (job->done || !job->decoding || job->paused_since.load() != 0) continue;
+    if (!job->done && job->decoding && job->paused_since.load() == 0) decoders.push_back(job.get());
+  }
+  const size_t first = decoders.size() > static_cast<size_t>(config_.max_batch) ? rotate_++ % decoders.size() : 0;
+  for (size_t k = 0; k < decoders.size() && static_cast<int>(rows.size()) < config_.max_batch; ++k) {
+    Job* job = decoders[(first + k) % decoders.size()];
     EngineInput in;
     in.session = job->state();
     in.tokens = {job->last};
     in.want_distribution = true;
-    rows.push_back(job.get());
+    rows.push_back(job);
     inputs.push_back(std::move(in));
     --budget;
   }

@@ -236,6 +236,7 @@ class Scheduler {
   int64_t resumed_ ABSL_GUARDED_BY(mu_) = 0;          // Resume calls: wakes a loop whose jobs are all paused
 
   std::atomic<int64_t> active_count_{0};
+  size_t rotate_ = 0;  // engine thread only: where the decoders' turn starts when they exceed max_batch
   std::thread thread_;
 };
 

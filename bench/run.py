@@ -687,7 +687,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every side of every measurement")
     ap.add_argument("--reps", type=int, default=0, help="interleaved repetitions for P4 / P6 / P7 (0: per mode)")
     ap.add_argument("--engine-shape", default="base", choices=["base", "small"], help="engine_bench --shape")
-    ap.add_argument("--corpus", default=os.environ.get("TXL_CORPUS", "/work/shared/data/tinyshakespeare.txt"),
+    ap.add_argument("--corpus", default=os.environ.get("TXL_CORPUS", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                         "data", "tinyshakespeare.txt")),
                     help="training corpus for P6 (a slice of it is used)")
     ap.add_argument("--check-ids", default="",
                     help="exit 1 unless the JSON written has a row without error for each of these ids")

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-CORPUS=${CORPUS:-../shared/data/tinyshakespeare.txt}
+CORPUS=${CORPUS:-data/tinyshakespeare.txt}
 OUT=${OUT:-model/bundled/shakespeare_char.pt}
 "$BUILD_DIR/model/txl-train" --train "$CORPUS" --valid_fraction 0.1 \
   --tokenizer char --n_layer 4 --n_head 4 --d_model 128 --d_head 32 --d_inner 512 --dropout 0 \

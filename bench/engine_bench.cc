@@ -41,6 +41,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "base/flags_help.h"
 #include "model/checkpoint.h"
 #include "model/language_model.h"
 #include "model/tokenizer.h"
@@ -517,6 +518,7 @@ int main(int argc, char** argv) {
     execv("/proc/self/exe", argv);
     Fail("re-running with OMP_WAIT_POLICY=PASSIVE failed");
   }
+  txl::ListOwnFlagsInHelp();
   absl::ParseCommandLine(argc, argv);
   const std::string shape = absl::GetFlag(FLAGS_shape);
   const std::string device = absl::GetFlag(FLAGS_device);

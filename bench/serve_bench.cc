@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "base/flags_help.h"
 #include "client/txl_client.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "txl-server address");
@@ -52,6 +53,7 @@ double Measure(const std::string& server, int sessions, int new_tokens, const st
 }  // namespace
 
 int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
   absl::ParseCommandLine(argc, argv);
   std::vector<int> levels;
   for (const auto& l : absl::GetFlag(FLAGS_levels)) levels.push_back(std::stoi(l));

@@ -12,6 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "base/flags_help.h"
 #include "model/language_model.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint (e.g. the base model engine_bench writes; required)");
@@ -21,6 +22,7 @@ ABSL_FLAG(int, steps, 300, "timed steps");
 ABSL_FLAG(int, threads, 2, "intra-op threads");
 
 int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
   absl::ParseCommandLine(argc, argv);
   txl::LanguageModelOptions o;
   o.path = absl::GetFlag(FLAGS_model);

@@ -41,6 +41,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/flags_help.h"
 #include "client/load_generator.h"
 #include "client/txl_client.h"
 
@@ -383,6 +384,7 @@ int Bench(const std::vector<std::string>& args, const txl::ClientOptions& option
 }  // namespace
 
 int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "txl-client [--server H:P] [--session ID] [--token T] [--tls_ca PEM [--tls_cert PEM --tls_key PEM] "
       "[--tls_server_name N]]\n  (generate TEXT | chat | score FILE | create | "

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/flags_help.h"
 #include "model/cli_util.h"
 #include "model/language_model.h"
 #include "nlohmann/json.hpp"
@@ -54,6 +55,7 @@ absl::StatusOr<std::vector<int>> ParseIds(const std::string& text, const std::st
 }  // namespace
 
 int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "txl-eval --model M (--text FILE | --tokens FILE) [--mem_len N] [--chunk K] "
       "[--logprobs OUT] [--predictions OUT] [--device D]");

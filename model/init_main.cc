@@ -7,6 +7,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "base/flags_help.h"
 #include "model/checkpoint.h"
 #include "model/cli_util.h"
 
@@ -26,6 +27,7 @@ int Fail(int code, const std::string& msg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage("txl-init --config CFG.json --tokenizer byte|char|word --out M.pt");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_out).empty()) return Fail(2, "--out is required");

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/flags_help.h"
 #include "model/cli_util.h"
 #include "model/data_parallel.h"
 #include "model/language_model.h"
@@ -87,6 +88,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& list) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "txl-train --train FILES [--valid FILES] [--config CFG.json] [model and training flags] "
       "[--device cpu|cuda|cuda:N] --out M.pt");

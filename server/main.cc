@@ -25,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/flags_help.h"
 #include "server/auth.h"
 #include "server/engine.h"
 #include "server/metrics.h"
@@ -164,6 +165,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(std::
 }  // namespace
 
 int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage("txl-server [--model M.pt] [--listen HOST:PORT] [--device cpu|cuda] ...");
   absl::ParseCommandLine(argc, argv);
   // libgomp reads this once, when it loads, so only the launcher can set it.

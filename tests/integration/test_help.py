@@ -1,0 +1,41 @@
+"""`--help` of every binary lists its own flags with their help text (issue 14).
+
+absl's default shows only the flags of a file named after the program, so --help used to print
+"No flags matched". Run by CTest: /usr/bin/python3 test_help.py --bin-dir BUILD
+"""
+import argparse
+import os
+import subprocess
+import sys
+import unittest
+
+ARGS = None
+
+# binary (relative to the build directory) -> flags its --help must list
+EXPECTED = {
+    "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle"],
+    "client/txl-client": ["--server", "--session", "--max_new_tokens"],
+    "model/txl-train": ["--train", "--device", "--resume"],
+    "model/txl-eval": ["--model"],
+    "model/txl-init": ["--config", "--out"],
+}
+
+
+class HelpTest(unittest.TestCase):
+    def test_help_lists_each_binarys_own_flags(self):
+        for binary, flags in EXPECTED.items():
+            with self.subTest(binary=binary):
+                r = subprocess.run([os.path.join(ARGS.bin_dir, binary), "--help"], capture_output=True, text=True,
+                                   timeout=60)
+                text = r.stdout + r.stderr
+                self.assertNotIn("No flags matched", text)
+                for flag in flags:
+                    self.assertIn(flag, text, "%s --help does not list %s:\n%s" % (binary, flag, text[:2000]))
+                self.assertNotIn("--flagfile", text, "absl's own flags belong in --helpfull, not --help")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bin-dir", required=True)
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

@@ -1,4 +1,4 @@
-// Metrics: the server's Prometheus metrics (DESIGN section 8), kept with
+// Metrics: the server's Prometheus metrics (docs/DESIGN.md §8), kept with
 // prometheus-cpp and served on their own port (metrics_endpoint.h). Injected into the scheduler (as its
 // observer) and the service; never a singleton. No label ever carries a
 // session id.

@@ -1,6 +1,6 @@
 // Scheduler: the engine thread and its admission queue. It owns every
 // running request's session lease and advances them in batches
-// (continuous batching, DESIGN section 7): each step, up to max_batch
+// (continuous batching, docs/DESIGN.md §7): each step, up to max_batch
 // requests move together, decoders by one token, prefills by chunks of up to
 // prefill_chunk tokens, all under max_batch_tokens. Decoders go first and
 // prefills take turns in arrival order, so a long prefill cannot starve them.

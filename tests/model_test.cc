@@ -1,5 +1,5 @@
 // The math of model/: the incremental form is chunk- and batch-invariant and
-// agrees with the training form (DESIGN section 4).
+// agrees with the training form (docs/DESIGN.md §3).
 #include <gtest/gtest.h>
 
 #include "model/training_forward.h"

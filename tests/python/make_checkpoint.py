@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Random Transformer-XL checkpoints in txl-serve's format (DESIGN.md section 5).
+"""Random Transformer-XL checkpoints in txl-serve's format (docs/DESIGN.md §5).
 
 A checkpoint is a TorchScript archive whose module tree carries every tensor under
 the original MemTransformerLM name (so `torch.jit.load(f).state_dict()` lists

@@ -91,6 +91,20 @@ CONFIG_DEFAULTS = OrderedDict([
     ("tail_cluster_order", "reversed"),
 ])
 CONFIG_KEYS = tuple(CONFIG_DEFAULTS)
+# The rest of the original MemTransformerLM constructor's arguments: accepted so that a config
+# copied from the original training script imports; only values serving cannot honour are refused.
+# name -> (the values it may have, why others are refused)
+ORIGINAL_ONLY_KEYS = OrderedDict([
+    ("tgt_len", (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+                 "an integer (the training segment length; serving feeds any length)")),
+    ("ext_len", (lambda v: v in (None, 0) or (isinstance(v, int) and not isinstance(v, bool) and v <= 0),
+                 "0: the server keeps no extended context beyond mem_len")),
+    ("adapt_inp", (lambda v: v is None or isinstance(v, bool), "true or false")),
+    ("attn_type", (lambda v: v in (None, 0) and not isinstance(v, bool),
+                   "0: only the relative attention of Transformer-XL (attn_type 0) is served")),
+    ("sample_softmax", (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v <= 0),
+                        "-1 (or 0): sampled softmax is a training device the server does not have")),
+])
 
 SOURCES = ("original", "hf", "nvidia")
 TAIL_ORDER = {"original": "reversed", "hf": "sequential", "nvidia": "reversed"}
@@ -488,10 +502,14 @@ def read_config(path):
     if not isinstance(cfg, dict):
         raise ImportFailure("%s: the config must be a JSON object" % path)
     for k in cfg:
-        if k not in CONFIG_KEYS:
+        if k not in CONFIG_KEYS and k not in ORIGINAL_ONLY_KEYS:
             raise ImportFailure("%s: config key '%s' is not a known key (known: %s)"
-                                % (path, k, " ".join(CONFIG_KEYS)))
-    cfg = {k: v for k, v in cfg.items() if v is not None}
+                                % (path, k, " ".join(CONFIG_KEYS + tuple(ORIGINAL_ONLY_KEYS))))
+    for k, (ok, allowed) in ORIGINAL_ONLY_KEYS.items():
+        if k in cfg and not ok(cfg[k]):
+            raise ImportFailure("%s: config key '%s' is %s; txl-serve needs %s"
+                                % (path, k, json.dumps(cfg[k]), allowed))
+    cfg = {k: v for k, v in cfg.items() if v is not None and k not in ORIGINAL_ONLY_KEYS}
     types_ = {"n_token": int, "n_layer": int, "n_head": int, "d_model": int, "d_head": int,
               "d_inner": int, "d_embed": int, "div_val": int, "mem_len": int,
               "clamp_len": int, "tie_weight": bool, "pre_lnorm": bool, "untie_r": bool,

@@ -371,8 +371,10 @@ class ImportTest(unittest.TestCase):
         self.roundtrip("original", "plain", weights_for("plain"), "original_plain")
 
     def test_original_adaptive_full_config(self):
-        # CFG.json with every key (agreeing with the tensors) is accepted.
-        cfg = dict(CONFIGS["adaptive"], tail_cluster_order="reversed")
+        # CFG.json with every key (agreeing with the tensors) is accepted, the original
+        # constructor's other arguments (at values serving honours) included.
+        cfg = dict(CONFIGS["adaptive"], tail_cluster_order="reversed", tgt_len=128, ext_len=0,
+                   adapt_inp=True, attn_type=0, sample_softmax=-1)
         self.roundtrip("original", "adaptive", weights_for("adaptive"), "original_adaptive",
                        cfg_json=cfg)
 
@@ -612,6 +614,14 @@ class ImportErrorTest(unittest.TestCase):
     def test_unknown_config_key(self):
         self.fail_import(self.plain(), cfg_json={"n_layers": 2}, expect=("'n_layers'",
                                                                           "not a known key"))
+
+    def test_original_constructor_arguments_it_cannot_honour(self):
+        # Regression (issue 14): the original constructor's other arguments were "not a known key".
+        for key, value, why in (("ext_len", 16, "no extended context"), ("attn_type", 2, "attn_type 0"),
+                                ("sample_softmax", 1000, "sampled softmax"), ("tgt_len", "x", "an integer")):
+            err = self.fail_import(self.plain(), cfg_json={"mem_len": 20, key: value},
+                                   expect=("config key '%s'" % key, why))
+            self.assertIn(json.dumps(value), err)
 
     def test_tokenizer_size_mismatch(self):
         self.fail_import(self.plain(), tok=["--vocab", vocab_file(47)],

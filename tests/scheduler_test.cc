@@ -77,16 +77,18 @@ class SchedulerTest : public ::testing::Test {
   // thread, before its next step: deterministic, unlike acting from the test's thread.
   std::shared_ptr<Job> SubmitWithHook(const std::string& id, GenerateSpec spec, Outcome& o, size_t at,
                                       std::function<void(const std::shared_ptr<Job>&)> hook) {
-    auto job = std::make_shared<std::shared_ptr<Job>>();
+    // Weak: the job holds this callback, so a strong reference would keep both alive forever.
+    auto job = std::make_shared<std::weak_ptr<Job>>();
     JobCallbacks cb = o.Callbacks();
     cb.on_tokens = [&o, inner = cb.on_tokens, at, hook, job](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
       inner(std::move(ev), pos);
-      if (o.ids.size() == at) hook(*job);
+      if (o.ids.size() == at) hook(job->lock());
     };
     auto submitted = scheduler_->SubmitGenerate(Lease(id), false, std::move(spec), std::move(cb));
     EXPECT_TRUE(submitted.ok()) << submitted.status();
-    *job = submitted.ok() ? *submitted : nullptr;
-    return *job;
+    if (!submitted.ok()) return nullptr;
+    *job = *submitted;
+    return *submitted;
   }
 
   FakeEngine engine_;

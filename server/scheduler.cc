@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "server/text_stream.h"
+#include "base/status_macros.h"
 #include "server/echo_id.h"
 
 namespace txl {
@@ -150,35 +151,31 @@ int64_t Scheduler::queue_depth() const {
 
 absl::Status Scheduler::Import(Job& job) {
   const ImportSpec& spec = job.import;
-  auto state = engine_->RestoreSession(spec.image.state);
-  if (!state.ok()) return state.status();
-  if ((*state)->mem_len() > spec.max_mem_len) {
-    return absl::InvalidArgumentError(absl::StrCat("import: the session's mem_len ", (*state)->mem_len(),
+  ASSIGN_OR_RETURN(std::unique_ptr<EngineSession> state, engine_->RestoreSession(spec.image.state));
+  if (state->mem_len() > spec.max_mem_len) {
+    return absl::InvalidArgumentError(absl::StrCat("import: the session's mem_len ", state->mem_len(),
                                                    " is more than this server allows (max_mem_len=",
                                                    spec.max_mem_len, ")"));
   }
-  if ((*state)->fed() + static_cast<int64_t>(spec.image.pending.size()) != spec.image.position) {
+  if (state->fed() + static_cast<int64_t>(spec.image.pending.size()) != spec.image.position) {
     return absl::InvalidArgumentError("session export: the position does not match the state");
   }
   for (int t : spec.image.pending) {
     if (t < 0 || t >= engine_->vocab_size())
       return absl::InvalidArgumentError("session export: a pending token is outside the vocabulary");
   }
-  auto lease = store_->CreateAcquired(spec.owner, *std::move(state), spec.idle_ttl, spec.labels, absl::Now(), spec.id,
-                                      /*durable=*/journal_ != nullptr);
-  if (!lease.ok()) return lease.status();
-  lease->pending = spec.image.pending;
-  const std::string id = lease->id;
+  ASSIGN_OR_RETURN(SessionLease lease,
+                   store_->CreateAcquired(spec.owner, std::move(state), spec.idle_ttl, spec.labels, absl::Now(),
+                                          spec.id, /*durable=*/journal_ != nullptr));
+  lease.pending = spec.image.pending;
+  const std::string id = lease.id;
   if (journal_) {
-    auto info = store_->Get(spec.owner, id);
-    if (!info.ok()) return info.status();
-    RecordNewSession(job, *info, *std::move(lease), EncodeSessionExport(spec.image));
+    ASSIGN_OR_RETURN(SessionInfo info, store_->Get(spec.owner, id));
+    RecordNewSession(job, info, std::move(lease), EncodeSessionExport(spec.image));
     return absl::OkStatus();
   }
-  store_->Release(*std::move(lease), absl::Now());
-  auto info = store_->Get(spec.owner, id);
-  if (!info.ok()) return info.status();
-  job.result.forked = *info;
+  store_->Release(std::move(lease), absl::Now());
+  ASSIGN_OR_RETURN(job.result.forked, store_->Get(spec.owner, id));
   return absl::OkStatus();
 }
 
@@ -421,7 +418,7 @@ absl::StatusOr<std::string> Scheduler::ExportImage(const SessionLease& lease) co
   image.fingerprint = engine_->fingerprint();
   image.position = lease.position();
   image.pending = lease.pending;
-  if (absl::Status s = lease.state->AppendTo(&image.state); !s.ok()) return s;
+  RETURN_IF_ERROR(lease.state->AppendTo(&image.state));
   return EncodeSessionExport(image);
 }
 
@@ -486,10 +483,9 @@ std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::ve
 }
 
 absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionStore* store, const std::string& fingerprint) {
-  auto held = journal->Held();
-  if (!held.ok()) return held.status();
+  ASSIGN_OR_RETURN(std::vector<std::string> held, journal->Held());
   int recovered = 0;
-  for (const std::string& id : *held) {
+  for (const std::string& id : held) {
     auto record = journal->Load(id);  // DATA_LOSS: reported and quarantined by Load
     if (!record.ok()) continue;
     if (record->image.fingerprint != fingerprint) {
@@ -509,15 +505,14 @@ absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionStore* store
 }
 
 absl::StatusOr<std::unique_ptr<EngineSession>> Scheduler::Rebuild(const IdleSession& idle) {
-  auto state = idle.state.empty() ? engine_->NewSession(idle.mem_len) : engine_->RestoreSession(idle.state);
-  if (!state.ok()) return state.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<EngineSession> state,
+                   idle.state.empty() ? engine_->NewSession(idle.mem_len) : engine_->RestoreSession(idle.state));
   for (size_t at = 0; at < idle.feed.size(); at += static_cast<size_t>(config_.prefill_chunk)) {
     const size_t n = std::min(idle.feed.size() - at, static_cast<size_t>(config_.prefill_chunk));
     EngineInput in;
-    in.session = state->get();
+    in.session = state.get();
     in.tokens.assign(idle.feed.begin() + at, idle.feed.begin() + at + n);
-    auto out = engine_->Step(absl::MakeSpan(&in, 1));
-    if (!out.ok()) return out.status();
+    RETURN_IF_ERROR(engine_->Step(absl::MakeSpan(&in, 1)).status());
   }
   return state;
 }
@@ -555,22 +550,19 @@ absl::Status Scheduler::Materialize(Job& job) {
       job.lease.pending = std::move(pending);
     }
   }
-  auto state = Rebuild(*idle);
-  if (!state.ok()) return state.status();
-  job.lease.state = *std::move(state);
+  ASSIGN_OR_RETURN(job.lease.state, Rebuild(*idle));
   job.lease.idle.reset();
   if (observer_) observer_->OnRestore(from, Since(start));
   return absl::OkStatus();
 }
 
 absl::Status Scheduler::Adopt(Job& job) {
-  auto record = journal_->Adopt(job.adopt_id, job.adopt_caller);
-  if (!record.ok()) return record.status();
+  ASSIGN_OR_RETURN(JournalRecord record, journal_->Adopt(job.adopt_id, job.adopt_caller));
   std::vector<int> pending;
-  std::shared_ptr<IdleSession> idle = IdleFromRecord(*record, &pending);
-  absl::Status s = store_->AddIdle(record->meta.id, record->meta.owner, record->meta.idle_ttl, record->meta.labels,
-                                   record->meta.created, std::move(idle), std::move(pending), record->position(),
-                                   static_cast<int64_t>(record->tail.size()));
+  std::shared_ptr<IdleSession> idle = IdleFromRecord(record, &pending);
+  absl::Status s = store_->AddIdle(record.meta.id, record.meta.owner, record.meta.idle_ttl, record.meta.labels,
+                                   record.meta.created, std::move(idle), std::move(pending), record.position(),
+                                   static_cast<int64_t>(record.tail.size()));
   return absl::IsAlreadyExists(s) ? absl::OkStatus() : s;  // a concurrent adoption got here first
 }
 

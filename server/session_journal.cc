@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/hash.h"
+#include "base/status_macros.h"
 #include "server/byte_io.h"
 #include "server/echo_id.h"
 
@@ -128,7 +129,7 @@ absl::StatusOr<std::unique_ptr<SessionJournal>> SessionJournal::Create(const Ses
     return absl::InvalidArgumentError(absl::StrCat("replica_name: '", config.replica,
                                                    "' must be non-empty and of [A-Za-z0-9._-]"));
   std::unique_ptr<SessionJournal> j(new SessionJournal(config, std::move(backend)));
-  if (auto s = j->Heartbeat(); !s.ok()) return s;
+  RETURN_IF_ERROR(j->Heartbeat());
   j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
   return j;
 }

@@ -15,13 +15,12 @@ import sys
 import unittest
 
 ARGS = None
-# Spelled in pieces so that this file does not match itself.
-FORBIDDEN = [
-    re.compile(re.escape("../" + "shared")),
-    re.compile(r"(?<![\w.-])/" + "work/"),
-    re.compile(r"(?<![\w.-])/" + r"home/\w"),
-    re.compile(r"(?<![\w.-])/" + r"root/[\w.]"),
-]
+# Built from pieces joined at run time, so that this file names no such path itself.
+SEP = "/"
+SIBLING = SEP.join(["..", "shared"])                   # the directory beside a developer's checkout
+MACHINE_ROOTS = ("work", "home", "root")                # a work tree, a home directory, root's home
+FORBIDDEN = [re.compile(re.escape(SIBLING))] + [
+    re.compile(r"(?<![\w.-])" + re.escape(SEP + name + SEP) + r"[\w.]") for name in MACHINE_ROOTS]
 
 
 def tracked_files(root):
@@ -52,9 +51,10 @@ class SelfContainedTest(unittest.TestCase):
         self.assertEqual(offenders, [], "paths outside the repository:\n" + "\n".join(offenders))
 
     def test_the_patterns_catch_what_they_should(self):
-        for bad in ("../" + "shared/data/x.txt", "/" + "work/main/x", "/" + "home/me/x", "/" + "root/.cache"):
-            self.assertTrue(any(p.search(bad) for p in FORBIDDEN), bad)
-        for fine in ("/usr/bin/python3", "/var/lib/txl", "docs/work/x", "/opt/txl-serve/model"):
+        bad = [SEP.join([SIBLING, "data", "x.txt"])] + [SEP + SEP.join([name, "x", "y"]) for name in MACHINE_ROOTS]
+        for path in bad:
+            self.assertTrue(any(p.search(path) for p in FORBIDDEN), path)
+        for fine in ("/usr/bin/python3", "/var/lib/txl", "docs/workx", "/opt/txl-serve/model", "a.work/x"):
             self.assertFalse(any(p.search(fine) for p in FORBIDDEN), fine)
 
 

@@ -45,7 +45,7 @@
 #include "model/checkpoint.h"
 #include "model/language_model.h"
 #include "model/tokenizer.h"
-#include "model/training_forward.h"
+#include "train/training_forward.h"
 #include "model/txl_math.h"
 #include "model/weights.h"
 #include "nlohmann/json.hpp"

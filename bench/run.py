@@ -136,9 +136,9 @@ def make_row(rid, measurement, a_name, b_name, unit, a_reps, b_reps, target, low
 class Tools:
     def __init__(self, build_dir):
         self.build = build_dir
-        self.init = os.path.join(build_dir, "model", "txl-init")
-        self.eval = os.path.join(build_dir, "model", "txl-eval")
-        self.train = os.path.join(build_dir, "model", "txl-train")
+        self.init = os.path.join(build_dir, "tools", "txl-init")
+        self.eval = os.path.join(build_dir, "tools", "txl-eval")
+        self.train = os.path.join(build_dir, "tools", "txl-train")
         self.server = os.path.join(build_dir, "server", "txl-server")
         self.client = os.path.join(build_dir, "client", "txl-client")
         self.engine_bench = os.path.join(build_dir, "bench", "engine_bench")

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "model/hash.h"
+#include "base/hash.h"
 #include "model/checkpoint.h"
 #include "model/incremental.h"
 #include "model/txl_math.h"

@@ -12,7 +12,7 @@ trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 scripts/make_recall_corpus.py --examples 30000 --seed 1 --out "$work/train.txt"
 /usr/bin/python3 scripts/make_recall_corpus.py --examples 400 --seed 2 --out "$work/valid.txt"
 mkdir -p "$(dirname "$OUT")"
-"$BUILD_DIR/model/txl-train" --train "$work/train.txt" --valid "$work/valid.txt" --tokenizer char \
+"$BUILD_DIR/tools/txl-train" --train "$work/train.txt" --valid "$work/valid.txt" --tokenizer char \
   --n_layer 2 --n_head 4 --d_model 64 --d_head 16 --d_inner 256 --dropout 0 --pre_lnorm=true \
   --tgt_len 32 --mem_len 64 --batch_size 16 --lr 3e-3 --warmup 100 --max_steps 6000 \
   --time_budget 240 --eval_interval 0 --checkpoint_interval 0 --eval_mem_len 96 \

@@ -26,14 +26,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/flags_help.h"
-#include "server/auth.h"
-#include "server/engine.h"
-#include "server/metrics.h"
-#include "server/scheduler.h"
-#include "server/session_journal.h"
-#include "server/state_backend.h"
-#include "server/service.h"
-#include "server/session_store.h"
+#include "server/api/auth.h"
+#include "server/engine/engine.h"
+#include "server/metrics/metrics.h"
+#include "server/batching/scheduler.h"
+#include "server/durability/session_journal.h"
+#include "server/durability/state_backend.h"
+#include "server/api/service.h"
+#include "server/sessions/session_table.h"
 
 #ifndef TXL_BUNDLED_MODEL
 #define TXL_BUNDLED_MODEL "model/bundled/shakespeare_char.pt"
@@ -231,17 +231,17 @@ int main(int argc, char** argv) {
                              service_config.max_mem_len));
   }
 
-  txl::SessionStoreConfig store_config;
-  store_config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  store_config.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl));
-  store_config.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
-  store_config.memory_budget_bytes = absl::GetFlag(FLAGS_session_memory_budget);
-  store_config.max_sessions_per_principal = absl::GetFlag(FLAGS_max_sessions_per_principal);
-  if (store_config.max_sessions < 1 || store_config.memory_budget_bytes < 0)
+  txl::SessionTableConfig table_config;
+  table_config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  table_config.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl));
+  table_config.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
+  table_config.memory_budget_bytes = absl::GetFlag(FLAGS_session_memory_budget);
+  table_config.max_sessions_per_principal = absl::GetFlag(FLAGS_max_sessions_per_principal);
+  if (table_config.max_sessions < 1 || table_config.memory_budget_bytes < 0)
     return Fail("--max_sessions must be >= 1 and --session_memory_budget >= 0");
-  if (store_config.max_sessions_per_principal < 0) return Fail("--max_sessions_per_principal must be >= 0");
-  store_config.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
-  if (store_config.host_memory_budget_bytes < 0) return Fail("--host_memory_budget must be >= 0");
+  if (table_config.max_sessions_per_principal < 0) return Fail("--max_sessions_per_principal must be >= 0");
+  table_config.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
+  if (table_config.host_memory_budget_bytes < 0) return Fail("--host_memory_budget must be >= 0");
 
   // The state store, before anything is served: a restart finds its sessions first.
   std::unique_ptr<txl::SessionJournal> journal;
@@ -276,12 +276,12 @@ int main(int argc, char** argv) {
     auto opened = txl::SessionJournal::Create(journal_config, *std::move(backend));
     if (!opened.ok()) return Fail(absl::StrCat("state store: ", opened.status().message()));
     journal = *std::move(opened);
-    store_config.has_state_store = true;
+    table_config.has_state_store = true;
   }
   if (absl::GetFlag(FLAGS_snapshot_tokens) < 1) return Fail("--snapshot_tokens must be >= 1");
-  txl::SessionStore store(store_config);
+  txl::SessionTable table(table_config);
   if (journal) {
-    auto recovered = txl::RecoverSessions(journal.get(), &store, (*engine)->fingerprint());
+    auto recovered = txl::RecoverSessions(journal.get(), &table, (*engine)->fingerprint());
     if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
     std::cout << "txl-server: state store " << journal->Describe() << " as replica " << journal->replica() << ": "
               << *recovered << " session(s) recovered" << std::endl;
@@ -294,10 +294,10 @@ int main(int argc, char** argv) {
                          {"device", model.device()},
                          {"n_layer", std::to_string(mc.n_layer)},
                          {"d_model", std::to_string(mc.d_model)}};
-  metrics_config.max_sessions = store_config.max_sessions;
+  metrics_config.max_sessions = table_config.max_sessions;
   metrics_config.max_queue = absl::GetFlag(FLAGS_max_queue);
-  metrics_config.session_memory_budget = store_config.memory_budget_bytes;
-  auto metrics = txl::Metrics::Create(metrics_config, &store);
+  metrics_config.session_memory_budget = table_config.memory_budget_bytes;
+  auto metrics = txl::Metrics::Create(metrics_config, &table);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
 
   txl::SchedulerConfig sched_config;
@@ -312,10 +312,10 @@ int main(int argc, char** argv) {
   sched_config.snapshot_tokens = absl::GetFlag(FLAGS_snapshot_tokens);
   if (absl::GetFlag(FLAGS_stream_stall_timeout) <= 0) return Fail("--stream_stall_timeout must be > 0");
   sched_config.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_stall_timeout));
-  txl::Scheduler scheduler(sched_config, engine->get(), &store, &model.tokenizer(), metrics->get());
+  txl::Scheduler scheduler(sched_config, engine->get(), &table, &model.tokenizer(), metrics->get());
   scheduler.SetJournal(journal.get());
 
-  txl::TxlService service(service_config, mc, model.tokenizer(), engine->get(), &store, &scheduler,
+  txl::TxlService service(service_config, mc, model.tokenizer(), engine->get(), &table, &scheduler,
                           metrics->get(), tokens.get(), journal.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

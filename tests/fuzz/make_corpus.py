@@ -5,7 +5,7 @@ target's input format (see the comment at the top of each *_fuzzer.cc).
     /usr/bin/python3 tests/fuzz/make_corpus.py --build-dir build
 
 Needs the normal build: the Python stubs (build/client/python/gen) for the request
-seeds, and build/model/txl-init for the checkpoint seeds (it writes checkpoints like
+seeds, and build/tools/txl-init for the checkpoint seeds (it writes checkpoints like
 the fuzzer's templates, whose records are then read in archive order). Rewrites the
 seed directories; the seeds are small and kept in git.
 """
@@ -96,7 +96,7 @@ def template_records(bin_dir, tmp, name, config):
         json.dump(config, f)
     with open(corpus, "w") as f:
         f.write(TEMPLATE_CORPUS)
-    subprocess.run([os.path.join(bin_dir, "model", "txl-init"), "--config", cfg, "--tokenizer", "char",
+    subprocess.run([os.path.join(bin_dir, "tools", "txl-init"), "--config", cfg, "--tokenizer", "char",
                     "--corpus", corpus, "--out", out], check=True, capture_output=True)
     with zipfile.ZipFile(out) as z:
         records = []
@@ -141,7 +141,7 @@ def checkpoint_seeds(bin_dir):
 
 
 def journal_seeds():
-    """server/session_journal.cc's stored formats, valid, as mode-0 inputs."""
+    """server/durability/session_journal.cc's stored formats, valid, as mode-0 inputs."""
     def string(b):
         return struct.pack("<I", len(b)) + b
     meta = (b"TXLMETA1" + string(b"0123456789abcdef0123456789abcdef") + string(b"alice") +

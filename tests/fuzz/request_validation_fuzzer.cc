@@ -1,4 +1,4 @@
-// libFuzzer target: the service's request checks (server/request_validation.h),
+// libFuzzer target: the service's request checks (server/api/request_validation.h),
 // which TxlService runs on every CreateSession, Generate, Converse turn and
 // Score before anything else. Bytes are parsed as the txl.v1 message of the
 // chosen RPC (unparsable bytes are skipped, as gRPC would refuse them), with
@@ -27,8 +27,8 @@
 
 #include "google/protobuf/stubs/logging.h"
 #include "model/tokenizer.h"
-#include "server/request_validation.h"
-#include "server/sampler.h"
+#include "server/api/request_validation.h"
+#include "server/batching/sampler.h"
 
 namespace {
 

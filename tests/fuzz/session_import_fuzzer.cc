@@ -1,6 +1,6 @@
 // libFuzzer target: importing a session. ImportSession takes bytes from a
 // client and runs two decoders on them before any session exists:
-// DecodeSessionExport (server/session_export.h: the envelope with format
+// DecodeSessionExport (server/sessions/session_export.h: the envelope with format
 // version, fingerprint, position, pending tokens and checksum) and
 // LanguageModel::RestoreSession (the memory image inside it). Both must refuse
 // damaged or hostile bytes with a status; a session they accept must be
@@ -24,7 +24,7 @@
 // memory, its own image restores to a session with the same image, and it
 // runs a step of two tokens (position + 2).
 // Mode 0's bytes also go to the session journal's two decoders of stored
-// state (server/session_journal.h): DecodeSessionMeta (OK or DATA_LOSS; what
+// state (server/durability/session_journal.h): DecodeSessionMeta (OK or DATA_LOSS; what
 // decodes encodes back to the same bytes) and ReplayJournalLog (OK or
 // DATA_LOSS; it only appends, and a log written by the journal replays back
 // to its tokens).
@@ -42,8 +42,8 @@
 #include "model/language_model.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
-#include "server/session_export.h"
-#include "server/session_journal.h"
+#include "server/sessions/session_export.h"
+#include "server/durability/session_journal.h"
 
 namespace {
 

@@ -44,7 +44,7 @@ LOG_HEADER = struct.calcsize("<IqQ")
 
 
 def log_records(data):
-    """(offset, n, start) of each whole record of a session log (server/session_journal.h)."""
+    """(offset, n, start) of each whole record of a session log (server/durability/session_journal.h)."""
     out, off = [], 0
     while off + LOG_HEADER <= len(data):
         n, start = struct.unpack_from("<Iq", data, off)
@@ -327,7 +327,7 @@ class DurabilityTest(unittest.TestCase):
 
     def test_b1_stale_temp_and_torn_log_tail(self):
         node, sid, position, session_dir, snap = self.crash_with_snapshot_and_log("torn")
-        # A snapshot write of this replica (r1) cut short: server/state_backend_dir.cc names it so.
+        # A snapshot write of this replica (r1) cut short: server/durability/state_backend_dir.cc names it so.
         temp = os.path.join(session_dir, ".snap.tmp.r1.999999.0")
         with open(temp, "wb") as f:
             f.write(snap[:len(snap) // 2])

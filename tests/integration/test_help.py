@@ -15,9 +15,9 @@ ARGS = None
 EXPECTED = {
     "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle"],
     "client/txl-client": ["--server", "--session", "--max_new_tokens"],
-    "model/txl-train": ["--train", "--device", "--resume"],
-    "model/txl-eval": ["--model"],
-    "model/txl-init": ["--config", "--out"],
+    "tools/txl-train": ["--train", "--device", "--resume"],
+    "tools/txl-eval": ["--model"],
+    "tools/txl-init": ["--config", "--out"],
 }
 
 

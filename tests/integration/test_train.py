@@ -4,7 +4,7 @@ The CUDA checks adapt to the machine: where txl-train's libtorch has no CUDA or
 no GPU is visible, `--device cuda` must fail clearly; where it runs, its losses
 must follow the CPU run's, resume must hold, and its checkpoint must load on the CPU.
 
-Run by CTest: /usr/bin/python3 test_train.py --bin-dir BUILD/model --corpus FILE
+Run by CTest: /usr/bin/python3 test_train.py --bin-dir BUILD/tools --corpus FILE
 """
 import argparse
 import os

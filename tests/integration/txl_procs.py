@@ -7,7 +7,7 @@
 
 - run_stub_tests(namespace, doc, extra_args): the main() of a unittest script that talks gRPC
   through the generated Python stubs (--bin-dir, --stubs).
-- hash64(data): model/hash.h's Hash64, for tests that write the server's checksummed formats.
+- hash64(data): base/hash.h's Hash64, for tests that write the server's checksummed formats.
 
 A test script imports it from its own directory:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,12 +37,12 @@ def free_port():
 
 def tiny_model(bin_dir, directory, name="m.pt", init_args=TINY_INIT_ARGS, **config):
     """Writes TINY_CONFIG updated with `config` as c.json in `directory` and a random model from it
-    (BUILD/model/txl-init with `init_args`) as `name` there; returns the model's path."""
+    (BUILD/tools/txl-init with `init_args`) as `name` there; returns the model's path."""
     model = os.path.join(directory, name)
     config_path = os.path.join(directory, "c.json")
     with open(config_path, "w") as f:
         json.dump(dict(TINY_CONFIG, **config), f)
-    subprocess.run([os.path.join(bin_dir, "model", "txl-init"), "--config", config_path, "--out", model,
+    subprocess.run([os.path.join(bin_dir, "tools", "txl-init"), "--config", config_path, "--out", model,
                     *init_args], check=True, capture_output=True, timeout=120)
     return model
 
@@ -142,7 +142,7 @@ def run_stub_tests(namespace, doc, extra_args=()):
 
 
 def hash64(data, h=0xcbf29ce484222325):
-    """model/hash.h's Hash64 (FNV-1a over 8-byte words, then the length)."""
+    """base/hash.h's Hash64 (FNV-1a over 8-byte words, then the length)."""
     prime, mask = 0x100000001b3, (1 << 64) - 1
     i = 0
     while i + 8 <= len(data):

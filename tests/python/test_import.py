@@ -8,7 +8,7 @@ Random models (make_checkpoint.random_weights) are saved with torch.save in the 
 namings (original, Hugging Face, NVIDIA), as wrapped / pickled-module variants and as
 TorchScript archives, imported with txl-import, and scored with `txl-eval --logprobs`;
 the log-probs must match the reference within 1e-4. Without --txl-import the tool is run
-as `python3 model/txl_import.py`; without --txl-eval only the archives are checked.
+as `python3 tools/txl_import.py`; without --txl-eval only the archives are checked.
 Error cases check exit code 1, the `txl-import: ` prefix and the key named. Every
 comparison prints its max |diff|.
 """
@@ -674,7 +674,7 @@ def main():
         if path is not None and not os.access(path, os.X_OK):
             sys.exit("%s %s is not an executable file" % (flag, path))
     TXL_IMPORT = [os.path.abspath(imp)] if imp else \
-        [sys.executable, os.path.join(ROOT, "model", "txl_import.py")]
+        [sys.executable, os.path.join(ROOT, "tools", "txl_import.py")]
     TXL_EVAL = os.path.abspath(ev) if ev else None
     torch.set_num_threads(1)
     prog = unittest.main(argv=argv, exit=False, verbosity=2)

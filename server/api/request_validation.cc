@@ -1,0 +1,137 @@
+#include "server/api/request_validation.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/batching/sampler.h"
+
+namespace txl {
+
+bool IsSessionIdForm(std::string_view id) {
+  if (id.size() != 32) return false;
+  for (char c : id)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+absl::StatusOr<std::string> ResolveSessionId(const std::string& field, const std::string* metadata) {
+  if (metadata == nullptr) return field;
+  if (!field.empty() && field != *metadata) {
+    return absl::InvalidArgumentError("session_id: differs from the txl-session-id metadata of the same call");
+  }
+  return *metadata;
+}
+
+absl::StatusOr<std::vector<int>> RequestValidator::DecodeInput(const v1::Input& in) const {
+  std::vector<int> ids;
+  if (in.has_tokens()) {
+    const int64_t V = limits_.n_token;
+    for (int i = 0; i < in.tokens().ids_size(); ++i) {
+      const int id = in.tokens().ids(i);
+      if (id < 0 || id >= V) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("input.tokens.ids[", i, "]: ", id, " is outside [0, ", V, ")"));
+      }
+      ids.push_back(id);
+    }
+  } else if (in.has_text()) {
+    auto encoded = tokenizer_.Encode(in.text());
+    if (!encoded.ok()) return absl::InvalidArgumentError(absl::StrCat("input.text: ", encoded.status().message()));
+    ids = *std::move(encoded);
+  }
+  if (static_cast<int64_t>(ids.size()) > limits_.max_input_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input: ", ids.size(), " tokens, more than the limit of ", limits_.max_input_tokens));
+  }
+  return ids;
+}
+
+absl::StatusOr<int64_t> RequestValidator::MemLen(int64_t requested) const {
+  if (requested == 0) return limits_.default_mem_len;
+  if (requested < 1 || requested > limits_.max_mem_len) {
+    return absl::InvalidArgumentError(absl::StrCat("mem_len: must be in [1, ", limits_.max_mem_len,
+                                                   "] (0: default ", limits_.default_mem_len, "), got ",
+                                                   requested));
+  }
+  return requested;
+}
+
+absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& req) const {
+  GenerateSpec spec;
+  auto input = DecodeInput(req.input());
+  if (!input.ok()) return input.status();
+  spec.input = *std::move(input);
+  spec.max_new_tokens = req.max_new_tokens() == 0 ? 16 : req.max_new_tokens();
+  if (spec.max_new_tokens < 1 || spec.max_new_tokens > limits_.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: must be in [1, ", limits_.max_new_tokens,
+                                                   "] (0: 16), got ", req.max_new_tokens()));
+  }
+  spec.sampling.temperature = req.sampling().temperature();
+  spec.sampling.top_k = req.sampling().top_k();
+  spec.sampling.top_p = req.sampling().top_p();
+  spec.sampling.seed = req.sampling().seed();
+  if (auto s = ValidateSampling(spec.sampling); !s.ok()) return s;
+  for (int i = 0; i < req.stop_token_ids_size(); ++i) {
+    const int id = req.stop_token_ids(i);
+    if (id < 0 || id >= limits_.n_token) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids[", i, "]: ", id, " is outside [0, ", limits_.n_token, ")"));
+    }
+    spec.stop_token_ids.push_back(id);
+  }
+  for (int i = 0; i < req.stop_sequences_size(); ++i) {
+    if (req.stop_sequences(i).empty())
+      return absl::InvalidArgumentError(absl::StrCat("stop_sequences[", i, "]: must not be empty"));
+    spec.stop_sequences.push_back(req.stop_sequences(i));
+  }
+  if (req.logprobs() < 0 || req.logprobs() > limits_.max_top_logprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs: must be in [0, ", limits_.max_top_logprobs, "], got ", req.logprobs()));
+  }
+  spec.top_logprobs = req.logprobs();
+  return spec;
+}
+
+absl::StatusOr<NewSessionArgs> RequestValidator::CreateSession(const v1::CreateSessionRequest& req,
+                                                               const std::string* metadata_session_id) const {
+  NewSessionArgs args;
+  auto mem_len = MemLen(req.mem_len());
+  if (!mem_len.ok()) return mem_len.status();
+  args.mem_len = *mem_len;
+  if (req.idle_ttl_seconds() < 0)
+    return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds: must be >= 0, got ", req.idle_ttl_seconds()));
+  args.idle_ttl = absl::Seconds(req.idle_ttl_seconds());
+  auto id = ResolveSessionId(req.session_id(), metadata_session_id);
+  if (!id.ok()) return id.status();
+  if (!id->empty() && !IsSessionIdForm(*id)) {
+    return absl::InvalidArgumentError("session_id: must be 32 lowercase hex characters (128 random bits), or empty");
+  }
+  args.session_id = *std::move(id);
+  return args;
+}
+
+absl::StatusOr<GenerateArgs> RequestValidator::Generate(const v1::GenerateRequest& req,
+                                                        const std::string* metadata_session_id) const {
+  GenerateArgs args;
+  auto id = ResolveSessionId(req.session_id(), metadata_session_id);
+  if (!id.ok()) return id.status();
+  args.session_id = *std::move(id);
+  auto spec = Spec(req);
+  if (!spec.ok()) return spec.status();
+  args.spec = *std::move(spec);
+  return args;
+}
+
+absl::StatusOr<ScoreArgs> RequestValidator::Score(const v1::ScoreRequest& req,
+                                                  const std::string* metadata_session_id) const {
+  ScoreArgs args;
+  auto id = ResolveSessionId(req.session_id(), metadata_session_id);
+  if (!id.ok()) return id.status();
+  args.session_id = *std::move(id);
+  auto input = DecodeInput(req.input());
+  if (!input.ok()) return input.status();
+  args.input = *std::move(input);
+  return args;
+}
+
+}  // namespace txl

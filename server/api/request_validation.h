@@ -1,0 +1,98 @@
+// RequestValidator: the checks TxlService runs on a request before it takes a
+// session or touches the scheduler, as pure functions of the request message,
+// the txl-session-id metadata and the server's limits. No gRPC and no torch:
+// the fuzz target tests/fuzz/request_validation_fuzzer.cc runs exactly the
+// code the service runs.
+//
+// Every error is INVALID_ARGUMENT whose message starts with the field at
+// fault ("mem_len: ...", "input.tokens.ids[3]: ...", "sampling.top_p ...").
+//
+// Threading: immutable after construction; const methods may be called from
+// any number of threads at once.
+#ifndef TXL_SERVER_API_REQUEST_VALIDATION_H_
+#define TXL_SERVER_API_REQUEST_VALIDATION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/tokenizer.h"
+#include "proto/txl/v1/txl.pb.h"
+#include "server/batching/scheduler.h"
+
+namespace txl {
+
+struct RequestLimits {
+  int64_t n_token = 256;  // token ids must be in [0, n_token)
+  int64_t default_mem_len = 256;
+  int64_t max_mem_len = 4096;
+  int max_new_tokens = 4096;  // per request
+  int64_t max_input_tokens = 65536;
+  int max_top_logprobs = 20;
+};
+
+// The form of a session id: 128 bits as 32 lowercase hex characters.
+bool IsSessionIdForm(std::string_view id);
+
+// The session id of a call: the request field, or else the txl-session-id
+// metadata (`metadata` null when the call has none). Both given and different:
+// INVALID_ARGUMENT naming session_id. May be empty (no id given).
+absl::StatusOr<std::string> ResolveSessionId(const std::string& field, const std::string* metadata);
+
+// CreateSession's arguments, checked.
+struct NewSessionArgs {
+  int64_t mem_len = 0;  // resolved: 0 became the default
+  absl::Duration idle_ttl;  // >= 0; the store applies its default and maximum
+  std::string session_id;   // empty or of IsSessionIdForm
+};
+
+// A Generate or Converse turn, checked.
+struct GenerateArgs {
+  std::string session_id;  // empty: a throw-away (or the stream's) session
+  GenerateSpec spec;
+};
+
+// A Score call, checked.
+struct ScoreArgs {
+  std::string session_id;  // empty: a throw-away session
+  std::vector<int> input;
+};
+
+class RequestValidator {
+ public:
+  // `tokenizer` is copied (an immutable value).
+  RequestValidator(const RequestLimits& limits, const Tokenizer& tokenizer)
+      : limits_(limits), tokenizer_(tokenizer) {}
+
+  const RequestLimits& limits() const { return limits_; }
+
+  // Token ids in [0, n_token), or text the tokenizer encodes; at most
+  // max_input_tokens either way. No input at all is an empty list.
+  absl::StatusOr<std::vector<int>> DecodeInput(const v1::Input& in) const;
+  // 0: the default; else in [1, max_mem_len].
+  absl::StatusOr<int64_t> MemLen(int64_t requested) const;
+  // The request's input, max_new_tokens (0: 16), sampling, stop tokens and
+  // sequences, logprobs. The session id is not looked at.
+  absl::StatusOr<GenerateSpec> Spec(const v1::GenerateRequest& req) const;
+
+  // Whole requests, checked in the order the service always has: the
+  // request's own fields and the id (field against metadata) as each RPC
+  // reads them. `metadata_session_id` null: the call has no such metadata.
+  absl::StatusOr<NewSessionArgs> CreateSession(const v1::CreateSessionRequest& req,
+                                               const std::string* metadata_session_id) const;
+  absl::StatusOr<GenerateArgs> Generate(const v1::GenerateRequest& req,
+                                        const std::string* metadata_session_id) const;
+  absl::StatusOr<ScoreArgs> Score(const v1::ScoreRequest& req, const std::string* metadata_session_id) const;
+
+ private:
+  RequestLimits limits_;
+  Tokenizer tokenizer_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_API_REQUEST_VALIDATION_H_

@@ -1,0 +1,204 @@
+// SessionJournal: the durable record of every session (--state_dir or
+// --state_store). A session's state is a pure function of its token history
+// (docs/DESIGN.md §3), so the journal keeps, per session, a snapshot (an
+// exact SessionExport image at some position) and an append-only log of the
+// history tokens after it; replaying the log onto the snapshot rebuilds the
+// state. Keys on the StateBackend:
+//   sessions/<id>/meta    owner, mem_len, ttl, labels, created (immutable)
+//   sessions/<id>/snap    SessionExport bytes (an empty state: a fresh session)
+//   sessions/<id>/log     records: u32 n, i64 start, u64 Hash64 of those two,
+//                         i32 tokens[n], u64 Hash64 of all before it
+//   sessions/<id>/holder  the replica that serves it
+//   wanted/<holder>/<id>  another replica asks the holder to hand it over
+//   replicas/<name>       that replica's heartbeat (unix nanoseconds)
+//
+// Writes are queued and applied in order by one writer thread, which commits
+// everything queued in one group (one Append call, all or nothing); After(fn)
+// runs fn once everything queued before it is written. A snapshot is written
+// (atomically) before its log is reset, and log records carry their start
+// position, so a crash between the two only leaves records that replay skips.
+//
+// A session changes only by what its client was told was done
+// (docs/ROBUSTNESS.md, "When the state store fails"). The journal knows, per session, how far its
+// history is written (the durable position) and never writes a gap: a log
+// record that does not start there, or a snapshot of another position, is
+// refused unwritten. AfterDurable tells the scheduler whether a session's
+// history reached a position, and if not, the position it may roll back to.
+// A failed write makes the journal unwritable (Writable() says why) until a
+// later write, or the heartbeat, succeeds; meanwhile the server refuses
+// requests that would change a journaled session.
+//
+// Ownership between replicas: a session is served by its holder. A replica
+// whose heartbeat is older than holder_timeout (or gone: a clean shutdown
+// removes it) is dead, and any replica may claim its sessions
+// (CompareAndSet on the holder key, so exactly one does). A replica asked
+// for a session a live replica holds leaves a "wanted" key; the holder finds
+// it at its next heartbeat and hands the session over (snapshot, release)
+// once it is idle, so a session whose route moved (scale-up) follows it.
+//
+// Threading: all methods are thread-safe. Load, Held and Adopt do blocking
+// I/O on the caller's thread; the rest only enqueue.
+#ifndef TXL_SERVER_DURABILITY_SESSION_JOURNAL_H_
+#define TXL_SERVER_DURABILITY_SESSION_JOURNAL_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/sessions/session_export.h"
+#include "server/durability/state_backend.h"
+
+namespace txl {
+
+// What a session was created with.
+struct SessionMeta {
+  std::string id;
+  std::string owner;
+  int64_t mem_len = 0;
+  absl::Duration idle_ttl;
+  absl::Time created;
+  std::map<std::string, std::string> labels;
+};
+
+// A session as the journal rebuilds it: its snapshot plus the history
+// tokens logged after it.
+struct JournalRecord {
+  SessionMeta meta;
+  SessionExport image;     // image.state empty: a fresh session of meta.mem_len
+  std::vector<int> tail;   // history tokens after image.position
+  int64_t position() const { return image.position + static_cast<int64_t>(tail.size()); }
+};
+
+std::string EncodeSessionMeta(const SessionMeta& meta);
+// DATA_LOSS when truncated or damaged.
+absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes);
+// Applies a session's log bytes to `record`: tokens before its position are
+// skipped, a torn last record (cut short by a crash) is ignored; DATA_LOSS
+// for any other damage (a checksum that fails, a record that starts past the
+// end of the history). `valid_bytes`: the length of the log without its torn
+// tail.
+absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, size_t* valid_bytes = nullptr);
+
+struct SessionJournalConfig {
+  std::string replica;                          // this replica's name
+  absl::Duration holder_timeout = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+};
+
+class SessionJournal {
+ public:
+  // Writes this replica's heartbeat before returning.
+  static absl::StatusOr<std::unique_ptr<SessionJournal>> Create(const SessionJournalConfig& config,
+                                                                std::unique_ptr<StateBackend> backend);
+  ~SessionJournal();  // writes what is queued, removes the heartbeat, joins
+
+  using Done = std::function<void(absl::Status)>;
+
+  // --- Queued writes, applied in order. ---
+  // A new session held by this replica: meta (only if the store has no
+  // session of that id: another replica's, or one this replica has not
+  // loaded), snapshot (export bytes), an empty log. done(OK), or
+  // ALREADY_EXISTS and nothing written, or the store's failure; called on
+  // the writer thread once written. Keep the session busy until then, so
+  // that nothing is logged for it before it exists.
+  void RecordCreate(const SessionMeta& meta, std::string snapshot, Done done);
+  void RecordTokens(const std::string& id, int64_t start, std::vector<int> tokens);
+  // The session's state at some position; the log restarts empty.
+  void RecordSnapshot(const std::string& id, std::string snapshot);
+  // This replica lets the session go: another may claim it at once.
+  void RecordRelease(const std::string& id);
+  // Deletes a session; done(OK) once its meta (the commit point: without
+  // it the session is gone) is deleted, else the store's error and the
+  // session is still there.
+  void RecordDelete(const std::string& id, Done done = nullptr);
+  // fn(OK) on the writer thread, after everything queued before it.
+  void After(Done fn);
+  // fn(OK, position) once everything queued before it is written, if the
+  // session's history is written up to `position`; else fn(UNAVAILABLE,
+  // the durable position), which is what the session must roll back to.
+  void AfterDurable(const std::string& id, int64_t position, std::function<void(absl::Status, int64_t)> fn);
+  // OK, or UNAVAILABLE naming the store's last failure: writes fail now.
+  absl::Status Writable() const;
+  // Blocks until everything queued so far is written; then Writable().
+  absl::Status Flush();
+
+  // --- Blocking reads. ---
+  // DATA_LOSS (and the session's keys quarantined) when its state is damaged;
+  // NOT_FOUND when there is no such session. Sets the durable position.
+  absl::StatusOr<JournalRecord> Load(const std::string& id);
+  // Sessions held by this replica (its own after a restart).
+  absl::StatusOr<std::vector<std::string>> Held();
+  // Claims a session of a dead replica for this one and loads it. NOT_FOUND:
+  // no such session, or not `caller`'s; UNAVAILABLE: a live replica holds it.
+  absl::StatusOr<JournalRecord> Adopt(const std::string& id, const std::string& caller);
+
+  // Called on the writer thread, at heartbeats, with the sessions this
+  // replica holds that another replica asked for (see above). Setting
+  // another (or null) waits for a call in progress, so the owner of a
+  // handler may clear it and then go.
+  void SetHandoffHandler(std::function<void(std::vector<std::string>)> handler);
+
+  const std::string& replica() const { return config_.replica; }
+  std::string Describe() const { return backend_->Describe(); }
+  int64_t quarantined() const;
+  // A session quarantined since start-up that nobody was told of yet:
+  // DATA_LOSS once for its owner (`caller`; anyone when its owner is
+  // unknown), then OK (it answers NOT_FOUND from then on).
+  absl::Status TakeQuarantined(const std::string& id, const std::string& caller);
+
+ private:
+  struct Op {
+    enum Kind { kPut, kAppend, kDelete, kAfter, kCreate, kSnapshot } kind;
+    std::string key, value;
+    Done done;
+    std::string snapshot;  // kCreate (key: the id, value: the meta), kSnapshot
+    absl::Status result;   // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
+    // The session whose history the op extends (kAppend: [start, end);
+    // kCreate, kSnapshot: end) or forgets (kDelete of its holder), or that
+    // AfterDurable asks about (end).
+    std::string session;
+    int64_t start = -1, end = -1;
+    std::function<void(absl::Status, int64_t)> durable_done;  // AfterDurable
+  };
+  SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend);
+  void Enqueue(std::vector<Op> ops);
+  void WriterLoop();
+  absl::Status Apply(std::vector<Op>& batch);
+  absl::Status Heartbeat();
+  void FindWanted();
+  absl::Status QuarantineSession(const std::string& id, const std::string& why, const std::string& owner = "");
+  // The session's durable position, or -1 when the journal has not seen it.
+  int64_t DurableLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetHealth(const absl::Status& write) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const SessionJournalConfig config_;
+  const std::unique_ptr<StateBackend> backend_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;   // ops written
+  int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // ops queued
+  absl::Status error_ ABSL_GUARDED_BY(mu_);    // the last write's error; OK once one succeeds
+  int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> durable_ ABSL_GUARDED_BY(mu_);  // per session: its history written so far
+  // Quarantined sessions not yet reported: id -> owner ("" unknown).
+  std::map<std::string, std::string> unreported_ ABSL_GUARDED_BY(mu_);
+  // Its own mutex, held while the handler runs (see SetHandoffHandler).
+  absl::Mutex handoff_mu_;
+  std::function<void(std::vector<std::string>)> handoff_ ABSL_GUARDED_BY(handoff_mu_);
+  std::thread writer_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_DURABILITY_SESSION_JOURNAL_H_

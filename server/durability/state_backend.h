@@ -1,0 +1,100 @@
+// StateBackend: where durable session state lives (--state_dir, or
+// --state_store=redis://...). A flat key -> bytes store with the few
+// operations the session journal needs; it knows nothing about sessions.
+//
+// Keys are printable ASCII of [A-Za-z0-9._/-], slash-separated, never
+// starting with "/" or containing "..": the directory backend maps them to
+// paths under its root, the Redis backend prefixes them.
+//
+// Durability (--fsync, directory backend): every method returns after the
+// bytes are written to the OS, so a process crash (SIGKILL) loses nothing
+// that a call returned for. kAlways also fsyncs the files (and the directory
+// on rename) before returning, so a machine crash loses nothing either;
+// kInterval fsyncs the files written since the last sync every interval (a
+// machine crash loses at most that interval); kNever leaves it to the OS. The
+// Redis backend's durability is the Redis server's own (appendonly,
+// appendfsync); the policy does not change it.
+//
+// Threading: every method is thread-safe.
+#ifndef TXL_SERVER_DURABILITY_STATE_BACKEND_H_
+#define TXL_SERVER_DURABILITY_STATE_BACKEND_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace txl {
+
+enum class FsyncPolicy { kAlways, kInterval, kNever };
+// "always", "interval", "never"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<FsyncPolicy> ParseFsyncPolicy(absl::string_view name);
+
+struct StateBackendConfig {
+  // "DIR" or "dir:DIR" (a directory, created if missing), or
+  // "redis://HOST:PORT[/PREFIX]" (keys are stored as PREFIX + ":" + key;
+  // default prefix "txl").
+  std::string spec;
+  FsyncPolicy fsync = FsyncPolicy::kInterval;
+  absl::Duration fsync_interval = absl::Seconds(1);
+  absl::Duration redis_timeout = absl::Seconds(2);  // connect and per-command
+  // Directory store: who writes (the replica name). Its temporary files carry
+  // it, and opening the store removes only the ones a crash of this writer
+  // left (and any older than an hour): another live replica's writes in
+  // flight in a shared directory are not touched.
+  std::string writer;
+};
+
+class StateBackend {
+ public:
+  virtual ~StateBackend() = default;
+
+  // "dir:/abs/path" or "redis://host:port/prefix", for logs and errors.
+  virtual std::string Describe() const = 0;
+
+  // Replaces the key's value atomically: a reader (also after a crash at any
+  // point) sees the whole old value or the whole new one.
+  virtual absl::Status Put(const std::string& key, absl::string_view value) = 0;
+
+  // Appends each value to its key's value (creating the key), in order. One
+  // call is one group commit: it returns once all of them are written (and,
+  // under kAlways, synced). A crash mid-call may leave a prefix of an append
+  // (a torn tail); readers must tolerate one.
+  virtual absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) = 0;
+
+  // NOT_FOUND when the key is absent.
+  virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
+
+  // Absent keys are fine.
+  virtual absl::Status Delete(const std::string& key) = 0;
+
+  // Every key that starts with `prefix`, sorted.
+  virtual absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) = 0;
+
+  // Sets the key to `value` if its current value is `expected` (nullopt: the
+  // key is absent), atomically with respect to every other process using
+  // the same backend. Returns whether it was set. Used for session claims.
+  virtual absl::StatusOr<bool> CompareAndSet(const std::string& key, const std::optional<std::string>& expected,
+                                             absl::string_view value) = 0;
+
+  // Moves the key out of the way to "quarantine/<key>.<unix-seconds>", so
+  // that a damaged value is kept for a person to look at and never read
+  // again as live state.
+  virtual absl::Status Quarantine(const std::string& key) = 0;
+};
+
+// INVALID_ARGUMENT for a bad spec; UNAVAILABLE when the directory cannot be
+// created or Redis cannot be reached (the message names which).
+absl::StatusOr<std::unique_ptr<StateBackend>> OpenStateBackend(const StateBackendConfig& config);
+
+// Whether `key` is a valid key (see above).
+bool IsValidStateKey(absl::string_view key);
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_DURABILITY_STATE_BACKEND_H_

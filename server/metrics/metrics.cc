@@ -1,0 +1,154 @@
+#include "server/metrics/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace txl {
+namespace {
+
+prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int count) {
+  prometheus::Histogram::BucketBoundaries b;
+  double v = start;
+  for (int i = 0; i < count; ++i, v *= factor) b.push_back(v);
+  return b;
+}
+
+// Offload and restore times: 0.1 ms .. 13 s.
+prometheus::Histogram::BucketBoundaries MoveBuckets() { return Exponential(0.0001, 2, 18); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& config,
+                                                         const SessionTable* table) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  m->table_ = table;
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  auto& r = *m->registry_;
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  m->requests_ = &BuildCounter().Name("txl_requests_total").Help("RPCs by method and status code").Register(r);
+  m->tokens_fed_ = &BuildCounter().Name("txl_tokens_fed_total").Help("Tokens fed through the model").Register(r).Add({});
+  m->tokens_generated_ =
+      &BuildCounter().Name("txl_tokens_generated_total").Help("Tokens generated").Register(r).Add({});
+  m->evicted_ttl_ = &BuildCounter()
+                         .Name("txl_session_evictions_total")
+                         .Help("Sessions removed by the server, by reason")
+                         .Register(r)
+                         .Add({{"reason", "idle_ttl"}});
+  const auto latency = Exponential(0.001, 2, 16);  // 1 ms .. 33 s
+  m->ttft_ = &BuildHistogram().Name("txl_time_to_first_token_seconds").Help("Request start to first token").Register(r).Add({}, latency);
+  m->itl_ = &BuildHistogram().Name("txl_inter_token_seconds").Help("Gap between a request's tokens").Register(r).Add({}, latency);
+  m->step_seconds_ = &BuildHistogram().Name("txl_engine_step_seconds").Help("One batched forward pass").Register(r).Add({}, latency);
+  m->batch_size_ = &BuildHistogram().Name("txl_batch_size").Help("Requests per engine step").Register(r).Add({}, Exponential(1, 2, 9));
+  m->step_tokens_ = &BuildHistogram().Name("txl_step_tokens").Help("Tokens fed per engine step").Register(r).Add({}, Exponential(1, 2, 14));
+  m->queue_depth_ = &BuildGauge().Name("txl_queue_depth").Help("Requests waiting for the engine").Register(r).Add({});
+  auto& sessions = BuildGauge().Name("txl_sessions").Help("Sessions by state").Register(r);
+  m->sessions_idle_ = &sessions.Add({{"state", "idle"}});
+  m->sessions_busy_ = &sessions.Add({{"state", "busy"}});
+  m->memory_bytes_ = &BuildGauge().Name("txl_session_memory_bytes").Help("Bytes of all session memories").Register(r).Add({});
+  m->reserved_bytes_ = &BuildGauge()
+                           .Name("txl_session_memory_reserved_bytes")
+                           .Help("Full-window bytes of all sessions (what the memory budget counts)")
+                           .Register(r)
+                           .Add({});
+  // Offload (--host_memory_budget) and the state store: where sessions are, how they move.
+  m->offloads_ = &BuildCounter()
+                      .Name("txl_session_offloads_total")
+                      .Help("Idle sessions moved out of device memory (to=host) or host memory (to=store)")
+                      .Register(r);
+  m->restores_ = &BuildCounter()
+                      .Name("txl_session_restores_total")
+                      .Help("Sessions brought back into device memory, from=host or from=store")
+                      .Register(r);
+  m->offload_seconds_ =
+      &BuildHistogram().Name("txl_session_offload_seconds").Help("Time to offload one session").Register(r);
+  m->restore_seconds_ = &BuildHistogram()
+                             .Name("txl_session_restore_seconds")
+                             .Help("Time to bring one session back (read, rebuild, replay)")
+                             .Register(r);
+  m->tier_sessions_ =
+      &BuildGauge().Name("txl_sessions_by_tier").Help("Sessions by where their state is: device, host, store").Register(r);
+  m->host_bytes_ = &BuildGauge()
+                        .Name("txl_session_host_bytes")
+                        .Help("Bytes of offloaded sessions held in host memory")
+                        .Register(r)
+                        .Add({});
+  // Every series exists from the start (at 0), so dashboards and rates see them before the first offload.
+  for (const char* to : {"host", "store"}) {
+    m->offloads_->Add({{"to", to}});
+    m->offload_seconds_->Add({{"to", to}}, MoveBuckets());
+    m->restores_->Add({{"from", to}});
+    m->restore_seconds_->Add({{"from", to}}, MoveBuckets());
+  }
+  for (const char* tier : {"device", "host", "store"}) m->tier_sessions_->Add({{"tier", tier}});
+  // Limits, so that rules can express saturation as a ratio.
+  BuildGauge().Name("txl_sessions_max").Help("--max_sessions").Register(r).Add({}).Set(
+      static_cast<double>(config.max_sessions));
+  BuildGauge().Name("txl_queue_max").Help("--max_queue").Register(r).Add({}).Set(
+      static_cast<double>(config.max_queue));
+  BuildGauge()
+      .Name("txl_session_memory_budget_bytes")
+      .Help("--session_memory_budget (0: none)")
+      .Register(r)
+      .Add({})
+      .Set(static_cast<double>(config.session_memory_budget));
+  BuildGauge().Name("txl_build_info").Help("Build and model facts (value 1)").Register(r).Add(
+      {config.info.begin(), config.info.end()}).Set(1);
+  if (!config.listen.empty()) {
+    Metrics* self = m.get();
+    auto endpoint = MetricsEndpoint::Create(config.listen, [self] { return self->Scrape(); });
+    if (!endpoint.ok()) return endpoint.status();
+    m->endpoint_ = *std::move(endpoint);
+  }
+  return m;
+}
+
+Metrics::~Metrics() = default;
+
+void Metrics::OnRequest(const std::string& method, const std::string& code) {
+  requests_->Add({{"method", method}, {"code", code}}).Increment();
+}
+void Metrics::OnStep(int batch_size, int64_t tokens, double seconds) {
+  batch_size_->Observe(batch_size);
+  step_tokens_->Observe(static_cast<double>(tokens));
+  step_seconds_->Observe(seconds);
+}
+void Metrics::OnQueueDepth(int64_t depth) { queue_depth_->Set(static_cast<double>(depth)); }
+void Metrics::OnFirstToken(double seconds) { ttft_->Observe(seconds); }
+void Metrics::OnInterTokenGap(double seconds) { itl_->Observe(seconds); }
+void Metrics::OnTokensFed(int64_t n) { tokens_fed_->Increment(static_cast<double>(n)); }
+void Metrics::OnTokensGenerated(int64_t n) { tokens_generated_->Increment(static_cast<double>(n)); }
+void Metrics::OnSessionsExpired(int n) { evicted_ttl_->Increment(n); }
+void Metrics::OnOffload(const char* to, double seconds) {
+  offloads_->Add({{"to", to}}).Increment();
+  offload_seconds_->Add({{"to", to}}, MoveBuckets()).Observe(seconds);
+}
+void Metrics::OnRestore(const char* from, double seconds) {
+  restores_->Add({{"from", from}}).Increment();
+  restore_seconds_->Add({{"from", from}}, MoveBuckets()).Observe(seconds);
+}
+void Metrics::OnTick() {
+  if (table_ == nullptr) return;
+  const SessionTable::TierCounts tiers = table_->tiers();
+  tier_sessions_->Add({{"tier", "device"}}).Set(static_cast<double>(tiers.device));
+  tier_sessions_->Add({{"tier", "host"}}).Set(static_cast<double>(tiers.host));
+  tier_sessions_->Add({{"tier", "store"}}).Set(static_cast<double>(tiers.state_store));
+  host_bytes_->Set(static_cast<double>(tiers.host_bytes));
+  const int64_t total = table_->size(), busy = table_->busy_count();
+  sessions_busy_->Set(static_cast<double>(busy));
+  sessions_idle_->Set(static_cast<double>(total - busy));
+  memory_bytes_->Set(static_cast<double>(table_->memory_bytes()));
+  reserved_bytes_->Set(static_cast<double>(table_->reserved_bytes()));
+}
+
+std::string Metrics::Scrape() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace txl

@@ -1,0 +1,85 @@
+// Metrics: the server's Prometheus metrics (docs/DESIGN.md §8), kept with
+// prometheus-cpp and served on their own port (metrics_endpoint.h). Injected into the scheduler (as its
+// observer) and the service; never a singleton. No label ever carries a
+// session id.
+//
+// Threading: every method is thread-safe (prometheus-cpp metrics and
+// families lock internally).
+#ifndef TXL_SERVER_METRICS_METRICS_H_
+#define TXL_SERVER_METRICS_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/metrics/metrics_endpoint.h"
+#include "server/batching/scheduler.h"
+#include "server/metrics/service_metrics.h"
+#include "server/sessions/session_table.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace txl {
+
+struct MetricsConfig {
+  std::string listen;  // host:port for /metrics; empty: not served
+  std::map<std::string, std::string> info;  // labels of txl_build_info
+  // Limits exported as gauges.
+  int64_t max_sessions = 0, max_queue = 0, session_memory_budget = 0;
+};
+
+class Metrics : public SchedulerObserver, public ServiceMetrics {
+ public:
+  // UNAVAILABLE with the address when the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsConfig& config,
+                                                         const SessionTable* table);
+  ~Metrics() override;
+
+  // ServiceMetrics.
+  void OnRequest(const std::string& method, const std::string& code) override;
+  // SchedulerObserver.
+  void OnStep(int batch_size, int64_t tokens, double seconds) override;
+  void OnQueueDepth(int64_t depth) override;
+  void OnFirstToken(double seconds) override;
+  void OnInterTokenGap(double seconds) override;
+  void OnTokensFed(int64_t n) override;
+  void OnTokensGenerated(int64_t n) override;
+  void OnSessionsExpired(int n) override;
+  void OnTick() override;  // refreshes the session gauges
+  void OnOffload(const char* to, double seconds) override;
+  void OnRestore(const char* from, double seconds) override;
+
+  // The text exposition (what /metrics serves), for tests and debugging.
+  std::string Scrape() const;
+  int port() const { return endpoint_ ? endpoint_->port() : 0; }  // 0: not served
+
+ private:
+  Metrics() = default;
+  const SessionTable* table_ = nullptr;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<MetricsEndpoint> endpoint_;  // after registry_: stops before it
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Counter *tokens_fed_ = nullptr, *tokens_generated_ = nullptr, *evicted_ttl_ = nullptr;
+  prometheus::Histogram *ttft_ = nullptr, *itl_ = nullptr, *step_seconds_ = nullptr;
+  prometheus::Histogram *batch_size_ = nullptr, *step_tokens_ = nullptr;
+  prometheus::Gauge *queue_depth_ = nullptr, *sessions_idle_ = nullptr, *sessions_busy_ = nullptr;
+  prometheus::Gauge *memory_bytes_ = nullptr, *reserved_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* offloads_ = nullptr;
+  prometheus::Family<prometheus::Counter>* restores_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* offload_seconds_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* restore_seconds_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tier_sessions_ = nullptr;
+  prometheus::Gauge* host_bytes_ = nullptr;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_METRICS_METRICS_H_

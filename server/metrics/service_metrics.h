@@ -1,0 +1,19 @@
+// What the gRPC layer reports to metrics. Implemented by Metrics
+// (prometheus); tests may pass nothing.
+#ifndef TXL_SERVER_METRICS_SERVICE_METRICS_H_
+#define TXL_SERVER_METRICS_SERVICE_METRICS_H_
+
+#include <string>
+
+namespace txl {
+
+class ServiceMetrics {
+ public:
+  virtual ~ServiceMetrics() = default;
+  // `code` is the gRPC status code name, e.g. "OK", "NOT_FOUND".
+  virtual void OnRequest(const std::string& method, const std::string& code) = 0;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_METRICS_SERVICE_METRICS_H_

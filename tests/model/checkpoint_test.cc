@@ -1,0 +1,408 @@
+// Checkpoint I/O (docs/DESIGN.md §5) and the LanguageModel facade on top.
+#include <caffe2/serialize/inline_container.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "model/archive.h"
+#include "model/checkpoint.h"
+#include "model/language_model.h"
+#include "tests/model/model_fixture.h"
+
+namespace txl {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("txl_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    config_ = testing::Variants()[2].config;  // adaptive, tied: the most names
+    tokenizer_ = *Tokenizer::CharFromCorpus("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV");
+    config_.n_token = tokenizer_.vocab_size();
+    weights_ = testing::TestWeights(config_, 1);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Writes an archive with the model's tensors after `edit` had its way.
+  std::string WriteEdited(const std::string& name,
+                          const std::function<void(std::vector<ArchiveTensor>&)>& edit,
+                          const std::string& config_json = "") {
+    std::vector<ArchiveTensor> tensors;
+    for (const auto& n : weights_.NamedTensors(config_)) tensors.push_back({n.name, n.tensor, n.is_buffer});
+    edit(tensors);
+    const std::string path = Path(name);
+    EXPECT_TRUE(WriteArchive(path, tensors,
+                             {{"config.json", config_json.empty() ? config_.ToJson() : config_json},
+                              {"tokenizer.json", tokenizer_.ToJson()}})
+                    .ok());
+    return path;
+  }
+
+  using Records = std::vector<std::pair<std::string, std::string>>;  // name, contents
+
+  // Saves the model, then writes its archive again with every record (the version aside,
+  // which the writer adds) after `edit` had its way: sizes and CRCs stay valid.
+  std::string RewriteRecords(const std::string& name, const std::function<void(Records&)>& edit) {
+    const std::string good = Path("good_" + name);
+    EXPECT_TRUE(SaveCheckpoint(good, config_, tokenizer_, weights_).ok());
+    Records records;
+    caffe2::serialize::PyTorchStreamReader reader(good);
+    for (const std::string& record : reader.getAllRecords()) {
+      if (record == "version" || record == ".data/version") continue;
+      auto [data, size] = reader.getRecord(record);
+      records.emplace_back(record, std::string(static_cast<const char*>(data.get()), size));
+    }
+    edit(records);
+    std::string bytes;
+    {
+      caffe2::serialize::PyTorchStreamWriter writer([&bytes](const void* p, size_t n) {
+        bytes.append(static_cast<const char*>(p), n);
+        return n;
+      });
+      for (const auto& [record, contents] : records) writer.writeRecord(record, contents.data(), contents.size());
+      writer.writeEndOfFile();
+    }
+    const std::string path = Path(name);
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+
+  // Loads `path` and expects an error whose message has every fragment.
+  void ExpectLoadError(const std::string& path, std::vector<std::string> fragments) {
+    absl::StatusOr<Checkpoint> c = LoadCheckpoint(path);
+    ASSERT_FALSE(c.ok()) << "loaded " << path;
+    fragments.push_back(path);
+    for (const std::string& f : fragments)
+      EXPECT_NE(c.status().message().find(f), std::string::npos) << c.status().message();
+  }
+
+  fs::path dir_;
+  ModelConfig config_;
+  Tokenizer tokenizer_ = Tokenizer::Byte();
+  TxlWeights weights_;
+};
+
+TEST_F(CheckpointTest, RoundTripKeepsConfigTokenizerAndEveryTensor) {
+  const std::string path = Path("m.pt");
+  ASSERT_TRUE(SaveCheckpoint(path, config_, tokenizer_, weights_).ok());
+  absl::StatusOr<Checkpoint> c = LoadCheckpoint(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->config.ToJson(), config_.ToJson());
+  EXPECT_EQ(c->tokenizer.ToJson(), tokenizer_.ToJson());
+  auto saved = weights_.NamedTensors(config_);
+  auto loaded = c->weights->NamedTensors(c->config);
+  ASSERT_EQ(saved.size(), loaded.size());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_EQ(saved[i].name, loaded[i].name);
+    EXPECT_TRUE(at::equal(saved[i].tensor, loaded[i].tensor)) << saved[i].name;
+  }
+  // Tied tensors come back as one tensor.
+  EXPECT_TRUE(c->weights->out_w[0].is_same(c->weights->emb_layers[0]));
+  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST_F(CheckpointTest, MissingFile) { ExpectLoadError(Path("nope.pt"), {"no such file"}); }
+
+TEST_F(CheckpointTest, NotAZipFile) {
+  std::ofstream(Path("text.pt")) << "hello, I am not an archive";
+  ExpectLoadError(Path("text.pt"), {"not a TorchScript archive"});
+}
+
+TEST_F(CheckpointTest, TruncatedArchive) {
+  const std::string path = Path("m.pt");
+  ASSERT_TRUE(SaveCheckpoint(path, config_, tokenizer_, weights_).ok());
+  fs::resize_file(path, fs::file_size(path) / 2);
+  ExpectLoadError(path, {"not a readable TorchScript archive"});
+}
+
+// Regression (found by tests/fuzz/checkpoint_fuzzer under ASan): a tensor record shorter than
+// the tensor its pickle describes was loaded as it was, and the first operation on the tensor
+// read past the end of the record's buffer (heap-buffer-overflow in the embedding lookup).
+TEST_F(CheckpointTest, TruncatedTensorRecord) {
+  const std::string path = RewriteRecords("short.pt", [](Records& records) {
+    auto largest = records.end();
+    for (auto it = records.begin(); it != records.end(); ++it) {
+      if (it->first.rfind("data/", 0) == 0 &&
+          (largest == records.end() || it->second.size() > largest->second.size()))
+        largest = it;
+    }
+    ASSERT_NE(largest, records.end());
+    largest->second.resize(5);
+  });
+  ExpectLoadError(path, {"tensor '", "bytes of data, but its record holds 5", "truncated"});
+  LanguageModelOptions options;
+  options.path = path;
+  EXPECT_EQ(LanguageModel::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Regression (found by tests/fuzz/checkpoint_fuzzer): a malformed TorchScript code record made
+// torch::jit::load throw std::runtime_error, which LoadCheckpoint did not catch (only
+// c10::Error): the process aborted instead of refusing the file.
+TEST_F(CheckpointTest, MalformedCodeRecord) {
+  const std::string path = RewriteRecords("code.pt", [](Records& records) {
+    bool cut = false;
+    for (auto& [name, contents] : records) {
+      if (name.rfind("code/", 0) == 0 && name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) {
+        contents = "~";
+        cut = true;
+      }
+    }
+    ASSERT_TRUE(cut);
+  });
+  ExpectLoadError(path, {"not a readable TorchScript archive"});
+}
+
+TEST_F(CheckpointTest, MissingTensor) {
+  const std::string path = WriteEdited("m.pt", [](std::vector<ArchiveTensor>& t) {
+    t.erase(std::remove_if(t.begin(), t.end(),
+                           [](const ArchiveTensor& a) { return a.name == "layers.1.dec_attn.o_net.weight"; }),
+            t.end());
+  });
+  ExpectLoadError(path, {"missing tensor 'layers.1.dec_attn.o_net.weight'"});
+}
+
+TEST_F(CheckpointTest, WrongShape) {
+  const std::string path = WriteEdited("m.pt", [](std::vector<ArchiveTensor>& t) {
+    for (auto& a : t)
+      if (a.name == "layers.0.pos_ff.CoreNet.0.weight") a.tensor = at::zeros({7, 3});
+  });
+  ExpectLoadError(path, {"'layers.0.pos_ff.CoreNet.0.weight' has shape [7, 3]", "config implies [64, 32]"});
+}
+
+TEST_F(CheckpointTest, ConfigContradictsTensors) {
+  ModelConfig fewer = config_;
+  fewer.n_layer = 2;  // the archive holds 3 layers
+  const std::string path = WriteEdited("m.pt", [](auto&) {}, fewer.ToJson());
+  ExpectLoadError(path, {"config contradicts the tensors", "layers.2.", "n_layer=2"});
+}
+
+TEST_F(CheckpointTest, ConfigContradictsTokenizer) {
+  ModelConfig other = config_;
+  other.n_token = config_.n_token + 1;
+  other.cutoffs = config_.cutoffs;
+  const std::string path = WriteEdited("m.pt", [](auto&) {}, other.ToJson());
+  ExpectLoadError(path, {"config contradicts the tokenizer", "n_token=49"});
+}
+
+TEST_F(CheckpointTest, TiedTensorsThatDiffer) {
+  const std::string path = WriteEdited("m.pt", [](std::vector<ArchiveTensor>& t) {
+    for (auto& a : t)
+      if (a.name == "crit.out_layers.1.weight") a.tensor = a.tensor.clone() + 1.0;
+  });
+  ExpectLoadError(path, {"config contradicts the tensors", "crit.out_layers.1.weight"});
+}
+
+TEST_F(CheckpointTest, NonFiniteWeights) {
+  const std::string path = WriteEdited("m.pt", [](std::vector<ArchiveTensor>& t) {
+    for (auto& a : t) {
+      if (a.name == "r_r_bias") {
+        a.tensor = a.tensor.clone();
+        a.tensor[0][1] = std::nan("");
+      }
+    }
+  });
+  ExpectLoadError(path, {"'r_r_bias' has non-finite values"});
+}
+
+TEST_F(CheckpointTest, BadConfigJson) {
+  ModelConfig bad = config_;
+  bad.n_layer = -3;
+  const std::string path = WriteEdited("m.pt", [](auto&) {}, bad.ToJson());
+  ExpectLoadError(path, {"n_layer must be >= 1, got -3"});
+}
+
+TEST_F(CheckpointTest, MissingConfigFile) {
+  std::vector<ArchiveTensor> tensors;
+  for (const auto& n : weights_.NamedTensors(config_)) tensors.push_back({n.name, n.tensor, n.is_buffer});
+  ASSERT_TRUE(WriteArchive(Path("m.pt"), tensors, {{"tokenizer.json", tokenizer_.ToJson()}}).ok());
+  ExpectLoadError(Path("m.pt"), {"has no config.json"});
+}
+
+class LanguageModelTest : public CheckpointTest {
+ protected:
+  LanguageModelOptions Options(const std::string& device) const {
+    LanguageModelOptions o;
+    o.path = Path("m.pt");
+    o.device = device;
+    return o;
+  }
+  std::unique_ptr<LanguageModel> Load() {
+    EXPECT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
+    auto model = LanguageModel::Create(Options("cpu"));
+    EXPECT_TRUE(model.ok()) << model.status();
+    return model.ok() ? *std::move(model) : nullptr;
+  }
+};
+
+TEST_F(LanguageModelTest, RejectsUnknownAndUnavailableDevices) {
+  ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
+  auto bad = LanguageModel::Create(Options("toaster"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("toaster"), std::string::npos);
+  if (!at::hasCUDA()) {
+    auto cuda = LanguageModel::Create(Options("cuda"));
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST_F(LanguageModelTest, BadStepInputChangesNoSession) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto a = *model->NewSession(8);
+  auto b = *model->NewSession(8);
+  std::vector<StepInput> inputs(2);
+  inputs[0].session = a.get();
+  inputs[0].tokens = {1, 2, 3};
+  inputs[1].session = b.get();
+  inputs[1].tokens = {4, static_cast<int>(config_.n_token)};
+  auto out = model->Step(absl::MakeSpan(inputs));
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("outside [0, 48)"), std::string::npos) << out.status();
+  EXPECT_EQ(a->position(), 0);
+  EXPECT_EQ(b->position(), 0);
+  inputs[1].session = a.get();  // the same session twice
+  inputs[1].tokens = {4};
+  EXPECT_FALSE(model->Step(absl::MakeSpan(inputs)).ok());
+  EXPECT_EQ(a->position(), 0);
+  EXPECT_FALSE(model->NewSession(0).ok());
+}
+
+TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto s = *model->NewSession(10);
+  StepInput in;
+  in.session = s.get();
+  in.tokens = {5, 6, 7, 8};
+  in.targets = {6, 7, 8, 9};
+  in.want_last_distribution = true;
+  auto out = model->Step(absl::MakeSpan(&in, 1));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const StepOutput& o = (*out)[0];
+  ASSERT_EQ(o.target_logprobs.size(), 4u);
+  ASSERT_EQ(o.last_distribution.size(), static_cast<size_t>(config_.n_token));
+  EXPECT_FLOAT_EQ(o.target_logprobs[3], o.last_distribution[9]);
+  ASSERT_EQ(o.target_argmax.size(), 4u);
+  EXPECT_EQ(o.target_argmax[3], std::max_element(o.last_distribution.begin(), o.last_distribution.end()) -
+                                    o.last_distribution.begin());
+  double total = 0;
+  for (float lp : o.last_distribution) total += std::exp(lp);
+  EXPECT_NEAR(total, 1.0, 1e-5);
+  EXPECT_EQ(s->position(), 4);
+  EXPECT_EQ(s->memory_tokens(), 4);
+  auto fork = *s->Clone();
+  EXPECT_EQ(fork->position(), 4);
+  EXPECT_EQ(fork->memory_bytes(), s->memory_bytes());
+}
+
+// ExportSession/ImportSession rest on this: a restored session continues
+// bit for bit like the original, before and after its ring has wrapped.
+TEST_F(LanguageModelTest, RestoredSessionContinuesExactly) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  for (int fed : {0, 3, 30}) {  // empty, part-filled, wrapped (mem_len 8)
+    auto s = *model->NewSession(8);
+    std::vector<int> history;
+    for (int i = 0; i < fed; ++i) history.push_back((i * 7 + 3) % static_cast<int>(config_.n_token));
+    StepInput in;
+    in.session = s.get();
+    in.tokens = history;
+    if (!history.empty()) ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+    std::string image;
+    ASSERT_TRUE(s->AppendTo(&image).ok());
+    auto r = model->RestoreSession(image);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->position(), s->position());
+    EXPECT_EQ((*r)->memory_bytes(), s->memory_bytes());
+    // Each alone, so the same computation runs on both: bit-identical.
+    std::vector<std::vector<float>> logprobs;
+    for (SessionState* state : {s.get(), r->get()}) {
+      StepInput next;
+      next.session = state;
+      next.tokens = {1, 2, 3, 4, 5};
+      next.targets = {2, 3, 4, 5, 6};
+      auto out = model->Step(absl::MakeSpan(&next, 1));
+      ASSERT_TRUE(out.ok()) << out.status();
+      logprobs.push_back((*out)[0].target_logprobs);
+    }
+    EXPECT_EQ(logprobs[0], logprobs[1]) << "fed " << fed;
+  }
+  // Damaged or foreign images are refused with a reason, never loaded.
+  auto s = *model->NewSession(8);
+  StepInput in;
+  in.session = s.get();
+  in.tokens = {1, 2, 3};
+  ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  std::string image;
+  ASSERT_TRUE(s->AppendTo(&image).ok());
+  EXPECT_EQ(model->RestoreSession(image.substr(0, image.size() - 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string other_layers = image;
+  other_layers[8] = static_cast<char>(other_layers[8] + 1);  // n_layer follows the 8-byte magic
+  auto foreign = model->RestoreSession(other_layers);
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(foreign.status().message().find("n_layer"), std::string::npos) << foreign.status();
+  EXPECT_FALSE(model->RestoreSession("").ok());
+  EXPECT_EQ(model->fingerprint().size(), 16u);
+}
+
+// Regression (found by tests/fuzz/session_import_fuzzer under UBSan): an image's header is
+// client data (ImportSession). Sizes in it overflowed int64 while the expected length was
+// computed (undefined behaviour), and a position near the int64 limit was restored as it was,
+// so the next step overflowed it.
+TEST_F(LanguageModelTest, RestoreRefusesHeadersOutOfRange) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto s = *model->NewSession(8);
+  StepInput in;
+  in.session = s.get();
+  for (int i = 0; i < 20; ++i) in.tokens.push_back(i % 5);  // the ring wraps: capacity = mem_len
+  ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  std::string image;
+  ASSERT_TRUE(s->AppendTo(&image).ok());
+  ASSERT_TRUE(model->RestoreSession(image).ok());
+  // Header fields: int64 at 8 + 8 * i: n_layer, n_head, d_head, mem_len, position, length, capacity.
+  const auto with = [&image](std::vector<std::pair<int, int64_t>> fields) {
+    std::string patched = image;
+    for (auto [i, v] : fields) std::memcpy(&patched[8 + 8 * i], &v, sizeof(v));
+    return patched;
+  };
+  const int64_t huge = int64_t{1} << 61;
+  auto sizes = model->RestoreSession(with({{3, huge}, {6, huge}}));
+  EXPECT_EQ(sizes.status().code(), absl::StatusCode::kInvalidArgument) << sizes.status();
+  auto position = model->RestoreSession(with({{4, std::numeric_limits<int64_t>::max() - 2}}));
+  EXPECT_EQ(position.status().code(), absl::StatusCode::kInvalidArgument) << position.status();
+}
+
+// The memory budget reserves FullMemoryBytes per session: it must be what a
+// full window really holds, not an estimate.
+TEST_F(LanguageModelTest, FullMemoryBytesIsWhatAFullWindowHolds) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto s = *model->NewSession(6);
+  StepInput in;
+  in.session = s.get();
+  in.tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  EXPECT_EQ(s->memory_tokens(), 5);
+  EXPECT_EQ(s->memory_bytes(), model->FullMemoryBytes(6));
+  EXPECT_EQ(model->FullMemoryBytes(6),
+            config_.n_layer * 2 * 6 * config_.n_head * config_.d_head * static_cast<int64_t>(sizeof(float)));
+  EXPECT_EQ(model->FullMemoryBytes(1), 0);
+}
+
+}  // namespace
+}  // namespace txl

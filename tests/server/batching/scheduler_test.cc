@@ -1,0 +1,445 @@
+// The scheduler against a fake engine: history bookkeeping, batching,
+// chunked prefill, limits, cancellation, scoring and forks.
+#include "server/batching/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "absl/synchronization/notification.h"
+#include "tests/server/fake_engine.h"
+
+namespace txl {
+namespace {
+
+using testing::FakeEngine;
+using testing::FakeSession;
+
+// Collects one job's callbacks and lets the test wait for its end.
+struct Outcome {
+  std::vector<int> ids;
+  std::string text;
+  std::vector<int64_t> positions;
+  absl::Status status;
+  JobResult result;
+  absl::Notification done;
+
+  JobCallbacks Callbacks() {
+    JobCallbacks cb;
+    cb.on_tokens = [this](std::vector<GeneratedTokenEvent> events, int64_t position) {
+      for (auto& e : events) {
+        ids.push_back(e.id);
+        text += e.text;
+      }
+      positions.push_back(position);
+    };
+    cb.on_done = [this](absl::Status s, JobResult r) {
+      status = std::move(s);
+      result = std::move(r);
+      done.Notify();
+    };
+    return cb;
+  }
+  void Wait() { ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30))); }
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void Make(SchedulerConfig config = {}) {
+    scheduler_ = std::make_unique<Scheduler>(config, &engine_, &store_, &tokenizer_, nullptr);
+  }
+  std::string NewSession(int64_t mem_len = 64) {
+    auto info = store_.Create("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info->id;
+  }
+  SessionLease Lease(const std::string& id) {
+    auto lease = store_.Acquire("", id, absl::Now());
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    return *std::move(lease);
+  }
+  GenerateSpec Spec(std::vector<int> input, int max_new) {
+    GenerateSpec s;
+    s.input = std::move(input);
+    s.max_new_tokens = max_new;
+    return s;
+  }
+  // The fake session's fed history, read while the session is idle.
+  std::vector<int> History(const std::string& id) {
+    auto lease = Lease(id);
+    std::vector<int> h = static_cast<FakeSession*>(lease.state.get())->history;
+    h.insert(h.end(), lease.pending.begin(), lease.pending.end());
+    store_.Release(std::move(lease), absl::Now());
+    return h;
+  }
+
+  // Submits a generation whose `at`-th token calls `hook(job)` on the engine
+  // thread, before its next step: deterministic, unlike acting from the test's thread.
+  std::shared_ptr<Job> SubmitWithHook(const std::string& id, GenerateSpec spec, Outcome& o, size_t at,
+                                      std::function<void(const std::shared_ptr<Job>&)> hook) {
+    // Weak: the job holds this callback, so a strong reference would keep both alive forever.
+    auto job = std::make_shared<std::weak_ptr<Job>>();
+    JobCallbacks cb = o.Callbacks();
+    cb.on_tokens = [&o, inner = cb.on_tokens, at, hook, job](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
+      inner(std::move(ev), pos);
+      if (o.ids.size() == at) hook(job->lock());
+    };
+    auto submitted = scheduler_->SubmitGenerate(Lease(id), false, std::move(spec), std::move(cb));
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    if (!submitted.ok()) return nullptr;
+    *job = *submitted;
+    return *submitted;
+  }
+
+  FakeEngine engine_;
+  SessionTable store_{SessionTableConfig{}};
+  Tokenizer tokenizer_ = Tokenizer::Byte();
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
+  Make();
+  scheduler_->Start();
+  const std::string id = NewSession();
+  Outcome a;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({'a', 'b'}, 3), a.Callbacks()).ok());
+  a.Wait();
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.ids, (std::vector<int>{'c', 'd', 'e'}));
+  EXPECT_EQ(a.text, "cde");
+  EXPECT_EQ(a.positions, (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(a.result.finish, Finish::kLength);
+  EXPECT_EQ(a.result.position, 5);
+  EXPECT_EQ(a.result.generated_tokens, 3);
+  EXPECT_EQ(History(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e'}));
+
+  // No input: continue from the history (the pending 'e' is fed first).
+  Outcome b;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), b.Callbacks()).ok());
+  b.Wait();
+  EXPECT_EQ(b.ids, (std::vector<int>{'f', 'g'}));
+  EXPECT_EQ(store_.Get("", id)->position, 7);
+  EXPECT_FALSE(store_.Get("", id)->busy);
+}
+
+TEST_F(SchedulerTest, EmptyInputOnEmptySessionIsInvalidAndReturnsTheSession) {
+  Make();
+  const std::string id = NewSession();
+  auto r = scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("input"), std::string::npos);
+  EXPECT_FALSE(store_.Get("", id)->busy);
+}
+
+TEST_F(SchedulerTest, DecodersShareOneStep) {
+  Make();
+  std::vector<std::string> ids;
+  std::vector<std::unique_ptr<Outcome>> outs;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(NewSession());
+    outs.push_back(std::make_unique<Outcome>());
+    ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(ids.back()), false, Spec({10 * i}, 4), outs.back()->Callbacks()).ok());
+  }
+  scheduler_->Start();  // all five are queued: they start together
+  for (auto& o : outs) o->Wait();
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(outs[i]->ids, (std::vector<int>{10 * i + 1, 10 * i + 2, 10 * i + 3, 10 * i + 4}));
+  const auto steps = engine_.steps();
+  // One prefill step and three decode steps, each with all five sessions.
+  ASSERT_EQ(steps.size(), 4u);
+  for (const auto& s : steps) EXPECT_EQ(s.rows, 5);
+}
+
+TEST_F(SchedulerTest, LongPrefillIsChunkedAndDoesNotStarveADecoder) {
+  SchedulerConfig config;
+  config.prefill_chunk = 4;
+  config.max_batch_tokens = 6;
+  Make(config);
+  const std::string decoder = NewSession(), prefill = NewSession();
+  Outcome d, p;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(decoder), false, Spec({1}, 6), d.Callbacks()).ok());
+  std::vector<int> long_input(20, 7);
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(prefill), false, Spec(long_input, 1), p.Callbacks()).ok());
+  scheduler_->Start();
+  d.Wait();
+  p.Wait();
+  EXPECT_EQ(d.ids.size(), 6u);
+  EXPECT_EQ(History(prefill).size(), 21u);
+  const auto steps = engine_.steps();
+  for (const auto& s : steps) EXPECT_LE(s.tokens, config.max_batch_tokens);
+  // The decoder produced a token in each of the first steps, while the
+  // 20-token prefill advanced by at most 4 per step.
+  EXPECT_GE(steps.size(), 5u);
+  for (size_t i = 1; i < 5; ++i) EXPECT_EQ(steps[i].rows, 2) << "step " << i;
+}
+
+TEST_F(SchedulerTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {
+  SchedulerConfig config;
+  config.max_queue = 1;
+  Make(config);  // not started: the queue fills
+  const std::string a = NewSession(), b = NewSession();
+  Outcome first;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, Spec({1}, 1), first.Callbacks()).ok());
+  auto full = scheduler_->SubmitGenerate(Lease(b), false, Spec({1}, 1), {});
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("max_queue=1"), std::string::npos);
+  EXPECT_FALSE(store_.Get("", b)->busy);  // the rejected lease went back
+  EXPECT_EQ(store_.Get("", b)->position, 0);
+  scheduler_->Drain();
+  auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({1}, 1), {});
+  EXPECT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
+  scheduler_->Start();  // what was accepted still runs
+  first.Wait();
+  EXPECT_TRUE(first.status.ok());
+}
+
+// Regression (issue 13, 1): SubmitGenerate moved the session's pending token
+// into the job before the queue could refuse it, so a refused Generate
+// (queue full, draining) handed back a session one token shorter.
+TEST_F(SchedulerTest, ARefusedGenerateLeavesTheSessionExactlyAsItWas) {
+  SchedulerConfig config;
+  config.max_queue = 1;
+  Make(config);
+  const std::string a = NewSession(), b = NewSession();
+  scheduler_->Start();
+  Outcome warm;  // b gets a history whose last token is pending
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), false, Spec({10, 11, 12}, 1), warm.Callbacks()).ok());
+  warm.Wait();
+  ASSERT_TRUE(warm.status.ok());
+  const std::vector<int> before = History(b);
+  ASSERT_EQ(store_.Get("", b)->position, 4);
+  scheduler_->Stop();  // a scheduler that runs nothing: its queue fills
+  Make(config);
+  Outcome first;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, Spec({1}, 1), first.Callbacks()).ok());
+  auto full = scheduler_->SubmitGenerate(Lease(b), false, Spec({}, 1), {});
+  ASSERT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.Get("", b)->position, 4);
+  EXPECT_EQ(History(b), before);
+  scheduler_->Drain();
+  auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({5}, 1), {});
+  ASSERT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store_.Get("", b)->position, 4);
+  EXPECT_EQ(History(b), before);
+  scheduler_->Start();
+  first.Wait();
+}
+
+// Flow control (issue 13, 3): a job paused for a client that does not read
+// leaves the batch; the others go on; Resume brings it back.
+TEST_F(SchedulerTest, APausedJobWaitsWithoutHoldingUpTheOthers) {
+  Make();
+  const std::string slow = NewSession(), fast = NewSession();
+  Outcome paused_outcome, fast_outcome;
+  absl::Notification first_token;
+  auto job = SubmitWithHook(slow, Spec({'a'}, 20), paused_outcome, 1, [&](const std::shared_ptr<Job>& j) {
+    scheduler_->Pause(j);
+    first_token.Notify();
+  });
+  scheduler_->Start();
+  ASSERT_TRUE(first_token.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(fast), false, Spec({'x'}, 50), fast_outcome.Callbacks()).ok());
+  fast_outcome.Wait();
+  EXPECT_EQ(fast_outcome.ids.size(), 50u);
+  EXPECT_FALSE(paused_outcome.done.HasBeenNotified());
+  EXPECT_EQ(paused_outcome.ids.size(), 1u) << "a paused job takes no step";
+  scheduler_->Resume(job);
+  paused_outcome.Wait();
+  EXPECT_TRUE(paused_outcome.status.ok()) << paused_outcome.status;
+  EXPECT_EQ(paused_outcome.ids.size(), 20u);
+}
+
+// A job paused past stall_timeout ends with StalledError; the session keeps
+// what was generated, exactly like a client's cancel.
+TEST_F(SchedulerTest, AJobPausedPastTheStallTimeoutIsCancelled) {
+  SchedulerConfig config;
+  config.stall_timeout = absl::Milliseconds(50);
+  Make(config);
+  const std::string id = NewSession();
+  Outcome o;
+  SubmitWithHook(id, Spec({'a'}, 1000), o, 2, [&](const std::shared_ptr<Job>& j) { scheduler_->Pause(j); });
+  scheduler_->Start();
+  o.Wait();
+  EXPECT_TRUE(IsStalled(o.status)) << o.status;
+  EXPECT_EQ(o.result.finish, Finish::kCancelled);
+  EXPECT_EQ(o.ids.size(), 2u);
+  std::vector<int> expected = {'a'};
+  expected.insert(expected.end(), o.ids.begin(), o.ids.end());
+  EXPECT_EQ(History(id), expected);
+  EXPECT_FALSE(IsStalled(absl::CancelledError("a client's own cancel")));
+}
+
+TEST_F(SchedulerTest, CancelledGenerationKeepsWhatWasDelivered) {
+  Make();
+  const std::string id = NewSession();
+  Outcome o;
+  // Regression (flaky under load): the test cancelled from its own thread
+  // after the third token, racing the engine, which sometimes finished all
+  // 1000 first. Cancelling on the engine thread, before its next step, is
+  // deterministic.
+  SubmitWithHook(id, Spec({'a'}, 1000), o, 3, [&](const std::shared_ptr<Job>& j) { scheduler_->Cancel(j); });
+  scheduler_->Start();
+  o.Wait();
+  EXPECT_EQ(o.result.finish, Finish::kCancelled);
+  EXPECT_LT(o.ids.size(), 1000u);
+  // Exactly the input and every delivered token are the history.
+  std::vector<int> expected = {'a'};
+  expected.insert(expected.end(), o.ids.begin(), o.ids.end());
+  EXPECT_EQ(History(id), expected);
+  EXPECT_EQ(store_.Get("", id)->position, static_cast<int64_t>(expected.size()));
+}
+
+TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
+  Make();
+  scheduler_->Start();
+  const std::string id = NewSession();
+  Outcome probe;
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {5, 6, 9}, false, probe.Callbacks()).ok());
+  probe.Wait();
+  ASSERT_TRUE(probe.status.ok()) << probe.status;
+  ASSERT_EQ(probe.result.scores.size(), 3u);
+  EXPECT_FALSE(probe.result.scores[0].has_logprob);  // nothing precedes it
+  EXPECT_TRUE(probe.result.scores[1].has_logprob);
+  EXPECT_NEAR(probe.result.scores[1].logprob, std::log(0.9f), 1e-6);  // 6 follows 5
+  EXPECT_LT(probe.result.scores[2].logprob, std::log(0.01f));          // 9 does not follow 6
+  EXPECT_EQ(store_.Get("", id)->position, 0);
+
+  Outcome commit;
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {5, 6}, true, commit.Callbacks()).ok());
+  commit.Wait();
+  EXPECT_EQ(History(id), (std::vector<int>{5, 6}));
+  // The next score is conditioned on that history: 7 follows 6.
+  Outcome next;
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {7}, true, next.Callbacks()).ok());
+  next.Wait();
+  ASSERT_EQ(next.result.scores.size(), 1u);
+  EXPECT_TRUE(next.result.scores[0].has_logprob);
+  EXPECT_NEAR(next.result.scores[0].logprob, std::log(0.9f), 1e-6);
+  EXPECT_EQ(store_.Get("", id)->position, 3);
+}
+
+TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
+  Make();
+  scheduler_->Start();
+  const std::string id = NewSession();
+  Outcome gen;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({1, 2}, 2), gen.Callbacks()).ok());
+  gen.Wait();
+  Outcome fork;
+  ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {{"k", "v"}}, fork.Callbacks()).ok());
+  fork.Wait();
+  ASSERT_TRUE(fork.status.ok()) << fork.status;
+  const std::string child = fork.result.forked.id;
+  EXPECT_NE(child, id);
+  EXPECT_EQ(fork.result.forked.labels.at("k"), "v");
+  EXPECT_EQ(History(child), History(id));
+  Outcome more;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(child), false, Spec({50}, 1), more.Callbacks()).ok());
+  more.Wait();
+  EXPECT_EQ(History(id), (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(History(child), (std::vector<int>{1, 2, 3, 4, 50, 51}));
+}
+
+// A fork is made on the engine thread, away from the call that asked for it:
+// it must still belong to the source's owner (the caller), and to nobody else.
+TEST_F(SchedulerTest, ForkBelongsToTheSourcesOwner) {
+  Make();
+  scheduler_->Start();
+  auto info = store_.Create("alice", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto lease = store_.Acquire("alice", info->id, absl::Now());
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  Outcome fork;
+  ASSERT_TRUE(scheduler_->SubmitFork(*std::move(lease), absl::ZeroDuration(), {}, fork.Callbacks()).ok());
+  fork.Wait();
+  ASSERT_TRUE(fork.status.ok()) << fork.status;
+  EXPECT_EQ(fork.result.forked.owner, "alice");
+  EXPECT_TRUE(store_.Get("alice", fork.result.forked.id).ok());
+  EXPECT_EQ(store_.Get("", fork.result.forked.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_.List("alice").size(), 2u);
+  EXPECT_TRUE(store_.List("").empty());
+}
+
+// Regression: a failed memory copy (device out of memory) used to throw on
+// the engine thread and take the server down; now the request fails cleanly.
+TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
+  Make();
+  scheduler_->Start();
+  const std::string id = NewSession();
+  Outcome gen;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({1, 2}, 2), gen.Callbacks()).ok());
+  gen.Wait();
+  {
+    auto lease = Lease(id);
+    static_cast<FakeSession*>(lease.state.get())->fail_clone = true;
+    store_.Release(std::move(lease), absl::Now());
+  }
+  Outcome fork, probe;
+  ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {}, fork.Callbacks()).ok());
+  fork.Wait();
+  EXPECT_EQ(fork.status.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {9}, false, probe.Callbacks()).ok());
+  probe.Wait();
+  EXPECT_EQ(probe.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.size(), 1);
+  EXPECT_EQ(History(id), (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_FALSE(store_.Get("", id)->busy);
+}
+
+TEST_F(SchedulerTest, StopTokenAndStopSequence) {
+  Make();
+  scheduler_->Start();
+  const std::string a = NewSession(), b = NewSession();
+  GenerateSpec tok = Spec({'a'}, 10);
+  tok.stop_token_ids = {'d'};
+  Outcome ta;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, tok, ta.Callbacks()).ok());
+  ta.Wait();
+  EXPECT_EQ(ta.result.finish, Finish::kStopToken);
+  EXPECT_EQ(ta.text, "bcd");
+
+  GenerateSpec seq = Spec({'a'}, 10);
+  seq.stop_sequences = {"def"};
+  Outcome sb;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), false, seq, sb.Callbacks()).ok());
+  sb.Wait();
+  EXPECT_EQ(sb.result.finish, Finish::kStopSequence);
+  EXPECT_EQ(sb.text, "bc");  // never a piece of the stop sequence
+  EXPECT_EQ(store_.Get("", b)->position, 6);  // the stop sequence's tokens are history
+}
+
+TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
+  Make();
+  const std::string id = NewSession();
+  Outcome first;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({1, 2, 3}, 2), first.Callbacks()).ok());
+  scheduler_->Start();
+  first.Wait();
+  const std::vector<int> before = History(id);
+  engine_.FailNextStep();
+  Outcome failed;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({9}, 2), failed.Callbacks()).ok());
+  failed.Wait();
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(History(id), before);
+  EXPECT_FALSE(store_.Get("", id)->busy);
+}
+
+TEST_F(SchedulerTest, ThrowAwaySessionIsGoneAfterTheRequest) {
+  Make();
+  scheduler_->Start();
+  auto lease = store_.CreateAcquired("", *engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(lease.ok());
+  const std::string id = lease->id;
+  Outcome o;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), true, Spec({1}, 2), o.Callbacks()).ok());
+  o.Wait();
+  EXPECT_EQ(o.ids.size(), 2u);
+  EXPECT_EQ(store_.Get("", id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_.size(), 0);
+}
+
+}  // namespace
+}  // namespace txl

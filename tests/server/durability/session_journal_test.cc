@@ -1,0 +1,790 @@
+// The session journal on a directory state store: records, replay, damage
+// and quarantine, claims between replicas; and the scheduler with a journal
+// and with offload, against the fake engine (its state is its history, so
+// "rebuilt exactly" is checkable).
+#include "server/durability/session_journal.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <atomic>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
+#include "server/batching/scheduler.h"
+#include "tests/server/fake_engine.h"
+
+namespace txl {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FakeEngine;
+using testing::FakeSession;
+
+std::string TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / absl::StrCat("txl_journal_", name, "_", getpid());
+  fs::remove_all(p);
+  return p.string();
+}
+
+// A temporary directory, removed when it goes out of scope: declared before
+// the journals that write into it, it outlives their writer threads.
+struct ScopedDir {
+  explicit ScopedDir(const std::string& name) : path(TempDir(name)) {}
+  ~ScopedDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+// A directory store that fails every write while `failing` is set, as a
+// full or read-only disk does (reads still work).
+class FlakyBackend : public StateBackend {
+ public:
+  explicit FlakyBackend(std::unique_ptr<StateBackend> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> failing{false};
+  std::string Describe() const override { return inner_->Describe(); }
+  absl::Status Put(const std::string& key, absl::string_view value) override {
+    return failing ? Full() : inner_->Put(key, value);
+  }
+  absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) override {
+    return failing ? Full() : inner_->Append(appends);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key) override { return inner_->Get(key); }
+  absl::Status Delete(const std::string& key) override { return failing ? Full() : inner_->Delete(key); }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) override { return inner_->List(prefix); }
+  absl::StatusOr<bool> CompareAndSet(const std::string& key, const std::optional<std::string>& expected,
+                                     absl::string_view value) override {
+    if (failing) return Full();
+    return inner_->CompareAndSet(key, expected, value);
+  }
+  absl::Status Quarantine(const std::string& key) override { return inner_->Quarantine(key); }
+
+ private:
+  static absl::Status Full() { return absl::ResourceExhaustedError("No space left on device (test)"); }
+  std::unique_ptr<StateBackend> inner_;
+};
+
+// A journal on the directory store `dir`; with `flaky`, the store is wrapped
+// in a FlakyBackend, and *flaky stays valid while the journal lives.
+std::unique_ptr<SessionJournal> Open(const std::string& dir, const std::string& replica,
+                                     absl::Duration holder_timeout = absl::Seconds(10),
+                                     FlakyBackend** flaky = nullptr) {
+  StateBackendConfig b;
+  b.spec = "dir:" + dir;
+  b.fsync = FsyncPolicy::kNever;
+  auto backend = OpenStateBackend(b);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  std::unique_ptr<StateBackend> store = *std::move(backend);
+  if (flaky != nullptr) {
+    auto wrapped = std::make_unique<FlakyBackend>(std::move(store));
+    *flaky = wrapped.get();
+    store = std::move(wrapped);
+  }
+  SessionJournalConfig c;
+  c.replica = replica;
+  c.holder_timeout = holder_timeout;
+  c.heartbeat_interval = holder_timeout / 4;
+  auto j = SessionJournal::Create(c, std::move(store));
+  EXPECT_TRUE(j.ok()) << j.status();
+  return *std::move(j);
+}
+
+// AfterDurable's answer, waited for.
+std::pair<absl::Status, int64_t> Durable(SessionJournal* j, const std::string& id, int64_t position) {
+  absl::Notification done;
+  std::pair<absl::Status, int64_t> out;
+  j->AfterDurable(id, position, [&](absl::Status s, int64_t have) {
+    out = {s, have};
+    done.Notify();
+  });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  return out;
+}
+
+SessionMeta Meta(const std::string& id, const std::string& owner = "alice") {
+  return SessionMeta{id, owner, 16, absl::Seconds(60), absl::FromUnixSeconds(1700000000), {{"k", "v"}}};
+}
+
+std::string Snapshot(int64_t position, std::vector<int> pending, std::string state) {
+  SessionExport e;
+  e.fingerprint = "fake-256";
+  e.position = position;
+  e.pending = std::move(pending);
+  e.state = std::move(state);
+  return EncodeSessionExport(e);
+}
+
+void Corrupt(const fs::path& file, size_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+TEST(SessionMetaTest, RoundTripsAndRejectsDamage) {
+  SessionMeta m = Meta("abc");
+  auto back = DecodeSessionMeta(EncodeSessionMeta(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->id, "abc");
+  EXPECT_EQ(back->owner, "alice");
+  EXPECT_EQ(back->mem_len, 16);
+  EXPECT_EQ(back->idle_ttl, absl::Seconds(60));
+  EXPECT_EQ(back->created, m.created);
+  EXPECT_EQ(back->labels, m.labels);
+  std::string bytes = EncodeSessionMeta(m);
+  bytes[12] ^= 1;
+  EXPECT_TRUE(absl::IsDataLoss(DecodeSessionMeta(bytes).status()));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeSessionMeta(bytes.substr(0, 10)).status()));
+}
+
+// The fuzz seeds of the journal's formats (tests/fuzz/make_corpus.py writes
+// them in Python) are valid, so the fuzzer starts from the accepting paths.
+TEST(SessionJournalTest, FuzzSeedsAreWellFormed) {
+  const fs::path seeds = fs::path(TXL_SOURCE_DIR) / "tests" / "fuzz" / "corpus" / "session_import";
+  auto read = [&](const char* name) {
+    std::ifstream f(seeds / name, std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(s.empty()) << name;
+    return s.empty() ? s : s.substr(1);  // byte 0 picks the fuzzer's mode
+  };
+  auto meta = DecodeSessionMeta(read("journal_meta"));
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->owner, "alice");
+  for (const char* name : {"journal_log", "journal_log_torn"}) {
+    JournalRecord r;
+    r.image.position = 2;
+    ASSERT_TRUE(ReplayJournalLog(read(name), &r).ok()) << name;
+    EXPECT_EQ(r.tail, (std::vector<int>{1, 2, 3, 4, 5, 6})) << name;
+  }
+}
+
+TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
+  const ScopedDir scoped("replay");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2, 3});
+  j->RecordTokens("s1", 3, {4});
+  ASSERT_TRUE(j->Flush().ok());
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->position(), 4);
+  EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(r->meta.owner, "alice");
+
+  // A snapshot at 4 resets the log; a record that overlaps it replays only what is new.
+  j->RecordSnapshot("s1", Snapshot(4, {4}, "16 1 2 3"));
+  j->RecordTokens("s1", 3, {4, 5, 6});
+  ASSERT_TRUE(j->Flush().ok());
+  r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 4);
+  EXPECT_EQ(r->tail, (std::vector<int>{5, 6}));
+  EXPECT_EQ(r->position(), 6);
+
+  std::vector<int> pending;
+  auto idle = IdleFromRecord(*r, &pending);
+  EXPECT_EQ(idle->state, "16 1 2 3");
+  EXPECT_EQ(idle->feed, (std::vector<int>{4, 5}));
+  EXPECT_EQ(pending, (std::vector<int>{6}));
+
+  auto held = j->Held();
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(*held, (std::vector<std::string>{"s1"}));
+  EXPECT_TRUE(absl::IsNotFound(j->Load("nope").status()));
+}
+
+TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
+  const ScopedDir scoped("damage");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto j = Open(dir, "r1");
+  for (const char* id : {"torn", "bad", "gap"}) {
+    j->RecordCreate(Meta(id), Snapshot(0, {}, ""), nullptr);
+    j->RecordTokens(id, 0, {7, 8});
+  }
+  j->RecordTokens("bad", 2, {9});
+  ASSERT_TRUE(j->Flush().ok());
+  {
+    // A journal never writes a gap (JournalRefusesWritesThatWouldLeaveAGap),
+    // so a replica that knows nothing of "gap" (the store damaged behind
+    // its back) writes one: a record that starts past the end of the history.
+    auto other = Open(dir, "r2");
+    other->RecordTokens("gap", 5, {9});
+    ASSERT_TRUE(other->Flush().ok());
+  }
+  const fs::path sessions = fs::path(dir) / "sessions";
+  {
+    std::ofstream f(sessions / "torn" / "log", std::ios::app | std::ios::binary);
+    f.write("\x05\x00\x00", 3);  // a record cut short by a crash
+  }
+  Corrupt(sessions / "bad" / "log", 14);  // inside the first record
+
+  auto torn = j->Load("torn");
+  ASSERT_TRUE(torn.ok()) << torn.status();
+  EXPECT_EQ(torn->tail, (std::vector<int>{7, 8}));
+
+  for (const char* id : {"bad", "gap"}) {
+    auto r = j->Load(id);
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << id << ": " << r.status();
+    EXPECT_NE(r.status().message().find("quarantined"), std::string::npos);
+    EXPECT_FALSE(fs::exists(sessions / id / "log")) << id;
+    EXPECT_TRUE(absl::IsNotFound(j->Load(id).status())) << id << " is gone after quarantine";
+  }
+  EXPECT_EQ(j->quarantined(), 2);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "quarantine" / "sessions" / "bad"));
+
+  // A damaged snapshot is damage too.
+  j->RecordCreate(Meta("snap"), Snapshot(2, {8}, "16 7"), nullptr);
+  ASSERT_TRUE(j->Flush().ok());
+  Corrupt(sessions / "snap" / "snap", 20);
+  EXPECT_TRUE(absl::IsDataLoss(j->Load("snap").status()));
+}
+
+// Regression: the torn record stayed in the log, so the records appended
+// after it were unreadable at the next recovery and the session was lost.
+TEST(SessionJournalTest, ATornTailIsCutOffSoLaterRecordsReplay) {
+  const ScopedDir scoped("torn_then_more");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {7, 8});
+  ASSERT_TRUE(j->Flush().ok());
+  const fs::path log = fs::path(dir) / "sessions" / "s1" / "log";
+  const auto whole = fs::file_size(log);
+  {
+    std::ofstream f(log, std::ios::app | std::ios::binary);
+    f.write("\x05\x00\x00\x00\x02\x00\x00", 7);  // a crash in the middle of the next append
+  }
+  auto first = j->Load("s1");  // the recovery after that crash
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(fs::file_size(log), whole) << "the torn record is cut off";
+  j->RecordTokens("s1", 2, {9});  // what the recovered session does next
+  ASSERT_TRUE(j->Flush().ok());
+  auto second = j->Load("s1");  // the next crash's recovery
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->tail, (std::vector<int>{7, 8, 9}));
+}
+
+// Regression: a damaged length field in a middle record looked like a torn
+// tail, and the history was silently cut there.
+TEST(SessionJournalTest, ADamagedLengthIsDamageNotATornTail) {
+  const ScopedDir scoped("bad_length");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2});
+  j->RecordTokens("s1", 2, {3});
+  j->RecordTokens("s1", 3, {4});
+  ASSERT_TRUE(j->Flush().ok());
+  const fs::path log = fs::path(dir) / "sessions" / "s1" / "log";
+  Corrupt(log, 36 + 1);  // the second record's length: it now runs past the end of the log
+  auto r = j->Load("s1");
+  EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("header"), std::string::npos) << r.status();
+}
+
+TEST(SessionJournalTest, AdoptionWaitsForTheHolderToGoAndOnlyOneReplicaWins) {
+  const ScopedDir scoped("adopt");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto a = Open(dir, "a");
+  auto b = Open(dir, "b");
+  auto c = Open(dir, "c");
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  a->RecordTokens("s1", 0, {4, 5});
+  ASSERT_TRUE(a->Flush().ok());
+
+  // Another principal learns nothing, not even that a replica holds it.
+  EXPECT_TRUE(absl::IsNotFound(b->Adopt("s1", "mallory").status()));
+  EXPECT_TRUE(absl::IsNotFound(b->Adopt("missing", "alice").status()));
+  // Its holder is alive.
+  auto live = b->Adopt("s1", "alice");
+  EXPECT_TRUE(absl::IsUnavailable(live.status())) << live.status();
+  EXPECT_NE(live.status().message().find("replica a"), std::string::npos);
+
+  a.reset();  // a clean stop retires a's heartbeat
+  auto won = b->Adopt("s1", "alice");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(won->tail, (std::vector<int>{4, 5}));
+  EXPECT_TRUE(absl::IsUnavailable(c->Adopt("s1", "alice").status())) << "b holds it now";
+  EXPECT_EQ(*b->Held(), (std::vector<std::string>{"s1"}));
+  EXPECT_TRUE(c->Held()->empty());
+}
+
+TEST(SessionJournalTest, AReplicaThatStoppedBeatingLosesItsSessionsAfterTheTimeout) {
+  const ScopedDir scoped("stale");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto a = Open(dir, "a", absl::Hours(1));  // beats every 15 min: not during this test
+  auto b = Open(dir, "b", absl::Seconds(10));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  EXPECT_TRUE(absl::IsUnavailable(b->Adopt("s1", "alice").status()));
+  // a's last heartbeat is now 11 s old, as if it died then (its next beat is seconds away).
+  StateBackendConfig bc;
+  bc.spec = "dir:" + dir;
+  auto raw = OpenStateBackend(bc);
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE((*raw)->Put("replicas/a", absl::StrCat(absl::ToUnixNanos(absl::Now() - absl::Seconds(11)))).ok());
+  auto won = b->Adopt("s1", "alice");
+  ASSERT_TRUE(won.ok()) << won.status();
+}
+
+TEST(SessionJournalTest, TheHolderHearsThatAnotherReplicaWantsASession) {
+  const ScopedDir scoped("wanted");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  absl::Mutex mu;  // before the journals: a's handler may run until a stops
+  std::vector<std::string> asked;
+  auto a = Open(dir, "a", absl::Milliseconds(40));  // beats every 10 ms
+  auto b = Open(dir, "b");
+  a->SetHandoffHandler([&](std::vector<std::string> ids) {
+    absl::MutexLock lock(&mu);
+    asked.insert(asked.end(), ids.begin(), ids.end());
+  });
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  a->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(asked.empty()) << "nobody asked yet";
+  }
+  // b's timeout is 10 s: a is alive. b asks for s1 and is told to retry.
+  auto refused = b->Adopt("s1", "alice");
+  ASSERT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("asked to hand it over"), std::string::npos);
+  {
+    absl::MutexLock lock(&mu);
+    auto heard = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return !asked.empty(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&heard), absl::Seconds(30)));
+    EXPECT_EQ(asked.front(), "s1");
+    for (const std::string& id : asked) EXPECT_EQ(id, "s1") << "only the session asked for";
+  }
+  a->RecordRelease("s1");
+  ASSERT_TRUE(a->Flush().ok());
+  auto won = b->Adopt("s1", "alice");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(*a->Held(), (std::vector<std::string>{"s2"}));
+  a->SetHandoffHandler(nullptr);
+}
+
+// Regression: creating a session whose id the store already has (another
+// replica's session, or one this replica has not loaded) overwrote its state.
+TEST(SessionJournalTest, CreatingAnIdTheStoreHasIsAlreadyExistsAndWritesNothing) {
+  const ScopedDir scoped("create_taken");
+  const std::string& dir = scoped.path;
+  auto a = Open(dir, "a");
+  auto b = Open(dir, "b");
+  absl::Notification first;
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    first.Notify();
+  });
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  a->RecordTokens("s1", 0, {4, 5});
+  ASSERT_TRUE(a->Flush().ok());
+
+  absl::Notification second;
+  absl::Status taken;
+  b->RecordCreate(Meta("s1", "mallory"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    taken = s;
+    second.Notify();
+  });
+  ASSERT_TRUE(second.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(absl::IsAlreadyExists(taken)) << taken;
+  auto r = a->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->meta.owner, "alice");
+  EXPECT_EQ(r->tail, (std::vector<int>{4, 5}));
+  EXPECT_EQ(*a->Held(), (std::vector<std::string>{"s1"}));
+  EXPECT_TRUE(b->Flush().ok()) << "ALREADY_EXISTS is an answer, not a store failure";
+}
+
+// Regression (issue 13, 2): after a failed write, later records of the
+// same session were still appended, leaving a log that starts past the end
+// of its history ("log record at byte 40 starts at position 10 but the
+// history ends at 3"): the session was quarantined after a crash.
+TEST(SessionJournalTest, JournalRefusesWritesThatWouldLeaveAGap) {
+  const ScopedDir scoped("gapless");
+  auto j = Open(scoped.path, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2});
+  j->RecordTokens("s1", 5, {9});                       // a gap: not written
+  j->RecordSnapshot("s1", Snapshot(7, {7}, "16 1"));  // holds history the store never had: not written
+  auto [status, have] = Durable(j.get(), "s1", 6);
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_EQ(have, 2);
+  EXPECT_TRUE(j->Writable().ok()) << "a refused record is not a store failure";
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->position(), 2);
+  EXPECT_EQ(r->image.position, 0);
+  j->RecordTokens("s1", 2, {3});  // continuing exactly is fine
+  EXPECT_TRUE(Durable(j.get(), "s1", 3).first.ok());
+}
+
+TEST(SessionJournalTest, AFailedWriteIsNeverAcknowledgedAndTheStoreRecovers) {
+  const ScopedDir scoped("flaky");
+  FlakyBackend* flaky = nullptr;
+  auto j = Open(scoped.path, "r1", absl::Seconds(10), &flaky);
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2});
+  ASSERT_TRUE(Durable(j.get(), "s1", 2).first.ok());
+  flaky->failing = true;
+  j->RecordTokens("s1", 2, {3, 4});
+  auto [failed, have] = Durable(j.get(), "s1", 4);
+  EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+  EXPECT_NE(failed.message().find("No space left"), std::string::npos) << failed;
+  EXPECT_EQ(have, 2);
+  EXPECT_TRUE(absl::IsUnavailable(j->Writable()));
+  // A create refused by the store leaves its id free.
+  absl::Notification created;
+  absl::Status create_status;
+  j->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    create_status = s;
+    created.Notify();
+  });
+  ASSERT_TRUE(created.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(absl::IsUnavailable(create_status) || absl::IsResourceExhausted(create_status)) << create_status;
+  // A delete refused by the store leaves the session.
+  absl::Notification deleted;
+  absl::Status delete_status;
+  j->RecordDelete("s1", [&](absl::Status s) {
+    delete_status = s;
+    deleted.Notify();
+  });
+  ASSERT_TRUE(deleted.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(delete_status.ok());
+
+  flaky->failing = false;
+  j->RecordTokens("s1", 4, {5});  // past what the store has: refused even now
+  EXPECT_EQ(Durable(j.get(), "s1", 5).second, 2);
+  j->RecordTokens("s1", 2, {7, 8});  // the session, rolled back, goes on from 2
+  EXPECT_TRUE(Durable(j.get(), "s1", 4).first.ok());
+  EXPECT_TRUE(j->Writable().ok()) << "not sticky: a write succeeded";
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 7, 8}));
+  EXPECT_TRUE(absl::IsNotFound(j->Load("s2").status())) << "the refused create left nothing behind";
+  absl::Notification again;
+  j->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << "the id is free: " << s;
+    again.Notify();
+  });
+  ASSERT_TRUE(again.WaitForNotificationWithTimeout(absl::Seconds(30)));
+}
+
+TEST(SessionJournalTest, TheHeartbeatTellsWhenTheStoreIsWritableAgain) {
+  const ScopedDir scoped("beat");
+  FlakyBackend* flaky = nullptr;
+  auto j = Open(scoped.path, "r1", absl::Milliseconds(40), &flaky);
+  flaky->failing = true;
+  j->RecordTokens("s1", 0, {1});
+  (void)j->Flush();
+  ASSERT_FALSE(j->Writable().ok());
+  flaky->failing = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!j->Writable().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(j->Writable().ok()) << "no write was queued: the heartbeat found the store writable";
+}
+
+TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
+  const ScopedDir scoped("after");  // removed after the journals below stop
+  const std::string& dir = scoped.path;
+  auto j = Open(dir, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  int64_t seen = -1;
+  absl::Notification done;
+  for (int i = 0; i < 50; ++i) j->RecordTokens("s1", i, {i});
+  j->After([&](absl::Status s) {
+    EXPECT_TRUE(s.ok());
+    auto r = j->Load("s1");  // on the writer thread, after the writes
+    seen = r.ok() ? r->position() : -2;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(seen, 50);
+}
+
+// The scheduler with a journal and offload, against the fake engine.
+class DurableSchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = TempDir("sched"); }
+  void TearDown() override {
+    scheduler_.reset();
+    journal_.reset();
+    fs::remove_all(dir_);
+  }
+  void Make(SessionTableConfig table_config, SchedulerConfig config = {}) {
+    journal_ = Open(dir_, "r1", journal_holder_timeout_, flaky_journal_ ? &flaky_ : nullptr);
+    table_config.has_state_store = true;
+    table_ = std::make_unique<SessionTable>(table_config);
+    scheduler_ = std::make_unique<Scheduler>(config, &engine_, table_.get(), &tokenizer_, nullptr);
+    scheduler_->SetJournal(journal_.get());
+    scheduler_->Start();
+  }
+  // As the service makes a durable session: busy until its creation is written.
+  std::string NewSession() {
+    auto lease = table_->CreateAcquired("", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now(), "",
+                                        /*durable=*/true);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    const std::string id = lease->id;
+    auto info = table_->Get("", id);
+    auto held = std::make_shared<SessionLease>(*std::move(lease));
+    absl::Notification written;
+    journal_->RecordCreate(SessionMeta{id, "", 64, info->idle_ttl, info->created, {}}, Snapshot(0, {}, ""),
+                           [&, held](absl::Status s) {
+                             EXPECT_TRUE(s.ok()) << s;
+                             table_->Release(std::move(*held), absl::Now());
+                             written.Notify();
+                           });
+    EXPECT_TRUE(written.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return id;
+  }
+  absl::Status Generate(const std::string& id, std::vector<int> input, int n, std::vector<int>* out = nullptr) {
+    auto lease = table_->Acquire("", id, absl::Now());
+    if (!lease.ok()) return lease.status();
+    GenerateSpec spec;
+    spec.input = std::move(input);
+    spec.max_new_tokens = n;
+    absl::Notification done;
+    absl::Status status;
+    JobCallbacks cb;
+    cb.on_tokens = [out](std::vector<GeneratedTokenEvent> ev, int64_t) {
+      if (out) for (auto& e : ev) out->push_back(e.id);
+    };
+    cb.on_done = [&](absl::Status s, JobResult) {
+      status = s;
+      done.Notify();
+    };
+    auto job = scheduler_->SubmitGenerate(*std::move(lease), false, std::move(spec), std::move(cb));
+    if (!job.ok()) return job.status();
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return status;
+  }
+  // Polls the store's tiers until `ok` holds (true) or 10 s pass (false).
+  bool WaitForTiers(const std::function<bool(const SessionTable::TierCounts&)>& ok) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!ok(table_->tiers())) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+  // The history the journal rebuilds: the image's, plus what replays onto it.
+  std::vector<int> JournalHistory(const std::string& id) {
+    EXPECT_TRUE(journal_->Flush().ok());
+    auto r = journal_->Load(id);
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::vector<int> pending;
+    auto idle = IdleFromRecord(*r, &pending);
+    auto state = idle->state.empty() ? engine_.NewSession(idle->mem_len) : engine_.RestoreSession(idle->state);
+    std::vector<int> h = static_cast<FakeSession*>(state->get())->history;
+    h.insert(h.end(), idle->feed.begin(), idle->feed.end());
+    h.insert(h.end(), pending.begin(), pending.end());
+    return h;
+  }
+
+  std::string dir_;
+  absl::Duration journal_holder_timeout_ = absl::Seconds(10);
+  bool flaky_journal_ = false;  // Make() opens the journal on a FlakyBackend (flaky_)
+  FlakyBackend* flaky_ = nullptr;
+  FakeEngine engine_;
+  Tokenizer tokenizer_ = Tokenizer::Byte();
+  std::unique_ptr<SessionJournal> journal_;
+  std::unique_ptr<SessionTable> table_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST_F(DurableSchedulerTest, TheJournalHoldsExactlyTheHistoryEvenAcrossSnapshots) {
+  SchedulerConfig config;
+  config.snapshot_tokens = 5;  // several snapshots along the way
+  Make(SessionTableConfig{}, config);
+  const std::string id = NewSession();
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3, &seen).ok());
+  ASSERT_TRUE(Generate(id, {}, 4, &seen).ok());
+  ASSERT_TRUE(Generate(id, {'x'}, 2, &seen).ok());
+  std::vector<int> want = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'x', 'y', 'z'};
+  EXPECT_EQ(JournalHistory(id), want);
+  EXPECT_EQ(table_->Get("", id)->position, 12);
+  // A snapshot was taken (the log no longer starts at 0).
+  auto r = journal_->Load(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->image.position, 0);
+}
+
+// Regression (issue 13, 2): a request refused UNAVAILABLE by a failing store
+// still changed the in-memory session (and later the store).
+TEST_F(DurableSchedulerTest, AStoreFailureRollsTheSessionBackAndRefusesChangesUntilItRecovers) {
+  journal_holder_timeout_ = absl::Milliseconds(40);  // heartbeats every 10 ms
+  flaky_journal_ = true;
+  Make(SessionTableConfig{});
+  const std::string id = NewSession();
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3, &seen).ok());
+  ASSERT_EQ(table_->Get("", id)->position, 5);
+  flaky_->failing = true;
+  std::vector<int> lost;
+  absl::Status s = Generate(id, {'x'}, 5, &lost);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_TRUE(lost.empty()) << "no token reaches a client before it is written";
+  EXPECT_EQ(table_->Get("", id)->position, 5);
+  s = Generate(id, {'y'}, 1);  // refused before anything runs: read-only until the store recovers
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("read-only"), std::string::npos) << s;
+  EXPECT_EQ(table_->Get("", id)->position, 5);
+  flaky_->failing = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!journal_->Writable().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(journal_->Writable().ok());
+  seen.clear();
+  absl::Status resumed = Generate(id, {}, 2, &seen);
+  ASSERT_TRUE(resumed.ok()) << resumed;
+  EXPECT_EQ(seen, (std::vector<int>{'f', 'g'})) << "it goes on from e, as if 'x' had never been sent";
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f', 'g'}));
+  EXPECT_EQ(table_->Get("", id)->position, 7);
+}
+
+TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheStore) {
+  SessionTableConfig sc;
+  sc.memory_budget_bytes = 63 * 8;  // one fake session's full window
+  sc.host_memory_budget_bytes = 40;  // about one offloaded fake image
+  Make(sc);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(NewSession());
+    ASSERT_TRUE(Generate(ids.back(), {10 * i, 10 * i + 1}, 2).ok());
+  }
+  // The engine thread offloads right after each step; wait until it has.
+  ASSERT_TRUE(WaitForTiers([](const SessionTable::TierCounts& t) { return t.device <= 1 && t.host >= 1 && t.state_store >= 1; }));
+  // Every session continues as if it never left: the fake's next token is last + 1.
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int> seen;
+    ASSERT_TRUE(Generate(ids[i], {}, 2, &seen).ok()) << i;
+    EXPECT_EQ(seen, (std::vector<int>{10 * i + 4, 10 * i + 5})) << i;
+    EXPECT_EQ(table_->Get("", ids[i])->position, 6) << i;
+  }
+}
+
+TEST_F(DurableSchedulerTest, ASessionAnotherReplicaAsksForIsHandedOverExactly) {
+  SessionTableConfig sc;
+  journal_holder_timeout_ = absl::Milliseconds(40);  // beats (and looks for requests) every 10 ms
+  Make(sc);
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3).ok());
+  auto b = Open(dir_, "b");
+  EXPECT_TRUE(absl::IsUnavailable(b->Adopt(id, "").status()));
+  // The engine thread hands it over within a heartbeat and a tick.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (table_->Get("", id).ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_FALSE(table_->Get("", id).ok()) << "not handed over";
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto won = b->Adopt(id, "");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(won->position(), 5);
+  EXPECT_EQ(won->tail.size(), 0u) << "a snapshot at the hand-over: nothing to replay";
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e'}));
+}
+
+// Regression: a recovered session's count of logged tokens started at 0, so
+// a server that crashed more often than every snapshot_tokens never folded
+// its logs.
+TEST_F(DurableSchedulerTest, ARecoveredSessionCountsTheLogItWasRecoveredWith) {
+  SchedulerConfig config;
+  config.snapshot_tokens = 8;
+  Make(SessionTableConfig{}, config);
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b', 'c'}, 3).ok());  // 6 tokens logged, no snapshot yet
+  ASSERT_TRUE(journal_->Flush().ok());
+  ASSERT_EQ(journal_->Load(id)->image.position, 0);
+  // A restart: a new store recovers the session from the journal.
+  scheduler_.reset();
+  table_ = std::make_unique<SessionTable>(SessionTableConfig{});
+  ASSERT_EQ(*RecoverSessions(journal_.get(), table_.get(), engine_.fingerprint()), 1);
+  scheduler_ = std::make_unique<Scheduler>(config, &engine_, table_.get(), &tokenizer_, nullptr);
+  scheduler_->SetJournal(journal_.get());
+  scheduler_->Start();
+  ASSERT_TRUE(Generate(id, {}, 2).ok());  // 6 + 2 = 8 logged: the log is folded
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto r = journal_->Load(id);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 8);
+  EXPECT_TRUE(r->tail.empty());
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}));
+}
+
+// Regression: the journal outlives the scheduler at shutdown, and its writer
+// thread went on calling the scheduler's hand-over handler after the
+// scheduler was gone (AddressSanitizer: stack-use-after-scope in txl-server).
+TEST_F(DurableSchedulerTest, TheJournalNoLongerCallsASchedulerThatIsGone) {
+  journal_holder_timeout_ = absl::Milliseconds(40);  // beats (and looks for requests) every 10 ms
+  Make(SessionTableConfig{});
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a'}, 1).ok());
+  scheduler_.reset();  // the store keeps the session; nobody will hand it over now
+  auto b = Open(dir_, "b");
+  EXPECT_TRUE(absl::IsUnavailable(b->Adopt(id, "").status()));  // leaves a "wanted" key
+  // Let the writer see the request at several heartbeats.
+  StateBackendConfig bc;
+  bc.spec = "dir:" + dir_;
+  auto raw = OpenStateBackend(bc);
+  ASSERT_TRUE(raw.ok());
+  for (int beats = 0; beats < 5;) {
+    const std::string before = *(*raw)->Get("replicas/r1");
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (*(*raw)->Get("replicas/r1") == before && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+    ++beats;
+  }
+  EXPECT_TRUE(table_->Get("", id).ok()) << "no scheduler: nothing was handed over";
+}
+
+// Regression: a request on a session the engine thread was offloading at
+// that moment got ABORTED (busy), as if another request held it.
+TEST(SessionTableOffloadTest, ARequestDuringAnOffloadGetsTheSessionNotAborted) {
+  FakeEngine engine;
+  SessionTableConfig config;
+  config.memory_budget_bytes = 63 * 8;
+  config.host_memory_budget_bytes = 1 << 20;
+  SessionTable table(config);
+  auto info = table.Create("", *engine.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(info.ok());
+  std::unique_ptr<EngineSession> state = table.BeginOffload(info->id);
+  ASSERT_NE(state, nullptr);
+  auto lease = table.Acquire("", info->id, absl::Now());  // while the image is being made
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->state, nullptr);
+  auto idle = std::make_shared<IdleSession>();
+  idle->mem_len = 64;
+  ASSERT_TRUE(state->AppendTo(&idle->state).ok());
+  table.FinishOffload(info->id, idle);
+  // The engine thread, running the request next, finds the image.
+  EXPECT_EQ(table.TakeIdle(info->id), idle);
+  lease->state = *engine.RestoreSession(idle->state);
+  table.Release(*std::move(lease), absl::Now());
+  EXPECT_EQ(table.tiers().device, 1);
+  EXPECT_EQ(table.reserved_bytes(), 63 * 8);
+}
+
+TEST_F(DurableSchedulerTest, DamagedStateInTheStoreEndsTheSessionWithDataLoss) {
+  SessionTableConfig sc;
+  sc.memory_budget_bytes = 63 * 8;
+  sc.host_memory_budget_bytes = 1;  // everything idle goes to the store
+  Make(sc);
+  const std::string a = NewSession(), b = NewSession();
+  ASSERT_TRUE(Generate(a, {1}, 1).ok());
+  ASSERT_TRUE(Generate(b, {1}, 1).ok());  // pushes a out to the store
+  ASSERT_TRUE(WaitForTiers([](const SessionTable::TierCounts& t) { return t.state_store == 1; }));
+  ASSERT_TRUE(journal_->Flush().ok());
+  Corrupt(fs::path(dir_) / "sessions" / a / "log", 13);
+  absl::Status s = Generate(a, {2}, 1);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_TRUE(absl::IsNotFound(table_->Get("", a).status())) << "a damaged session is not kept";
+  EXPECT_TRUE(Generate(b, {2}, 1).ok());
+}
+
+}  // namespace
+}  // namespace txl

@@ -1,0 +1,112 @@
+// A fake Engine for scheduler tests: a "counting" language model whose most
+// likely next token is (last token + 1) mod V, with every fed token recorded.
+#ifndef TXL_TESTS_SERVER_FAKE_ENGINE_H_
+#define TXL_TESTS_SERVER_FAKE_ENGINE_H_
+
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "server/engine/engine.h"
+
+namespace txl::testing {
+
+class FakeSession : public EngineSession {
+ public:
+  explicit FakeSession(int64_t mem_len) : mem_len_(mem_len) {}
+  int64_t fed() const override { return static_cast<int64_t>(history.size()); }
+  int64_t mem_len() const override { return mem_len_; }
+  int64_t memory_tokens() const override { return std::min<int64_t>(fed(), mem_len_ - 1); }
+  int64_t memory_bytes() const override { return memory_tokens() * 8; }
+  int64_t full_memory_bytes() const override { return (mem_len_ - 1) * 8; }
+  absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const override {
+    if (fail_clone) return absl::ResourceExhaustedError("injected: no memory for a copy");
+    auto c = std::make_unique<FakeSession>(mem_len_);
+    c->history = history;
+    return std::unique_ptr<EngineSession>(std::move(c));
+  }
+  // Image: mem_len, then the history, as text.
+  absl::Status AppendTo(std::string* out) const override {
+    out->append(std::to_string(mem_len_));
+    for (int t : history) out->append(" " + std::to_string(t));
+    return absl::OkStatus();
+  }
+  std::vector<int> history;
+  bool fail_clone = false;
+
+ private:
+  int64_t mem_len_;
+};
+
+class FakeEngine : public Engine {
+ public:
+  explicit FakeEngine(int64_t vocab = 256) : vocab_(vocab) {}
+  int64_t vocab_size() const override { return vocab_; }
+  absl::StatusOr<std::unique_ptr<EngineSession>> NewSession(int64_t mem_len) override {
+    return std::unique_ptr<EngineSession>(new FakeSession(mem_len));
+  }
+
+  absl::StatusOr<std::unique_ptr<EngineSession>> RestoreSession(const std::string& data) override {
+    std::istringstream in(data);
+    int64_t mem_len = 0;
+    if (!(in >> mem_len) || mem_len < 1) return absl::InvalidArgumentError("fake state: bad image");
+    auto s = std::make_unique<FakeSession>(mem_len);
+    for (int t; in >> t;) s->history.push_back(t);
+    return std::unique_ptr<EngineSession>(std::move(s));
+  }
+  std::string fingerprint() const override { return "fake-" + std::to_string(vocab_); }
+
+  // log p(next | last): 0.9 on last + 1, the rest spread evenly.
+  std::vector<float> Distribution(int last) const {
+    std::vector<float> d(vocab_, std::log(0.1f / static_cast<float>(vocab_ - 1)));
+    d[(last + 1) % vocab_] = std::log(0.9f);
+    return d;
+  }
+
+  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<EngineInput> inputs) override {
+    absl::MutexLock lock(&mu_);
+    if (fail_next_) {
+      fail_next_ = false;
+      return absl::InternalError("injected engine failure");
+    }
+    std::vector<StepOutput> out(inputs.size());
+    int64_t tokens = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto* s = static_cast<FakeSession*>(inputs[i].session);
+      for (size_t t = 0; t < inputs[i].tokens.size(); ++t) {
+        s->history.push_back(inputs[i].tokens[t]);
+        if (t < inputs[i].targets.size())
+          out[i].target_logprobs.push_back(Distribution(inputs[i].tokens[t])[inputs[i].targets[t]]);
+      }
+      if (inputs[i].want_distribution) out[i].last_distribution = Distribution(s->history.back());
+      tokens += static_cast<int64_t>(inputs[i].tokens.size());
+    }
+    steps_.push_back({static_cast<int>(inputs.size()), tokens});
+    return out;
+  }
+
+  void FailNextStep() {
+    absl::MutexLock lock(&mu_);
+    fail_next_ = true;
+  }
+  struct StepRecord {
+    int rows;
+    int64_t tokens;
+  };
+  std::vector<StepRecord> steps() const {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+
+ private:
+  const int64_t vocab_;
+  mutable absl::Mutex mu_;
+  bool fail_next_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace txl::testing
+
+#endif  // TXL_TESTS_SERVER_FAKE_ENGINE_H_

@@ -1,0 +1,212 @@
+#include "server/sessions/session_table.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "tests/server/fake_engine.h"
+
+namespace txl {
+namespace {
+
+std::unique_ptr<EngineSession> State(int64_t mem_len = 32) {
+  return std::make_unique<testing::FakeSession>(mem_len);
+}
+
+TEST(SessionTableTest, IdsAreLongRandomAndUnique) {
+  SessionTable table({});
+  std::set<std::string> ids;
+  for (int i = 0; i < 200; ++i) {
+    auto info = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->id.size(), 32u);  // 128 bits, hex
+    ids.insert(info->id);
+  }
+  EXPECT_EQ(ids.size(), 200u);
+}
+
+TEST(SessionTableTest, ClientChosenIdIsKeptAndCannotBeTakenTwice) {
+  SessionTable table({});
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  auto first = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->id, id);
+  auto again = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(table.size(), 1);
+}
+
+TEST(SessionTableTest, BusySessionIsAbortedAndUnchanged) {
+  SessionTable table({});
+  auto info = table.Create("", State(), absl::ZeroDuration(), {{"team", "a"}}, absl::Now());
+  auto lease = table.Acquire("", info->id, absl::Now());
+  ASSERT_TRUE(lease.ok());
+  EXPECT_TRUE(table.Get("", info->id)->busy);
+  EXPECT_EQ(table.Acquire("", info->id, absl::Now()).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(table.Delete("", info->id).code(), absl::StatusCode::kAborted);
+  static_cast<testing::FakeSession*>(lease->state.get())->history = {1, 2, 3};
+  lease->pending = {4};
+  table.Release(*std::move(lease), absl::Now());
+  auto after = table.Get("", info->id);
+  EXPECT_FALSE(after->busy);
+  EXPECT_EQ(after->position, 4);
+  EXPECT_EQ(after->labels.at("team"), "a");
+  EXPECT_TRUE(table.Delete("", info->id).ok());
+  EXPECT_EQ(table.Get("", info->id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Delete("", info->id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SessionTableTest, MaxSessionsIsResourceExhausted) {
+  SessionTableConfig config;
+  config.max_sessions = 2;
+  SessionTable table(config);
+  ASSERT_TRUE(table.Create("", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  ASSERT_TRUE(table.Create("", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  auto third = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("max_sessions=2"), std::string::npos);
+}
+
+TEST(SessionTableTest, MemoryBudgetReservesFullWindowsAndFreesThem) {
+  SessionTableConfig config;
+  config.memory_budget_bytes = 2 * (9 - 1) * 8;  // two fake sessions of mem_len 9
+  SessionTable table(config);
+  auto a = table.Create("", State(9), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(table.reserved_bytes(), 64);
+  EXPECT_EQ(table.memory_bytes(), 0);  // reserved, not yet filled
+  auto b = table.CreateAcquired("", State(9), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(b.ok());
+  auto third = table.Create("", State(2), absl::ZeroDuration(), {}, absl::Now());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("session_memory_budget=128"), std::string::npos) << third.status();
+  EXPECT_EQ(table.size(), 2);
+  // Every way out of the store gives the reservation back.
+  table.Discard(*std::move(b));
+  EXPECT_EQ(table.reserved_bytes(), 64);
+  ASSERT_TRUE(table.Delete("", a->id).ok());
+  EXPECT_EQ(table.reserved_bytes(), 0);
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(table.Create("", State(9), absl::Seconds(1), {}, t0).ok());
+  ASSERT_TRUE(table.Create("", State(9), absl::Seconds(1), {}, t0).ok());
+  EXPECT_EQ(table.ExpireIdle(t0 + absl::Seconds(2)), 2);
+  EXPECT_EQ(table.reserved_bytes(), 0);
+  EXPECT_TRUE(table.Create("", State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
+}
+
+TEST(SessionTableTest, TtlIsBoundedAndIdleSessionsExpire) {
+  SessionTableConfig config;
+  config.default_ttl = absl::Seconds(10);
+  config.max_ttl = absl::Seconds(60);
+  SessionTable table(config);
+  EXPECT_EQ(table.Create("", State(), absl::Seconds(61), {}, absl::Now()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Time t0 = absl::Now();
+  auto short_lived = table.Create("", State(), absl::Seconds(5), {}, t0);
+  auto defaulted = table.Create("", State(), absl::ZeroDuration(), {}, t0);
+  auto busy = table.Create("", State(), absl::Seconds(5), {}, t0);
+  EXPECT_EQ(defaulted->idle_ttl, absl::Seconds(10));
+  auto lease = table.Acquire("", busy->id, t0);
+  EXPECT_EQ(table.ExpireIdle(t0 + absl::Seconds(4)), 0);
+  EXPECT_EQ(table.ExpireIdle(t0 + absl::Seconds(6)), 1);  // short_lived; busy is spared
+  EXPECT_FALSE(table.Get("", short_lived->id).ok());
+  EXPECT_TRUE(table.Get("", busy->id).ok());
+  EXPECT_EQ(table.ExpireIdle(t0 + absl::Seconds(11)), 1);  // defaulted
+  table.Release(*std::move(lease), t0 + absl::Seconds(11));
+  EXPECT_EQ(table.ExpireIdle(t0 + absl::Seconds(12)), 0);  // last used just now
+}
+
+// Another principal's session must look exactly like an id that does not
+// exist, whatever the call, and the calls must leave it as it was.
+TEST(SessionTableTest, OtherPrincipalsSessionIsNotFoundEverywhere) {
+  SessionTable table({});
+  const absl::Time t0 = absl::Now();
+  auto mine = table.Create("alice", State(), absl::ZeroDuration(), {{"team", "a"}}, t0);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->owner, "alice");
+  {  // give it some history
+    auto lease = table.Acquire("alice", mine->id, t0);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_EQ(lease->owner, "alice");
+    static_cast<testing::FakeSession*>(lease->state.get())->history = {1, 2};
+    lease->pending = {3};
+    table.Release(*std::move(lease), t0);
+  }
+  const std::string unknown = "0123456789abcdef0123456789abcdef";
+  for (const std::string& other : {std::string("bob"), std::string("")}) {
+    SCOPED_TRACE(other);
+    const absl::Status expected = table.Get(other, unknown).status();
+    ASSERT_EQ(expected.code(), absl::StatusCode::kNotFound);
+    const auto same_as_unknown = [&](const absl::Status& s, const std::string& id) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+      // The message differs from an unknown id's only by the id itself.
+      EXPECT_EQ(s.message(), std::string(expected.message()).replace(expected.message().find(unknown),
+                                                                       unknown.size(), id));
+    };
+    same_as_unknown(table.Get(other, mine->id).status(), mine->id);
+    same_as_unknown(table.Acquire(other, mine->id, t0 + absl::Seconds(5)).status(), mine->id);
+    same_as_unknown(table.Delete(other, mine->id), mine->id);
+    EXPECT_TRUE(table.List(other).empty());
+  }
+  // Even while busy, the others get NOT_FOUND, not ABORTED (which would tell that it exists).
+  auto busy = table.Acquire("alice", mine->id, t0);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_EQ(table.Acquire("bob", mine->id, t0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Delete("bob", mine->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Acquire("alice", mine->id, t0).status().code(), absl::StatusCode::kAborted);
+  table.Release(*std::move(busy), t0);
+  auto after = table.Get("alice", mine->id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->position, 3);
+  EXPECT_EQ(after->last_used, t0);  // the others' attempts did not touch it
+  EXPECT_EQ(after->labels.at("team"), "a");
+  ASSERT_EQ(table.List("alice").size(), 1u);
+  EXPECT_EQ(table.List("alice")[0].id, mine->id);
+  EXPECT_TRUE(table.Delete("alice", mine->id).ok());
+}
+
+TEST(SessionTableTest, ListShowsEachPrincipalItsOwnSessions) {
+  SessionTable table({});
+  auto a1 = table.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a2 = table.CreateAcquired("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto b1 = table.Create("bob", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto anon = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(a1.ok() && a2.ok() && b1.ok() && anon.ok());
+  std::set<std::string> alice;
+  for (const SessionInfo& s : table.List("alice")) alice.insert(s.id);
+  EXPECT_EQ(alice, (std::set<std::string>{a1->id, a2->id}));
+  ASSERT_EQ(table.List("bob").size(), 1u);
+  EXPECT_EQ(table.List("bob")[0].id, b1->id);
+  ASSERT_EQ(table.List("").size(), 1u);
+  EXPECT_EQ(table.List("")[0].id, anon->id);
+  EXPECT_TRUE(table.List("carol").empty());
+  EXPECT_EQ(table.size(), 4);
+}
+
+TEST(SessionTableTest, PerPrincipalLimitCountsEachPrincipalApart) {
+  SessionTableConfig config;
+  config.max_sessions_per_principal = 2;
+  SessionTable table(config);
+  auto a1 = table.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a2 = table.CreateAcquired("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  auto a3 = table.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(a3.status().message().find("max_sessions_per_principal=2"), std::string::npos) << a3.status();
+  EXPECT_TRUE(table.Create("bob", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  // Every way out gives the slot back: discard, delete, expiry.
+  table.Discard(*std::move(a2));
+  auto a4 = table.Create("alice", State(), absl::Seconds(1), {}, absl::Now());
+  ASSERT_TRUE(a4.ok()) << a4.status();
+  ASSERT_TRUE(table.Delete("alice", a1->id).ok());
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(table.Create("alice", State(), absl::Seconds(1), {}, t0).ok());
+  EXPECT_EQ(table.Create("alice", State(), absl::ZeroDuration(), {}, t0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(table.ExpireIdle(t0 + absl::Hours(1)), 3);  // alice's two, and bob's (default ttl 10 min)
+  EXPECT_TRUE(table.Create("alice", State(), absl::ZeroDuration(), {}, t0).ok());
+  EXPECT_TRUE(table.Create("alice", State(), absl::ZeroDuration(), {}, t0).ok());
+}
+
+}  // namespace
+}  // namespace txl

@@ -1,0 +1,139 @@
+// txl-eval: feeds a token stream through one session and reports its
+// log-likelihood. Also the offline perplexity tool for users.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/flags_help.h"
+#include "tools/cli_util.h"
+#include "model/language_model.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "checkpoint file (TorchScript archive)");
+ABSL_FLAG(std::string, text, "", "text file, encoded with the model's tokenizer");
+ABSL_FLAG(std::string, tokens, "", "file of whitespace-separated token ids");
+ABSL_FLAG(int64_t, mem_len, -1, "attention window in keys (-1: the model's mem_len)");
+ABSL_FLAG(int64_t, chunk, 0, "tokens fed per request (0: all at once)");
+ABSL_FLAG(std::string, logprobs, "", "write log p(t_i | t_<i) for i = 1..n-1, one per line");
+ABSL_FLAG(std::string, predictions, "",
+          "write the most likely token id at each position 1..n-1, one per line");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(int, threads, 0, "intra-op threads (0: libtorch default)");
+
+namespace {
+
+int Fail(int code, const std::string& msg) {
+  std::cerr << "txl-eval: " << msg << "\n";
+  return code;
+}
+
+absl::StatusOr<std::vector<int>> ParseIds(const std::string& text, const std::string& path) {
+  std::vector<int> ids;
+  int64_t index = 0;
+  for (absl::string_view word : absl::StrSplit(text, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty())) {
+    int id;
+    if (!absl::SimpleAtoi(word, &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": token ", index, " is not an integer: '", word, "'"));
+    }
+    ids.push_back(id);
+    ++index;
+  }
+  return ids;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
+  absl::SetProgramUsageMessage(
+      "txl-eval --model M (--text FILE | --tokens FILE) [--mem_len N] [--chunk K] "
+      "[--logprobs OUT] [--predictions OUT] [--device D]");
+  absl::ParseCommandLine(argc, argv);
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  const std::string text_path = absl::GetFlag(FLAGS_text), ids_path = absl::GetFlag(FLAGS_tokens);
+  const int64_t chunk = absl::GetFlag(FLAGS_chunk);
+  if (model_path.empty()) return Fail(2, "--model is required");
+  if (text_path.empty() == ids_path.empty()) return Fail(2, "give exactly one of --text or --tokens");
+  if (chunk < 0) return Fail(2, absl::StrCat("--chunk must be >= 0, got ", chunk));
+
+  txl::LanguageModelOptions options;
+  options.path = model_path;
+  options.device = absl::GetFlag(FLAGS_device);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  auto model = txl::LanguageModel::Create(options);
+  if (!model.ok()) return Fail(1, std::string(model.status().message()));
+
+  auto input = txl::ReadFile(text_path.empty() ? ids_path : text_path);
+  if (!input.ok()) return Fail(1, std::string(input.status().message()));
+  absl::StatusOr<std::vector<int>> ids = text_path.empty()
+                                             ? ParseIds(*input, ids_path)
+                                             : (*model)->tokenizer().Encode(*input);
+  if (!ids.ok()) return Fail(1, std::string(ids.status().message()));
+  const int64_t n = static_cast<int64_t>(ids->size());
+  if (n < 2) return Fail(1, absl::StrCat("need at least 2 tokens to score, got ", n));
+
+  const int64_t mem_len =
+      absl::GetFlag(FLAGS_mem_len) < 0 ? (*model)->config().mem_len : absl::GetFlag(FLAGS_mem_len);
+  auto session = (*model)->NewSession(mem_len);
+  if (!session.ok()) return Fail(2, std::string(session.status().message()));
+
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t step = chunk == 0 ? n : chunk;
+  std::vector<float> logprobs;
+  std::vector<int> predicted;
+  logprobs.reserve(n - 1);
+  for (int64_t s = 0; s < n; s += step) {
+    const int64_t e = std::min(n, s + step);
+    txl::StepInput in;
+    in.session = session->get();
+    in.tokens.assign(ids->begin() + s, ids->begin() + e);
+    in.targets.assign(ids->begin() + s + 1, ids->begin() + std::min(e + 1, n));
+    auto out = (*model)->Step(absl::MakeSpan(&in, 1));
+    if (!out.ok()) return Fail(1, std::string(out.status().message()));
+    const txl::StepOutput& o = (*out)[0];
+    logprobs.insert(logprobs.end(), o.target_logprobs.begin(), o.target_logprobs.end());
+    predicted.insert(predicted.end(), o.target_argmax.begin(), o.target_argmax.end());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  double nll = 0;
+  for (float lp : logprobs) nll -= lp;
+  const double per_token = nll / static_cast<double>(n - 1);
+  if (const std::string out_path = absl::GetFlag(FLAGS_logprobs); !out_path.empty()) {
+    std::ofstream out(out_path);
+    char buf[32];
+    for (float lp : logprobs) {
+      std::snprintf(buf, sizeof(buf), "%.9g\n", lp);
+      out << buf;
+    }
+    if (!out) return Fail(1, absl::StrCat(out_path, ": cannot write"));
+  }
+  if (const std::string out_path = absl::GetFlag(FLAGS_predictions); !out_path.empty()) {
+    std::ofstream out(out_path);
+    for (int id : predicted) out << id << "\n";
+    if (!out) return Fail(1, absl::StrCat(out_path, ": cannot write"));
+  }
+  nlohmann::json j = {{"tokens", n},
+                      {"predicted", n - 1},
+                      {"nll", nll},
+                      {"bpc", per_token / std::log(2.0)},
+                      {"ppl", std::exp(per_token)},
+                      {"mem_len", mem_len},
+                      {"chunk", chunk},
+                      {"device", (*model)->device()},
+                      {"seconds", seconds},
+                      {"tokens_per_second", n / std::max(seconds, 1e-9)}};
+  std::cout << j.dump() << std::endl;
+  return 0;
+}

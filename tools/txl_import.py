@@ -58,7 +58,6 @@ import os
 import pickle
 import re
 import sys
-import tempfile
 import types
 import zipfile
 from collections import OrderedDict
@@ -66,31 +65,16 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+# The checkpoint format (config keys and defaults, tensor names and shapes, tied pairs,
+# writing the archive) lives beside this file, wherever it is run from.
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from txl_checkpoint_format import (  # noqa: E402
+    CONFIG_KEYS, LAYER_RE, LAYER_SUFFIXES, TENSOR_NAME_RE, ConfigError, embed_dim,
+    expected_shapes, has_out_projs, inv_freq, tied_pairs, validate_config, with_defaults,
+    write_checkpoint)
+
 PROG = "txl-import"
 
-# txl-serve's defaults (model/model_config.h), under the original names.
-CONFIG_DEFAULTS = OrderedDict([
-    ("n_token", 0),
-    ("n_layer", 2),
-    ("n_head", 2),
-    ("d_model", 64),
-    ("d_head", 32),
-    ("d_inner", 256),
-    ("d_embed", -1),
-    ("div_val", 1),
-    ("cutoffs", []),
-    ("tie_weight", True),
-    ("tie_projs", []),
-    ("pre_lnorm", False),
-    ("untie_r", False),
-    ("mem_len", 64),
-    ("clamp_len", -1),
-    ("same_length", True),
-    ("dropout", 0.0),
-    ("dropatt", 0.0),
-    ("tail_cluster_order", "reversed"),
-])
-CONFIG_KEYS = tuple(CONFIG_DEFAULTS)
 # The rest of the original MemTransformerLM constructor's arguments: accepted so that a config
 # copied from the original training script imports; only values serving cannot honour are refused.
 # name -> (the values it may have, why others are refused)
@@ -115,21 +99,6 @@ TAIL_ORDER_WHERE = {
     "nvidia": "NVIDIA DeepLearningExamples' pytorch/utils/proj_adaptive_softmax.py reads "
               "head column -i",
 }
-
-LAYER_SUFFIXES = (
-    "dec_attn.qkv_net.weight", "dec_attn.r_net.weight", "dec_attn.o_net.weight",
-    "dec_attn.layer_norm.weight", "dec_attn.layer_norm.bias",
-    "pos_ff.CoreNet.0.weight", "pos_ff.CoreNet.0.bias",
-    "pos_ff.CoreNet.3.weight", "pos_ff.CoreNet.3.bias",
-    "pos_ff.layer_norm.weight", "pos_ff.layer_norm.bias",
-)
-_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
-# Every original tensor name, whatever the config.
-_NAME_RE = re.compile(
-    r"^(word_emb\.emb_layers\.\d+\.weight|word_emb\.emb_projs\.\d+|pos_emb\.inv_freq|"
-    r"r_w_bias|r_r_bias|layers\.\d+\.(" + "|".join(re.escape(x) for x in LAYER_SUFFIXES) +
-    r")|crit\.cluster_weight|crit\.cluster_bias|crit\.out_layers\.\d+\.(weight|bias)|"
-    r"crit\.out_projs\.\d+)$")
 
 
 class ImportFailure(Exception):
@@ -384,7 +353,7 @@ def normalize_names(raw, source):
             raise ImportFailure("both '%s' and per-layer 'transformer.layers.N.dec_attn.%s' "
                                 "are present" % (origin[bias], bias))
         # As many as there are layers (a missing last one must not go unnoticed).
-        n = 1 + max(list(layers) + [int(m.group(1)) for m in map(_LAYER_RE.match, tensors)
+        n = 1 + max(list(layers) + [int(m.group(1)) for m in map(LAYER_RE.match, tensors)
                                     if m and m.group(2) in LAYER_SUFFIXES])
         for i in range(n):
             if i not in layers:
@@ -404,87 +373,6 @@ def normalize_names(raw, source):
 
 
 # ----------------------------------------------------------------------------- config
-
-
-def embed_dim(c):
-    return c["d_embed"] if c["d_embed"] > 0 else c["d_model"]
-
-
-def bin_dim(c, i):
-    return embed_dim(c) // (c["div_val"] ** i)
-
-
-def cutoff_ends(c):
-    return [0] + list(c["cutoffs"]) + [c["n_token"]]
-
-
-def has_out_projs(c):
-    return c["div_val"] != 1 or embed_dim(c) != c["d_model"]
-
-
-def tie_proj(c, i):
-    return i < len(c["tie_projs"]) and bool(c["tie_projs"][i])
-
-
-def expected_shapes(c):
-    """OrderedDict {original name: shape} of every tensor of MemTransformerLM(c)."""
-    d, H, dh, L = c["d_model"], c["n_head"], c["d_head"], c["n_layer"]
-    ends = cutoff_ends(c)
-    n_bins = len(ends) - 1
-    div1 = c["div_val"] == 1
-    s = OrderedDict()
-    if div1:
-        s["word_emb.emb_layers.0.weight"] = (c["n_token"], embed_dim(c))
-        if embed_dim(c) != d:
-            s["word_emb.emb_projs.0"] = (d, embed_dim(c))
-    else:
-        for i in range(n_bins):
-            s["word_emb.emb_layers.%d.weight" % i] = (ends[i + 1] - ends[i], bin_dim(c, i))
-        for i in range(n_bins):
-            s["word_emb.emb_projs.%d" % i] = (d, bin_dim(c, i))
-    bias = (L, H, dh) if c["untie_r"] else (H, dh)
-    s["r_w_bias"] = bias
-    s["r_r_bias"] = bias
-    s["pos_emb.inv_freq"] = (d // 2,)
-    for l in range(L):
-        p = "layers.%d." % l
-        s[p + "dec_attn.qkv_net.weight"] = (3 * H * dh, d)
-        s[p + "dec_attn.r_net.weight"] = (H * dh, d)
-        s[p + "dec_attn.o_net.weight"] = (d, H * dh)
-        s[p + "dec_attn.layer_norm.weight"] = (d,)
-        s[p + "dec_attn.layer_norm.bias"] = (d,)
-        s[p + "pos_ff.CoreNet.0.weight"] = (c["d_inner"], d)
-        s[p + "pos_ff.CoreNet.0.bias"] = (c["d_inner"],)
-        s[p + "pos_ff.CoreNet.3.weight"] = (d, c["d_inner"])
-        s[p + "pos_ff.CoreNet.3.bias"] = (d,)
-        s[p + "pos_ff.layer_norm.weight"] = (d,)
-        s[p + "pos_ff.layer_norm.bias"] = (d,)
-    if c["cutoffs"]:
-        s["crit.cluster_weight"] = (len(c["cutoffs"]), embed_dim(c))
-        s["crit.cluster_bias"] = (len(c["cutoffs"]),)
-    for i in range(1 if div1 else n_bins):
-        rows = c["n_token"] if div1 else ends[i + 1] - ends[i]
-        s["crit.out_layers.%d.weight" % i] = (rows, bin_dim(c, i))
-        s["crit.out_layers.%d.bias" % i] = (rows,)
-    if has_out_projs(c):
-        for i in range(n_bins):
-            s["crit.out_projs.%d" % i] = (d, embed_dim(c) if div1 else bin_dim(c, i))
-    return s
-
-
-def tied_pairs(c):
-    """[(copy name, owner name)]: the crit tensors that are the embedding's when tied."""
-    pairs = []
-    n_bins = len(c["cutoffs"]) + 1
-    div1 = c["div_val"] == 1
-    if c["tie_weight"]:
-        for i in range(1 if div1 else n_bins):
-            pairs.append(("crit.out_layers.%d.weight" % i, "word_emb.emb_layers.%d.weight" % i))
-    if has_out_projs(c):
-        for i in range(n_bins):
-            if tie_proj(c, i):
-                pairs.append(("crit.out_projs.%d" % i, "word_emb.emb_projs.%d" % (0 if div1 else i)))
-    return pairs
 
 
 def read_config(path):
@@ -563,7 +451,7 @@ def infer_config(t, user):
     # n_layer: the layer indices of known per-layer tensors.
     idx = set()
     for k in t:
-        m = _LAYER_RE.match(k)
+        m = LAYER_RE.match(k)
         if m and m.group(2) in LAYER_SUFFIXES:
             idx.add(int(m.group(1)))
     if idx:
@@ -666,8 +554,7 @@ def resolve_config(t, user, source):
         _contradict("tail_cluster_order", user["tail_cluster_order"], order,
                     "--source %s: %s" % (source, TAIL_ORDER_WHERE[source]))
     inf = infer_config(t, user)
-    c = OrderedDict(CONFIG_DEFAULTS)
-    c.update(user)
+    c = with_defaults(user)
     for key in ("n_layer", "d_model", "n_head", "d_head", "untie_r", "d_inner", "n_token",
                 "div_val", "cutoffs"):
         if key not in inf:
@@ -737,47 +624,14 @@ def resolve_config(t, user, source):
         if any(tp) or user_tp:
             c["tie_projs"] = tp
     c["tail_cluster_order"] = order
-    validate_config(c)
+    try:
+        validate_config(c)
+    except ConfigError as e:
+        raise ImportFailure(str(e))
     return c
 
 
-def validate_config(c):
-    """The checks of model/model_config.cc's Validate(), so the checkpoint loads."""
-    def bad(key, why):
-        raise ImportFailure("config: %s %s" % (key, why))
-    for k in ("n_token", "n_layer", "n_head", "d_head", "d_inner", "div_val"):
-        if c[k] < 1:
-            bad(k, "must be >= 1, got %d" % c[k])
-    if c["d_model"] < 2 or c["d_model"] % 2:
-        bad("d_model", "must be even and >= 2, got %d" % c["d_model"])
-    if c["d_embed"] == 0 or c["d_embed"] < -1:
-        bad("d_embed", "must be >= 1, or -1 for d_model, got %d" % c["d_embed"])
-    prev = 0
-    for x in c["cutoffs"]:
-        if x <= prev or x >= c["n_token"]:
-            bad("cutoffs", "must be strictly increasing within (0, n_token=%d), got %s"
-                % (c["n_token"], c["cutoffs"]))
-        prev = x
-    if c["div_val"] > 1:
-        for i in range(len(c["cutoffs"]) + 1):
-            if bin_dim(c, i) < 1:
-                bad("div_val", "leaves bin %d with width 0" % i)
-    if c["tie_projs"] and len(c["tie_projs"]) != len(c["cutoffs"]) + 1:
-        bad("tie_projs", "must have len(cutoffs)+1 = %d entries, got %d"
-            % (len(c["cutoffs"]) + 1, len(c["tie_projs"])))
-    if c["mem_len"] < 0:
-        bad("mem_len", "must be >= 0, got %d" % c["mem_len"])
-    for k in ("dropout", "dropatt"):
-        if not 0.0 <= c[k] < 1.0:
-            bad(k, "must be in [0, 1), got %g" % c[k])
-
-
 # ----------------------------------------------------------------------------- conversion
-
-
-def inv_freq(d_model):
-    """pos_emb.inv_freq as the original PositionalEmbedding computes it (float32)."""
-    return 1 / (10000 ** (torch.arange(0.0, d_model, 2.0) / d_model))
 
 
 def convert(raw, source, user_cfg):
@@ -791,7 +645,7 @@ def convert(raw, source, user_cfg):
         if e0 is not None and e0.dim() == 2 and p0.dim() == 2 and \
                 p0.shape[0] == p0.shape[1] == e0.shape[1]:
             del t["word_emb.emb_projs.0"]
-    strange = [origin.get(k, k) for k in t if not _NAME_RE.match(k)]
+    strange = [origin.get(k, k) for k in t if not TENSOR_NAME_RE.match(k)]
     if strange:
         raise ImportFailure("unknown key%s %s: not a Transformer-XL tensor in the %s naming%s" % (
             "s" if len(strange) > 1 else "", ", ".join("'%s'" % k for k in strange[:10]) +
@@ -933,60 +787,6 @@ def corpus_tokenizer(path):
 
 def tokenizer_size(tok):
     return 256 if tok["type"] == "byte" else len(tok["symbols"])
-
-
-# ----------------------------------------------------------------------------- writing
-
-
-class _Node(nn.Module):
-    """One node of the checkpoint's module tree; forward is an identity."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
-def _module_tree(tensors, buffers=("pos_emb.inv_freq",)):
-    root = _Node()
-    for name, t in tensors.items():
-        parts = name.split(".")
-        node = root
-        for p in parts[:-1]:
-            child = node._modules.get(p)
-            if child is None:
-                child = _Node()
-                node.add_module(p, child)
-            node = child
-        if name in buffers:
-            node.register_buffer(parts[-1], t)
-        else:
-            node.register_parameter(parts[-1], nn.Parameter(t, requires_grad=False))
-    return root
-
-
-def config_json(c):
-    out = OrderedDict()
-    for k in CONFIG_KEYS:
-        v = c[k]
-        out[k] = list(v) if isinstance(v, (list, tuple)) else v
-    return json.dumps(out, indent=2)
-
-
-def write_checkpoint(path, config, tensors, tokenizer):
-    """A TorchScript archive with config.json and tokenizer.json, written atomically."""
-    scripted = torch.jit.script(_module_tree(tensors))
-    extra = {"config.json": config_json(config),
-             "tokenizer.json": json.dumps(tokenizer, ensure_ascii=False)}
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
-    os.close(fd)
-    try:
-        scripted.save(tmp, _extra_files=extra)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 # ----------------------------------------------------------------------------- CLI

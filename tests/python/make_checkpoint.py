@@ -1,11 +1,9 @@
 #!/usr/bin/python3
 """Random Transformer-XL checkpoints in txl-serve's format (docs/DESIGN.md §5).
 
-A checkpoint is a TorchScript archive whose module tree carries every tensor under
-the original MemTransformerLM name (so `torch.jit.load(f).state_dict()` lists
-`word_emb.emb_layers.0.weight`, `layers.0.dec_attn.qkv_net.weight`, ...,
-`pos_emb.inv_freq` as a buffer), plus two extra files: `config.json` and
-`tokenizer.json`. Tied tensors are stored under both names with identical values.
+The format (tensor names and shapes, tied pairs, config.json and tokenizer.json in a
+TorchScript archive) is tools/txl_checkpoint_format.py's, the importer's writer; what
+is this file's own is the random values and the test tokenizers.
 
 The random weights are deliberately far from the usual normal(0, 0.02) init, so
 that attention patterns, positions and memories change the log-probs visibly.
@@ -21,9 +19,11 @@ import os
 import sys
 
 import torch
-from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools"))
+import txl_checkpoint_format as fmt  # noqa: E402
 import txl_reference as ref  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def random_weights(cfg, seed=0):
     # as post-norm's (mean around -5..-8), away from float32 trouble.
     pre = c["pre_lnorm"]
     out = {}
-    for name, shape in ref.expected_shapes(c).items():
+    for name, shape in fmt.expected_shapes(c).items():
         leaf = name.rsplit(".", 1)[-1]
         if name == "pos_emb.inv_freq":
             t = ref.inv_freq(c["d_model"], torch.float32)
@@ -76,55 +76,21 @@ def random_weights(cfg, seed=0):
         else:
             raise AssertionError("no init rule for " + name)
         out[name] = t.float().contiguous()
-    for crit_name, emb_name in ref.tied_names(c):
+    for crit_name, emb_name in fmt.tied_pairs(c):
         out[crit_name] = out[emb_name].clone()
     return out
-
-
-class _Holder(nn.Module):
-    """A node of the archive's module tree; forward is a trivial identity."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
-def build_module(tensors, buffers=("pos_emb.inv_freq",)):
-    """An nn.Module tree whose state_dict() names are exactly the keys of `tensors`."""
-    root = _Holder()
-    for name, t in tensors.items():
-        parts = name.split(".")
-        node = root
-        for p in parts[:-1]:
-            child = node._modules.get(p)
-            if child is None:
-                child = _Holder()
-                node.add_module(p, child)
-            node = child
-        value = t.detach().clone().float()
-        if name in buffers:
-            node.register_buffer(parts[-1], value)
-        else:
-            node.register_parameter(parts[-1], nn.Parameter(value, requires_grad=False))
-    return root
 
 
 def save_checkpoint(path, cfg, tensors, tokenizer=None):
     """Writes a TorchScript archive with config.json and tokenizer.json inside."""
     c = ref.resolve_config(cfg)
     tokenizer = default_tokenizer(c["n_token"]) if tokenizer is None else tokenizer
-    config = {k: c[k] for k in ref.CONFIG_KEYS}
-    scripted = torch.jit.script(build_module(tensors))
-    extra = {"config.json": json.dumps(config, indent=2),
-             "tokenizer.json": json.dumps(tokenizer, ensure_ascii=False)}
-    scripted.save(path, _extra_files=extra)
+    fmt.write_checkpoint(path, c, tensors, tokenizer)
 
 
 def load_checkpoint(path):
     """(config dict, {name: tensor}, tokenizer dict) from any archive of our format."""
-    extra = {"config.json": "", "tokenizer.json": ""}
-    module = torch.jit.load(path, map_location="cpu", _extra_files=extra)
-    cfg = json.loads(extra["config.json"]) if extra["config.json"] else None
-    tok = json.loads(extra["tokenizer.json"]) if extra["tokenizer.json"] else None
+    module, cfg, tok = fmt.read_checkpoint(path)
     tensors = {k: v.detach().clone() for k, v in module.state_dict().items()}
     return cfg, tensors, tok
 

@@ -28,7 +28,9 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import make_checkpoint as mc  # noqa: E402
+import txl_checkpoint_format as fmt  # noqa: E402
 import txl_reference as ref  # noqa: E402
 from driver_args import take_flag  # noqa: E402
 
@@ -195,7 +197,7 @@ def nvidia_torchscript(path, w, cfg):
     cluster = (w["crit.cluster_weight"], w["crit.cluster_bias"]) if c["cutoffs"] else None
     rest = OrderedDict((k, v) for k, v in w.items()
                        if not k.startswith("word_emb.") and not k.startswith("crit."))
-    root = mc.build_module(rest)
+    root = fmt.module_tree(rest)
     root.add_module("word_emb", NvWordEmb(tables, projs))
     root.add_module("crit", NvCrit(outw, outb, oprojs, cluster))
     torch.jit.script(root).save(path)
@@ -218,19 +220,7 @@ class TrainingCodeVocab:
 
 def pickled_module(w):
     """A TrainingCodeModel tree whose state_dict() is w."""
-    root = TrainingCodeModel()
-    for name, t in w.items():
-        parts = name.split(".")
-        node = root
-        for p in parts[:-1]:
-            if p not in node._modules:
-                node.add_module(p, TrainingCodeModel())
-            node = node._modules[p]
-        if name == "pos_emb.inv_freq":
-            node.register_buffer(parts[-1], t.clone())
-        else:
-            node.register_parameter(parts[-1], nn.Parameter(t.clone()))
-    return root
+    return fmt.module_tree(w, node_class=TrainingCodeModel)
 
 
 # ---------------------------------------------------------------------------------------
@@ -276,12 +266,6 @@ def run_eval(model, tokens=None, text=None, tag="x"):
         return [float(x) for x in f.read().split()]
 
 
-def load_archive(path):
-    extra = {"config.json": "", "tokenizer.json": ""}
-    m = torch.jit.load(path, map_location="cpu", _extra_files=extra)
-    return m, json.loads(extra["config.json"]), json.loads(extra["tokenizer.json"])
-
-
 _weights = {}
 
 
@@ -312,7 +296,7 @@ class ImportTest(unittest.TestCase):
         """The archive's layout, config and tensors; returns the expected config."""
         cfg = dict(CONFIGS[cfg_name], tail_cluster_order=order)
         want_cfg = ref.resolve_config(cfg)
-        m, conf, tok = load_archive(out)
+        m, conf, tok = fmt.read_checkpoint(out)
         self.assertEqual(list(conf), list(ref.CONFIG_KEYS))
         got_cfg = ref.resolve_config(conf)
         for k in ref.CONFIG_KEYS:
@@ -395,7 +379,7 @@ class ImportTest(unittest.TestCase):
     def test_original_torchscript(self):
         # A TorchScript archive (module tree under `module.`) without pos_emb.inv_freq.
         w = weights_for("plain")
-        tree = mc.build_module(OrderedDict(("module." + k, v) for k, v in w.items()
+        tree = fmt.module_tree(OrderedDict(("module." + k, v) for k, v in w.items()
                                            if k != "pos_emb.inv_freq"), buffers=())
         path = tmp_path("ts_in.pt")
         torch.jit.script(tree).save(path)
@@ -462,7 +446,7 @@ class ImportTest(unittest.TestCase):
         p = run_import("original", src, write_json("byte.cfg.json", {"mem_len": 16}), out,
                        ["--tokenizer", "byte"])
         self.assertEqual(p.returncode, 0, p.stderr)
-        _, conf, tok = load_archive(out)
+        _, conf, tok = fmt.read_checkpoint(out)
         self.assertEqual(tok, {"type": "byte"})
         text = "Byte level: caf\u00e9, \u4e2d\u6587.\n".encode("utf-8") + b"\xff\xfe end"
         self.check_text(out, cfg, w, text, list(text), "byte")
@@ -482,7 +466,7 @@ class ImportTest(unittest.TestCase):
         p = run_import("original", src, write_json("char.cfg.json", {"mem_len": 16}), out,
                        ["--corpus", corpus_path])
         self.assertEqual(p.returncode, 0, p.stderr)
-        _, conf, tok = load_archive(out)
+        _, conf, tok = fmt.read_checkpoint(out)
         want = [s.decode("utf-8") if _utf8(s) else list(s) for s in symbols]
         self.assertEqual(tok, {"type": "char", "symbols": want})
         ids = {s: i for i, s in enumerate(symbols)}
@@ -500,7 +484,7 @@ class ImportTest(unittest.TestCase):
         out = tmp_path("word.pt")
         p = run_import("original", src, write_json("word.cfg.json", {}), out, ["--vocab", path])
         self.assertEqual(p.returncode, 0, p.stderr)
-        _, _, tok = load_archive(out)
+        _, _, tok = fmt.read_checkpoint(out)
         self.assertEqual(tok, {"type": "word",
                                "symbols": ["<eos>", "the", "caf\u00e9", list(b"bad\xff")]})
         if TXL_EVAL is not None:  # txl-eval accepts the archive (and its tokenizer)

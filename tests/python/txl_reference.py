@@ -19,50 +19,37 @@ memories, no rel_shift) used to cross-check the first.
 
 Everything is computed in float64 by default so that it is a precise yardstick
 for the float32 C++ model.
+
+Only the checkpoint format's facts (config keys and defaults, tensor names and shapes,
+tied pairs) come from tools/txl_checkpoint_format.py, which the importer uses too; the
+C++ loader checks the same facts on its own. The math (embedding, positions, rel_shift,
+masks, attention, memories, adaptive softmax) and inv_freq are this file's alone,
+shared with nothing it checks.
 """
 
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
+# tools/txl_checkpoint_format.py (the format's facts only), found from this file's place.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "tools"))
+import txl_checkpoint_format as fmt  # noqa: E402
+from txl_checkpoint_format import cutoff_ends, embed_dim  # noqa: E402
+
+CONFIG_KEYS = fmt.CONFIG_KEYS
+
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, as in the original code
-
-CONFIG_DEFAULTS = {
-    "n_layer": 2,
-    "n_head": 2,
-    "d_model": 64,
-    "d_head": 32,
-    "d_inner": 256,
-    "d_embed": -1,
-    "div_val": 1,
-    "cutoffs": [],
-    "tie_weight": True,
-    "tie_projs": [],
-    "pre_lnorm": False,
-    "untie_r": False,
-    "mem_len": 64,
-    "clamp_len": -1,
-    "same_length": True,
-    "dropout": 0.0,
-    "dropatt": 0.0,
-    "tail_cluster_order": "reversed",
-}
-
-CONFIG_KEYS = ("n_token",) + tuple(CONFIG_DEFAULTS)
 
 
 def resolve_config(cfg):
     """Returns a copy of cfg with defaults filled in and a few derived values checked."""
-    c = dict(CONFIG_DEFAULTS)
-    c.update({k: v for k, v in cfg.items() if v is not None})
-    unknown = set(c) - set(CONFIG_KEYS)
-    if unknown:
-        raise ValueError("unknown config keys: %s" % sorted(unknown))
-    if "n_token" not in c:
+    c = fmt.with_defaults(cfg)  # ValueError for unknown keys
+    if cfg.get("n_token") is None:
         raise ValueError("config has no n_token")
-    c["cutoffs"] = [int(x) for x in c["cutoffs"]]
-    c["tie_projs"] = [bool(x) for x in c["tie_projs"]]
     if c["tie_projs"] and len(c["tie_projs"]) != len(c["cutoffs"]) + 1:
         raise ValueError("tie_projs must have len(cutoffs)+1 entries")
     if c["tail_cluster_order"] not in ("reversed", "sequential"):
@@ -72,101 +59,19 @@ def resolve_config(cfg):
     return c
 
 
-def embed_dim(c):
-    return c["d_embed"] if c["d_embed"] > 0 else c["d_model"]
-
-
-def cutoff_ends(c):
-    return [0] + list(c["cutoffs"]) + [c["n_token"]]
-
-
-def bin_dim(c, i):
-    return embed_dim(c) // (c["div_val"] ** i)
-
-
-def tie_proj(c, i):
-    return i < len(c["tie_projs"]) and c["tie_projs"][i]
-
-
 def expected_shapes(cfg):
     """Ordered {name: shape} of every tensor of the original MemTransformerLM."""
-    c = resolve_config(cfg)
-    d, de, H, dh, L = c["d_model"], embed_dim(c), c["n_head"], c["d_head"], c["n_layer"]
-    ends = cutoff_ends(c)
-    n_bins = len(ends) - 1
-    s = {}
-    # AdaptiveEmbedding
-    if c["div_val"] == 1:
-        s["word_emb.emb_layers.0.weight"] = (c["n_token"], de)
-        if de != d:
-            s["word_emb.emb_projs.0"] = (d, de)
-    else:
-        for i in range(n_bins):
-            s["word_emb.emb_layers.%d.weight" % i] = (ends[i + 1] - ends[i], bin_dim(c, i))
-        for i in range(n_bins):
-            s["word_emb.emb_projs.%d" % i] = (d, bin_dim(c, i))
-    if c["untie_r"]:
-        s["r_w_bias"] = (L, H, dh)
-        s["r_r_bias"] = (L, H, dh)
-    else:
-        s["r_w_bias"] = (H, dh)
-        s["r_r_bias"] = (H, dh)
-    s["pos_emb.inv_freq"] = (d // 2,)
-    for l in range(L):
-        p = "layers.%d." % l
-        s[p + "dec_attn.qkv_net.weight"] = (3 * H * dh, d)
-        s[p + "dec_attn.r_net.weight"] = (H * dh, d)
-        s[p + "dec_attn.o_net.weight"] = (d, H * dh)
-        s[p + "dec_attn.layer_norm.weight"] = (d,)
-        s[p + "dec_attn.layer_norm.bias"] = (d,)
-        s[p + "pos_ff.CoreNet.0.weight"] = (c["d_inner"], d)
-        s[p + "pos_ff.CoreNet.0.bias"] = (c["d_inner"],)
-        s[p + "pos_ff.CoreNet.3.weight"] = (d, c["d_inner"])
-        s[p + "pos_ff.CoreNet.3.bias"] = (d,)
-        s[p + "pos_ff.layer_norm.weight"] = (d,)
-        s[p + "pos_ff.layer_norm.bias"] = (d,)
-    # ProjectedAdaptiveLogSoftmax
-    n_clusters = len(c["cutoffs"])
-    if n_clusters > 0:
-        s["crit.cluster_weight"] = (n_clusters, de)
-        s["crit.cluster_bias"] = (n_clusters,)
-    if c["div_val"] == 1:
-        s["crit.out_layers.0.weight"] = (c["n_token"], de)
-        s["crit.out_layers.0.bias"] = (c["n_token"],)
-        if de != d:
-            for i in range(n_bins):
-                s["crit.out_projs.%d" % i] = (d, de)
-    else:
-        for i in range(n_bins):
-            s["crit.out_layers.%d.weight" % i] = (ends[i + 1] - ends[i], bin_dim(c, i))
-            s["crit.out_layers.%d.bias" % i] = (ends[i + 1] - ends[i],)
-        for i in range(n_bins):
-            s["crit.out_projs.%d" % i] = (d, bin_dim(c, i))
-    return s
+    return fmt.expected_shapes(resolve_config(cfg))
 
 
 def tied_names(cfg):
     """[(crit_name, word_emb_name)] pairs that hold the same tensor when tied."""
-    c = resolve_config(cfg)
-    shapes = expected_shapes(c)
-    pairs = []
-    n_bins = len(c["cutoffs"]) + 1
-    if c["tie_weight"]:
-        for i in range(n_bins if c["div_val"] > 1 else 1):
-            pairs.append(("crit.out_layers.%d.weight" % i, "word_emb.emb_layers.%d.weight" % i))
-    for i in range(n_bins):
-        if not tie_proj(c, i):
-            continue
-        if c["div_val"] == 1 and embed_dim(c) != c["d_model"]:
-            pairs.append(("crit.out_projs.%d" % i, "word_emb.emb_projs.0"))
-        elif c["div_val"] != 1:
-            pairs.append(("crit.out_projs.%d" % i, "word_emb.emb_projs.%d" % i))
-    for a, b in pairs:
-        assert shapes[a] == shapes[b], (a, b)
-    return pairs
+    return fmt.tied_pairs(resolve_config(cfg))
 
 
 def inv_freq(d_model, dtype=torch.float32):
+    """1/10000^(2i/d_model), the reference's own (the power in float64): the stored buffer
+    is checked against it, and the float64 forward uses it."""
     return 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, dtype=torch.float64) / d_model)).to(dtype)
 
 

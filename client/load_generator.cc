@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status_macros.h"
 #include "client/txl_client.h"
 #include "nlohmann/json.hpp"
 #include "proto/txl/v1/txl.grpc.pb.h"
@@ -227,23 +228,22 @@ int64_t LoadReport::errors_total() const {
 }
 
 absl::StatusOr<LoadReport> RunLoad(const LoadGeneratorConfig& config) {
-  if (absl::Status s = ValidateLoadGeneratorConfig(config); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateLoadGeneratorConfig(config));
   ClientOptions options = config.security;
   options.server = config.server;
   options.timeout = config.call_timeout;
-  absl::StatusOr<std::unique_ptr<TxlClient>> client = TxlClient::Create(options);
-  if (!client.ok()) return client.status();
-  absl::StatusOr<v1::ModelInfo> info = (*client)->Info();
-  if (!info.ok()) return absl::Status(info.status().code(), absl::StrCat("GetModelInfo: ", info.status().message()));
+  ASSIGN_OR_RETURN(const std::unique_ptr<TxlClient> client, TxlClient::Create(options));
+  absl::StatusOr<v1::ModelInfo> info = client->Info();
+  if (!info.ok()) return WithContext("GetModelInfo", info.status());
   int64_t vocab = info->vocab_size();
   if (info->n_token() > 0 && (vocab <= 0 || info->n_token() < vocab)) vocab = info->n_token();
   if (vocab <= 0) return absl::FailedPreconditionError("GetModelInfo: the model reports no vocabulary");
 
   // Generate goes through a stub of its own: each call's deadline may be the run's end.
   // (Its channel, so TLS and the token apply to it too.)
-  auto stub = v1::TransformerXL::NewStub((*client)->channel());
+  auto stub = v1::TransformerXL::NewStub(client->channel());
   StartGate gate(config.sessions);
-  const Run run{config, **client, *stub, vocab, gate};
+  const Run run{config, *client, *stub, vocab, gate};
   std::vector<SessionResult> results(config.sessions);
   std::vector<std::thread> threads;
   threads.reserve(config.sessions);

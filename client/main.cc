@@ -22,9 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +40,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/flags_help.h"
+#include "base/read_file.h"
+#include "base/status_macros.h"
 #include "client/load_generator.h"
 #include "client/txl_client.h"
 
@@ -314,21 +314,17 @@ absl::Status ParseBenchFlags(const std::vector<std::string>& args, txl::LoadGene
     };
     constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
     if (name == "--sessions") {
-      auto n = integer(1, txl::LoadGeneratorConfig::kMaxSessions);
-      if (!n.ok()) return n.status();
-      config->sessions = static_cast<int>(*n);
+      ASSIGN_OR_RETURN(const int64_t n, integer(1, txl::LoadGeneratorConfig::kMaxSessions));
+      config->sessions = static_cast<int>(n);
     } else if (name == "--turns") {
-      auto n = integer(1, std::numeric_limits<int64_t>::max());
-      if (!n.ok()) return n.status();
-      config->turns = *n;
+      ASSIGN_OR_RETURN(const int64_t n, integer(1, std::numeric_limits<int64_t>::max()));
+      config->turns = n;
     } else if (name == "--input-tokens") {
-      auto n = integer(1, kIntMax);
-      if (!n.ok()) return n.status();
-      config->input_tokens = static_cast<int>(*n);
+      ASSIGN_OR_RETURN(const int64_t n, integer(1, kIntMax));
+      config->input_tokens = static_cast<int>(n);
     } else if (name == "--new-tokens") {
-      auto n = integer(1, kIntMax);
-      if (!n.ok()) return n.status();
-      config->new_tokens = static_cast<int>(*n);
+      ASSIGN_OR_RETURN(const int64_t n, integer(1, kIntMax));
+      config->new_tokens = static_cast<int>(n);
     } else if (name == "--duration") {
       double seconds = 0;
       if (!absl::SimpleAtod(value, &seconds)) return bad(absl::StrCat("not a number of seconds: '", value, "'"));
@@ -466,13 +462,11 @@ int main(int argc, char** argv) {
   if (cmd == "chat") return Chat(client, session);
   if (cmd == "score") {
     if (args.size() < 3) return Usage("score needs a FILE");
-    std::ifstream in(args[2], std::ios::binary);
-    if (!in) return Usage(absl::StrCat("cannot open ", args[2]));
-    std::stringstream buf;
-    buf << in.rdbuf();
+    absl::StatusOr<std::string> text = txl::ReadFile(args[2]);
+    if (!text.ok()) return Usage(std::string(text.status().message()));
     txl::v1::ScoreRequest req;
     req.set_session_id(session);
-    req.mutable_input()->set_text(buf.str());
+    req.mutable_input()->set_text(*std::move(text));
     req.set_commit(!absl::GetFlag(FLAGS_no_commit));
     auto r = client.Score(req);
     if (!r.ok()) return Error(r.status());
@@ -495,12 +489,11 @@ int main(int argc, char** argv) {
     }
     if (sub == "import") {  // sessions import FILE: a new session from exported bytes
       if (args.size() < 4) return Usage("sessions import needs a FILE");
-      std::ifstream in(args[3], std::ios::binary);
-      if (!in) return Usage(absl::StrCat("cannot read ", args[3]));
-      const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      absl::StatusOr<std::string> data = txl::ReadFile(args[3]);
+      if (!data.ok()) return Usage(std::string(data.status().message()));
       txl::v1::ImportSessionRequest settings;
       settings.set_idle_ttl_seconds(absl::GetFlag(FLAGS_ttl));
-      auto s = client.ImportSession(settings, data);
+      auto s = client.ImportSession(settings, *data);
       if (!s.ok()) return Error(s.status());
       PrintSession(*s);
       return 0;
@@ -520,9 +513,7 @@ int main(int argc, char** argv) {
       if (args.size() < 5) return Usage("sessions export needs an ID and a FILE");
       auto data = client.ExportSession(id);
       if (!data.ok()) return Error(data.status());
-      std::ofstream out(args[4], std::ios::binary | std::ios::trunc);
-      out.write(data->data(), static_cast<std::streamsize>(data->size()));
-      if (!out.flush()) return Usage(absl::StrCat("cannot write ", args[4]));
+      if (absl::Status w = txl::WriteFile(args[4], *data); !w.ok()) return Usage(std::string(w.message()));
       std::cerr << "exported " << data->size() << " bytes to " << args[4] << std::endl;
       return 0;
     }

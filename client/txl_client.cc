@@ -1,14 +1,12 @@
 #include "client/txl_client.h"
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/read_file.h"
+#include "base/status_macros.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 
 namespace txl {
@@ -20,14 +18,13 @@ absl::Status TxlClient::FromGrpc(const grpc::Status& s) {
 
 namespace {
 
-// A PEM file's content; empty path: empty content. Errors name the option.
+// A PEM file's content; empty path: empty content. Errors name the option, and are
+// INVALID_ARGUMENT whatever the system said: the caller's options are at fault.
 absl::StatusOr<std::string> ReadFileOption(const char* option, const std::string& path) {
   if (path.empty()) return std::string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(option, ": cannot read ", path, ": ", std::strerror(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(option, ": ", text.status().message()));
+  return text;
 }
 
 }  // namespace
@@ -43,15 +40,9 @@ absl::StatusOr<std::unique_ptr<TxlClient>> TxlClient::Create(const ClientOptions
   grpc::ChannelArguments args;
   if (tls) {
     grpc::SslCredentialsOptions ssl;
-    auto roots = ReadFileOption("tls_ca_file", options.tls_ca_file);
-    if (!roots.ok()) return roots.status();
-    auto cert = ReadFileOption("tls_cert_file", options.tls_cert_file);
-    if (!cert.ok()) return cert.status();
-    auto key = ReadFileOption("tls_key_file", options.tls_key_file);
-    if (!key.ok()) return key.status();
-    ssl.pem_root_certs = *std::move(roots);
-    ssl.pem_cert_chain = *std::move(cert);
-    ssl.pem_private_key = *std::move(key);
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileOption("tls_ca_file", options.tls_ca_file));
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileOption("tls_cert_file", options.tls_cert_file));
+    ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileOption("tls_key_file", options.tls_key_file));
     credentials = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   }
@@ -227,7 +218,7 @@ class StreamConversation : public Conversation {
     status_ = TxlClient::FromGrpc(stream_->Finish());
     return status_;
   }
-  ~StreamConversation() override { Close(); }
+  ~StreamConversation() override { (void)Close(); }  // nobody is left to read the status
 
  private:
   grpc::ClientContext ctx_;

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/archive.h"
 #include "model/weights.h"
 
@@ -87,7 +88,7 @@ std::string StorageProblem(const at::Tensor& t, const RecordingReader& reader) {
 
 absl::Status SaveCheckpoint(const std::string& path, const ModelConfig& config,
                             const Tokenizer& tokenizer, const TxlWeights& weights) {
-  if (auto s = config.Validate(); !s.ok()) return s;
+  RETURN_IF_ERROR(config.Validate());
   if (tokenizer.vocab_size() != config.n_token) {
     return absl::InvalidArgumentError(absl::StrCat("config n_token=", config.n_token,
                                                    " but the tokenizer has ",
@@ -157,17 +158,16 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
     if (std::string problem = StorageProblem(t, *reader); !problem.empty())
       return absl::InvalidArgumentError(absl::StrCat(source, ": tensor '", name, "' ", problem));
   }
-  absl::StatusOr<TxlWeights> weights = WeightsFromNamed(*config, named, source);
-  if (!weights.ok()) return weights.status();
+  ASSIGN_OR_RETURN(TxlWeights weights, WeightsFromNamed(*config, named, source));
   ckpt.config = *std::move(config);
   ckpt.tokenizer = *std::move(tokenizer);
-  ckpt.weights = std::make_shared<TxlWeights>(*std::move(weights));
+  ckpt.weights = std::make_shared<TxlWeights>(std::move(weights));
   return ckpt;
 }
 
 absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config,
                                     const Tokenizer& tokenizer, uint64_t seed, double init_std) {
-  if (auto s = config.Validate(); !s.ok()) return s;
+  RETURN_IF_ERROR(config.Validate());
   if (!(init_std > 0)) return absl::InvalidArgumentError("init_std must be > 0");
   return SaveCheckpoint(path, config, tokenizer, InitWeights(config, seed, init_std, init_std / 2));
 }

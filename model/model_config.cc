@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace txl {
@@ -92,28 +93,23 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text) {
     if (!known) return Invalid(it.key(), "is not a known key");
   }
   ModelConfig c;
-  absl::Status s;
-  auto chain = [&s](absl::Status next) {
-    if (s.ok()) s = std::move(next);
-  };
-  chain(Read(j, "n_token", &c.n_token));
-  chain(Read(j, "n_layer", &c.n_layer));
-  chain(Read(j, "n_head", &c.n_head));
-  chain(Read(j, "d_model", &c.d_model));
-  chain(Read(j, "d_head", &c.d_head));
-  chain(Read(j, "d_inner", &c.d_inner));
-  chain(Read(j, "d_embed", &c.d_embed));
-  chain(Read(j, "div_val", &c.div_val));
-  chain(Read(j, "cutoffs", &c.cutoffs));
-  chain(Read(j, "tie_weight", &c.tie_weight));
-  chain(Read(j, "pre_lnorm", &c.pre_lnorm));
-  chain(Read(j, "untie_r", &c.untie_r));
-  chain(Read(j, "mem_len", &c.mem_len));
-  chain(Read(j, "clamp_len", &c.clamp_len));
-  chain(Read(j, "same_length", &c.same_length));
-  chain(Read(j, "dropout", &c.dropout));
-  chain(Read(j, "dropatt", &c.dropatt));
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(Read(j, "n_token", &c.n_token));
+  RETURN_IF_ERROR(Read(j, "n_layer", &c.n_layer));
+  RETURN_IF_ERROR(Read(j, "n_head", &c.n_head));
+  RETURN_IF_ERROR(Read(j, "d_model", &c.d_model));
+  RETURN_IF_ERROR(Read(j, "d_head", &c.d_head));
+  RETURN_IF_ERROR(Read(j, "d_inner", &c.d_inner));
+  RETURN_IF_ERROR(Read(j, "d_embed", &c.d_embed));
+  RETURN_IF_ERROR(Read(j, "div_val", &c.div_val));
+  RETURN_IF_ERROR(Read(j, "cutoffs", &c.cutoffs));
+  RETURN_IF_ERROR(Read(j, "tie_weight", &c.tie_weight));
+  RETURN_IF_ERROR(Read(j, "pre_lnorm", &c.pre_lnorm));
+  RETURN_IF_ERROR(Read(j, "untie_r", &c.untie_r));
+  RETURN_IF_ERROR(Read(j, "mem_len", &c.mem_len));
+  RETURN_IF_ERROR(Read(j, "clamp_len", &c.clamp_len));
+  RETURN_IF_ERROR(Read(j, "same_length", &c.same_length));
+  RETURN_IF_ERROR(Read(j, "dropout", &c.dropout));
+  RETURN_IF_ERROR(Read(j, "dropatt", &c.dropatt));
   if (auto it = j.find("tie_projs"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return Invalid("tie_projs", "must be a list of booleans");
     for (const auto& v : *it) {
@@ -122,7 +118,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text) {
     }
   }
   std::string order = "reversed";
-  if (auto st = Read(j, "tail_cluster_order", &order); !st.ok()) return st;
+  RETURN_IF_ERROR(Read(j, "tail_cluster_order", &order));
   if (order == "reversed") {
     c.tail_cluster_order = TailClusterOrder::kReversed;
   } else if (order == "sequential") {

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <climits>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/read_file.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace txl {
@@ -199,13 +199,10 @@ absl::StatusOr<Tokenizer> Tokenizer::CharFromCorpus(std::string_view corpus, boo
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::WordFromVocabFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("vocab file '", path, "' cannot be opened"));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("vocab file '", path,
-                                                                   "' is empty or unreadable"));
+  absl::StatusOr<std::string> read = ReadFile(path);
+  if (!read.ok()) return WithContext("vocab file", read.status());
+  const std::string text = *std::move(read);
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("vocab file '", path, "' is empty"));
   std::vector<std::string> symbols;
   for (size_t start = 0; start < text.size();) {
     size_t end = text.find('\n', start);
@@ -215,17 +212,14 @@ absl::StatusOr<Tokenizer> Tokenizer::WordFromVocabFile(const std::string& path) 
     symbols.emplace_back(line);
     start = end + 1;
   }
-  absl::Status s = CheckSymbols(TokenizerKind::kWord, symbols,
-                                absl::StrCat("vocab file '", path, "': "),
-                                [](size_t i) { return absl::StrCat("line ", i + 1); });
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(CheckSymbols(TokenizerKind::kWord, symbols, absl::StrCat("vocab file '", path, "': "),
+                               [](size_t i) { return absl::StrCat("line ", i + 1); }));
   return Tokenizer(TokenizerKind::kWord, std::move(symbols));
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::WordFromSymbols(std::vector<std::string> symbols) {
-  absl::Status s = CheckSymbols(TokenizerKind::kWord, symbols, "tokenizer: ",
-                                [](size_t i) { return absl::StrCat("symbols[", i, "]"); });
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(CheckSymbols(TokenizerKind::kWord, symbols, "tokenizer: ",
+                               [](size_t i) { return absl::StrCat("symbols[", i, "]"); }));
   return Tokenizer(TokenizerKind::kWord, std::move(symbols));
 }
 
@@ -288,9 +282,8 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view text) {
                      Abbreviated(e));
     symbols.push_back(std::move(bytes));
   }
-  absl::Status s = CheckSymbols(kind, symbols, "tokenizer.json: ",
-                                [](size_t i) { return absl::StrCat("symbols[", i, "]"); });
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(CheckSymbols(kind, symbols, "tokenizer.json: ",
+                               [](size_t i) { return absl::StrCat("symbols[", i, "]"); }));
   return Tokenizer(kind, std::move(symbols));
 }
 
@@ -364,14 +357,14 @@ absl::StatusOr<std::vector<int>> Tokenizer::Encode(std::string_view text) const 
   for (size_t pos = 0; pos < text.size();) {
     const int n = Utf8SeqLen(text, pos, &cp);
     if (n > 0 && IsPySpace(cp)) {
-      if (absl::Status s = flush(pos); !s.ok()) return s;
+      RETURN_IF_ERROR(flush(pos));
       if (cp == '\n' && eos_id_ >= 0) ids.push_back(eos_id_);
     } else if (word_start == std::string_view::npos) {
       word_start = pos;
     }
     pos += n > 0 ? n : 1;
   }
-  if (absl::Status s = flush(text.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(flush(text.size()));
   return ids;
 }
 

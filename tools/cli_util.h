@@ -1,9 +1,7 @@
-// Small helpers shared by the command-line tools of model/ (torch-free).
+// Small helpers shared by the command-line tools (torch-free).
 #ifndef TXL_TOOLS_CLI_UTIL_H_
 #define TXL_TOOLS_CLI_UTIL_H_
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -11,14 +9,6 @@
 #include "model/tokenizer.h"
 
 namespace txl {
-
-inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
 
 // The tokenizer a tool's --tokenizer flag names: "char" (the characters of
 // corpus_text), "byte", or "word" (one token per line of vocab_path).

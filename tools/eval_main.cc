@@ -2,8 +2,6 @@
 // log-likelihood. Also the offline perplexity tool for users.
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -13,8 +11,10 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/flags_help.h"
+#include "base/read_file.h"
 #include "tools/cli_util.h"
 #include "model/language_model.h"
 #include "nlohmann/json.hpp"
@@ -111,18 +111,14 @@ int main(int argc, char** argv) {
   for (float lp : logprobs) nll -= lp;
   const double per_token = nll / static_cast<double>(n - 1);
   if (const std::string out_path = absl::GetFlag(FLAGS_logprobs); !out_path.empty()) {
-    std::ofstream out(out_path);
-    char buf[32];
-    for (float lp : logprobs) {
-      std::snprintf(buf, sizeof(buf), "%.9g\n", lp);
-      out << buf;
-    }
-    if (!out) return Fail(1, absl::StrCat(out_path, ": cannot write"));
+    std::string text;
+    for (float lp : logprobs) absl::StrAppendFormat(&text, "%.9g\n", lp);
+    if (auto s = txl::WriteFile(out_path, text); !s.ok()) return Fail(1, std::string(s.message()));
   }
   if (const std::string out_path = absl::GetFlag(FLAGS_predictions); !out_path.empty()) {
-    std::ofstream out(out_path);
-    for (int id : predicted) out << id << "\n";
-    if (!out) return Fail(1, absl::StrCat(out_path, ": cannot write"));
+    std::string text;
+    for (int id : predicted) absl::StrAppend(&text, id, "\n");
+    if (auto s = txl::WriteFile(out_path, text); !s.ok()) return Fail(1, std::string(s.message()));
   }
   nlohmann::json j = {{"tokens", n},
                       {"predicted", n - 1},

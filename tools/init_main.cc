@@ -8,6 +8,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags_help.h"
+#include "base/read_file.h"
 #include "model/checkpoint.h"
 #include "tools/cli_util.h"
 

@@ -11,11 +11,14 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/flags_help.h"
+#include "base/read_file.h"
+#include "base/status_macros.h"
 #include "tools/cli_util.h"
 #include "train/data_parallel.h"
 #include "model/language_model.h"
@@ -75,12 +78,21 @@ int Fail(int code, const std::string& msg) {
   return code;
 }
 
+// The trainer's errors name the TrainOptions field at fault ("resume: no training state at ...");
+// where this binary has a flag of that name, the user reads it as the flag ("--resume: ...").
+std::string AsFlags(absl::string_view message) {
+  const size_t end = message.find_first_of(": ");
+  if (end != absl::string_view::npos && end > 0 && absl::FindCommandLineFlag(message.substr(0, end)) != nullptr) {
+    return absl::StrCat("--", message);
+  }
+  return std::string(message);
+}
+
 absl::StatusOr<std::string> ReadAll(const std::string& list) {
   std::string text;
   for (absl::string_view path : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    auto part = txl::ReadFile(std::string(path));
-    if (!part.ok()) return part.status();
-    text += *part;
+    ASSIGN_OR_RETURN(const std::string part, txl::ReadFile(std::string(path)));
+    text += part;
   }
   return text;
 }
@@ -204,8 +216,8 @@ int main(int argc, char** argv) {
   auto parallel = txl::DataParallel::FromEnvironment(*device);
   if (!parallel.ok()) return Fail(1, std::string(parallel.status().message()));
   auto trainer = txl::Trainer::Create(opt, config, *tokenizer, std::move(split), parallel->get());
-  if (!trainer.ok()) return Fail(1, std::string(trainer.status().message()));
+  if (!trainer.ok()) return Fail(1, AsFlags(trainer.status().message()));
   auto report = (*trainer)->Run(std::cout);
-  if (!report.ok()) return Fail(1, std::string(report.status().message()));
+  if (!report.ok()) return Fail(1, AsFlags(report.status().message()));
   return 0;
 }

@@ -21,6 +21,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace txl {
 namespace {
@@ -46,14 +47,13 @@ absl::StatusOr<at::Device> ResolveCudaDevice(const at::Device& device, int rank)
   }
   int64_t index = device.has_index() ? device.index() : -1;
   if (index < 0) {
-    absl::StatusOr<int> local = EnvInt("LOCAL_RANK", -1, false);
-    if (!local.ok()) return local.status();
-    if (*local >= 0) {
-      if (*local >= count) {
-        return absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK=", *local, " but only ", count,
+    ASSIGN_OR_RETURN(const int local, EnvInt("LOCAL_RANK", -1, false));
+    if (local >= 0) {
+      if (local >= count) {
+        return absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK=", local, " but only ", count,
                                                        " CUDA device(s) are visible"));
       }
-      index = *local;
+      index = local;
     } else {
       index = rank % count;
     }
@@ -108,22 +108,18 @@ DataParallel::~DataParallel() = default;
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnvironment(const at::Device& device) {
   if (!device.is_cpu() && !device.is_cuda())
     return absl::InvalidArgumentError(absl::StrCat("device '", device.str(), "' is not supported"));
-  absl::StatusOr<int> world = EnvInt("WORLD_SIZE", 1, false);
-  if (!world.ok()) return world.status();
-  if (*world < 1) return absl::InvalidArgumentError(absl::StrCat("WORLD_SIZE=", *world, " must be >= 1"));
+  ASSIGN_OR_RETURN(const int world, EnvInt("WORLD_SIZE", 1, false));
+  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("WORLD_SIZE=", world, " must be >= 1"));
   int rank_value = 0;
-  if (*world > 1) {
-    absl::StatusOr<int> rank = EnvInt("RANK", 0, true);
-    if (!rank.ok()) return rank.status();
-    if (*rank < 0 || *rank >= *world)
-      return absl::InvalidArgumentError(absl::StrCat("RANK=", *rank, " is outside [0, WORLD_SIZE=", *world, ")"));
-    rank_value = *rank;
+  if (world > 1) {
+    ASSIGN_OR_RETURN(const int rank, EnvInt("RANK", 0, true));
+    if (rank < 0 || rank >= world)
+      return absl::InvalidArgumentError(absl::StrCat("RANK=", rank, " is outside [0, WORLD_SIZE=", world, ")"));
+    rank_value = rank;
   }
   at::Device resolved = device;
   if (device.is_cuda()) {
-    absl::StatusOr<at::Device> d = ResolveCudaDevice(device, rank_value);
-    if (!d.ok()) return d.status();
-    resolved = *d;
+    ASSIGN_OR_RETURN(resolved, ResolveCudaDevice(device, rank_value));
     try {
       // The current device, for whatever allocates without naming one
       // (NCCL's communicators and streams included).
@@ -135,32 +131,30 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnvironment(cons
   } else {
     resolved = at::Device(at::kCPU);
   }
-  auto dp = std::unique_ptr<DataParallel>(new DataParallel(0, *world, resolved));
-  if (*world == 1) return dp;
+  auto dp = std::unique_ptr<DataParallel>(new DataParallel(0, world, resolved));
+  if (world == 1) return dp;
 
-  absl::StatusOr<int> port = EnvInt("MASTER_PORT", 29500, false);
-  if (!port.ok()) return port.status();
-  if (*port < 1 || *port > 65535)
-    return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT=", *port, " is not a port"));
+  ASSIGN_OR_RETURN(const int port, EnvInt("MASTER_PORT", 29500, false));
+  if (port < 1 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT=", port, " is not a port"));
   const char* addr = std::getenv("MASTER_ADDR");
   const std::string host = addr && *addr ? addr : "127.0.0.1";
   dp->rank_ = rank_value;
   try {
     c10d::TCPStoreOptions opts;
-    opts.port = static_cast<uint16_t>(*port);
+    opts.port = static_cast<uint16_t>(port);
     opts.isServer = rank_value == 0;
-    opts.numWorkers = static_cast<size_t>(*world);
+    opts.numWorkers = static_cast<size_t>(world);
     opts.timeout = std::chrono::seconds(120);
     auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
     dp->group_ = std::make_unique<Group>();
     auto gloo = [&]() {
       auto options = c10d::ProcessGroupGloo::Options::create();
       options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
-      dp->group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_value, *world, options);
+      dp->group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_value, world, options);
     };
     if (resolved.is_cuda()) {
 #if defined(TXL_HAVE_NCCL)
-      dp->group_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_value, *world,
+      dp->group_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_value, world,
                                                                    c10d::ProcessGroupNCCL::Options::create());
       dp->backend_ = "nccl";
 #else
@@ -174,8 +168,8 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnvironment(cons
       dp->backend_ = "gloo";
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("joining the process group at ", host, ":", *port,
-                                               " as rank ", rank_value, " of ", *world, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("joining the process group at ", host, ":", port,
+                                               " as rank ", rank_value, " of ", world, ": ", e.what()));
   }
   return dp;
 }

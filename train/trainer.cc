@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "model/archive.h"
 #include "model/checkpoint.h"
 #include "train/data_parallel.h"
@@ -186,21 +187,21 @@ struct Trainer::State {
   absl::Status LoadState() {
     const std::string path = StatePath(opt.out, rank());
     if (!std::filesystem::exists(path))
-      return absl::NotFoundError(absl::StrCat("--resume: no training state at ", path));
+      return absl::NotFoundError(absl::StrCat("resume: no training state at ", path));
     torch::jit::ExtraFilesMap extra = {{"trainstate.json", ""}};
     torch::jit::Module m;
     try {
       m = torch::jit::load(path, at::kCPU, extra);
     } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(absl::StrCat("--resume: ", path, " is unreadable"));
+      return absl::InvalidArgumentError(absl::StrCat("resume: ", path, " is unreadable"));
     }
     nlohmann::json meta = nlohmann::json::parse(extra["trainstate.json"], nullptr, false);
     if (meta.is_discarded() || meta.value("params", size_t{0}) != params.size())
-      return absl::InvalidArgumentError(absl::StrCat("--resume: ", path, " does not match this model"));
+      return absl::InvalidArgumentError(absl::StrCat("resume: ", path, " does not match this model"));
     if (meta.value("world_size", 0) != parallel->world_size() ||
         meta.value("batch_size", int64_t{0}) != opt.batch_size || meta.value("tgt_len", int64_t{0}) != opt.tgt_len) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--resume: ", path, " was written with world_size ", meta.value("world_size", 0), ", batch_size ",
+          "resume: ", path, " was written with world_size ", meta.value("world_size", 0), ", batch_size ",
           meta.value("batch_size", int64_t{0}), ", tgt_len ", meta.value("tgt_len", int64_t{0}),
           "; resume with the same values"));
     }
@@ -236,7 +237,7 @@ struct Trainer::State {
 
   absl::Status SaveAll() const {
     if (opt.out.empty()) return absl::OkStatus();
-    if (auto s = SaveState(); !s.ok()) return s;
+    RETURN_IF_ERROR(SaveState());
     if (rank() != 0) return absl::OkStatus();
     ModelConfig serving = config;
     serving.mem_len = opt.eval_mem_len;
@@ -254,7 +255,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
                                                          const ModelConfig& config,
                                                          const Tokenizer& tokenizer, CorpusSplit data,
                                                          DataParallel* parallel) {
-  if (auto s = config.Validate(); !s.ok()) return s;
+  RETURN_IF_ERROR(config.Validate());
   if (config.n_token != tokenizer.vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat("n_token=", config.n_token, " but the tokenizer has ",
                                                    tokenizer.vocab_size(), " symbols"));
@@ -266,24 +267,23 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   for (auto s : {positive("tgt_len", options.tgt_len), positive("batch_size", options.batch_size),
                  positive("max_steps", options.max_steps), positive("eval_tgt_len", options.eval_tgt_len),
                  positive("eval_streams", options.eval_streams)}) {
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(s);
   }
   if (options.mem_len < 0) return absl::InvalidArgumentError("mem_len must be >= 0");
   if (options.eval_mem_len < 0) return absl::InvalidArgumentError("eval_mem_len must be >= 0");
   if (!(options.lr > 0)) return absl::InvalidArgumentError(absl::StrCat("lr must be > 0, got ", options.lr));
-  if (options.resume && options.out.empty()) return absl::InvalidArgumentError("--resume needs --out");
-  absl::StatusOr<at::Device> wanted = ParseTrainingDevice(options.device);
-  if (!wanted.ok()) return wanted.status();
+  if (options.resume && options.out.empty()) {
+    return absl::InvalidArgumentError("resume needs out (the checkpoint path the training state lies beside)");
+  }
+  ASSIGN_OR_RETURN(const at::Device wanted, ParseTrainingDevice(options.device));
 
   std::unique_ptr<DataParallel> own;
   if (parallel == nullptr) {
-    auto single = DataParallel::FromEnvironment(*wanted);
-    if (!single.ok()) return single.status();
-    own = *std::move(single);
+    ASSIGN_OR_RETURN(own, DataParallel::FromEnvironment(wanted));
     parallel = own.get();
   }
   const at::Device device = parallel->device();
-  if (device.type() != wanted->type() || (wanted->is_cuda() && wanted->has_index() && device != *wanted)) {
+  if (device.type() != wanted.type() || (wanted.is_cuda() && wanted.has_index() && device != wanted)) {
     return absl::InvalidArgumentError(absl::StrCat("device: '", options.device,
                                                    "' asked for, but the process group was set up for ",
                                                    device.str()));
@@ -323,7 +323,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   // Dropout masks differ per rank, as in torch's DDP.
   at::manual_seed(options.seed + 1000003ULL * static_cast<uint64_t>(parallel->rank()));
   if (options.resume) {
-    if (auto st = s->LoadState(); !st.ok()) return st;
+    RETURN_IF_ERROR(s->LoadState());
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
@@ -441,14 +441,14 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
     }
     if (opt.eval_interval > 0 && s.step % opt.eval_interval == 0 && s.step < opt.max_steps && lead) evaluate();
     if (opt.checkpoint_interval > 0 && s.step % opt.checkpoint_interval == 0 && s.step < opt.max_steps) {
-      if (auto st = s.SaveAll(); !st.ok()) return st;
+      RETURN_IF_ERROR(s.SaveAll());
     }
   }
   report.seconds = Seconds(start);
   report.steps = s.step;
   report.tokens_per_second = steps_this_run * tokens_per_step / std::max(report.seconds, 1e-9);
   if (lead) evaluate();
-  if (auto st = s.SaveAll(); !st.ok()) return st;
+  RETURN_IF_ERROR(s.SaveAll());
   if (lead && !opt.out.empty()) log << "wrote " << opt.out << "\n";
   return report;
 }

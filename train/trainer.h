@@ -21,6 +21,8 @@ namespace txl {
 class DataParallel;
 struct TxlWeights;
 
+// Errors about these options name the field ("resume: no training state at ..."), never a
+// command-line flag: the mains decide how a field is spelt on their command line.
 struct TrainOptions {
   int64_t tgt_len = 128;
   int64_t mem_len = 128;     // training memory (the config's mem_len is the serving default)

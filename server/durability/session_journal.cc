@@ -1,6 +1,5 @@
 #include "server/durability/session_journal.h"
 
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -10,6 +9,7 @@
 #include "base/status_macros.h"
 #include "base/byte_io.h"
 #include "base/echo_id.h"
+#include "base/log.h"
 
 namespace txl {
 namespace {
@@ -288,13 +288,13 @@ int64_t SessionJournal::DurableLocked(const std::string& id) const {
 void SessionJournal::SetHealth(const absl::Status& write) {
   absl::MutexLock lock(&mu_);
   if (write.ok()) {
-    if (!error_.ok()) std::fprintf(stderr, "txl-server: the session state store is writable again\n");
+    if (!error_.ok()) TXL_LOG(INFO) << "the session state store is writable again";
     error_ = absl::OkStatus();
     return;
   }
   if (error_.ok()) {
-    std::fprintf(stderr, "txl-server: the session state store failed (%s): %s; journaled sessions are read-only "
-                 "until it recovers\n", backend_->Describe().c_str(), std::string(write.message()).c_str());
+    TXL_LOG(ERROR) << "the session state store failed (" << backend_->Describe() << "): " << write.message()
+                   << "; journaled sessions are read-only until it recovers";
   }
   error_ = absl::UnavailableError(absl::StrCat("the session state store cannot be written (", backend_->Describe(),
                                                "): ", write.message(),
@@ -420,7 +420,7 @@ void SessionJournal::WriterLoop() {
     if (absl::Now() >= next_heartbeat) {
       next_heartbeat = absl::Now() + config_.heartbeat_interval;
       absl::Status beat = Heartbeat();
-      if (!beat.ok()) std::fprintf(stderr, "txl-server: state store heartbeat: %s\n", std::string(beat.message()).c_str());
+      if (!beat.ok()) TXL_LOG(WARNING) << "state store heartbeat: " << beat.message();
       SetHealth(beat);  // a store that takes writes again takes sessions' writes again
       FindWanted();
     }
@@ -464,7 +464,7 @@ void SessionJournal::WriterLoop() {
 
 absl::Status SessionJournal::QuarantineSession(const std::string& id, const std::string& why,
                                               const std::string& owner) {
-  std::fprintf(stderr, "txl-server: session %s: %s; its state is quarantined\n", id.c_str(), why.c_str());
+  TXL_LOG(ERROR) << "session " << id << ": " << why << "; its state is quarantined";
   for (const char* part : {"meta", "snap", "log", "holder"}) (void)backend_->Quarantine(Key(id, part));
   absl::MutexLock lock(&mu_);
   ++quarantined_;
@@ -497,8 +497,8 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
     if (valid < log->size()) {
       // A record a crash cut short: never acknowledged. Cut it off before
       // anything is appended after it.
-      std::fprintf(stderr, "txl-server: session %s: a log record cut short by a crash (%zu bytes) was dropped\n",
-                   id.c_str(), log->size() - valid);
+      TXL_LOG(WARNING) << "session " << id << ": a log record cut short by a crash (" << log->size() - valid
+                       << " bytes) was dropped";
       if (auto s = backend_->Put(Key(id, "log"), absl::string_view(*log).substr(0, valid)); !s.ok())
         return absl::UnavailableError(s.message());
     }
@@ -509,10 +509,9 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<std::string>> SessionJournal::Held() {
-  auto keys = backend_->List("sessions/");
-  if (!keys.ok()) return keys.status();
+  ASSIGN_OR_RETURN(const std::vector<std::string> keys, backend_->List("sessions/"));
   std::vector<std::string> ids;
-  for (const std::string& key : *keys) {
+  for (const std::string& key : keys) {
     constexpr absl::string_view kSuffix = "/holder";
     if (!absl::StartsWith(key, "sessions/") || !absl::EndsWith(key, kSuffix) || key.size() <= kSuffix.size() + 9)
       continue;

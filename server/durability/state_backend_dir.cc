@@ -27,6 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 #include "server/durability/state_backend.h"
 #include "server/durability/state_backend_impl.h"
 
@@ -172,7 +174,7 @@ class DirectoryStateBackend : public StateBackend {
           int fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND);
           if (fd < 0 && errno == ENOENT) {
             for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < kMaxDirRaces; ++attempt) {
-              if (absl::Status s = MakeParents(key); !s.ok()) return s;
+              RETURN_IF_ERROR(MakeParents(key));
               fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND | O_CREAT);
             }
             if (fd >= 0) created_in.insert(Dirname(path));
@@ -206,7 +208,7 @@ class DirectoryStateBackend : public StateBackend {
       if (int err = fd.Close(); err != 0) return KeyError(err, path.substr(root_.size() + 1), "close", path);
     }
     for (const std::string& dir : created_in) {
-      if (absl::Status s = SyncDir(dir); !s.ok()) return s;
+      RETURN_IF_ERROR(SyncDir(dir));
     }
     if (fsync_ == FsyncPolicy::kInterval) {
       absl::MutexLock lock(&mu_);
@@ -248,14 +250,14 @@ class DirectoryStateBackend : public StateBackend {
       if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return absl::OkStatus();
       return KeyError(errno, key, "unlink", path);
     }
-    if (absl::Status s = SyncDir(Dirname(path)); !s.ok()) return s;
+    RETURN_IF_ERROR(SyncDir(Dirname(path)));
     RemoveEmptyParents(path);
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) override {
     std::vector<std::string> keys;
-    if (absl::Status s = Walk("", prefix, &keys); !s.ok()) return s;
+    RETURN_IF_ERROR(Walk("", prefix, &keys));
     std::sort(keys.begin(), keys.end());
     return keys;
   }
@@ -290,7 +292,7 @@ class DirectoryStateBackend : public StateBackend {
         if (errno == ENOENT || errno == ENOTDIR) return absl::OkStatus();  // nothing to keep
         return KeyError(errno, key, "stat", path);
       }
-      if (absl::Status s = MakeParents(target); !s.ok()) return s;
+      RETURN_IF_ERROR(MakeParents(target));
       int err = RenameNoReplace(path, target_path);
       if (err == EEXIST) continue;
       if (err == ENOENT && ++races < kMaxDirRaces) {
@@ -298,8 +300,8 @@ class DirectoryStateBackend : public StateBackend {
         continue;
       }
       if (err != 0) return KeyError(err, key, absl::StrCat("rename to ", target_path, " from"), path);
-      if (absl::Status s = SyncDir(Dirname(target_path)); !s.ok()) return s;
-      if (absl::Status s = SyncDir(Dirname(path)); !s.ok()) return s;
+      RETURN_IF_ERROR(SyncDir(Dirname(target_path)));
+      RETURN_IF_ERROR(SyncDir(Dirname(path)));
       RemoveEmptyParents(path);
       return absl::OkStatus();
     }
@@ -322,7 +324,7 @@ class DirectoryStateBackend : public StateBackend {
       if (name == "." || name == "..") continue;
       const std::string path = absl::StrCat(dir, "/", name);
       if (IsDirectory(path, e)) {
-        if (absl::Status s = RemoveStaleTemps(path); !s.ok()) return s;
+        RETURN_IF_ERROR(RemoveStaleTemps(path));
       } else if (IsTempName(name) && (IsOwnTemp(name) || IsOldFile(path)) && ::unlink(path.c_str()) != 0 &&
                  errno != ENOENT) {
         return absl::ErrnoToStatus(errno, absl::StrCat("state directory: remove stale temp file ", path));
@@ -366,7 +368,7 @@ class DirectoryStateBackend : public StateBackend {
     if (!current.ok() && !absl::IsNotFound(current.status())) return current.status();
     const bool matches = expected.has_value() ? current.ok() && *current == *expected : !current.ok();
     if (!matches) return false;
-    if (absl::Status s = PutFile(key, value); !s.ok()) return s;
+    RETURN_IF_ERROR(PutFile(key, value));
     return true;
   }
 
@@ -378,7 +380,7 @@ class DirectoryStateBackend : public StateBackend {
                      ::getpid(), ".", temp_counter_.fetch_add(1, std::memory_order_relaxed));
     int raw = OpenRetryingEintr(temp, O_WRONLY | O_CREAT | O_EXCL);
     for (int attempt = 0; raw < 0 && errno == ENOENT && attempt < kMaxDirRaces; ++attempt) {
-      if (absl::Status s = MakeParents(key); !s.ok()) return s;
+      RETURN_IF_ERROR(MakeParents(key));
       raw = OpenRetryingEintr(temp, O_WRONLY | O_CREAT | O_EXCL);
     }
     if (raw < 0) return KeyError(errno, key, "create", temp);
@@ -405,7 +407,7 @@ class DirectoryStateBackend : public StateBackend {
       if (::mkdir(dir.c_str(), 0755) == 0) {
         // The new entry lives in its parent; the new directory's own entries
         // are synced by whoever adds them.
-        if (absl::Status s = SyncDir(Dirname(dir)); !s.ok()) return s;
+        RETURN_IF_ERROR(SyncDir(Dirname(dir)));
       } else if (errno != EEXIST) {
         return KeyError(errno, key, "mkdir", dir);
       }
@@ -454,7 +456,7 @@ class DirectoryStateBackend : public StateBackend {
         // Only into directories that can hold a match (and quarantine/ only on request).
         if ((absl::StartsWith(prefix, as_prefix) || absl::StartsWith(as_prefix, prefix)) &&
             (rel != "quarantine" || absl::StartsWith(prefix, "quarantine/"))) {
-          if (absl::Status s = Walk(rel, prefix, keys); !s.ok()) return s;
+          RETURN_IF_ERROR(Walk(rel, prefix, keys));
         }
       } else if (IsValidStateKey(rel) && ListIncludes(rel, prefix)) {
         keys->push_back(rel);
@@ -473,7 +475,7 @@ class DirectoryStateBackend : public StateBackend {
       for (const std::string& path : dirty) {
         // Gone since (deleted, quarantined, replaced by a rename): nothing to sync.
         if (int err = FsyncPath(path); err != 0 && err != ENOENT) {
-          std::fprintf(stderr, "txl-server: state directory: fsync %s: %s\n", path.c_str(), std::strerror(err));
+          TXL_LOG(ERROR) << "state directory: fsync " << path << ": " << std::strerror(err);
         }
       }
       mu_.Lock();

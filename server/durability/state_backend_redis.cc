@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 #include "server/durability/state_backend.h"
 #include "server/durability/state_backend_impl.h"
 
@@ -81,9 +82,8 @@ class RedisStateBackend : public StateBackend {
   std::string Describe() const override { return absl::StrCat("redis://", address_, "/", prefix_); }
 
   absl::Status Ping() {
-    absl::StatusOr<std::vector<Reply>> replies = Run({{"PING"}}, Retry::kSafe);
-    if (!replies.ok()) return replies.status();
-    const redisReply* r = (*replies)[0].get();
+    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run({{"PING"}}, Retry::kSafe));
+    const redisReply* r = replies[0].get();
     if (r->type != REDIS_REPLY_STATUS || ReplyText(r) != "PONG") {
       return absl::UnavailableError(absl::StrCat("redis ", address_, ": PING answered ", Unexpected(r)));
     }
@@ -92,9 +92,8 @@ class RedisStateBackend : public StateBackend {
 
   absl::Status Put(const std::string& key, absl::string_view value) override {
     if (!IsValidStateKey(key)) return InvalidKey(key);
-    absl::StatusOr<std::vector<Reply>> replies = Run({{"SET", Name(key), std::string(value)}}, Retry::kSafe);
-    if (!replies.ok()) return replies.status();
-    return Expect((*replies)[0].get(), REDIS_REPLY_STATUS, "SET", key);
+    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run({{"SET", Name(key), std::string(value)}}, Retry::kSafe));
+    return Expect(replies[0].get(), REDIS_REPLY_STATUS, "SET", key);
   }
 
   absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) override {
@@ -110,40 +109,35 @@ class RedisStateBackend : public StateBackend {
     // refused at queueing, e.g. past maxmemory, aborts the whole EXEC).
     commands.insert(commands.begin(), Command{"MULTI"});
     commands.push_back({"EXEC"});
-    absl::StatusOr<std::vector<Reply>> replies = Run(commands, Retry::kUnsafe);
-    if (!replies.ok()) return replies.status();
-    const redisReply* exec = replies->back().get();
+    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run(commands, Retry::kUnsafe));
+    const redisReply* exec = replies.back().get();
     if (exec->type != REDIS_REPLY_ARRAY || exec->elements != appends.size()) {
-      for (size_t i = 1; i + 1 < replies->size(); ++i) {  // the first refused command says why
-        if ((*replies)[i]->type == REDIS_REPLY_ERROR) {
-          return Expect((*replies)[i].get(), REDIS_REPLY_STATUS, "APPEND", appends[i - 1].first);
+      for (size_t i = 1; i + 1 < replies.size(); ++i) {  // the first refused command says why
+        if (replies[i]->type == REDIS_REPLY_ERROR) {
+          return Expect(replies[i].get(), REDIS_REPLY_STATUS, "APPEND", appends[i - 1].first);
         }
       }
       return Expect(exec, REDIS_REPLY_ARRAY, "EXEC", appends.front().first);
     }
     for (size_t i = 0; i < appends.size(); ++i) {
-      if (absl::Status s = Expect(exec->element[i], REDIS_REPLY_INTEGER, "APPEND", appends[i].first); !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(Expect(exec->element[i], REDIS_REPLY_INTEGER, "APPEND", appends[i].first));
     }
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::string> Get(const std::string& key) override {
     if (!IsValidStateKey(key)) return InvalidKey(key);
-    absl::StatusOr<std::vector<Reply>> replies = Run({{"GET", Name(key)}}, Retry::kSafe);
-    if (!replies.ok()) return replies.status();
-    const redisReply* r = (*replies)[0].get();
+    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run({{"GET", Name(key)}}, Retry::kSafe));
+    const redisReply* r = replies[0].get();
     if (r->type == REDIS_REPLY_NIL) return absl::NotFoundError(absl::StrCat("state key \"", key, "\" not found"));
-    if (absl::Status s = Expect(r, REDIS_REPLY_STRING, "GET", key); !s.ok()) return s;
+    RETURN_IF_ERROR(Expect(r, REDIS_REPLY_STRING, "GET", key));
     return ReplyText(r);
   }
 
   absl::Status Delete(const std::string& key) override {
     if (!IsValidStateKey(key)) return InvalidKey(key);
-    absl::StatusOr<std::vector<Reply>> replies = Run({{"DEL", Name(key)}}, Retry::kSafe);
-    if (!replies.ok()) return replies.status();
-    return Expect((*replies)[0].get(), REDIS_REPLY_INTEGER, "DEL", key);
+    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run({{"DEL", Name(key)}}, Retry::kSafe));
+    return Expect(replies[0].get(), REDIS_REPLY_INTEGER, "DEL", key);
   }
 
   absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) override {
@@ -152,10 +146,9 @@ class RedisStateBackend : public StateBackend {
     std::vector<std::string> keys;
     std::string cursor = "0";
     do {
-      absl::StatusOr<std::vector<Reply>> replies =
-          Run({{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}}, Retry::kSafe);
-      if (!replies.ok()) return replies.status();
-      const redisReply* r = (*replies)[0].get();
+      ASSIGN_OR_RETURN(std::vector<Reply> replies,
+                       Run({{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}}, Retry::kSafe));
+      const redisReply* r = replies[0].get();
       if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
           r->element[1]->type != REDIS_REPLY_ARRAY) {
         return Failure(r, "SCAN", prefix);
@@ -177,13 +170,12 @@ class RedisStateBackend : public StateBackend {
   absl::StatusOr<bool> CompareAndSet(const std::string& key, const std::optional<std::string>& expected,
                                      absl::string_view value) override {
     if (!IsValidStateKey(key)) return InvalidKey(key);
-    absl::StatusOr<std::vector<Reply>> replies =
-        Run({{"EVAL", kCompareAndSetScript, "1", Name(key), expected.has_value() ? "equal" : "absent",
-              expected.value_or(""), std::string(value)}},
-            Retry::kUnsafe);
-    if (!replies.ok()) return replies.status();
-    const redisReply* r = (*replies)[0].get();
-    if (absl::Status s = Expect(r, REDIS_REPLY_INTEGER, "compare-and-set", key); !s.ok()) return s;
+    ASSIGN_OR_RETURN(std::vector<Reply> replies,
+                     Run({{"EVAL", kCompareAndSetScript, "1", Name(key), expected.has_value() ? "equal" : "absent",
+                           expected.value_or(""), std::string(value)}},
+                         Retry::kUnsafe));
+    const redisReply* r = replies[0].get();
+    RETURN_IF_ERROR(Expect(r, REDIS_REPLY_INTEGER, "compare-and-set", key));
     return r->integer == 1;
   }
 
@@ -196,11 +188,10 @@ class RedisStateBackend : public StateBackend {
     for (int n = 0; n < 100; ++n) {
       const std::string target = absl::StrCat("quarantine/", key, ".", stamp, n == 0 ? "" : absl::StrCat("-", n));
       if (!IsValidStateKey(target)) return InvalidKey(target);  // only when the key is near the length limit
-      absl::StatusOr<std::vector<Reply>> replies = Run({{"RENAMENX", Name(key), Name(target)}}, Retry::kSafe);
-      if (!replies.ok()) return replies.status();
-      const redisReply* r = (*replies)[0].get();
+      ASSIGN_OR_RETURN(std::vector<Reply> replies, Run({{"RENAMENX", Name(key), Name(target)}}, Retry::kSafe));
+      const redisReply* r = replies[0].get();
       if (r->type == REDIS_REPLY_ERROR && absl::StrContains(ReplyText(r), "no such key")) return absl::OkStatus();
-      if (absl::Status s = Expect(r, REDIS_REPLY_INTEGER, "RENAMENX", key); !s.ok()) return s;
+      RETURN_IF_ERROR(Expect(r, REDIS_REPLY_INTEGER, "RENAMENX", key));
       if (r->integer == 1) return absl::OkStatus();
     }
     return absl::AlreadyExistsError(absl::StrCat("state key \"", key, "\": too many quarantined copies this second"));
@@ -270,7 +261,7 @@ class RedisStateBackend : public StateBackend {
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (ctx_ == nullptr || ctx_->err != 0 || PeerClosedLocked()) {
         ctx_.reset();
-        if (absl::Status s = ConnectLocked(); !s.ok()) return s;
+        RETURN_IF_ERROR(ConnectLocked());
       }
       for (const Command& command : commands) {
         std::vector<const char*> argv;
@@ -318,7 +309,7 @@ absl::StatusOr<std::unique_ptr<StateBackend>> OpenRedisStateBackend(const std::s
                                                                     const std::string& prefix,
                                                                     absl::Duration timeout) {
   auto backend = std::make_unique<RedisStateBackend>(host, port, prefix, timeout);
-  if (absl::Status s = backend->Ping(); !s.ok()) return s;
+  RETURN_IF_ERROR(backend->Ping());
   return backend;
 }
 

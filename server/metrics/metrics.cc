@@ -7,6 +7,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace txl {
 namespace {
@@ -88,13 +89,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   }
   for (const char* tier : {"device", "host", "store"}) m->tier_sessions_->Add({{"tier", tier}});
   // Limits, so that rules can express saturation as a ratio.
-  BuildGauge().Name("txl_sessions_max").Help("--max_sessions").Register(r).Add({}).Set(
+  BuildGauge().Name("txl_sessions_max").Help("Session limit (max_sessions)").Register(r).Add({}).Set(
       static_cast<double>(config.max_sessions));
-  BuildGauge().Name("txl_queue_max").Help("--max_queue").Register(r).Add({}).Set(
+  BuildGauge().Name("txl_queue_max").Help("Queue limit (max_queue)").Register(r).Add({}).Set(
       static_cast<double>(config.max_queue));
   BuildGauge()
       .Name("txl_session_memory_budget_bytes")
-      .Help("--session_memory_budget (0: none)")
+      .Help("Session memory budget in bytes (session_memory_budget; 0: none)")
       .Register(r)
       .Add({})
       .Set(static_cast<double>(config.session_memory_budget));
@@ -102,9 +103,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
       {config.info.begin(), config.info.end()}).Set(1);
   if (!config.listen.empty()) {
     Metrics* self = m.get();
-    auto endpoint = MetricsEndpoint::Create(config.listen, [self] { return self->Scrape(); });
-    if (!endpoint.ok()) return endpoint.status();
-    m->endpoint_ = *std::move(endpoint);
+    ASSIGN_OR_RETURN(m->endpoint_, MetricsEndpoint::Create(config.listen, [self] { return self->Scrape(); }));
   }
   return m;
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/echo_id.h"
+#include "base/status_macros.h"
 
 namespace txl {
 
@@ -43,10 +44,9 @@ absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::
                                                  absl::Duration idle_ttl,
                                                  std::map<std::string, std::string> labels,
                                                  absl::Time now, const std::string& id) {
-  auto lease = CreateAcquired(owner, std::move(state), idle_ttl, std::move(labels), now, id);
-  if (!lease.ok()) return lease.status();
-  const std::string created = lease->id;
-  Release(*std::move(lease), now);
+  ASSIGN_OR_RETURN(SessionLease lease, CreateAcquired(owner, std::move(state), idle_ttl, std::move(labels), now, id));
+  const std::string created = lease.id;
+  Release(std::move(lease), now);
   return Get(owner, created);
 }
 
@@ -56,8 +56,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
                                                           std::map<std::string, std::string> labels,
                                                           absl::Time now, const std::string& requested,
                                                           bool durable) {
-  absl::StatusOr<absl::Duration> ttl = ResolveTtl(idle_ttl);
-  if (!ttl.ok()) return ttl.status();
+  ASSIGN_OR_RETURN(const absl::Duration ttl, ResolveTtl(idle_ttl));
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(sessions_.size()) >= config_.max_sessions) {
     return absl::ResourceExhaustedError(
@@ -88,7 +87,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   e.info.owner = owner;
   ++sessions_of_[owner];
   e.info.created = e.info.last_used = now;
-  e.info.idle_ttl = *ttl;
+  e.info.idle_ttl = ttl;
   e.info.labels = std::move(labels);
   e.info.busy = true;
   e.info.mem_len = state->mem_len();

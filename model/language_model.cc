@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/hash.h"
+#include "base/status_macros.h"
 #include "model/checkpoint.h"
 #include "model/incremental.h"
 #include "model/txl_math.h"
@@ -29,39 +30,49 @@ int ParallelLoopThreads() {
   return __builtin_popcountll(seen.load());
 }
 
-SessionState::SessionState(std::unique_ptr<SessionMemory> memory) : memory_(std::move(memory)) {}
-SessionState::~SessionState() = default;
-int64_t SessionState::position() const { return memory_->position(); }
-int64_t SessionState::mem_len() const { return memory_->mem_len(); }
-int64_t SessionState::memory_tokens() const { return memory_->length(); }
-int64_t SessionState::memory_bytes() const { return memory_->bytes(); }
-absl::Status SessionState::AppendTo(std::string* out) const {
-  try {
-    memory_->AppendTo(out);
-    return absl::OkStatus();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("copying a session's memory out failed: ", e.what_without_backtrace()));
+namespace {
+
+// The model's sessions: a SessionMemory (incremental.h) and its full size.
+class ModelSession final : public SessionState {
+ public:
+  ModelSession(SessionMemory memory, int64_t full_bytes) : memory_(std::move(memory)), full_bytes_(full_bytes) {}
+  int64_t position() const override { return memory_.position(); }
+  int64_t mem_len() const override { return memory_.mem_len(); }
+  int64_t memory_tokens() const override { return memory_.length(); }
+  int64_t memory_bytes() const override { return memory_.bytes(); }
+  int64_t full_memory_bytes() const override { return full_bytes_; }
+  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override {
+    try {
+      return std::unique_ptr<SessionState>(new ModelSession(memory_.Clone(), full_bytes_));
+    } catch (const c10::Error& e) {
+      return absl::ResourceExhaustedError(absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
+    }
   }
-}
+  absl::Status AppendTo(std::string* out) const override {
+    try {
+      memory_.AppendTo(out);
+      return absl::OkStatus();
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("copying a session's memory out failed: ", e.what_without_backtrace()));
+    }
+  }
+  SessionMemory* memory() { return &memory_; }
+
+ private:
+  SessionMemory memory_;
+  const int64_t full_bytes_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::RestoreSession(const std::string& data) const {
   try {
-    auto memory = SessionMemory::Parse(data, config_, model_->device());
-    if (!memory.ok()) return memory.status();
-    return std::unique_ptr<SessionState>(new SessionState(std::make_unique<SessionMemory>(*std::move(memory))));
+    ASSIGN_OR_RETURN(SessionMemory memory, SessionMemory::Parse(data, config_, model_->device()));
+    const int64_t full = FullMemoryBytes(memory.mem_len());
+    return std::unique_ptr<SessionState>(new ModelSession(std::move(memory), full));
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("restoring a session's memory failed: ", e.what_without_backtrace()));
-  }
-}
-
-absl::StatusOr<std::unique_ptr<SessionState>> SessionState::Clone() const {
-  try {
-    return std::unique_ptr<SessionState>(
-        new SessionState(std::make_unique<SessionMemory>(memory_->Clone())));
-  } catch (const c10::Error& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
   }
 }
 
@@ -103,26 +114,25 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(
     return absl::InvalidArgumentError(absl::StrCat("threads: must be >= 0, got ", options.threads));
   if (options.threads > 0) SetThreads(options.threads);
 
-  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(options.path);
-  if (!ckpt.ok()) return ckpt.status();
+  ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape
     // and bytes, hashed while the weights are still on the host.
-    const std::string config_json = ckpt->config.ToJson();
+    const std::string config_json = ckpt.config.ToJson();
     uint64_t h = Hash64(config_json.data(), config_json.size());
-    for (int64_t i = 0; i < ckpt->tokenizer.vocab_size(); ++i) {
-      auto text = ckpt->tokenizer.TokenText(static_cast<int>(i));
+    for (int64_t i = 0; i < ckpt.tokenizer.vocab_size(); ++i) {
+      auto text = ckpt.tokenizer.TokenText(static_cast<int>(i));
       if (text.ok()) h = Hash64(text->data(), text->size(), h);
     }
-    for (const auto& named : ckpt->weights->NamedTensors(ckpt->config)) {
+    for (const auto& named : ckpt.weights->NamedTensors(ckpt.config)) {
       const at::Tensor t = named.tensor.to(at::kCPU, at::kFloat).contiguous();
       h = Hash64(named.name.data(), named.name.size(), h);
       h = Hash64(t.sizes().data(), t.sizes().size() * sizeof(int64_t), h);
       h = Hash64(t.data_ptr(), t.numel() * sizeof(float), h);
     }
-    auto model = std::make_unique<IncrementalModel>(ckpt->config, *ckpt->weights, *device);
+    auto model = std::make_unique<IncrementalModel>(ckpt.config, *ckpt.weights, *device);
     std::unique_ptr<LanguageModel> lm(
-        new LanguageModel(ckpt->config, ckpt->tokenizer, device->str(), std::move(model)));
+        new LanguageModel(ckpt.config, ckpt.tokenizer, device->str(), std::move(model)));
     lm->fingerprint_ = absl::StrFormat("%016x", h);
     return lm;
   } catch (const c10::Error& e) {
@@ -135,7 +145,7 @@ absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t 
   if (mem_len < 1)
     return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
   return std::unique_ptr<SessionState>(
-      new SessionState(std::make_unique<SessionMemory>(config_.n_layer, mem_len)));
+      new ModelSession(SessionMemory(config_.n_layer, mem_len), FullMemoryBytes(mem_len)));
 }
 
 int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
@@ -147,6 +157,8 @@ int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
 }
 
 absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {
+  // These are the engine's invariants, not checks of a client's input (the
+  // service validated that); a breach is a bug above, refused before anything runs.
   const int64_t V = config_.n_token;
   std::set<const SessionState*> seen;
   std::vector<StepItem> items;
@@ -173,7 +185,9 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
         }
       }
     }
-    items.push_back({in.session->memory_.get(), std::vector<int64_t>(in.tokens.begin(), in.tokens.end())});
+    // Sessions come from this model (NewSession, RestoreSession, Clone).
+    items.push_back({static_cast<ModelSession*>(in.session)->memory(),
+                     std::vector<int64_t>(in.tokens.begin(), in.tokens.end())});
   }
 
   std::vector<StepOutput> out(inputs.size());

@@ -2,7 +2,7 @@
 // It loads a checkpoint onto a device and advances batches of sessions with
 // the incremental form (incremental.h).
 //
-// Threading: a LanguageModel and its SessionStates are driven by one thread
+// Threading: a LanguageModel and its sessions are driven by one thread
 // at a time (the engine thread); nothing here locks.
 #ifndef TXL_MODEL_LANGUAGE_MODEL_H_
 #define TXL_MODEL_LANGUAGE_MODEL_H_
@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/model_config.h"
+#include "model/step.h"
 #include "model/tokenizer.h"
 
 namespace txl {
@@ -27,47 +28,10 @@ void SetThreads(int threads);
 // now: the intra-op thread count when the build compiled them with OpenMP
 // (GCC), otherwise 1 (the clang sanitizer builds: serial, same results).
 int ParallelLoopThreads();
-class SessionMemory;
-
-// One session's layer memories and position. Opaque outside model/.
-class SessionState {
- public:
-  ~SessionState();
-  int64_t position() const;       // tokens in the history
-  int64_t mem_len() const;        // attention window, in keys
-  int64_t memory_tokens() const;  // positions held (<= mem_len - 1)
-  int64_t memory_bytes() const;
-  // Deep copy (fork); RESOURCE_EXHAUSTED when the device is out of memory.
-  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const;
-  // Appends an exact byte image of the state (LanguageModel::RestoreSession
-  // reads it back); INTERNAL if the device copy fails.
-  absl::Status AppendTo(std::string* out) const;
-
- private:
-  friend class LanguageModel;
-  explicit SessionState(std::unique_ptr<SessionMemory> memory);
-  std::unique_ptr<SessionMemory> memory_;
-};
-
 struct LanguageModelOptions {
   std::string path;             // checkpoint file
   std::string device = "cpu";   // "cpu", "cuda" or "cuda:N"
   int threads = 0;              // intra-op threads; 0 keeps libtorch's default
-};
-
-struct StepInput {
-  SessionState* session = nullptr;
-  std::vector<int> tokens;   // the new tokens (may be empty)
-  // targets[i] is scored by the distribution after tokens[i]; at most
-  // tokens.size() entries.
-  std::vector<int> targets;
-  bool want_last_distribution = false;  // log-probs after the last token
-};
-
-struct StepOutput {
-  std::vector<float> target_logprobs;    // one per target
-  std::vector<int> target_argmax;        // the most likely token at each target's position
-  std::vector<float> last_distribution;  // n_token log-probs, when asked
 };
 
 class LanguageModel {

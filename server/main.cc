@@ -1,5 +1,6 @@
 // txl-server: serves a Transformer-XL checkpoint over gRPC with stateful
-// sessions. Flags live here only; they are copied into config structs.
+// sessions. Wiring only: the flags live here and become config structs in
+// one place (OptionsFromFlags); Serve builds the parts from them, bottom up.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -12,11 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -26,8 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/flags_help.h"
+#include "base/read_file.h"
+#include "base/status_macros.h"
 #include "server/api/auth.h"
-#include "server/engine/engine.h"
+#include "server/durability/recovery.h"
+#include "server/engine/model_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/batching/scheduler.h"
 #include "server/durability/session_journal.h"
@@ -123,20 +125,19 @@ std::string BundledModel() {
 // says that the port could not be opened.
 absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* marker,
                                     const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path, ": ", std::strerror(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (text.str().find(marker) == std::string::npos) {
+  auto text = txl::ReadFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", text.status().message()));
+  if (text->find(marker) == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " holds no PEM ", what));
   }
-  return text.str();
+  return text;
 }
 
 // The gRPC port's credentials from the --tls_* flags; a description for the startup log in `mode`.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(std::string* mode) {
-  const std::string cert_path = absl::GetFlag(FLAGS_tls_cert), key_path = absl::GetFlag(FLAGS_tls_key),
-                    ca_path = absl::GetFlag(FLAGS_tls_client_ca);
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const std::string& cert_path,
+                                                                           const std::string& key_path,
+                                                                           const std::string& ca_path,
+                                                                           std::string* mode) {
   if (cert_path.empty() != key_path.empty()) {
     return absl::InvalidArgumentError(cert_path.empty() ? "--tls_key needs --tls_cert" : "--tls_cert needs --tls_key");
   }
@@ -145,21 +146,265 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(std::
     *mode = "plaintext (no TLS)";
     return grpc::InsecureServerCredentials();
   }
-  auto cert = ReadPem("tls_cert", cert_path, "-----BEGIN CERTIFICATE-----", "certificate");
-  if (!cert.ok()) return cert.status();
-  auto key = ReadPem("tls_key", key_path, "PRIVATE KEY-----", "private key");
-  if (!key.ok()) return key.status();
+  ASSIGN_OR_RETURN(std::string cert, ReadPem("tls_cert", cert_path, "-----BEGIN CERTIFICATE-----", "certificate"));
+  ASSIGN_OR_RETURN(std::string key, ReadPem("tls_key", key_path, "PRIVATE KEY-----", "private key"));
   grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   *mode = "TLS";
   if (!ca_path.empty()) {
-    auto ca = ReadPem("tls_client_ca", ca_path, "-----BEGIN CERTIFICATE-----", "certificate");
-    if (!ca.ok()) return ca.status();
+    ASSIGN_OR_RETURN(std::string ca, ReadPem("tls_client_ca", ca_path, "-----BEGIN CERTIFICATE-----", "certificate"));
     options = grpc::SslServerCredentialsOptions(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    options.pem_root_certs = *std::move(ca);
+    options.pem_root_certs = std::move(ca);
     *mode = "TLS, client certificates required (mutual TLS)";
   }
-  options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  options.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
   return grpc::SslServerCredentials(options);
+}
+
+// Every flag, as the config structs of the parts it sets: the one place
+// flags are read (OptionsFromFlags). The rest of main only wires parts.
+struct ServerOptions {
+  txl::LanguageModelOptions model;
+  txl::ServiceConfig service;  // default_mem_len 0: the model's, once it is loaded
+  txl::SessionTableConfig table;
+  txl::SchedulerConfig scheduler;
+  txl::MetricsConfig metrics;
+  bool state_store = false;  // with backend and journal:
+  txl::StateBackendConfig backend;
+  txl::SessionJournalConfig journal;
+  // The gRPC port.
+  std::string listen, auth_tokens, tls_cert, tls_key, tls_client_ca;
+  int max_message_bytes = 0;
+  int64_t grpc_memory_quota = 0;
+  int grpc_max_threads = 0;
+  absl::Duration max_connection_idle, drain_timeout;
+};
+
+absl::StatusOr<ServerOptions> OptionsFromFlags() {
+  ServerOptions o;
+  o.model.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
+  o.model.device = absl::GetFlag(FLAGS_device);
+  o.model.threads = absl::GetFlag(FLAGS_threads);
+
+  const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_message_bytes < 1 || max_message_bytes > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes must be in [1, ",
+                                                   std::numeric_limits<int>::max(), "], got ", max_message_bytes));
+  }
+  o.max_message_bytes = static_cast<int>(max_message_bytes);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout));
+
+  txl::ServiceConfig& service = o.service;
+  service.default_mem_len = std::max<int64_t>(0, absl::GetFlag(FLAGS_default_mem_len));
+  service.max_mem_len = absl::GetFlag(FLAGS_max_mem_len);
+  service.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  service.max_input_tokens = absl::GetFlag(FLAGS_max_input_tokens);
+  service.model_path = o.model.path;
+  service.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);
+  if (service.max_stream_buffer_bytes < 1) return absl::InvalidArgumentError("--max_stream_buffer_bytes must be >= 1");
+
+  txl::SessionTableConfig& table = o.table;
+  table.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  table.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl));
+  table.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
+  table.memory_budget_bytes = absl::GetFlag(FLAGS_session_memory_budget);
+  table.max_sessions_per_principal = absl::GetFlag(FLAGS_max_sessions_per_principal);
+  if (table.max_sessions < 1 || table.memory_budget_bytes < 0)
+    return absl::InvalidArgumentError("--max_sessions must be >= 1 and --session_memory_budget >= 0");
+  if (table.max_sessions_per_principal < 0)
+    return absl::InvalidArgumentError("--max_sessions_per_principal must be >= 0");
+  table.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
+  if (table.host_memory_budget_bytes < 0) return absl::InvalidArgumentError("--host_memory_budget must be >= 0");
+
+  if (!absl::GetFlag(FLAGS_state_dir).empty() && !absl::GetFlag(FLAGS_state_store).empty())
+    return absl::InvalidArgumentError("--state_dir and --state_store: give one of them");
+  const std::string state_spec = !absl::GetFlag(FLAGS_state_store).empty() ? absl::GetFlag(FLAGS_state_store)
+                                 : absl::GetFlag(FLAGS_state_dir).empty() ? ""
+                                                                          : "dir:" + absl::GetFlag(FLAGS_state_dir);
+  if (!state_spec.empty()) {
+    o.state_store = table.has_state_store = true;
+    o.backend.spec = state_spec;
+    auto fsync = txl::ParseFsyncPolicy(absl::GetFlag(FLAGS_fsync));
+    if (!fsync.ok()) return absl::InvalidArgumentError(absl::StrCat("--fsync: ", fsync.status().message()));
+    o.backend.fsync = *fsync;
+    if (absl::GetFlag(FLAGS_fsync_interval_ms) < 1)
+      return absl::InvalidArgumentError("--fsync_interval_ms must be >= 1");
+    o.backend.fsync_interval = absl::Milliseconds(absl::GetFlag(FLAGS_fsync_interval_ms));
+    std::string replica = absl::GetFlag(FLAGS_replica_name);
+    if (replica.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      replica = host;
+    }
+    o.backend.writer = o.journal.replica = replica;
+    if (absl::GetFlag(FLAGS_holder_timeout) <= 0) return absl::InvalidArgumentError("--holder_timeout must be > 0");
+    o.journal.holder_timeout = absl::Seconds(absl::GetFlag(FLAGS_holder_timeout));
+    o.journal.heartbeat_interval = o.journal.holder_timeout / 4;
+  }
+
+  txl::SchedulerConfig& sched = o.scheduler;
+  sched.max_batch = absl::GetFlag(FLAGS_max_batch);
+  sched.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  sched.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  sched.max_queue = absl::GetFlag(FLAGS_max_queue);
+  if (sched.max_batch < 1 || sched.max_batch_tokens < 1 || sched.prefill_chunk < 1 || sched.max_queue < 1) {
+    return absl::InvalidArgumentError(
+        "--max_batch, --max_batch_tokens, --prefill_chunk and --max_queue must be >= 1");
+  }
+  sched.snapshot_tokens = absl::GetFlag(FLAGS_snapshot_tokens);
+  if (sched.snapshot_tokens < 1) return absl::InvalidArgumentError("--snapshot_tokens must be >= 1");
+  if (absl::GetFlag(FLAGS_stream_stall_timeout) <= 0)
+    return absl::InvalidArgumentError("--stream_stall_timeout must be > 0");
+  sched.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_stall_timeout));
+
+  o.metrics.listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.metrics.max_sessions = table.max_sessions;
+  o.metrics.max_queue = sched.max_queue;
+  o.metrics.session_memory_budget = table.memory_budget_bytes;
+
+  o.grpc_memory_quota = absl::GetFlag(FLAGS_grpc_memory_quota);
+  o.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
+  if (o.grpc_memory_quota < 0 || o.grpc_max_threads < 0)
+    return absl::InvalidArgumentError("--grpc_memory_quota and --grpc_max_threads must be >= 0");
+  if (absl::GetFlag(FLAGS_max_connection_idle) < 0)
+    return absl::InvalidArgumentError("--max_connection_idle must be >= 0");
+  o.max_connection_idle = absl::Seconds(absl::GetFlag(FLAGS_max_connection_idle));
+  return o;
+}
+
+// The gRPC server: the service, health and reflection on one port, with the
+// transport's bounds.
+std::unique_ptr<grpc::Server> StartGrpc(const ServerOptions& o, std::shared_ptr<grpc::ServerCredentials> credentials,
+                                        txl::TxlService* service, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
+  // silently shares it instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // gRPC answers a bigger request with RESOURCE_EXHAUSTED before any handler runs.
+  builder.SetMaxReceiveMessageSize(o.max_message_bytes);
+  // The whole transport's memory and threads are bounded, whatever clients do.
+  grpc::ResourceQuota quota("txl-server");
+  if (o.grpc_memory_quota > 0) quota.Resize(static_cast<size_t>(o.grpc_memory_quota));
+  if (o.grpc_max_threads > 0) quota.SetMaxThreads(o.grpc_max_threads);
+  builder.SetResourceQuota(quota);
+  // Idle connections cost a socket and buffers each: closed after a while
+  // (clients reconnect on their next call).
+  if (o.max_connection_idle > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(std::min(absl::ToDoubleMilliseconds(o.max_connection_idle), 2e9)));
+  }
+  // Health and reflection share this port and its TLS; they need no token (service.h).
+  builder.AddListeningPort(o.listen, std::move(credentials), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+int Serve(ServerOptions o, sigset_t signals) {
+  // Security first: a mistake there should not wait for the model to load.
+  std::string transport;
+  auto credentials = ServerCredentials(o.tls_cert, o.tls_key, o.tls_client_ca, &transport);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  std::unique_ptr<txl::BearerTokens> tokens;
+  if (!o.auth_tokens.empty()) {
+    auto loaded = txl::BearerTokens::Create({o.auth_tokens});
+    if (!loaded.ok()) return Fail(absl::StrCat("--auth_tokens: ", loaded.status().message()));
+    tokens = *std::move(loaded);
+    if (o.tls_cert.empty()) {
+      std::cerr << "txl-server: warning: --auth_tokens without --tls_cert: bearer tokens cross the network "
+                   "in clear text"
+                << std::endl;
+    }
+  }
+
+  auto engine = txl::ModelEngine::Create(o.model);
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  const txl::LanguageModel& model = (*engine)->model();
+  const txl::ModelConfig& mc = model.config();
+  if (o.service.default_mem_len == 0) o.service.default_mem_len = std::max<int64_t>(1, mc.mem_len);
+  if (o.service.default_mem_len > o.service.max_mem_len) {
+    return Fail(absl::StrCat("--default_mem_len ", o.service.default_mem_len, " exceeds --max_mem_len ",
+                             o.service.max_mem_len));
+  }
+  // An import carries one session: at most a full window of max_mem_len, plus headers.
+  o.service.max_import_bytes = model.FullMemoryBytes(o.service.max_mem_len) + (int64_t{1} << 20);
+  o.service.device = model.device();
+
+  // The state store, before anything is served: a restart finds its sessions first.
+  std::unique_ptr<txl::SessionJournal> journal;
+  if (o.state_store) {
+    auto backend = txl::OpenStateBackend(o.backend);
+    if (!backend.ok()) return Fail(absl::StrCat("state store: ", backend.status().message()));
+    auto opened = txl::SessionJournal::Create(o.journal, *std::move(backend));
+    if (!opened.ok()) return Fail(absl::StrCat("state store: ", opened.status().message()));
+    journal = *std::move(opened);
+  }
+  txl::SessionTable table(o.table);
+  if (journal) {
+    auto recovered = txl::RecoverSessions(journal.get(), &table, (*engine)->fingerprint());
+    if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
+    std::cout << "txl-server: state store " << journal->Describe() << " as replica " << journal->replica() << ": "
+              << *recovered << " session(s) recovered" << std::endl;
+  }
+
+  o.metrics.info = {{"version", "0.1.0"},
+                    {"model", o.model.path},
+                    {"device", model.device()},
+                    {"n_layer", std::to_string(mc.n_layer)},
+                    {"d_model", std::to_string(mc.d_model)}};
+  auto metrics = txl::Metrics::Create(o.metrics, &table);
+  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+
+  txl::Scheduler scheduler(o.scheduler, engine->get(), &table, &model.tokenizer(), metrics->get());
+  scheduler.SetJournal(journal.get());
+  txl::TxlService service(o.service, mc, model.tokenizer(), engine->get(), &table, &scheduler, metrics->get(),
+                          tokens.get(), journal.get());
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = StartGrpc(o, *std::move(credentials), &service, &port);
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", o.listen,
+                             o.tls_cert.empty()
+                                 ? " (address in use?)"
+                                 : " (address in use, or --tls_cert/--tls_key not a matching certificate and key?)"));
+  }
+  scheduler.Start();
+  server->GetHealthCheckService()->SetServingStatus(true);
+  std::cout << "txl-server: listening on " << o.listen.substr(0, o.listen.rfind(':') + 1) << port
+            << (o.metrics.listen.empty()
+                    ? ""
+                    : ", metrics on " + o.metrics.listen.substr(0, o.metrics.listen.rfind(':') + 1) +
+                          std::to_string((*metrics)->port()))
+            << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
+            << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
+            << model.device() << "\ntxl-server: " << transport << ", "
+            << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
+                       : std::string("no authentication"))
+            << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
+  scheduler.Drain();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  const absl::Time deadline = absl::Now() + o.drain_timeout;
+  while (absl::Now() < deadline && (scheduler.active() > 0 || scheduler.queue_depth() > 0)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // What is still running is cancelled; its sessions keep what was delivered.
+  scheduler.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // A graceful stop leaves snapshots, so the next start (here or on another
+  // replica) replays nothing; the journal's destructor then retires this
+  // replica's heartbeat, which lets another replica take its sessions at once.
+  if (auto s = scheduler.SnapshotAll(); !s.ok()) std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
+  std::cout << "txl-server: stopped" << std::endl;
+  return 0;
 }
 
 }  // namespace
@@ -176,212 +421,14 @@ int main(int argc, char** argv) {
                  "OMP_WAIT_POLICY=PASSIVE (docs/PERFORMANCE.md)"
               << std::endl;
   }
-
-  // Signals go to the waiting thread below, not to whichever thread runs.
+  // Signals go to the waiting thread in Serve, not to whichever thread runs.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  // Security flags first: a mistake there should not wait for the model to load.
-  std::string transport;
-  auto credentials = ServerCredentials(&transport);
-  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
-  std::unique_ptr<txl::BearerTokens> tokens;
-  if (!absl::GetFlag(FLAGS_auth_tokens).empty()) {
-    auto loaded = txl::BearerTokens::Create({absl::GetFlag(FLAGS_auth_tokens)});
-    if (!loaded.ok()) return Fail(absl::StrCat("--auth_tokens: ", loaded.status().message()));
-    tokens = *std::move(loaded);
-    if (absl::GetFlag(FLAGS_tls_cert).empty()) {
-      std::cerr << "txl-server: warning: --auth_tokens without --tls_cert: bearer tokens cross the network "
-                   "in clear text"
-                << std::endl;
-    }
-  }
-  const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  if (max_message_bytes < 1 || max_message_bytes > std::numeric_limits<int>::max()) {
-    return Fail(absl::StrCat("--max_message_bytes must be in [1, ", std::numeric_limits<int>::max(), "], got ",
-                             max_message_bytes));
-  }
-
-  txl::LanguageModelOptions model_options;
-  model_options.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
-  model_options.device = absl::GetFlag(FLAGS_device);
-  model_options.threads = absl::GetFlag(FLAGS_threads);
-  auto engine = txl::ModelEngine::Create(model_options);
-  if (!engine.ok()) return Fail(std::string(engine.status().message()));
-  const txl::LanguageModel& model = (*engine)->model();
-  const txl::ModelConfig& mc = model.config();
-
-  txl::ServiceConfig service_config;
-  service_config.default_mem_len =
-      absl::GetFlag(FLAGS_default_mem_len) > 0 ? absl::GetFlag(FLAGS_default_mem_len) : std::max<int64_t>(1, mc.mem_len);
-  service_config.max_mem_len = absl::GetFlag(FLAGS_max_mem_len);
-  service_config.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  service_config.max_input_tokens = absl::GetFlag(FLAGS_max_input_tokens);
-  service_config.model_path = model_options.path;
-  // An import carries one session: at most a full window of max_mem_len, plus headers.
-  service_config.max_import_bytes = model.FullMemoryBytes(service_config.max_mem_len) + (int64_t{1} << 20);
-  service_config.device = model.device();
-  service_config.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);
-  if (service_config.max_stream_buffer_bytes < 1) return Fail("--max_stream_buffer_bytes must be >= 1");
-  if (service_config.default_mem_len > service_config.max_mem_len) {
-    return Fail(absl::StrCat("--default_mem_len ", service_config.default_mem_len, " exceeds --max_mem_len ",
-                             service_config.max_mem_len));
-  }
-
-  txl::SessionTableConfig table_config;
-  table_config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  table_config.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl));
-  table_config.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
-  table_config.memory_budget_bytes = absl::GetFlag(FLAGS_session_memory_budget);
-  table_config.max_sessions_per_principal = absl::GetFlag(FLAGS_max_sessions_per_principal);
-  if (table_config.max_sessions < 1 || table_config.memory_budget_bytes < 0)
-    return Fail("--max_sessions must be >= 1 and --session_memory_budget >= 0");
-  if (table_config.max_sessions_per_principal < 0) return Fail("--max_sessions_per_principal must be >= 0");
-  table_config.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
-  if (table_config.host_memory_budget_bytes < 0) return Fail("--host_memory_budget must be >= 0");
-
-  // The state store, before anything is served: a restart finds its sessions first.
-  std::unique_ptr<txl::SessionJournal> journal;
-  if (!absl::GetFlag(FLAGS_state_dir).empty() && !absl::GetFlag(FLAGS_state_store).empty())
-    return Fail("--state_dir and --state_store: give one of them");
-  const std::string state_spec = !absl::GetFlag(FLAGS_state_store).empty()
-                                     ? absl::GetFlag(FLAGS_state_store)
-                                     : (absl::GetFlag(FLAGS_state_dir).empty() ? ""
-                                                                              : "dir:" + absl::GetFlag(FLAGS_state_dir));
-  if (!state_spec.empty()) {
-    txl::StateBackendConfig backend_config;
-    backend_config.spec = state_spec;
-    auto fsync = txl::ParseFsyncPolicy(absl::GetFlag(FLAGS_fsync));
-    if (!fsync.ok()) return Fail(absl::StrCat("--fsync: ", fsync.status().message()));
-    backend_config.fsync = *fsync;
-    if (absl::GetFlag(FLAGS_fsync_interval_ms) < 1) return Fail("--fsync_interval_ms must be >= 1");
-    backend_config.fsync_interval = absl::Milliseconds(absl::GetFlag(FLAGS_fsync_interval_ms));
-    std::string replica = absl::GetFlag(FLAGS_replica_name);
-    if (replica.empty()) {
-      char host[256] = {};
-      gethostname(host, sizeof(host) - 1);
-      replica = host;
-    }
-    backend_config.writer = replica;
-    auto backend = txl::OpenStateBackend(backend_config);
-    if (!backend.ok()) return Fail(absl::StrCat("state store: ", backend.status().message()));
-    txl::SessionJournalConfig journal_config;
-    journal_config.replica = replica;
-    if (absl::GetFlag(FLAGS_holder_timeout) <= 0) return Fail("--holder_timeout must be > 0");
-    journal_config.holder_timeout = absl::Seconds(absl::GetFlag(FLAGS_holder_timeout));
-    journal_config.heartbeat_interval = journal_config.holder_timeout / 4;
-    auto opened = txl::SessionJournal::Create(journal_config, *std::move(backend));
-    if (!opened.ok()) return Fail(absl::StrCat("state store: ", opened.status().message()));
-    journal = *std::move(opened);
-    table_config.has_state_store = true;
-  }
-  if (absl::GetFlag(FLAGS_snapshot_tokens) < 1) return Fail("--snapshot_tokens must be >= 1");
-  txl::SessionTable table(table_config);
-  if (journal) {
-    auto recovered = txl::RecoverSessions(journal.get(), &table, (*engine)->fingerprint());
-    if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
-    std::cout << "txl-server: state store " << journal->Describe() << " as replica " << journal->replica() << ": "
-              << *recovered << " session(s) recovered" << std::endl;
-  }
-
-  txl::MetricsConfig metrics_config;
-  metrics_config.listen = absl::GetFlag(FLAGS_metrics_listen);
-  metrics_config.info = {{"version", "0.1.0"},
-                         {"model", model_options.path},
-                         {"device", model.device()},
-                         {"n_layer", std::to_string(mc.n_layer)},
-                         {"d_model", std::to_string(mc.d_model)}};
-  metrics_config.max_sessions = table_config.max_sessions;
-  metrics_config.max_queue = absl::GetFlag(FLAGS_max_queue);
-  metrics_config.session_memory_budget = table_config.memory_budget_bytes;
-  auto metrics = txl::Metrics::Create(metrics_config, &table);
-  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
-
-  txl::SchedulerConfig sched_config;
-  sched_config.max_batch = absl::GetFlag(FLAGS_max_batch);
-  sched_config.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  sched_config.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
-  sched_config.max_queue = absl::GetFlag(FLAGS_max_queue);
-  if (sched_config.max_batch < 1 || sched_config.max_batch_tokens < 1 || sched_config.prefill_chunk < 1 ||
-      sched_config.max_queue < 1) {
-    return Fail("--max_batch, --max_batch_tokens, --prefill_chunk and --max_queue must be >= 1");
-  }
-  sched_config.snapshot_tokens = absl::GetFlag(FLAGS_snapshot_tokens);
-  if (absl::GetFlag(FLAGS_stream_stall_timeout) <= 0) return Fail("--stream_stall_timeout must be > 0");
-  sched_config.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_stall_timeout));
-  txl::Scheduler scheduler(sched_config, engine->get(), &table, &model.tokenizer(), metrics->get());
-  scheduler.SetJournal(journal.get());
-
-  txl::TxlService service(service_config, mc, model.tokenizer(), engine->get(), &table, &scheduler,
-                          metrics->get(), tokens.get(), journal.get());
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
-  // silently shares it instead of failing.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // gRPC answers a bigger request with RESOURCE_EXHAUSTED before any handler runs.
-  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
-  // The whole transport's memory and threads are bounded, whatever clients do.
-  if (absl::GetFlag(FLAGS_grpc_memory_quota) < 0 || absl::GetFlag(FLAGS_grpc_max_threads) < 0)
-    return Fail("--grpc_memory_quota and --grpc_max_threads must be >= 0");
-  grpc::ResourceQuota quota("txl-server");
-  if (absl::GetFlag(FLAGS_grpc_memory_quota) > 0) quota.Resize(static_cast<size_t>(absl::GetFlag(FLAGS_grpc_memory_quota)));
-  if (absl::GetFlag(FLAGS_grpc_max_threads) > 0) quota.SetMaxThreads(absl::GetFlag(FLAGS_grpc_max_threads));
-  builder.SetResourceQuota(quota);
-  // Idle connections cost a socket and buffers each: closed after a while
-  // (clients reconnect on their next call).
-  if (absl::GetFlag(FLAGS_max_connection_idle) < 0) return Fail("--max_connection_idle must be >= 0");
-  if (absl::GetFlag(FLAGS_max_connection_idle) > 0) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                               static_cast<int>(std::min(absl::GetFlag(FLAGS_max_connection_idle) * 1000, 2e9)));
-  }
-  int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  // Health and reflection share this port and its TLS; they need no token (service.h).
-  builder.AddListeningPort(listen, *credentials, &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", listen,
-                             absl::GetFlag(FLAGS_tls_cert).empty()
-                                 ? " (address in use?)"
-                                 : " (address in use, or --tls_cert/--tls_key not a matching certificate and key?)"));
-  }
-  scheduler.Start();
-  server->GetHealthCheckService()->SetServingStatus(true);
-  std::cout << "txl-server: listening on " << listen.substr(0, listen.rfind(':') + 1) << port
-            << (metrics_config.listen.empty()
-                    ? ""
-                    : ", metrics on " + metrics_config.listen.substr(0, metrics_config.listen.rfind(':') + 1) +
-                          std::to_string((*metrics)->port()))
-            << "\ntxl-server: model " << model_options.path << " (n_layer " << mc.n_layer << ", d_model "
-            << mc.d_model << ", " << mc.n_token << " tokens, default mem_len " << service_config.default_mem_len
-            << ") on " << model.device() << "\ntxl-server: " << transport << ", "
-            << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", absl::GetFlag(FLAGS_auth_tokens))
-                       : std::string("no authentication"))
-            << std::endl;
-
-  int sig = 0;
-  sigwait(&signals, &sig);
-  // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
-  scheduler.Drain();
-  server->GetHealthCheckService()->SetServingStatus(false);
-  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
-  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout));
-  while (absl::Now() < deadline && (scheduler.active() > 0 || scheduler.queue_depth() > 0)) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  // What is still running is cancelled; its sessions keep what was delivered.
-  scheduler.Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  // A graceful stop leaves snapshots, so the next start (here or on another
-  // replica) replays nothing; the journal's destructor then retires this
-  // replica's heartbeat, which lets another replica take its sessions at once.
-  if (auto s = scheduler.SnapshotAll(); !s.ok()) std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
-  std::cout << "txl-server: stopped" << std::endl;
-  return 0;
+  auto options = OptionsFromFlags();
+  if (!options.ok()) return Fail(std::string(options.status().message()));
+  return Serve(*std::move(options), signals);
 }

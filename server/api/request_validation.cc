@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "server/batching/sampler.h"
 
 namespace txl {
@@ -58,9 +59,7 @@ absl::StatusOr<int64_t> RequestValidator::MemLen(int64_t requested) const {
 
 absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& req) const {
   GenerateSpec spec;
-  auto input = DecodeInput(req.input());
-  if (!input.ok()) return input.status();
-  spec.input = *std::move(input);
+  ASSIGN_OR_RETURN(spec.input, DecodeInput(req.input()));
   spec.max_new_tokens = req.max_new_tokens() == 0 ? 16 : req.max_new_tokens();
   if (spec.max_new_tokens < 1 || spec.max_new_tokens > limits_.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: must be in [1, ", limits_.max_new_tokens,
@@ -70,7 +69,7 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
   spec.sampling.top_k = req.sampling().top_k();
   spec.sampling.top_p = req.sampling().top_p();
   spec.sampling.seed = req.sampling().seed();
-  if (auto s = ValidateSampling(spec.sampling); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSampling(spec.sampling));
   for (int i = 0; i < req.stop_token_ids_size(); ++i) {
     const int id = req.stop_token_ids(i);
     if (id < 0 || id >= limits_.n_token) {
@@ -95,43 +94,39 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
 absl::StatusOr<NewSessionArgs> RequestValidator::CreateSession(const v1::CreateSessionRequest& req,
                                                                const std::string* metadata_session_id) const {
   NewSessionArgs args;
-  auto mem_len = MemLen(req.mem_len());
-  if (!mem_len.ok()) return mem_len.status();
-  args.mem_len = *mem_len;
+  ASSIGN_OR_RETURN(args.mem_len, MemLen(req.mem_len()));
   if (req.idle_ttl_seconds() < 0)
     return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds: must be >= 0, got ", req.idle_ttl_seconds()));
   args.idle_ttl = absl::Seconds(req.idle_ttl_seconds());
-  auto id = ResolveSessionId(req.session_id(), metadata_session_id);
-  if (!id.ok()) return id.status();
-  if (!id->empty() && !IsSessionIdForm(*id)) {
+  ASSIGN_OR_RETURN(args.session_id, ResolveSessionId(req.session_id(), metadata_session_id));
+  if (!args.session_id.empty() && !IsSessionIdForm(args.session_id)) {
     return absl::InvalidArgumentError("session_id: must be 32 lowercase hex characters (128 random bits), or empty");
   }
-  args.session_id = *std::move(id);
   return args;
 }
 
 absl::StatusOr<GenerateArgs> RequestValidator::Generate(const v1::GenerateRequest& req,
                                                         const std::string* metadata_session_id) const {
   GenerateArgs args;
-  auto id = ResolveSessionId(req.session_id(), metadata_session_id);
-  if (!id.ok()) return id.status();
-  args.session_id = *std::move(id);
-  auto spec = Spec(req);
-  if (!spec.ok()) return spec.status();
-  args.spec = *std::move(spec);
+  ASSIGN_OR_RETURN(args.session_id, ResolveSessionId(req.session_id(), metadata_session_id));
+  ASSIGN_OR_RETURN(args.spec, Spec(req));
   return args;
 }
 
 absl::StatusOr<ScoreArgs> RequestValidator::Score(const v1::ScoreRequest& req,
                                                   const std::string* metadata_session_id) const {
   ScoreArgs args;
-  auto id = ResolveSessionId(req.session_id(), metadata_session_id);
-  if (!id.ok()) return id.status();
-  args.session_id = *std::move(id);
-  auto input = DecodeInput(req.input());
-  if (!input.ok()) return input.status();
-  args.input = *std::move(input);
+  ASSIGN_OR_RETURN(args.session_id, ResolveSessionId(req.session_id(), metadata_session_id));
+  ASSIGN_OR_RETURN(args.input, DecodeInput(req.input()));
+  if (args.input.empty()) return absl::InvalidArgumentError("input: must hold at least one token");
   return args;
+}
+
+absl::Status RequestValidator::Continuation(const GenerateSpec& spec, int64_t session_position) {
+  if (spec.input.empty() && session_position == 0) {
+    return absl::InvalidArgumentError("input: empty, and the session has no history to continue from");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace txl

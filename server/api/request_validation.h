@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "model/tokenizer.h"
 #include "proto/txl/v1/txl.pb.h"
-#include "server/batching/scheduler.h"
+#include "server/batching/generate_spec.h"
 
 namespace txl {
 
@@ -87,6 +87,9 @@ class RequestValidator {
   absl::StatusOr<GenerateArgs> Generate(const v1::GenerateRequest& req,
                                         const std::string* metadata_session_id) const;
   absl::StatusOr<ScoreArgs> Score(const v1::ScoreRequest& req, const std::string* metadata_session_id) const;
+  // Once the session is known (the service holds its lease): a generation
+  // needs input, or history to continue from.
+  static absl::Status Continuation(const GenerateSpec& spec, int64_t session_position);
 
  private:
   RequestLimits limits_;

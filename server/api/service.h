@@ -1,12 +1,15 @@
-// TxlService: the txl.v1.TransformerXL gRPC service (callback API).
-// Reactors validate requests, take sessions out of the store and hand work
-// to the scheduler; they never block and never run model code. Every absl
-// status becomes a gRPC status here, in one place (ToGrpcStatus).
+// TxlService: the txl.v1.TransformerXL gRPC service (callback API), split by
+// call family: session_calls.cc (the unary session calls), generate_calls.cc
+// (Generate, Converse), score_call.cc, transfer_calls.cc (Export, Import).
+// Reactors validate requests (request_validation.h, the one owner of
+// validation), take sessions out of the table and hand work to the
+// scheduler; they never block and never run model code. Every absl status
+// becomes a gRPC status in one place (call_context.h, ToGrpcStatus).
 //
 // Authentication: with a token table, every call must carry
 // "authorization: Bearer <token>" (else UNAUTHENTICATED) and runs as the
 // token's principal; without one, every caller is the anonymous principal "".
-// The store keeps sessions apart by principal (server/sessions/session_table.h).
+// The session table keeps sessions apart by principal (server/sessions/session_table.h).
 #ifndef TXL_SERVER_API_SERVICE_H_
 #define TXL_SERVER_API_SERVICE_H_
 
@@ -21,6 +24,7 @@
 #include "model/tokenizer.h"
 #include "proto/txl/v1/txl.grpc.pb.h"
 #include "server/api/auth.h"
+#include "server/api/service_config.h"
 #include "server/engine/engine.h"
 #include "server/batching/scheduler.h"
 #include "server/metrics/service_metrics.h"
@@ -28,24 +32,10 @@
 
 namespace txl {
 
-struct ServiceConfig {
-  int64_t default_mem_len = 256;
-  int64_t max_mem_len = 4096;
-  int max_new_tokens = 4096;      // per request
-  int64_t max_input_tokens = 65536;
-  int max_top_logprobs = 20;
-  std::string model_path;
-  std::string device;
-  int64_t max_import_bytes = int64_t{1} << 30;  // ImportSession's data, in all
-  // Generate/Converse output a call may hold for a client that reads slower
-  // than it is produced; past it the call's session waits (Scheduler::Pause).
-  int64_t max_stream_buffer_bytes = 256 << 10;
-};
-
-grpc::Status ToGrpcStatus(const absl::Status& status);
+struct ServiceContext;  // call_context.h
 
 // Threading: all methods run on gRPC threads and are thread-safe; the
-// engine, store, scheduler and tokens must outlive the service.
+// engine, table, scheduler and tokens must outlive the service.
 class TxlService final : public v1::TransformerXL::CallbackService {
  public:
   // `tokens` null: no authentication.
@@ -82,11 +72,9 @@ class TxlService final : public v1::TransformerXL::CallbackService {
 
   ~TxlService() override;
 
-  // Shared by the reactors in service.cc.
-  struct Context;
 
  private:
-  std::unique_ptr<Context> ctx_;  // outlives every reactor: the server shuts down first
+  std::unique_ptr<ServiceContext> ctx_;  // outlives every reactor: the server shuts down first
 };
 
 }  // namespace txl

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/metrics/metrics_endpoint.h"
-#include "server/batching/scheduler.h"
+#include "server/batching/scheduler_config.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
 

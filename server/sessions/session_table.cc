@@ -34,13 +34,13 @@ void SessionTable::Refresh(Entry& e) {
     e.info.memory_bytes = 0;
     return;
   }
-  e.info.position = e.state->fed() + static_cast<int64_t>(e.pending.size());
+  e.info.position = e.state->position() + static_cast<int64_t>(e.pending.size());
   e.info.mem_len = e.state->mem_len();
   e.info.memory_tokens = e.state->memory_tokens();
   e.info.memory_bytes = e.state->memory_bytes();
 }
 
-absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::unique_ptr<EngineSession> state,
+absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::unique_ptr<SessionState> state,
                                                  absl::Duration idle_ttl,
                                                  std::map<std::string, std::string> labels,
                                                  absl::Time now, const std::string& id) {
@@ -51,7 +51,7 @@ absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::
 }
 
 absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& owner,
-                                                          std::unique_ptr<EngineSession> state,
+                                                          std::unique_ptr<SessionState> state,
                                                           absl::Duration idle_ttl,
                                                           std::map<std::string, std::string> labels,
                                                           absl::Time now, const std::string& requested,
@@ -146,7 +146,7 @@ std::vector<SessionInfo> SessionTable::List(const std::string& caller) const {
 }
 
 absl::Status SessionTable::Delete(const std::string& caller, const std::string& id) {
-  std::unique_ptr<EngineSession> doomed;  // freed after the lock is released
+  std::unique_ptr<SessionState> doomed;  // freed after the lock is released
   absl::MutexLock lock(&mu_);
   auto it = FindOwned(caller, id);
   if (it == sessions_.end()) return NotFound(id);
@@ -205,7 +205,7 @@ void SessionTable::Discard(SessionLease lease) {
 }
 
 int SessionTable::ExpireIdle(absl::Time now, std::vector<std::string>* durable) {
-  std::vector<std::unique_ptr<EngineSession>> doomed;
+  std::vector<std::unique_ptr<SessionState>> doomed;
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     const SessionInfo& info = it->second.info;
@@ -328,7 +328,7 @@ absl::StatusOr<SessionLease> SessionTable::TakeForSnapshot(const std::string& id
   return CheckOut(id, e);
 }
 
-std::unique_ptr<EngineSession> SessionTable::BeginOffload(const std::string& id) {
+std::unique_ptr<SessionState> SessionTable::BeginOffload(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.info.busy || !it->second.state) return nullptr;
@@ -347,7 +347,7 @@ void SessionTable::FinishOffload(const std::string& id, std::shared_ptr<const Id
   e.resident = false;
 }
 
-void SessionTable::AbortOffload(const std::string& id, std::unique_ptr<EngineSession> state) {
+void SessionTable::AbortOffload(const std::string& id, std::unique_ptr<SessionState> state) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.info.busy) return;  // a request has it: it falls back to the journal

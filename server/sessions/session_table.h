@@ -16,7 +16,7 @@
 // (NOT_FOUND, same message), so no caller can learn that it exists.
 //
 // Tiers (offload, durability): a session's state is in device memory (an
-// EngineSession), in host memory (an IdleSession image), or only in the
+// SessionState), in host memory (an IdleSession image), or only in the
 // state store's journal. Acquire hands out whatever there is; the scheduler
 // brings the state back on the engine thread before the request runs.
 //
@@ -70,14 +70,14 @@ struct SessionLease {
   std::string owner;  // a fork of this lease's session gets the same owner
   // Null while the session is out of device memory: then `idle` holds it,
   // or, if that is null too, only the state store (the journal) does.
-  std::unique_ptr<EngineSession> state;
+  std::unique_ptr<SessionState> state;
   std::shared_ptr<const IdleSession> idle;
   std::vector<int> pending;  // history tokens not yet fed (at most one)
   int64_t known_position = 0;   // the history length, whatever the tier
   bool durable = false;         // journaled in the state store
   int64_t since_snapshot = 0;   // tokens logged since its last snapshot
   int64_t position() const {
-    return state ? state->fed() + static_cast<int64_t>(pending.size()) : known_position;
+    return state ? state->position() + static_cast<int64_t>(pending.size()) : known_position;
   }
 };
 
@@ -86,7 +86,7 @@ struct SessionTableConfig {
   absl::Duration default_ttl = absl::Minutes(10);
   absl::Duration max_ttl = absl::Hours(24);
   // Bytes of session memory the store may commit to; 0: no limit. Each
-  // session reserves its full-window size (EngineSession::full_memory_bytes)
+  // session reserves its full-window size (SessionState::full_memory_bytes)
   // when created, so a session admitted never runs out of room later.
   int64_t memory_budget_bytes = 0;
   // Sessions one principal may hold (throw-away and stream sessions
@@ -115,13 +115,13 @@ class SessionTable {
   // `owner`, or past the memory budget; INVALID_ARGUMENT for a ttl outside
   // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
   // taken one is ALREADY_EXISTS (the caller validates its form).
-  absl::StatusOr<SessionInfo> Create(const std::string& owner, std::unique_ptr<EngineSession> state,
+  absl::StatusOr<SessionInfo> Create(const std::string& owner, std::unique_ptr<SessionState> state,
                                      absl::Duration idle_ttl, std::map<std::string, std::string> labels,
                                      absl::Time now, const std::string& id = "");
   // Creates the session already acquired (throw-away sessions, forks, and
   // journaled sessions until their creation is written). `durable`: its
   // history goes to the journal.
-  absl::StatusOr<SessionLease> CreateAcquired(const std::string& owner, std::unique_ptr<EngineSession> state,
+  absl::StatusOr<SessionLease> CreateAcquired(const std::string& owner, std::unique_ptr<SessionState> state,
                                               absl::Duration idle_ttl,
                                               std::map<std::string, std::string> labels,
                                               absl::Time now, const std::string& id = "", bool durable = false);
@@ -165,9 +165,9 @@ class SessionTable {
   // meanwhile gets a lease with no state and finds the image with TakeIdle
   // (on the engine thread, which finishes the offload first). Null when the
   // session is not idle in device memory.
-  std::unique_ptr<EngineSession> BeginOffload(const std::string& id);
+  std::unique_ptr<SessionState> BeginOffload(const std::string& id);
   void FinishOffload(const std::string& id, std::shared_ptr<const IdleSession> idle);
-  void AbortOffload(const std::string& id, std::unique_ptr<EngineSession> state);
+  void AbortOffload(const std::string& id, std::unique_ptr<SessionState> state);
   // The host image of a session (whatever its state), taken out of the store; null if none.
   std::shared_ptr<const IdleSession> TakeIdle(const std::string& id);
   // Drops an idle session's host copy: the state store has it.
@@ -190,7 +190,7 @@ class SessionTable {
  private:
   struct Entry {
     SessionInfo info;
-    std::unique_ptr<EngineSession> state;  // null while busy or offloaded
+    std::unique_ptr<SessionState> state;  // null while busy or offloaded
     std::shared_ptr<const IdleSession> idle;  // the host tier
     std::vector<int> pending;
     int64_t reserved_bytes = 0;

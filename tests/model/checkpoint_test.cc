@@ -320,7 +320,9 @@ TEST_F(LanguageModelTest, RestoredSessionContinuesExactly) {
     StepInput in;
     in.session = s.get();
     in.tokens = history;
-    if (!history.empty()) ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+    if (!history.empty()) {
+      ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+    }
     std::string image;
     ASSERT_TRUE(s->AppendTo(&image).ok());
     auto r = model->RestoreSession(image);

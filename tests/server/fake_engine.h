@@ -13,19 +13,19 @@
 
 namespace txl::testing {
 
-class FakeSession : public EngineSession {
+class FakeSession : public SessionState {
  public:
   explicit FakeSession(int64_t mem_len) : mem_len_(mem_len) {}
-  int64_t fed() const override { return static_cast<int64_t>(history.size()); }
+  int64_t position() const override { return static_cast<int64_t>(history.size()); }
   int64_t mem_len() const override { return mem_len_; }
-  int64_t memory_tokens() const override { return std::min<int64_t>(fed(), mem_len_ - 1); }
+  int64_t memory_tokens() const override { return std::min<int64_t>(position(), mem_len_ - 1); }
   int64_t memory_bytes() const override { return memory_tokens() * 8; }
   int64_t full_memory_bytes() const override { return (mem_len_ - 1) * 8; }
-  absl::StatusOr<std::unique_ptr<EngineSession>> Clone() const override {
+  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override {
     if (fail_clone) return absl::ResourceExhaustedError("injected: no memory for a copy");
     auto c = std::make_unique<FakeSession>(mem_len_);
     c->history = history;
-    return std::unique_ptr<EngineSession>(std::move(c));
+    return std::unique_ptr<SessionState>(std::move(c));
   }
   // Image: mem_len, then the history, as text.
   absl::Status AppendTo(std::string* out) const override {
@@ -44,17 +44,17 @@ class FakeEngine : public Engine {
  public:
   explicit FakeEngine(int64_t vocab = 256) : vocab_(vocab) {}
   int64_t vocab_size() const override { return vocab_; }
-  absl::StatusOr<std::unique_ptr<EngineSession>> NewSession(int64_t mem_len) override {
-    return std::unique_ptr<EngineSession>(new FakeSession(mem_len));
+  absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) override {
+    return std::unique_ptr<SessionState>(new FakeSession(mem_len));
   }
 
-  absl::StatusOr<std::unique_ptr<EngineSession>> RestoreSession(const std::string& data) override {
+  absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) override {
     std::istringstream in(data);
     int64_t mem_len = 0;
     if (!(in >> mem_len) || mem_len < 1) return absl::InvalidArgumentError("fake state: bad image");
     auto s = std::make_unique<FakeSession>(mem_len);
     for (int t; in >> t;) s->history.push_back(t);
-    return std::unique_ptr<EngineSession>(std::move(s));
+    return std::unique_ptr<SessionState>(std::move(s));
   }
   std::string fingerprint() const override { return "fake-" + std::to_string(vocab_); }
 
@@ -65,7 +65,7 @@ class FakeEngine : public Engine {
     return d;
   }
 
-  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<EngineInput> inputs) override {
+  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) override {
     absl::MutexLock lock(&mu_);
     if (fail_next_) {
       fail_next_ = false;
@@ -80,7 +80,7 @@ class FakeEngine : public Engine {
         if (t < inputs[i].targets.size())
           out[i].target_logprobs.push_back(Distribution(inputs[i].tokens[t])[inputs[i].targets[t]]);
       }
-      if (inputs[i].want_distribution) out[i].last_distribution = Distribution(s->history.back());
+      if (inputs[i].want_last_distribution) out[i].last_distribution = Distribution(s->history.back());
       tokens += static_cast<int64_t>(inputs[i].tokens.size());
     }
     steps_.push_back({static_cast<int>(inputs.size()), tokens});

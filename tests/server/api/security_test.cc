@@ -365,7 +365,7 @@ TEST(SecurityFlagsTest, BadFilesFailAtStartupNamingTheFlag) {
   const std::string missing = (dir / "missing.pem").string();
   const std::string not_pem = (dir / "not_pem.txt").string();
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--tls_cert=" + missing, "--tls_key=" + not_pem}, "--tls_cert: cannot read " + missing},
+      {{"--tls_cert=" + missing, "--tls_key=" + not_pem}, "--tls_cert: " + missing + ": cannot open"},
       {{"--tls_cert=" + not_pem, "--tls_key=" + not_pem}, "--tls_cert: " + not_pem + " holds no PEM certificate"},
       {{"--tls_cert=" + not_pem}, "--tls_cert needs --tls_key"},
       {{"--tls_key=" + not_pem}, "--tls_key needs --tls_cert"},

@@ -46,15 +46,15 @@ struct Outcome {
 class SchedulerTest : public ::testing::Test {
  protected:
   void Make(SchedulerConfig config = {}) {
-    scheduler_ = std::make_unique<Scheduler>(config, &engine_, &store_, &tokenizer_, nullptr);
+    scheduler_ = std::make_unique<Scheduler>(config, &engine_, &table_, &tokenizer_, nullptr);
   }
   std::string NewSession(int64_t mem_len = 64) {
-    auto info = store_.Create("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+    auto info = table_.Create("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
     EXPECT_TRUE(info.ok()) << info.status();
     return info->id;
   }
   SessionLease Lease(const std::string& id) {
-    auto lease = store_.Acquire("", id, absl::Now());
+    auto lease = table_.Acquire("", id, absl::Now());
     EXPECT_TRUE(lease.ok()) << lease.status();
     return *std::move(lease);
   }
@@ -69,7 +69,7 @@ class SchedulerTest : public ::testing::Test {
     auto lease = Lease(id);
     std::vector<int> h = static_cast<FakeSession*>(lease.state.get())->history;
     h.insert(h.end(), lease.pending.begin(), lease.pending.end());
-    store_.Release(std::move(lease), absl::Now());
+    table_.Release(std::move(lease), absl::Now());
     return h;
   }
 
@@ -92,7 +92,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   FakeEngine engine_;
-  SessionTable store_{SessionTableConfig{}};
+  SessionTable table_{SessionTableConfig{}};
   Tokenizer tokenizer_ = Tokenizer::Byte();
   std::unique_ptr<Scheduler> scheduler_;
 };
@@ -118,18 +118,29 @@ TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
   ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), b.Callbacks()).ok());
   b.Wait();
   EXPECT_EQ(b.ids, (std::vector<int>{'f', 'g'}));
-  EXPECT_EQ(store_.Get("", id)->position, 7);
-  EXPECT_FALSE(store_.Get("", id)->busy);
+  EXPECT_EQ(table_.Get("", id)->position, 7);
+  EXPECT_FALSE(table_.Get("", id)->busy);
 }
 
-TEST_F(SchedulerTest, EmptyInputOnEmptySessionIsInvalidAndReturnsTheSession) {
+// Request validation refuses this (RequestValidator::Continuation); should
+// one get through anyway, the job ends at once instead of waiting forever
+// for a row, and the session comes back unchanged.
+TEST_F(SchedulerTest, AGenerationWithNothingToFeedEndsAndReturnsTheSession) {
   Make();
   const std::string id = NewSession();
-  auto r = scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), {});
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("input"), std::string::npos);
-  EXPECT_FALSE(store_.Get("", id)->busy);
+  absl::Notification done;
+  absl::Status status;
+  JobCallbacks cb;
+  cb.on_done = [&](absl::Status s, JobResult) {
+    status = s;
+    done.Notify();
+  };
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), std::move(cb)).ok());
+  scheduler_->Start();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(table_.Get("", id)->busy);
+  EXPECT_EQ(table_.Get("", id)->position, 0);
 }
 
 TEST_F(SchedulerTest, DecodersShareOneStep) {
@@ -185,8 +196,8 @@ TEST_F(SchedulerTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {
   ASSERT_FALSE(full.ok());
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(full.status().message().find("max_queue=1"), std::string::npos);
-  EXPECT_FALSE(store_.Get("", b)->busy);  // the rejected lease went back
-  EXPECT_EQ(store_.Get("", b)->position, 0);
+  EXPECT_FALSE(table_.Get("", b)->busy);  // the rejected lease went back
+  EXPECT_EQ(table_.Get("", b)->position, 0);
   scheduler_->Drain();
   auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({1}, 1), {});
   EXPECT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
@@ -209,19 +220,19 @@ TEST_F(SchedulerTest, ARefusedGenerateLeavesTheSessionExactlyAsItWas) {
   warm.Wait();
   ASSERT_TRUE(warm.status.ok());
   const std::vector<int> before = History(b);
-  ASSERT_EQ(store_.Get("", b)->position, 4);
+  ASSERT_EQ(table_.Get("", b)->position, 4);
   scheduler_->Stop();  // a scheduler that runs nothing: its queue fills
   Make(config);
   Outcome first;
   ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, Spec({1}, 1), first.Callbacks()).ok());
   auto full = scheduler_->SubmitGenerate(Lease(b), false, Spec({}, 1), {});
   ASSERT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(store_.Get("", b)->position, 4);
+  EXPECT_EQ(table_.Get("", b)->position, 4);
   EXPECT_EQ(History(b), before);
   scheduler_->Drain();
   auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({5}, 1), {});
   ASSERT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(store_.Get("", b)->position, 4);
+  EXPECT_EQ(table_.Get("", b)->position, 4);
   EXPECT_EQ(History(b), before);
   scheduler_->Start();
   first.Wait();
@@ -288,7 +299,7 @@ TEST_F(SchedulerTest, CancelledGenerationKeepsWhatWasDelivered) {
   std::vector<int> expected = {'a'};
   expected.insert(expected.end(), o.ids.begin(), o.ids.end());
   EXPECT_EQ(History(id), expected);
-  EXPECT_EQ(store_.Get("", id)->position, static_cast<int64_t>(expected.size()));
+  EXPECT_EQ(table_.Get("", id)->position, static_cast<int64_t>(expected.size()));
 }
 
 TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
@@ -304,7 +315,7 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   EXPECT_TRUE(probe.result.scores[1].has_logprob);
   EXPECT_NEAR(probe.result.scores[1].logprob, std::log(0.9f), 1e-6);  // 6 follows 5
   EXPECT_LT(probe.result.scores[2].logprob, std::log(0.01f));          // 9 does not follow 6
-  EXPECT_EQ(store_.Get("", id)->position, 0);
+  EXPECT_EQ(table_.Get("", id)->position, 0);
 
   Outcome commit;
   ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {5, 6}, true, commit.Callbacks()).ok());
@@ -317,7 +328,7 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   ASSERT_EQ(next.result.scores.size(), 1u);
   EXPECT_TRUE(next.result.scores[0].has_logprob);
   EXPECT_NEAR(next.result.scores[0].logprob, std::log(0.9f), 1e-6);
-  EXPECT_EQ(store_.Get("", id)->position, 3);
+  EXPECT_EQ(table_.Get("", id)->position, 3);
 }
 
 TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
@@ -347,19 +358,19 @@ TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
 TEST_F(SchedulerTest, ForkBelongsToTheSourcesOwner) {
   Make();
   scheduler_->Start();
-  auto info = store_.Create("alice", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  auto info = table_.Create("alice", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(info.ok()) << info.status();
-  auto lease = store_.Acquire("alice", info->id, absl::Now());
+  auto lease = table_.Acquire("alice", info->id, absl::Now());
   ASSERT_TRUE(lease.ok()) << lease.status();
   Outcome fork;
   ASSERT_TRUE(scheduler_->SubmitFork(*std::move(lease), absl::ZeroDuration(), {}, fork.Callbacks()).ok());
   fork.Wait();
   ASSERT_TRUE(fork.status.ok()) << fork.status;
   EXPECT_EQ(fork.result.forked.owner, "alice");
-  EXPECT_TRUE(store_.Get("alice", fork.result.forked.id).ok());
-  EXPECT_EQ(store_.Get("", fork.result.forked.id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_.List("alice").size(), 2u);
-  EXPECT_TRUE(store_.List("").empty());
+  EXPECT_TRUE(table_.Get("alice", fork.result.forked.id).ok());
+  EXPECT_EQ(table_.Get("", fork.result.forked.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table_.List("alice").size(), 2u);
+  EXPECT_TRUE(table_.List("").empty());
 }
 
 // Regression: a failed memory copy (device out of memory) used to throw on
@@ -374,7 +385,7 @@ TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
   {
     auto lease = Lease(id);
     static_cast<FakeSession*>(lease.state.get())->fail_clone = true;
-    store_.Release(std::move(lease), absl::Now());
+    table_.Release(std::move(lease), absl::Now());
   }
   Outcome fork, probe;
   ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {}, fork.Callbacks()).ok());
@@ -383,9 +394,9 @@ TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
   ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {9}, false, probe.Callbacks()).ok());
   probe.Wait();
   EXPECT_EQ(probe.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(store_.size(), 1);
+  EXPECT_EQ(table_.size(), 1);
   EXPECT_EQ(History(id), (std::vector<int>{1, 2, 3, 4}));
-  EXPECT_FALSE(store_.Get("", id)->busy);
+  EXPECT_FALSE(table_.Get("", id)->busy);
 }
 
 TEST_F(SchedulerTest, StopTokenAndStopSequence) {
@@ -407,7 +418,7 @@ TEST_F(SchedulerTest, StopTokenAndStopSequence) {
   sb.Wait();
   EXPECT_EQ(sb.result.finish, Finish::kStopSequence);
   EXPECT_EQ(sb.text, "bc");  // never a piece of the stop sequence
-  EXPECT_EQ(store_.Get("", b)->position, 6);  // the stop sequence's tokens are history
+  EXPECT_EQ(table_.Get("", b)->position, 6);  // the stop sequence's tokens are history
 }
 
 TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
@@ -424,21 +435,21 @@ TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
   failed.Wait();
   EXPECT_EQ(failed.status.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(History(id), before);
-  EXPECT_FALSE(store_.Get("", id)->busy);
+  EXPECT_FALSE(table_.Get("", id)->busy);
 }
 
 TEST_F(SchedulerTest, ThrowAwaySessionIsGoneAfterTheRequest) {
   Make();
   scheduler_->Start();
-  auto lease = store_.CreateAcquired("", *engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
+  auto lease = table_.CreateAcquired("", *engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(lease.ok());
   const std::string id = lease->id;
   Outcome o;
   ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), true, Spec({1}, 2), o.Callbacks()).ok());
   o.Wait();
   EXPECT_EQ(o.ids.size(), 2u);
-  EXPECT_EQ(store_.Get("", id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_.size(), 0);
+  EXPECT_EQ(table_.Get("", id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table_.size(), 0);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/synchronization/notification.h"
 #include "server/batching/scheduler.h"
+#include "server/durability/recovery.h"
 #include "tests/server/fake_engine.h"
 
 namespace txl {
@@ -752,7 +753,7 @@ TEST(SessionTableOffloadTest, ARequestDuringAnOffloadGetsTheSessionNotAborted) {
   SessionTable table(config);
   auto info = table.Create("", *engine.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(info.ok());
-  std::unique_ptr<EngineSession> state = table.BeginOffload(info->id);
+  std::unique_ptr<SessionState> state = table.BeginOffload(info->id);
   ASSERT_NE(state, nullptr);
   auto lease = table.Acquire("", info->id, absl::Now());  // while the image is being made
   ASSERT_TRUE(lease.ok()) << lease.status();

@@ -9,7 +9,7 @@
 namespace txl {
 namespace {
 
-std::unique_ptr<EngineSession> State(int64_t mem_len = 32) {
+std::unique_ptr<SessionState> State(int64_t mem_len = 32) {
   return std::make_unique<testing::FakeSession>(mem_len);
 }
 

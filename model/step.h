@@ -1,0 +1,54 @@
+// What one engine step takes and gives, and the session state it advances:
+// the one input type from the scheduler down to the model (torch-free).
+// The server's Engine interface (server/engine/engine.h) speaks these types,
+// so a request's tokens go from the job's feed straight into a StepInput.
+#ifndef TXL_MODEL_STEP_H_
+#define TXL_MODEL_STEP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace txl {
+
+// One session's model state (its layer memories). The model's sessions
+// implement it (language_model.cc); the scheduler's tests use a fake one.
+// Driven by one thread at a time (the engine thread).
+class SessionState {
+ public:
+  virtual ~SessionState() = default;
+  virtual int64_t position() const = 0;       // tokens in the memory's history
+  virtual int64_t mem_len() const = 0;        // attention window, in keys
+  virtual int64_t memory_tokens() const = 0;  // positions held (<= mem_len - 1)
+  virtual int64_t memory_bytes() const = 0;   // allocated now
+  // memory_bytes once the window is full: admission control reserves it.
+  virtual int64_t full_memory_bytes() const = 0;
+  // Deep copy (fork); RESOURCE_EXHAUSTED when the device is out of memory.
+  virtual absl::StatusOr<std::unique_ptr<SessionState>> Clone() const = 0;
+  // Appends an exact byte image of the state (the engine's RestoreSession
+  // reads it back); INTERNAL if the device copy fails.
+  virtual absl::Status AppendTo(std::string* out) const = 0;
+};
+
+struct StepInput {
+  SessionState* session = nullptr;
+  std::vector<int> tokens;   // the new tokens (may be empty)
+  // targets[i] is scored by the distribution after tokens[i]; at most
+  // tokens.size() entries.
+  std::vector<int> targets;
+  bool want_last_distribution = false;  // log-probs after the last token
+};
+
+struct StepOutput {
+  std::vector<float> target_logprobs;    // one per target
+  std::vector<int> target_argmax;        // the most likely token at each target's position
+  std::vector<float> last_distribution;  // n_token log-probs, when asked
+};
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_STEP_H_

@@ -1,0 +1,136 @@
+#include "server/api/call_context.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace txl {
+namespace {
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+void FillSession(const SessionInfo& info, v1::Session* out) {
+  out->set_session_id(info.id);
+  out->set_position(info.position);
+  out->set_mem_len(info.mem_len);
+  out->set_memory_tokens(info.memory_tokens);
+  out->set_memory_bytes(info.memory_bytes);
+  *out->mutable_created() = ToProto(info.created);
+  *out->mutable_last_used() = ToProto(info.last_used);
+  out->set_idle_ttl_seconds(absl::ToInt64Seconds(info.idle_ttl));
+  for (const auto& [k, v] : info.labels) (*out->mutable_labels())[k] = v;
+  out->set_busy(info.busy);
+}
+
+absl::StatusOr<std::string> ServiceContext::Principal(grpc::CallbackServerContext* ctx) const {
+  if (tokens == nullptr) return std::string();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  std::optional<absl::string_view> header;
+  if (it != md.end()) header = absl::string_view(it->second.data(), it->second.size());
+  return tokens->Authenticate(header);
+}
+
+std::optional<std::string> ServiceContext::MetadataSessionId(grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("txl-session-id");
+  if (it == md.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::StatusOr<CallTarget> ServiceContext::NamedSession(grpc::CallbackServerContext* ctx,
+                                                        const std::string& field) const {
+  CallTarget target;
+  ASSIGN_OR_RETURN(target.principal, Principal(ctx));
+  const std::optional<std::string> md = MetadataSessionId(ctx);
+  ASSIGN_OR_RETURN(target.session_id, ResolveSessionId(field, md ? &*md : nullptr));
+  if (target.session_id.empty()) return absl::InvalidArgumentError("session_id: required");
+  return target;
+}
+
+absl::StatusOr<GenerateArgs> ServiceContext::ValidGenerate(grpc::CallbackServerContext* ctx,
+                                                          const v1::GenerateRequest& req) const {
+  const std::optional<std::string> md = MetadataSessionId(ctx);
+  return validator.Generate(req, md ? &*md : nullptr);
+}
+
+absl::StatusOr<ScoreArgs> ServiceContext::ValidScore(grpc::CallbackServerContext* ctx,
+                                                     const v1::ScoreRequest& req) const {
+  const std::optional<std::string> md = MetadataSessionId(ctx);
+  return validator.Score(req, md ? &*md : nullptr);
+}
+
+absl::StatusOr<SessionLease> ServiceContext::Lease(const std::string& principal, const std::string& id,
+                                                   bool* throwaway) const {
+  *throwaway = id.empty();
+  if (!id.empty()) return table->Acquire(principal, id, absl::Now());
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
+  return table->CreateAcquired(principal, std::move(state), absl::ZeroDuration(), {}, absl::Now());
+}
+
+void ServiceContext::GiveBack(SessionLease lease, bool throwaway) const {
+  if (throwaway) {
+    table->Discard(std::move(lease));
+  } else {
+    table->Release(std::move(lease), absl::Now());
+  }
+}
+
+void ServiceContext::WithAdoption(const std::string& principal, const std::string& id,
+                                  std::function<absl::Status()> attempt,
+                                  std::function<void(absl::Status)> fail) const {
+  absl::Status s = attempt();
+  if (s.ok()) return;
+  if (!absl::IsNotFound(s) || id.empty() || journal == nullptr) {
+    fail(s);
+    return;
+  }
+  // Quarantined at start-up: DATA_LOSS once for its owner (then NOT_FOUND).
+  if (absl::Status lost = journal->TakeQuarantined(id, principal); !lost.ok()) {
+    fail(lost);
+    return;
+  }
+  JobCallbacks cb;
+  cb.on_done = [attempt, fail](absl::Status adopted, JobResult) {
+    absl::Status again = adopted.ok() ? attempt() : adopted;
+    if (!again.ok()) fail(again);
+  };
+  auto job = scheduler->SubmitAdopt(principal, id, std::move(cb));
+  if (!job.ok()) fail(job.status());
+}
+
+void ServiceContext::Count(const char* method, const grpc::Status& s) const {
+  if (metrics == nullptr) return;
+  // The metrics' code label: gRPC's codes are absl's, numbered alike.
+  std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code()));
+  metrics->OnRequest(method, name.empty() ? "UNKNOWN" : name);
+}
+
+void ServiceContext::Answer(grpc::ServerUnaryReactor* reactor, const char* method, const absl::Status& s) const {
+  grpc::Status g = ToGrpcStatus(s);
+  Count(method, g);
+  reactor->Finish(g);
+}
+
+std::string ServiceContext::TokenText(int id) const {
+  auto t = tokenizer.TokenText(id);
+  return t.ok() ? *t : "";
+}
+
+grpc::ServerUnaryReactor* UnaryCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const char* method,
+                                    const std::function<absl::Status(grpc::ServerUnaryReactor*)>& body) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (absl::Status s = body(reactor); !s.ok()) c->Answer(reactor, method, s);
+  return reactor;
+}
+
+}  // namespace txl

@@ -1,0 +1,26 @@
+// The service's settings (server/main.cc fills them from flags).
+#ifndef TXL_SERVER_API_SERVICE_CONFIG_H_
+#define TXL_SERVER_API_SERVICE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+namespace txl {
+
+struct ServiceConfig {
+  int64_t default_mem_len = 256;
+  int64_t max_mem_len = 4096;
+  int max_new_tokens = 4096;      // per request
+  int64_t max_input_tokens = 65536;
+  int max_top_logprobs = 20;
+  std::string model_path;
+  std::string device;
+  int64_t max_import_bytes = int64_t{1} << 30;  // ImportSession's data, in all
+  // Generate/Converse output a call may hold for a client that reads slower
+  // than it is produced; past it the call's session waits (Scheduler::Pause).
+  int64_t max_stream_buffer_bytes = 256 << 10;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_API_SERVICE_CONFIG_H_

@@ -1,0 +1,216 @@
+// StreamingCall: the part Generate and Converse share. It writes the
+// GenerateResponses a job produces on the engine thread, one at a time, and
+// finishes the call once the job is done and every response is out; past
+// max_stream_buffer_bytes unsent it pauses the job (flow control).
+#ifndef TXL_SERVER_API_STREAMING_CALL_H_
+#define TXL_SERVER_API_STREAMING_CALL_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "server/api/call_context.h"
+#include "server/batching/text_stream.h"
+
+namespace txl {
+
+// Writes GenerateResponses produced on the engine thread, one at a time, and
+// finishes the call once the job is done and every response is out.
+// Lifetime: one reference for gRPC (dropped in OnDone) and one per job in
+// flight (dropped at the end of its on_done); the last one deletes.
+template <typename Base>
+class StreamingCall : public Base {
+ protected:
+  StreamingCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const char* method)
+      : c_(c), ctx_(ctx), method_(method) {}
+
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  // Queues a response; the caller holds no lock.
+  // Past max_stream_buffer_bytes unsent, the job is paused until the
+  // client has taken half of it (docs/ROBUSTNESS.md, "Slow readers").
+  void Send(v1::GenerateResponse response) {
+    Step a;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return;  // nobody to send it to
+      // Its size in memory (with 20 alternatives a token, several times its wire size).
+      const int64_t bytes = static_cast<int64_t>(response.SpaceUsedLong());
+      buffered_ += bytes;
+      queue_.push_back({std::move(response), bytes});
+      if (buffered_ > c_->config.max_stream_buffer_bytes && job_ && !paused_) {
+        paused_ = true;
+        c_->scheduler->Pause(job_);
+      }
+      a = Pump();
+    }
+    Run(a);
+  }
+  // Finishes once the queue is empty.
+  // The first End decides the status.
+  void End(grpc::Status status) {
+    Step a;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ending_) status_ = std::move(status);
+      ending_ = true;
+      a = Pump();
+    }
+    Run(a);
+  }
+  void WriteDone(bool ok) {
+    Step a;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      buffered_ -= current_bytes_;
+      if (!ok) {
+        cancelled_ = true;
+        queue_.clear();  // the client is gone
+        buffered_ = 0;
+        if (job_) c_->scheduler->Cancel(job_);
+      }
+      if (paused_ && buffered_ <= c_->config.max_stream_buffer_bytes / 2) {
+        paused_ = false;
+        if (job_) c_->scheduler->Resume(job_);
+      }
+      a = Pump();
+    }
+    Run(a);
+  }
+  void Cancelled() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (job_) c_->scheduler->Cancel(job_);
+  }
+  void SetJob(std::shared_ptr<Job> job) {
+    absl::MutexLock lock(&mu_);
+    job_ = std::move(job);
+    if (cancelled_) c_->scheduler->Cancel(job_);  // the client left before the job was known
+    if (paused_) c_->scheduler->Pause(job_);      // a turn after one that filled the buffer
+  }
+  void ClearJob() {
+    absl::MutexLock lock(&mu_);
+    job_.reset();
+  }
+
+  // Hands one generation to the scheduler: its tokens become responses, and
+  // `after` runs (on the engine thread) when it ends.
+  absl::Status Submit(SessionLease lease, bool throwaway, GenerateSpec spec,
+                      std::function<void(absl::Status, JobResult)> after) {
+    if (absl::Status s = RequestValidator::Continuation(spec, lease.position()); !s.ok()) {
+      c_->GiveBack(std::move(lease), throwaway);
+      return s;
+    }
+    Ref();  // for the job
+    JobCallbacks cb;
+    const ServiceContext* c = c_;
+    cb.on_tokens = [this, c](std::vector<GeneratedTokenEvent> events, int64_t position) {
+      v1::GenerateResponse r;
+      for (auto& e : events) {
+        v1::GeneratedToken* t = r.add_tokens();
+        t->set_id(e.id);
+        t->set_text(e.text);
+        t->set_logprob(e.logprob);
+        r.mutable_text()->append(e.text);
+        for (const auto& [id, lp] : e.top) {
+          v1::TokenLogprob* alt = t->add_top();
+          alt->set_id(id);
+          alt->set_logprob(lp);
+          // An alternative's text may be a partial character: sent only when valid.
+          std::string text = c->TokenText(id);
+          if (IsValidUtf8(text)) alt->set_text(std::move(text));
+        }
+      }
+      r.set_position(position);
+      Send(std::move(r));
+    };
+    cb.on_done = [this, after = std::move(after)](absl::Status status, JobResult result) {
+      ClearJob();
+      // A client that stopped reading cannot take even the status: the
+      // write in flight would never complete, so the call is cancelled.
+      if (IsStalled(status)) {
+        Abandon();
+        ctx_->TryCancel();
+      }
+      after(std::move(status), std::move(result));
+      Unref();
+    };
+    auto job = c_->scheduler->SubmitGenerate(std::move(lease), throwaway, std::move(spec), std::move(cb));
+    if (!job.ok()) {
+      Unref();
+      return job.status();
+    }
+    SetJob(*std::move(job));
+    return absl::OkStatus();
+  }
+
+  // Drops what is queued: the call ends as cancelled (a stalled client).
+  void Abandon() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    queue_.clear();
+    buffered_ = 0;
+  }
+
+  const ServiceContext* c_;
+  grpc::CallbackServerContext* ctx_;
+  const char* method_;
+
+ private:
+  enum class Action { kNone, kWrite, kFinish };
+  struct Step {
+    Action action = Action::kNone;
+    grpc::Status status;  // for kFinish: copied under the lock
+  };
+  Step Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || finished_) return {};
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front().first);
+      current_bytes_ = queue_.front().second;
+      queue_.pop_front();
+      writing_ = true;
+      return {Action::kWrite, {}};
+    }
+    if (ending_) {
+      finished_ = true;
+      // A call the client abandoned (cancel, deadline, disconnect) is counted
+      // as such, whatever the job made of it.
+      if (cancelled_) return {Action::kFinish, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client")};
+      return {Action::kFinish, status_};
+    }
+    return {};
+  }
+  // Outside the lock: gRPC may run OnDone right after Finish.
+  void Run(const Step& step) {
+    if (step.action == Action::kWrite) {
+      this->StartWrite(&current_);
+    } else if (step.action == Action::kFinish) {
+      c_->Count(method_, step.status);
+      this->Finish(step.status);
+    }
+  }
+
+  std::atomic<int> refs_{1};
+  absl::Mutex mu_;
+  std::deque<std::pair<v1::GenerateResponse, int64_t>> queue_ ABSL_GUARDED_BY(mu_);  // with its bytes
+  v1::GenerateResponse current_;  // the write in flight
+  int64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;    // the job is paused for this client
+  int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;   // bytes queued or in the write in flight
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_API_STREAMING_CALL_H_

@@ -1,0 +1,57 @@
+#include "server/batching/batch_step.h"
+
+#include <algorithm>
+
+namespace txl {
+
+void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
+  const SchedulerConfig& config = runner_->config();
+  std::vector<Job*> rows;
+  std::vector<StepInput> inputs;
+  std::vector<size_t> counts;  // tokens each row feeds
+  int64_t budget = config.max_batch_tokens;
+  auto add = [&](Job* job, size_t n) {
+    rows.push_back(job);
+    inputs.push_back(job->Row(n));
+    counts.push_back(n);
+    budget -= static_cast<int64_t>(n);
+  };
+  // Resumed jobs may make more decoders than max_batch for a while: they
+  // take turns (the start rotates), so none waits for the others to end.
+  std::vector<Job*> decoders;
+  for (const auto& job : active) {
+    if (!job->done && job->decoding() && job->paused_since.load() == 0) decoders.push_back(job.get());
+  }
+  const size_t max_batch = static_cast<size_t>(config.max_batch);
+  const size_t first = decoders.size() > max_batch ? rotate_++ % decoders.size() : 0;
+  for (size_t k = 0; k < decoders.size() && rows.size() < max_batch; ++k) add(decoders[(first + k) % decoders.size()], 1);
+  for (const auto& job : active) {
+    if (rows.size() >= max_batch) break;
+    if (job->done || job->decoding()) continue;
+    const size_t left = job->prefill_left();
+    if (left == 0) continue;
+    int64_t n = std::min<int64_t>({static_cast<int64_t>(left), config.prefill_chunk, budget});
+    if (n <= 0) {
+      if (!rows.empty()) break;
+      n = std::min<int64_t>(static_cast<int64_t>(left), config.prefill_chunk);  // always progress
+    }
+    add(job.get(), static_cast<size_t>(n));
+  }
+  if (rows.empty()) return;
+
+  int64_t total_tokens = 0;
+  for (size_t n : counts) total_tokens += static_cast<int64_t>(n);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<StepOutput>> out = runner_->engine()->Step(absl::MakeSpan(inputs));
+  if (SchedulerObserver* o = runner_->observer()) {
+    o->OnStep(static_cast<int>(rows.size()), total_tokens, SecondsSince(start));
+    o->OnTokensFed(total_tokens);
+  }
+  if (!out.ok()) {
+    for (Job* job : rows) runner_->Finish(*job, absl::InternalError(out.status().message()));
+    return;
+  }
+  for (size_t r = 0; r < rows.size(); ++r) rows[r]->TakeOutput(*runner_, (*out)[r], counts[r]);
+}
+
+}  // namespace txl

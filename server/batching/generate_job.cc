@@ -1,0 +1,92 @@
+#include "server/batching/generate_job.h"
+
+#include <algorithm>
+#include <random>
+
+#include "server/batching/job_runner.h"
+
+namespace txl {
+
+GenerateJob::GenerateJob(SessionLease lease, bool throwaway, GenerateSpec spec, JobCallbacks callbacks)
+    : FeedJob(std::move(lease), throwaway, spec.input, std::move(callbacks)),
+      spec_(std::move(spec)),
+      sampler_(spec_.sampling, std::random_device{}()),
+      text_(spec_.stop_sequences) {}
+
+void GenerateJob::Run(JobRunner& runner) {
+  // Request validation refuses a generation with nothing to continue from;
+  // without this check such a job would wait for a row forever.
+  if (feed.empty() && !decoding_) runner.Finish(*this, absl::InternalError("generate: nothing to feed"));
+}
+
+StepInput GenerateJob::Row(size_t n) {
+  StepInput in;
+  if (decoding_) {
+    in.tokens = {last_};
+  } else {
+    in = Slice(n);
+  }
+  in.session = state();
+  in.want_last_distribution = decoding_ || n == prefill_left();
+  return in;
+}
+
+void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
+  if (!decoding_) fed += n;
+  // A distribution arrives after the prefill and after each decode.
+  if (out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size())) return;  // mid-prefill
+  const int token = sampler_.Sample(out.last_distribution);
+  GeneratedTokenEvent ev;
+  ev.id = token;
+  ev.logprob = out.last_distribution[token];
+  if (spec_.top_logprobs > 0) ev.top = TopN(out.last_distribution, spec_.top_logprobs);
+  absl::StatusOr<std::string> bytes = runner.tokenizer().TokenText(token);
+  TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());
+  ev.text = std::move(text.text);
+  const absl::Time now = absl::Now();
+  if (SchedulerObserver* o = runner.observer()) {
+    o->OnTokensGenerated(1);
+    if (result.generated_tokens == 0) {
+      o->OnFirstToken(SecondsSince(submitted));
+    } else {
+      o->OnInterTokenGap(absl::ToDoubleSeconds(now - last_token_at_));
+    }
+  }
+  if (result.generated_tokens == 0) result.first_token_seconds = SecondsSince(submitted);
+  last_token_at_ = now;
+  decoding_ = true;
+  last_ = token;
+  ++result.generated_tokens;
+  const int64_t position = lease.state->position() + 1;  // the sampled token, pending
+  generated.push_back(token);
+  LogHistory(runner, position);
+  runner.SendTokens(*this, std::move(ev), position);
+
+  const bool stop_token =
+      std::find(spec_.stop_token_ids.begin(), spec_.stop_token_ids.end(), token) != spec_.stop_token_ids.end();
+  if (text.stopped) {
+    result.finish = Finish::kStopSequence;
+  } else if (stop_token) {
+    result.finish = Finish::kStopToken;
+  } else if (result.generated_tokens >= spec_.max_new_tokens) {
+    result.finish = Finish::kLength;
+  } else if (cancelled.load()) {
+    result.finish = Finish::kCancelled;
+  } else {
+    return;
+  }
+  runner.Finish(*this, absl::OkStatus());
+}
+
+void GenerateJob::Settle(const absl::Status& status) {
+  if (decoding_) {
+    lease.pending = {last_};  // the last sampled token is never fed by this job
+    if (result.finish != Finish::kStopSequence) result.trailing_text = text_.Finish();
+  } else if (fed > 0) {
+    KeepFedPrefix();
+  } else {
+    lease.pending.assign(feed.begin(), feed.begin() + pending_len);
+  }
+}
+
+}  // namespace txl

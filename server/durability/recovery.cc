@@ -1,0 +1,46 @@
+#include "server/durability/recovery.h"
+
+#include "base/log.h"
+#include "base/status_macros.h"
+
+namespace txl {
+
+std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::vector<int>* pending) {
+  auto idle = std::make_shared<IdleSession>();
+  idle->state = record.image.state;
+  idle->mem_len = record.meta.mem_len;
+  idle->feed = record.image.pending;
+  idle->feed.insert(idle->feed.end(), record.tail.begin(), record.tail.end());
+  pending->clear();
+  if (!idle->feed.empty()) {
+    pending->push_back(idle->feed.back());
+    idle->feed.pop_back();
+  }
+  return idle;
+}
+
+absl::Status AddRecordedSession(const JournalRecord& record, SessionTable* table) {
+  std::vector<int> pending;
+  std::shared_ptr<IdleSession> idle = IdleFromRecord(record, &pending);
+  return table->AddIdle(record.meta.id, record.meta.owner, record.meta.idle_ttl, record.meta.labels,
+                        record.meta.created, std::move(idle), std::move(pending), record.position(),
+                        static_cast<int64_t>(record.tail.size()));
+}
+
+absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table, const std::string& fingerprint) {
+  ASSIGN_OR_RETURN(std::vector<std::string> held, journal->Held());
+  int recovered = 0;
+  for (const std::string& id : held) {
+    auto record = journal->Load(id);  // DATA_LOSS: reported and quarantined by Load
+    if (!record.ok()) continue;
+    if (record->image.fingerprint != fingerprint) {
+      TXL_LOG(WARNING) << "session " << id << " not recovered: it belongs to model " << record->image.fingerprint
+                       << ", this server serves " << fingerprint;
+      continue;
+    }
+    if (AddRecordedSession(*record, table).ok()) ++recovered;
+  }
+  return recovered;
+}
+
+}  // namespace txl

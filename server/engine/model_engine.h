@@ -1,0 +1,40 @@
+// ModelEngine: the Engine of a real LanguageModel on its device. The one
+// server file that reaches the model; it only forwards (the types are the model's).
+#ifndef TXL_SERVER_ENGINE_MODEL_ENGINE_H_
+#define TXL_SERVER_ENGINE_MODEL_ENGINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/language_model.h"
+#include "server/engine/engine.h"
+
+namespace txl {
+
+class ModelEngine : public Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelEngine>> Create(const LanguageModelOptions& options);
+
+  int64_t vocab_size() const override { return model_->config().n_token; }
+  absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) override {
+    return model_->NewSession(mem_len);
+  }
+  absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) override {
+    return model_->RestoreSession(data);
+  }
+  std::string fingerprint() const override { return model_->fingerprint(); }
+  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) override {
+    return model_->Step(inputs);
+  }
+
+  const LanguageModel& model() const { return *model_; }
+
+ private:
+  explicit ModelEngine(std::unique_ptr<LanguageModel> model) : model_(std::move(model)) {}
+  std::unique_ptr<LanguageModel> model_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_ENGINE_MODEL_ENGINE_H_

@@ -1,0 +1,46 @@
+// Request validation owns the checks of a client's input (issue 14): the
+// ones the scheduler used to repeat are here, with the messages clients see.
+#include "server/api/request_validation.h"
+
+#include <gtest/gtest.h>
+
+namespace txl {
+namespace {
+
+RequestValidator Validator() {
+  auto tokenizer = Tokenizer::Byte();
+  return RequestValidator(RequestLimits{}, tokenizer);
+}
+
+TEST(RequestValidationTest, ScoreNeedsAtLeastOneToken) {
+  v1::ScoreRequest req;
+  auto args = Validator().Score(req, nullptr);
+  ASSERT_FALSE(args.ok());
+  EXPECT_EQ(args.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(args.status().message(), "input: must hold at least one token");
+  req.mutable_input()->set_text("a");
+  EXPECT_TRUE(Validator().Score(req, nullptr).ok());
+}
+
+TEST(RequestValidationTest, AGenerationNeedsInputOrHistory) {
+  GenerateSpec spec;
+  absl::Status s = RequestValidator::Continuation(spec, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "input: empty, and the session has no history to continue from");
+  EXPECT_TRUE(RequestValidator::Continuation(spec, 5).ok());  // continues the session
+  spec.input = {1};
+  EXPECT_TRUE(RequestValidator::Continuation(spec, 0).ok());
+}
+
+TEST(RequestValidationTest, SamplingIsCheckedOnceHere) {
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("a");
+  req.mutable_sampling()->set_top_p(1.5f);
+  auto args = Validator().Generate(req, nullptr);
+  ASSERT_FALSE(args.ok());
+  EXPECT_EQ(args.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(args.status().message().find("top_p"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace txl

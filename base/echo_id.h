@@ -19,8 +19,8 @@ inline std::string EchoId(absl::string_view id) {
   std::string out;
   for (size_t i = 0; i < id.size() && i < kEchoIdChars; ++i) {
     const char c = id[i];
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                       c == '_' || c == '.';
+    const bool plain =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
     out += plain ? c : '?';
   }
   if (id.size() > kEchoIdChars) absl::StrAppend(&out, "... (", id.size(), " bytes)");

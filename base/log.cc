@@ -17,12 +17,9 @@ std::atomic<int> min_level{static_cast<int>(LogLevel::kInfo)};
 
 absl::string_view LogLevelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kInfo:
-      return "info";
-    case LogLevel::kWarning:
-      return "warning";
-    case LogLevel::kError:
-      return "error";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarning: return "warning";
+    case LogLevel::kError: return "error";
   }
   return "unknown";
 }

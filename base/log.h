@@ -61,10 +61,9 @@ struct Voidify {
 }  // namespace txl
 
 // TXL_LOG(INFO|WARNING|ERROR) << ...; the operands are not evaluated when the level is off.
-#define TXL_LOG(level)                                                      \
-  !::txl::LogEnabled(::txl::log_internal::level)                            \
-      ? (void)0                                                             \
-      : ::txl::log_internal::Voidify() &                                    \
-            ::txl::log_internal::LogMessage(::txl::log_internal::level).stream()
+#define TXL_LOG(level)                           \
+  !::txl::LogEnabled(::txl::log_internal::level) \
+      ? (void)0                                  \
+      : ::txl::log_internal::Voidify() & ::txl::log_internal::LogMessage(::txl::log_internal::level).stream()
 
 #endif  // TXL_BASE_LOG_H_

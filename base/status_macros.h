@@ -14,20 +14,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-#define RETURN_IF_ERROR(expr)                               \
-  do {                                                      \
-    if (::absl::Status txl_status_ = (expr); !txl_status_.ok()) \
-      return txl_status_;                                   \
+#define RETURN_IF_ERROR(expr)                                                       \
+  do {                                                                              \
+    if (::absl::Status txl_status_ = (expr); !txl_status_.ok()) return txl_status_; \
   } while (false)
 
 #define TXL_STATUS_CONCAT_INNER(a, b) a##b
 #define TXL_STATUS_CONCAT(a, b) TXL_STATUS_CONCAT_INNER(a, b)
-#define TXL_ASSIGN_OR_RETURN_IMPL(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                              \
+#define TXL_ASSIGN_OR_RETURN_IMPL(statusor, lhs, rexpr)    \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = *std::move(statusor)
-#define ASSIGN_OR_RETURN(lhs, rexpr) \
-  TXL_ASSIGN_OR_RETURN_IMPL(TXL_STATUS_CONCAT(txl_statusor_, __LINE__), lhs, rexpr)
+#define ASSIGN_OR_RETURN(lhs, rexpr) TXL_ASSIGN_OR_RETURN_IMPL(TXL_STATUS_CONCAT(txl_statusor_, __LINE__), lhs, rexpr)
 
 namespace txl {
 

@@ -45,10 +45,10 @@
 #include "model/checkpoint.h"
 #include "model/language_model.h"
 #include "model/tokenizer.h"
-#include "train/training_forward.h"
 #include "model/txl_math.h"
 #include "model/weights.h"
 #include "nlohmann/json.hpp"
+#include "train/training_forward.h"
 
 #ifndef TXL_BUNDLED_MODEL
 #define TXL_BUNDLED_MODEL ""
@@ -112,7 +112,7 @@ std::string CpuModel() {
 }
 
 struct Sizes {
-  int64_t mem = 800;                      // memory positions for P1 / P3 / P5
+  int64_t mem = 800;                           // memory positions for P1 / P3 / P5
   std::vector<int64_t> windows = {800, 3800};  // attention windows for P2
   int sessions = 32;
   int reps = 5;
@@ -261,24 +261,22 @@ class Bench {
     auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; };
     int64_t total = 0;
     for (const txl::LayerWeights& L : weights_.layers) {
-      for (const at::Tensor* t : {&L.qkv_w, &L.o_w, &L.attn_ln_w, &L.attn_ln_b, &L.ff1_w, &L.ff1_b,
-                                  &L.ff2_w, &L.ff2_b, &L.ff_ln_w, &L.ff_ln_b})
+      for (const at::Tensor* t : {&L.qkv_w, &L.o_w, &L.attn_ln_w, &L.attn_ln_b, &L.ff1_w, &L.ff1_b, &L.ff2_w, &L.ff2_b,
+                                  &L.ff_ln_w, &L.ff_ln_b})
         total += bytes(*t);
     }
     for (const auto& t : weights_.out_w) total += bytes(t);
     for (const auto& t : weights_.out_b) total += bytes(t);
     for (const auto& t : weights_.out_projs) total += bytes(t);
     total += bytes(weights_.cluster_w) + bytes(weights_.cluster_b);
-    total += 2 * config_.n_head * config_.d_head * 4 * config_.n_layer;  // u, v biases (upper bound)
-    total += config_.embed_dim() * 4;                                    // one embedding row
+    total += 2 * config_.n_head * config_.d_head * 4 * config_.n_layer;        // u, v biases (upper bound)
+    total += config_.embed_dim() * 4;                                          // one embedding row
     total += config_.n_layer * 2 * mem * config_.n_head * config_.d_head * 4;  // K/V
     return total;
   }
 
   // Bytes of the relative-position key table the engine reads for a window.
-  int64_t RelTableBytes(int64_t window) const {
-    return config_.n_layer * window * config_.n_head * config_.d_head * 4;
-  }
+  int64_t RelTableBytes(int64_t window) const { return config_.n_layer * window * config_.n_head * config_.d_head * 4; }
 
   static void Progress(const std::string& what) { std::cerr << "engine_bench: " << what << std::endl; }
 
@@ -378,8 +376,9 @@ class Bench {
       p3.b_name = "1 session";
       p3.unit = "tokens/s";
       std::vector<double> a_sec, b_sec;
-      Interleave(z.reps, [&] { return EngineSteps(all, z.multi_batch); },
-                 [&] { return EngineSteps(one, z.engine_batch); }, &a_sec, &b_sec);
+      Interleave(
+          z.reps, [&] { return EngineSteps(all, z.multi_batch); }, [&] { return EngineSteps(one, z.engine_batch); },
+          &a_sec, &b_sec);
       for (double t : a_sec) p3.a_reps.push_back(N / t);
       for (double t : b_sec) p3.b_reps.push_back(1 / t);
       p3.a = Median(p3.a_reps);
@@ -403,12 +402,14 @@ class Bench {
 
       Row r;
       r.id = "P1";
-      r.measurement = absl::StrFormat("1 session, 1 token/step, memory %d: engine step vs hidden-state memory (b)", mem);
+      r.measurement =
+          absl::StrFormat("1 session, 1 token/step, memory %d: engine step vs hidden-state memory (b)", mem);
       r.a_name = "engine step";
       r.b_name = "hidden-state mems step";
       r.unit = "ms/step";
-      Interleave(z.reps, [&] { return EngineSteps(one, z.engine_batch); },
-                 [&] { return HiddenStateSteps(mems, z.baseline_batch); }, &r.a_reps, &r.b_reps);
+      Interleave(
+          z.reps, [&] { return EngineSteps(one, z.engine_batch); },
+          [&] { return HiddenStateSteps(mems, z.baseline_batch); }, &r.a_reps, &r.b_reps);
       r.a = Median(r.a_reps);
       r.b = Median(r.b_reps);
       r.ratio = r.b / r.a;
@@ -424,14 +425,15 @@ class Bench {
       Row f;
       f.id = "P1f";
       const int64_t floor_bytes = FloorBytes(mem);
-      f.measurement = absl::StrFormat(
-          "engine step vs bandwidth floor (%.1f MB read per step / measured bandwidth)", floor_bytes / 1e6);
+      f.measurement = absl::StrFormat("engine step vs bandwidth floor (%.1f MB read per step / measured bandwidth)",
+                                      floor_bytes / 1e6);
       f.a_name = "engine step";
       f.b_name = "floor";
       f.unit = "ms/step";
       std::vector<double> pass;
-      Interleave(z.reps, [&] { return EngineSteps(one, z.engine_batch); },
-                 [&] { return BandwidthPass(probe, 3); }, &f.a_reps, &pass);
+      Interleave(
+          z.reps, [&] { return EngineSteps(one, z.engine_batch); }, [&] { return BandwidthPass(probe, 3); }, &f.a_reps,
+          &pass);
       for (double p : pass) f.b_reps.push_back(floor_bytes * p / probe_bytes);
       f.a = Median(f.a_reps);
       f.b = Median(f.b_reps);
@@ -457,9 +459,8 @@ class Bench {
       auto s = FullSession(w, 2);
       std::vector<SessionState*> one = {s.get()};
       const std::vector<int> toks = RandomTokens(w, 5);
-      at::Tensor window = at::tensor(std::vector<int64_t>(toks.begin(), toks.end()), at::kLong)
-                              .view({w, 1})
-                              .to(at::Device(device_));
+      at::Tensor window =
+          at::tensor(std::vector<int64_t>(toks.begin(), toks.end()), at::kLong).view({w, 1}).to(at::Device(device_));
       EngineSteps(one, 2);
       const int reps = w > 2000 ? std::max(2, std::min(z.reps, 3)) : z.reps;
       Row r;
@@ -468,8 +469,9 @@ class Bench {
       r.a_name = "engine step";
       r.b_name = "recompute";
       r.unit = "ms/step";
-      Interleave(reps, [&] { return EngineSteps(one, z.engine_batch); },
-                 [&] { return RecomputeSteps(window, 1); }, &r.a_reps, &r.b_reps);
+      Interleave(
+          reps, [&] { return EngineSteps(one, z.engine_batch); }, [&] { return RecomputeSteps(window, 1); }, &r.a_reps,
+          &r.b_reps);
       r.a = Median(r.a_reps);
       r.b = Median(r.b_reps);
       r.ratio = r.b / r.a;
@@ -594,8 +596,8 @@ int main(int argc, char** argv) {
   gethostname(host, sizeof(host) - 1);
   const std::string wait_policy = std::getenv("OMP_WAIT_POLICY");
   std::cout << absl::StrFormat(
-      "\nengine_bench: shape %s, device %s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, %u cpus\n\n", shape,
-      device, threads, wait_policy, z.reps, quick ? " (quick)" : "", CpuModel(), std::thread::hardware_concurrency());
+      "\nengine_bench: shape %s, device %s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, %u cpus\n\n", shape, device,
+      threads, wait_policy, z.reps, quick ? " (quick)" : "", CpuModel(), std::thread::hardware_concurrency());
   std::cout << "| id | measurement | A | B | ratio | target | met |\n|---|---|---|---|---|---|---|\n";
   nlohmann::json rows_json = nlohmann::json::array();
   for (const Row& r : rows) {
@@ -621,19 +623,20 @@ int main(int argc, char** argv) {
   std::cout << "\nA and B interleaved; medians of repetitions; absolute figures for reference only.\n";
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {
-    nlohmann::json j = {{"benchmark", "engine_bench"},
-                        {"shape", shape},
-                        {"device", device},
-                        {"threads", threads},
-                        {"omp_wait_policy", wait_policy},
-                        {"reps", z.reps},
-                        {"quick", quick},
-                        {"machine", {{"host", host}, {"cpu", CpuModel()}, {"cpus", std::thread::hardware_concurrency()}}},
-                        {"memory_positions", z.mem},
-                        {"windows", z.windows},
-                        {"sessions", z.sessions},
-                        {"rows", rows_json},
-                        {"checksum", b->sink()}};
+    nlohmann::json j = {
+        {"benchmark", "engine_bench"},
+        {"shape", shape},
+        {"device", device},
+        {"threads", threads},
+        {"omp_wait_policy", wait_policy},
+        {"reps", z.reps},
+        {"quick", quick},
+        {"machine", {{"host", host}, {"cpu", CpuModel()}, {"cpus", std::thread::hardware_concurrency()}}},
+        {"memory_positions", z.mem},
+        {"windows", z.windows},
+        {"sessions", z.sessions},
+        {"rows", rows_json},
+        {"checksum", b->sink()}};
     std::ofstream f(json_path);
     f << j.dump(2) << "\n";
     if (!f) Fail("writing " + json_path);

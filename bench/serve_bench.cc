@@ -37,9 +37,8 @@ double Measure(const std::string& server, int sessions, int new_tokens, const st
       req.set_max_new_tokens(new_tokens);
       req.mutable_sampling()->set_temperature(1.0f);
       req.mutable_sampling()->set_seed(1000 + i);
-      absl::Status s = client->Generate(req, [&](const txl::v1::GenerateResponse& r) {
-        generated[i] += r.tokens_size();
-      });
+      absl::Status s =
+          client->Generate(req, [&](const txl::v1::GenerateResponse& r) { generated[i] += r.tokens_size(); });
       if (!s.ok()) std::cerr << "serve_bench: " << s << "\n";
     });
   }
@@ -69,7 +68,8 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     median.push_back(v[v.size() / 2]);
   }
-  std::cout << "| sessions | tokens/s (median of " << absl::GetFlag(FLAGS_rounds) << ") | vs 1 session |\n|---|---|---|\n";
+  std::cout << "| sessions | tokens/s (median of " << absl::GetFlag(FLAGS_rounds)
+            << ") | vs 1 session |\n|---|---|---|\n";
   for (size_t i = 0; i < levels.size(); ++i) {
     std::cout << absl::StrFormat("| %d | %.0f | %.2fx |\n", levels[i], median[i], median[i] / median[0]);
   }

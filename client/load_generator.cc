@@ -96,8 +96,7 @@ void DeleteSession(const Run& run, const std::string& id, SessionResult* out) {
   for (;;) {
     const absl::Status s = run.client.DeleteSession(id);
     if (s.ok()) return;
-    if (s.code() != absl::StatusCode::kAborted ||
-        Clock::now() + absl::ToChronoNanoseconds(backoff) >= give_up) {
+    if (s.code() != absl::StatusCode::kAborted || Clock::now() + absl::ToChronoNanoseconds(backoff) >= give_up) {
       out->Fail("DeleteSession", s);
       return;
     }
@@ -116,8 +115,8 @@ void RunSession(const Run& run, int index, SessionResult* out) {
   const std::string& id = session->session_id();
 
   const bool bounded = config.duration != absl::InfiniteDuration();
-  const Clock::time_point run_end = bounded ? out->start + absl::ToChronoNanoseconds(config.duration)
-                                            : Clock::time_point::max();
+  const Clock::time_point run_end =
+      bounded ? out->start + absl::ToChronoNanoseconds(config.duration) : Clock::time_point::max();
   const auto call_timeout = absl::ToChronoNanoseconds(config.call_timeout);
   std::mt19937_64 rng(static_cast<uint64_t>(index) + 1);
   std::uniform_int_distribution<int64_t> pick(0, run.vocab - 1);
@@ -291,8 +290,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadGeneratorConfig& config) {
 std::string FormatLoadReportText(const LoadReport& r) {
   const LoadGeneratorConfig& c = r.config;
   std::string out = absl::StrFormat(
-      "txl-client bench: %s, %d sessions x %d turns, %d input + %d generated tokens per turn%s\n", c.server,
-      c.sessions, c.turns, c.input_tokens, c.new_tokens,
+      "txl-client bench: %s, %d sessions x %d turns, %d input + %d generated tokens per turn%s\n", c.server, c.sessions,
+      c.turns, c.input_tokens, c.new_tokens,
       c.duration == absl::InfiniteDuration() ? "" : absl::StrCat(", at most ", absl::FormatDuration(c.duration)));
   absl::StrAppendFormat(&out, "sessions      %d of %d created\n", r.sessions_created, c.sessions);
   absl::StrAppendFormat(&out, "wall time     %.3f s (%s)\n", r.wall_seconds,
@@ -303,9 +302,9 @@ std::string FormatLoadReportText(const LoadReport& r) {
                         r.generated_tokens_per_second);
   absl::StrAppendFormat(&out, "fed           %d tokens, %.1f tokens/s\n", r.fed_tokens, r.fed_tokens_per_second);
   absl::StrAppendFormat(&out, "%-22s %8s %10s %10s %10s\n", "latency (ms)", "count", "p50", "p95", "p99");
-  for (const auto& [name, l] : {std::pair<const char*, const LatencySummary&>{"time to first token",
-                                                                             r.time_to_first_token},
-                                {"inter-token", r.inter_token}}) {
+  for (const auto& [name, l] :
+       {std::pair<const char*, const LatencySummary&>{"time to first token", r.time_to_first_token},
+        {"inter-token", r.inter_token}}) {
     absl::StrAppendFormat(&out, "%-22s %8d %10.2f %10.2f %10.2f\n", name, l.count, l.p50_ms, l.p95_ms, l.p99_ms);
   }
   if (r.errors.empty()) {
@@ -323,8 +322,8 @@ std::string FormatLoadReportJson(const LoadReport& r) {
   const auto latency = [](const LatencySummary& l) {
     nlohmann::ordered_json j;
     j["count"] = l.count;
-    for (const auto& [key, value] : {std::pair<const char*, double>{"p50", l.p50_ms}, {"p95", l.p95_ms},
-                                     {"p99", l.p99_ms}}) {
+    for (const auto& [key, value] :
+         {std::pair<const char*, double>{"p50", l.p50_ms}, {"p95", l.p95_ms}, {"p99", l.p99_ms}}) {
       j[key] = l.count > 0 ? nlohmann::ordered_json(value) : nlohmann::ordered_json(nullptr);
     }
     return j;

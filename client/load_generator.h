@@ -36,10 +36,10 @@ struct LoadGeneratorConfig {
   static constexpr int kMaxSessions = 1024;  // one thread each
 
   std::string server = "127.0.0.1:50051";
-  int sessions = 1;         // [1, kMaxSessions]
-  int64_t turns = 1;        // Generate calls per session, >= 1
-  int input_tokens = 16;    // token ids fed per turn, >= 1
-  int new_tokens = 16;      // tokens generated per turn, >= 1 (the server has its own maximum)
+  int sessions = 1;       // [1, kMaxSessions]
+  int64_t turns = 1;      // Generate calls per session, >= 1
+  int input_tokens = 16;  // token ids fed per turn, >= 1
+  int new_tokens = 16;    // tokens generated per turn, >= 1 (the server has its own maximum)
   absl::Duration duration = absl::InfiniteDuration();  // of the Generate phase, (0, 1 year] or infinite
   absl::Duration call_timeout = absl::Seconds(300);    // per call, (0, 1 year]
   // Token and TLS for a server with --auth_tokens / --tls_cert (the fields
@@ -64,12 +64,12 @@ LatencySummary SummarizeLatencies(const std::vector<double>& samples_ms);
 struct LoadReport {
   LoadGeneratorConfig config;
   int64_t sessions_created = 0;
-  int64_t requests = 0;           // Generate calls started
-  int64_t requests_ok = 0;        // ... that finished OK
-  int64_t requests_cut = 0;       // ... ended by the run's end (duration); not errors
-  int64_t generated_tokens = 0;   // tokens received, cut calls included
-  int64_t fed_tokens = 0;         // input tokens of calls that got at least one token back
-  double wall_seconds = 0;        // Generate phase: start to the last call's end
+  int64_t requests = 0;          // Generate calls started
+  int64_t requests_ok = 0;       // ... that finished OK
+  int64_t requests_cut = 0;      // ... ended by the run's end (duration); not errors
+  int64_t generated_tokens = 0;  // tokens received, cut calls included
+  int64_t fed_tokens = 0;        // input tokens of calls that got at least one token back
+  double wall_seconds = 0;       // Generate phase: start to the last call's end
   double generated_tokens_per_second = 0;
   double fed_tokens_per_second = 0;
   // Client-side: call start to the first token; then the gap before each

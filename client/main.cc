@@ -110,8 +110,7 @@ const char* FinishName(txl::v1::FinishReason r) {
 
 // Streams one generation to stdout; the summary goes to stderr. `ctx`: see
 // TxlClient::Generate.
-absl::Status Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req,
-                    grpc::ClientContext* ctx = nullptr) {
+absl::Status Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req, grpc::ClientContext* ctx = nullptr) {
   txl::v1::GenerateResponse last;
   absl::Status s = client.Generate(
       req,
@@ -123,10 +122,10 @@ absl::Status Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req,
   std::cout << std::endl;
   if (!s.ok()) return s;
   const auto& u = last.usage();
-  std::cerr << "[" << FinishName(last.finish_reason()) << ": " << u.input_tokens() << " input, "
-            << u.generated_tokens() << " generated, first token " << static_cast<int>(u.time_to_first_token_seconds() * 1000)
-            << " ms, " << (u.total_seconds() > 0 ? u.generated_tokens() / u.total_seconds() : 0.0)
-            << " tokens/s, position " << last.position() << "]" << std::endl;
+  std::cerr << "[" << FinishName(last.finish_reason()) << ": " << u.input_tokens() << " input, " << u.generated_tokens()
+            << " generated, first token " << static_cast<int>(u.time_to_first_token_seconds() * 1000) << " ms, "
+            << (u.total_seconds() > 0 ? u.generated_tokens() / u.total_seconds() : 0.0) << " tokens/s, position "
+            << last.position() << "]" << std::endl;
   return absl::OkStatus();
 }
 

@@ -34,8 +34,8 @@ absl::StatusOr<std::unique_ptr<TxlClient>> TxlClient::Create(const ClientOptions
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file: give both or neither");
   }
-  const bool tls = options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
-                   !options.tls_server_name.empty();
+  const bool tls =
+      options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() || !options.tls_server_name.empty();
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
   if (tls) {
@@ -230,8 +230,7 @@ class StreamConversation : public Conversation {
 }  // namespace
 
 std::unique_ptr<Conversation> TxlClient::Converse(const std::string& session_id) {
-  return std::make_unique<StreamConversation>(stub_.get(),
-                                              [&](grpc::ClientContext* ctx) { Prepare(ctx, session_id); });
+  return std::make_unique<StreamConversation>(stub_.get(), [&](grpc::ClientContext* ctx) { Prepare(ctx, session_id); });
 }
 
 absl::StatusOr<std::string> TxlClient::Health(const std::string& service) {

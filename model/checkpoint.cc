@@ -59,8 +59,7 @@ class RecordingReader final : public caffe2::serialize::ReadAdapterInterface {
 // Why a loaded tensor cannot be used as it is, or "" when it can: its sizes,
 // strides and offset must stay within the bytes its record really holds.
 std::string StorageProblem(const at::Tensor& t, const RecordingReader& reader) {
-  if (t.layout() != at::kStrided || !t.has_storage() || !t.device().is_cpu())
-    return "is not a dense CPU tensor";
+  if (t.layout() != at::kStrided || !t.has_storage() || !t.device().is_cpu()) return "is not a dense CPU tensor";
   if (t.numel() == 0) return "";
   int64_t last = t.storage_offset();  // the element furthest into the storage
   bool overflow = last < 0;
@@ -78,27 +77,23 @@ std::string StorageProblem(const at::Tensor& t, const RecordingReader& reader) {
   if (filled < 0) return "has data that was not read from a stored record of the archive";
   const int64_t held = std::min(filled, static_cast<int64_t>(t.storage().nbytes()));
   if (needed > held) {
-    return absl::StrCat("needs ", needed, " bytes of data, but its record holds ", held,
-                        " (truncated or corrupt)");
+    return absl::StrCat("needs ", needed, " bytes of data, but its record holds ", held, " (truncated or corrupt)");
   }
   return "";
 }
 
 }  // namespace
 
-absl::Status SaveCheckpoint(const std::string& path, const ModelConfig& config,
-                            const Tokenizer& tokenizer, const TxlWeights& weights) {
+absl::Status SaveCheckpoint(const std::string& path, const ModelConfig& config, const Tokenizer& tokenizer,
+                            const TxlWeights& weights) {
   RETURN_IF_ERROR(config.Validate());
   if (tokenizer.vocab_size() != config.n_token) {
-    return absl::InvalidArgumentError(absl::StrCat("config n_token=", config.n_token,
-                                                   " but the tokenizer has ",
-                                                   tokenizer.vocab_size(), " symbols"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config n_token=", config.n_token, " but the tokenizer has ", tokenizer.vocab_size(), " symbols"));
   }
   std::vector<ArchiveTensor> tensors;
-  for (const TxlWeights::Named& n : weights.NamedTensors(config))
-    tensors.push_back({n.name, n.tensor, n.is_buffer});
-  return WriteArchive(path, tensors,
-                      {{kConfigFile, config.ToJson()}, {kTokenizerFile, tokenizer.ToJson()}});
+  for (const TxlWeights::Named& n : weights.NamedTensors(config)) tensors.push_back({n.name, n.tensor, n.is_buffer});
+  return WriteArchive(path, tensors, {{kConfigFile, config.ToJson()}, {kTokenizerFile, tokenizer.ToJson()}});
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
@@ -128,27 +123,24 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
     // The TorchScript parser reports bad code records with std::runtime_error and
     // torch::jit::ErrorReport, not c10::Error.
     std::string msg = e.what();
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": not a readable TorchScript archive: ",
-                                                   msg.substr(0, msg.find('\n'))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, ": not a readable TorchScript archive: ", msg.substr(0, msg.find('\n'))));
   }
   const std::string source = absl::StrCat("checkpoint ", path);
-  if (extra[kConfigFile].empty())
-    return absl::InvalidArgumentError(absl::StrCat(source, ": has no ", kConfigFile));
+  if (extra[kConfigFile].empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": has no ", kConfigFile));
   if (extra[kTokenizerFile].empty())
     return absl::InvalidArgumentError(absl::StrCat(source, ": has no ", kTokenizerFile));
 
   Checkpoint ckpt;
   absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(extra[kConfigFile]);
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", config.status().message()));
-  if (auto s = config->Validate(); !s.ok())
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  if (auto s = config->Validate(); !s.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   absl::StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(extra[kTokenizerFile]);
-  if (!tokenizer.ok())
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", tokenizer.status().message()));
+  if (!tokenizer.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", tokenizer.status().message()));
   if (tokenizer->vocab_size() != config->n_token) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": config contradicts the tokenizer: n_token=", config->n_token,
-        " but tokenizer.json has ", tokenizer->vocab_size(), " symbols"));
+    return absl::InvalidArgumentError(absl::StrCat(source,
+                                                   ": config contradicts the tokenizer: n_token=", config->n_token,
+                                                   " but tokenizer.json has ", tokenizer->vocab_size(), " symbols"));
   }
 
   std::map<std::string, at::Tensor> named;
@@ -165,8 +157,8 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   return ckpt;
 }
 
-absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config,
-                                    const Tokenizer& tokenizer, uint64_t seed, double init_std) {
+absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config, const Tokenizer& tokenizer,
+                                    uint64_t seed, double init_std) {
   RETURN_IF_ERROR(config.Validate());
   if (!(init_std > 0)) return absl::InvalidArgumentError("init_std must be > 0");
   return SaveCheckpoint(path, config, tokenizer, InitWeights(config, seed, init_std, init_std / 2));

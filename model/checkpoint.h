@@ -25,8 +25,8 @@ struct Checkpoint {
 };
 
 // Writes atomically (temporary file in the same directory, then rename).
-absl::Status SaveCheckpoint(const std::string& path, const ModelConfig& config,
-                            const Tokenizer& tokenizer, const TxlWeights& weights);
+absl::Status SaveCheckpoint(const std::string& path, const ModelConfig& config, const Tokenizer& tokenizer,
+                            const TxlWeights& weights);
 
 // Every failure names the file, and the tensor or key at fault: a missing
 // file, a file that is not a TorchScript zip, missing config.json or
@@ -36,8 +36,8 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
 
 // A freshly initialised model: normal(0, init_std) as the original init
 // (0.02); tests use larger values so that the distributions are peaked.
-absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config,
-                                    const Tokenizer& tokenizer, uint64_t seed, double init_std = 0.02);
+absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config, const Tokenizer& tokenizer,
+                                    uint64_t seed, double init_std = 0.02);
 
 }  // namespace txl
 

@@ -45,8 +45,7 @@ struct DecodeAttentionArgs {
 // item attends its held keys and the new one, and finally writes the new key
 // and value into the ring slot of the position that left the window (never a
 // held one, so a step that fails later changes nothing the session holds).
-void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end,
-                     KernelIsa isa = KernelIsa::kBest);
+void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
 
 // y[r] = w[r, :cols] . x (+ bias[r]) for rows [begin, end) of the row-major
 // matrix w with row stride ld (>= cols: a column block of a wider matrix),
@@ -67,9 +66,8 @@ void PackPanels(const float* w, int64_t rows, int64_t cols, float* packed);
 // y[m, r] = x[m, :] . w[r, :] (+ bias[r]) for m < batch and the rows r of
 // panels [begin, end), then max(0, y) when relu; x is [batch, cols], y is
 // [batch, rows], both row-major; bias may be null.
-void PackedProduct(const float* packed, int64_t rows, int64_t cols, const float* x, int64_t batch,
-                   const float* bias, bool relu, float* y, int64_t begin, int64_t end,
-                   KernelIsa isa = KernelIsa::kBest);
+void PackedProduct(const float* packed, int64_t rows, int64_t cols, const float* x, int64_t batch, const float* bias,
+                   bool relu, float* y, int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
 
 }  // namespace txl
 

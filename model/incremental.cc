@@ -95,7 +95,8 @@ std::vector<at::Tensor> HugePageTensors(const std::vector<std::vector<int64_t>>&
   auto arena = std::shared_ptr<void>(raw, [](void* p) { std::free(p); });
   char* at = static_cast<char*>(raw);
   for (const auto& shape : shapes) {
-    out.push_back(at::from_blob(at, shape, [arena](void*) {}, at::TensorOptions().dtype(at::kFloat)));
+    out.push_back(at::from_blob(
+        at, shape, [arena](void*) {}, at::TensorOptions().dtype(at::kFloat)));
     at += ArenaBytes(shape);
   }
   return out;
@@ -155,8 +156,7 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
   if (distances <= rel_size_) return;
   // Grow geometrically so that sessions with rising mem_len rebuild rarely.
   const int64_t size = std::max({distances, 2 * rel_size_, config_.mem_len});
-  at::Tensor pos = PositionEmbedding(
-      weights_, ClampedDistances(config_, size, at::TensorOptions().device(device_)));
+  at::Tensor pos = PositionEmbedding(weights_, ClampedDistances(config_, size, at::TensorOptions().device(device_)));
   rel_k_.clear();
   rel_kt_.clear();
   for (const LayerWeights& L : weights_.layers) {
@@ -205,8 +205,8 @@ at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
     const int64_t n = static_cast<int64_t>(item.tokens.size());
     // Room for every position the step will hold (contents kept: invisible).
     if (n > 0 && m->mem_len_ > 1) Reserve(m, std::min(m->mem_len_, m->position_ + n));
-    pending.push_back({m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()),
-                       std::vector<at::Tensor>(m->v_.size())});
+    pending.push_back(
+        {m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()), std::vector<at::Tensor>(m->v_.size())});
     max_n = std::max(max_n, n);
   }
   const bool can_decode = device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat;
@@ -253,8 +253,7 @@ at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
   return all.size() == 1 ? all[0] : at::cat(all, 0);
 }
 
-at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
-                                        const std::vector<std::vector<int64_t>>& tokens) {
+at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) {
   const ModelConfig& c = config_;
   const int64_t B = static_cast<int64_t>(batch.size()), H = c.n_head, dh = c.d_head;
   std::vector<int64_t> flat(B);
@@ -327,8 +326,12 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     for (int64_t b = 0; b < B; ++b) {
       SessionMemory* m = batch[b]->memory;
       const bool ring = m->mem_len_ > 1;
-      sessions[b] = {ring ? m->k_[l].data_ptr<float>() : nullptr, ring ? m->v_[l].data_ptr<float>() : nullptr,
-                     m->capacity_, m->mem_len_, batch[b]->position, batch[b]->length};
+      sessions[b] = {ring ? m->k_[l].data_ptr<float>() : nullptr,
+                     ring ? m->v_[l].data_ptr<float>() : nullptr,
+                     m->capacity_,
+                     m->mem_len_,
+                     batch[b]->position,
+                     batch[b]->length};
     }
     at::Tensor h = (c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x).contiguous();
     args.u = P.u.data_ptr<float>();
@@ -361,9 +364,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
     } else {
       at::Tensor qkv = Linear(h, L.qkv_w, P.qkv, at::Tensor()).contiguous();  // [B, 3H dh]
       args.qkv = qkv.data_ptr<float>();
-      at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
-        DecodeAttention(args, begin, end);
-      });
+      at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) { DecodeAttention(args, begin, end); });
       out = Linear(vec, L.o_w, P.o, at::Tensor());
     }
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
@@ -395,8 +396,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch,
   return x;
 }
 
-at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
-                                  const std::vector<std::vector<int64_t>>& tokens) {
+at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) {
   const ModelConfig& c = config_;
   const int64_t B = static_cast<int64_t>(batch.size()), H = c.n_head, dh = c.d_head;
   std::vector<int64_t> n(B), m(B), M(B), K(B), flat, rows;
@@ -442,7 +442,7 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch,
   at::Tensor dist = mt + qi - kj;
   // Padded query rows stay unmasked so their softmax is finite; they are dropped.
   at::Tensor masked = ((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt);
-  masked = masked.unsqueeze(1);                                     // [B, 1, N, Kmax]
+  masked = masked.unsqueeze(1);  // [B, 1, N, Kmax]
   at::Tensor gather_idx = dist.clamp(0, D - 1).unsqueeze(1).expand({B, H, N, Kmax});
   at::Tensor row_idx = uniform ? at::Tensor() : to_dev(rows);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));

@@ -36,10 +36,10 @@ class SessionMemory {
 
   int64_t mem_len() const { return mem_len_; }
   int64_t position() const { return position_; }  // tokens in the history
-  int64_t length() const { return length_; }       // positions held
-  int64_t bytes() const;                           // allocated: capacity slots in every layer
-  int64_t capacity() const { return capacity_; }   // ring slots per layer
-  SessionMemory Clone() const;  // deep copy (fork)
+  int64_t length() const { return length_; }      // positions held
+  int64_t bytes() const;                          // allocated: capacity slots in every layer
+  int64_t capacity() const { return capacity_; }  // ring slots per layer
+  SessionMemory Clone() const;                    // deep copy (fork)
 
   // A byte image of the memory (session_snapshot.cc), and its inverse for a
   // model of the same shape on `device`: INVALID_ARGUMENT naming what does
@@ -54,7 +54,7 @@ class SessionMemory {
   int64_t mem_len_;
   int64_t position_ = 0;
   int64_t length_ = 0;
-  int64_t capacity_ = 0;  // < mem_len only while position_ <= capacity_ (no wrap yet)
+  int64_t capacity_ = 0;           // < mem_len only while position_ <= capacity_ (no wrap yet)
   std::vector<at::Tensor> k_, v_;  // per layer [H, capacity, dh]; undefined while capacity is 0
 };
 

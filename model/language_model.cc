@@ -1,7 +1,7 @@
 #include "model/language_model.h"
 
-#include <torch/cuda.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <torch/script.h>
 
 #include <algorithm>
@@ -24,9 +24,8 @@ void SetThreads(int threads) { at::set_num_threads(threads); }
 
 int ParallelLoopThreads() {
   std::atomic<uint64_t> seen{0};  // a bit per thread number
-  at::parallel_for(0, 64 * at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    seen |= uint64_t{1} << std::min(63, at::get_thread_num());
-  });
+  at::parallel_for(0, 64 * at::get_num_threads(), 1,
+                   [&](int64_t, int64_t) { seen |= uint64_t{1} << std::min(63, at::get_thread_num()); });
   return __builtin_popcountll(seen.load());
 }
 
@@ -45,7 +44,8 @@ class ModelSession final : public SessionState {
     try {
       return std::unique_ptr<SessionState>(new ModelSession(memory_.Clone(), full_bytes_));
     } catch (const c10::Error& e) {
-      return absl::ResourceExhaustedError(absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
     }
   }
   absl::Status AppendTo(std::string* out) const override {
@@ -85,14 +85,13 @@ LanguageModel::LanguageModel(ModelConfig config, Tokenizer tokenizer, std::strin
 
 LanguageModel::~LanguageModel() = default;
 
-absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(
-    const LanguageModelOptions& options) {
+absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const LanguageModelOptions& options) {
   std::optional<at::Device> device;
   try {
     device.emplace(options.device);
   } catch (const c10::Error&) {
-    return absl::InvalidArgumentError(absl::StrCat("device: unknown device '", options.device,
-                                                   "' (use cpu, cuda or cuda:N)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: unknown device '", options.device, "' (use cpu, cuda or cuda:N)"));
   }
   if (!device->is_cpu() && !device->is_cuda()) {
     return absl::InvalidArgumentError(
@@ -101,13 +100,12 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(
   if (device->is_cuda()) {
     if (!torch::cuda::is_available()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "device: '", options.device,
-          "' asked for, but this libtorch has no CUDA support or no GPU is visible"));
+          "device: '", options.device, "' asked for, but this libtorch has no CUDA support or no GPU is visible"));
     }
     const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
     if (device->has_index() && device->index() >= count) {
-      return absl::InvalidArgumentError(absl::StrCat("device: '", options.device, "' but only ",
-                                                     count, " CUDA device(s) are visible"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device: '", options.device, "' but only ", count, " CUDA device(s) are visible"));
     }
   }
   if (options.threads < 0)
@@ -131,19 +129,16 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(
       h = Hash64(t.data_ptr(), t.numel() * sizeof(float), h);
     }
     auto model = std::make_unique<IncrementalModel>(ckpt.config, *ckpt.weights, *device);
-    std::unique_ptr<LanguageModel> lm(
-        new LanguageModel(ckpt.config, ckpt.tokenizer, device->str(), std::move(model)));
+    std::unique_ptr<LanguageModel> lm(new LanguageModel(ckpt.config, ckpt.tokenizer, device->str(), std::move(model)));
     lm->fingerprint_ = absl::StrFormat("%016x", h);
     return lm;
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("moving the model to ", device->str(), ": ",
-                                            e.what_without_backtrace()));
+    return absl::InternalError(absl::StrCat("moving the model to ", device->str(), ": ", e.what_without_backtrace()));
   }
 }
 
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {
-  if (mem_len < 1)
-    return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
+  if (mem_len < 1) return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
   return std::unique_ptr<SessionState>(
       new ModelSession(SessionMemory(config_.n_layer, mem_len), FullMemoryBytes(mem_len)));
 }
@@ -165,29 +160,27 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
   items.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const StepInput& in = inputs[i];
-    if (in.session == nullptr)
-      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": no session"));
+    if (in.session == nullptr) return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": no session"));
     if (!seen.insert(in.session).second)
       return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": session given twice"));
     if (in.targets.size() > in.tokens.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": ", in.targets.size(),
-                                                     " targets for ", in.tokens.size(), " tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": ", in.targets.size(), " targets for ", in.tokens.size(), " tokens"));
     }
     if (in.want_last_distribution && in.tokens.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step input ", i, ": a distribution needs at least one token"));
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": a distribution needs at least one token"));
     }
     for (const std::vector<int>* list : {&in.tokens, &in.targets}) {
       for (int t : *list) {
         if (t < 0 || t >= V) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              list == &in.tokens ? "token" : "target", " id ", t, " is outside [0, ", V, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(list == &in.tokens ? "token" : "target", " id ", t, " is outside [0, ", V, ")"));
         }
       }
     }
     // Sessions come from this model (NewSession, RestoreSession, Clone).
-    items.push_back({static_cast<ModelSession*>(in.session)->memory(),
-                     std::vector<int64_t>(in.tokens.begin(), in.tokens.end())});
+    items.push_back(
+        {static_cast<ModelSession*>(in.session)->memory(), std::vector<int64_t>(in.tokens.begin(), in.tokens.end())});
   }
 
   std::vector<StepOutput> out(inputs.size());
@@ -216,9 +209,7 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       if (r >= block_start + kBlock) {
         block_start = r;
         at::Tensor idx = row_index.slice(0, r, std::min(n_rows, r + kBlock));
-        block = LogProbs(config_, model_->weights(), hidden.index_select(0, idx))
-                    .to(at::kCPU)
-                    .contiguous();
+        block = LogProbs(config_, model_->weights(), hidden.index_select(0, idx)).to(at::kCPU).contiguous();
       }
       return block.data_ptr<float>() + (r - block_start) * V;
     };

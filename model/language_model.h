@@ -29,9 +29,9 @@ void SetThreads(int threads);
 // (GCC), otherwise 1 (the clang sanitizer builds: serial, same results).
 int ParallelLoopThreads();
 struct LanguageModelOptions {
-  std::string path;             // checkpoint file
-  std::string device = "cpu";   // "cpu", "cuda" or "cuda:N"
-  int threads = 0;              // intra-op threads; 0 keeps libtorch's default
+  std::string path;            // checkpoint file
+  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
+  int threads = 0;             // intra-op threads; 0 keeps libtorch's default
 };
 
 class LanguageModel {

@@ -57,25 +57,23 @@ absl::Status ModelConfig::Validate() const {
   int64_t prev = 0;
   for (int64_t c : cutoffs) {
     if (c <= prev || c >= n_token)
-      return Invalid("cutoffs", absl::StrCat("must be strictly increasing within (0, n_token=",
-                                             n_token, "), got [", absl::StrJoin(cutoffs, ", "), "]"));
+      return Invalid("cutoffs", absl::StrCat("must be strictly increasing within (0, n_token=", n_token, "), got [",
+                                             absl::StrJoin(cutoffs, ", "), "]"));
     prev = c;
   }
   if (div_val > 1) {
     for (int64_t i = 0; i <= n_clusters(); ++i) {
       if (bin_dim(i) < 1)
-        return Invalid("div_val", absl::StrCat("leaves bin ", i, " with width 0 (d_embed=",
-                                               embed_dim(), ", div_val=", div_val, ")"));
+        return Invalid("div_val", absl::StrCat("leaves bin ", i, " with width 0 (d_embed=", embed_dim(),
+                                               ", div_val=", div_val, ")"));
     }
   }
   if (!tie_projs.empty() && static_cast<int64_t>(tie_projs.size()) != n_clusters() + 1)
-    return Invalid("tie_projs", absl::StrCat("must have len(cutoffs)+1 = ", n_clusters() + 1,
-                                             " entries, got ", tie_projs.size()));
+    return Invalid("tie_projs",
+                   absl::StrCat("must have len(cutoffs)+1 = ", n_clusters() + 1, " entries, got ", tie_projs.size()));
   if (mem_len < 0) return Invalid("mem_len", absl::StrCat("must be >= 0, got ", mem_len));
-  if (!(dropout >= 0.0 && dropout < 1.0))
-    return Invalid("dropout", absl::StrCat("must be in [0, 1), got ", dropout));
-  if (!(dropatt >= 0.0 && dropatt < 1.0))
-    return Invalid("dropatt", absl::StrCat("must be in [0, 1), got ", dropatt));
+  if (!(dropout >= 0.0 && dropout < 1.0)) return Invalid("dropout", absl::StrCat("must be in [0, 1), got ", dropout));
+  if (!(dropatt >= 0.0 && dropatt < 1.0)) return Invalid("dropatt", absl::StrCat("must be in [0, 1), got ", dropatt));
   return absl::OkStatus();
 }
 
@@ -83,10 +81,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("model config: not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("model config: JSON must be an object");
-  static const char* kKeys[] = {"n_token", "n_layer", "n_head", "d_model", "d_head", "d_inner",
-                                "d_embed", "div_val", "cutoffs", "tie_weight", "tie_projs",
-                                "pre_lnorm", "untie_r", "mem_len", "clamp_len", "same_length",
-                                "dropout", "dropatt", "tail_cluster_order"};
+  static const char* kKeys[] = {"n_token",     "n_layer",   "n_head",  "d_model",           "d_head",
+                                "d_inner",     "d_embed",   "div_val", "cutoffs",           "tie_weight",
+                                "tie_projs",   "pre_lnorm", "untie_r", "mem_len",           "clamp_len",
+                                "same_length", "dropout",   "dropatt", "tail_cluster_order"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     bool known = false;
     for (const char* k : kKeys) known |= it.key() == k;
@@ -124,9 +122,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text) {
   } else if (order == "sequential") {
     c.tail_cluster_order = TailClusterOrder::kSequential;
   } else {
-    return Invalid("tail_cluster_order",
-                   absl::StrCat("must be \"reversed\" (original PyTorch) or \"sequential\" "
-                                "(TF / Hugging Face), got \"", order, "\""));
+    return Invalid("tail_cluster_order", absl::StrCat("must be \"reversed\" (original PyTorch) or \"sequential\" "
+                                                      "(TF / Hugging Face), got \"",
+                                                      order, "\""));
   }
   return c;
 }
@@ -151,8 +149,7 @@ std::string ModelConfig::ToJson() const {
   j["same_length"] = same_length;
   j["dropout"] = dropout;
   j["dropatt"] = dropatt;
-  j["tail_cluster_order"] =
-      tail_cluster_order == TailClusterOrder::kReversed ? "reversed" : "sequential";
+  j["tail_cluster_order"] = tail_cluster_order == TailClusterOrder::kReversed ? "reversed" : "sequential";
   return j.dump(2);
 }
 

@@ -46,9 +46,7 @@ struct ModelConfig {
   std::vector<int64_t> cutoff_ends() const;
   // Width of the embedding / output table of bin i.
   int64_t bin_dim(int64_t i) const;
-  bool tie_proj(int64_t i) const {
-    return i < static_cast<int64_t>(tie_projs.size()) && tie_projs[i];
-  }
+  bool tie_proj(int64_t i) const { return i < static_cast<int64_t>(tie_projs.size()) && tie_projs[i]; }
 
   // Checks every field; the message names the field and the allowed range.
   absl::Status Validate() const;

@@ -23,8 +23,8 @@ void SessionMemory::AppendTo(std::string* out) const {
   const int64_t n_layer = static_cast<int64_t>(k_.size());
   const bool has = capacity_ > 0 && n_layer > 0 && k_[0].defined();
   const int64_t heads = has ? k_[0].size(0) : 0, d_head = has ? k_[0].size(2) : 0;
-  const int64_t fields[kFields] = {n_layer, heads, d_head, mem_len_, position_, length_, has ? capacity_ : 0,
-                                   static_cast<int64_t>(sizeof(float))};
+  const int64_t fields[kFields] = {
+      n_layer, heads, d_head, mem_len_, position_, length_, has ? capacity_ : 0, static_cast<int64_t>(sizeof(float))};
   out->append(kMagic, sizeof(kMagic));
   out->append(reinterpret_cast<const char*>(fields), sizeof(fields));
   if (!has) return;
@@ -46,16 +46,15 @@ absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, cons
   const int64_t n_layer = f[0], heads = f[1], d_head = f[2], mem_len = f[3], position = f[4], length = f[5],
                 capacity = f[6], element = f[7];
   if (n_layer != config.n_layer || (capacity > 0 && (heads != config.n_head || d_head != config.d_head))) {
-    return absl::InvalidArgumentError(absl::StrCat("session state: made by a model with n_layer ", n_layer,
-                                                   ", n_head ", heads, ", d_head ", d_head, "; this one has ",
-                                                   config.n_layer, ", ", config.n_head, ", ", config.d_head));
+    return absl::InvalidArgumentError(absl::StrCat("session state: made by a model with n_layer ", n_layer, ", n_head ",
+                                                   heads, ", d_head ", d_head, "; this one has ", config.n_layer, ", ",
+                                                   config.n_head, ", ", config.d_head));
   }
   // No session gets near 2^62 positions; past it, a step's arithmetic could overflow.
   constexpr int64_t kMaxPosition = int64_t{1} << 62;
   if (element != static_cast<int64_t>(sizeof(float)) || mem_len < 1 || position < 0 || length < 0 ||
-      position > kMaxPosition || mem_len > kMaxPosition ||
-      length > mem_len - 1 || length > position || capacity < 0 || capacity > mem_len ||
-      (capacity < mem_len && position > capacity) || (length > 0 && capacity == 0)) {
+      position > kMaxPosition || mem_len > kMaxPosition || length > mem_len - 1 || length > position || capacity < 0 ||
+      capacity > mem_len || (capacity < mem_len && position > capacity) || (length > 0 && capacity == 0)) {
     return absl::InvalidArgumentError("session state: inconsistent header");
   }
   // The header is client data (ImportSession): sizes are computed with overflow checks.

@@ -36,7 +36,7 @@ class SessionState {
 
 struct StepInput {
   SessionState* session = nullptr;
-  std::vector<int> tokens;   // the new tokens (may be empty)
+  std::vector<int> tokens;  // the new tokens (may be empty)
   // targets[i] is scored by the distribution after tokens[i]; at most
   // tokens.size() entries.
   std::vector<int> targets;

@@ -70,9 +70,8 @@ bool IsValidUtf8(std::string_view s) {
 // Python's str.isspace(), so that Encode splits words exactly as the
 // original TXL corpus code (line.split()) did when the vocab was built.
 bool IsPySpace(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
-         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
-         cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 bool HasSpace(std::string_view s) {
@@ -114,33 +113,29 @@ std::string SymbolProblem(TokenizerKind kind, std::string_view s) {
     uint32_t cp;
     const int n = Utf8SeqLen(s, 0, &cp);
     if (n > 0 ? static_cast<size_t>(n) == s.size() : s.size() == 1) return "";
-    return absl::StrCat("must be one character (UTF-8 code point), one byte or \"<unk>\", got '",
-                        Printable(s), "'");
+    return absl::StrCat("must be one character (UTF-8 code point), one byte or \"<unk>\", got '", Printable(s), "'");
   }
   // Encode splits on whitespace, so such a word could never be produced.
-  if (kind == TokenizerKind::kWord && HasSpace(s))
-    return absl::StrCat("contains whitespace: '", Printable(s), "'");
+  if (kind == TokenizerKind::kWord && HasSpace(s)) return absl::StrCat("contains whitespace: '", Printable(s), "'");
   return "";
 }
 
 // Checks emptiness, each symbol and duplicates; name(i) names entry i for
 // the message ("symbols[3]", "line 4").
 template <typename Name>
-absl::Status CheckSymbols(TokenizerKind kind, const std::vector<std::string>& symbols,
-                          const std::string& prefix, Name name) {
+absl::Status CheckSymbols(TokenizerKind kind, const std::vector<std::string>& symbols, const std::string& prefix,
+                          Name name) {
   if (symbols.empty()) return absl::InvalidArgumentError(absl::StrCat(prefix, "no symbols"));
   if (symbols.size() > static_cast<size_t>(INT_MAX))
     return absl::InvalidArgumentError(absl::StrCat(prefix, "too many symbols: ", symbols.size()));
   std::unordered_map<std::string_view, size_t> seen;
   for (size_t i = 0; i < symbols.size(); ++i) {
     const std::string problem = SymbolProblem(kind, symbols[i]);
-    if (!problem.empty())
-      return absl::InvalidArgumentError(absl::StrCat(prefix, name(i), " ", problem));
+    if (!problem.empty()) return absl::InvalidArgumentError(absl::StrCat(prefix, name(i), " ", problem));
     auto [it, inserted] = seen.emplace(symbols[i], i);
     if (!inserted)
-      return absl::InvalidArgumentError(absl::StrCat(prefix, name(i), " duplicates ",
-                                                     name(it->second), " ('",
-                                                     Printable(symbols[i]), "')"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, name(i), " duplicates ", name(it->second), " ('", Printable(symbols[i]), "')"));
   }
   return absl::OkStatus();
 }
@@ -152,8 +147,7 @@ std::string Abbreviated(const json& j) {
 
 }  // namespace
 
-Tokenizer::Tokenizer(TokenizerKind kind, std::vector<std::string> symbols)
-    : kind_(kind), symbols_(std::move(symbols)) {
+Tokenizer::Tokenizer(TokenizerKind kind, std::vector<std::string> symbols) : kind_(kind), symbols_(std::move(symbols)) {
   if (kind_ == TokenizerKind::kByte) return;  // Encode needs no lookup
   ids_.reserve(symbols_.size());
   for (size_t i = 0; i < symbols_.size(); ++i) ids_.emplace(symbols_[i], static_cast<int>(i));
@@ -172,8 +166,9 @@ Tokenizer Tokenizer::Byte() {
 
 absl::StatusOr<Tokenizer> Tokenizer::CharFromCorpus(std::string_view corpus, bool add_unk) {
   if (corpus.empty())
-    return absl::InvalidArgumentError("tokenizer: cannot build a character vocabulary from an "
-                                      "empty corpus");
+    return absl::InvalidArgumentError(
+        "tokenizer: cannot build a character vocabulary from an "
+        "empty corpus");
   // Flags instead of a set: corpora such as enwik8 are 100M characters.
   constexpr uint32_t kStrayByteBase = 0x110000;  // after the last code point
   std::vector<bool> seen(kStrayByteBase + 256);
@@ -218,8 +213,8 @@ absl::StatusOr<Tokenizer> Tokenizer::WordFromVocabFile(const std::string& path) 
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::WordFromSymbols(std::vector<std::string> symbols) {
-  RETURN_IF_ERROR(CheckSymbols(TokenizerKind::kWord, symbols, "tokenizer: ",
-                               [](size_t i) { return absl::StrCat("symbols[", i, "]"); }));
+  RETURN_IF_ERROR(CheckSymbols(TokenizerKind::kWord, symbols,
+                               "tokenizer: ", [](size_t i) { return absl::StrCat("symbols[", i, "]"); }));
   return Tokenizer(TokenizerKind::kWord, std::move(symbols));
 }
 
@@ -249,8 +244,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view text) {
   } else if (type == "word") {
     kind = TokenizerKind::kWord;
   } else {
-    return invalid("\"type\" must be \"byte\", \"char\" or \"word\", got ",
-                   Abbreviated(*type_it));
+    return invalid("\"type\" must be \"byte\", \"char\" or \"word\", got ", Abbreviated(*type_it));
   }
   auto sym_it = j.find("symbols");
   if (kind == TokenizerKind::kByte) {
@@ -277,13 +271,11 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view text) {
         bytes.push_back(static_cast<char>(b.get<int64_t>()));
       }
     }
-    if (!ok)
-      return invalid("symbols[", i, "] must be a string or a list of byte values (0-255), got ",
-                     Abbreviated(e));
+    if (!ok) return invalid("symbols[", i, "] must be a string or a list of byte values (0-255), got ", Abbreviated(e));
     symbols.push_back(std::move(bytes));
   }
-  RETURN_IF_ERROR(CheckSymbols(kind, symbols, "tokenizer.json: ",
-                               [](size_t i) { return absl::StrCat("symbols[", i, "]"); }));
+  RETURN_IF_ERROR(
+      CheckSymbols(kind, symbols, "tokenizer.json: ", [](size_t i) { return absl::StrCat("symbols[", i, "]"); }));
   return Tokenizer(kind, std::move(symbols));
 }
 
@@ -326,13 +318,12 @@ absl::StatusOr<std::vector<int>> Tokenizer::Encode(std::string_view text) const 
       } else if (unk_id_ >= 0) {
         ids.push_back(unk_id_);
       } else if (n > 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("character '", Printable(sym), "' (U+", HexUpper(cp, 4), ") at byte ",
-                         pos, " is not in the vocabulary"));
+        return absl::InvalidArgumentError(absl::StrCat("character '", Printable(sym), "' (U+", HexUpper(cp, 4),
+                                                       ") at byte ", pos, " is not in the vocabulary"));
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("byte 0x", HexUpper(static_cast<unsigned char>(sym[0]), 2),
-                         " (not valid UTF-8) at byte ", pos, " is not in the vocabulary"));
+        return absl::InvalidArgumentError(absl::StrCat("byte 0x", HexUpper(static_cast<unsigned char>(sym[0]), 2),
+                                                       " (not valid UTF-8) at byte ", pos,
+                                                       " is not in the vocabulary"));
       }
       pos += sym.size();
     }
@@ -348,8 +339,8 @@ absl::StatusOr<std::vector<int>> Tokenizer::Encode(std::string_view text) const 
     } else if (unk_id_ >= 0) {
       ids.push_back(unk_id_);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("word '", Printable(word), "' at byte ",
-                                                     word_start, " is not in the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("word '", Printable(word), "' at byte ", word_start, " is not in the vocabulary"));
     }
     word_start = std::string_view::npos;
     return absl::OkStatus();
@@ -374,8 +365,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int> ids) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     const int id = ids[i];
     if (id < 0 || static_cast<size_t>(id) >= symbols_.size())
-      return absl::InvalidArgumentError(
-          absl::StrCat(OutOfRange(id, symbols_.size()), " (at index ", i, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(OutOfRange(id, symbols_.size()), " (at index ", i, ")"));
     if (kind_ != TokenizerKind::kWord) {
       out += symbols_[id];
     } else if (id == eos_id_) {

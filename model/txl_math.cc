@@ -41,8 +41,7 @@ at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Te
   return at::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
 }
 
-at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Tensor& x,
-                       double dropout, bool train) {
+at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Tensor& x, double dropout, bool train) {
   auto core = [&](const at::Tensor& in) {
     at::Tensor h = at::relu(at::linear(in, L.ff1_w, L.ff1_b));
     h = at::dropout(h, dropout, train);
@@ -54,8 +53,7 @@ at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Te
 
 namespace {
 
-at::Tensor Logit(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
-                 const at::Tensor& proj) {
+at::Tensor Logit(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& proj) {
   if (!proj.defined()) return at::linear(h, weight, bias);
   return at::linear(at::matmul(h, proj), weight, bias);
 }
@@ -69,12 +67,8 @@ at::Tensor LogProbs(const ModelConfig& c, const TxlWeights& w, const at::Tensor&
   }
   const std::vector<int64_t> ends = c.cutoff_ends();
   const bool div1 = c.div_val == 1;
-  auto bin_weight = [&](int64_t i) {
-    return div1 ? w.out_w[0].slice(0, ends[i], ends[i + 1]) : w.out_w[i];
-  };
-  auto bin_bias = [&](int64_t i) {
-    return div1 ? w.out_b[0].slice(0, ends[i], ends[i + 1]) : w.out_b[i];
-  };
+  auto bin_weight = [&](int64_t i) { return div1 ? w.out_w[0].slice(0, ends[i], ends[i + 1]) : w.out_w[i]; };
+  auto bin_bias = [&](int64_t i) { return div1 ? w.out_b[0].slice(0, ends[i], ends[i + 1]) : w.out_b[i]; };
   const int64_t shortlist = ends[1];
   at::Tensor head_w = at::cat({bin_weight(0), w.cluster_w}, 0);
   at::Tensor head_b = at::cat({bin_bias(0), w.cluster_b}, 0);
@@ -82,8 +76,7 @@ at::Tensor LogProbs(const ModelConfig& c, const TxlWeights& w, const at::Tensor&
   std::vector<at::Tensor> pieces = {head.slice(-1, 0, shortlist)};
   for (int64_t i = 1; i <= nc; ++i) {
     at::Tensor tail = at::log_softmax(Logit(hidden, bin_weight(i), bin_bias(i), w.out_projs[i]), -1);
-    const int64_t col = c.tail_cluster_order == TailClusterOrder::kReversed ? shortlist + nc - i
-                                                                            : shortlist + i - 1;
+    const int64_t col = c.tail_cluster_order == TailClusterOrder::kReversed ? shortlist + nc - i : shortlist + i - 1;
     pieces.push_back(tail + head.slice(-1, col, col + 1));
   }
   return at::cat(pieces, -1);

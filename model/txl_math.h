@@ -22,8 +22,7 @@ at::Tensor PositionEmbedding(const TxlWeights& w, const at::Tensor& distances);
 at::Tensor ClampedDistances(const ModelConfig& c, int64_t n, const at::TensorOptions& opts);
 
 // Position-wise feed-forward block with its residual and layer norm.
-at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Tensor& x,
-                       double dropout, bool train);
+at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Tensor& x, double dropout, bool train);
 
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 

@@ -35,12 +35,11 @@ std::vector<Slot> Slots(const ModelConfig& c, TxlWeights* w) {
   w->emb_projs.resize(div1 ? (div1_proj ? 1 : 0) : n_bins);
   for (int64_t i = 0; i < n_tables; ++i) {
     int64_t rows = div1 ? c.n_token : ends[i + 1] - ends[i];
-    s.push_back({absl::StrCat("word_emb.emb_layers.", i, ".weight"), {rows, c.bin_dim(i)},
-                 &w->emb_layers[i], Init::kNormal});
+    s.push_back(
+        {absl::StrCat("word_emb.emb_layers.", i, ".weight"), {rows, c.bin_dim(i)}, &w->emb_layers[i], Init::kNormal});
   }
   for (size_t i = 0; i < w->emb_projs.size(); ++i) {
-    s.push_back({absl::StrCat("word_emb.emb_projs.", i), {d, c.bin_dim(i)}, &w->emb_projs[i],
-                 Init::kProj});
+    s.push_back({absl::StrCat("word_emb.emb_projs.", i), {d, c.bin_dim(i)}, &w->emb_projs[i], Init::kProj});
   }
   s.push_back({"pos_emb.inv_freq", {d / 2}, &w->inv_freq, Init::kInvFreq, "", true});
   std::vector<int64_t> bias_shape = {c.n_head, c.d_head};
@@ -73,7 +72,9 @@ std::vector<Slot> Slots(const ModelConfig& c, TxlWeights* w) {
   w->out_b.resize(n_tables);
   for (int64_t i = 0; i < n_tables; ++i) {
     int64_t rows = div1 ? c.n_token : ends[i + 1] - ends[i];
-    s.push_back({absl::StrCat("crit.out_layers.", i, ".weight"), {rows, c.bin_dim(i)}, &w->out_w[i],
+    s.push_back({absl::StrCat("crit.out_layers.", i, ".weight"),
+                 {rows, c.bin_dim(i)},
+                 &w->out_w[i],
                  Init::kNormal,
                  c.tie_weight ? absl::StrCat("word_emb.emb_layers.", i, ".weight") : ""});
     s.push_back({absl::StrCat("crit.out_layers.", i, ".bias"), {rows}, &w->out_b[i], Init::kZero});
@@ -96,12 +97,8 @@ std::string ShapeStr(at::IntArrayRef shape) { return absl::StrCat("[", absl::Str
 
 }  // namespace
 
-at::Tensor TxlWeights::u(const ModelConfig& c, int64_t layer) const {
-  return c.untie_r ? r_w_bias[layer] : r_w_bias;
-}
-at::Tensor TxlWeights::v(const ModelConfig& c, int64_t layer) const {
-  return c.untie_r ? r_r_bias[layer] : r_r_bias;
-}
+at::Tensor TxlWeights::u(const ModelConfig& c, int64_t layer) const { return c.untie_r ? r_w_bias[layer] : r_w_bias; }
+at::Tensor TxlWeights::v(const ModelConfig& c, int64_t layer) const { return c.untie_r ? r_r_bias[layer] : r_r_bias; }
 
 std::vector<TxlWeights::Named> TxlWeights::NamedTensors(const ModelConfig& c) const {
   TxlWeights copy = *this;  // shallow: tensors are shared handles
@@ -138,8 +135,8 @@ TxlWeights TxlWeights::To(const at::Device& device) const {
   for (auto& t : copy.emb_layers) move_shared(t);
   for (auto& t : copy.emb_projs) move_shared(t);
   for (auto& L : copy.layers) {
-    for (at::Tensor* t : {&L.qkv_w, &L.r_w, &L.o_w, &L.attn_ln_w, &L.attn_ln_b, &L.ff1_w, &L.ff1_b,
-                          &L.ff2_w, &L.ff2_b, &L.ff_ln_w, &L.ff_ln_b})
+    for (at::Tensor* t : {&L.qkv_w, &L.r_w, &L.o_w, &L.attn_ln_w, &L.attn_ln_b, &L.ff1_w, &L.ff1_b, &L.ff2_w, &L.ff2_b,
+                          &L.ff_ln_w, &L.ff_ln_b})
       move_shared(*t);
   }
   for (at::Tensor* t : {&copy.r_w_bias, &copy.r_r_bias, &copy.inv_freq, &copy.cluster_w, &copy.cluster_b})
@@ -170,21 +167,13 @@ TxlWeights InitWeights(const ModelConfig& c, uint64_t seed, double init_std, dou
     }
     at::Tensor t;
     switch (s.init) {
-      case Init::kNormal:
-        t = at::normal(0.0, init_std, s.shape, gen, opts);
-        break;
-      case Init::kProj:
-        t = at::normal(0.0, proj_init_std, s.shape, gen, opts);
-        break;
-      case Init::kLayerNormWeight:
-        t = at::normal(1.0, init_std, s.shape, gen, opts);
-        break;
-      case Init::kZero:
-        t = at::zeros(s.shape, opts);
-        break;
+      case Init::kNormal: t = at::normal(0.0, init_std, s.shape, gen, opts); break;
+      case Init::kProj: t = at::normal(0.0, proj_init_std, s.shape, gen, opts); break;
+      case Init::kLayerNormWeight: t = at::normal(1.0, init_std, s.shape, gen, opts); break;
+      case Init::kZero: t = at::zeros(s.shape, opts); break;
       case Init::kInvFreq:
-        t = 1.0 / at::pow(10000.0, at::arange(0.0, static_cast<double>(c.d_model), 2.0, opts) /
-                                       static_cast<double>(c.d_model));
+        t = 1.0 / at::pow(10000.0,
+                          at::arange(0.0, static_cast<double>(c.d_model), 2.0, opts) / static_cast<double>(c.d_model));
         break;
     }
     *s.tensor = t;
@@ -193,8 +182,7 @@ TxlWeights InitWeights(const ModelConfig& c, uint64_t seed, double init_std, dou
   return w;
 }
 
-absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c,
-                                            const std::map<std::string, at::Tensor>& named,
+absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c, const std::map<std::string, at::Tensor>& named,
                                             const std::string& source) {
   TxlWeights w;
   std::vector<Slot> slots = Slots(c, &w);
@@ -204,9 +192,8 @@ absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c,
     if (!known.count(name)) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": config contradicts the tensors: tensor '", name, "' ", ShapeStr(t.sizes()),
-          " has no place in a model with n_layer=", c.n_layer, ", cutoffs=[",
-          absl::StrJoin(c.cutoffs, ","), "], div_val=", c.div_val, ", d_embed=", c.embed_dim(),
-          ", d_model=", c.d_model));
+          " has no place in a model with n_layer=", c.n_layer, ", cutoffs=[", absl::StrJoin(c.cutoffs, ","),
+          "], div_val=", c.div_val, ", d_embed=", c.embed_dim(), ", d_model=", c.d_model));
     }
   }
   std::map<std::string, at::Tensor> resolved;
@@ -214,8 +201,7 @@ absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c,
     auto it = named.find(s.name);
     if (it == named.end()) {
       if (s.init == Init::kInvFreq) {  // derivable; some exports drop buffers
-        *s.tensor = 1.0 / at::pow(10000.0, at::arange(0.0, static_cast<double>(c.d_model), 2.0,
-                                                      at::kFloat) /
+        *s.tensor = 1.0 / at::pow(10000.0, at::arange(0.0, static_cast<double>(c.d_model), 2.0, at::kFloat) /
                                                static_cast<double>(c.d_model));
         continue;
       }
@@ -224,19 +210,17 @@ absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c,
         resolved[s.name] = *s.tensor;
         continue;
       }
-      return absl::NotFoundError(absl::StrCat(source, ": missing tensor '", s.name,
-                                              "' (expected shape ", ShapeStr(s.shape), ")"));
+      return absl::NotFoundError(
+          absl::StrCat(source, ": missing tensor '", s.name, "' (expected shape ", ShapeStr(s.shape), ")"));
     }
     at::Tensor t = it->second;
     if (t.sizes() != at::IntArrayRef(s.shape)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": tensor '", s.name, "' has shape ", ShapeStr(t.sizes()),
-                       ", but the config implies ", ShapeStr(s.shape)));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor '", s.name, "' has shape ", ShapeStr(t.sizes()),
+                                                     ", but the config implies ", ShapeStr(s.shape)));
     }
     if (!at::isFloatingType(t.scalar_type())) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor '", s.name,
-                                                     "' is not floating point (",
-                                                     c10::toString(t.scalar_type()), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": tensor '", s.name, "' is not floating point (", c10::toString(t.scalar_type()), ")"));
     }
     t = t.detach().to(at::kCPU, at::kFloat).contiguous();
     if (!at::isfinite(t).all().item<bool>()) {
@@ -246,9 +230,9 @@ absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c,
     if (!s.tied_to.empty()) {
       const at::Tensor& src = resolved.at(s.tied_to);
       if (!at::equal(src, t)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ": config contradicts the tensors: it ties '", s.name, "' to '", s.tied_to,
-            "' (tie_weight/tie_projs) but their values differ"));
+        return absl::InvalidArgumentError(absl::StrCat(source, ": config contradicts the tensors: it ties '", s.name,
+                                                       "' to '", s.tied_to,
+                                                       "' (tie_weight/tie_projs) but their values differ"));
       }
       t = src;  // keep them one tensor
     }

@@ -17,9 +17,9 @@
 namespace txl {
 
 struct LayerWeights {
-  at::Tensor qkv_w;                // dec_attn.qkv_net.weight [3*H*dh, d]
-  at::Tensor r_w;                  // dec_attn.r_net.weight [H*dh, d]
-  at::Tensor o_w;                  // dec_attn.o_net.weight [d, H*dh]
+  at::Tensor qkv_w;                 // dec_attn.qkv_net.weight [3*H*dh, d]
+  at::Tensor r_w;                   // dec_attn.r_net.weight [H*dh, d]
+  at::Tensor o_w;                   // dec_attn.o_net.weight [d, H*dh]
   at::Tensor attn_ln_w, attn_ln_b;  // dec_attn.layer_norm
   at::Tensor ff1_w, ff1_b;          // pos_ff.CoreNet.0
   at::Tensor ff2_w, ff2_b;          // pos_ff.CoreNet.3
@@ -30,8 +30,8 @@ struct TxlWeights {
   std::vector<at::Tensor> emb_layers;  // word_emb.emb_layers.i.weight
   std::vector<at::Tensor> emb_projs;   // word_emb.emb_projs.i (may be empty)
   std::vector<LayerWeights> layers;
-  at::Tensor r_w_bias, r_r_bias;  // [H, dh], or [n_layer, H, dh] when untie_r
-  at::Tensor inv_freq;            // pos_emb.inv_freq [d_model / 2] (buffer)
+  at::Tensor r_w_bias, r_r_bias;         // [H, dh], or [n_layer, H, dh] when untie_r
+  at::Tensor inv_freq;                   // pos_emb.inv_freq [d_model / 2] (buffer)
   std::vector<at::Tensor> out_w, out_b;  // crit.out_layers.i.{weight,bias}
   std::vector<at::Tensor> out_projs;     // crit.out_projs.i; undefined = none
   at::Tensor cluster_w, cluster_b;       // crit.cluster_{weight,bias}
@@ -61,13 +61,11 @@ std::map<std::string, std::vector<int64_t>> ExpectedShapes(const ModelConfig& c)
 // Fresh weights: normal(0, init_std) for matrices and biases u/v,
 // projections normal(0, proj_init_std), layer norms weight 1 / bias 0,
 // linear biases 0 (the original code's init scheme).
-TxlWeights InitWeights(const ModelConfig& c, uint64_t seed, double init_std = 0.02,
-                       double proj_init_std = 0.01);
+TxlWeights InitWeights(const ModelConfig& c, uint64_t seed, double init_std = 0.02, double proj_init_std = 0.01);
 
 // Builds weights from named tensors, checking names and shapes against the
 // config. `source` names the file in error messages.
-absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c,
-                                            const std::map<std::string, at::Tensor>& named,
+absl::StatusOr<TxlWeights> WeightsFromNamed(const ModelConfig& c, const std::map<std::string, at::Tensor>& named,
                                             const std::string& source);
 
 }  // namespace txl

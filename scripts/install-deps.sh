@@ -34,6 +34,8 @@ PACKAGES=(
   # Sanitizer and fuzzing builds (scripts/test.sh, docs/ROBUSTNESS.md): clang, its sanitizer and
   # libFuzzer runtimes (libclang-rt, only recommended by clang), llvm-symbolizer for the reports.
   clang-14 libclang-rt-14-dev llvm-14
+  # The formatting check of every C++ file (.clang-format; test clang_format).
+  clang-format-14
 )
 
 case "${1:-}" in

@@ -28,13 +28,13 @@
 #include "base/read_file.h"
 #include "base/status_macros.h"
 #include "server/api/auth.h"
-#include "server/durability/recovery.h"
-#include "server/engine/model_engine.h"
-#include "server/metrics/metrics.h"
+#include "server/api/service.h"
 #include "server/batching/scheduler.h"
+#include "server/durability/recovery.h"
 #include "server/durability/session_journal.h"
 #include "server/durability/state_backend.h"
-#include "server/api/service.h"
+#include "server/engine/model_engine.h"
+#include "server/metrics/metrics.h"
 #include "server/sessions/session_table.h"
 
 #ifndef TXL_BUNDLED_MODEL
@@ -123,8 +123,7 @@ std::string BundledModel() {
 // The content of the PEM file named by --`flag`, which must hold `marker`
 // (e.g. "-----BEGIN CERTIFICATE-----"): gRPC's own error for a bad file only
 // says that the port could not be opened.
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* marker,
-                                    const char* what) {
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* marker, const char* what) {
   auto text = txl::ReadFile(path);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", text.status().message()));
   if (text->find(marker) == std::string::npos) {
@@ -223,8 +222,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (!absl::GetFlag(FLAGS_state_dir).empty() && !absl::GetFlag(FLAGS_state_store).empty())
     return absl::InvalidArgumentError("--state_dir and --state_store: give one of them");
   const std::string state_spec = !absl::GetFlag(FLAGS_state_store).empty() ? absl::GetFlag(FLAGS_state_store)
-                                 : absl::GetFlag(FLAGS_state_dir).empty() ? ""
-                                                                          : "dir:" + absl::GetFlag(FLAGS_state_dir);
+                                 : absl::GetFlag(FLAGS_state_dir).empty()  ? ""
+                                                                           : "dir:" + absl::GetFlag(FLAGS_state_dir);
   if (!state_spec.empty()) {
     o.state_store = table.has_state_store = true;
     o.backend.spec = state_spec;
@@ -252,8 +251,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   sched.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   sched.max_queue = absl::GetFlag(FLAGS_max_queue);
   if (sched.max_batch < 1 || sched.max_batch_tokens < 1 || sched.prefill_chunk < 1 || sched.max_queue < 1) {
-    return absl::InvalidArgumentError(
-        "--max_batch, --max_batch_tokens, --prefill_chunk and --max_queue must be >= 1");
+    return absl::InvalidArgumentError("--max_batch, --max_batch_tokens, --prefill_chunk and --max_queue must be >= 1");
   }
   sched.snapshot_tokens = absl::GetFlag(FLAGS_snapshot_tokens);
   if (sched.snapshot_tokens < 1) return absl::InvalidArgumentError("--snapshot_tokens must be >= 1");
@@ -402,7 +400,8 @@ int Serve(ServerOptions o, sigset_t signals) {
   // A graceful stop leaves snapshots, so the next start (here or on another
   // replica) replays nothing; the journal's destructor then retires this
   // replica's heartbeat, which lets another replica take its sessions at once.
-  if (auto s = scheduler.SnapshotAll(); !s.ok()) std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
+  if (auto s = scheduler.SnapshotAll(); !s.ok())
+    std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
   std::cout << "txl-server: stopped" << std::endl;
   return 0;
 }

@@ -12,8 +12,7 @@ namespace txl {
 
 // The tokenizer a tool's --tokenizer flag names: "char" (the characters of
 // corpus_text), "byte", or "word" (one token per line of vocab_path).
-inline absl::StatusOr<Tokenizer> TokenizerFromFlags(const std::string& kind,
-                                                    const std::string& corpus_text,
+inline absl::StatusOr<Tokenizer> TokenizerFromFlags(const std::string& kind, const std::string& corpus_text,
                                                     const std::string& vocab_path) {
   if (kind == "byte") return Tokenizer::Byte();
   if (kind == "char") {
@@ -24,8 +23,7 @@ inline absl::StatusOr<Tokenizer> TokenizerFromFlags(const std::string& kind,
     if (vocab_path.empty()) return absl::InvalidArgumentError("--tokenizer word needs --vocab");
     return Tokenizer::WordFromVocabFile(vocab_path);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--tokenizer must be char, byte or word, got '", kind, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("--tokenizer must be char, byte or word, got '", kind, "'"));
 }
 
 }  // namespace txl

@@ -15,9 +15,9 @@
 #include "absl/strings/str_split.h"
 #include "base/flags_help.h"
 #include "base/read_file.h"
-#include "tools/cli_util.h"
 #include "model/language_model.h"
 #include "nlohmann/json.hpp"
+#include "tools/cli_util.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint file (TorchScript archive)");
 ABSL_FLAG(std::string, text, "", "text file, encoded with the model's tokenizer");
@@ -25,8 +25,7 @@ ABSL_FLAG(std::string, tokens, "", "file of whitespace-separated token ids");
 ABSL_FLAG(int64_t, mem_len, -1, "attention window in keys (-1: the model's mem_len)");
 ABSL_FLAG(int64_t, chunk, 0, "tokens fed per request (0: all at once)");
 ABSL_FLAG(std::string, logprobs, "", "write log p(t_i | t_<i) for i = 1..n-1, one per line");
-ABSL_FLAG(std::string, predictions, "",
-          "write the most likely token id at each position 1..n-1, one per line");
+ABSL_FLAG(std::string, predictions, "", "write the most likely token id at each position 1..n-1, one per line");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(int, threads, 0, "intra-op threads (0: libtorch default)");
 
@@ -43,8 +42,7 @@ absl::StatusOr<std::vector<int>> ParseIds(const std::string& text, const std::st
   for (absl::string_view word : absl::StrSplit(text, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty())) {
     int id;
     if (!absl::SimpleAtoi(word, &id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": token ", index, " is not an integer: '", word, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": token ", index, " is not an integer: '", word, "'"));
     }
     ids.push_back(id);
     ++index;
@@ -76,15 +74,13 @@ int main(int argc, char** argv) {
 
   auto input = txl::ReadFile(text_path.empty() ? ids_path : text_path);
   if (!input.ok()) return Fail(1, std::string(input.status().message()));
-  absl::StatusOr<std::vector<int>> ids = text_path.empty()
-                                             ? ParseIds(*input, ids_path)
-                                             : (*model)->tokenizer().Encode(*input);
+  absl::StatusOr<std::vector<int>> ids =
+      text_path.empty() ? ParseIds(*input, ids_path) : (*model)->tokenizer().Encode(*input);
   if (!ids.ok()) return Fail(1, std::string(ids.status().message()));
   const int64_t n = static_cast<int64_t>(ids->size());
   if (n < 2) return Fail(1, absl::StrCat("need at least 2 tokens to score, got ", n));
 
-  const int64_t mem_len =
-      absl::GetFlag(FLAGS_mem_len) < 0 ? (*model)->config().mem_len : absl::GetFlag(FLAGS_mem_len);
+  const int64_t mem_len = absl::GetFlag(FLAGS_mem_len) < 0 ? (*model)->config().mem_len : absl::GetFlag(FLAGS_mem_len);
   auto session = (*model)->NewSession(mem_len);
   if (!session.ok()) return Fail(2, std::string(session.status().message()));
 

@@ -48,23 +48,22 @@ int main(int argc, char** argv) {
     if (!text.ok()) return Fail(1, std::string(text.status().message()));
     corpus = *std::move(text);
   }
-  auto tokenizer =
-      txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), corpus, absl::GetFlag(FLAGS_vocab));
+  auto tokenizer = txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), corpus, absl::GetFlag(FLAGS_vocab));
   if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
 
   if (config.n_token == 0) {
     config.n_token = tokenizer->vocab_size();
   } else if (config.n_token != tokenizer->vocab_size()) {
-    return Fail(1, absl::StrCat("config n_token=", config.n_token, " but the tokenizer has ",
-                                tokenizer->vocab_size(), " symbols"));
+    return Fail(1, absl::StrCat("config n_token=", config.n_token, " but the tokenizer has ", tokenizer->vocab_size(),
+                                " symbols"));
   }
   if (auto s = config.Validate(); !s.ok()) return Fail(1, std::string(s.message()));
-  if (auto s = txl::WriteInitialCheckpoint(absl::GetFlag(FLAGS_out), config, *tokenizer,
-                                           absl::GetFlag(FLAGS_seed), absl::GetFlag(FLAGS_init_std));
+  if (auto s = txl::WriteInitialCheckpoint(absl::GetFlag(FLAGS_out), config, *tokenizer, absl::GetFlag(FLAGS_seed),
+                                           absl::GetFlag(FLAGS_init_std));
       !s.ok()) {
     return Fail(1, std::string(s.message()));
   }
-  std::cout << "wrote " << absl::GetFlag(FLAGS_out) << " (n_token=" << config.n_token
-            << ", n_layer=" << config.n_layer << ", d_model=" << config.d_model << ")\n";
+  std::cout << "wrote " << absl::GetFlag(FLAGS_out) << " (n_token=" << config.n_token << ", n_layer=" << config.n_layer
+            << ", d_model=" << config.d_model << ")\n";
   return 0;
 }

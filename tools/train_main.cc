@@ -19,9 +19,9 @@
 #include "base/flags_help.h"
 #include "base/read_file.h"
 #include "base/status_macros.h"
+#include "model/language_model.h"
 #include "tools/cli_util.h"
 #include "train/data_parallel.h"
-#include "model/language_model.h"
 #include "train/trainer.h"
 
 ABSL_FLAG(std::string, train, "", "training text file(s), comma-separated");
@@ -114,7 +114,8 @@ int main(int argc, char** argv) {
 
   auto train_text = ReadAll(absl::GetFlag(FLAGS_train));
   if (!train_text.ok()) return Fail(1, std::string(train_text.status().message()));
-  if (train_text->empty()) return Fail(1, absl::StrCat("the training corpus ", absl::GetFlag(FLAGS_train), " is empty"));
+  if (train_text->empty())
+    return Fail(1, absl::StrCat("the training corpus ", absl::GetFlag(FLAGS_train), " is empty"));
   std::string valid_text;
   if (!absl::GetFlag(FLAGS_valid).empty()) {
     auto v = ReadAll(absl::GetFlag(FLAGS_valid));
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
     valid_text = *std::move(v);
   }
 
-  auto tokenizer = txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), *train_text + valid_text,
-                                           absl::GetFlag(FLAGS_vocab));
+  auto tokenizer =
+      txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), *train_text + valid_text, absl::GetFlag(FLAGS_vocab));
   if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
 
   // Built-in defaults, then the config file, then the flags given.

@@ -1,9 +1,9 @@
 #include "train/data_parallel.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/cuda.h>
 // Only a CUDA libtorch built with NCCL defines USE_C10D_NCCL (torch_cuda
 // exports it to its users). The header needs CUDA's and NCCL's headers; where
 // nccl.h is not on the include path the GPU path uses Gloo through host copies.
@@ -50,8 +50,8 @@ absl::StatusOr<at::Device> ResolveCudaDevice(const at::Device& device, int rank)
     ASSIGN_OR_RETURN(const int local, EnvInt("LOCAL_RANK", -1, false));
     if (local >= 0) {
       if (local >= count) {
-        return absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK=", local, " but only ", count,
-                                                       " CUDA device(s) are visible"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("LOCAL_RANK=", local, " but only ", count, " CUDA device(s) are visible"));
       }
       index = local;
     } else {
@@ -59,8 +59,8 @@ absl::StatusOr<at::Device> ResolveCudaDevice(const at::Device& device, int rank)
     }
   }
   if (index >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("device '", device.str(), "' but only ", count,
-                                                   " CUDA device(s) are visible"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", device.str(), "' but only ", count, " CUDA device(s) are visible"));
   }
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
@@ -72,17 +72,15 @@ absl::StatusOr<at::Device> ParseTrainingDevice(const std::string& name, const st
   try {
     device.emplace(name);
   } catch (const c10::Error&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": unknown device '", name, "' (use cpu, cuda or cuda:N)"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown device '", name, "' (use cpu, cuda or cuda:N)"));
   }
   if (!device->is_cpu() && !device->is_cuda()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": '", name, "' is not supported (use cpu, cuda or cuda:N)"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", name, "' is not supported (use cpu, cuda or cuda:N)"));
   }
   if (device->is_cuda()) {
     if (!at::hasCUDA()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          flag, ": '", name, "' asked for, but this libtorch build has no CUDA support (train on cpu)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(flag, ": '", name, "' asked for, but this libtorch build has no CUDA support (train on cpu)"));
     }
     const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
     if (count < 1) {
@@ -101,8 +99,7 @@ struct DataParallel::Group {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
 };
 
-DataParallel::DataParallel(int rank, int world, at::Device device)
-    : rank_(rank), world_(world), device_(device) {}
+DataParallel::DataParallel(int rank, int world, at::Device device) : rank_(rank), world_(world), device_(device) {}
 DataParallel::~DataParallel() = default;
 
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnvironment(const at::Device& device) {
@@ -168,8 +165,8 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnvironment(cons
       dp->backend_ = "gloo";
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("joining the process group at ", host, ":", port,
-                                               " as rank ", rank_value, " of ", world, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("joining the process group at ", host, ":", port, " as rank ",
+                                               rank_value, " of ", world, ": ", e.what()));
   }
   return dp;
 }

@@ -33,8 +33,7 @@ class DataParallel {
   // ParseTrainingDevice) is where this rank trains; plain "cuda" becomes
   // cuda:LOCAL_RANK (LOCAL_RANK unset: RANK % the visible device count), and
   // a CUDA device is made the current one.
-  static absl::StatusOr<std::unique_ptr<DataParallel>> FromEnvironment(
-      const at::Device& device = at::Device(at::kCPU));
+  static absl::StatusOr<std::unique_ptr<DataParallel>> FromEnvironment(const at::Device& device = at::Device(at::kCPU));
   ~DataParallel();
 
   int rank() const { return rank_; }

@@ -9,14 +9,12 @@ namespace txl {
 absl::StatusOr<CorpusSplit> SplitCorpus(const std::vector<int>& ids, double valid_fraction) {
   if (ids.empty()) return absl::InvalidArgumentError("the corpus is empty");
   if (!(valid_fraction > 0.0 && valid_fraction < 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("valid fraction must be in (0, 1), got ", valid_fraction));
+    return absl::InvalidArgumentError(absl::StrCat("valid fraction must be in (0, 1), got ", valid_fraction));
   }
   const auto n_valid = static_cast<int64_t>(static_cast<double>(ids.size()) * valid_fraction);
   if (n_valid < 2 || static_cast<int64_t>(ids.size()) - n_valid < 2) {
-    return absl::InvalidArgumentError(absl::StrCat("a corpus of ", ids.size(),
-                                                   " tokens is too short to split with fraction ",
-                                                   valid_fraction));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a corpus of ", ids.size(), " tokens is too short to split with fraction ", valid_fraction));
   }
   CorpusSplit split;
   split.train.assign(ids.begin(), ids.end() - n_valid);
@@ -24,20 +22,18 @@ absl::StatusOr<CorpusSplit> SplitCorpus(const std::vector<int>& ids, double vali
   return split;
 }
 
-absl::StatusOr<OrderedBatches> OrderedBatches::Create(const std::vector<int>& data,
-                                                      int64_t total_streams, int64_t first,
-                                                      int64_t count, int64_t tgt_len) {
+absl::StatusOr<OrderedBatches> OrderedBatches::Create(const std::vector<int>& data, int64_t total_streams,
+                                                      int64_t first, int64_t count, int64_t tgt_len) {
   if (total_streams < 1 || tgt_len < 1 || count < 1 || first < 0 || first + count > total_streams) {
-    return absl::InvalidArgumentError(absl::StrCat("bad stream layout: total ", total_streams,
-                                                   ", first ", first, ", count ", count,
-                                                   ", tgt_len ", tgt_len));
+    return absl::InvalidArgumentError(absl::StrCat("bad stream layout: total ", total_streams, ", first ", first,
+                                                   ", count ", count, ", tgt_len ", tgt_len));
   }
   const int64_t stream_len = static_cast<int64_t>(data.size()) / total_streams;
   // A segment needs tgt_len inputs plus the token that follows the last one.
   if (stream_len < tgt_len + 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the data (", data.size(), " tokens) is shorter than one segment: ", total_streams,
-        " streams x (tgt_len ", tgt_len, " + 1) = ", total_streams * (tgt_len + 1), " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the data (", data.size(), " tokens) is shorter than one segment: ", total_streams,
+                     " streams x (tgt_len ", tgt_len, " + 1) = ", total_streams * (tgt_len + 1), " tokens"));
   }
   OrderedBatches b;
   b.data_ = data;

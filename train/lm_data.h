@@ -20,9 +20,9 @@ struct CorpusSplit {
 absl::StatusOr<CorpusSplit> SplitCorpus(const std::vector<int>& ids, double valid_fraction);
 
 struct Segment {
-  int64_t len = 0;               // rows (<= tgt_len; the last one may be short)
-  std::vector<int64_t> input;    // [len, streams] row-major
-  std::vector<int64_t> target;   // the next token of each input, same shape
+  int64_t len = 0;              // rows (<= tgt_len; the last one may be short)
+  std::vector<int64_t> input;   // [len, streams] row-major
+  std::vector<int64_t> target;  // the next token of each input, same shape
 };
 
 class OrderedBatches {
@@ -31,12 +31,12 @@ class OrderedBatches {
   // fill a row is dropped) and serves columns [first, first + count).
   // Data-parallel ranks take disjoint column ranges of one global cut, so
   // W ranks with B columns each see exactly what 1 rank with W*B sees.
-  static absl::StatusOr<OrderedBatches> Create(const std::vector<int>& data, int64_t total_streams,
-                                               int64_t first, int64_t count, int64_t tgt_len);
+  static absl::StatusOr<OrderedBatches> Create(const std::vector<int>& data, int64_t total_streams, int64_t first,
+                                               int64_t count, int64_t tgt_len);
 
   int64_t segments() const { return segments_; }  // per pass over the data
   int64_t streams() const { return count_; }
-  Segment Get(int64_t index) const;               // index in [0, segments())
+  Segment Get(int64_t index) const;  // index in [0, segments())
 
  private:
   OrderedBatches() = default;

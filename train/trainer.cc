@@ -14,20 +14,18 @@
 #include "base/status_macros.h"
 #include "model/archive.h"
 #include "model/checkpoint.h"
-#include "train/data_parallel.h"
-#include "train/training_forward.h"
 #include "model/txl_math.h"
 #include "model/weights.h"
 #include "nlohmann/json.hpp"
+#include "train/data_parallel.h"
+#include "train/training_forward.h"
 
 namespace txl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
 std::string Duration(double s) {
   const int64_t t = static_cast<int64_t>(s);
@@ -45,9 +43,7 @@ at::Tensor TargetColumn(const std::vector<int64_t>& v, const at::Device& device)
 }
 
 // The default generator dropout draws from on `device`.
-at::Generator DefaultGenerator(const at::Device& device) {
-  return at::globalContext().defaultGenerator(device);
-}
+at::Generator DefaultGenerator(const at::Device& device) { return at::globalContext().defaultGenerator(device); }
 
 std::string StatePath(const std::string& out, int rank) {
   return rank == 0 ? out + ".trainstate" : absl::StrCat(out, ".trainstate.", rank);
@@ -55,8 +51,8 @@ std::string StatePath(const std::string& out, int rank) {
 
 }  // namespace
 
-EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const std::vector<int>& data,
-                    int64_t mem_len, int64_t tgt_len, int64_t streams, int64_t max_tokens) {
+EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const std::vector<int>& data, int64_t mem_len,
+                    int64_t tgt_len, int64_t streams, int64_t max_tokens) {
   at::NoGradGuard no_grad;
   const at::Device device = weights.emb_layers.at(0).device();
   ModelConfig c = config;
@@ -73,8 +69,7 @@ EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const 
   std::vector<at::Tensor> mems;
   for (int64_t k = 0; k < batches->segments(); ++k) {
     Segment seg = batches->Get(k);
-    SegmentOutput out =
-        TrainingForward(c, weights, LongTensor(seg.input, seg.len, streams, device), mems, false);
+    SegmentOutput out = TrainingForward(c, weights, LongTensor(seg.input, seg.len, streams, device), mems, false);
     mems = out.mems;
     at::Tensor logp = LogProbs(c, weights, out.hidden.reshape({-1, c.d_model}));
     nll -= logp.gather(1, TargetColumn(seg.target, device)).sum().item<double>();
@@ -95,7 +90,7 @@ struct Trainer::State {
   std::unique_ptr<DataParallel> own_parallel;
   OrderedBatches batches;
   at::Device device = at::Device(at::kCPU);  // parallel->device(): with its index on a GPU
-  TxlWeights weights;  // on `device`, like everything below
+  TxlWeights weights;                        // on `device`, like everything below
   std::vector<at::Tensor> params, exp_avg, exp_avg_sq;
   std::vector<at::Tensor> mems;
   int64_t step = 0;
@@ -186,8 +181,7 @@ struct Trainer::State {
 
   absl::Status LoadState() {
     const std::string path = StatePath(opt.out, rank());
-    if (!std::filesystem::exists(path))
-      return absl::NotFoundError(absl::StrCat("resume: no training state at ", path));
+    if (!std::filesystem::exists(path)) return absl::NotFoundError(absl::StrCat("resume: no training state at ", path));
     torch::jit::ExtraFilesMap extra = {{"trainstate.json", ""}};
     torch::jit::Module m;
     try {
@@ -200,10 +194,10 @@ struct Trainer::State {
       return absl::InvalidArgumentError(absl::StrCat("resume: ", path, " does not match this model"));
     if (meta.value("world_size", 0) != parallel->world_size() ||
         meta.value("batch_size", int64_t{0}) != opt.batch_size || meta.value("tgt_len", int64_t{0}) != opt.tgt_len) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "resume: ", path, " was written with world_size ", meta.value("world_size", 0), ", batch_size ",
-          meta.value("batch_size", int64_t{0}), ", tgt_len ", meta.value("tgt_len", int64_t{0}),
-          "; resume with the same values"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume: ", path, " was written with world_size ", meta.value("world_size", 0), ", batch_size ",
+                       meta.value("batch_size", int64_t{0}), ", tgt_len ", meta.value("tgt_len", int64_t{0}),
+                       "; resume with the same values"));
     }
     std::map<std::string, at::Tensor> named;
     for (const auto& p : m.named_parameters(true)) named[p.name] = p.value;
@@ -251,14 +245,13 @@ struct Trainer::State {
 Trainer::Trainer(std::unique_ptr<State> state) : s_(std::move(state)) {}
 Trainer::~Trainer() = default;
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options,
-                                                         const ModelConfig& config,
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, const ModelConfig& config,
                                                          const Tokenizer& tokenizer, CorpusSplit data,
                                                          DataParallel* parallel) {
   RETURN_IF_ERROR(config.Validate());
   if (config.n_token != tokenizer.vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("n_token=", config.n_token, " but the tokenizer has ",
-                                                   tokenizer.vocab_size(), " symbols"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("n_token=", config.n_token, " but the tokenizer has ", tokenizer.vocab_size(), " symbols"));
   }
   auto positive = [](const char* name, int64_t v) -> absl::Status {
     if (v < 1) return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 1, got ", v));
@@ -284,9 +277,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   }
   const at::Device device = parallel->device();
   if (device.type() != wanted.type() || (wanted.is_cuda() && wanted.has_index() && device != wanted)) {
-    return absl::InvalidArgumentError(absl::StrCat("device: '", options.device,
-                                                   "' asked for, but the process group was set up for ",
-                                                   device.str()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: '", options.device, "' asked for, but the process group was set up for ", device.str()));
   }
   const int64_t W = parallel->world_size(), B = options.batch_size;
   absl::StatusOr<OrderedBatches> batches =
@@ -309,8 +301,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
     try {
       s->weights = s->weights.To(device);
     } catch (const c10::Error& e) {
-      return absl::InternalError(
-          absl::StrCat("moving the model to ", device.str(), ": ", e.what_without_backtrace()));
+      return absl::InternalError(absl::StrCat("moving the model to ", device.str(), ": ", e.what_without_backtrace()));
     }
   }
   s->params = s->weights.Parameters(config);
@@ -354,8 +345,8 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
                  for (const auto& p : s.params) n += p.numel();
                  return n;
                }(),
-               s.data.train.size(), s.data.valid.size(), s.parallel->world_size(), opt.batch_size,
-               opt.tgt_len, opt.mem_len, s.batches.segments(), s.step, s.device.str(),
+               s.data.train.size(), s.data.valid.size(), s.parallel->world_size(), opt.batch_size, opt.tgt_len,
+               opt.mem_len, s.batches.segments(), s.step, s.device.str(),
                s.parallel->world_size() > 1 ? absl::StrCat(" (rank 0), allreduce over ", s.parallel->backend())
                                             : std::string())
         << std::flush;
@@ -366,16 +357,16 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
   };
   auto evaluate = [&]() {
     clear_bar();
-    report.eval_mem = Evaluate(s.config, s.weights, s.data.valid, opt.eval_mem_len, opt.eval_tgt_len,
-                               opt.eval_streams, opt.eval_max_tokens);
-    report.eval_no_mem = Evaluate(s.config, s.weights, s.data.valid, 0, opt.eval_tgt_len,
-                                  opt.eval_streams, opt.eval_max_tokens);
+    report.eval_mem = Evaluate(s.config, s.weights, s.data.valid, opt.eval_mem_len, opt.eval_tgt_len, opt.eval_streams,
+                               opt.eval_max_tokens);
+    report.eval_no_mem =
+        Evaluate(s.config, s.weights, s.data.valid, 0, opt.eval_tgt_len, opt.eval_streams, opt.eval_max_tokens);
     const double gain = 100.0 * (1.0 - report.eval_mem.bpc / report.eval_no_mem.bpc);
     log << absl::StrFormat(
                "eval step %d | valid bpc %.4f ppl %.3f (mem_len %d) | bpc %.4f (mem_len 0) | "
                "memory gain %.1f%% | %d tokens\n",
-               s.step, report.eval_mem.bpc, report.eval_mem.ppl, opt.eval_mem_len,
-               report.eval_no_mem.bpc, gain, report.eval_mem.tokens)
+               s.step, report.eval_mem.bpc, report.eval_mem.ppl, opt.eval_mem_len, report.eval_no_mem.bpc, gain,
+               report.eval_mem.tokens)
         << std::flush;
   };
 
@@ -430,9 +421,9 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
       const double mean = interval_loss / interval_steps;
       double eta = (opt.max_steps - s.step) * tokens_per_step / std::max(tps, 1e-9);
       if (opt.time_budget_s > 0) eta = std::min(eta, std::max(0.0, opt.time_budget_s - Seconds(start)));
-      log << absl::StrFormat("step %d/%d | loss %.4f | bpc %.4f | lr %.3g | %.0f tok/s | elapsed %s | ETA %s\n",
-                             s.step, opt.max_steps, mean, mean / std::log(2.0), lr, tps,
-                             Duration(Seconds(start)), Duration(eta))
+      log << absl::StrFormat("step %d/%d | loss %.4f | bpc %.4f | lr %.3g | %.0f tok/s | elapsed %s | ETA %s\n", s.step,
+                             opt.max_steps, mean, mean / std::log(2.0), lr, tps, Duration(Seconds(start)),
+                             Duration(eta))
           << std::flush;
       interval_start = Clock::now();
       interval_tokens = 0;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "train/lm_data.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
+#include "train/lm_data.h"
 
 namespace txl {
 
@@ -32,9 +32,9 @@ struct TrainOptions {
   int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to min_lr at max_steps
   double min_lr = 0.0;
   int64_t max_steps = 1000;
-  double time_budget_s = 0;  // > 0: also stop when this much wall time has passed
+  double time_budget_s = 0;    // > 0: also stop when this much wall time has passed
   int64_t steps_this_run = 0;  // > 0: stop after this many steps (the schedule still ends at max_steps)
-  double clip = 0.25;        // gradient norm clip; <= 0 disables
+  double clip = 0.25;          // gradient norm clip; <= 0 disables
   uint64_t seed = 1;
   int64_t log_interval = 50;
   int64_t eval_interval = 500;        // 0: only at the end
@@ -45,7 +45,7 @@ struct TrainOptions {
   int64_t eval_max_tokens = 0;  // 0: the whole valid split
   std::string out;              // checkpoint path; training state goes beside it
   bool resume = false;
-  std::string loss_log;  // optional: "step loss" per line, every step (rank 0)
+  std::string loss_log;       // optional: "step loss" per line, every step (rank 0)
   bool progress_bar = false;  // redraw a one-line bar every step (for a terminal)
   // Where the model, its gradients, the optimizer state and the memories
   // live: "cpu", "cuda" (cuda:LOCAL_RANK in a data-parallel run) or "cuda:N".
@@ -71,18 +71,17 @@ struct TrainReport {
 // Log-likelihood of `data` in segments of tgt_len with same_length memories
 // of mem_len (0: no memory, causal within each segment). Runs on the device
 // the weights are on.
-EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const std::vector<int>& data,
-                    int64_t mem_len, int64_t tgt_len, int64_t streams, int64_t max_tokens);
+EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const std::vector<int>& data, int64_t mem_len,
+                    int64_t tgt_len, int64_t streams, int64_t max_tokens);
 
 class Trainer {
  public:
   // `config` holds the model hyperparameters (n_token must match the
   // tokenizer). `parallel` may be null for a single process; otherwise it
   // must have been set up for options.device (DataParallel::FromEnvironment).
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainOptions& options,
-                                                         const ModelConfig& config,
-                                                         const Tokenizer& tokenizer,
-                                                         CorpusSplit data, DataParallel* parallel);
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainOptions& options, const ModelConfig& config,
+                                                         const Tokenizer& tokenizer, CorpusSplit data,
+                                                         DataParallel* parallel);
   ~Trainer();
 
   // Logs progress to `log` (rank 0 only) and writes checkpoints.

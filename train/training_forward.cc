@@ -22,8 +22,7 @@ at::Tensor RelShift(const at::Tensor& x) {
 }
 
 at::Tensor Attention(const ModelConfig& c, const TxlWeights& w, int64_t layer, const at::Tensor& x,
-                     const at::Tensor& pos_emb, const at::Tensor& mask, const at::Tensor& mem,
-                     bool train) {
+                     const at::Tensor& pos_emb, const at::Tensor& mask, const at::Tensor& mem, bool train) {
   const LayerWeights& L = w.layers[layer];
   const int64_t qlen = x.size(0), bsz = x.size(1), H = c.n_head, dh = c.d_head;
   at::Tensor cat = mem.defined() && mem.size(0) > 0 ? at::cat({mem, x}, 0) : x;

@@ -14,8 +14,8 @@
 namespace txl {
 
 struct SegmentOutput {
-  at::Tensor hidden;               // [qlen, bsz, d_model], after the last layer
-  std::vector<at::Tensor> mems;    // n_layer x [<= mem_len, bsz, d_model], detached
+  at::Tensor hidden;             // [qlen, bsz, d_model], after the last layer
+  std::vector<at::Tensor> mems;  // n_layer x [<= mem_len, bsz, d_model], detached
 };
 
 // tokens: [qlen, bsz] int64. mems: empty (no memory yet) or n_layer tensors

@@ -38,8 +38,7 @@ bool SameToken(absl::string_view stored, absl::string_view presented) {
 absl::StatusOr<std::unique_ptr<BearerTokens>> BearerTokens::Create(const AuthConfig& config) {
   std::ifstream in(config.tokens_file, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config.tokens_file, ": cannot open: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(config.tokens_file, ": cannot open: ", std::strerror(errno)));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -64,13 +63,11 @@ absl::StatusOr<std::unique_ptr<BearerTokens>> BearerTokens::Parse(absl::string_v
           absl::StrCat(where(), "expected 'TOKEN PRINCIPAL', got ", fields.size(), " field(s)"));
     }
     if (!IsFieldText(fields[0]) || !IsFieldText(fields[1])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "TOKEN and PRINCIPAL must be printable ASCII"));
+      return absl::InvalidArgumentError(absl::StrCat(where(), "TOKEN and PRINCIPAL must be printable ASCII"));
     }
     auto [it, inserted] = line_of.emplace(std::string(fields[0]), line_no);
     if (!inserted) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "duplicate token (first on line ", it->second, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(where(), "duplicate token (first on line ", it->second, ")"));
     }
     entries.push_back({std::string(fields[0]), std::string(fields[1])});
   }

@@ -58,7 +58,7 @@ absl::StatusOr<CallTarget> ServiceContext::NamedSession(grpc::CallbackServerCont
 }
 
 absl::StatusOr<GenerateArgs> ServiceContext::ValidGenerate(grpc::CallbackServerContext* ctx,
-                                                          const v1::GenerateRequest& req) const {
+                                                           const v1::GenerateRequest& req) const {
   const std::optional<std::string> md = MetadataSessionId(ctx);
   return validator.Generate(req, md ? &*md : nullptr);
 }
@@ -86,8 +86,7 @@ void ServiceContext::GiveBack(SessionLease lease, bool throwaway) const {
 }
 
 void ServiceContext::WithAdoption(const std::string& principal, const std::string& id,
-                                  std::function<absl::Status()> attempt,
-                                  std::function<void(absl::Status)> fail) const {
+                                  std::function<absl::Status()> attempt, std::function<void(absl::Status)> fail) const {
   absl::Status s = attempt();
   if (s.ok()) return;
   if (!absl::IsNotFound(s) || id.empty() || journal == nullptr) {

@@ -47,7 +47,7 @@ struct ServiceContext {
   ServiceMetrics* metrics;     // may be null
   const BearerTokens* tokens;  // null: no authentication
   RequestValidator validator;
-  SessionJournal* journal;     // null: no state store
+  SessionJournal* journal;  // null: no state store
 
   // Who is calling: the principal of the call's bearer token, or the
   // anonymous principal "" when the server has no tokens.

@@ -72,11 +72,9 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
 
 // Converse: turns read one at a time; each runs like a Generate. A turn with
 // no session id uses a session that lives as long as the stream.
-class ConverseCall final
-    : public StreamingCall<grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>> {
+class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>> {
  public:
-  ConverseCall(const ServiceContext* c, grpc::CallbackServerContext* ctx)
-      : StreamingCall(c, ctx, "Converse") {
+  ConverseCall(const ServiceContext* c, grpc::CallbackServerContext* ctx) : StreamingCall(c, ctx, "Converse") {
     // Once per stream: every turn runs as this principal.
     auto principal = c_->Principal(ctx);
     if (!principal.ok()) {

@@ -30,8 +30,7 @@ absl::StatusOr<std::vector<int>> RequestValidator::DecodeInput(const v1::Input& 
     for (int i = 0; i < in.tokens().ids_size(); ++i) {
       const int id = in.tokens().ids(i);
       if (id < 0 || id >= V) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("input.tokens.ids[", i, "]: ", id, " is outside [0, ", V, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("input.tokens.ids[", i, "]: ", id, " is outside [0, ", V, ")"));
       }
       ids.push_back(id);
     }
@@ -50,9 +49,8 @@ absl::StatusOr<std::vector<int>> RequestValidator::DecodeInput(const v1::Input& 
 absl::StatusOr<int64_t> RequestValidator::MemLen(int64_t requested) const {
   if (requested == 0) return limits_.default_mem_len;
   if (requested < 1 || requested > limits_.max_mem_len) {
-    return absl::InvalidArgumentError(absl::StrCat("mem_len: must be in [1, ", limits_.max_mem_len,
-                                                   "] (0: default ", limits_.default_mem_len, "), got ",
-                                                   requested));
+    return absl::InvalidArgumentError(absl::StrCat("mem_len: must be in [1, ", limits_.max_mem_len, "] (0: default ",
+                                                   limits_.default_mem_len, "), got ", requested));
   }
   return requested;
 }

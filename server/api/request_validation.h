@@ -45,7 +45,7 @@ absl::StatusOr<std::string> ResolveSessionId(const std::string& field, const std
 
 // CreateSession's arguments, checked.
 struct NewSessionArgs {
-  int64_t mem_len = 0;  // resolved: 0 became the default
+  int64_t mem_len = 0;      // resolved: 0 became the default
   absl::Duration idle_ttl;  // >= 0; the store applies its default and maximum
   std::string session_id;   // empty or of IsSessionIdForm
 };
@@ -65,8 +65,7 @@ struct ScoreArgs {
 class RequestValidator {
  public:
   // `tokenizer` is copied (an immutable value).
-  RequestValidator(const RequestLimits& limits, const Tokenizer& tokenizer)
-      : limits_(limits), tokenizer_(tokenizer) {}
+  RequestValidator(const RequestLimits& limits, const Tokenizer& tokenizer) : limits_(limits), tokenizer_(tokenizer) {}
 
   const RequestLimits& limits() const { return limits_; }
 
@@ -84,8 +83,7 @@ class RequestValidator {
   // reads them. `metadata_session_id` null: the call has no such metadata.
   absl::StatusOr<NewSessionArgs> CreateSession(const v1::CreateSessionRequest& req,
                                                const std::string* metadata_session_id) const;
-  absl::StatusOr<GenerateArgs> Generate(const v1::GenerateRequest& req,
-                                        const std::string* metadata_session_id) const;
+  absl::StatusOr<GenerateArgs> Generate(const v1::GenerateRequest& req, const std::string* metadata_session_id) const;
   absl::StatusOr<ScoreArgs> Score(const v1::ScoreRequest& req, const std::string* metadata_session_id) const;
   // Once the session is known (the service holds its lease): a generation
   // needs input, or history to continue from.

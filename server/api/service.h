@@ -25,8 +25,8 @@
 #include "proto/txl/v1/txl.grpc.pb.h"
 #include "server/api/auth.h"
 #include "server/api/service_config.h"
-#include "server/engine/engine.h"
 #include "server/batching/scheduler.h"
+#include "server/engine/engine.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
 
@@ -39,26 +39,22 @@ struct ServiceContext;  // call_context.h
 class TxlService final : public v1::TransformerXL::CallbackService {
  public:
   // `tokens` null: no authentication.
-  TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
-             Engine* engine, SessionTable* table, Scheduler* scheduler, ServiceMetrics* metrics,
-             const BearerTokens* tokens = nullptr, SessionJournal* journal = nullptr);
+  TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer, Engine* engine,
+             SessionTable* table, Scheduler* scheduler, ServiceMetrics* metrics, const BearerTokens* tokens = nullptr,
+             SessionJournal* journal = nullptr);
 
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
-                                         const v1::GetModelInfoRequest* req,
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* req,
                                          v1::ModelInfo* resp) override;
-  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* ctx,
-                                          const v1::CreateSessionRequest* req,
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* req,
                                           v1::Session* resp) override;
-  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* ctx,
-                                       const v1::GetSessionRequest* req, v1::Session* resp) override;
-  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
-                                         const v1::ListSessionsRequest* req,
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* ctx, const v1::GetSessionRequest* req,
+                                       v1::Session* resp) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx, const v1::ListSessionsRequest* req,
                                          v1::ListSessionsResponse* resp) override;
-  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* ctx,
-                                          const v1::DeleteSessionRequest* req,
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* ctx, const v1::DeleteSessionRequest* req,
                                           v1::DeleteSessionResponse* resp) override;
-  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* ctx,
-                                        const v1::ForkSessionRequest* req, v1::Session* resp) override;
+  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* ctx, const v1::ForkSessionRequest* req,
+                                        v1::Session* resp) override;
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* req) override;
   grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>* Converse(
@@ -66,12 +62,11 @@ class TxlService final : public v1::TransformerXL::CallbackService {
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
                                   v1::ScoreResponse* resp) override;
   grpc::ServerWriteReactor<v1::SessionChunk>* ExportSession(grpc::CallbackServerContext* ctx,
-                                                           const v1::ExportSessionRequest* req) override;
+                                                            const v1::ExportSessionRequest* req) override;
   grpc::ServerReadReactor<v1::ImportSessionRequest>* ImportSession(grpc::CallbackServerContext* ctx,
-                                                                  v1::Session* resp) override;
+                                                                   v1::Session* resp) override;
 
   ~TxlService() override;
-
 
  private:
   std::unique_ptr<ServiceContext> ctx_;  // outlives every reactor: the server shuts down first

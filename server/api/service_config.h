@@ -10,7 +10,7 @@ namespace txl {
 struct ServiceConfig {
   int64_t default_mem_len = 256;
   int64_t max_mem_len = 4096;
-  int max_new_tokens = 4096;      // per request
+  int max_new_tokens = 4096;  // per request
   int64_t max_input_tokens = 65536;
   int max_top_logprobs = 20;
   std::string model_path;

@@ -54,8 +54,8 @@ grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext*
     ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, c->engine->NewSession(args.mem_len));
     std::map<std::string, std::string> labels(req->labels().begin(), req->labels().end());
     if (c->journal == nullptr) {
-      ASSIGN_OR_RETURN(SessionInfo info, c->table->Create(principal, std::move(state), args.idle_ttl,
-                                                          std::move(labels), absl::Now(), args.session_id));
+      ASSIGN_OR_RETURN(SessionInfo info, c->table->Create(principal, std::move(state), args.idle_ttl, std::move(labels),
+                                                          absl::Now(), args.session_id));
       FillSession(info, r);
       c->Answer(reactor, "CreateSession", absl::OkStatus());
       return absl::OkStatus();

@@ -199,14 +199,14 @@ class StreamingCall : public Base {
   std::atomic<int> refs_{1};
   absl::Mutex mu_;
   std::deque<std::pair<v1::GenerateResponse, int64_t>> queue_ ABSL_GUARDED_BY(mu_);  // with its bytes
-  v1::GenerateResponse current_;  // the write in flight
+  v1::GenerateResponse current_;                                                     // the write in flight
   int64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool paused_ ABSL_GUARDED_BY(mu_) = false;    // the job is paused for this client
-  int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;   // bytes queued or in the write in flight
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;   // the job is paused for this client
+  int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;  // bytes queued or in the write in flight
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
 };

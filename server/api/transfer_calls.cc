@@ -15,8 +15,7 @@ namespace txl {
 // chunks, one write at a time. Deletes itself in OnDone.
 class ExportCall final : public grpc::ServerWriteReactor<v1::SessionChunk> {
  public:
-  ExportCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const v1::ExportSessionRequest& req)
-      : c_(c) {
+  ExportCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const v1::ExportSessionRequest& req) : c_(c) {
     absl::Status s = Start(ctx, req);
     if (!s.ok()) End(ToGrpcStatus(s));
   }
@@ -97,8 +96,8 @@ class ImportCall final : public grpc::ServerReadReactor<v1::ImportSessionRequest
       }
       data_ += request_.data();
       if (static_cast<int64_t>(data_.size()) > c_->config.max_import_bytes) {
-        End(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-            "import: more than ", c_->config.max_import_bytes, " bytes (a session of max_mem_len at most)"))));
+        End(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat("import: more than ", c_->config.max_import_bytes,
+                                                                   " bytes (a session of max_mem_len at most)"))));
         return;
       }
       StartRead(&request_);
@@ -158,7 +157,7 @@ grpc::ServerWriteReactor<v1::SessionChunk>* TxlService::ExportSession(grpc::Call
 }
 
 grpc::ServerReadReactor<v1::ImportSessionRequest>* TxlService::ImportSession(grpc::CallbackServerContext* ctx,
-                                                                            v1::Session* resp) {
+                                                                             v1::Session* resp) {
   return new ImportCall(ctx_.get(), ctx, resp);
 }
 

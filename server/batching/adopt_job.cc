@@ -5,7 +5,8 @@
 
 namespace txl {
 
-AdoptJob::AdoptJob(std::string caller, std::string id, JobCallbacks cb) : caller_(std::move(caller)), id_(std::move(id)) {
+AdoptJob::AdoptJob(std::string caller, std::string id, JobCallbacks cb)
+    : caller_(std::move(caller)), id_(std::move(id)) {
   callbacks = std::move(cb);
 }
 

@@ -24,7 +24,8 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
   }
   const size_t max_batch = static_cast<size_t>(config.max_batch);
   const size_t first = decoders.size() > max_batch ? rotate_++ % decoders.size() : 0;
-  for (size_t k = 0; k < decoders.size() && rows.size() < max_batch; ++k) add(decoders[(first + k) % decoders.size()], 1);
+  for (size_t k = 0; k < decoders.size() && rows.size() < max_batch; ++k)
+    add(decoders[(first + k) % decoders.size()], 1);
   for (const auto& job : active) {
     if (rows.size() >= max_batch) break;
     if (job->done || job->decoding()) continue;

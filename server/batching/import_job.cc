@@ -20,8 +20,8 @@ absl::Status ImportJob::Import(JobRunner& runner) {
   ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->RestoreSession(spec_.image.state));
   if (state->mem_len() > spec_.max_mem_len) {
     return absl::InvalidArgumentError(absl::StrCat("import: the session's mem_len ", state->mem_len(),
-                                                   " is more than this server allows (max_mem_len=",
-                                                   spec_.max_mem_len, ")"));
+                                                   " is more than this server allows (max_mem_len=", spec_.max_mem_len,
+                                                   ")"));
   }
   if (state->position() + static_cast<int64_t>(spec_.image.pending.size()) != spec_.image.position) {
     return absl::InvalidArgumentError("session export: the position does not match the state");
@@ -31,8 +31,8 @@ absl::Status ImportJob::Import(JobRunner& runner) {
       return absl::InvalidArgumentError("session export: a pending token is outside the vocabulary");
   }
   const bool durable = runner.journal() != nullptr;
-  ASSIGN_OR_RETURN(SessionLease made, table->CreateAcquired(spec_.owner, std::move(state), spec_.idle_ttl,
-                                                            spec_.labels, absl::Now(), spec_.id, durable));
+  ASSIGN_OR_RETURN(SessionLease made, table->CreateAcquired(spec_.owner, std::move(state), spec_.idle_ttl, spec_.labels,
+                                                            absl::Now(), spec_.id, durable));
   made.pending = spec_.image.pending;
   const std::string id = made.id;
   if (durable) {

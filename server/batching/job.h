@@ -53,7 +53,7 @@ struct JobResult {
   int64_t input_tokens = 0;
   int64_t generated_tokens = 0;
   double queue_seconds = 0, first_token_seconds = 0, total_seconds = 0;
-  std::string trailing_text;  // Generate: text held back until the end (e.g. a partial character)
+  std::string trailing_text;              // Generate: text held back until the end (e.g. a partial character)
   std::vector<ScoredTokenResult> scores;  // Score
   SessionInfo forked;                     // Fork, Import: the new session
   std::string exported;                   // Export: EncodeSessionExport's bytes
@@ -76,9 +76,9 @@ class Job : public std::enable_shared_from_this<Job> {
   virtual void Run(JobRunner& runner) = 0;
 
   // Feeding kinds only: their place in the next batched step.
-  virtual bool decoding() const { return false; }      // feeds back one sampled token a step
-  virtual size_t prefill_left() const { return 0; }    // input tokens still to feed
-  virtual StepInput Row(size_t n) { return {}; }       // n of them (a decoder: its token)
+  virtual bool decoding() const { return false; }    // feeds back one sampled token a step
+  virtual size_t prefill_left() const { return 0; }  // input tokens still to feed
+  virtual StepInput Row(size_t n) { return {}; }     // n of them (a decoder: its token)
   virtual void TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {}
 
   // At the end (JobRunner::Finish): settles the session's pending token so

@@ -62,23 +62,22 @@ void JobRunner::Finish(Job& job, absl::Status status) {
     auto held = std::make_shared<SessionLease>(std::move(job.lease));
     job.lease = SessionLease();
     const int64_t position = job.result.position;
-    journal_->AfterDurable(
-        held->id, position,
-        [table = table_, held, done = std::move(job.callbacks.on_done), status = std::move(status),
-         result = std::move(job.result)](absl::Status written, int64_t durable) mutable {
-          if (!written.ok()) {
-            // The history past `durable` never happened: the state is
-            // rebuilt from the store on the session's next request.
-            held->state.reset();
-            held->idle.reset();
-            held->pending.clear();
-            held->known_position = durable;
-            held->since_snapshot = 0;
-            result.position = durable;
-          }
-          table->Release(std::move(*held), absl::Now());
-          if (done) done(written.ok() ? std::move(status) : std::move(written), std::move(result));
-        });
+    journal_->AfterDurable(held->id, position,
+                           [table = table_, held, done = std::move(job.callbacks.on_done), status = std::move(status),
+                            result = std::move(job.result)](absl::Status written, int64_t durable) mutable {
+                             if (!written.ok()) {
+                               // The history past `durable` never happened: the state is
+                               // rebuilt from the store on the session's next request.
+                               held->state.reset();
+                               held->idle.reset();
+                               held->pending.clear();
+                               held->known_position = durable;
+                               held->since_snapshot = 0;
+                               result.position = durable;
+                             }
+                             table->Release(std::move(*held), absl::Now());
+                             if (done) done(written.ok() ? std::move(status) : std::move(written), std::move(result));
+                           });
     return;
   }
   const bool durable = job.acks_durably();
@@ -176,8 +175,10 @@ absl::Status JobRunner::Materialize(Job& job) {
     (void)journal_->Flush();  // its last tokens may still be on their way
     auto record = journal_->Load(job.lease.id);
     if (!record.ok()) {
-      if (absl::IsDataLoss(record.status()) || absl::IsNotFound(record.status())) job.throwaway = true;  // gone for good
-      if (absl::IsDataLoss(record.status())) (void)journal_->TakeQuarantined(job.lease.id, job.lease.owner);  // told now
+      if (absl::IsDataLoss(record.status()) || absl::IsNotFound(record.status()))
+        job.throwaway = true;  // gone for good
+      if (absl::IsDataLoss(record.status()))
+        (void)journal_->TakeQuarantined(job.lease.id, job.lease.owner);  // told now
       return record.status();
     }
     if (record->position() != job.lease.known_position) {

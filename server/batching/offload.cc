@@ -45,7 +45,7 @@ void Offloader::HandOff() {
   for (const std::string& id : wanted) {
     auto lease = table->TakeForSnapshot(id, /*any_tier=*/true);
     if (!lease.ok() || !lease->durable) continue;  // gone, or busy: at the next heartbeat
-    if (lease->state) {  // its current state, so the next replica replays nothing
+    if (lease->state) {                            // its current state, so the next replica replays nothing
       if (auto image = runner_->ExportImage(*lease); image.ok()) journal->RecordSnapshot(id, *std::move(image));
     }
     journal->RecordRelease(id);

@@ -10,8 +10,7 @@ namespace txl {
 absl::Status ValidateSampling(const SamplingConfig& c) {
   if (!(c.temperature >= 0.0f) || !std::isfinite(c.temperature))
     return absl::InvalidArgumentError(absl::StrCat("sampling.temperature must be >= 0, got ", c.temperature));
-  if (c.top_k < 0)
-    return absl::InvalidArgumentError(absl::StrCat("sampling.top_k must be >= 0, got ", c.top_k));
+  if (c.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("sampling.top_k must be >= 0, got ", c.top_k));
   if (!(c.top_p >= 0.0f && c.top_p <= 1.0f))
     return absl::InvalidArgumentError(absl::StrCat("sampling.top_p must be in [0, 1], got ", c.top_p));
   return absl::OkStatus();

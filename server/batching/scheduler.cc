@@ -86,9 +86,8 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease leas
       std::make_shared<GenerateJob>(std::move(lease), throwaway, std::move(spec), std::move(callbacks)));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, bool throwaway,
-                                                            std::vector<int> input, bool commit,
-                                                            JobCallbacks callbacks) {
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, bool throwaway, std::vector<int> input,
+                                                            bool commit, JobCallbacks callbacks) {
   auto job = std::make_shared<ScoreJob>(std::move(lease), throwaway, input, commit, std::move(callbacks));
   // Scoring without commit changes nothing: a read-only session still answers it.
   return commit ? EnqueueWritable(std::move(job)) : Enqueue(std::move(job));

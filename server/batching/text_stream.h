@@ -28,8 +28,7 @@ class Utf8Stream {
 
 class TextStream {
  public:
-  explicit TextStream(std::vector<std::string> stop_sequences)
-      : stops_(std::move(stop_sequences)) {}
+  explicit TextStream(std::vector<std::string> stop_sequences) : stops_(std::move(stop_sequences)) {}
 
   struct Update {
     std::string text;      // newly released text (may be empty)

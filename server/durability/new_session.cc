@@ -10,15 +10,14 @@ void RecordNewSession(SessionJournal* journal, SessionTable* table, const Sessio
   auto held = std::make_shared<SessionLease>(std::move(lease));
   SessionInfo answer = info;
   answer.busy = false;  // as it is once released
-  journal->RecordCreate(meta, std::move(snapshot),
-                        [table, held, done = std::move(done), answer](absl::Status written) {
-                          if (written.ok()) {
-                            table->Release(std::move(*held), absl::Now());
-                          } else {
-                            table->Discard(std::move(*held));
-                          }
-                          if (done) done(written, answer);
-                        });
+  journal->RecordCreate(meta, std::move(snapshot), [table, held, done = std::move(done), answer](absl::Status written) {
+    if (written.ok()) {
+      table->Release(std::move(*held), absl::Now());
+    } else {
+      table->Discard(std::move(*held));
+    }
+    if (done) done(written, answer);
+  });
 }
 
 }  // namespace txl

@@ -2,14 +2,14 @@
 
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "base/hash.h"
-#include "base/status_macros.h"
 #include "base/byte_io.h"
 #include "base/echo_id.h"
+#include "base/hash.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 
 namespace txl {
 namespace {
@@ -98,7 +98,8 @@ std::string EncodeSessionMeta(const SessionMeta& m) {
 
 absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes) {
   const auto damaged = [] { return absl::DataLossError("session meta: truncated or damaged"); };
-  if (bytes.size() < sizeof(kMetaMagic) + 8 || bytes.compare(0, sizeof(kMetaMagic), kMetaMagic, sizeof(kMetaMagic)) != 0)
+  if (bytes.size() < sizeof(kMetaMagic) + 8 ||
+      bytes.compare(0, sizeof(kMetaMagic), kMetaMagic, sizeof(kMetaMagic)) != 0)
     return damaged();
   ByteReader r(absl::string_view(bytes).substr(sizeof(kMetaMagic)));
   SessionMeta m;
@@ -126,8 +127,8 @@ SessionJournal::SessionJournal(const SessionJournalConfig& config, std::unique_p
 absl::StatusOr<std::unique_ptr<SessionJournal>> SessionJournal::Create(const SessionJournalConfig& config,
                                                                        std::unique_ptr<StateBackend> backend) {
   if (config.replica.empty() || !IsValidStateKey(config.replica) || config.replica.find('/') != std::string::npos)
-    return absl::InvalidArgumentError(absl::StrCat("replica_name: '", config.replica,
-                                                   "' must be non-empty and of [A-Za-z0-9._-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica_name: '", config.replica, "' must be non-empty and of [A-Za-z0-9._-]"));
   std::unique_ptr<SessionJournal> j(new SessionJournal(config, std::move(backend)));
   RETURN_IF_ERROR(j->Heartbeat());
   j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
@@ -276,8 +277,8 @@ absl::Status SessionJournal::TakeQuarantined(const std::string& id, const std::s
   auto it = unreported_.find(id);
   if (it == unreported_.end() || (!it->second.empty() && it->second != caller)) return absl::OkStatus();
   unreported_.erase(it);
-  return absl::DataLossError(absl::StrCat("session ", EchoId(id),
-                                          ": its saved state was damaged and it was quarantined at start-up"));
+  return absl::DataLossError(
+      absl::StrCat("session ", EchoId(id), ": its saved state was damaged and it was quarantined at start-up"));
 }
 
 int64_t SessionJournal::DurableLocked(const std::string& id) const {
@@ -383,7 +384,8 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
       } else {
         // A log a crash left behind by an earlier session of this id goes first.
         for (const auto& [part, value] : {std::pair<const char*, const std::string*>{"log", nullptr},
-                                          {"snap", &op.snapshot}, {"holder", &config_.replica}}) {
+                                          {"snap", &op.snapshot},
+                                          {"holder", &config_.replica}}) {
           if (status.ok()) status = backend_->Put(Key(op.key, part), value ? *value : std::string());
         }
         if (!status.ok()) {
@@ -463,7 +465,7 @@ void SessionJournal::WriterLoop() {
 }
 
 absl::Status SessionJournal::QuarantineSession(const std::string& id, const std::string& why,
-                                              const std::string& owner) {
+                                               const std::string& owner) {
   TXL_LOG(ERROR) << "session " << id << ": " << why << "; its state is quarantined";
   for (const char* part : {"meta", "snap", "log", "holder"}) (void)backend_->Quarantine(Key(id, part));
   absl::MutexLock lock(&mu_);
@@ -476,7 +478,8 @@ absl::Status SessionJournal::QuarantineSession(const std::string& id, const std:
 absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   if (!IsValidStateKey(id)) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
   auto meta_bytes = backend_->Get(Key(id, "meta"));
-  if (absl::IsNotFound(meta_bytes.status())) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
+  if (absl::IsNotFound(meta_bytes.status()))
+    return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
   if (!meta_bytes.ok()) return absl::UnavailableError(meta_bytes.status().message());
   JournalRecord record;
   auto meta = DecodeSessionMeta(*meta_bytes);
@@ -487,13 +490,15 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   if (!snap.ok() && !absl::IsNotFound(snap.status())) return absl::UnavailableError(snap.status().message());
   if (!snap.ok()) return QuarantineSession(id, "its snapshot is missing", record.meta.owner);
   auto image = DecodeSessionExport(*snap);
-  if (!image.ok()) return QuarantineSession(id, absl::StrCat("snapshot: ", image.status().message()), record.meta.owner);
+  if (!image.ok())
+    return QuarantineSession(id, absl::StrCat("snapshot: ", image.status().message()), record.meta.owner);
   record.image = *std::move(image);
   auto log = backend_->Get(Key(id, "log"));
   if (!log.ok() && !absl::IsNotFound(log.status())) return absl::UnavailableError(log.status().message());
   if (log.ok()) {
     size_t valid = 0;
-    if (auto s = ReplayJournalLog(*log, &record, &valid); !s.ok()) return QuarantineSession(id, std::string(s.message()), record.meta.owner);
+    if (auto s = ReplayJournalLog(*log, &record, &valid); !s.ok())
+      return QuarantineSession(id, std::string(s.message()), record.meta.owner);
     if (valid < log->size()) {
       // A record a crash cut short: never acknowledged. Cut it off before
       // anything is appended after it.
@@ -552,7 +557,8 @@ absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const
   if (!current || *current != config_.replica) {
     auto claimed = backend_->CompareAndSet(Key(id, "holder"), current, config_.replica);
     if (!claimed.ok()) return absl::UnavailableError(claimed.status().message());
-    if (!*claimed) return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " was just taken over by another replica"));
+    if (!*claimed)
+      return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " was just taken over by another replica"));
   }
   auto record = Load(id);
   if (absl::IsDataLoss(record.status())) (void)TakeQuarantined(id, caller);  // the caller is told now

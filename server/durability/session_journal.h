@@ -54,8 +54,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/sessions/session_export.h"
 #include "server/durability/state_backend.h"
+#include "server/sessions/session_export.h"
 
 namespace txl {
 
@@ -73,8 +73,8 @@ struct SessionMeta {
 // tokens logged after it.
 struct JournalRecord {
   SessionMeta meta;
-  SessionExport image;     // image.state empty: a fresh session of meta.mem_len
-  std::vector<int> tail;   // history tokens after image.position
+  SessionExport image;    // image.state empty: a fresh session of meta.mem_len
+  std::vector<int> tail;  // history tokens after image.position
   int64_t position() const { return image.position + static_cast<int64_t>(tail.size()); }
 };
 
@@ -89,7 +89,7 @@ absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes);
 absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, size_t* valid_bytes = nullptr);
 
 struct SessionJournalConfig {
-  std::string replica;                          // this replica's name
+  std::string replica;  // this replica's name
   absl::Duration holder_timeout = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
 };

@@ -18,11 +18,13 @@ constexpr size_t kMaxSegmentChars = 200;
 constexpr size_t kMaxKeyChars = 1024;
 constexpr char kDefaultRedisPrefix[] = "txl";
 
-bool IsKeyChar(char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; }
+bool IsKeyChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+}
 
 absl::Status BadSpec(absl::string_view spec, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("state store spec \"", spec, "\": ", why,
-                                                 " (want DIR, dir:DIR or redis://HOST:PORT[/PREFIX])"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("state store spec \"", spec, "\": ", why, " (want DIR, dir:DIR or redis://HOST:PORT[/PREFIX])"));
 }
 
 absl::StatusOr<std::unique_ptr<StateBackend>> OpenRedis(const StateBackendConfig& config) {
@@ -61,8 +63,7 @@ absl::StatusOr<FsyncPolicy> ParseFsyncPolicy(absl::string_view name) {
   if (name == "always") return FsyncPolicy::kAlways;
   if (name == "interval") return FsyncPolicy::kInterval;
   if (name == "never") return FsyncPolicy::kNever;
-  return absl::InvalidArgumentError(
-      absl::StrCat("fsync policy \"", name, "\": want always, interval or never"));
+  return absl::InvalidArgumentError(absl::StrCat("fsync policy \"", name, "\": want always, interval or never"));
 }
 
 bool IsValidStateKey(absl::string_view key) {
@@ -86,8 +87,8 @@ absl::StatusOr<std::unique_ptr<StateBackend>> OpenStateBackend(const StateBacken
   const std::string& spec = config.spec;
   if (absl::StartsWith(spec, "redis://")) return OpenRedis(config);
   if (config.fsync == FsyncPolicy::kInterval && config.fsync_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("fsync interval must be positive, got ",
-                                                   absl::FormatDuration(config.fsync_interval)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fsync interval must be positive, got ", absl::FormatDuration(config.fsync_interval)));
   }
   std::string dir = spec;
   if (absl::StartsWith(spec, "dir:")) {

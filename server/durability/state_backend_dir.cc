@@ -130,8 +130,7 @@ bool IsTempName(absl::string_view name) { return absl::StartsWith(name, ".") && 
 
 class DirectoryStateBackend : public StateBackend {
  public:
-  DirectoryStateBackend(std::string root, FsyncPolicy fsync, absl::Duration interval, int lock_fd,
-                        std::string writer)
+  DirectoryStateBackend(std::string root, FsyncPolicy fsync, absl::Duration interval, int lock_fd, std::string writer)
       : root_(std::move(root)), writer_(std::move(writer)), fsync_(fsync), interval_(interval), lock_fd_(lock_fd) {
     if (fsync_ == FsyncPolicy::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   }
@@ -523,8 +522,8 @@ absl::StatusOr<std::unique_ptr<StateBackend>> OpenDirectoryStateBackend(const st
   const std::string lock_path = absl::StrCat(dir, "/", kLockFile);
   int lock_fd = OpenRetryingEintr(lock_path, O_RDWR | O_CREAT);
   if (lock_fd < 0) {
-    return absl::UnavailableError(absl::StrCat("state directory ", dir, ": cannot open ", lock_path, ": ",
-                                               std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("state directory ", dir, ": cannot open ", lock_path, ": ", std::strerror(errno)));
   }
   auto backend = std::make_unique<DirectoryStateBackend>(dir, fsync, fsync_interval, lock_fd, writer);
   if (absl::Status s = backend->RemoveStaleTemps(dir); !s.ok()) {

@@ -20,8 +20,7 @@ absl::StatusOr<std::unique_ptr<StateBackend>> OpenDirectoryStateBackend(const st
 
 // UNAVAILABLE when the server does not answer a PING within `timeout`.
 absl::StatusOr<std::unique_ptr<StateBackend>> OpenRedisStateBackend(const std::string& host, int port,
-                                                                    const std::string& prefix,
-                                                                    absl::Duration timeout);
+                                                                    const std::string& prefix, absl::Duration timeout);
 
 // Whether a backend's List(prefix) reports `key`: it starts with the prefix,
 // and quarantined keys only when the prefix asks for them explicitly.

@@ -202,14 +202,10 @@ class RedisStateBackend : public StateBackend {
 
   static std::string Unexpected(const redisReply* r) {
     switch (r->type) {
-      case REDIS_REPLY_NIL:
-        return "nil";
-      case REDIS_REPLY_INTEGER:
-        return absl::StrCat("integer ", r->integer);
-      case REDIS_REPLY_ARRAY:
-        return absl::StrCat("an array of ", r->elements);
-      default:
-        return absl::StrCat("\"", ReplyText(r), "\"");
+      case REDIS_REPLY_NIL: return "nil";
+      case REDIS_REPLY_INTEGER: return absl::StrCat("integer ", r->integer);
+      case REDIS_REPLY_ARRAY: return absl::StrCat("an array of ", r->elements);
+      default: return absl::StrCat("\"", ReplyText(r), "\"");
     }
   }
 
@@ -217,7 +213,8 @@ class RedisStateBackend : public StateBackend {
   // again later" become UNAVAILABLE, like a lost connection.
   absl::Status Failure(const redisReply* r, absl::string_view op, const std::string& key) const {
     std::string message = absl::StrCat("redis ", address_, ": ", op, " \"", key, "\": ");
-    if (r->type != REDIS_REPLY_ERROR) return absl::InternalError(absl::StrCat(message, "unexpected reply ", Unexpected(r)));
+    if (r->type != REDIS_REPLY_ERROR)
+      return absl::InternalError(absl::StrCat(message, "unexpected reply ", Unexpected(r)));
     const std::string text = ReplyText(r);
     absl::StrAppend(&message, text);
     if (absl::StartsWith(text, "OOM")) return absl::ResourceExhaustedError(message);
@@ -306,8 +303,7 @@ class RedisStateBackend : public StateBackend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateBackend>> OpenRedisStateBackend(const std::string& host, int port,
-                                                                    const std::string& prefix,
-                                                                    absl::Duration timeout) {
+                                                                    const std::string& prefix, absl::Duration timeout) {
   auto backend = std::make_unique<RedisStateBackend>(host, port, prefix, timeout);
   RETURN_IF_ERROR(backend->Ping());
   return backend;

@@ -24,9 +24,7 @@ class ModelEngine : public Engine {
     return model_->RestoreSession(data);
   }
   std::string fingerprint() const override { return model_->fingerprint(); }
-  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) override {
-    return model_->Step(inputs);
-  }
+  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) override { return model_->Step(inputs); }
 
   const LanguageModel& model() const { return *model_; }
 

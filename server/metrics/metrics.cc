@@ -24,8 +24,7 @@ prometheus::Histogram::BucketBoundaries MoveBuckets() { return Exponential(0.000
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& config,
-                                                         const SessionTable* table) {
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& config, const SessionTable* table) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->table_ = table;
   m->registry_ = std::make_shared<prometheus::Registry>();
@@ -34,7 +33,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
   m->requests_ = &BuildCounter().Name("txl_requests_total").Help("RPCs by method and status code").Register(r);
-  m->tokens_fed_ = &BuildCounter().Name("txl_tokens_fed_total").Help("Tokens fed through the model").Register(r).Add({});
+  m->tokens_fed_ =
+      &BuildCounter().Name("txl_tokens_fed_total").Help("Tokens fed through the model").Register(r).Add({});
   m->tokens_generated_ =
       &BuildCounter().Name("txl_tokens_generated_total").Help("Tokens generated").Register(r).Add({});
   m->evicted_ttl_ = &BuildCounter()
@@ -43,21 +43,39 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
                          .Register(r)
                          .Add({{"reason", "idle_ttl"}});
   const auto latency = Exponential(0.001, 2, 16);  // 1 ms .. 33 s
-  m->ttft_ = &BuildHistogram().Name("txl_time_to_first_token_seconds").Help("Request start to first token").Register(r).Add({}, latency);
-  m->itl_ = &BuildHistogram().Name("txl_inter_token_seconds").Help("Gap between a request's tokens").Register(r).Add({}, latency);
-  m->step_seconds_ = &BuildHistogram().Name("txl_engine_step_seconds").Help("One batched forward pass").Register(r).Add({}, latency);
-  m->batch_size_ = &BuildHistogram().Name("txl_batch_size").Help("Requests per engine step").Register(r).Add({}, Exponential(1, 2, 9));
-  m->step_tokens_ = &BuildHistogram().Name("txl_step_tokens").Help("Tokens fed per engine step").Register(r).Add({}, Exponential(1, 2, 14));
+  m->ttft_ = &BuildHistogram()
+                  .Name("txl_time_to_first_token_seconds")
+                  .Help("Request start to first token")
+                  .Register(r)
+                  .Add({}, latency);
+  m->itl_ = &BuildHistogram()
+                 .Name("txl_inter_token_seconds")
+                 .Help("Gap between a request's tokens")
+                 .Register(r)
+                 .Add({}, latency);
+  m->step_seconds_ =
+      &BuildHistogram().Name("txl_engine_step_seconds").Help("One batched forward pass").Register(r).Add({}, latency);
+  m->batch_size_ = &BuildHistogram()
+                        .Name("txl_batch_size")
+                        .Help("Requests per engine step")
+                        .Register(r)
+                        .Add({}, Exponential(1, 2, 9));
+  m->step_tokens_ = &BuildHistogram()
+                         .Name("txl_step_tokens")
+                         .Help("Tokens fed per engine step")
+                         .Register(r)
+                         .Add({}, Exponential(1, 2, 14));
   m->queue_depth_ = &BuildGauge().Name("txl_queue_depth").Help("Requests waiting for the engine").Register(r).Add({});
   auto& sessions = BuildGauge().Name("txl_sessions").Help("Sessions by state").Register(r);
   m->sessions_idle_ = &sessions.Add({{"state", "idle"}});
   m->sessions_busy_ = &sessions.Add({{"state", "busy"}});
-  m->memory_bytes_ = &BuildGauge().Name("txl_session_memory_bytes").Help("Bytes of all session memories").Register(r).Add({});
+  m->memory_bytes_ =
+      &BuildGauge().Name("txl_session_memory_bytes").Help("Bytes of all session memories").Register(r).Add({});
   m->reserved_bytes_ = &BuildGauge()
-                           .Name("txl_session_memory_reserved_bytes")
-                           .Help("Full-window bytes of all sessions (what the memory budget counts)")
-                           .Register(r)
-                           .Add({});
+                            .Name("txl_session_memory_reserved_bytes")
+                            .Help("Full-window bytes of all sessions (what the memory budget counts)")
+                            .Register(r)
+                            .Add({});
   // Offload (--host_memory_budget) and the state store: where sessions are, how they move.
   m->offloads_ = &BuildCounter()
                       .Name("txl_session_offloads_total")
@@ -73,8 +91,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
                              .Name("txl_session_restore_seconds")
                              .Help("Time to bring one session back (read, rebuild, replay)")
                              .Register(r);
-  m->tier_sessions_ =
-      &BuildGauge().Name("txl_sessions_by_tier").Help("Sessions by where their state is: device, host, store").Register(r);
+  m->tier_sessions_ = &BuildGauge()
+                           .Name("txl_sessions_by_tier")
+                           .Help("Sessions by where their state is: device, host, store")
+                           .Register(r);
   m->host_bytes_ = &BuildGauge()
                         .Name("txl_session_host_bytes")
                         .Help("Bytes of offloaded sessions held in host memory")
@@ -89,18 +109,30 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   }
   for (const char* tier : {"device", "host", "store"}) m->tier_sessions_->Add({{"tier", tier}});
   // Limits, so that rules can express saturation as a ratio.
-  BuildGauge().Name("txl_sessions_max").Help("Session limit (max_sessions)").Register(r).Add({}).Set(
-      static_cast<double>(config.max_sessions));
-  BuildGauge().Name("txl_queue_max").Help("Queue limit (max_queue)").Register(r).Add({}).Set(
-      static_cast<double>(config.max_queue));
+  BuildGauge()
+      .Name("txl_sessions_max")
+      .Help("Session limit (max_sessions)")
+      .Register(r)
+      .Add({})
+      .Set(static_cast<double>(config.max_sessions));
+  BuildGauge()
+      .Name("txl_queue_max")
+      .Help("Queue limit (max_queue)")
+      .Register(r)
+      .Add({})
+      .Set(static_cast<double>(config.max_queue));
   BuildGauge()
       .Name("txl_session_memory_budget_bytes")
       .Help("Session memory budget in bytes (session_memory_budget; 0: none)")
       .Register(r)
       .Add({})
       .Set(static_cast<double>(config.session_memory_budget));
-  BuildGauge().Name("txl_build_info").Help("Build and model facts (value 1)").Register(r).Add(
-      {config.info.begin(), config.info.end()}).Set(1);
+  BuildGauge()
+      .Name("txl_build_info")
+      .Help("Build and model facts (value 1)")
+      .Register(r)
+      .Add({config.info.begin(), config.info.end()})
+      .Set(1);
   if (!config.listen.empty()) {
     Metrics* self = m.get();
     ASSIGN_OR_RETURN(m->endpoint_, MetricsEndpoint::Create(config.listen, [self] { return self->Scrape(); }));
@@ -146,8 +178,6 @@ void Metrics::OnTick() {
   reserved_bytes_->Set(static_cast<double>(table_->reserved_bytes()));
 }
 
-std::string Metrics::Scrape() const {
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
-}
+std::string Metrics::Scrape() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
 
 }  // namespace txl

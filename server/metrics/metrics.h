@@ -13,8 +13,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/metrics/metrics_endpoint.h"
 #include "server/batching/scheduler_config.h"
+#include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
 
@@ -30,7 +30,7 @@ class Family;
 namespace txl {
 
 struct MetricsConfig {
-  std::string listen;  // host:port for /metrics; empty: not served
+  std::string listen;                       // host:port for /metrics; empty: not served
   std::map<std::string, std::string> info;  // labels of txl_build_info
   // Limits exported as gauges.
   int64_t max_sessions = 0, max_queue = 0, session_memory_budget = 0;
@@ -39,8 +39,7 @@ struct MetricsConfig {
 class Metrics : public SchedulerObserver, public ServiceMetrics {
  public:
   // UNAVAILABLE with the address when the port cannot be bound.
-  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsConfig& config,
-                                                         const SessionTable* table);
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsConfig& config, const SessionTable* table);
   ~Metrics() override;
 
   // ServiceMetrics.

@@ -14,12 +14,11 @@
 
 namespace txl {
 
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(
-    const std::string& listen, std::function<std::string()> render) {
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(const std::string& listen,
+                                                                         std::function<std::string()> render) {
   const size_t colon = listen.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("metrics_listen: '", listen, "' is not HOST:PORT"));
   }
   std::string host = listen.substr(0, colon);
@@ -72,7 +71,7 @@ void MetricsEndpoint::Serve() {
     const bool head = request.rfind("HEAD ", 0) == 0;
     const std::string body = render_();
     std::string response = absl::StrCat("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n",
-                                         "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
+                                        "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
     if (!head) response += body;
     size_t sent = 0;
     while (sent < response.size()) {

@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "base/hash.h"
 #include "base/byte_io.h"
+#include "base/hash.h"
 
 namespace txl {
 namespace {
@@ -36,8 +36,8 @@ absl::StatusOr<SessionExport> DecodeSessionExport(const std::string& bytes) {
   uint32_t version = 0;
   if (!r.Get(&version)) return absl::InvalidArgumentError("session export: truncated");
   if (version != SessionExport::kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("session export: format version ", version,
-                                                   " (this server reads ", SessionExport::kVersion, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session export: format version ", version, " (this server reads ", SessionExport::kVersion, ")"));
   }
   SessionExport e;
   uint32_t fp_len = 0, n_pending = 0;

@@ -24,7 +24,7 @@ struct SessionExport {
   std::string fingerprint;  // Engine::fingerprint() of the model that made it
   int64_t position = 0;     // tokens in the history: fed + pending
   std::vector<int> pending;
-  std::string state;        // SessionState::AppendTo
+  std::string state;  // SessionState::AppendTo
 };
 
 std::string EncodeSessionExport(const SessionExport& e);

@@ -23,8 +23,8 @@ std::string SessionTable::NewId(const std::string& same_route_as) {
 absl::StatusOr<absl::Duration> SessionTable::ResolveTtl(absl::Duration ttl) const {
   if (ttl < absl::ZeroDuration() || ttl > config_.max_ttl) {
     return absl::InvalidArgumentError(absl::StrCat("idle_ttl_seconds: must be in [0, ",
-                                                   absl::ToInt64Seconds(config_.max_ttl),
-                                                   "], got ", absl::ToInt64Seconds(ttl)));
+                                                   absl::ToInt64Seconds(config_.max_ttl), "], got ",
+                                                   absl::ToInt64Seconds(ttl)));
   }
   return ttl == absl::ZeroDuration() ? config_.default_ttl : ttl;
 }
@@ -41,8 +41,7 @@ void SessionTable::Refresh(Entry& e) {
 }
 
 absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::unique_ptr<SessionState> state,
-                                                 absl::Duration idle_ttl,
-                                                 std::map<std::string, std::string> labels,
+                                                 absl::Duration idle_ttl, std::map<std::string, std::string> labels,
                                                  absl::Time now, const std::string& id) {
   ASSIGN_OR_RETURN(SessionLease lease, CreateAcquired(owner, std::move(state), idle_ttl, std::move(labels), now, id));
   const std::string created = lease.id;
@@ -50,12 +49,10 @@ absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::
   return Get(owner, created);
 }
 
-absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& owner,
-                                                          std::unique_ptr<SessionState> state,
+absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& owner, std::unique_ptr<SessionState> state,
                                                           absl::Duration idle_ttl,
-                                                          std::map<std::string, std::string> labels,
-                                                          absl::Time now, const std::string& requested,
-                                                          bool durable) {
+                                                          std::map<std::string, std::string> labels, absl::Time now,
+                                                          const std::string& requested, bool durable) {
   ASSIGN_OR_RETURN(const absl::Duration ttl, ResolveTtl(idle_ttl));
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(sessions_.size()) >= config_.max_sessions) {
@@ -65,17 +62,16 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   if (config_.max_sessions_per_principal > 0) {
     auto held = sessions_of_.find(owner);
     if (held != sessions_of_.end() && held->second >= config_.max_sessions_per_principal) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("session limit of this principal reached (max_sessions_per_principal=",
-                       config_.max_sessions_per_principal, "); delete a session first"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session limit of this principal reached (max_sessions_per_principal=", config_.max_sessions_per_principal,
+          "); delete a session first"));
     }
   }
   const int64_t reserve = state->full_memory_bytes();
   if (!offloading() && config_.memory_budget_bytes > 0 && reserved_bytes_ + reserve > config_.memory_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "session memory budget reached (session_memory_budget=", config_.memory_budget_bytes,
-        " bytes; sessions hold ", reserved_bytes_, ", this one needs ", reserve, " at mem_len ",
-        state->mem_len(), ")"));
+        "session memory budget reached (session_memory_budget=", config_.memory_budget_bytes, " bytes; sessions hold ",
+        reserved_bytes_, ", this one needs ", reserve, " at mem_len ", state->mem_len(), ")"));
   }
   if (!requested.empty() && sessions_.contains(requested)) {
     return absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(requested), " already exists"));
@@ -157,14 +153,12 @@ absl::Status SessionTable::Delete(const std::string& caller, const std::string& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<SessionLease> SessionTable::Acquire(const std::string& caller, const std::string& id,
-                                                   absl::Time now) {
+absl::StatusOr<SessionLease> SessionTable::Acquire(const std::string& caller, const std::string& id, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = FindOwned(caller, id);  // before the busy check: ABORTED would tell that it exists
   if (it == sessions_.end()) return NotFound(id);
   Entry& e = it->second;
-  if (e.info.busy)
-    return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy with another request"));
+  if (e.info.busy) return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy with another request"));
   e.info.last_used = now;
   SessionLease lease = CheckOut(id, e);
   if (!e.resident) {  // its request brings it back into device memory
@@ -253,10 +247,11 @@ int64_t SessionTable::busy_count() const {
 
 absl::Status SessionTable::AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
                                    std::map<std::string, std::string> labels, absl::Time created,
-                                   std::shared_ptr<const IdleSession> idle, std::vector<int> pending,
-                                   int64_t position, int64_t since_snapshot) {
+                                   std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position,
+                                   int64_t since_snapshot) {
   absl::MutexLock lock(&mu_);
-  if (sessions_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("session ", EchoId(id), " is already live here"));
+  if (sessions_.contains(id))
+    return absl::AlreadyExistsError(absl::StrCat("session ", EchoId(id), " is already live here"));
   Entry& e = sessions_[id];
   e.info.id = id;
   e.info.owner = owner;
@@ -324,7 +319,8 @@ absl::StatusOr<SessionLease> SessionTable::TakeForSnapshot(const std::string& id
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFound(id);
   Entry& e = it->second;
-  if (e.info.busy || (!e.state && !any_tier)) return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy"));
+  if (e.info.busy || (!e.state && !any_tier))
+    return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy"));
   return CheckOut(id, e);
 }
 

@@ -72,13 +72,11 @@ struct SessionLease {
   // or, if that is null too, only the state store (the journal) does.
   std::unique_ptr<SessionState> state;
   std::shared_ptr<const IdleSession> idle;
-  std::vector<int> pending;  // history tokens not yet fed (at most one)
-  int64_t known_position = 0;   // the history length, whatever the tier
-  bool durable = false;         // journaled in the state store
-  int64_t since_snapshot = 0;   // tokens logged since its last snapshot
-  int64_t position() const {
-    return state ? state->position() + static_cast<int64_t>(pending.size()) : known_position;
-  }
+  std::vector<int> pending;    // history tokens not yet fed (at most one)
+  int64_t known_position = 0;  // the history length, whatever the tier
+  bool durable = false;        // journaled in the state store
+  int64_t since_snapshot = 0;  // tokens logged since its last snapshot
+  int64_t position() const { return state ? state->position() + static_cast<int64_t>(pending.size()) : known_position; }
 };
 
 struct SessionTableConfig {
@@ -116,14 +114,13 @@ class SessionTable {
   // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
   // taken one is ALREADY_EXISTS (the caller validates its form).
   absl::StatusOr<SessionInfo> Create(const std::string& owner, std::unique_ptr<SessionState> state,
-                                     absl::Duration idle_ttl, std::map<std::string, std::string> labels,
-                                     absl::Time now, const std::string& id = "");
+                                     absl::Duration idle_ttl, std::map<std::string, std::string> labels, absl::Time now,
+                                     const std::string& id = "");
   // Creates the session already acquired (throw-away sessions, forks, and
   // journaled sessions until their creation is written). `durable`: its
   // history goes to the journal.
   absl::StatusOr<SessionLease> CreateAcquired(const std::string& owner, std::unique_ptr<SessionState> state,
-                                              absl::Duration idle_ttl,
-                                              std::map<std::string, std::string> labels,
+                                              absl::Duration idle_ttl, std::map<std::string, std::string> labels,
                                               absl::Time now, const std::string& id = "", bool durable = false);
 
   // `caller`: the principal asking. NOT_FOUND for a session of another one.
@@ -190,7 +187,7 @@ class SessionTable {
  private:
   struct Entry {
     SessionInfo info;
-    std::unique_ptr<SessionState> state;  // null while busy or offloaded
+    std::unique_ptr<SessionState> state;      // null while busy or offloaded
     std::shared_ptr<const IdleSession> idle;  // the host tier
     std::vector<int> pending;
     int64_t reserved_bytes = 0;

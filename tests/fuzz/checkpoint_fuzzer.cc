@@ -59,9 +59,9 @@ void Check(bool ok, const std::string& what) {
 }
 
 struct Template {
-  std::string bytes;                                        // the whole file
+  std::string bytes;                                         // the whole file
   std::vector<std::pair<std::string, std::string>> records;  // name (no archive prefix), contents
-  std::vector<size_t> all, ours;  // indices of the records each scope may replace (mode 2)
+  std::vector<size_t> all, ours;                             // indices of the records each scope may replace (mode 2)
 };
 
 // Records the "ours" scope may replace: those our code reads itself.
@@ -170,9 +170,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::string file;
   switch (mode) {
-    case 0:
-      file = rest;
-      break;
+    case 0: file = rest; break;
     case 1: {
       file = t.bytes;
       for (size_t i = 0; i + 5 <= rest.size();) {

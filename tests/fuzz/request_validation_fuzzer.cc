@@ -70,9 +70,8 @@ const Setup& SetupFor(int which) {
 
 bool StartsWithField(const absl::Status& s) {
   static const char* const kFields[] = {
-      "session_id: ",     "input.tokens.ids[", "input.text: ",       "input: ",
-      "max_new_tokens: ", "sampling.",         "stop_token_ids[",    "stop_sequences[",
-      "logprobs: ",       "mem_len: ",         "idle_ttl_seconds: ",
+      "session_id: ",    "input.tokens.ids[", "input.text: ", "input: ",   "max_new_tokens: ",   "sampling.",
+      "stop_token_ids[", "stop_sequences[",   "logprobs: ",   "mem_len: ", "idle_ttl_seconds: ",
   };
   const std::string m(s.message());
   for (const char* f : kFields)

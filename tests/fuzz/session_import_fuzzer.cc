@@ -42,8 +42,8 @@
 #include "model/language_model.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
-#include "server/sessions/session_export.h"
 #include "server/durability/session_journal.h"
+#include "server/sessions/session_export.h"
 
 namespace {
 
@@ -102,8 +102,8 @@ void Restore(const std::string& state) {
   std::vector<StepInput> inputs = {input};
   absl::StatusOr<std::vector<StepOutput>> out = g_model->Step(absl::MakeSpan(inputs));
   if (!out.ok()) {
-    Check(Refusal(out.status()), "a step on a restored session fails only with a status: " +
-                                     std::string(out.status().message()));
+    Check(Refusal(out.status()),
+          "a step on a restored session fails only with a status: " + std::string(out.status().message()));
     return;
   }
   Check(s.position() == before + 2, "a step of two tokens advances the position by two");
@@ -180,8 +180,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       image = g_image;
       while (at + 3 <= rest.size()) {
-        const size_t offset = (static_cast<unsigned char>(rest[at]) | static_cast<unsigned char>(rest[at + 1]) << 8) %
-                              image.size();
+        const size_t offset =
+            (static_cast<unsigned char>(rest[at]) | static_cast<unsigned char>(rest[at + 1]) << 8) % image.size();
         const size_t n = static_cast<unsigned char>(rest[at + 2]);
         at += 3;
         for (size_t k = 0; k < n && at < rest.size() && offset + k < image.size(); ++k, ++at)
@@ -192,8 +192,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     e.fingerprint = g_model->fingerprint();
     e.pending.assign(rest.empty() ? 0 : static_cast<unsigned char>(rest[0]) % 3, 7);
     // Wraps (no UB) when a patched header's position is near the int64 limit.
-    e.position = static_cast<int64_t>(static_cast<uint64_t>(image.size() >= 72 ? HeaderField(image, 4) : 0) +
-                                      e.pending.size());
+    e.position =
+        static_cast<int64_t>(static_cast<uint64_t>(image.size() >= 72 ? HeaderField(image, 4) : 0) + e.pending.size());
     e.state = image;
     bytes = EncodeSessionExport(e);
     well_formed = e.position >= 0 && e.pending.size() <= 1;  // a session holds at most one pending token

@@ -60,7 +60,8 @@ void CheckCommon(const Tokenizer& t, const std::string& text) {
   Check(V > 0, "a tokenizer has at least one symbol");
   Check(!t.TokenText(-1).ok() && !t.TokenText(static_cast<int>(V)).ok(), "TokenText refuses ids out of range");
   Check(!t.Decode(std::vector<int>{static_cast<int>(V)}).ok(), "Decode refuses ids out of range");
-  for (int64_t i = 0; i < V && i < 512; ++i) Check(t.TokenText(static_cast<int>(i)).ok(), "TokenText of an id in range");
+  for (int64_t i = 0; i < V && i < 512; ++i)
+    Check(t.TokenText(static_cast<int>(i)).ok(), "TokenText of an id in range");
 
   // JSON round trip.
   const std::string json = t.ToJson();

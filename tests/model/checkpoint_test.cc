@@ -22,9 +22,8 @@ namespace fs = std::filesystem;
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("txl_ckpt_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("txl_ckpt_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
     config_ = testing::Variants()[2].config;  // adaptive, tied: the most names
     tokenizer_ = *Tokenizer::CharFromCorpus("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV");
@@ -36,8 +35,7 @@ class CheckpointTest : public ::testing::Test {
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Writes an archive with the model's tensors after `edit` had its way.
-  std::string WriteEdited(const std::string& name,
-                          const std::function<void(std::vector<ArchiveTensor>&)>& edit,
+  std::string WriteEdited(const std::string& name, const std::function<void(std::vector<ArchiveTensor>&)>& edit,
                           const std::string& config_json = "") {
     std::vector<ArchiveTensor> tensors;
     for (const auto& n : weights_.NamedTensors(config_)) tensors.push_back({n.name, n.tensor, n.is_buffer});
@@ -134,8 +132,7 @@ TEST_F(CheckpointTest, TruncatedTensorRecord) {
   const std::string path = RewriteRecords("short.pt", [](Records& records) {
     auto largest = records.end();
     for (auto it = records.begin(); it != records.end(); ++it) {
-      if (it->first.rfind("data/", 0) == 0 &&
-          (largest == records.end() || it->second.size() > largest->second.size()))
+      if (it->first.rfind("data/", 0) == 0 && (largest == records.end() || it->second.size() > largest->second.size()))
         largest = it;
     }
     ASSERT_NE(largest, records.end());
@@ -184,7 +181,8 @@ TEST_F(CheckpointTest, WrongShape) {
 TEST_F(CheckpointTest, ConfigContradictsTensors) {
   ModelConfig fewer = config_;
   fewer.n_layer = 2;  // the archive holds 3 layers
-  const std::string path = WriteEdited("m.pt", [](auto&) {}, fewer.ToJson());
+  const std::string path = WriteEdited(
+      "m.pt", [](auto&) {}, fewer.ToJson());
   ExpectLoadError(path, {"config contradicts the tensors", "layers.2.", "n_layer=2"});
 }
 
@@ -192,7 +190,8 @@ TEST_F(CheckpointTest, ConfigContradictsTokenizer) {
   ModelConfig other = config_;
   other.n_token = config_.n_token + 1;
   other.cutoffs = config_.cutoffs;
-  const std::string path = WriteEdited("m.pt", [](auto&) {}, other.ToJson());
+  const std::string path = WriteEdited(
+      "m.pt", [](auto&) {}, other.ToJson());
   ExpectLoadError(path, {"config contradicts the tokenizer", "n_token=49"});
 }
 
@@ -219,7 +218,8 @@ TEST_F(CheckpointTest, NonFiniteWeights) {
 TEST_F(CheckpointTest, BadConfigJson) {
   ModelConfig bad = config_;
   bad.n_layer = -3;
-  const std::string path = WriteEdited("m.pt", [](auto&) {}, bad.ToJson());
+  const std::string path = WriteEdited(
+      "m.pt", [](auto&) {}, bad.ToJson());
   ExpectLoadError(path, {"n_layer must be >= 1, got -3"});
 }
 
@@ -296,8 +296,8 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   ASSERT_EQ(o.last_distribution.size(), static_cast<size_t>(config_.n_token));
   EXPECT_FLOAT_EQ(o.target_logprobs[3], o.last_distribution[9]);
   ASSERT_EQ(o.target_argmax.size(), 4u);
-  EXPECT_EQ(o.target_argmax[3], std::max_element(o.last_distribution.begin(), o.last_distribution.end()) -
-                                    o.last_distribution.begin());
+  EXPECT_EQ(o.target_argmax[3],
+            std::max_element(o.last_distribution.begin(), o.last_distribution.end()) - o.last_distribution.begin());
   double total = 0;
   for (float lp : o.last_distribution) total += std::exp(lp);
   EXPECT_NEAR(total, 1.0, 1e-5);

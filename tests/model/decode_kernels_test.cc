@@ -75,12 +75,13 @@ TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
           EXPECT_LT(MaxAbsDiff(y, relu ? at::relu(want) : want), 1e-4 * (1 + std::sqrt(cols)))
               << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols << " relu " << relu;
         }
-        GemvRows(w.data_ptr<float>(), cols, x.data_ptr<float>(), nullptr, false, y.data_ptr<float>(), cols, 0, rows, isa);
+        GemvRows(w.data_ptr<float>(), cols, x.data_ptr<float>(), nullptr, false, y.data_ptr<float>(), cols, 0, rows,
+                 isa);
         EXPECT_LT(MaxAbsDiff(y, at::mv(w, x)), 1e-4 * (1 + std::sqrt(cols)));
         // A block of columns [a, cols) of the same rows (row stride cols).
         const int64_t a = cols / 3;
-        GemvRows(w.data_ptr<float>() + a, cols, x.data_ptr<float>() + a, nullptr, false, y.data_ptr<float>(),
-                 cols - a, 0, rows, isa);
+        GemvRows(w.data_ptr<float>() + a, cols, x.data_ptr<float>() + a, nullptr, false, y.data_ptr<float>(), cols - a,
+                 0, rows, isa);
         EXPECT_LT(MaxAbsDiff(y, at::mv(w.slice(1, a), x.slice(0, a))), 1e-4 * (1 + std::sqrt(cols))) << "block";
       }
     }
@@ -105,8 +106,18 @@ TEST(DecodeKernelsTest, AttentionVariantsAgree) {
     }
     at::Tensor qkv = at::randn({B, 3, H, dh}) * 2, u_bias = at::randn({H, dh}), v_bias = at::randn({H, dh});
     at::Tensor rel = at::randn({H, rel_size, dh});
-    DecodeAttentionArgs args{sessions.data(), B, H, dh, 11, qkv.data_ptr<float>(), u_bias.data_ptr<float>(),
-                             v_bias.data_ptr<float>(), rel.data_ptr<float>(), rel_size, 0.125f, nullptr};
+    DecodeAttentionArgs args{sessions.data(),
+                             B,
+                             H,
+                             dh,
+                             11,
+                             qkv.data_ptr<float>(),
+                             u_bias.data_ptr<float>(),
+                             v_bias.data_ptr<float>(),
+                             rel.data_ptr<float>(),
+                             rel_size,
+                             0.125f,
+                             nullptr};
     std::vector<at::Tensor> outs;
     for (KernelIsa isa : IsasHere()) {
       at::Tensor out = at::full({B, H, dh}, 1e9);

@@ -61,10 +61,21 @@ TEST(ModelConfigTest, ValidateNamesTheBadField) {
       {"d_model", [](ModelConfig& c) { c.d_model = 33; }},
       {"d_embed", [](ModelConfig& c) { c.d_embed = 0; }},
       {"div_val", [](ModelConfig& c) { c.div_val = 0; }},
-      {"cutoffs", [](ModelConfig& c) { c.cutoffs = {20, 10}; }},
+      {"cutoffs",
+       [](ModelConfig& c) {
+         c.cutoffs = {20, 10};
+       }},
       {"cutoffs", [](ModelConfig& c) { c.cutoffs = {100}; }},
-      {"div_val", [](ModelConfig& c) { c.cutoffs = {10, 20, 30}; c.div_val = 64; }},
-      {"tie_projs", [](ModelConfig& c) { c.tie_projs = {true}; c.cutoffs = {10}; }},
+      {"div_val",
+       [](ModelConfig& c) {
+         c.cutoffs = {10, 20, 30};
+         c.div_val = 64;
+       }},
+      {"tie_projs",
+       [](ModelConfig& c) {
+         c.tie_projs = {true};
+         c.cutoffs = {10};
+       }},
       {"mem_len", [](ModelConfig& c) { c.mem_len = -1; }},
       {"dropout", [](ModelConfig& c) { c.dropout = 1.0; }},
       {"dropatt", [](ModelConfig& c) { c.dropatt = -0.1; }},

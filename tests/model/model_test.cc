@@ -2,8 +2,8 @@
 // agrees with the training form (docs/DESIGN.md §3).
 #include <gtest/gtest.h>
 
-#include "train/training_forward.h"
 #include "tests/model/model_fixture.h"
+#include "train/training_forward.h"
 
 namespace txl {
 namespace {
@@ -56,8 +56,7 @@ TEST_P(VariantTest, TrainingFormWithSameLengthMatchesIncremental) {
     at::Tensor incremental = FeedInChunks(model, mem, b == 0 ? s0 : s1, 3);
     at::Tensor training = LogProbs(c, w, hidden.select(1, b));
     const double diff = MaxAbsDiff(incremental, training);
-    std::cout << GetParam().name << " stream " << b << " training vs incremental max|diff| = " << diff
-              << "\n";
+    std::cout << GetParam().name << " stream " << b << " training vs incremental max|diff| = " << diff << "\n";
     EXPECT_LT(diff, 1e-5);
   }
 }

@@ -18,8 +18,7 @@ namespace {
   if (std::string(s.message()).find(needle) != std::string::npos) {
     return ::testing::AssertionSuccess();
   }
-  return ::testing::AssertionFailure()
-         << "message \"" << s.message() << "\" lacks \"" << needle << "\"";
+  return ::testing::AssertionFailure() << "message \"" << s.message() << "\" lacks \"" << needle << "\"";
 }
 
 std::string RoundTrip(const Tokenizer& tok, std::string_view text) {
@@ -102,8 +101,7 @@ TEST(TokenizerTest, CharTreatsMalformedSequencesAsSingleBytes) {
 
 TEST(TokenizerTest, CharVocabIsSortedAndDeduplicated) {
   Tokenizer tok = Tokenizer::CharFromCorpus("banana \xE4\xB8\xAD\xC3\xA9\xC3\xA9\xFF\xFF").value();
-  EXPECT_EQ(Symbols(tok), (std::vector<std::string>{" ", "a", "b", "n", "\xC3\xA9",
-                                                     "\xE4\xB8\xAD", "\xFF"}));
+  EXPECT_EQ(Symbols(tok), (std::vector<std::string>{" ", "a", "b", "n", "\xC3\xA9", "\xE4\xB8\xAD", "\xFF"}));
 }
 
 TEST(TokenizerTest, CharEmptyCorpusFails) {
@@ -116,8 +114,7 @@ TEST(TokenizerTest, CharUnknownCharacterErrorNamesIt) {
   Tokenizer tok = Tokenizer::CharFromCorpus("hello").value();
   absl::StatusOr<std::vector<int>> ids = tok.Encode("hell\xC3\xA9");
   EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ids.status().message(),
-            "character '\xC3\xA9' (U+00E9) at byte 4 is not in the vocabulary");
+  EXPECT_EQ(ids.status().message(), "character '\xC3\xA9' (U+00E9) at byte 4 is not in the vocabulary");
   EXPECT_TRUE(HasSubstr(tok.Encode("h\xF0\x9F\x98\x80").status(), "(U+1F600) at byte 1"));
 }
 
@@ -130,7 +127,10 @@ TEST(TokenizerTest, CharAddUnkMapsUnknownCharactersToUnk) {
   Tokenizer tok = Tokenizer::CharFromCorpus("ab", /*add_unk=*/true).value();
   // "<unk>" comes last, so character ids are those without add_unk.
   EXPECT_EQ(Symbols(tok), (std::vector<std::string>{"a", "b", "<unk>"}));
-  EXPECT_EQ(tok.Encode("a\xC3\xA9" "b\xFF").value(), (std::vector<int>{0, 2, 1, 2}));
+  EXPECT_EQ(tok.Encode("a\xC3\xA9"
+                       "b\xFF")
+                .value(),
+            (std::vector<int>{0, 2, 1, 2}));
   EXPECT_EQ(tok.Decode({0, 2, 1}).value(), "a<unk>b");
 }
 
@@ -141,8 +141,7 @@ TEST(TokenizerTest, WordEncodeEmitsEosPerNewline) {
   EXPECT_EQ(tok.kind(), TokenizerKind::kWord);
   // Runs of spaces and tabs separate words; every newline, also of an empty
   // line and of CRLF, is one <eos>.
-  EXPECT_EQ(tok.Encode("  the\tcat  sat\n\nthe cat\r\n").value(),
-            (std::vector<int>{1, 2, 3, 0, 0, 1, 2, 0}));
+  EXPECT_EQ(tok.Encode("  the\tcat  sat\n\nthe cat\r\n").value(), (std::vector<int>{1, 2, 3, 0, 0, 1, 2, 0}));
   EXPECT_EQ(tok.Encode("the").value(), (std::vector<int>{1}));
 }
 
@@ -174,7 +173,10 @@ TEST(TokenizerTest, WordWithoutEosTreatsNewlineAsSpace) {
 TEST(TokenizerTest, WordSplitsOnUnicodeWhitespaceLikePython) {
   // U+00A0 (no-break space) and U+3000 separate words in Python's str.split().
   Tokenizer tok = Words({"a", "b", "c", "\xC3\xA9"});
-  EXPECT_EQ(tok.Encode("a\xC2\xA0" "b\xE3\x80\x80\xC3\xA9").value(), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(tok.Encode("a\xC2\xA0"
+                       "b\xE3\x80\x80\xC3\xA9")
+                .value(),
+            (std::vector<int>{0, 1, 3}));
 }
 
 TEST(TokenizerTest, WordFromVocabFileKeepsLineOrder) {
@@ -186,8 +188,7 @@ TEST(TokenizerTest, WordFromVocabFileKeepsLineOrder) {
 }
 
 TEST(TokenizerTest, WordFromVocabFileMissingFails) {
-  absl::StatusOr<Tokenizer> tok =
-      Tokenizer::WordFromVocabFile(::testing::TempDir() + "/no/such/vocab.txt");
+  absl::StatusOr<Tokenizer> tok = Tokenizer::WordFromVocabFile(::testing::TempDir() + "/no/such/vocab.txt");
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(HasSubstr(tok.status(), "no/such/vocab.txt"));
 }
@@ -217,8 +218,7 @@ TEST(TokenizerTest, WordFromVocabFileBlankLineFails) {
 TEST(TokenizerTest, WordFromSymbolsRejectsUnencodableWords) {
   EXPECT_TRUE(HasSubstr(Tokenizer::WordFromSymbols({}).status(), "no symbols"));
   EXPECT_TRUE(HasSubstr(Tokenizer::WordFromSymbols({"a", ""}).status(), "symbols[1] is empty"));
-  EXPECT_TRUE(HasSubstr(Tokenizer::WordFromSymbols({"a b"}).status(),
-                        "symbols[0] contains whitespace"));
+  EXPECT_TRUE(HasSubstr(Tokenizer::WordFromSymbols({"a b"}).status(), "symbols[0] contains whitespace"));
 }
 
 // ---- JSON ----
@@ -247,7 +247,10 @@ TEST(TokenizerTest, JsonRoundTripCharWithInvalidUtf8Symbols) {
 }
 
 TEST(TokenizerTest, JsonCharExactFormat) {
-  Tokenizer tok = Tokenizer::CharFromCorpus("b\xFF" "a\xC3\xA9").value();
+  Tokenizer tok = Tokenizer::CharFromCorpus(
+                      "b\xFF"
+                      "a\xC3\xA9")
+                      .value();
   EXPECT_EQ(tok.ToJson(), "{\"type\":\"char\",\"symbols\":[\"a\",\"b\",\"\xC3\xA9\",[255]]}");
 }
 
@@ -280,14 +283,12 @@ TEST(TokenizerTest, FromJsonRejectsUnknownType) {
   absl::Status s = Tokenizer::FromJson(R"({"type": "bpe", "symbols": ["a"]})").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(HasSubstr(s, "\"type\" must be \"byte\", \"char\" or \"word\", got \"bpe\""));
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"symbols": ["a"]})").status(),
-                        "missing \"type\""));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"symbols": ["a"]})").status(), "missing \"type\""));
   EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": 3})").status(), "got 3"));
 }
 
 TEST(TokenizerTest, FromJsonRejectsUnknownKey) {
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "byte", "vocab": 1})").status(),
-                        "unknown key \"vocab\""));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "byte", "vocab": 1})").status(), "unknown key \"vocab\""));
 }
 
 TEST(TokenizerTest, FromJsonRejectsSymbolsForByte) {
@@ -296,19 +297,15 @@ TEST(TokenizerTest, FromJsonRejectsSymbolsForByte) {
 }
 
 TEST(TokenizerTest, FromJsonRejectsMissingSymbols) {
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char"})").status(),
-                        "a char tokenizer needs \"symbols\""));
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "word"})").status(),
-                        "a word tokenizer needs \"symbols\""));
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "word", "symbols": "abc"})").status(),
-                        "\"symbols\" must be a list"));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char"})").status(), "a char tokenizer needs \"symbols\""));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "word"})").status(), "a word tokenizer needs \"symbols\""));
+  EXPECT_TRUE(
+      HasSubstr(Tokenizer::FromJson(R"({"type": "word", "symbols": "abc"})").status(), "\"symbols\" must be a list"));
 }
 
 TEST(TokenizerTest, FromJsonRejectsEmptySymbols) {
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": []})").status(),
-                        "no symbols"));
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "word", "symbols": []})").status(),
-                        "no symbols"));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": []})").status(), "no symbols"));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "word", "symbols": []})").status(), "no symbols"));
 }
 
 TEST(TokenizerTest, FromJsonRejectsDuplicatesNamingTheIndex) {
@@ -316,33 +313,26 @@ TEST(TokenizerTest, FromJsonRejectsDuplicatesNamingTheIndex) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(HasSubstr(s, "symbols[2] duplicates symbols[0] ('a')"));
   // The same symbol written as a string and as a byte list is also a duplicate.
-  EXPECT_TRUE(HasSubstr(
-      Tokenizer::FromJson(R"({"type": "char", "symbols": ["A", [65]]})").status(),
-      "symbols[1] duplicates symbols[0]"));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": ["A", [65]]})").status(),
+                        "symbols[1] duplicates symbols[0]"));
 }
 
 TEST(TokenizerTest, FromJsonRejectsCharSymbolThatIsNotOneCharacter) {
   EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": ["a", "ab"]})").status(),
                         "symbols[1] must be one character"));
-  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": [""]})").status(),
-                        "symbols[0] is empty"));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": [""]})").status(), "symbols[0] is empty"));
   // Two bytes that are not one UTF-8 sequence.
-  EXPECT_TRUE(
-      HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": [[255, 254]]})").status(),
-                "symbols[0] must be one character"));
+  EXPECT_TRUE(HasSubstr(Tokenizer::FromJson(R"({"type": "char", "symbols": [[255, 254]]})").status(),
+                        "symbols[0] must be one character"));
   // "<unk>" is the one multi-character symbol a char vocab may hold.
   EXPECT_TRUE(Tokenizer::FromJson(R"({"type": "char", "symbols": ["a", "<unk>"]})").ok());
 }
 
 TEST(TokenizerTest, FromJsonRejectsNonStringNonByteListEntries) {
-  for (const char* entry : {"3", "null", "true", "{}", "[]", "[256]", "[-1]", "[1.5]", "[\"a\"]",
-                            "[[1]]"}) {
-    absl::Status s = Tokenizer::FromJson(
-                         absl::StrCat(R"({"type": "word", "symbols": ["a", )", entry, "]}"))
-                         .status();
+  for (const char* entry : {"3", "null", "true", "{}", "[]", "[256]", "[-1]", "[1.5]", "[\"a\"]", "[[1]]"}) {
+    absl::Status s = Tokenizer::FromJson(absl::StrCat(R"({"type": "word", "symbols": ["a", )", entry, "]}")).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << entry;
-    EXPECT_TRUE(HasSubstr(s, "symbols[1] must be a string or a list of byte values (0-255)"))
-        << entry;
+    EXPECT_TRUE(HasSubstr(s, "symbols[1] must be a string or a list of byte values (0-255)")) << entry;
   }
 }
 
@@ -352,8 +342,7 @@ TEST(TokenizerTest, DecodeOutOfRangeIdNamesIdAndRange) {
   absl::StatusOr<std::string> text = Tokenizer::Byte().Decode({65, 256});
   EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(text.status().message(), "token id 256 is out of range [0, 256) (at index 1)");
-  EXPECT_TRUE(HasSubstr(Words({"a", "b"}).Decode({-1}).status(),
-                        "token id -1 is out of range [0, 2)"));
+  EXPECT_TRUE(HasSubstr(Words({"a", "b"}).Decode({-1}).status(), "token id -1 is out of range [0, 2)"));
 }
 
 TEST(TokenizerTest, TokenTextOutOfRangeFails) {

@@ -42,8 +42,7 @@ namespace {
 // The library's symbol: "_ZN4absl" + <inline namespace> + rest of the mangled name.
 void* Real(const char* rest, bool is_const = false) {
   const std::string ns = TXL_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name =
-      std::string(is_const ? "_ZNK4absl" : "_ZN4absl") + std::to_string(ns.size()) + ns + rest;
+  const std::string name = std::string(is_const ? "_ZNK4absl" : "_ZN4absl") + std::to_string(ns.size()) + ns + rest;
   void* fn = dlsym(RTLD_NEXT, name.c_str());
   if (fn == nullptr) {
     std::fprintf(stderr, "tsan_absl_sync: %s not found in libabsl (%s)\n", name.c_str(), dlerror());
@@ -135,12 +134,18 @@ Mutex::~Mutex() {
 
 void Mutex::Lock() {
   static auto real = RealFn<void (*)(Mutex*)>("5Mutex4LockEv");
-  Acquired(this, 0, [&] { real(this); return 0; });
+  Acquired(this, 0, [&] {
+    real(this);
+    return 0;
+  });
 }
 
 void Mutex::ReaderLock() {
   static auto real = RealFn<void (*)(Mutex*)>("5Mutex10ReaderLockEv");
-  Acquired(this, kRead, [&] { real(this); return 0; });
+  Acquired(this, kRead, [&] {
+    real(this);
+    return 0;
+  });
 }
 
 bool Mutex::TryLock() {
@@ -165,7 +170,10 @@ void Mutex::ReaderUnlock() {
 
 void Mutex::Await(Cond cond) {
   static auto real = RealFn<void (*)(Mutex*, Cond)>("5Mutex5AwaitERKNS0_9ConditionE");
-  Released(this, 0, [&] { real(this, cond); return 0; });
+  Released(this, 0, [&] {
+    real(this, cond);
+    return 0;
+  });
 }
 
 bool Mutex::AwaitWithTimeout(Cond cond, Duration timeout) {
@@ -175,19 +183,24 @@ bool Mutex::AwaitWithTimeout(Cond cond, Duration timeout) {
 }
 
 bool Mutex::AwaitWithDeadline(Cond cond, Time deadline) {
-  static auto real =
-      RealFn<bool (*)(Mutex*, Cond, Time)>("5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  static auto real = RealFn<bool (*)(Mutex*, Cond, Time)>("5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   return Released(this, 0, [&] { return real(this, cond, deadline); });
 }
 
 void Mutex::LockWhen(Cond cond) {
   static auto real = RealFn<void (*)(Mutex*, Cond)>("5Mutex8LockWhenERKNS0_9ConditionE");
-  Acquired(this, 0, [&] { real(this, cond); return 0; });
+  Acquired(this, 0, [&] {
+    real(this, cond);
+    return 0;
+  });
 }
 
 void Mutex::ReaderLockWhen(Cond cond) {
   static auto real = RealFn<void (*)(Mutex*, Cond)>("5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  Acquired(this, kRead, [&] { real(this, cond); return 0; });
+  Acquired(this, kRead, [&] {
+    real(this, cond);
+    return 0;
+  });
 }
 
 bool Mutex::LockWhenWithTimeout(Cond cond, Duration timeout) {
@@ -197,27 +210,29 @@ bool Mutex::LockWhenWithTimeout(Cond cond, Duration timeout) {
 }
 
 bool Mutex::LockWhenWithDeadline(Cond cond, Time deadline) {
-  static auto real =
-      RealFn<bool (*)(Mutex*, Cond, Time)>("5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  static auto real = RealFn<bool (*)(Mutex*, Cond, Time)>("5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   return Acquired(this, 0, [&] { return real(this, cond, deadline); });
 }
 
 bool Mutex::ReaderLockWhenWithTimeout(Cond cond, Duration timeout) {
-  static auto real = RealFn<bool (*)(Mutex*, Cond, Duration)>(
-      "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  static auto real =
+      RealFn<bool (*)(Mutex*, Cond, Duration)>("5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   return Acquired(this, kRead, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::ReaderLockWhenWithDeadline(Cond cond, Time deadline) {
-  static auto real = RealFn<bool (*)(Mutex*, Cond, Time)>(
-      "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  static auto real =
+      RealFn<bool (*)(Mutex*, Cond, Time)>("5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   return Acquired(this, kRead, [&] { return real(this, cond, deadline); });
 }
 
 // A CondVar wait releases the mutex (held in write mode) and takes it again.
 void CondVar::Wait(Mutex* mu) {
   static auto real = RealFn<void (*)(CondVar*, Mutex*)>("7CondVar4WaitEPNS0_5MutexE");
-  Released(mu, 0, [&] { real(this, mu); return 0; });
+  Released(mu, 0, [&] {
+    real(this, mu);
+    return 0;
+  });
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
@@ -227,8 +242,7 @@ bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
-  static auto real =
-      RealFn<bool (*)(CondVar*, Mutex*, Time)>("7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  static auto real = RealFn<bool (*)(CondVar*, Mutex*, Time)>("7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   return Released(mu, 0, [&] { return real(this, mu, deadline); });
 }
 
@@ -256,8 +270,8 @@ bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
 }
 
 bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
-  static auto real = RealFn<bool (*)(const Notification*, Time)>(
-      "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE", true);
+  static auto real =
+      RealFn<bool (*)(const Notification*, Time)>("12Notification31WaitForNotificationWithDeadlineENS0_4TimeE", true);
   const bool notified = real(this, deadline);
   if (notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;

@@ -20,8 +20,12 @@ namespace {
 
 int Race() {
   int counter = 0;
-  std::thread a([&] { for (int i = 0; i < 1000; ++i) ++counter; });
-  std::thread b([&] { for (int i = 0; i < 1000; ++i) ++counter; });
+  std::thread a([&] {
+    for (int i = 0; i < 1000; ++i) ++counter;
+  });
+  std::thread b([&] {
+    for (int i = 0; i < 1000; ++i) ++counter;
+  });
   a.join();
   b.join();
   std::printf("counter %d\n", counter);
@@ -31,8 +35,15 @@ int Race() {
 int AbslRace() {
   absl::Mutex mu;
   int counter = 0;
-  std::thread a([&] { for (int i = 0; i < 1000; ++i) { absl::MutexLock l(&mu); ++counter; } });
-  std::thread b([&] { for (int i = 0; i < 1000; ++i) ++counter; });
+  std::thread a([&] {
+    for (int i = 0; i < 1000; ++i) {
+      absl::MutexLock l(&mu);
+      ++counter;
+    }
+  });
+  std::thread b([&] {
+    for (int i = 0; i < 1000; ++i) ++counter;
+  });
   a.join();
   b.join();
   std::printf("counter %d\n", counter);
@@ -43,8 +54,18 @@ int Absl() {
   absl::Mutex mu;
   int counter = 0;  // guarded by mu
   {
-    std::thread a([&] { for (int i = 0; i < 1000; ++i) { absl::MutexLock l(&mu); ++counter; } });
-    std::thread b([&] { for (int i = 0; i < 1000; ++i) { absl::MutexLock l(&mu); ++counter; } });
+    std::thread a([&] {
+      for (int i = 0; i < 1000; ++i) {
+        absl::MutexLock l(&mu);
+        ++counter;
+      }
+    });
+    std::thread b([&] {
+      for (int i = 0; i < 1000; ++i) {
+        absl::MutexLock l(&mu);
+        ++counter;
+      }
+    });
     a.join();
     b.join();
   }
@@ -53,11 +74,16 @@ int Absl() {
   bool taken = false;
   std::thread consumer([&] {
     absl::MutexLock l(&mu);
-    while (!mu.AwaitWithTimeout(absl::Condition(+[](int* b) { return *b != 0; }, &box), absl::Seconds(1))) {
+    while (!mu.AwaitWithTimeout(absl::Condition(
+                                    +[](int* b) { return *b != 0; }, &box),
+                                absl::Seconds(1))) {
     }
     taken = box == 42;
   });
-  { absl::MutexLock l(&mu); box = 42; }
+  {
+    absl::MutexLock l(&mu);
+    box = 42;
+  }
   consumer.join();
   // CondVar.
   absl::CondVar cv;
@@ -78,7 +104,10 @@ int Absl() {
   // Notification: plain data written before Notify, read after the wait.
   int payload = 0;
   absl::Notification done;
-  std::thread writer([&] { payload = 7; done.Notify(); });
+  std::thread writer([&] {
+    payload = 7;
+    done.Notify();
+  });
   done.WaitForNotification();
   const int seen = payload;
   writer.join();

@@ -54,7 +54,10 @@ TEST(BearerTokensTest, MalformedLinesNameFileAndLineAndNotTheToken) {
   ExpectParseError("ok-token alice\nsecret-only\n", "tokens.txt:2: ", "expected 'TOKEN PRINCIPAL', got 1 field");
   ExpectParseError("# c\n\nsecret alice extra\n", "tokens.txt:3: ", "got 3 field");
   ExpectParseError("secr\x01t alice\n", "tokens.txt:1: ", "printable ASCII");
-  ExpectParseError("secret al\xc3\xa9" "ce\n", "tokens.txt:1: ", "printable ASCII");
+  ExpectParseError(
+      "secret al\xc3\xa9"
+      "ce\n",
+      "tokens.txt:1: ", "printable ASCII");
   // The message never quotes the line: it holds a secret.
   auto t = BearerTokens::Parse("the-secret-value\n", "tokens.txt");
   ASSERT_FALSE(t.ok());
@@ -62,8 +65,8 @@ TEST(BearerTokensTest, MalformedLinesNameFileAndLineAndNotTheToken) {
 }
 
 TEST(BearerTokensTest, DuplicateTokenIsAnError) {
-  ExpectParseError("same-token alice\nother bob\nsame-token carol\n", "tokens.txt:3: ",
-                   "duplicate token (first on line 1)");
+  ExpectParseError("same-token alice\nother bob\nsame-token carol\n",
+                   "tokens.txt:3: ", "duplicate token (first on line 1)");
 }
 
 TEST(BearerTokensTest, EmptyTableIsAnError) {

@@ -73,14 +73,13 @@ class SecurityTest : public ::testing::Test {
                                           "tok-bob bob\n"
                                           "tok-carol carol\n";
     std::string output;
-    server_ = ServerProcess::Start(TXL_SERVER_BINARY,
-                                   {"--tls_cert=" + (dir_ / "server.pem").string(),
-                                    "--tls_key=" + (dir_ / "server.key").string(),
-                                    "--tls_client_ca=" + (dir_ / "ca.pem").string(),
-                                    "--auth_tokens=" + (dir_ / "tokens.txt").string(),
-                                    "--max_sessions_per_principal=3", "--max_message_bytes=65536",
-                                    "--max_input_tokens=1000", "--max_new_tokens=50"},
-                                   &output)
+    server_ = ServerProcess::Start(
+                  TXL_SERVER_BINARY,
+                  {"--tls_cert=" + (dir_ / "server.pem").string(), "--tls_key=" + (dir_ / "server.key").string(),
+                   "--tls_client_ca=" + (dir_ / "ca.pem").string(), "--auth_tokens=" + (dir_ / "tokens.txt").string(),
+                   "--max_sessions_per_principal=3", "--max_message_bytes=65536", "--max_input_tokens=1000",
+                   "--max_new_tokens=50"},
+                  &output)
                   .release();
     if (server_ == nullptr) setup_error_ = "txl-server did not start:\n" + output;
   }
@@ -186,11 +185,11 @@ TEST_F(SecurityTest, WithoutClientCertificateOrTrustedCaTheConnectionFails) {
   ClientOptions plaintext;
   plaintext.server = server_->address();
   plaintext.token = "tok-alice";
-  for (const auto& [name, o] : std::vector<std::pair<std::string, ClientOptions>>{
-           {"no client certificate", no_cert},
-           {"server not signed by the trusted CA", wrong_ca},
-           {"certificate for another name", wrong_name},
-           {"plaintext", plaintext}}) {
+  for (const auto& [name, o] :
+       std::vector<std::pair<std::string, ClientOptions>>{{"no client certificate", no_cert},
+                                                          {"server not signed by the trusted CA", wrong_ca},
+                                                          {"certificate for another name", wrong_name},
+                                                          {"plaintext", plaintext}}) {
     SCOPED_TRACE(name);
     auto c = Client(o);
     EXPECT_EQ(c->Info().status().code(), absl::StatusCode::kUnavailable);
@@ -227,8 +226,7 @@ TEST_F(SecurityTest, MissingOrUnknownTokenIsUnauthenticated) {
   // A token in a different form than "Bearer <token>".
   auto stub = v1::TransformerXL::NewStub(grpc::CreateCustomChannel(
       server_->address(),
-      grpc::SslCredentials({ReadAll(dir_ / "ca.pem"), ReadAll(dir_ / "client.key"), ReadAll(dir_ / "client.pem")}),
-      [] {
+      grpc::SslCredentials({ReadAll(dir_ / "ca.pem"), ReadAll(dir_ / "client.key"), ReadAll(dir_ / "client.pem")}), [] {
         grpc::ChannelArguments a;
         a.SetSslTargetNameOverride("localhost");
         return a;

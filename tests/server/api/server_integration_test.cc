@@ -32,9 +32,8 @@ ModelConfig TinyConfig() {
 
 std::string ModelPath() {
   static const std::string path = [] {
-    const std::string p = (std::filesystem::temp_directory_path() /
-                           ("txl_server_it_" + std::to_string(getpid()) + ".pt"))
-                              .string();
+    const std::string p =
+        (std::filesystem::temp_directory_path() / ("txl_server_it_" + std::to_string(getpid()) + ".pt")).string();
     const ModelConfig c = TinyConfig();
     // Large weights make the distributions peaked, so greedy choices are
     // far from ties and batching differences could not flip them.
@@ -298,9 +297,12 @@ TEST_F(ServerTest, LogprobsCarryTheTopAlternatives) {
   v1::GenerateRequest r = Gen("", "alternatives", 4);
   r.set_logprobs(3);
   std::vector<v1::GeneratedToken> tokens;
-  ASSERT_TRUE(client_->Generate(r, [&](const v1::GenerateResponse& resp) {
-    for (const auto& t : resp.tokens()) tokens.push_back(t);
-  }).ok());
+  ASSERT_TRUE(client_
+                  ->Generate(r,
+                             [&](const v1::GenerateResponse& resp) {
+                               for (const auto& t : resp.tokens()) tokens.push_back(t);
+                             })
+                  .ok());
   ASSERT_EQ(tokens.size(), 4u);
   for (const auto& t : tokens) {
     ASSERT_EQ(t.top_size(), 3);
@@ -427,10 +429,10 @@ TEST_F(ServerTest, MetricsMoveAndNameNoSession) {
   ASSERT_TRUE(Stream(*client_, Gen(id, "metrics", 5)).status.ok());
   const std::string text = testing::HttpGet(server_->metrics_port, "/metrics");
   ASSERT_FALSE(text.empty());
-  for (const char* name : {"txl_requests_total", "txl_tokens_generated_total", "txl_tokens_fed_total",
-                           "txl_time_to_first_token_seconds", "txl_inter_token_seconds", "txl_engine_step_seconds",
-                           "txl_batch_size", "txl_step_tokens", "txl_queue_depth", "txl_sessions",
-                           "txl_session_memory_bytes", "txl_session_evictions_total", "txl_build_info"}) {
+  for (const char* name :
+       {"txl_requests_total", "txl_tokens_generated_total", "txl_tokens_fed_total", "txl_time_to_first_token_seconds",
+        "txl_inter_token_seconds", "txl_engine_step_seconds", "txl_batch_size", "txl_step_tokens", "txl_queue_depth",
+        "txl_sessions", "txl_session_memory_bytes", "txl_session_evictions_total", "txl_build_info"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name;
   }
   EXPECT_NE(text.find("method=\"Generate\""), std::string::npos);
@@ -658,8 +660,8 @@ TEST(ServerLifecycleTest, BadModelAndBusyPortFailClearly) {
   auto first = StartServer();
   ASSERT_NE(first, nullptr);
   output.clear();
-  auto second = ServerProcess::Start(TXL_SERVER_BINARY, {"--model=" + ModelPath(), "--listen=" + first->address()},
-                                     &output);
+  auto second =
+      ServerProcess::Start(TXL_SERVER_BINARY, {"--model=" + ModelPath(), "--listen=" + first->address()}, &output);
   EXPECT_EQ(second, nullptr);
   EXPECT_NE(output.find("cannot listen on " + first->address()), std::string::npos) << output;
 }

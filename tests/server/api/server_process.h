@@ -3,12 +3,12 @@
 #ifndef TXL_TESTS_SERVER_API_SERVER_PROCESS_H_
 #define TXL_TESTS_SERVER_API_SERVER_PROCESS_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -314,7 +314,7 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   EXPECT_FALSE(probe.result.scores[0].has_logprob);  // nothing precedes it
   EXPECT_TRUE(probe.result.scores[1].has_logprob);
   EXPECT_NEAR(probe.result.scores[1].logprob, std::log(0.9f), 1e-6);  // 6 follows 5
-  EXPECT_LT(probe.result.scores[2].logprob, std::log(0.01f));          // 9 does not follow 6
+  EXPECT_LT(probe.result.scores[2].logprob, std::log(0.01f));         // 9 does not follow 6
   EXPECT_EQ(table_.Get("", id)->position, 0);
 
   Outcome commit;
@@ -417,7 +417,7 @@ TEST_F(SchedulerTest, StopTokenAndStopSequence) {
   ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), false, seq, sb.Callbacks()).ok());
   sb.Wait();
   EXPECT_EQ(sb.result.finish, Finish::kStopSequence);
-  EXPECT_EQ(sb.text, "bc");  // never a piece of the stop sequence
+  EXPECT_EQ(sb.text, "bc");                   // never a piece of the stop sequence
   EXPECT_EQ(table_.Get("", b)->position, 6);  // the stop sequence's tokens are history
 }
 

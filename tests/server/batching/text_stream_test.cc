@@ -15,8 +15,14 @@ TEST(Utf8StreamTest, HoldsBackASplitCharacter) {
 
 TEST(Utf8StreamTest, InvalidBytesBecomeReplacementCharacters) {
   Utf8Stream s;
-  EXPECT_EQ(s.Push("\xFF" "a"), "\xEF\xBF\xBD" "a");
-  EXPECT_EQ(s.Push("\xC3" "b"), "\xEF\xBF\xBD" "b");  // a lead byte without its continuation
+  EXPECT_EQ(s.Push("\xFF"
+                   "a"),
+            "\xEF\xBF\xBD"
+            "a");
+  EXPECT_EQ(s.Push("\xC3"
+                   "b"),
+            "\xEF\xBF\xBD"
+            "b");                                                             // a lead byte without its continuation
   EXPECT_EQ(s.Push("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
   EXPECT_EQ(s.Push("\xE4"), "");
   EXPECT_EQ(s.Flush(), "\xEF\xBF\xBD");

@@ -6,13 +6,13 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "server/batching/scheduler.h"
 #include "server/durability/recovery.h"
 #include "tests/server/fake_engine.h"
@@ -413,7 +413,7 @@ TEST(SessionJournalTest, JournalRefusesWritesThatWouldLeaveAGap) {
   auto j = Open(scoped.path, "r1");
   j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   j->RecordTokens("s1", 0, {1, 2});
-  j->RecordTokens("s1", 5, {9});                       // a gap: not written
+  j->RecordTokens("s1", 5, {9});                      // a gap: not written
   j->RecordSnapshot("s1", Snapshot(7, {7}, "16 1"));  // holds history the store never had: not written
   auto [status, have] = Durable(j.get(), "s1", 6);
   EXPECT_TRUE(absl::IsUnavailable(status)) << status;
@@ -555,7 +555,8 @@ class DurableSchedulerTest : public ::testing::Test {
     absl::Status status;
     JobCallbacks cb;
     cb.on_tokens = [out](std::vector<GeneratedTokenEvent> ev, int64_t) {
-      if (out) for (auto& e : ev) out->push_back(e.id);
+      if (out)
+        for (auto& e : ev) out->push_back(e.id);
     };
     cb.on_done = [&](absl::Status s, JobResult) {
       status = s;
@@ -652,7 +653,7 @@ TEST_F(DurableSchedulerTest, AStoreFailureRollsTheSessionBackAndRefusesChangesUn
 
 TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheStore) {
   SessionTableConfig sc;
-  sc.memory_budget_bytes = 63 * 8;  // one fake session's full window
+  sc.memory_budget_bytes = 63 * 8;   // one fake session's full window
   sc.host_memory_budget_bytes = 40;  // about one offloaded fake image
   Make(sc);
   std::vector<std::string> ids;
@@ -661,7 +662,8 @@ TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheS
     ASSERT_TRUE(Generate(ids.back(), {10 * i, 10 * i + 1}, 2).ok());
   }
   // The engine thread offloads right after each step; wait until it has.
-  ASSERT_TRUE(WaitForTiers([](const SessionTable::TierCounts& t) { return t.device <= 1 && t.host >= 1 && t.state_store >= 1; }));
+  ASSERT_TRUE(WaitForTiers(
+      [](const SessionTable::TierCounts& t) { return t.device <= 1 && t.host >= 1 && t.state_store >= 1; }));
   // Every session continues as if it never left: the fake's next token is last + 1.
   for (int i = 0; i < 6; ++i) {
     std::vector<int> seen;

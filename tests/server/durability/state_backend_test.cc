@@ -113,8 +113,9 @@ class RedisServer {
 
   bool Spawn(std::string* error) {
     const std::string log = absl::StrCat(dir_.path(), "/redis.log");
-    std::vector<std::string> args = {kRedisServer, "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                     "--save", "", "--appendonly", "no", "--dir", dir_.path(), "--daemonize", "no"};
+    std::vector<std::string> args = {
+        kRedisServer, "--port", std::to_string(port_), "--bind",      "127.0.0.1", "--save", "", "--appendonly",
+        "no",         "--dir",  dir_.path(),           "--daemonize", "no"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -247,9 +248,9 @@ TEST_P(StateBackendTest, GetMissingIsNotFound) {
 }
 
 TEST_P(StateBackendTest, AppendKeepsOrderWithinAndAcrossGroups) {
-  ASSERT_TRUE(backend_->Append({{"s/1/log", "a"}, {"s/2/log", "1"}, {"s/1/log", std::string("\0b", 2)},
-                                {"s/2/log", "2"}})
-                  .ok());
+  ASSERT_TRUE(
+      backend_->Append({{"s/1/log", "a"}, {"s/2/log", "1"}, {"s/1/log", std::string("\0b", 2)}, {"s/2/log", "2"}})
+          .ok());
   ASSERT_TRUE(backend_->Append({{"s/1/log", "c"}}).ok());
   ASSERT_TRUE(backend_->Append({}).ok());
   EXPECT_EQ(*backend_->Get("s/1/log"), std::string("a\0bc", 4));
@@ -303,7 +304,7 @@ TEST_P(StateBackendTest, ListIsPrefixFilteredAndSorted) {
 TEST_P(StateBackendTest, CompareAndSet) {
   EXPECT_TRUE(*backend_->CompareAndSet("claim", std::nullopt, "r1"));  // absent: set
   EXPECT_EQ(*backend_->Get("claim"), "r1");
-  EXPECT_FALSE(*backend_->CompareAndSet("claim", std::nullopt, "r2"));  // present now
+  EXPECT_FALSE(*backend_->CompareAndSet("claim", std::nullopt, "r2"));       // present now
   EXPECT_FALSE(*backend_->CompareAndSet("claim", std::string("r9"), "r2"));  // mismatch
   EXPECT_EQ(*backend_->Get("claim"), "r1");
   EXPECT_TRUE(*backend_->CompareAndSet("claim", std::string("r1"), std::string("r2\0x", 4)));
@@ -391,10 +392,26 @@ TEST_P(StateBackendTest, QuarantineMovesTheValueAside) {
 }
 
 TEST_P(StateBackendTest, InvalidKeysAreRejected) {
-  for (const std::string& key : std::vector<std::string>{"", "/abs", "trailing/", "a//b", "a/../b", "..", ".", "a/.", ".lock", "a/.hidden",
-                                "dot./x", "a..b", "sp ace", "new\nline", "star*", "colon:", "back\\slash",
-                                std::string("nul\0", 4), std::string(1025, 'a'),
-                                absl::StrCat(std::string(201, 'a'), "/b")}) {
+  for (const std::string& key : std::vector<std::string>{"",
+                                                         "/abs",
+                                                         "trailing/",
+                                                         "a//b",
+                                                         "a/../b",
+                                                         "..",
+                                                         ".",
+                                                         "a/.",
+                                                         ".lock",
+                                                         "a/.hidden",
+                                                         "dot./x",
+                                                         "a..b",
+                                                         "sp ace",
+                                                         "new\nline",
+                                                         "star*",
+                                                         "colon:",
+                                                         "back\\slash",
+                                                         std::string("nul\0", 4),
+                                                         std::string(1025, 'a'),
+                                                         absl::StrCat(std::string(201, 'a'), "/b")}) {
     SCOPED_TRACE(absl::StrCat("key \"", key, "\""));
     EXPECT_FALSE(IsValidStateKey(key));
     EXPECT_EQ(backend_->Put(key, "v").code(), absl::StatusCode::kInvalidArgument);
@@ -438,9 +455,9 @@ TEST(OpenStateBackendTest, ParsesFsyncPolicies) {
 }
 
 TEST(OpenStateBackendTest, BadSpecsAreInvalidArgumentNamingTheSpec) {
-  for (const char* spec : {"", "dir:", "ftp://host/x", "redis:host:1", "redis://", "redis://host", "redis://:6379",
-                           "redis://host:0", "redis://host:70000", "redis://host:port", "redis://h:1/bad prefix",
-                           "redis://[::1/x"}) {
+  for (const char* spec :
+       {"", "dir:", "ftp://host/x", "redis:host:1", "redis://", "redis://host", "redis://:6379", "redis://host:0",
+        "redis://host:70000", "redis://host:port", "redis://h:1/bad prefix", "redis://[::1/x"}) {
     StateBackendConfig config;
     config.spec = spec;
     auto backend = OpenStateBackend(config);

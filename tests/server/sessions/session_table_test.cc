@@ -9,9 +9,7 @@
 namespace txl {
 namespace {
 
-std::unique_ptr<SessionState> State(int64_t mem_len = 32) {
-  return std::make_unique<testing::FakeSession>(mem_len);
-}
+std::unique_ptr<SessionState> State(int64_t mem_len = 32) { return std::make_unique<testing::FakeSession>(mem_len); }
 
 TEST(SessionTableTest, IdsAreLongRandomAndUnique) {
   SessionTable table({});
@@ -140,8 +138,8 @@ TEST(SessionTableTest, OtherPrincipalsSessionIsNotFoundEverywhere) {
     const auto same_as_unknown = [&](const absl::Status& s, const std::string& id) {
       EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
       // The message differs from an unknown id's only by the id itself.
-      EXPECT_EQ(s.message(), std::string(expected.message()).replace(expected.message().find(unknown),
-                                                                       unknown.size(), id));
+      EXPECT_EQ(s.message(),
+                std::string(expected.message()).replace(expected.message().find(unknown), unknown.size(), id));
     };
     same_as_unknown(table.Get(other, mine->id).status(), mine->id);
     same_as_unknown(table.Acquire(other, mine->id, t0 + absl::Seconds(5)).status(), mine->id);

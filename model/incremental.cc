@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "model/decode_kernels.h"
 #include "model/txl_math.h"
 
@@ -20,8 +21,26 @@ int64_t SessionMemory::bytes() const {
   return 2 * static_cast<int64_t>(k_.size()) * capacity_ * t.size(0) * t.size(2) * t.element_size();
 }
 
-SessionMemory SessionMemory::Clone() const {
-  SessionMemory copy(static_cast<int64_t>(k_.size()), mem_len_);
+absl::StatusOr<std::unique_ptr<SessionState>> SessionMemory::Clone() const {
+  try {
+    return std::unique_ptr<SessionState>(new SessionMemory(Copy()));
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status SessionMemory::AppendTo(std::string* out) const {
+  try {
+    WriteImage(out);
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("copying a session's memory out failed: ", e.what_without_backtrace()));
+  }
+}
+
+SessionMemory SessionMemory::Copy() const {
+  SessionMemory copy(static_cast<int64_t>(k_.size()), mem_len_, full_bytes_);
   copy.position_ = position_;
   copy.length_ = length_;
   copy.capacity_ = capacity_;
@@ -196,13 +215,17 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
   m->capacity_ = cap;
 }
 
-at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
+at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
+  // Sessions come from this model (LanguageModel::NewSession, RestoreSession, Clone).
+  std::vector<SessionMemory*> memories;
+  memories.reserve(inputs.size());
+  for (const StepInput& in : inputs) memories.push_back(static_cast<SessionMemory*>(in.session));
   std::vector<Pending> pending;
-  pending.reserve(items.size());
+  pending.reserve(inputs.size());
   int64_t max_n = 0;
-  for (StepItem& item : items) {
-    SessionMemory* m = item.memory;
-    const int64_t n = static_cast<int64_t>(item.tokens.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    SessionMemory* m = memories[i];
+    const int64_t n = static_cast<int64_t>(inputs[i].tokens.size());
     // Room for every position the step will hold (contents kept: invisible).
     if (n > 0 && m->mem_len_ > 1) Reserve(m, std::min(m->mem_len_, m->position_ + n));
     pending.push_back(
@@ -210,14 +233,14 @@ at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
     max_n = std::max(max_n, n);
   }
   const bool can_decode = device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat;
-  std::vector<std::vector<at::Tensor>> parts(items.size());
+  std::vector<std::vector<at::Tensor>> parts(inputs.size());
   for (int64_t start = 0; start < max_n; start += kPassTokens) {
     std::vector<Pending*> batch;
     std::vector<std::vector<int64_t>> tokens;
     std::vector<size_t> which;
     bool decode = can_decode;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const auto& t = items[i].tokens;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto& t = inputs[i].tokens;
       const int64_t n = static_cast<int64_t>(t.size());
       if (start >= n) continue;
       batch.push_back(&pending[i]);
@@ -236,8 +259,8 @@ at::Tensor IncrementalModel::Step(absl::Span<StepItem> items) {
   }
   // Commit: nothing above touched the positions the sessions hold.
   std::vector<at::Tensor> all;
-  for (size_t i = 0; i < items.size(); ++i) {
-    SessionMemory* mem = items[i].memory;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    SessionMemory* mem = memories[i];
     Pending& p = pending[i];
     if (p.replaced()) {
       for (size_t l = 0; l < p.k.size(); ++l) {

@@ -17,11 +17,13 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/model_config.h"
+#include "model/step.h"
 #include "model/weights.h"
 
 namespace txl {
 
-// One session's memory. Not thread-safe; owned by whoever owns the session.
+// One session's memory: the model's SessionState (model/step.h). Not
+// thread-safe; owned by whoever owns the session.
 //
 // Layout: per layer, keys and values live in ring buffers [H, capacity, dh]
 // where position p occupies slot p % mem_len. The capacity grows (with
@@ -30,28 +32,38 @@ namespace txl {
 // window, so a full session never reallocates or copies its memory. (One slot
 // more than the mem_len - 1 held positions, so that a step's new key never
 // overwrites a key that step still attends.)
-class SessionMemory {
+class SessionMemory final : public SessionState {
  public:
-  SessionMemory(int64_t n_layer, int64_t mem_len) : mem_len_(mem_len), k_(n_layer), v_(n_layer) {}
+  // full_bytes: what the memory takes once its window is full (admission
+  // control reserves it; LanguageModel::FullMemoryBytes).
+  SessionMemory(int64_t n_layer, int64_t mem_len, int64_t full_bytes = 0)
+      : mem_len_(mem_len), full_bytes_(full_bytes), k_(n_layer), v_(n_layer) {}
 
-  int64_t mem_len() const { return mem_len_; }
-  int64_t position() const { return position_; }  // tokens in the history
-  int64_t length() const { return length_; }      // positions held
-  int64_t bytes() const;                          // allocated: capacity slots in every layer
-  int64_t capacity() const { return capacity_; }  // ring slots per layer
-  SessionMemory Clone() const;                    // deep copy (fork)
+  int64_t mem_len() const override { return mem_len_; }
+  int64_t position() const override { return position_; }  // tokens in the history
+  int64_t length() const { return length_; }               // positions held
+  int64_t bytes() const;                                   // allocated: capacity slots in every layer
+  int64_t capacity() const { return capacity_; }           // ring slots per layer
+  int64_t memory_tokens() const override { return length_; }
+  int64_t memory_bytes() const override { return bytes(); }
+  int64_t full_memory_bytes() const override { return full_bytes_; }
+  void set_full_memory_bytes(int64_t bytes) { full_bytes_ = bytes; }
+  SessionMemory Copy() const;  // deep copy (fork); throws c10::Error when out of memory
+  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override;
 
   // A byte image of the memory (session_snapshot.cc), and its inverse for a
   // model of the same shape on `device`: INVALID_ARGUMENT naming what does
   // not fit (damaged data, another model's shape). Exact: a restored session
   // continues bit for bit like the original.
-  void AppendTo(std::string* out) const;
+  void WriteImage(std::string* out) const;  // throws c10::Error when the device copy fails
+  absl::Status AppendTo(std::string* out) const override;
   static absl::StatusOr<SessionMemory> Parse(const std::string& data, const ModelConfig& config,
                                              const at::Device& device);
 
  private:
   friend class IncrementalModel;
   int64_t mem_len_;
+  int64_t full_bytes_;
   int64_t position_ = 0;
   int64_t length_ = 0;
   int64_t capacity_ = 0;           // < mem_len only while position_ <= capacity_ (no wrap yet)
@@ -65,23 +77,20 @@ class SessionMemory {
 // restore).
 std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shape, const at::TensorOptions& options);
 
-struct StepItem {
-  SessionMemory* memory;
-  std::vector<int64_t> tokens;  // the new tokens; may be empty
-};
-
 // Owns the weights on one device and the relative-position key table.
 // Not thread-safe: one thread (the engine's) drives it.
 class IncrementalModel {
  public:
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device);
 
-  // Advances every item by its tokens and returns the last layer's hidden
-  // states [sum of token counts, d_model], items in order. Long inputs run in
+  // Advances every input's session (a SessionMemory of this model) by its
+  // tokens and returns the last layer's hidden states [sum of token counts,
+  // d_model], inputs in order; targets and distributions are the caller's
+  // (LanguageModel::Step). Long inputs run in
   // passes of at most kPassTokens tokens (invisible: results are chunk
   // invariant). Memories change only when the whole step succeeds; on an
   // exception (c10::Error) every session is left as it was.
-  at::Tensor Step(absl::Span<StepItem> items);
+  at::Tensor Step(absl::Span<const StepInput> inputs);
 
   const ModelConfig& config() const { return config_; }
   const TxlWeights& weights() const { return weights_; }

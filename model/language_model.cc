@@ -29,47 +29,11 @@ int ParallelLoopThreads() {
   return __builtin_popcountll(seen.load());
 }
 
-namespace {
-
-// The model's sessions: a SessionMemory (incremental.h) and its full size.
-class ModelSession final : public SessionState {
- public:
-  ModelSession(SessionMemory memory, int64_t full_bytes) : memory_(std::move(memory)), full_bytes_(full_bytes) {}
-  int64_t position() const override { return memory_.position(); }
-  int64_t mem_len() const override { return memory_.mem_len(); }
-  int64_t memory_tokens() const override { return memory_.length(); }
-  int64_t memory_bytes() const override { return memory_.bytes(); }
-  int64_t full_memory_bytes() const override { return full_bytes_; }
-  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override {
-    try {
-      return std::unique_ptr<SessionState>(new ModelSession(memory_.Clone(), full_bytes_));
-    } catch (const c10::Error& e) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
-    }
-  }
-  absl::Status AppendTo(std::string* out) const override {
-    try {
-      memory_.AppendTo(out);
-      return absl::OkStatus();
-    } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("copying a session's memory out failed: ", e.what_without_backtrace()));
-    }
-  }
-  SessionMemory* memory() { return &memory_; }
-
- private:
-  SessionMemory memory_;
-  const int64_t full_bytes_;
-};
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::RestoreSession(const std::string& data) const {
   try {
     ASSIGN_OR_RETURN(SessionMemory memory, SessionMemory::Parse(data, config_, model_->device()));
-    const int64_t full = FullMemoryBytes(memory.mem_len());
-    return std::unique_ptr<SessionState>(new ModelSession(std::move(memory), full));
+    memory.set_full_memory_bytes(FullMemoryBytes(memory.mem_len()));
+    return std::unique_ptr<SessionState>(new SessionMemory(std::move(memory)));
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("restoring a session's memory failed: ", e.what_without_backtrace()));
@@ -139,8 +103,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
 
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {
   if (mem_len < 1) return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
-  return std::unique_ptr<SessionState>(
-      new ModelSession(SessionMemory(config_.n_layer, mem_len), FullMemoryBytes(mem_len)));
+  return std::unique_ptr<SessionState>(new SessionMemory(config_.n_layer, mem_len, FullMemoryBytes(mem_len)));
 }
 
 int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
@@ -156,8 +119,6 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
   // service validated that); a breach is a bug above, refused before anything runs.
   const int64_t V = config_.n_token;
   std::set<const SessionState*> seen;
-  std::vector<StepItem> items;
-  items.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const StepInput& in = inputs[i];
     if (in.session == nullptr) return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": no session"));
@@ -178,15 +139,12 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
         }
       }
     }
-    // Sessions come from this model (NewSession, RestoreSession, Clone).
-    items.push_back(
-        {static_cast<ModelSession*>(in.session)->memory(), std::vector<int64_t>(in.tokens.begin(), in.tokens.end())});
   }
 
   std::vector<StepOutput> out(inputs.size());
   try {
     c10::InferenceMode guard;
-    at::Tensor hidden = model_->Step(absl::MakeSpan(items));
+    at::Tensor hidden = model_->Step(inputs);
     // Only the rows someone asked about go through the (large) softmax.
     std::vector<int64_t> rows, targets;
     int64_t offset = 0;

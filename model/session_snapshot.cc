@@ -19,7 +19,7 @@ constexpr int kFields = 8;
 
 }  // namespace
 
-void SessionMemory::AppendTo(std::string* out) const {
+void SessionMemory::WriteImage(std::string* out) const {
   const int64_t n_layer = static_cast<int64_t>(k_.size());
   const bool has = capacity_ > 0 && n_layer > 0 && k_[0].defined();
   const int64_t heads = has ? k_[0].size(0) : 0, d_head = has ? k_[0].size(2) : 0;

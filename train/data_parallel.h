@@ -22,7 +22,7 @@ namespace txl {
 // Unknown or unsupported names: INVALID_ARGUMENT naming them. CUDA when this
 // libtorch has no CUDA support or no GPU is visible: FAILED_PRECONDITION
 // saying which. "cuda:N" past the visible devices: INVALID_ARGUMENT.
-// `flag` names the setting in messages ("--device").
+// `flag` names the setting in messages (the caller's name for it, e.g. "device").
 absl::StatusOr<at::Device> ParseTrainingDevice(const std::string& name, const std::string& flag = "device");
 
 // Collective calls must be made by every rank in the same order.

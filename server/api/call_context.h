@@ -71,7 +71,7 @@ struct ServiceContext {
   // Runs `attempt`, which either fails or sees the request through. When it
   // fails with NOT_FOUND for a named session and there is a state store, the
   // session may be one a replica that is gone served: adopt it (on the
-  // engine thread; reactors never wait for the store) and try once more.
+  // engine thread; reactors never wait for the state store) and try once more.
   // `fail` gets the error that ends the request.
   void WithAdoption(const std::string& principal, const std::string& id, std::function<absl::Status()> attempt,
                     std::function<void(absl::Status)> fail) const;

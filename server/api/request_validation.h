@@ -46,7 +46,7 @@ absl::StatusOr<std::string> ResolveSessionId(const std::string& field, const std
 // CreateSession's arguments, checked.
 struct NewSessionArgs {
   int64_t mem_len = 0;      // resolved: 0 became the default
-  absl::Duration idle_ttl;  // >= 0; the store applies its default and maximum
+  absl::Duration idle_ttl;  // >= 0; the session table applies its default and maximum
   std::string session_id;   // empty or of IsSessionIdForm
 };
 

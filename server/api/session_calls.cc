@@ -119,7 +119,7 @@ grpc::ServerUnaryReactor* TxlService::DeleteSession(grpc::CallbackServerContext*
             c->Answer(reactor, "DeleteSession", absl::OkStatus());
             return absl::OkStatus();
           }
-          // Journaled: busy until the store has deleted it; if the store
+          // Journaled: busy until the state store has deleted it; if it
           // fails, the session stays (here and there) and the client is told.
           ASSIGN_OR_RETURN(SessionLease lease, c->table->Acquire(t.principal, t.session_id, absl::Now()));
           if (!lease.durable) {  // not journaled (a Converse stream's own session)

@@ -57,7 +57,7 @@ void JobRunner::Finish(Job& job, absl::Status status) {
   active.fetch_sub(1);
   if (journaled(job) && !job.lease.id.empty() && job.logs_history()) {
     // The session stays busy until the journal has its history: if the
-    // store failed, it rolls back to what the store holds before anyone
+    // state store failed, it rolls back to what it holds before anyone
     // (this client's retry included) sees it. Runs on the writer thread.
     auto held = std::make_shared<SessionLease>(std::move(job.lease));
     job.lease = SessionLease();
@@ -67,7 +67,7 @@ void JobRunner::Finish(Job& job, absl::Status status) {
                             result = std::move(job.result)](absl::Status written, int64_t durable) mutable {
                              if (!written.ok()) {
                                // The history past `durable` never happened: the state is
-                               // rebuilt from the store on the session's next request.
+                               // rebuilt from the state store on the session's next request.
                                held->state.reset();
                                held->idle.reset();
                                held->pending.clear();
@@ -131,7 +131,7 @@ void JobRunner::SendTokens(Job& job, GeneratedTokenEvent event, int64_t position
     job.callbacks.on_tokens({std::move(event)}, position);
     return;
   }
-  // Sent once written; if the store failed, the job stops (its end rolls the session back).
+  // Sent once written; if the state store failed, the job stops (its end rolls the session back).
   journal_->AfterDurable(job.lease.id, position,
                          [cb = job.callbacks.on_tokens, event = std::move(event), position,
                           weak = job.weak_from_this()](absl::Status written, int64_t) mutable {

@@ -53,7 +53,7 @@ class JobRunner {
   absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
   // Journals a session made on the engine thread (fork, import), held busy
   // in `lease` meanwhile, from its image; then releases it (or drops it if
-  // the store refused) and answers the job with it.
+  // the state store refused) and answers the job with it.
   void RecordNewSession(Job& job, const SessionInfo& info, SessionLease lease, std::string snapshot);
   // Generate's tokens go out once the journal has them (journaled
   // sessions; a failed write stops the job), or now.

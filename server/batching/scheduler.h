@@ -7,7 +7,7 @@
 //
 // With a journal (SetJournal), every history token a job commits is logged
 // before the client hears of it, and a job that logs keeps its session busy
-// until the journal has written it; if the store failed, the session rolls
+// until the journal has written it; if the state store failed, the session rolls
 // back to what the store holds (docs/ROBUSTNESS.md, "When the state store fails").
 //
 // Threading: Submit*/Cancel/Pause/Resume/Drain may be called from any thread
@@ -65,7 +65,7 @@ class Scheduler {
   // a throw-away session, discards it) when the job ends; on refusal it is
   // given back unchanged before the call returns. Refusals: RESOURCE_EXHAUSTED
   // (queue full), UNAVAILABLE (draining, or a journaled change the state
-  // store cannot take). The requests were validated (request_validation.h).
+  // state store cannot take). The requests were validated (request_validation.h).
   absl::StatusOr<std::shared_ptr<Job>> SubmitGenerate(SessionLease lease, bool throwaway, GenerateSpec spec,
                                                       JobCallbacks callbacks);
   absl::StatusOr<std::shared_ptr<Job>> SubmitScore(SessionLease lease, bool throwaway, std::vector<int> input,
@@ -93,7 +93,7 @@ class Scheduler {
 
  private:
   absl::StatusOr<std::shared_ptr<Job>> Enqueue(std::shared_ptr<Job> job);
-  // Refuses a change to a journaled session the store cannot take, giving the lease back.
+  // Refuses a change to a journaled session the state store cannot take, giving the lease back.
   absl::StatusOr<std::shared_ptr<Job>> EnqueueWritable(std::shared_ptr<Job> job);
   void Loop();
   // Waits for work and moves queued jobs into `active`; false once stopping with nothing left.

@@ -34,7 +34,7 @@ class SchedulerObserver {
   virtual void OnTokensGenerated(int64_t n) {}
   virtual void OnSessionsExpired(int n) {}
   virtual void OnTick() {}  // about once a second
-  // A session left device memory ("host") or host memory ("store").
+  // A session left device memory (to "host") or host memory (to "store": the state store only).
   virtual void OnOffload(const char* to, double seconds) {}
   // A session came back into device memory from "host" or "store".
   virtual void OnRestore(const char* from, double seconds) {}

@@ -20,7 +20,7 @@
 // state store's journal. Acquire hands out whatever there is; the scheduler
 // brings the state back on the engine thread before the request runs.
 //
-// Threading: all methods are thread-safe; the store never blocks on anything
+// Threading: all methods are thread-safe; the table never blocks on anything
 // but its own mutex, and never touches tensors (states are moved, not copied).
 #ifndef TXL_SERVER_SESSIONS_SESSION_TABLE_H_
 #define TXL_SERVER_SESSIONS_SESSION_TABLE_H_
@@ -83,7 +83,7 @@ struct SessionTableConfig {
   int64_t max_sessions = 1000;
   absl::Duration default_ttl = absl::Minutes(10);
   absl::Duration max_ttl = absl::Hours(24);
-  // Bytes of session memory the store may commit to; 0: no limit. Each
+  // Bytes of session memory the table may commit to; 0: no limit. Each
   // session reserves its full-window size (SessionState::full_memory_bytes)
   // when created, so a session admitted never runs out of room later.
   int64_t memory_budget_bytes = 0;
@@ -152,7 +152,7 @@ class SessionTable {
   // so that the rest fit memory_budget_bytes (empty unless offloading).
   std::vector<std::string> DeviceOverflow() const;
   // Idle sessions in host memory to drop to the state store, least recently
-  // used first, so that the rest fit the host budget (empty without a store).
+  // used first, so that the rest fit the host budget (empty without a state store).
   std::vector<std::string> HostOverflow() const;
   // Takes an idle, device-resident session for a snapshot or a hand-over
   // (busy meanwhile); NOT_FOUND or ABORTED otherwise. With `any_tier`, also
@@ -165,7 +165,7 @@ class SessionTable {
   std::unique_ptr<SessionState> BeginOffload(const std::string& id);
   void FinishOffload(const std::string& id, std::shared_ptr<const IdleSession> idle);
   void AbortOffload(const std::string& id, std::unique_ptr<SessionState> state);
-  // The host image of a session (whatever its state), taken out of the store; null if none.
+  // The host image of a session (whatever its state), taken out of the table; null if none.
   std::shared_ptr<const IdleSession> TakeIdle(const std::string& id);
   // Drops an idle session's host copy: the state store has it.
   void DropToStateStore(const std::string& id);

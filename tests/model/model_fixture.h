@@ -74,15 +74,23 @@ inline std::vector<int64_t> RandomTokens(int64_t n, int64_t vocab, uint32_t seed
   return out;
 }
 
+// A step input: `tokens` for `memory`.
+inline StepInput Row(SessionMemory* memory, const std::vector<int64_t>& tokens) {
+  StepInput in;
+  in.session = memory;
+  in.tokens.assign(tokens.begin(), tokens.end());
+  return in;
+}
+
 // Feeds `tokens` into `memory` in chunks and returns the log-prob rows
 // [n, n_token] after every token.
 inline at::Tensor FeedInChunks(IncrementalModel& model, SessionMemory& memory, const std::vector<int64_t>& tokens,
                                int64_t chunk) {
   std::vector<at::Tensor> rows;
   for (size_t s = 0; s < tokens.size(); s += chunk) {
-    StepItem item{&memory,
-                  std::vector<int64_t>(tokens.begin() + s, tokens.begin() + std::min(tokens.size(), s + chunk))};
-    at::Tensor hidden = model.Step(absl::MakeSpan(&item, 1));
+    const StepInput in =
+        Row(&memory, std::vector<int64_t>(tokens.begin() + s, tokens.begin() + std::min(tokens.size(), s + chunk)));
+    at::Tensor hidden = model.Step(absl::MakeConstSpan(&in, 1));
     rows.push_back(LogProbs(model.config(), model.weights(), hidden));
   }
   return at::cat(rows, 0);

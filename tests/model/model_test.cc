@@ -11,6 +11,7 @@ namespace {
 using testing::FeedInChunks;
 using testing::MaxAbsDiff;
 using testing::RandomTokens;
+using testing::Row;
 using testing::TestWeights;
 
 class VariantTest : public ::testing::TestWithParam<testing::NamedConfig> {};
@@ -79,12 +80,12 @@ TEST(IncrementalTest, BatchingDoesNotChangeLogProbs) {
   }
   double worst = 0;
   for (int round = 0; round < 3; ++round) {
-    std::vector<StepItem> items;
+    std::vector<StepInput> items;
     std::vector<at::Tensor> expected;
     for (int b = 0; b < 4; ++b) {
       const auto& toks = round == 0 ? prefix[b] : next[b];
       if (!toks.empty()) expected.push_back(FeedInChunks(model, alone[b], toks, toks.size()));
-      items.push_back({&batched[b], toks});
+      items.push_back(Row(&batched[b], toks));
     }
     at::Tensor got = LogProbs(c, model.weights(), model.Step(absl::MakeSpan(items)));
     worst = std::max(worst, MaxAbsDiff(got, at::cat(expected, 0)));
@@ -127,7 +128,7 @@ TEST(IncrementalTest, CloneDivergesIndependently) {
   const auto prefix = RandomTokens(20, c.n_token, 1);
   FeedInChunks(model, original, prefix, 20);
   FeedInChunks(model, control, prefix, 20);
-  SessionMemory fork = original.Clone();
+  SessionMemory fork = original.Copy();
   EXPECT_EQ(fork.position(), 20);
   // The fork goes its own way; the original must not notice.
   FeedInChunks(model, fork, RandomTokens(9, c.n_token, 2), 3);
@@ -140,7 +141,7 @@ TEST(IncrementalTest, EmptyInputsAdvanceNothing) {
   ModelConfig c = testing::SmallConfig();
   IncrementalModel model(c, TestWeights(c, 4), at::kCPU);
   SessionMemory a(c.n_layer, c.mem_len), b(c.n_layer, c.mem_len);
-  std::vector<StepItem> items = {{&a, {}}, {&b, {1, 2, 3}}};
+  std::vector<StepInput> items = {Row(&a, {}), Row(&b, {1, 2, 3})};
   at::Tensor h = model.Step(absl::MakeSpan(items));
   EXPECT_EQ(h.size(0), 3);
   EXPECT_EQ(a.position(), 0);
@@ -175,9 +176,9 @@ TEST(IncrementalTest, ForkOfWrappedSessionDecodesIndependently) {
   IncrementalModel model(c, TestWeights(c, 8), at::kCPU);
   SessionMemory original(c.n_layer, c.mem_len);
   FeedInChunks(model, original, RandomTokens(3 * c.mem_len + 5, c.n_token, 1), 1);
-  SessionMemory fork = original.Clone();
+  SessionMemory fork = original.Copy();
   FeedInChunks(model, fork, RandomTokens(7, c.n_token, 2), 1);  // diverges in place
-  SessionMemory fork2 = original.Clone();
+  SessionMemory fork2 = original.Copy();
   const auto same = RandomTokens(9, c.n_token, 3);
   EXPECT_LT(MaxAbsDiff(FeedInChunks(model, original, same, 1), FeedInChunks(model, fork2, same, 9)), 1e-5);
 }
@@ -196,7 +197,7 @@ TEST(IncrementalTest, LongInputBesideDecodesMatchesAlone) {
   FeedInChunks(model, b_alone, pb, 11);
   const auto la = RandomTokens(n_long, c.n_token, 6);
   const std::vector<int64_t> lb = {7};
-  std::vector<StepItem> items = {{&b, lb}, {&a, la}};
+  std::vector<StepInput> items = {Row(&b, lb), Row(&a, la)};
   at::Tensor got = LogProbs(c, model.weights(), model.Step(absl::MakeSpan(items)));
   at::Tensor want = at::cat({FeedInChunks(model, b_alone, lb, 1), FeedInChunks(model, a_alone, la, 1)}, 0);
   EXPECT_LT(MaxAbsDiff(got, want), 1e-5);
@@ -222,12 +223,12 @@ TEST(IncrementalTest, BatchedDecodeStepsMatchAlone) {
   }
   double worst = 0;
   for (int step = 0; step < 20; ++step) {
-    std::vector<StepItem> items;
+    std::vector<StepInput> items;
     std::vector<at::Tensor> expected;
     for (size_t b = 0; b < history.size(); ++b) {
       const std::vector<int64_t> tok = {(step * 7 + static_cast<int64_t>(b) * 5) % c.n_token};
       expected.push_back(FeedInChunks(model, alone[b], tok, 1));
-      items.push_back({&batched[b], tok});
+      items.push_back(Row(&batched[b], tok));
     }
     at::Tensor got = LogProbs(c, model.weights(), model.Step(absl::MakeSpan(items)));
     worst = std::max(worst, MaxAbsDiff(got, at::cat(expected, 0)));
@@ -261,11 +262,11 @@ TEST(IncrementalTest, DecodeKernelHeadSize64MatchesOnePass) {
     }
     double worst = 0;
     for (int step = 0; step < 45; ++step) {
-      std::vector<StepItem> items;
+      std::vector<StepInput> items;
       for (size_t b = 0; b < window.size(); ++b) {
         const int64_t tok = (step * 11 + static_cast<int64_t>(b) * 3) % c.n_token;
         history[b].push_back(tok);
-        items.push_back({&stepped[b], {tok}});
+        items.push_back(Row(&stepped[b], {tok}));
       }
       at::Tensor got = LogProbs(c, m->weights(), m->Step(absl::MakeSpan(items)));
       for (size_t b = 0; b < window.size(); ++b) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -32,7 +33,11 @@ int ParallelLoopThreads() {
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::RestoreSession(const std::string& data) const {
   try {
     ASSIGN_OR_RETURN(SessionMemory memory, SessionMemory::Parse(data, config_, model_->device()));
-    memory.set_full_memory_bytes(FullMemoryBytes(memory.mem_len()));
+    const int64_t full = FullMemoryBytes(memory.mem_len());
+    if (full == std::numeric_limits<int64_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("session state: mem_len ", memory.mem_len(), " is out of range"));
+    }
+    memory.set_full_memory_bytes(full);
     return std::unique_ptr<SessionState>(new SessionMemory(std::move(memory)));
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(
@@ -111,7 +116,11 @@ int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
   // A full ring: mem_len slots (the mem_len - 1 positions held plus the slot
   // a step writes before it drops the oldest); a window of 1 holds nothing.
   const int64_t slots = mem_len > 1 ? mem_len : 0;
-  return config_.n_layer * 2 * slots * config_.n_head * config_.d_head * element;
+  const int64_t per_slot = config_.n_layer * 2 * config_.n_head * config_.d_head * element;
+  int64_t bytes = 0;
+  // Saturates: mem_len may come from client data (an imported image).
+  if (__builtin_mul_overflow(per_slot, slots, &bytes)) return std::numeric_limits<int64_t>::max();
+  return bytes;
 }
 
 absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {

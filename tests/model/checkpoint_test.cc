@@ -387,6 +387,14 @@ TEST_F(LanguageModelTest, RestoreRefusesHeadersOutOfRange) {
   EXPECT_EQ(sizes.status().code(), absl::StatusCode::kInvalidArgument) << sizes.status();
   auto position = model->RestoreSession(with({{4, std::numeric_limits<int64_t>::max() - 2}}));
   EXPECT_EQ(position.status().code(), absl::StatusCode::kInvalidArgument) << position.status();
+  // A fresh session's image holds no rings, so its length bounds nothing: a huge mem_len
+  // overflowed the full-window size that admission reserves (the fuzzer found it).
+  std::string fresh;
+  ASSERT_TRUE((*model->NewSession(8))->AppendTo(&fresh).ok());
+  std::memcpy(&fresh[8 + 8 * 3], &huge, sizeof(huge));
+  auto window = model->RestoreSession(fresh);
+  EXPECT_EQ(window.status().code(), absl::StatusCode::kInvalidArgument) << window.status();
+  EXPECT_EQ(model->FullMemoryBytes(huge), std::numeric_limits<int64_t>::max());
 }
 
 // The memory budget reserves FullMemoryBytes per session: it must be what a

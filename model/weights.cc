@@ -18,7 +18,7 @@ struct Slot {
   std::vector<int64_t> shape;
   at::Tensor* tensor;
   Init init;
-  std::string tied_to;  // empty: owns its tensor
+  std::string tied_to = "";  // empty: owns its tensor
   bool buffer = false;
 };
 

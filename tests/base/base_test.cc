@@ -17,7 +17,11 @@
 namespace txl {
 namespace {
 
-std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/base_test_" + name; }
+// CTest runs each test as its own process, two at a time: the pid keeps their files apart
+// (a shared name let one test remove the file another was reading).
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/base_test_" + std::to_string(getpid()) + "_" + name;
+}
 
 TEST(ReadFileTest, RoundTripKeepsEveryByte) {
   const std::string path = TempPath("bytes");

@@ -145,8 +145,9 @@ std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shap
   return out;
 }
 
-IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
-    : config_(std::move(config)), weights_(weights.To(device)), device_(device) {
+IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, WeightDtype dtype,
+                                   KvDtype kv_dtype)
+    : config_(std::move(config)), weights_(weights.To(device)), device_(device), dtype_(dtype), kv_dtype_(kv_dtype) {
   if (device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat) {
     std::vector<at::Tensor*> streamed;
     std::vector<const at::Tensor*> to_pack;
@@ -169,6 +170,10 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
                          weights_.u(config_, l).contiguous(), weights_.v(config_, l).contiguous()});
     }
   }
+}
+
+std::string IncrementalModel::KernelPath() const {
+  return absl::StrCat(device_.str(), ": ", DtypeName(dtype_), " weights, ", DtypeName(kv_dtype_), " memories");
 }
 
 void IncrementalModel::EnsureRelTable(int64_t distances) {

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/model_config.h"
+#include "model/precision.h"
 #include "model/step.h"
 #include "model/weights.h"
 
@@ -81,7 +82,10 @@ std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shap
 // Not thread-safe: one thread (the engine's) drives it.
 class IncrementalModel {
  public:
-  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device);
+  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, WeightDtype dtype = WeightDtype::kFloat32,
+                   KvDtype kv_dtype = KvDtype::kFloat32);
+  // Names the kernels in use (LanguageModel::KernelPath).
+  std::string KernelPath() const;
 
   // Advances every input's session (a SessionMemory of this model) by its
   // tokens and returns the last layer's hidden states [sum of token counts,
@@ -109,6 +113,8 @@ class IncrementalModel {
   ModelConfig config_;
   TxlWeights weights_;
   at::Device device_;
+  WeightDtype dtype_;
+  KvDtype kv_dtype_;
   // Per layer, what the CPU decode step reads besides weights_: the
   // projection weights packed in panels (decode_kernels.h; a second copy,
   // the prefill passes read the originals) and the attention biases as

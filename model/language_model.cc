@@ -97,14 +97,19 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
       h = Hash64(t.sizes().data(), t.sizes().size() * sizeof(int64_t), h);
       h = Hash64(t.data_ptr(), t.numel() * sizeof(float), h);
     }
-    auto model = std::make_unique<IncrementalModel>(ckpt.config, *ckpt.weights, *device);
+    auto model =
+        std::make_unique<IncrementalModel>(ckpt.config, *ckpt.weights, *device, options.dtype, options.kv_dtype);
     std::unique_ptr<LanguageModel> lm(new LanguageModel(ckpt.config, ckpt.tokenizer, device->str(), std::move(model)));
     lm->fingerprint_ = absl::StrFormat("%016x", h);
+    lm->dtype_ = options.dtype;
+    lm->kv_dtype_ = options.kv_dtype;
     return lm;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("moving the model to ", device->str(), ": ", e.what_without_backtrace()));
   }
 }
+
+std::string LanguageModel::KernelPath() const { return model_->KernelPath(); }
 
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {
   if (mem_len < 1) return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));

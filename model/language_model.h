@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/model_config.h"
+#include "model/precision.h"
 #include "model/step.h"
 #include "model/tokenizer.h"
 
@@ -29,9 +30,11 @@ void SetThreads(int threads);
 // (GCC), otherwise 1 (the clang sanitizer builds: serial, same results).
 int ParallelLoopThreads();
 struct LanguageModelOptions {
-  std::string path;            // checkpoint file
-  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
-  int threads = 0;             // intra-op threads; 0 keeps libtorch's default
+  std::string path;                           // checkpoint file
+  std::string device = "cpu";                 // "cpu", "cuda" or "cuda:N"
+  int threads = 0;                            // intra-op threads; 0 keeps libtorch's default
+  WeightDtype dtype = WeightDtype::kFloat32;  // the layers' product weights
+  KvDtype kv_dtype = KvDtype::kFloat32;       // sessions' keys and values
 };
 
 class LanguageModel {
@@ -42,6 +45,12 @@ class LanguageModel {
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const std::string& device() const { return device_name_; }
+  WeightDtype dtype() const { return dtype_; }
+  KvDtype kv_dtype() const { return kv_dtype_; }
+  // The kernels the decode step and the prefill products run on, for the
+  // start-up log line, e.g. "cpu: avx512 decode, bfloat16 weights via
+  // avx512_bf16, amx_bf16 prefill".
+  std::string KernelPath() const;
 
   // mem_len: the session's attention window (>= 1).
   absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) const;
@@ -70,6 +79,8 @@ class LanguageModel {
   Tokenizer tokenizer_;
   std::string device_name_;
   std::string fingerprint_;
+  WeightDtype dtype_ = WeightDtype::kFloat32;
+  KvDtype kv_dtype_ = KvDtype::kFloat32;
   std::unique_ptr<IncrementalModel> model_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace txl {
@@ -21,41 +22,80 @@ __attribute__((always_inline)) inline V8 Load8(const float* p) {
   return r;
 }
 
+// The element types as distinct C++ types: bfloat16 is its raw bits.
+struct Bf16 {
+  uint16_t bits;
+};
+
+__attribute__((always_inline)) inline float ToFloat(float x) { return x; }
+__attribute__((always_inline)) inline float ToFloat(int8_t x) { return static_cast<float>(x); }
+__attribute__((always_inline)) inline float ToFloat(Bf16 x) {
+  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+typedef uint16_t U16x8 __attribute__((vector_size(16)));
+typedef uint16_t U16x16 __attribute__((vector_size(32)));
+typedef uint32_t U32x8 __attribute__((vector_size(32)));
+typedef uint32_t U32x16 __attribute__((vector_size(64)));
+typedef int8_t I8x8 __attribute__((vector_size(8)));
+typedef int8_t I8x16 __attribute__((vector_size(16)));
+
+// Loads a float vector V (8 or 16 lanes) from elements of type T, widening
+// them: bfloat16 by shifting its bits up, int8 by conversion (its scale
+// comes later).
+template <typename V, typename T>
+__attribute__((always_inline)) inline V LoadAs(const T* p) {
+  constexpr bool kWide = sizeof(V) == 64;
+  if constexpr (std::is_same_v<T, float>) {
+    V r;
+    std::memcpy(&r, p, sizeof(r));
+    return r;
+  } else if constexpr (std::is_same_v<T, Bf16>) {
+    using Narrow = std::conditional_t<kWide, U16x16, U16x8>;
+    using Wide = std::conditional_t<kWide, U32x16, U32x8>;
+    Narrow n;
+    std::memcpy(&n, p, sizeof(n));
+    const Wide w = __builtin_convertvector(n, Wide) << 16;
+    V r;
+    std::memcpy(&r, &w, sizeof(r));
+    return r;
+  } else {
+    using Narrow = std::conditional_t<kWide, I8x16, I8x8>;
+    Narrow n;
+    std::memcpy(&n, p, sizeof(n));
+    return __builtin_convertvector(n, V);
+  }
+}
+
 __attribute__((always_inline)) inline float Sum8(V8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// y += alpha x over n floats.
-__attribute__((always_inline)) inline void Axpy(float alpha, const float* x, float* y, int64_t n) {
-  int64_t i = 0;
-  const V8 a = {alpha, alpha, alpha, alpha, alpha, alpha, alpha, alpha};
-  for (; i + 8 <= n; i += 8) {
-    V8 r = Load8(y + i) + a * Load8(x + i);
-    std::memcpy(y + i, &r, sizeof(r));
-  }
-  for (; i < n; ++i) y[i] += alpha * x[i];
-}
-
 // The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
-// accumulator chains per operand, one horizontal sum per key.
-__attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const float* const* k,
-                                                   const float* const* r, int64_t dh, float scale, float* dst) {
+// accumulator chains per operand, one horizontal sum per key. Keys are of
+// the rings' type KT, position rows of the table's type RT.
+template <typename KT, typename RT>
+__attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const KT* const* k,
+                                                   const RT* const* r, int64_t dh, float scale, float* dst) {
   V8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
   int64_t i = 0;
   for (; i + 8 <= dh; i += 8) {
     const V8 u = Load8(qu + i), w = Load8(qv + i);
-    a0 += u * Load8(k[0] + i);
-    a1 += u * Load8(k[1] + i);
-    a2 += u * Load8(k[2] + i);
-    a3 += u * Load8(k[3] + i);
-    b0 += w * Load8(r[0] + i);
-    b1 += w * Load8(r[1] + i);
-    b2 += w * Load8(r[2] + i);
-    b3 += w * Load8(r[3] + i);
+    a0 += u * LoadAs<V8>(k[0] + i);
+    a1 += u * LoadAs<V8>(k[1] + i);
+    a2 += u * LoadAs<V8>(k[2] + i);
+    a3 += u * LoadAs<V8>(k[3] + i);
+    b0 += w * LoadAs<V8>(r[0] + i);
+    b1 += w * LoadAs<V8>(r[1] + i);
+    b2 += w * LoadAs<V8>(r[2] + i);
+    b3 += w * LoadAs<V8>(r[3] + i);
   }
   float s[4] = {Sum8(a0 + b0), Sum8(a1 + b1), Sum8(a2 + b2), Sum8(a3 + b3)};
   for (; i < dh; ++i) {
-    for (int j = 0; j < 4; ++j) s[j] += qu[i] * k[j][i] + qv[i] * r[j][i];
+    for (int j = 0; j < 4; ++j) s[j] += qu[i] * ToFloat(k[j][i]) + qv[i] * ToFloat(r[j][i]);
   }
   for (int j = 0; j < 4; ++j) dst[j] = s[j] * scale;
 }
@@ -90,10 +130,13 @@ __attribute__((always_inline)) inline V8 Exp8(V8 x) {
 
 // Per item: the scores of the held keys and the new one into a row buffer (the
 // keys read once, in ring order), softmax, then the values read once.
+template <typename KT, typename RT>
 __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
+  constexpr int64_t kRowBytes = static_cast<int64_t>(sizeof(KT));
   std::vector<float> buffer((a.width + 7) / 8 * 8 + 8 + 2 * dh);
-  float* qu = buffer.data();  // query + u, query + v
+  std::vector<KT> fresh(2 * dh);  // the new key and value, in the rings' type
+  float* qu = buffer.data();      // query + u, query + v
   float* qv = qu + dh;
   float* row = qv + dh;
   for (int64_t t = begin; t < end; ++t) {
@@ -105,17 +148,32 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
       qu[i] = q[i] + a.u[h * dh + i];
       qv[i] = q[i] + a.v[h * dh + i];
     }
-    const float* rel = a.rel + h * a.rel_size * dh;
-    const float* knew = a.qkv + ((b * 3 + 1) * H + h) * dh;
-    const float* vnew = a.qkv + ((b * 3 + 2) * H + h) * dh;
+    const RT* rel = static_cast<const RT*>(a.rel) + h * a.rel_size * dh;
+    float* knew_f = a.qkv + ((b * 3 + 1) * H + h) * dh;
+    float* vnew_f = a.qkv + ((b * 3 + 2) * H + h) * dh;
+    const KT* knew;
+    const KT* vnew;
+    if constexpr (std::is_same_v<KT, float>) {
+      knew = knew_f;
+      vnew = vnew_f;
+    } else {
+      for (int64_t i = 0; i < dh; ++i) {
+        fresh[i].bits = ToBf16(knew_f[i]);
+        fresh[dh + i].bits = ToBf16(vnew_f[i]);
+        knew_f[i] = ToFloat(fresh[i]);
+        vnew_f[i] = ToFloat(fresh[dh + i]);
+      }
+      knew = fresh.data();
+      vnew = fresh.data() + dh;
+    }
     const int64_t L = s.length, n = L + 1;  // keys: the held ones in order, then the new one
     const int64_t first = (s.position - L) % s.mem_len;
-    const float* k = s.k + h * s.cap * dh;
-    const float* v = s.v + h * s.cap * dh;
+    const KT* k = static_cast<const KT*>(s.k) + h * s.cap * dh;
+    const KT* v = static_cast<const KT*>(s.v) + h * s.cap * dh;
     // Scores: column c < L is the held position at distance L - c; column L the new token.
     {
-      const float* kp[4];
-      const float* rp[4];
+      const KT* kp[4];
+      const RT* rp[4];
       int64_t slot = first, c = 0;
       for (; c + 4 <= L; c += 4) {
         for (int j = 0; j < 4; ++j) {
@@ -125,12 +183,12 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           // scores compute, so that pass runs from cache. And fetch the keys
           // 24 rows ahead (measured: 2-4% off a 32-session step).
           const char* vr = reinterpret_cast<const char*>(v + slot * dh);
-          for (int64_t off = 0; off < dh * 4; off += 64) __builtin_prefetch(vr + off);
+          for (int64_t off = 0; off < dh * kRowBytes; off += 64) __builtin_prefetch(vr + off);
           int64_t ahead = slot + 24;
           if (ahead >= s.mem_len) ahead -= s.mem_len;
           if (ahead < s.cap) {
             const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
-            for (int64_t off = 0; off < dh * 4; off += 64) __builtin_prefetch(kr + off);
+            for (int64_t off = 0; off < dh * kRowBytes; off += 64) __builtin_prefetch(kr + off);
           }
           if (++slot == s.mem_len) slot = 0;
         }
@@ -183,9 +241,9 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
     int64_t slot = first;
     if (dh == 64) {  // the common head size: the sum stays in registers
       V8 acc[8] = {};
-      auto add = [&](float p, const float* x) {
+      auto add = [&](float p, const KT* x) {
         const V8 pv = {p, p, p, p, p, p, p, p};
-        for (int i = 0; i < 8; ++i) acc[i] += pv * Load8(x + 8 * i);
+        for (int i = 0; i < 8; ++i) acc[i] += pv * LoadAs<V8>(x + 8 * i);
       };
       for (int64_t c = 0; c < L; ++c) {
         add(row[c], v + slot * 64);
@@ -196,85 +254,151 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
       std::memcpy(out, acc, sizeof(acc));
     } else {
       std::fill(out, out + dh, 0.0f);
+      auto axpy = [&](float p, const KT* x) {
+        int64_t i = 0;
+        const V8 pv = {p, p, p, p, p, p, p, p};
+        for (; i + 8 <= dh; i += 8) {
+          V8 r = Load8(out + i) + pv * LoadAs<V8>(x + i);
+          std::memcpy(out + i, &r, sizeof(r));
+        }
+        for (; i < dh; ++i) out[i] += p * ToFloat(x[i]);
+      };
       for (int64_t c = 0; c < L; ++c) {
-        Axpy(row[c], v + slot * dh, out, dh);
+        axpy(row[c], v + slot * dh);
         if (++slot == s.mem_len) slot = 0;
       }
-      Axpy(row[L], vnew, out, dh);
+      axpy(row[L], vnew);
       for (int64_t i = 0; i < dh; ++i) out[i] *= inv;
     }
     if (s.mem_len > 1) {
       const int64_t at = h * s.cap * dh + (s.position % s.mem_len) * dh;
-      std::memcpy(s.k + at, knew, dh * sizeof(float));
-      std::memcpy(s.v + at, vnew, dh * sizeof(float));
+      std::memcpy(static_cast<KT*>(s.k) + at, knew, dh * sizeof(KT));
+      std::memcpy(static_cast<KT*>(s.v) + at, vnew, dh * sizeof(KT));
     }
   }
 }
 
 // Four rows at a time: x is read from L1 once per four weight rows; four
-// accumulators, one horizontal sum per row.
-__attribute__((always_inline)) inline void GemvBody(const float* w, int64_t ld, const float* x, const float* bias,
-                                                    bool relu, float* y, int64_t cols, int64_t begin, int64_t end) {
-  int64_t r = begin;
-  for (; r + 4 <= end; r += 4) {
-    const float* w0 = w + r * ld;
-    const float* w1 = w0 + ld;
-    const float* w2 = w1 + ld;
-    const float* w3 = w2 + ld;
-    V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
-      const V8 xv = Load8(x + c);
-      a0 += Load8(w0 + c) * xv;
-      a1 += Load8(w1 + c) * xv;
-      a2 += Load8(w2 + c) * xv;
-      a3 += Load8(w3 + c) * xv;
-    }
-    float s[4] = {Sum8(a0), Sum8(a1), Sum8(a2), Sum8(a3)};
-    for (; c < cols; ++c) {
-      s[0] += w0[c] * x[c];
-      s[1] += w1[c] * x[c];
-      s[2] += w2[c] * x[c];
-      s[3] += w3[c] * x[c];
-    }
-    for (int j = 0; j < 4; ++j) {
-      const float out = bias ? s[j] + bias[r + j] : s[j];
-      y[r + j] = relu && out < 0 ? 0.0f : out;
-    }
+// accumulators, one horizontal sum per row. V: float vector type; T: the
+// weights' element type (int8 rows are scaled after the sum).
+template <typename V, typename T>
+__attribute__((always_inline)) inline float SumLanes(V v) {
+  constexpr int kLanes = sizeof(V) / sizeof(float);
+  if constexpr (kLanes == 8) {
+    return Sum8(v);
+  } else {
+    V8 lo, hi;
+    std::memcpy(&lo, &v, sizeof(lo));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+    return Sum8(lo + hi);
   }
-  for (; r < end; ++r) {
-    const float* row = w + r * ld;
-    V8 a = {};
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) a += Load8(row + c) * Load8(x + c);
-    float s = Sum8(a);
-    for (; c < cols; ++c) s += row[c] * x[c];
+}
+
+template <typename V, typename T>
+__attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, const float* x, const float* bias,
+                                                    bool relu, float* y, int64_t cols, int64_t begin, int64_t end) {
+  constexpr int kLanes = sizeof(V) / sizeof(float);
+  const T* w = static_cast<const T*>(wm.data);
+  const int64_t ld = wm.ld;
+  auto finish = [&](int64_t r, float s) {
+    if constexpr (std::is_same_v<T, int8_t>) s *= wm.scale[r];
     const float out = bias ? s + bias[r] : s;
     y[r] = relu && out < 0 ? 0.0f : out;
+  };
+  int64_t r = begin;
+  for (; r + 4 <= end; r += 4) {
+    const T* w0 = w + r * ld;
+    const T* w1 = w0 + ld;
+    const T* w2 = w1 + ld;
+    const T* w3 = w2 + ld;
+    V a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    int64_t c = 0;
+    for (; c + kLanes <= cols; c += kLanes) {
+      V xv;
+      std::memcpy(&xv, x + c, sizeof(xv));
+      a0 += LoadAs<V>(w0 + c) * xv;
+      a1 += LoadAs<V>(w1 + c) * xv;
+      a2 += LoadAs<V>(w2 + c) * xv;
+      a3 += LoadAs<V>(w3 + c) * xv;
+    }
+    float s[4] = {SumLanes<V, T>(a0), SumLanes<V, T>(a1), SumLanes<V, T>(a2), SumLanes<V, T>(a3)};
+    for (; c < cols; ++c) {
+      s[0] += ToFloat(w0[c]) * x[c];
+      s[1] += ToFloat(w1[c]) * x[c];
+      s[2] += ToFloat(w2[c]) * x[c];
+      s[3] += ToFloat(w3[c]) * x[c];
+    }
+    for (int j = 0; j < 4; ++j) finish(r + j, s[j]);
+  }
+  for (; r < end; ++r) {
+    const T* row = w + r * ld;
+    V acc = {};
+    int64_t c = 0;
+    for (; c + kLanes <= cols; c += kLanes) {
+      V xv;
+      std::memcpy(&xv, x + c, sizeof(xv));
+      acc += LoadAs<V>(row + c) * xv;
+    }
+    float s = SumLanes<V, T>(acc);
+    for (; c < cols; ++c) s += ToFloat(row[c]) * x[c];
+    finish(r, s);
   }
 }
 
+template <typename KT, typename RT>
 __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  AttendBody(a, b, e);
+  AttendBody<KT, RT>(a, b, e);
 }
-void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) { AttendBody(a, b, e); }
+template <typename KT, typename RT>
+void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
+  AttendBody<KT, RT>(a, b, e);
+}
 
-__attribute__((target("avx2,fma"))) void GemvAvx2(const float* w, int64_t ld, const float* x, const float* bias,
-                                                  bool relu, float* y, int64_t cols, int64_t b, int64_t e) {
-  GemvBody(w, ld, x, bias, relu, y, cols, b, e);
+template <typename KT, typename RT>
+void Attend(const DecodeAttentionArgs& a, int64_t b, int64_t e, bool plain) {
+  plain ? AttendPlain<KT, RT>(a, b, e) : AttendAvx2<KT, RT>(a, b, e);
 }
-void GemvPlain(const float* w, int64_t ld, const float* x, const float* bias, bool relu, float* y, int64_t cols,
-               int64_t b, int64_t e) {
-  GemvBody(w, ld, x, bias, relu, y, cols, b, e);
+
+typedef float V16 __attribute__((vector_size(64)));
+
+template <typename T>
+__attribute__((target("avx512f,avx512bw"))) void GemvAvx512(const WeightMatrix& w, const float* x, const float* bias,
+                                                            bool relu, float* y, int64_t cols, int64_t b, int64_t e) {
+  GemvBody<V16, T>(w, x, bias, relu, y, cols, b, e);
+}
+template <typename T>
+__attribute__((target("avx2,fma"))) void GemvAvx2(const WeightMatrix& w, const float* x, const float* bias, bool relu,
+                                                  float* y, int64_t cols, int64_t b, int64_t e) {
+  GemvBody<V8, T>(w, x, bias, relu, y, cols, b, e);
+}
+template <typename T>
+void GemvPlain(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols, int64_t b,
+               int64_t e) {
+  GemvBody<V8, T>(w, x, bias, relu, y, cols, b, e);
+}
+
+template <typename T>
+void Gemv(KernelIsa isa, const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+          int64_t b, int64_t e) {
+  switch (isa) {
+    // float32 rows stay on AVX2: measured no faster on AVX-512 (bound by
+    // memory), and its summation order is the one the parity tests pin.
+    case KernelIsa::kAvx512:
+      if constexpr (!std::is_same_v<T, float>) return GemvAvx512<T>(w, x, bias, relu, y, cols, b, e);
+      [[fallthrough]];
+    case KernelIsa::kAvx2: return GemvAvx2<T>(w, x, bias, relu, y, cols, b, e);
+    default: return GemvPlain<T>(w, x, bias, relu, y, cols, b, e);
+  }
 }
 
 // ---- Packed products. A tile is R input rows x NV vectors of W lanes; its
 // R * NV accumulators stay in registers over the whole dot product (AVX-512:
-// 7 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel).
-template <typename V, int W, int NV, int R>
-__attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols, const float* x, int64_t ldx, float* y,
-                                                int64_t ldy, int64_t valid, const float* bias, bool relu,
-                                                const char* prefetch, int64_t lines) {
+// 7 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel). T: the packed
+// weights' element type; int8 sums are scaled per output row at the end.
+template <typename V, typename T, int W, int NV, int R>
+__attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, const float* x, int64_t ldx, float* y,
+                                                int64_t ldy, int64_t valid, const float* bias, const float* scale,
+                                                bool relu, const char* prefetch, int64_t lines) {
   V acc[R][NV] = {};
   const int64_t per_k = (lines + cols - 1) / cols;
   int64_t line = 0;
@@ -282,7 +406,7 @@ __attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols
     for (int64_t q = 0; q < per_k && line < lines; ++q, ++line) __builtin_prefetch(prefetch + 64 * line);
     V w[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) std::memcpy(&w[j], panel + k * kPanel + j * W, sizeof(V));
+    for (int j = 0; j < NV; ++j) w[j] = LoadAs<V>(panel + k * kPanel + j * W);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const float xs = x[i * ldx + k];
@@ -294,7 +418,9 @@ __attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols
     for (int j = 0; j < NV; ++j) {
       for (int lane = 0; lane < W && j * W + lane < valid; ++lane) {
         const int64_t col = j * W + lane;
-        const float out = bias ? acc[i][j][lane] + bias[col] : acc[i][j][lane];
+        float out = acc[i][j][lane];
+        if constexpr (std::is_same_v<T, int8_t>) out *= scale[col];
+        if (bias) out += bias[col];
         y[i * ldy + col] = relu && out < 0 ? 0.0f : out;
       }
     }
@@ -304,17 +430,19 @@ __attribute__((always_inline)) inline void Tile(const float* panel, int64_t cols
 // A panel's first tile streams it from memory, the others find it in cache;
 // those others also fetch the next panel, a share each, so the memory keeps
 // streaming while they compute.
-template <typename V, int W, int NV>
-__attribute__((always_inline)) inline void ProductBody(const float* packed, int64_t rows, int64_t cols, const float* x,
-                                                       int64_t batch, const float* bias, bool relu, float* y,
-                                                       int64_t begin, int64_t end) {
+template <typename V, typename T, int W, int NV>
+__attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, const float* x, int64_t batch,
+                                                       const float* bias, bool relu, float* y, int64_t begin,
+                                                       int64_t end) {
   constexpr int kTile = W * NV;
   // Rows per tile: 7 x 4 accumulators + 4 weight vectors fill AVX-512's 32
   // registers (7 rows measured 7% faster than 6 at 32 sessions); AVX2 has 16.
   constexpr int kRows = NV == 4 ? 7 : 6;
-  const int64_t panel_lines = cols * kPanel * static_cast<int64_t>(sizeof(float)) / 64;
+  const T* packed = static_cast<const T*>(pm.data);
+  const int64_t rows = pm.rows, cols = pm.cols;
+  const int64_t panel_lines = cols * kPanel * static_cast<int64_t>(sizeof(T)) / 64;
   for (int64_t p = begin; p < end; ++p) {
-    const float* panel = packed + p * cols * kPanel;
+    const T* panel = packed + p * cols * kPanel;
     const int64_t subs = std::min<int64_t>(kPanel, rows - p * kPanel + kTile - 1) / kTile;
     const int64_t units = subs * ((batch + kRows - 1) / kRows);
     const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + cols * kPanel) : nullptr;
@@ -323,6 +451,7 @@ __attribute__((always_inline)) inline void ProductBody(const float* packed, int6
       const int64_t r0 = p * kPanel + sub;
       const int64_t valid = std::min<int64_t>(kTile, rows - r0);
       const float* b = bias ? bias + r0 : nullptr;
+      const float* sc = pm.scale ? pm.scale + r0 : nullptr;
       for (int64_t m = 0; m < batch; m += kRows, ++unit) {
         const float* xm = x + m * cols;
         float* ym = y + m * rows + r0;
@@ -333,38 +462,48 @@ __attribute__((always_inline)) inline void ProductBody(const float* packed, int6
           pf = next + 64 * from;
           lines = to - from;
         }
+        const T* ps = panel + sub;
         switch (std::min<int64_t>(kRows, batch - m)) {
           case 7:
-            if constexpr (kRows >= 7)
-              Tile<V, W, NV, 7>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines);
+            if constexpr (kRows >= 7) Tile<V, T, W, NV, 7>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines);
             break;
-          case 6: Tile<V, W, NV, 6>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
-          case 5: Tile<V, W, NV, 5>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
-          case 4: Tile<V, W, NV, 4>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
-          case 3: Tile<V, W, NV, 3>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
-          case 2: Tile<V, W, NV, 2>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
-          default: Tile<V, W, NV, 1>(panel + sub, cols, xm, cols, ym, rows, valid, b, relu, pf, lines); break;
+          case 6: Tile<V, T, W, NV, 6>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 5: Tile<V, T, W, NV, 5>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 4: Tile<V, T, W, NV, 4>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 3: Tile<V, T, W, NV, 3>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 2: Tile<V, T, W, NV, 2>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          default: Tile<V, T, W, NV, 1>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
         }
       }
     }
   }
 }
 
-typedef float V16 __attribute__((vector_size(64)));
+template <typename T>
+__attribute__((target("avx512f,avx512bw"))) void ProductAvx512(const PackedMatrix& w, const float* x, int64_t batch,
+                                                               const float* bias, bool relu, float* y, int64_t b,
+                                                               int64_t e) {
+  ProductBody<V16, T, 16, 4>(w, x, batch, bias, relu, y, b, e);
+}
+template <typename T>
+__attribute__((target("avx2,fma"))) void ProductAvx2(const PackedMatrix& w, const float* x, int64_t batch,
+                                                     const float* bias, bool relu, float* y, int64_t b, int64_t e) {
+  ProductBody<V8, T, 8, 2>(w, x, batch, bias, relu, y, b, e);
+}
+template <typename T>
+void ProductPlain(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
+                  int64_t b, int64_t e) {
+  ProductBody<V8, T, 8, 2>(w, x, batch, bias, relu, y, b, e);
+}
 
-__attribute__((target("avx512f"))) void ProductAvx512(const float* packed, int64_t rows, int64_t cols, const float* x,
-                                                      int64_t batch, const float* bias, bool relu, float* y, int64_t b,
-                                                      int64_t e) {
-  ProductBody<V16, 16, 4>(packed, rows, cols, x, batch, bias, relu, y, b, e);
-}
-__attribute__((target("avx2,fma"))) void ProductAvx2(const float* packed, int64_t rows, int64_t cols, const float* x,
-                                                     int64_t batch, const float* bias, bool relu, float* y, int64_t b,
-                                                     int64_t e) {
-  ProductBody<V8, 8, 2>(packed, rows, cols, x, batch, bias, relu, y, b, e);
-}
-void ProductPlain(const float* packed, int64_t rows, int64_t cols, const float* x, int64_t batch, const float* bias,
-                  bool relu, float* y, int64_t b, int64_t e) {
-  ProductBody<V8, 8, 2>(packed, rows, cols, x, batch, bias, relu, y, b, e);
+template <typename T>
+void Product(KernelIsa isa, const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu,
+             float* y, int64_t b, int64_t e) {
+  switch (isa) {
+    case KernelIsa::kAvx512: return ProductAvx512<T>(w, x, batch, bias, relu, y, b, e);
+    case KernelIsa::kAvx2: return ProductAvx2<T>(w, x, batch, bias, relu, y, b, e);
+    default: return ProductPlain<T>(w, x, batch, bias, relu, y, b, e);
+  }
 }
 
 // The widest of the given ones this CPU runs: kBest resolved once, and a
@@ -381,42 +520,89 @@ KernelIsa Resolve(KernelIsa isa) {
 
 bool CpuRuns(KernelIsa isa) {
   switch (isa) {
-    case KernelIsa::kAvx512: return __builtin_cpu_supports("avx512f");
+    case KernelIsa::kAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     case KernelIsa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     default: return true;
   }
 }
 
-void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa) {
-  Resolve(isa) == KernelIsa::kPlain ? AttendPlain(args, begin, end) : AttendAvx2(args, begin, end);
+const char* BestIsaName() {
+  switch (Resolve(KernelIsa::kBest)) {
+    case KernelIsa::kAvx512: return "avx512";
+    case KernelIsa::kAvx2: return "avx2";
+    default: return "plain";
+  }
 }
 
-void GemvRows(const float* w, int64_t ld, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+int64_t ElemBytes(Elem e) { return e == Elem::kF32 ? 4 : e == Elem::kBf16 ? 2 : 1; }
+
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays a (quiet) NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(ToBf16(x[i])) << 16;
+    std::memcpy(&x[i], &u, sizeof(u));
+  }
+}
+
+void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa) {
+  const bool plain = Resolve(isa) == KernelIsa::kPlain;
+  const bool kv16 = args.kv == Elem::kBf16, rel16 = args.rel_elem == Elem::kBf16;
+  if (kv16 && rel16) return Attend<Bf16, Bf16>(args, begin, end, plain);
+  if (kv16) return Attend<Bf16, float>(args, begin, end, plain);
+  if (rel16) return Attend<float, Bf16>(args, begin, end, plain);
+  Attend<float, float>(args, begin, end, plain);
+}
+
+void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
               int64_t begin, int64_t end, KernelIsa isa) {
-  Resolve(isa) == KernelIsa::kPlain ? GemvPlain(w, ld, x, bias, relu, y, cols, begin, end)
-                                    : GemvAvx2(w, ld, x, bias, relu, y, cols, begin, end);
+  const KernelIsa r = Resolve(isa);
+  switch (w.elem) {
+    case Elem::kBf16: return Gemv<Bf16>(r, w, x, bias, relu, y, cols, begin, end);
+    case Elem::kI8: return Gemv<int8_t>(r, w, x, bias, relu, y, cols, begin, end);
+    default: return Gemv<float>(r, w, x, bias, relu, y, cols, begin, end);
+  }
 }
 
 int64_t PackedSize(int64_t rows, int64_t cols) { return (rows + kPanel - 1) / kPanel * kPanel * cols; }
 
-void PackPanels(const float* w, int64_t rows, int64_t cols, float* packed) {
+namespace {
+template <typename T>
+void PackTyped(const WeightMatrix& w, int64_t rows, int64_t cols, void* out) {
+  const T* src = static_cast<const T*>(w.data);
+  T* packed = static_cast<T*>(out);
   for (int64_t p = 0; p * kPanel < rows; ++p) {
-    float* panel = packed + p * cols * kPanel;
+    T* panel = packed + p * cols * kPanel;
     for (int64_t k = 0; k < cols; ++k) {
       for (int64_t j = 0; j < kPanel; ++j) {
         const int64_t r = p * kPanel + j;
-        panel[k * kPanel + j] = r < rows ? w[r * cols + k] : 0.0f;
+        panel[k * kPanel + j] = r < rows ? src[r * w.ld + k] : T{};
       }
     }
   }
 }
+}  // namespace
 
-void PackedProduct(const float* packed, int64_t rows, int64_t cols, const float* x, int64_t batch, const float* bias,
-                   bool relu, float* y, int64_t begin, int64_t end, KernelIsa isa) {
-  switch (Resolve(isa)) {
-    case KernelIsa::kAvx512: return ProductAvx512(packed, rows, cols, x, batch, bias, relu, y, begin, end);
-    case KernelIsa::kAvx2: return ProductAvx2(packed, rows, cols, x, batch, bias, relu, y, begin, end);
-    default: return ProductPlain(packed, rows, cols, x, batch, bias, relu, y, begin, end);
+void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed) {
+  switch (w.elem) {
+    case Elem::kBf16: return PackTyped<Bf16>(w, rows, cols, packed);
+    case Elem::kI8: return PackTyped<int8_t>(w, rows, cols, packed);
+    default: return PackTyped<float>(w, rows, cols, packed);
+  }
+}
+
+void PackedProduct(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
+                   int64_t begin, int64_t end, KernelIsa isa) {
+  const KernelIsa r = Resolve(isa);
+  switch (w.elem) {
+    case Elem::kBf16: return Product<Bf16>(r, w, x, batch, bias, relu, y, begin, end);
+    case Elem::kI8: return Product<int8_t>(r, w, x, batch, bias, relu, y, begin, end);
+    default: return Product<float>(r, w, x, batch, bias, relu, y, begin, end);
   }
 }
 

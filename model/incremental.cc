@@ -88,26 +88,29 @@ struct IncrementalModel::Pending {
 
 namespace {
 
-// Float tensors of these shapes, uninitialised, in one arena of transparent
-// huge pages: a decode step streams its weights, tables and memories, and
-// with 4 KiB pages it paid a TLB miss every 4 KiB (measured: 3-5% of a
-// one-session step). Falls back to ordinary tensors if the arena fails.
+// Tensors of these shapes and type, uninitialised, in one arena of
+// transparent huge pages: a decode step streams its weights, tables and
+// memories, and with 4 KiB pages it paid a TLB miss every 4 KiB (measured:
+// 3-5% of a one-session step). Falls back to ordinary tensors if the arena
+// fails.
 constexpr int64_t kHugePage = int64_t{2} << 20, kArenaAlign = 64;
 
-int64_t ArenaBytes(const std::vector<int64_t>& shape) {
-  int64_t n = 4;
+int64_t ArenaBytes(const std::vector<int64_t>& shape, int64_t element) {
+  int64_t n = element;
   for (int64_t d : shape) n *= d;
   return (n + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
 }
 
-std::vector<at::Tensor> HugePageTensors(const std::vector<std::vector<int64_t>>& shapes) {
+std::vector<at::Tensor> HugePageTensors(const std::vector<std::vector<int64_t>>& shapes,
+                                        at::ScalarType type = at::kFloat) {
+  const int64_t element = c10::elementSize(type);
   int64_t total = 0;
-  for (const auto& shape : shapes) total += ArenaBytes(shape);
+  for (const auto& shape : shapes) total += ArenaBytes(shape, element);
   total = std::max(kHugePage, (total + kHugePage - 1) / kHugePage * kHugePage);
   std::vector<at::Tensor> out;
   void* raw = std::aligned_alloc(kHugePage, total);
   if (raw == nullptr) {
-    for (const auto& shape : shapes) out.push_back(at::empty(shape, at::kFloat));
+    for (const auto& shape : shapes) out.push_back(at::empty(shape, type));
     return out;
   }
   madvise(raw, total, MADV_HUGEPAGE);
@@ -115,65 +118,174 @@ std::vector<at::Tensor> HugePageTensors(const std::vector<std::vector<int64_t>>&
   char* at = static_cast<char*>(raw);
   for (const auto& shape : shapes) {
     out.push_back(at::from_blob(
-        at, shape, [arena](void*) {}, at::TensorOptions().dtype(at::kFloat)));
-    at += ArenaBytes(shape);
+        at, shape, [arena](void*) {}, at::TensorOptions().dtype(type)));
+    at += ArenaBytes(shape, element);
   }
   return out;
 }
 
-// Moves the tensors (float) into one huge-page arena (HugePageTensors).
+// Moves the tensors (all of one type) into one huge-page arena.
 void InHugePages(const std::vector<at::Tensor*>& tensors) {
+  if (tensors.empty()) return;
   std::vector<std::vector<int64_t>> shapes;
   for (const at::Tensor* t : tensors) shapes.push_back(t->sizes().vec());
-  std::vector<at::Tensor> moved = HugePageTensors(shapes);
+  std::vector<at::Tensor> moved = HugePageTensors(shapes, tensors[0]->scalar_type());
   for (size_t i = 0; i < tensors.size(); ++i) {
     moved[i].copy_(*tensors[i]);
     *tensors[i] = moved[i];
   }
 }
 
+at::ScalarType TypeOf(Elem e) { return e == Elem::kF32 ? at::kFloat : e == Elem::kBf16 ? at::kBFloat16 : at::kChar; }
+
+// Symmetric int8 with one scale per row: q = round(w / s), s = max|w| / 127
+// (a zero row keeps s = 0 and q = 0).
+std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& w) {
+  at::Tensor scale = w.abs().amax(1) / 127.0;
+  at::Tensor q = (w / scale.clamp_min(1e-30).unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+  return {q, scale.contiguous()};
+}
+
+// CPUs whose bfloat16 matrix products oneDNN runs fast (AMX tiles or
+// AVX-512-BF16); elsewhere bfloat16 products would run a slow reference
+// path, so the prefill widens the weights instead.
+bool CpuHasBf16Products() { return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"); }
+bool CpuHasAmx() { return __builtin_cpu_supports("amx-bf16"); }
+
 }  // namespace
 
 std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shape, const at::TensorOptions& options) {
-  const int64_t bytes = count * ArenaBytes(shape);
+  const at::ScalarType type = c10::typeMetaToScalarType(options.dtype());
+  const int64_t bytes = count * ArenaBytes(shape, c10::elementSize(type));
   const int64_t spare = (kHugePage - bytes % kHugePage) % kHugePage;
-  if (options.device().is_cpu() && options.dtype() == at::kFloat && spare * 50 <= bytes) {
-    return HugePageTensors(std::vector<std::vector<int64_t>>(count, shape));
+  if (options.device().is_cpu() && (type == at::kFloat || type == at::kBFloat16) && spare * 50 <= bytes) {
+    return HugePageTensors(std::vector<std::vector<int64_t>>(count, shape), type);
   }
   std::vector<at::Tensor> out;
   for (int64_t i = 0; i < count; ++i) out.push_back(at::empty(shape, options));
   return out;
 }
 
-IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, WeightDtype dtype,
-                                   KvDtype kv_dtype)
-    : config_(std::move(config)), weights_(weights.To(device)), device_(device), dtype_(dtype), kv_dtype_(kv_dtype) {
-  if (device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat) {
-    std::vector<at::Tensor*> streamed;
-    std::vector<const at::Tensor*> to_pack;
-    std::vector<std::vector<int64_t>> packed_shapes;
-    for (LayerWeights& L : weights_.layers) {
-      for (at::Tensor* t : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff1_b, &L.ff2_w, &L.ff2_b}) streamed.push_back(t);
-      for (const at::Tensor* w : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff2_w}) {
-        to_pack.push_back(w);
-        packed_shapes.push_back({PackedSize(w->size(0), w->size(1))});
+WeightMatrix IncrementalModel::DecodeMatrix::Rows() const {
+  WeightMatrix w;
+  w.data = rows.data_ptr();
+  w.elem = elem;
+  w.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
+  w.ld = rows.size(1);
+  return w;
+}
+
+PackedMatrix IncrementalModel::DecodeMatrix::Packed() const {
+  PackedMatrix p;
+  p.data = packed.data_ptr();
+  p.elem = elem;
+  p.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
+  p.rows = rows.size(0);
+  p.cols = rows.size(1);
+  return p;
+}
+
+namespace {
+// Layer matrix `which`: 0 qkv, 1 o, 2 ff1, 3 ff2 (const or not).
+template <typename Layer>
+auto* MatrixOf(Layer& L, int which) {
+  switch (which) {
+    case 0: return &L.qkv_w;
+    case 1: return &L.o_w;
+    case 2: return &L.ff1_w;
+    default: return &L.ff2_w;
+  }
+}
+}  // namespace
+
+IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision)
+    : config_(std::move(config)),
+      weights_(weights.To(device)),
+      device_(device),
+      dtype_(precision.dtype),
+      kv_dtype_(precision.kv_dtype),
+      isa_(precision.isa),
+      bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())) {
+  const Elem elem = dtype_ == WeightDtype::kBfloat16 ? Elem::kBf16
+                    : dtype_ == WeightDtype::kInt8   ? Elem::kI8
+                                                     : Elem::kF32;
+  if (!device_.is_cpu()) {
+    // libtorch's own products: bfloat16 weights where asked (int8 is CPU
+    // only: LanguageModel::Create refuses it on other devices).
+    if (elem == Elem::kBf16) {
+      for (LayerWeights& L : weights_.layers) {
+        for (int which = 0; which < 4; ++which) *MatrixOf(L, which) = MatrixOf(L, which)->to(at::kBFloat16);
       }
     }
-    InHugePages(streamed);  // contiguous from here on: the kernels read them as arrays
-    std::vector<at::Tensor> packed = HugePageTensors(packed_shapes);
-    for (size_t i = 0; i < packed.size(); ++i) {
-      const at::Tensor& w = *to_pack[i];
-      PackPanels(w.data_ptr<float>(), w.size(0), w.size(1), packed[i].data_ptr<float>());
+    return;
+  }
+  // The product matrices in the weight dtype (the float32 originals are
+  // dropped), then the biases; each group in one huge-page arena.
+  std::vector<at::Tensor> scales;
+  for (LayerWeights& L : weights_.layers) {
+    for (int which = 0; which < 4; ++which) {
+      at::Tensor* w = MatrixOf(L, which);
+      if (elem == Elem::kBf16) {
+        *w = w->to(at::kBFloat16);
+      } else if (elem == Elem::kI8) {
+        auto [q, scale] = QuantizeRows(*w);
+        *w = q;
+        scales.push_back(scale);
+      }
     }
-    for (int64_t l = 0; l < config_.n_layer; ++l) {
-      decode_.push_back({packed[4 * l], packed[4 * l + 1], packed[4 * l + 2], packed[4 * l + 3],
-                         weights_.u(config_, l).contiguous(), weights_.v(config_, l).contiguous()});
+  }
+  std::vector<at::Tensor*> matrices, biases;
+  for (LayerWeights& L : weights_.layers) {
+    for (int which = 0; which < 4; ++which) matrices.push_back(MatrixOf(L, which));
+    for (at::Tensor* t : {&L.ff1_b, &L.ff2_b}) biases.push_back(t);
+  }
+  InHugePages(matrices);  // contiguous from here on: the kernels read them as arrays
+  InHugePages(biases);
+  std::vector<std::vector<int64_t>> packed_shapes;
+  for (const at::Tensor* w : matrices) packed_shapes.push_back({PackedSize(w->size(0), w->size(1))});
+  std::vector<at::Tensor> packed = HugePageTensors(packed_shapes, TypeOf(elem));
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    DecodeLayer layer;
+    for (int which = 0; which < 4; ++which) {
+      DecodeMatrix& m = layer.m[which];
+      m.rows = *matrices[4 * l + which];
+      m.packed = packed[4 * l + which];
+      m.elem = elem;
+      if (elem == Elem::kI8) m.scale = scales[4 * l + which];
+      PackPanels(m.Rows(), m.rows.size(0), m.rows.size(1), m.packed.data_ptr());
     }
+    layer.u = weights_.u(config_, l).contiguous();
+    layer.v = weights_.v(config_, l).contiguous();
+    decode_.push_back(std::move(layer));
   }
 }
 
 std::string IncrementalModel::KernelPath() const {
-  return absl::StrCat(device_.str(), ": ", DtypeName(dtype_), " weights, ", DtypeName(kv_dtype_), " memories");
+  std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
+  if (!device_.is_cpu()) return absl::StrCat(path, "; libtorch products");
+  absl::StrAppend(&path, "; decode kernels ", BestIsaName());
+  if (dtype_ != WeightDtype::kFloat32) {
+    absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)", "; prefill products ",
+                    bf16_products_
+                        ? (CpuHasAmx() ? "bfloat16 on AMX tiles (oneDNN)" : "bfloat16 via AVX-512-BF16 (oneDNN)")
+                        : "float32 (weights widened per pass: no AVX-512-BF16/AMX)");
+  } else {
+    absl::StrAppend(&path, "; prefill products float32");
+  }
+  return path;
+}
+
+at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const {
+  const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
+  if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
+  at::Tensor y;
+  if (w.scalar_type() == at::kBFloat16) {
+    y = bf16_products_ ? at::linear(x.to(at::kBFloat16), w).to(at::kFloat) : at::linear(x, w.to(at::kFloat));
+  } else {  // int8: widened with its scales
+    at::Tensor wf = w.to(at::kFloat) * decode_[layer].m[which].scale.unsqueeze(1);
+    y = bf16_products_ ? at::linear(x.to(at::kBFloat16), wf.to(at::kBFloat16)).to(at::kFloat) : at::linear(x, wf);
+  }
+  return bias.defined() ? y.add_(bias) : y;
 }
 
 void IncrementalModel::EnsureRelTable(int64_t distances) {
@@ -183,9 +295,14 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
   at::Tensor pos = PositionEmbedding(weights_, ClampedDistances(config_, size, at::TensorOptions().device(device_)));
   rel_k_.clear();
   rel_kt_.clear();
+  // With reduced weights the decode step reads the table in bfloat16 (it is
+  // a product of weights); the prefill reads the same rounded values.
+  const bool narrow = dtype_ != WeightDtype::kFloat32;
   for (const LayerWeights& L : weights_.layers) {
-    rel_k_.push_back(at::linear(pos, L.r_w).view({size, config_.n_head, config_.d_head}));
-    rel_kt_.push_back(rel_k_.back().permute({1, 0, 2}).contiguous());
+    at::Tensor table = at::linear(pos, L.r_w).view({size, config_.n_head, config_.d_head});
+    if (narrow) table = table.to(at::kBFloat16).to(at::kFloat);
+    rel_k_.push_back(table);
+    rel_kt_.push_back(table.permute({1, 0, 2}).contiguous().to(narrow ? at::kBFloat16 : at::kFloat));
   }
   if (!decode_.empty()) {  // the CPU decode path streams these
     std::vector<at::Tensor*> tables;
@@ -203,7 +320,7 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
   const int64_t M = m->mem_len_;
   int64_t cap = std::max(needed, std::min(M, 2 * m->capacity_));
   if (2 * cap > M) cap = M;
-  const auto opts = weights_.layers[0].qkv_w.options();
+  const auto opts = at::TensorOptions().dtype(kv_type()).device(device_);
   const int64_t n = static_cast<int64_t>(m->k_.size());
   std::vector<at::Tensor> rings = NewRings(2 * n, {config_.n_head, cap, config_.d_head}, opts);
   std::vector<at::Tensor> k(n), v(n);
@@ -214,6 +331,10 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
       k[l].slice(1, 0, m->capacity_).copy_(m->k_[l]);
       v[l].slice(1, 0, m->capacity_).copy_(m->v_[l]);
     }
+    // Slots not written yet are zeros, not whatever the heap held: images
+    // (ExportSession) copy every slot, and must not carry server memory.
+    k[l].slice(1, m->capacity_, cap).zero_();
+    v[l].slice(1, m->capacity_, cap).zero_();
   }
   m->k_.swap(k);
   m->v_.swap(v);
@@ -237,7 +358,7 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
         {m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()), std::vector<at::Tensor>(m->v_.size())});
     max_n = std::max(max_n, n);
   }
-  const bool can_decode = device_.is_cpu() && weights_.layers[0].qkv_w.scalar_type() == at::kFloat;
+  const bool can_decode = !decode_.empty();
   std::vector<std::vector<at::Tensor>> parts(inputs.size());
   for (int64_t start = 0; start < max_n; start += kPassTokens) {
     std::vector<Pending*> batch;
@@ -302,6 +423,8 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
   args.dh = dh;
   args.width = width;
   args.rel_size = rel_size_;
+  args.kv = kv_dtype_ == KvDtype::kBfloat16 ? Elem::kBf16 : Elem::kF32;
+  args.rel_elem = dtype_ == WeightDtype::kFloat32 ? Elem::kF32 : Elem::kBf16;
   args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)));
   args.out = vec.data_ptr<float>();
   // Several sessions' projections: the packed weights, streamed once and
@@ -309,18 +432,17 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
   // the whole matrix again on every call), split over the threads by panels.
   // (One session's run inside the fused regions below, on the weights as
   // stored: the fastest one-row read measured, docs/PERFORMANCE.md.)
-  auto Linear = [B](const at::Tensor& in, const at::Tensor& w, const at::Tensor& packed, const at::Tensor& bias,
-                    bool relu = false) {
-    const int64_t rows = w.size(0), cols = w.size(1);
+  const KernelIsa isa = isa_;
+  auto Linear = [B, isa](const at::Tensor& in, const DecodeMatrix& w, const at::Tensor& bias, bool relu = false) {
+    const PackedMatrix pm = w.Packed();
+    const int64_t rows = pm.rows;
     at::Tensor y = at::empty({B, rows}, in.options());
     const at::Tensor xc = in.contiguous();
     const float* xp = xc.data_ptr<float>();
-    const float* pp = packed.data_ptr<float>();
     const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    at::parallel_for(0, (rows + kPanel - 1) / kPanel, 1, [&](int64_t begin, int64_t end) {
-      PackedProduct(pp, rows, cols, xp, B, bp, relu, yp, begin, end);
-    });
+    at::parallel_for(0, (rows + kPanel - 1) / kPanel, 1,
+                     [&](int64_t begin, int64_t end) { PackedProduct(pm, xp, B, bp, relu, yp, begin, end, isa); });
     return y;
   };
   const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
@@ -354,8 +476,8 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
     for (int64_t b = 0; b < B; ++b) {
       SessionMemory* m = batch[b]->memory;
       const bool ring = m->mem_len_ > 1;
-      sessions[b] = {ring ? m->k_[l].data_ptr<float>() : nullptr,
-                     ring ? m->v_[l].data_ptr<float>() : nullptr,
+      sessions[b] = {ring ? m->k_[l].data_ptr() : nullptr,
+                     ring ? m->v_[l].data_ptr() : nullptr,
                      m->capacity_,
                      m->mem_len_,
                      batch[b]->position,
@@ -364,17 +486,16 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
     at::Tensor h = (c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x).contiguous();
     args.u = P.u.data_ptr<float>();
     args.v = P.v.data_ptr<float>();
-    args.rel = rel_kt_[l].data_ptr<float>();
+    args.rel = rel_kt_[l].data_ptr();
     at::Tensor out;
     if (B == 1) {
       // Each part projects the query, key and value rows of its own heads,
       // attends with them, and computes their share of the output
       // projection (its columns for those heads): one parallel region.
-      const float* w = L.qkv_w.data_ptr<float>();
+      const WeightMatrix w = P.m[0].Rows(), wo = P.m[1].Rows();
       const float* in = h.data_ptr<float>();
-      const float* wo = L.o_w.data_ptr<float>();
       const float* attended = vec.data_ptr<float>();
-      const int64_t D = c.d_model, HD = H * dh;
+      const int64_t D = c.d_model;
       float* shares = oshares1.data_ptr<float>();
       args.qkv = qkv1.data_ptr<float>();
       float* y = qkv1.data_ptr<float>();
@@ -382,25 +503,25 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
         for (int64_t p = begin; p < end; ++p) {
           const int64_t h0 = p * H / head_parts, h1 = (p + 1) * H / head_parts;
           for (int64_t which = 0; which < 3; ++which) {
-            GemvRows(w, D, in, nullptr, false, y, D, (which * H + h0) * dh, (which * H + h1) * dh);
+            GemvRows(w, in, nullptr, false, y, D, (which * H + h0) * dh, (which * H + h1) * dh, isa);
           }
-          DecodeAttention(args, h0, h1);
-          GemvRows(wo + h0 * dh, HD, attended + h0 * dh, nullptr, false, shares + p * D, (h1 - h0) * dh, 0, D);
+          DecodeAttention(args, h0, h1, isa);
+          GemvRows(wo.Block(0, h0 * dh), attended + h0 * dh, nullptr, false, shares + p * D, (h1 - h0) * dh, 0, D, isa);
         }
       });
       out = SumShares(oshares1, nullptr);
     } else {
-      at::Tensor qkv = Linear(h, L.qkv_w, P.qkv, at::Tensor()).contiguous();  // [B, 3H dh]
+      at::Tensor qkv = Linear(h, P.m[0], at::Tensor()).contiguous();  // [B, 3H dh]
       args.qkv = qkv.data_ptr<float>();
-      at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) { DecodeAttention(args, begin, end); });
-      out = Linear(vec, L.o_w, P.o, at::Tensor());
+      at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) { DecodeAttention(args, begin, end, isa); });
+      out = Linear(vec, P.m[1], at::Tensor());
     }
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h), with the same Linear; one session: each part
     // computes its block of the inner layer and that block's share of the
     // output (one parallel region), and the shares are summed.
     auto core = [&](const at::Tensor& in_t) {
-      if (B != 1) return Linear(Linear(in_t, L.ff1_w, P.ff1, L.ff1_b, /*relu=*/true), L.ff2_w, P.ff2, L.ff2_b);
+      if (B != 1) return Linear(Linear(in_t, P.m[2], L.ff1_b, /*relu=*/true), P.m[3], L.ff2_b);
       const at::Tensor in_c = in_t.contiguous();
       const float* in = in_c.data_ptr<float>();
       float* inner = inner1.data_ptr<float>();
@@ -409,8 +530,8 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
       at::parallel_for(0, inner_parts, 1, [&](int64_t begin, int64_t end) {
         for (int64_t p = begin; p < end; ++p) {
           const int64_t a = p * I / inner_parts, e = (p + 1) * I / inner_parts;
-          GemvRows(L.ff1_w.data_ptr<float>(), D, in, L.ff1_b.data_ptr<float>(), true, inner, D, a, e);
-          GemvRows(L.ff2_w.data_ptr<float>() + a, I, inner + a, nullptr, false, shares + p * D, e - a, 0, D);
+          GemvRows(P.m[2].Rows(), in, L.ff1_b.data_ptr<float>(), true, inner, D, a, e, isa);
+          GemvRows(P.m[3].Rows().Block(0, a), inner + a, nullptr, false, shares + p * D, e - a, 0, D, isa);
         }
       });
       return SumShares(shares1, L.ff2_b.data_ptr<float>());
@@ -446,6 +567,7 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
       for (int64_t i = 0; i < n[b]; ++i) rows.push_back(b * N + i);
   }
   const int64_t D = std::min(Kmax, maxM);  // distances that can be attended
+  const bool kv16 = kv_dtype_ == KvDtype::kBfloat16;
   EnsureRelTable(D);
 
   // The held positions of session b in layer l, in order, [m_b, H, dh].
@@ -453,7 +575,7 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     const Pending* p = batch[b];
     if (p->replaced()) return key ? p->k[l] : p->v[l];
     const SessionMemory* s = p->memory;
-    return RingRows(key ? s->k_[l] : s->v_[l], s->mem_len_, p->position - p->length, p->length);
+    return RingRows(key ? s->k_[l] : s->v_[l], s->mem_len_, p->position - p->length, p->length).to(at::kFloat);
   };
 
   const auto lopt = at::TensorOptions().dtype(at::kLong);
@@ -492,8 +614,12 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
-    at::Tensor qkv = at::linear(h, L.qkv_w).view({T, 3, H, dh});
+    at::Tensor qkv = Product(h, l, 0, at::Tensor()).view({T, 3, H, dh});
     at::Tensor q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);
+    if (kv16) {  // attend exactly what the memory will hold (as the decode kernel does)
+      k = k.to(at::kBFloat16).to(at::kFloat);
+      v = v.to(at::kBFloat16).to(at::kFloat);
+    }
     {
       int64_t offset = 0;
       for (int64_t b = 0; b < B; ++b) {
@@ -535,9 +661,14 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     at::Tensor prob = at::softmax(score, -1);
     at::Tensor vec = at::matmul(prob, Vp.permute({0, 2, 1, 3})).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
     if (!uniform) vec = vec.index_select(0, row_idx);
-    at::Tensor out = at::linear(vec, L.o_w);
+    at::Tensor out = Product(vec, l, 1, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
-    x = FeedForward(c, L, x, 0.0, false);
+    if (dtype_ == WeightDtype::kFloat32) {
+      x = FeedForward(c, L, x, 0.0, false);
+    } else {  // FeedForward (txl_math.h) with this precision's products
+      auto core = [&](const at::Tensor& in) { return Product(at::relu(Product(in, l, 2, L.ff1_b)), l, 3, L.ff2_b); };
+      x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
+    }
 
     // The window needs mem_len - 1 earlier keys; keep exactly those.
     for (int64_t b = 0; b < B; ++b) {

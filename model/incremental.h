@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "model/decode_kernels.h"
 #include "model/model_config.h"
 #include "model/precision.h"
 #include "model/step.h"
@@ -58,8 +59,11 @@ class SessionMemory final : public SessionState {
   // continues bit for bit like the original.
   void WriteImage(std::string* out) const;  // throws c10::Error when the device copy fails
   absl::Status AppendTo(std::string* out) const override;
+  // An image of either kv dtype restores into `kv_type` rings (float32 or
+  // bfloat16), converted: widening is exact, narrowing rounds to nearest
+  // even, as the server's own steps store a new key.
   static absl::StatusOr<SessionMemory> Parse(const std::string& data, const ModelConfig& config,
-                                             const at::Device& device);
+                                             const at::Device& device, at::ScalarType kv_type = at::kFloat);
 
  private:
   friend class IncrementalModel;
@@ -72,7 +76,7 @@ class SessionMemory final : public SessionState {
 };
 
 // `count` rings of `shape` ([H, capacity, dh]) with `options`, contents
-// undefined. On the CPU (float) they share one arena of transparent huge
+// undefined. On the CPU (float32 or bfloat16) they share one arena of transparent huge
 // pages when rounding it up to whole 2 MiB pages costs under 2%: the decode
 // step streams them. Every session memory is allocated here (growth, fork,
 // restore).
@@ -82,8 +86,20 @@ std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shap
 // Not thread-safe: one thread (the engine's) drives it.
 class IncrementalModel {
  public:
-  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, WeightDtype dtype = WeightDtype::kFloat32,
-                   KvDtype kv_dtype = KvDtype::kFloat32);
+  // How the model computes. float32 everywhere is exact; see precision.h.
+  struct Precision {
+    WeightDtype dtype = WeightDtype::kFloat32;
+    KvDtype kv_dtype = KvDtype::kFloat32;
+    // The decode kernels' instruction set (tests force the narrower ones).
+    KernelIsa isa = KernelIsa::kBest;
+    // Prefill products of bfloat16 / int8 weights run as bfloat16 matrix
+    // products (oneDNN: AMX tiles or AVX-512-BF16) where the CPU has them;
+    // false, or a CPU without them, widens the weights to float32 per pass.
+    bool bf16_products = true;
+  };
+  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
+  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
+      : IncrementalModel(std::move(config), std::move(weights), device, Precision()) {}
   // Names the kernels in use (LanguageModel::KernelPath).
   std::string KernelPath() const;
 
@@ -97,7 +113,10 @@ class IncrementalModel {
   at::Tensor Step(absl::Span<const StepInput> inputs);
 
   const ModelConfig& config() const { return config_; }
+  // The layers' product matrices are of the weight dtype (int8: see
+  // decode_); everything else is float32.
   const TxlWeights& weights() const { return weights_; }
+  at::ScalarType kv_type() const { return kv_dtype_ == KvDtype::kBfloat16 ? at::kBFloat16 : at::kFloat; }
   const at::Device& device() const { return device_; }
 
   static constexpr int64_t kPassTokens = 512;
@@ -108,6 +127,9 @@ class IncrementalModel {
   // One token per session, memories read and written in place (CPU, float).
   at::Tensor DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
   void Reserve(SessionMemory* memory, int64_t needed) const;
+  // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
+  // transposed, plus bias (may be undefined), in the weight dtype's way.
+  at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
   void EnsureRelTable(int64_t distances);
 
   ModelConfig config_;
@@ -115,12 +137,22 @@ class IncrementalModel {
   at::Device device_;
   WeightDtype dtype_;
   KvDtype kv_dtype_;
-  // Per layer, what the CPU decode step reads besides weights_: the
-  // projection weights packed in panels (decode_kernels.h; a second copy,
-  // the prefill passes read the originals) and the attention biases as
-  // contiguous [H, dh]. CPU float models only (empty otherwise).
+  KernelIsa isa_;
+  bool bf16_products_;  // the prefill products run in bfloat16 (Product)
+  // Per layer, what the CPU decode step reads: each product matrix as
+  // stored (row-major, of the weight dtype: the one-session products and
+  // the prefill read it) and packed in panels (decode_kernels.h: the
+  // several-session products), and the attention biases as contiguous
+  // [H, dh]. CPU models only (empty otherwise).
+  struct DecodeMatrix {
+    at::Tensor rows, packed;  // [rows, cols] and PackedSize, of elem
+    at::Tensor scale;         // int8: [rows] float
+    Elem elem = Elem::kF32;
+    WeightMatrix Rows() const;
+    PackedMatrix Packed() const;
+  };
   struct DecodeLayer {
-    at::Tensor qkv, o, ff1, ff2;  // packed
+    DecodeMatrix m[4];  // qkv, o, ff1, ff2
     at::Tensor u, v;
   };
   std::vector<DecodeLayer> decode_;

@@ -32,7 +32,7 @@ int ParallelLoopThreads() {
 
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::RestoreSession(const std::string& data) const {
   try {
-    ASSIGN_OR_RETURN(SessionMemory memory, SessionMemory::Parse(data, config_, model_->device()));
+    ASSIGN_OR_RETURN(SessionMemory memory, SessionMemory::Parse(data, config_, model_->device(), model_->kv_type()));
     const int64_t full = FullMemoryBytes(memory.mem_len());
     if (full == std::numeric_limits<int64_t>::max()) {
       return absl::InvalidArgumentError(absl::StrCat("session state: mem_len ", memory.mem_len(), " is out of range"));
@@ -81,6 +81,13 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
     return absl::InvalidArgumentError(absl::StrCat("threads: must be >= 0, got ", options.threads));
   if (options.threads > 0) SetThreads(options.threads);
 
+  if (options.dtype == WeightDtype::kInt8 && !device->is_cpu()) {
+    return absl::FailedPreconditionError(absl::StrCat("dtype: int8 weights run on the CPU kernels only; on ",
+                                                      device->str(), " use bfloat16 or float32"));
+  }
+  IncrementalModel::Precision precision;
+  precision.dtype = options.dtype;
+  precision.kv_dtype = options.kv_dtype;
   ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape
@@ -97,8 +104,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
       h = Hash64(t.sizes().data(), t.sizes().size() * sizeof(int64_t), h);
       h = Hash64(t.data_ptr(), t.numel() * sizeof(float), h);
     }
-    auto model =
-        std::make_unique<IncrementalModel>(ckpt.config, *ckpt.weights, *device, options.dtype, options.kv_dtype);
+    auto model = std::make_unique<IncrementalModel>(ckpt.config, *ckpt.weights, *device, precision);
     std::unique_ptr<LanguageModel> lm(new LanguageModel(ckpt.config, ckpt.tokenizer, device->str(), std::move(model)));
     lm->fingerprint_ = absl::StrFormat("%016x", h);
     lm->dtype_ = options.dtype;
@@ -117,7 +123,7 @@ absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t 
 }
 
 int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
-  const int64_t element = model_->weights().emb_layers[0].element_size();
+  const int64_t element = c10::elementSize(model_->kv_type());
   // A full ring: mem_len slots (the mem_len - 1 positions held plus the slot
   // a step writes before it drops the oldest); a window of 1 holds nothing.
   const int64_t slots = mem_len > 1 ? mem_len : 0;

@@ -5,7 +5,8 @@
 //
 // Layout, little-endian: "TXLMEM1\0", then int64 n_layer, n_head, d_head,
 // mem_len, position, length, capacity, element size; then for each layer the
-// keys and the values as [n_head, capacity, d_head] floats.
+// keys and the values as [n_head, capacity, d_head] elements: float32 (element
+// size 4) or bfloat16 (2), as the session holds them.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -24,20 +25,20 @@ void SessionMemory::WriteImage(std::string* out) const {
   const bool has = capacity_ > 0 && n_layer > 0 && k_[0].defined();
   const int64_t heads = has ? k_[0].size(0) : 0, d_head = has ? k_[0].size(2) : 0;
   const int64_t fields[kFields] = {
-      n_layer, heads, d_head, mem_len_, position_, length_, has ? capacity_ : 0, static_cast<int64_t>(sizeof(float))};
+      n_layer, heads, d_head, mem_len_, position_, length_, has ? capacity_ : 0, has ? k_[0].element_size() : 4};
   out->append(kMagic, sizeof(kMagic));
   out->append(reinterpret_cast<const char*>(fields), sizeof(fields));
   if (!has) return;
   for (int64_t l = 0; l < n_layer; ++l) {
     for (const at::Tensor* t : {&k_[l], &v_[l]}) {
-      const at::Tensor host = t->to(at::kCPU, at::kFloat).contiguous();
-      out->append(static_cast<const char*>(host.data_ptr()), host.numel() * sizeof(float));
+      const at::Tensor host = t->to(at::kCPU).contiguous();
+      out->append(static_cast<const char*>(host.data_ptr()), host.numel() * host.element_size());
     }
   }
 }
 
 absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, const ModelConfig& config,
-                                                   const at::Device& device) {
+                                                   const at::Device& device, at::ScalarType kv_type) {
   const size_t header = sizeof(kMagic) + kFields * sizeof(int64_t);
   if (data.size() < header || std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0)
     return absl::InvalidArgumentError("session state: not a txl session memory image");
@@ -52,9 +53,9 @@ absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, cons
   }
   // No session gets near 2^62 positions; past it, a step's arithmetic could overflow.
   constexpr int64_t kMaxPosition = int64_t{1} << 62;
-  if (element != static_cast<int64_t>(sizeof(float)) || mem_len < 1 || position < 0 || length < 0 ||
-      position > kMaxPosition || mem_len > kMaxPosition || length > mem_len - 1 || length > position || capacity < 0 ||
-      capacity > mem_len || (capacity < mem_len && position > capacity) || (length > 0 && capacity == 0)) {
+  if ((element != 4 && element != 2) || mem_len < 1 || position < 0 || length < 0 || position > kMaxPosition ||
+      mem_len > kMaxPosition || length > mem_len - 1 || length > position || capacity < 0 || capacity > mem_len ||
+      (capacity < mem_len && position > capacity) || (length > 0 && capacity == 0)) {
     return absl::InvalidArgumentError("session state: inconsistent header");
   }
   // The header is client data (ImportSession): sizes are computed with overflow checks.
@@ -62,7 +63,7 @@ absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, cons
   uint64_t want = 0;
   if (__builtin_mul_overflow(heads, capacity, &per_tensor) || __builtin_mul_overflow(per_tensor, d_head, &per_tensor) ||
       __builtin_mul_overflow(per_tensor, 2 * n_layer, &floats) ||
-      __builtin_mul_overflow(static_cast<uint64_t>(floats), sizeof(float), &want) ||
+      __builtin_mul_overflow(static_cast<uint64_t>(floats), static_cast<uint64_t>(element), &want) ||
       __builtin_add_overflow(want, static_cast<uint64_t>(header), &want)) {
     return absl::InvalidArgumentError("session state: inconsistent header (sizes out of range)");
   }
@@ -76,16 +77,20 @@ absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, cons
   m.capacity_ = capacity;
   if (capacity == 0) return m;
   const char* p = data.data() + header;
+  // The image's type may differ from the server's (--kv_dtype): copied
+  // through a host tensor of the image's type and converted.
+  const at::ScalarType image_type = element == 4 ? at::kFloat : at::kBFloat16;
+  const bool direct = device.is_cpu() && image_type == kv_type;
   std::vector<at::Tensor> rings =
-      NewRings(2 * n_layer, {heads, capacity, d_head}, at::TensorOptions().dtype(at::kFloat).device(device));
+      NewRings(2 * n_layer, {heads, capacity, d_head}, at::TensorOptions().dtype(kv_type).device(device));
+  at::Tensor host = direct ? at::Tensor() : at::empty({heads, capacity, d_head}, image_type);
   for (int64_t l = 0; l < n_layer; ++l) {
     m.k_[l] = rings[2 * l];
     m.v_[l] = rings[2 * l + 1];
     for (at::Tensor* t : {&m.k_[l], &m.v_[l]}) {
-      at::Tensor host = device.is_cpu() ? *t : at::empty({heads, capacity, d_head}, at::kFloat);
-      std::memcpy(host.data_ptr(), p, per_tensor * sizeof(float));
-      p += per_tensor * sizeof(float);
-      if (!device.is_cpu()) t->copy_(host);
+      std::memcpy(direct ? t->data_ptr() : host.data_ptr(), p, per_tensor * element);
+      p += per_tensor * element;
+      if (!direct) t->copy_(host);
     }
   }
   return m;

@@ -308,6 +308,33 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   EXPECT_EQ(fork->memory_bytes(), s->memory_bytes());
 }
 
+// Regression: a ring grown ahead of its positions kept whatever the heap
+// held in the slots not written yet, and an exported image carried those
+// bytes (server memory, pointers included) to the client. They are zeros.
+TEST_F(LanguageModelTest, ImageSlotsNotWrittenYetAreZero) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto s = *model->NewSession(64);
+  for (std::vector<int> tokens : {std::vector<int>{1, 2, 3}, std::vector<int>{4}}) {
+    StepInput in;
+    in.session = s.get();
+    in.tokens = tokens;
+    ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  }
+  std::string image;
+  ASSERT_TRUE(s->AppendTo(&image).ok());
+  int64_t f[8];
+  std::memcpy(f, image.data() + 8, sizeof(f));
+  const int64_t n_layer = f[0], heads = f[1], d_head = f[2], position = f[4], capacity = f[6], element = f[7];
+  ASSERT_GT(capacity, position);  // grown ahead: 4 positions in 6 slots
+  const char* p = image.data() + 8 + sizeof(f);
+  for (int64_t t = 0; t < 2 * n_layer * heads; ++t, p += capacity * d_head * element) {
+    for (int64_t b = position * d_head * element; b < capacity * d_head * element; ++b) {
+      ASSERT_EQ(p[b], 0) << "ring " << t << " byte " << b;
+    }
+  }
+}
+
 // ExportSession/ImportSession rest on this: a restored session continues
 // bit for bit like the original, before and after its ring has wrapped.
 TEST_F(LanguageModelTest, RestoredSessionContinuesExactly) {

@@ -1,0 +1,234 @@
+// Reduced precision (model/precision.h): bfloat16 / int8 weights and
+// bfloat16 memories. Each mode is checked against float32 within its stated
+// tolerance (docs/PERFORMANCE.md "Reduced precision"), chunk invariance is
+// checked within the same, every kernel path this machine runs is checked
+// against the widest by forcing it, and session images carry their type.
+// The quality gates run the bundled model over its validation split.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint.h"
+#include "model/incremental.h"
+#include "model/txl_math.h"
+#include "tests/model/model_fixture.h"
+
+namespace txl {
+namespace {
+
+using testing::FeedInChunks;
+using testing::MaxAbsDiff;
+using testing::RandomTokens;
+using testing::TestWeights;
+using Precision = IncrementalModel::Precision;
+
+struct Mode {
+  const char* name;
+  WeightDtype dtype;
+  KvDtype kv;
+  // Largest |log-prob difference| from float32 on the random test models
+  // (init 0.15: sharper than trained models) and between chunkings.
+  double vs_float32, chunking;
+};
+
+const Mode kModes[] = {
+    {"f32 weights, bf16 memories", WeightDtype::kFloat32, KvDtype::kBfloat16, 0.05, 0.02},
+    {"bf16 weights, f32 memories", WeightDtype::kBfloat16, KvDtype::kFloat32, 0.1, 0.05},
+    {"bf16 weights, bf16 memories", WeightDtype::kBfloat16, KvDtype::kBfloat16, 0.1, 0.05},
+    {"int8 weights, bf16 memories", WeightDtype::kInt8, KvDtype::kBfloat16, 0.2, 0.05},
+};
+
+Precision PrecisionOf(const Mode& m) {
+  Precision p;
+  p.dtype = m.dtype;
+  p.kv_dtype = m.kv;
+  return p;
+}
+
+class PrecisionTest : public ::testing::TestWithParam<testing::NamedConfig> {};
+
+// One session fed 45 tokens at once (a prefill pass, then decode steps past
+// the window) and one fed token by token: within the mode's chunking
+// tolerance of each other, and within its float32 tolerance of float32.
+TEST_P(PrecisionTest, ChunkingAndFloat32WithinTolerance) {
+  const ModelConfig& c = GetParam().config;
+  const TxlWeights w = TestWeights(c, 11);
+  const std::vector<int64_t> tokens = RandomTokens(45, c.n_token, 12);
+  IncrementalModel exact(c, w, at::kCPU);
+  SessionMemory exact_memory(c.n_layer, c.mem_len);
+  const at::Tensor want = FeedInChunks(exact, exact_memory, tokens, 1);
+  for (const Mode& mode : kModes) {
+    IncrementalModel model(c, w, at::kCPU, PrecisionOf(mode));
+    SessionMemory one(c.n_layer, c.mem_len), all(c.n_layer, c.mem_len), mixed(c.n_layer, c.mem_len);
+    const at::Tensor by_token = FeedInChunks(model, one, tokens, 1);
+    const at::Tensor at_once = FeedInChunks(model, all, tokens, 45);
+    const at::Tensor by_seven = FeedInChunks(model, mixed, tokens, 7);
+    EXPECT_LT(MaxAbsDiff(by_token, at_once), mode.chunking) << mode.name;
+    EXPECT_LT(MaxAbsDiff(by_token, by_seven), mode.chunking) << mode.name;
+    EXPECT_LT(MaxAbsDiff(by_token, want), mode.vs_float32) << mode.name;
+    EXPECT_GT(MaxAbsDiff(by_token, want), 0) << mode.name << ": not reduced at all?";
+    if (mode.kv == KvDtype::kBfloat16) EXPECT_EQ(2 * one.bytes(), exact_memory.bytes()) << mode.name;
+  }
+}
+
+// Every decode kernel path this CPU runs, and the widening prefill of CPUs
+// without bfloat16 products, against the widest path: same values read, so
+// only summation order and the prefill's activation rounding differ.
+TEST_P(PrecisionTest, ForcedFallbacksAgreeWithTheWidestPath) {
+  const ModelConfig& c = GetParam().config;
+  const TxlWeights w = TestWeights(c, 13);
+  const std::vector<int64_t> tokens = RandomTokens(30, c.n_token, 14);
+  for (const Mode& mode : kModes) {
+    IncrementalModel best(c, w, at::kCPU, PrecisionOf(mode));
+    SessionMemory m0(c.n_layer, c.mem_len);
+    const at::Tensor want = FeedInChunks(best, m0, tokens, 1);
+    for (KernelIsa isa : {KernelIsa::kPlain, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+      if (!CpuRuns(isa)) continue;
+      Precision p = PrecisionOf(mode);
+      p.isa = isa;
+      p.bf16_products = false;
+      IncrementalModel forced(c, w, at::kCPU, p);
+      SessionMemory m1(c.n_layer, c.mem_len), m2(c.n_layer, c.mem_len);
+      // Summation order alone; with bfloat16 memories it may flip the
+      // rounding of a stored key or value (one bfloat16 step).
+      EXPECT_LT(MaxAbsDiff(FeedInChunks(forced, m1, tokens, 1), want), mode.kv == KvDtype::kBfloat16 ? 3e-3 : 1e-4)
+          << mode.name << " isa " << static_cast<int>(isa);
+      EXPECT_LT(MaxAbsDiff(FeedInChunks(forced, m2, tokens, 30), want), mode.chunking)
+          << mode.name << " isa " << static_cast<int>(isa) << " (widened prefill)";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, PrecisionTest, ::testing::ValuesIn(testing::Variants()),
+                         [](const auto& info) { return info.param.name; });
+
+// A bfloat16 session's image is half the float32 one's, restores exactly,
+// and restores into a server of the other kv dtype by conversion.
+TEST(PrecisionImageTest, ImagesCarryTheirTypeAndConvert) {
+  const ModelConfig c = testing::SmallConfig();
+  const TxlWeights w = TestWeights(c, 15);
+  const std::vector<int64_t> tokens = RandomTokens(20, c.n_token, 16), more = RandomTokens(5, c.n_token, 17);
+  Precision narrow;
+  narrow.kv_dtype = KvDtype::kBfloat16;
+  IncrementalModel f32(c, w, at::kCPU), bf16(c, w, at::kCPU, narrow);
+  SessionMemory a(c.n_layer, c.mem_len), b(c.n_layer, c.mem_len);
+  FeedInChunks(f32, a, tokens, 20);
+  FeedInChunks(bf16, b, tokens, 20);
+  std::string image_a, image_b;
+  a.WriteImage(&image_a);
+  b.WriteImage(&image_b);
+  const size_t header = 8 + 8 * 8;
+  EXPECT_EQ(2 * (image_b.size() - header), image_a.size() - header);
+
+  // Same type: bit-exact continuation.
+  auto restored = SessionMemory::Parse(image_b, c, at::kCPU, at::kBFloat16);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(at::equal(FeedInChunks(bf16, *restored, more, 1), FeedInChunks(bf16, b, more, 1)));
+
+  // bfloat16 -> float32 widens exactly: the float32 server continues from
+  // the very values the bfloat16 one held.
+  auto widened = SessionMemory::Parse(image_b, c, at::kCPU, at::kFloat);
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  std::string again;
+  widened->WriteImage(&again);
+  EXPECT_EQ(again.size(), image_a.size());
+  auto back = SessionMemory::Parse(again, c, at::kCPU, at::kBFloat16);
+  ASSERT_TRUE(back.ok());
+  std::string twice;
+  back->WriteImage(&twice);
+  EXPECT_EQ(twice, image_b);  // narrowing a widened image is lossless (unwritten slots are zeros)
+
+  // float32 -> bfloat16 rounds as the server's own steps round.
+  auto narrowed = SessionMemory::Parse(image_a, c, at::kCPU, at::kBFloat16);
+  ASSERT_TRUE(narrowed.ok()) << narrowed.status();
+  EXPECT_EQ(narrowed->bytes(), b.bytes());
+  EXPECT_LT(MaxAbsDiff(FeedInChunks(bf16, *narrowed, more, 1), FeedInChunks(f32, a, more, 1)), 0.05);
+
+  // An element size that is neither is refused.
+  std::string bad = image_b;
+  const int64_t three = 3;
+  std::memcpy(&bad[8 + 7 * 8], &three, sizeof(three));
+  EXPECT_EQ(SessionMemory::Parse(bad, c, at::kCPU, at::kBFloat16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---- Quality gates: the bundled model over the last 10% of its corpus.
+
+struct Quality {
+  double bpc = 0, kl_mean = 0, kl_max = 0;
+};
+
+// Bits per character of `model` on `tokens` (fed in chunks of 2048, one
+// session, the model's mem_len), and the per-token KL(reference || model)
+// when `reference` log-probs are given; returns the log-probs too.
+Quality Evaluate(IncrementalModel& model, const std::vector<int64_t>& tokens, const std::vector<at::Tensor>* reference,
+                 std::vector<at::Tensor>* logprobs) {
+  const ModelConfig& c = model.config();
+  SessionMemory memory(c.n_layer, c.mem_len);
+  Quality q;
+  double nll = 0, kl_sum = 0;
+  int64_t scored = 0, block = 0;
+  constexpr int64_t kChunk = 2048;
+  for (size_t s = 0; s + 1 < tokens.size(); s += kChunk, ++block) {
+    const size_t e = std::min(tokens.size() - 1, s + kChunk);
+    at::Tensor lp = FeedInChunks(model, memory, std::vector<int64_t>(tokens.begin() + s, tokens.begin() + e), kChunk);
+    at::Tensor targets = at::tensor(std::vector<int64_t>(tokens.begin() + s + 1, tokens.begin() + e + 1), at::kLong);
+    nll -= lp.gather(1, targets.unsqueeze(1)).sum().item<double>();
+    scored += static_cast<int64_t>(e - s);
+    if (reference != nullptr) {
+      const at::Tensor& ref = (*reference)[block];
+      at::Tensor kl = (ref.exp() * (ref - lp)).sum(1);
+      kl_sum += kl.sum().item<double>();
+      q.kl_max = std::max(q.kl_max, kl.max().item<double>());
+    }
+    if (logprobs != nullptr) logprobs->push_back(lp);
+  }
+  q.bpc = nll / scored / std::log(2.0);
+  q.kl_mean = kl_sum / scored;
+  return q;
+}
+
+TEST(QualityGateTest, BundledModelValidationSplit) {
+  auto ckpt = LoadCheckpoint(TXL_BUNDLED_MODEL);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::ifstream f(TXL_CORPUS, std::ios::binary);
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string corpus = text.str();
+  ASSERT_GT(corpus.size(), 10000u);
+  auto ids = ckpt->tokenizer.Encode(std::string_view(corpus).substr(corpus.size() * 9 / 10));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  const std::vector<int64_t> tokens(ids->begin(), ids->end());
+
+  IncrementalModel exact(ckpt->config, *ckpt->weights, at::kCPU);
+  std::vector<at::Tensor> reference;
+  const Quality base = Evaluate(exact, tokens, nullptr, &reference);
+  std::printf("quality float32: bpc %.4f over %zu tokens\n", base.bpc, tokens.size() - 1);
+  ASSERT_LT(base.bpc, 3.0);  // a trained model, not noise (log2(65) = 6.0)
+  struct Gate {
+    const char* name;
+    WeightDtype dtype;
+    double max_relative;
+  };
+  for (const Gate& gate : {Gate{"bfloat16", WeightDtype::kBfloat16, 0.005}, Gate{"int8", WeightDtype::kInt8, 0.015}}) {
+    Precision p;
+    p.dtype = gate.dtype;
+    p.kv_dtype = KvDtype::kBfloat16;
+    IncrementalModel model(ckpt->config, *ckpt->weights, at::kCPU, p);
+    const Quality q = Evaluate(model, tokens, &reference, nullptr);
+    const double relative = (q.bpc - base.bpc) / base.bpc;
+    std::printf("quality %s weights, bfloat16 memories: bpc %.4f (%+.3f%%), KL mean %.2e max %.2e nats\n", gate.name,
+                q.bpc, 100 * relative, q.kl_mean, q.kl_max);
+    EXPECT_LT(std::abs(relative), gate.max_relative) << gate.name;
+    EXPECT_GT(q.kl_mean, 0) << gate.name;
+  }
+}
+
+}  // namespace
+}  // namespace txl

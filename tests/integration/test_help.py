@@ -16,7 +16,7 @@ EXPECTED = {
     "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle"],
     "client/txl-client": ["--server", "--session", "--max_new_tokens"],
     "tools/txl-train": ["--train", "--device", "--resume"],
-    "tools/txl-eval": ["--model"],
+    "tools/txl-eval": ["--model", "--dtype", "--kv_dtype"],
     "tools/txl-init": ["--config", "--out"],
 }
 

@@ -20,6 +20,9 @@ ABSL_FLAG(int, sessions, 1, "sessions stepped together");
 ABSL_FLAG(int, mem, 800, "memory positions per session (window mem + 1)");
 ABSL_FLAG(int, steps, 300, "timed steps");
 ABSL_FLAG(int, threads, 2, "intra-op threads");
+ABSL_FLAG(std::string, dtype, "float32",
+          "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
+ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
 
 int main(int argc, char** argv) {
   txl::ListOwnFlagsInHelp();
@@ -27,11 +30,23 @@ int main(int argc, char** argv) {
   txl::LanguageModelOptions o;
   o.path = absl::GetFlag(FLAGS_model);
   o.threads = absl::GetFlag(FLAGS_threads);
+  auto dtype = txl::ParseWeightDtype(absl::GetFlag(FLAGS_dtype));
+  auto kv_dtype = txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+  for (const absl::Status& s : {dtype.status(), kv_dtype.status()}) {
+    if (!s.ok()) {
+      std::cerr << "step_loop: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  o.dtype = *dtype;
+  o.kv_dtype = *kv_dtype;
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";
     return 1;
   }
+  // Which kernels a profile of this run looks at.
+  std::cerr << "step_loop: kernels " << (*lm)->KernelPath() << std::endl;
   const int B = absl::GetFlag(FLAGS_sessions), mem = absl::GetFlag(FLAGS_mem);
   const int vocab = static_cast<int>((*lm)->config().n_token);
   std::vector<std::unique_ptr<txl::SessionState>> sessions;

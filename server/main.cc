@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (empty: off)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(int, threads, 0, "intra-op threads for the model (0: libtorch default)");
+ABSL_FLAG(std::string, dtype, "float32",
+          "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
+ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
 ABSL_FLAG(int, max_batch, 32, "requests advanced together per engine step");
 ABSL_FLAG(int, max_batch_tokens, 2048, "tokens fed per engine step");
 ABSL_FLAG(int, prefill_chunk, 256, "tokens one request feeds per step while prefilling");
@@ -183,6 +186,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.model.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
   o.model.device = absl::GetFlag(FLAGS_device);
   o.model.threads = absl::GetFlag(FLAGS_threads);
+  // The parsers' messages name the flag and the allowed values.
+  ASSIGN_OR_RETURN(o.model.dtype, txl::ParseWeightDtype(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(o.model.kv_dtype, txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype)));
 
   const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message_bytes < 1 || max_message_bytes > std::numeric_limits<int>::max()) {
@@ -332,6 +338,9 @@ int Serve(ServerOptions o, sigset_t signals) {
   // An import carries one session: at most a full window of max_mem_len, plus headers.
   o.service.max_import_bytes = model.FullMemoryBytes(o.service.max_mem_len) + (int64_t{1} << 20);
   o.service.device = model.device();
+  // What the model runs in, not what the flags asked for (GetModelInfo reports it).
+  o.service.dtype = txl::DtypeName(model.dtype());
+  o.service.kv_dtype = txl::DtypeName(model.kv_dtype());
 
   // The state store, before anything is served: a restart finds its sessions first.
   std::unique_ptr<txl::SessionJournal> journal;
@@ -379,7 +388,9 @@ int Serve(ServerOptions o, sigset_t signals) {
                           std::to_string((*metrics)->port()))
             << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
             << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
-            << model.device() << "\ntxl-server: " << transport << ", "
+            << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype
+            << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath()
+            << "\ntxl-server: " << transport << ", "
             << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
                        : std::string("no authentication"))
             << std::endl;

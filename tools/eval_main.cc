@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, logprobs, "", "write log p(t_i | t_<i) for i = 1..n-1, on
 ABSL_FLAG(std::string, predictions, "", "write the most likely token id at each position 1..n-1, one per line");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(int, threads, 0, "intra-op threads (0: libtorch default)");
+ABSL_FLAG(std::string, dtype, "float32",
+          "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
+ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
 
 namespace {
 
@@ -56,7 +59,8 @@ int main(int argc, char** argv) {
   txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "txl-eval --model M (--text FILE | --tokens FILE) [--mem_len N] [--chunk K] "
-      "[--logprobs OUT] [--predictions OUT] [--device D]");
+      "[--logprobs OUT] [--predictions OUT] [--device D] [--dtype float32|bfloat16|int8] "
+      "[--kv_dtype float32|bfloat16]");
   absl::ParseCommandLine(argc, argv);
   const std::string model_path = absl::GetFlag(FLAGS_model);
   const std::string text_path = absl::GetFlag(FLAGS_text), ids_path = absl::GetFlag(FLAGS_tokens);
@@ -69,6 +73,13 @@ int main(int argc, char** argv) {
   options.path = model_path;
   options.device = absl::GetFlag(FLAGS_device);
   options.threads = absl::GetFlag(FLAGS_threads);
+  // Bad names are flag errors (exit 2); the parsers' messages name the flag.
+  auto dtype = txl::ParseWeightDtype(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return Fail(2, std::string(dtype.status().message()));
+  auto kv_dtype = txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return Fail(2, std::string(kv_dtype.status().message()));
+  options.dtype = *dtype;
+  options.kv_dtype = *kv_dtype;
   auto model = txl::LanguageModel::Create(options);
   if (!model.ok()) return Fail(1, std::string(model.status().message()));
 
@@ -124,6 +135,8 @@ int main(int argc, char** argv) {
                       {"mem_len", mem_len},
                       {"chunk", chunk},
                       {"device", (*model)->device()},
+                      {"dtype", txl::DtypeName((*model)->dtype())},
+                      {"kv_dtype", txl::DtypeName((*model)->kv_dtype())},
                       {"seconds", seconds},
                       {"tokens_per_second", n / std::max(seconds, 1e-9)}};
   std::cout << j.dump() << std::endl;

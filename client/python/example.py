@@ -67,9 +67,10 @@ def main():
                        tls_cert=args.tls_cert, tls_key=args.tls_key,
                        tls_server_name=args.tls_server_name) as client:
             info = client.info()
-            print("server %s: %s; model: %d layers, d_model %d, %s tokenizer (%d tokens), device %s"
+            print("server %s: %s; model: %d layers, d_model %d, %s tokenizer (%d tokens), device %s, "
+                  "dtype %s, kv_dtype %s"
                   % (args.server, client.health(), info.n_layer, info.d_model, info.tokenizer, info.vocab_size,
-                     info.device))
+                     info.device, info.dtype, info.kv_dtype))
             session = client.create_session()
             sid = session.session_id
             print("session %s (mem_len %d), position %d" % (sid, session.mem_len, session.position))

@@ -15,6 +15,10 @@ struct ServiceConfig {
   int max_top_logprobs = 20;
   std::string model_path;
   std::string device;
+  // The model's number formats, by name ("float32", "bfloat16", "int8"): the
+  // api layer reports them without reaching into model/.
+  std::string dtype = "float32";
+  std::string kv_dtype = "float32";
   int64_t max_import_bytes = int64_t{1} << 30;  // ImportSession's data, in all
   // Generate/Converse output a call may hold for a client that reads slower
   // than it is produced; past it the call's session waits (Scheduler::Pause).

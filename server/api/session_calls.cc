@@ -34,6 +34,8 @@ grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* 
     r->set_default_mem_len(c->config.default_mem_len);
     r->set_max_mem_len(c->config.max_mem_len);
     r->set_device(c->config.device);
+    r->set_dtype(c->config.dtype);
+    r->set_kv_dtype(c->config.kv_dtype);
     r->set_model_path(c->config.model_path);
     r->set_fingerprint(c->engine->fingerprint());
     c->Answer(reactor, "GetModelInfo", absl::OkStatus());

@@ -13,10 +13,11 @@ ARGS = None
 
 # binary (relative to the build directory) -> flags its --help must list
 EXPECTED = {
-    "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle"],
+    "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle",
+                          "--dtype", "--kv_dtype"],
     "client/txl-client": ["--server", "--session", "--max_new_tokens"],
     "tools/txl-train": ["--train", "--device", "--resume"],
-    "tools/txl-eval": ["--model"],
+    "tools/txl-eval": ["--model", "--dtype", "--kv_dtype"],
     "tools/txl-init": ["--config", "--out"],
 }
 

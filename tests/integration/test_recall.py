@@ -1,4 +1,5 @@
-"""The recall fixture needs memory: with it the model answers; without, chance.
+"""The recall fixture needs memory: with it the model answers; without, chance. Also txl-eval's
+--dtype/--kv_dtype flags (reported in its summary; bad names are flag errors).
 
 Run by CTest: /usr/bin/python3 test_recall.py --txl-eval PATH --model tests/fixtures/recall.pt
 """
@@ -81,6 +82,21 @@ class RecallTest(unittest.TestCase):
         acc, n = accuracy(text, preds)
         print("recall accuracy with mem_len 40 (< filler): %.3f over %d queries" % (acc, n))
         self.assertLessEqual(acc, 0.25)
+
+    def test_dtype_flags_are_reported_and_bad_names_refused(self):
+        path, _ = self.corpus("dtype.txt")
+        # Only what txl-eval reports: the numerics of each format are the model tests' business.
+        _, summary = self.run_eval(path, "--chunk", "32")
+        self.assertEqual((summary["dtype"], summary["kv_dtype"]), ("float32", "float32"))
+        _, summary = self.run_eval(path, "--chunk", "32", "--dtype", "bfloat16", "--kv_dtype", "bfloat16")
+        self.assertEqual((summary["dtype"], summary["kv_dtype"]), ("bfloat16", "bfloat16"))
+        for flags, message in [(["--dtype", "fp8"], "txl-eval: dtype: unknown 'fp8' (use float32, bfloat16 or int8)"),
+                               (["--kv_dtype", "int8"], "txl-eval: kv_dtype: unknown 'int8' (use float32 or bfloat16)")]:
+            proc = subprocess.run([ARGS.txl_eval, "--model", ARGS.model, "--text", path] + flags,
+                                  capture_output=True, text=True, timeout=300)
+            self.assertEqual(proc.returncode, 2, proc.stderr)  # a flag error, like the others
+            self.assertIn(message, proc.stderr)
+            self.assertEqual(proc.stdout, "")
 
 
 if __name__ == "__main__":

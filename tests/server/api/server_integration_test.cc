@@ -2,8 +2,11 @@
 // client library, with a tiny model made here.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 
@@ -120,7 +123,55 @@ TEST_F(ServerTest, InfoAndHealth) {
   EXPECT_EQ(info->tokenizer(), "byte");
   EXPECT_EQ(info->default_mem_len(), 24);
   EXPECT_EQ(info->device(), "cpu");
+  // float32 unless --dtype/--kv_dtype say otherwise.
+  EXPECT_EQ(info->dtype(), "float32");
+  EXPECT_EQ(info->kv_dtype(), "float32");
   EXPECT_EQ(*client_->Health(), "SERVING");
+}
+
+// --dtype and --kv_dtype reach the model, and GetModelInfo and the start-up
+// line report what it runs in (numerics are the model tests' business).
+TEST(ServerPrecisionTest, ReportsTheDtypesItWasStartedWith) {
+  auto server = StartServer({"--dtype=bfloat16", "--kv_dtype=bfloat16"});
+  ASSERT_NE(server, nullptr);
+  auto c = Connect(*server);
+  auto info = c->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->dtype(), "bfloat16");
+  EXPECT_EQ(info->kv_dtype(), "bfloat16");
+  EXPECT_NE(server->output().find("txl-server: device cpu, dtype bfloat16, kv_dtype bfloat16, kernels "),
+            std::string::npos)
+      << server->output();
+
+  auto int8 = StartServer({"--dtype=int8"});
+  ASSERT_NE(int8, nullptr);
+  info = Connect(*int8)->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->dtype(), "int8");
+  EXPECT_EQ(info->kv_dtype(), "float32");
+}
+
+// A bad name fails at start-up, before the model loads: exit 1 (as every
+// start-up failure) with a line naming the flag and the allowed values.
+TEST(ServerPrecisionTest, BadDtypeNamesTheFlagAndExitsNonZero) {
+  struct Case {
+    std::string flag, expected;
+  };
+  for (const Case& t : {Case{"--dtype=fp8", "txl-server: dtype: unknown 'fp8' (use float32, bfloat16 or int8)"},
+                        Case{"--kv_dtype=int8", "txl-server: kv_dtype: unknown 'int8' (use float32 or bfloat16)"}}) {
+    const std::string command = std::string(TXL_SERVER_BINARY) + " --model=" + ModelPath() +
+                                " --listen=127.0.0.1:0 --metrics_listen= " + t.flag + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string output;
+    char buf[512];
+    while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
+    const int status = pclose(pipe);
+    ASSERT_TRUE(WIFEXITED(status)) << output;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << output;
+    EXPECT_NE(output.find(t.expected), std::string::npos) << output;
+    EXPECT_EQ(output.find("listening"), std::string::npos) << output;
+  }
 }
 
 TEST_F(ServerTest, SessionLifecycle) {

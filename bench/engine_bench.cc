@@ -16,6 +16,12 @@
 //      no memory, at attention windows 800 and 3800.
 // P3   aggregate tokens/s, 32 sessions in one step vs 1 session.
 // P5   resident bytes per session (RSS growth) vs memory_bytes() per session.
+// Q    reduced precision (model/precision.h) against float32, interleaved:
+//      Q1-bf16 / Q1-int8 one-session step (bf16 or int8 weights, bf16
+//      memories) vs the float32 step; Q1f-* each vs its own bandwidth floor;
+//      Q5-* vs the hidden-state baseline (the original code's speed);
+//      Q3 32 sessions, aggregate tokens/s, bf16 vs float32; Q4 prefill of a
+//      2048-token input, tokens/s, bf16 (AMX where the CPU has it) vs float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -36,6 +42,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -62,7 +69,7 @@ ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(int, sessions, 32, "concurrent sessions for P3 and P5");
-ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3): for profiling");
+ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, Q): for profiling");
 
 namespace {
 
@@ -142,7 +149,7 @@ void Interleave(int reps, const std::function<double()>& a, const std::function<
 class Bench {
  public:
   Bench(const std::string& path, const std::string& device, int threads, Sizes sizes)
-      : sizes_(std::move(sizes)), device_(device), cuda_(device != "cpu") {
+      : sizes_(std::move(sizes)), path_(path), device_(device), cuda_(device != "cpu") {
     txl::LanguageModelOptions o;
     o.path = path;
     o.device = device;
@@ -167,19 +174,21 @@ class Bench {
     return t;
   }
 
-  std::unique_ptr<SessionState> FullSession(int64_t mem_len, uint64_t seed) {
-    auto s = Must(lm_->NewSession(mem_len), "new session");
+  std::unique_ptr<SessionState> FullSession(int64_t mem_len, uint64_t seed, LanguageModel* lm = nullptr) {
+    if (lm == nullptr) lm = lm_.get();
+    auto s = Must(lm->NewSession(mem_len), "new session");
     std::vector<StepInput> in(1);
     in[0].session = s.get();
     in[0].tokens = RandomTokens(mem_len - 1, seed);
-    Must(lm_->Step(absl::MakeSpan(in)), "filling a session");
+    Must(lm->Step(absl::MakeSpan(in)), "filling a session");
     if (s->memory_tokens() != mem_len - 1) Fail("a filled session does not hold a full window");
     return s;
   }
 
   // Seconds per step over `n` single-token steps of all `sessions` at once,
   // each asking for its next-token distribution.
-  double EngineSteps(const std::vector<SessionState*>& sessions, int n) {
+  double EngineSteps(const std::vector<SessionState*>& sessions, int n, LanguageModel* lm = nullptr) {
+    if (lm == nullptr) lm = lm_.get();
     std::vector<StepInput> in(sessions.size());
     const auto start = Clock::now();
     for (int i = 0; i < n; ++i) {
@@ -188,7 +197,7 @@ class Bench {
         in[s].tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
         in[s].want_last_distribution = true;
       }
-      auto out = Must(lm_->Step(absl::MakeSpan(in)), "engine step");
+      auto out = Must(lm->Step(absl::MakeSpan(in)), "engine step");
       sink_ += out[0].last_distribution[0];
     }
     return std::chrono::duration<double>(Clock::now() - start).count() / n;
@@ -246,6 +255,25 @@ class Bench {
   // layer, one embedding row, the session's keys/values, and the position
   // term's minimum (PositionTermBytes).
   int64_t FloorBytes(int64_t mem) const { return FloorBytesWithoutPositions(mem) + PositionTermBytes(mem + 1); }
+
+  // The same floor for reduced precision: the layers' product matrices at
+  // `weight_bytes` per element (int8: plus a float scale per row), keys and
+  // values at `kv_bytes`, the position term at 2 bytes (the engine's table
+  // is bfloat16 then; r_net at the weights' width). Everything else float32.
+  int64_t ReducedFloorBytes(int64_t mem, int64_t weight_bytes, int64_t kv_bytes) const {
+    int64_t total = FloorBytes(mem);
+    int64_t r_net = 0;
+    for (const txl::LayerWeights& L : weights_.layers) {
+      for (const at::Tensor* t : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff2_w}) {
+        total -= t->numel() * (4 - weight_bytes);
+        if (weight_bytes == 1) total += t->size(0) * 4;
+      }
+      r_net += L.r_w.numel() * weight_bytes;
+    }
+    total -= config_.n_layer * 2 * mem * config_.n_head * config_.d_head * (4 - kv_bytes);
+    total -= PositionTermBytes(mem + 1);
+    return total + std::min(r_net, RelTableBytes(mem + 1) / 2);
+  }
 
   // The position scores (q + v) . W_r R(d) need, for every layer, either
   // r_net's weights W_r (the product formed per step) or a table of W_r R(d)
@@ -453,6 +481,10 @@ class Bench {
       rows.push_back(f);
     }
 
+    // ---- Q: reduced precision against float32 (this model, lm_), on the
+    // same weights and threads, every measurement interleaved in one loop.
+    if (Want("Q") && !cuda_) QRows(&rows);
+
     // ---- P2: recompute the whole window vs the engine step, per window.
     for (int64_t w : Want("P2") ? z.windows : std::vector<int64_t>{}) {
       Progress(absl::StrFormat("P2: recompute, window %d", w));
@@ -482,6 +514,171 @@ class Bench {
     return rows;
   }
 
+  std::unique_ptr<LanguageModel> Load(txl::WeightDtype dtype, txl::KvDtype kv) const {
+    txl::LanguageModelOptions o;
+    o.path = path_;
+    o.device = device_;
+    o.dtype = dtype;
+    o.kv_dtype = kv;
+    return Must(LanguageModel::Create(o), "loading " + path_ + " as " + txl::DtypeName(dtype));
+  }
+
+  // A row from per-repetition seconds: ratio a/b (or b/a for at_least rows
+  // measured in seconds, i.e. speed-ups).
+  static Row Ratio(std::string id, std::string measurement, std::string a_name, std::string b_name,
+                   const std::vector<double>& a_sec, const std::vector<double>& b_sec, double target, bool speedup) {
+    Row r;
+    r.id = std::move(id);
+    r.measurement = std::move(measurement);
+    r.a_name = std::move(a_name);
+    r.b_name = std::move(b_name);
+    r.unit = "ms/step";
+    r.a_reps = a_sec;
+    r.b_reps = b_sec;
+    r.a = Median(a_sec);
+    r.b = Median(b_sec);
+    r.ratio = speedup ? r.b / r.a : r.a / r.b;
+    r.target = target;
+    r.at_least = speedup;
+    return r;
+  }
+
+  void QRows(std::vector<Row>* rows) {
+    const Sizes& z = sizes_;
+    const int64_t mem = z.mem;
+    using txl::KvDtype;
+    using txl::WeightDtype;
+    Progress("Q: loading bfloat16 and int8 models");
+    auto bf = Load(WeightDtype::kBfloat16, KvDtype::kBfloat16);
+    auto i8 = Load(WeightDtype::kInt8, KvDtype::kBfloat16);
+    Progress("Q: kernels " + bf->KernelPath());
+    Progress("Q: kernels " + i8->KernelPath());
+    LanguageModel* f32 = lm_.get();
+
+    // One session each, full window; the hidden-state baseline; bandwidth.
+    auto s32 = FullSession(mem + 1, 31, f32), sbf = FullSession(mem + 1, 31, bf.get()),
+         si8 = FullSession(mem + 1, 31, i8.get());
+    std::vector<SessionState*> o32 = {s32.get()}, obf = {sbf.get()}, oi8 = {si8.get()};
+    std::vector<at::Tensor> mems;
+    at::manual_seed(3);
+    for (int64_t l = 0; l < config_.n_layer; ++l)
+      mems.push_back(at::randn({mem, 1, config_.d_model}, at::TensorOptions().device(device_)));
+    const int64_t probe_bytes = quick_ ? (64ll << 20) : (512ll << 20);
+    at::Tensor probe = at::ones({probe_bytes / 4});
+    for (auto* one : {&o32, &obf, &oi8}) EngineSteps(*one, 2, one == &o32 ? f32 : one == &obf ? bf.get() : i8.get());
+    HiddenStateSteps(mems, 1);
+    BandwidthPass(probe, 1);
+    Progress("Q1: one session per precision, interleaved");
+    std::vector<double> t32, tbf, ti8, base, pass;
+    for (int r = 0; r < z.reps; ++r) {
+      t32.push_back(EngineSteps(o32, z.engine_batch, f32));
+      tbf.push_back(EngineSteps(obf, z.engine_batch, bf.get()));
+      ti8.push_back(EngineSteps(oi8, z.engine_batch, i8.get()));
+      base.push_back(HiddenStateSteps(mems, z.baseline_batch));
+      pass.push_back(BandwidthPass(probe, 3));
+    }
+    const std::string m = absl::StrFormat("1 session, memory %d", mem);
+    rows->push_back(Ratio("Q1-bf16", m + ": bf16 weights + bf16 memories step vs float32 step", "bf16 step",
+                          "float32 step", tbf, t32, 0.55, false));
+    rows->push_back(Ratio("Q1-int8", m + ": int8 weights + bf16 memories step vs float32 step", "int8 step",
+                          "float32 step", ti8, t32, 0.40, false));
+    const double bw = probe_bytes / Median(pass);
+    for (auto [id, t, wb] : {std::tuple{"Q1f-bf16", &tbf, int64_t{2}}, std::tuple{"Q1f-int8", &ti8, int64_t{1}}}) {
+      const int64_t bytes = ReducedFloorBytes(mem, wb, 2);
+      std::vector<double> floor;
+      for (double p : pass) floor.push_back(bytes * p / probe_bytes);
+      Row f = Ratio(
+          id, absl::StrFormat("%s step vs its bandwidth floor (%.1f MB / measured bandwidth)", id + 4, bytes / 1e6),
+          "step", "floor", *t, floor, 1.25, false);
+      f.extra = {{"floor_bytes", bytes}, {"bandwidth_bytes_per_s", bw}};
+      rows->push_back(f);
+    }
+    rows->push_back(Ratio("Q5-bf16", m + ": bf16 step vs hidden-state memory (the original code's speed)", "bf16 step",
+                          "hidden-state mems step", tbf, base, 20, true));
+    rows->push_back(Ratio("Q5-int8", m + ": int8 step vs hidden-state memory (the original code's speed)", "int8 step",
+                          "hidden-state mems step", ti8, base, 30, true));
+    rows->back().extra = {{"float32_step_over_baseline", Median(base) / Median(t32)}};
+
+    // Prefill: a 2048-token input into a fresh session (window mem + 1).
+    const int64_t prefill = quick_ ? 64 : 2048;
+    const std::vector<int> input = RandomTokens(prefill, 77);
+    auto Prefill = [&](LanguageModel* lm) {
+      auto s = Must(lm->NewSession(mem + 1), "new session");
+      std::vector<StepInput> in(1);
+      in[0].session = s.get();
+      in[0].tokens = input;
+      in[0].want_last_distribution = true;
+      const auto start = Clock::now();
+      auto out = Must(lm->Step(absl::MakeSpan(in)), "prefill");
+      sink_ += out[0].last_distribution[0];
+      return std::chrono::duration<double>(Clock::now() - start).count() / prefill;
+    };
+    Prefill(f32);
+    Prefill(bf.get());
+    Progress(absl::StrFormat("Q4: prefill of %d tokens", prefill));
+    std::vector<double> p32, pbf;
+    Interleave(
+        z.reps, [&] { return Prefill(f32); }, [&] { return Prefill(bf.get()); }, &p32, &pbf);
+    Row q4;
+    q4.id = "Q4";
+    q4.measurement = absl::StrFormat("prefill of a %d-token input (window %d): bf16 vs float32", prefill, mem);
+    q4.a_name = "bf16";
+    q4.b_name = "float32";
+    q4.unit = "tokens/s";
+    for (double t : pbf) q4.a_reps.push_back(1 / t);
+    for (double t : p32) q4.b_reps.push_back(1 / t);
+    q4.a = Median(q4.a_reps);
+    q4.b = Median(q4.b_reps);
+    q4.ratio = q4.a / q4.b;
+    q4.target = 3;
+    q4.extra = {{"kernels", bf->KernelPath()}};
+    rows->push_back(q4);
+
+    // 32 sessions per step, aggregate tokens/s.
+    const int N = z.sessions;
+    Progress(absl::StrFormat("Q3: %d sessions per precision", N));
+    auto fill = [&](LanguageModel* lm) {
+      std::vector<std::unique_ptr<SessionState>> out;
+      for (int i = 0; i < N; i += 4) {
+        std::vector<StepInput> in;
+        for (int j = i; j < std::min(N, i + 4); ++j) {
+          out.push_back(Must(lm->NewSession(mem + 1), "new session"));
+          StepInput x;
+          x.session = out.back().get();
+          x.tokens = RandomTokens(mem, 300 + j);
+          in.push_back(std::move(x));
+        }
+        Must(lm->Step(absl::MakeSpan(in)), "filling sessions");
+      }
+      return out;
+    };
+    auto many32 = fill(f32), manybf = fill(bf.get());
+    std::vector<SessionState*> a32, abf;
+    for (auto& s : many32) a32.push_back(s.get());
+    for (auto& s : manybf) abf.push_back(s.get());
+    EngineSteps(a32, 1, f32);
+    EngineSteps(abf, 1, bf.get());
+    std::vector<double> m32, mbf;
+    Interleave(
+        z.reps, [&] { return EngineSteps(abf, z.multi_batch, bf.get()); },
+        [&] { return EngineSteps(a32, z.multi_batch, f32); }, &mbf, &m32);
+    Row q3;
+    q3.id = "Q3";
+    q3.measurement = absl::StrFormat("aggregate tokens/s, %d sessions per step (memory %d): bf16 vs float32", N, mem);
+    q3.a_name = "bf16";
+    q3.b_name = "float32";
+    q3.unit = "tokens/s";
+    for (double t : mbf) q3.a_reps.push_back(N / t);
+    for (double t : m32) q3.b_reps.push_back(N / t);
+    q3.a = Median(q3.a_reps);
+    q3.b = Median(q3.b_reps);
+    q3.ratio = q3.a / q3.b;
+    q3.target = 1.8;
+    q3.extra = {{"memory_bytes_per_session_bf16", manybf[0]->memory_bytes()},
+                {"memory_bytes_per_session_float32", many32[0]->memory_bytes()}};
+    rows->push_back(q3);
+  }
+
   void set_quick(bool q) { quick_ = q; }
   void set_only(std::vector<std::string> only) { only_ = std::move(only); }
   bool Want(const std::string& group) const {
@@ -491,6 +688,7 @@ class Bench {
 
  private:
   Sizes sizes_;
+  std::string path_;
   std::string device_;
   bool cuda_;
   bool quick_ = false;

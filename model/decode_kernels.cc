@@ -42,6 +42,10 @@ typedef uint32_t U32x8 __attribute__((vector_size(32)));
 typedef uint32_t U32x16 __attribute__((vector_size(64)));
 typedef int8_t I8x8 __attribute__((vector_size(8)));
 typedef int8_t I8x16 __attribute__((vector_size(16)));
+typedef int16_t I16x8 __attribute__((vector_size(16)));
+typedef int16_t I16x16 __attribute__((vector_size(32)));
+typedef int32_t I32x8 __attribute__((vector_size(32)));
+typedef int32_t I32x16 __attribute__((vector_size(64)));
 
 // Loads a float vector V (8 or 16 lanes) from elements of type T, widening
 // them: bfloat16 by shifting its bits up, int8 by conversion (its scale
@@ -63,10 +67,14 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
     std::memcpy(&r, &w, sizeof(r));
     return r;
   } else {
+    // Through 16 and 32 bits: GCC 12 widens each step with vpmovsx, but
+    // int8 straight to int32 or float it does one lane at a time.
     using Narrow = std::conditional_t<kWide, I8x16, I8x8>;
+    using Half = std::conditional_t<kWide, I16x16, I16x8>;
+    using Int = std::conditional_t<kWide, I32x16, I32x8>;
     Narrow n;
     std::memcpy(&n, p, sizeof(n));
-    return __builtin_convertvector(n, V);
+    return __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(n, Half), Int), V);
   }
 }
 

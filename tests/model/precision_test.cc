@@ -154,8 +154,7 @@ TEST(PrecisionImageTest, ImagesCarryTheirTypeAndConvert) {
   std::string bad = image_b;
   const int64_t three = 3;
   std::memcpy(&bad[8 + 7 * 8], &three, sizeof(three));
-  EXPECT_EQ(SessionMemory::Parse(bad, c, at::kCPU, at::kBFloat16).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SessionMemory::Parse(bad, c, at::kCPU, at::kBFloat16).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---- Quality gates: the bundled model over the last 10% of its corpus.

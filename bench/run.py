@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""One command for every performance figure of txl-serve (P1..P7).
+"""One command for every performance figure of txl-serve (P1..P9, Q0).
 
     /usr/bin/python3 bench/run.py [--build-dir build] [--quick] [--json OUT] [--md OUT]
                                   [--only P4,P6,...] [--device cpu|cuda] [--threads 2]
+                                  [--original DIR]
 
 Runs build/bench/engine_bench (P1, P1f, P2, P3, P5: the engine's step against the
 original code's ways of serving; see bench/engine_bench.cc) and, here:
@@ -18,6 +19,23 @@ original code's ways of serving; see bench/engine_bench.cc) and, here:
   P8  what durability costs: txl-client bench throughput (8 sessions, bundled
       model) with --state_dir --fsync=always (P8) and --fsync=interval (P8i)
       vs the same server without a state store. Target: ratio >= 0.90.
+  P9  only with --original DIR (the original authors' pytorch/ folder, which
+      holds mem_transformer.py; never part of this repository): the engine step
+      (build/bench/step_loop, 1 session, memory 800) vs the original
+      MemTransformerLM's per-token forward with 800 positions of mems
+      (bench/original_step.py), same "base" weights, same threads. Their losses
+      on the first steps are checked against txl-eval's log-probabilities of the
+      same ids (same weights, same math). Target: ratio >= 15x, P1's (whose
+      baseline (b) re-implements this way of serving in C++).
+  Q0  quality of reduced precision (not a speed): build/tests/precision_test
+      --gtest_filter=QualityGateTest.* (the bundled model over the last 10% of
+      data/tinyshakespeare.txt) prints the bits per character of float32 and of
+      each reduced mode; rows Q0-bf16 (bfloat16 weights + bfloat16 memories) and
+      Q0-int8 (int8 weights + bfloat16 memories) report bpc vs float32, the
+      relative change, KL(float32 || mode) mean and max. Targets: |change| <
+      0.5% (bf16) and < 1.5% (int8), the test's own gates. About 35 s; it runs
+      in --quick mode too (the test has no smaller size). engine_bench's Q1..Q5
+      rows are the speed of the same modes.
 
 Every ratio is measured in one run: A and B interleaved (A B A B ...), the
 median of the repetitions; absolute figures are printed for reference only.
@@ -49,7 +67,7 @@ import urllib.request
 import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8"]
+ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "Q0"]
 ENGINE_IDS = {"P1", "P2", "P3", "P5"}  # measured by engine_bench
 BASE_CONFIG = {"n_layer": 12, "n_head": 8, "d_model": 512, "d_head": 64, "d_inner": 2048, "mem_len": 800}
 BASE_VOCAB = 204
@@ -64,7 +82,8 @@ SIZES = {
         "p6_reps": 4, "p6_skip": 5, "p6_measure": 20, "p6_corpus_chars": 200000,
         "p7_reps": 5,
         "p8_sessions": 8, "p8_turns": 8, "p8_new_tokens": 64,
-        "engine_timeout": 1200, "step_timeout": 600,
+        "p9_steps": 20, "p9_engine_steps": 200, "p9_check": 8,
+        "engine_timeout": 1200, "step_timeout": 600, "quality_timeout": 900,
     },
     "quick": {
         "reps": 2,
@@ -72,7 +91,8 @@ SIZES = {
         "p6_reps": 1, "p6_skip": 1, "p6_measure": 2, "p6_corpus_chars": 60000,
         "p7_reps": 1,
         "p8_sessions": 2, "p8_turns": 1, "p8_new_tokens": 8,
-        "engine_timeout": 300, "step_timeout": 300,
+        "p9_steps": 3, "p9_engine_steps": 10, "p9_check": 3,
+        "engine_timeout": 300, "step_timeout": 300, "quality_timeout": 900,
     },
 }
 
@@ -142,6 +162,8 @@ class Tools:
         self.server = os.path.join(build_dir, "server", "txl-server")
         self.client = os.path.join(build_dir, "client", "txl-client")
         self.engine_bench = os.path.join(build_dir, "bench", "engine_bench")
+        self.step_loop = os.path.join(build_dir, "bench", "step_loop")
+        self.precision_test = os.path.join(build_dir, "tests", "precision_test")
         self.stubs = os.path.join(build_dir, "client", "python", "gen")
 
     def stale(self):
@@ -151,7 +173,7 @@ class Tools:
             return []
         newest = os.path.getmtime(lib)
         return [os.path.relpath(p, self.build) for p in (self.eval, self.train, self.init, self.server,
-                                                          self.engine_bench)
+                                                          self.engine_bench, self.step_loop, self.precision_test)
                 if os.path.exists(p) and os.path.getmtime(p) < newest]
 
     def need(self, *paths):
@@ -280,7 +302,7 @@ class Harness:
             data = json.load(f)
         data["wall_seconds"] = time.perf_counter() - t
         # Its own Markdown rows, verbatim, for the combined table.
-        data["markdown_rows"] = [l for l in proc.stdout.splitlines() if re.match(r"^\| P\d", l)]
+        data["markdown_rows"] = [l for l in proc.stdout.splitlines() if re.match(r"^\| [PQ]\d", l)]
         rows = []
         for r in data.get("rows", []):
             row = dict(r)
@@ -581,6 +603,152 @@ class Harness:
         row["met"] = row["a"] < 2.0
         return [row]
 
+    # ------------------------------------------------------------------ Q0
+    # The gates of tests/model/precision_test.cc (QualityGateTest), by the name it prints.
+    QUALITY_GATES = (("bfloat16", "Q0-bf16", "bf16 weights + bf16 memories", 0.005),
+                     ("int8", "Q0-int8", "int8 weights + bf16 memories", 0.015))
+
+    def q0(self):
+        """Quality of the reduced-precision modes: precision_test's QualityGateTest.
+
+        One run of the test (the bundled model over the last 10% of its corpus, in
+        chunks of 2048 with its mem_len, float32 and each reduced mode); its
+        `quality ...` lines are the figures. A: the mode's bits per character, B:
+        float32's; the ratio column is the relative change (the test's own, from
+        unrounded bpc) and the target its gate, |change| < 0.5% (bf16) or < 1.5%
+        (int8). A gate the test fails still gives its row (met: NO); the test's
+        exit status is in extra.
+        """
+        exe = self.tools.precision_test
+        self.tools.need(exe)
+        cmd = [exe, "--gtest_filter=QualityGateTest.*"]
+        log("Q0: " + " ".join(cmd))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.z["quality_timeout"])
+        except subprocess.TimeoutExpired:
+            raise HarnessError("precision_test: timed out after %d s" % self.z["quality_timeout"])
+        except OSError as e:
+            raise HarnessError("cannot run %s: %s" % (exe, e))
+        out = proc.stdout + proc.stderr
+        m = re.search(r"^quality float32: bpc (\d+(?:\.\d+)?) over (\d+) tokens", out, re.M)
+        if not m:
+            raise HarnessError("precision_test printed no float32 quality line (exit %d):\n%s" %
+                               (proc.returncode, tail(out)))
+        f32_bpc, tokens = float(m.group(1)), int(m.group(2))
+        modes = {}
+        for m in re.finditer(r"^quality (\S+) weights, (\S+) memories: bpc (\d+(?:\.\d+)?) \(([+-]?\d+(?:\.\d+)?)%\), "
+                             r"KL mean (\S+) max (\S+) nats", out, re.M):
+            modes[m.group(1)] = {"memories": m.group(2), "bpc": float(m.group(3)), "relative": float(m.group(4)) / 100,
+                                 "kl_mean": float(m.group(5)), "kl_max": float(m.group(6))}
+        rows = []
+        for name, rid, label, gate in self.QUALITY_GATES:
+            q = modes.get(name)
+            if q is None:
+                raise HarnessError("precision_test printed no quality line for %s weights (exit %d):\n%s" %
+                                   (name, proc.returncode, tail(out)))
+            extra = {"tokens": tokens, "weights": name, "memories": q["memories"], "relative_change": q["relative"],
+                     "kl_mean_nats": q["kl_mean"], "kl_max_nats": q["kl_max"], "max_relative_change": gate,
+                     "test_exit_status": proc.returncode, "command": "tests/precision_test " + cmd[1],
+                     "corpus": "last 10% of data/tinyshakespeare.txt", "model": "model/bundled/shakespeare_char.pt"}
+            row = make_row(rid, "bits per character, bundled model, %d tokens (last 10%% of the corpus): %s vs "
+                           "float32" % (tokens, label), label, "float32", "bpc", [q["bpc"]], [f32_bpc], 1 + gate,
+                           False, extra)
+            row["ratio"] = 1 + q["relative"]
+            row["met"] = abs(q["relative"]) < gate
+            row["ratio_format"] = "relative"
+            row["note"] = "KL mean %.2e, max %.2e nats" % (q["kl_mean"], q["kl_max"])
+            rows.append(row)
+            log("Q0: %s bpc %.4f vs float32 %.4f (%+.3f%%), KL mean %.2e max %.2e" %
+                (label, q["bpc"], f32_bpc, 100 * q["relative"], q["kl_mean"], q["kl_max"]))
+        if proc.returncode != 0 and all(r["met"] for r in rows):
+            raise HarnessError("precision_test failed (exit %d) although its gates are met:\n%s" %
+                               (proc.returncode, tail(out)))
+        return rows
+
+    # ------------------------------------------------------------------ P9
+    def p9(self):
+        """The engine step vs the original authors' MemTransformerLM, per token at memory 800.
+
+        A: build/bench/step_loop --sessions 1 --mem 800 (the median of its timed
+           single-token steps of one session whose window is full), "base" model.
+        B: bench/original_step.py: the original MemTransformerLM built from the same
+           checkpoint's config and loaded (strict) with its tensors, filled with 800
+           ids, then the median of one-token forwards with the mems it returns
+           (torch.no_grad, eval, the same --threads).
+        Interleaved A B A B. Before timing, B's losses on its first steps are
+        compared with txl-eval --chunk 1 --mem_len 800 log-probabilities of the
+        same ids: they must agree to 1e-3 nats, else the row is an error (not the
+        same weights or not the same math).
+        """
+        t = self.tools
+        t.need(t.step_loop, t.eval)
+        original = self.args.original
+        if not os.path.isfile(os.path.join(original, "mem_transformer.py")):
+            raise HarnessError("--original %s has no mem_transformer.py (the original code's pytorch/ folder)" %
+                               original)
+        model = self.base_model()
+        mem, steps, engine_steps = BASE_CONFIG["mem_len"], self.z["p9_steps"], self.z["p9_engine_steps"]
+        check = min(self.z["p9_check"], steps)
+        rng = random.Random(9)
+        ids = [rng.randrange(BASE_VOCAB) for _ in range(mem + steps + 1)]
+        ids_path, check_path, lp_path = self.path("p9_ids.txt"), self.path("p9_check.txt"), self.path("p9_lp.txt")
+        with open(ids_path, "w") as f:
+            f.write(" ".join(map(str, ids)) + "\n")
+        with open(check_path, "w") as f:
+            f.write(" ".join(map(str, ids[: mem + check + 1])) + "\n")
+        threads = max(1, self.threads)
+
+        def original_step():
+            cmd = [sys.executable, os.path.join(REPO, "bench", "original_step.py"), "--original", original,
+                   "--model", model, "--tokens", ids_path, "--mem", str(mem), "--steps", str(steps), "--check",
+                   str(check), "--threads", str(threads)]
+            return last_json_line(run(cmd, self.z["step_timeout"], "original_step.py").stdout, "original_step.py")
+
+        def engine_step():
+            cmd = [t.step_loop, "--model", model, "--sessions", "1", "--mem", str(mem), "--steps",
+                   str(engine_steps), "--threads", str(threads)]
+            out = run(cmd, self.z["step_timeout"], "step_loop").stdout
+            m = re.search(r"sessions 1, memory %d: median step (\d+(?:\.\d+)?) ms" % mem, out)
+            if not m:
+                raise HarnessError("step_loop printed no median step:\n" + tail(out))
+            return float(m.group(1)) / 1e3
+
+        # Same weights, same math: the original's losses vs the engine's log-probabilities.
+        first = original_step()
+        run([t.eval, "--model", model, "--tokens", check_path, "--chunk", "1", "--mem_len", str(mem), "--threads",
+             str(threads), "--device", "cpu", "--logprobs", lp_path], self.z["step_timeout"], "txl-eval (P9 check)")
+        with open(lp_path) as f:
+            lps = [float(x) for x in f.read().split()]
+        # Line j is log p(t_{j+1} | t_0..t_j); step i predicts t_{mem+i+1}: line mem+i.
+        engine_nll = [-x for x in lps[mem: mem + check]]
+        if len(engine_nll) != check or len(first["nll"]) != check:
+            raise HarnessError("P9 check: %d engine and %d original losses, expected %d" %
+                               (len(engine_nll), len(first["nll"]), check))
+        diff = max(abs(a - b) for a, b in zip(engine_nll, first["nll"]))
+        log("P9 check: original vs engine loss over %d steps: max |diff| %.2e nats" % (check, diff))
+        if diff > 1e-3:
+            raise HarnessError("P9: the original model's losses differ from the engine's by %.3g nats "
+                               "(original %s, engine %s): not the same weights or not the same math" %
+                               (diff, first["nll"], engine_nll))
+        a_reps, b_reps = [], []
+        for r in range(self.z["reps"]):
+            a_reps.append(engine_step())
+            b_reps.append(original_step()["median_step_seconds"])
+            log("P9 rep %d: engine step %.2f ms, original MemTransformerLM %.2f ms" %
+                (r + 1, a_reps[-1] * 1e3, b_reps[-1] * 1e3))
+        extra = {"mem": mem, "original_steps_per_rep": steps, "engine_steps_per_rep": engine_steps,
+                 "threads": threads, "check_steps": check, "check_max_abs_diff_nats": diff,
+                 "original_patched": first["patched"], "torch": first["torch"],
+                 "a": "step_loop --sessions 1 median step", "b": "original MemTransformerLM forward median per token",
+                 "harness_note": "this row's plumbing was tested against a stand-in mem_transformer.py with the "
+                                 "original's constructor and forward, not against the original code"}
+        row = make_row("P9", "1 session, 1 token/step, memory %d, base: engine step vs the original authors' "
+                       "MemTransformerLM (mems %d, same weights and threads)" % (mem, mem), "engine step",
+                       "original MemTransformerLM", "seconds/step", a_reps, b_reps, 15.0, True, extra,
+                       ratio_of=lambda a, b: b / a)
+        row["note"] = "losses agree to %.1e nats" % diff
+        return [row]
+
 
 # ---------------------------------------------------------------------- output
 def fmt_value(unit, v):
@@ -594,6 +762,8 @@ def fmt_value(unit, v):
         return "%.1f tok/s" % v
     if unit.startswith("MB"):
         return "%.3f MB" % v
+    if unit == "bpc":
+        return "%.4f bpc" % v
     return "%.4g %s" % (v, unit)
 
 
@@ -602,7 +772,10 @@ def markdown_row(r):
     if "error" in r:
         return "| %s | %s | - | - | - | - | ERROR: %s |" % (rid, r.get("measurement", ""), r["error"].splitlines()[0])
     unit = r.get("unit", "")
-    if r.get("ratio") is None:
+    if r.get("ratio_format") == "relative":  # Q0: a change from float32 within a gate
+        ratio = "%+.3f%%" % (100 * (r["ratio"] - 1))
+        target = "abs < %g%%" % (100 * r["extra"]["max_relative_change"])
+    elif r.get("ratio") is None:
         ratio = "-"
         target = "< %g s" % r["target"]
     elif r.get("target_is_lower_bound"):
@@ -618,14 +791,15 @@ def markdown_row(r):
 
 
 def base_id(rid):
-    m = re.match(r"P\d+", rid)
+    m = re.match(r"[PQ]\d+", rid)
     return m.group(0) if m else rid
 
 
 def id_key(rid):
-    """P1 < P1f < P2-800 < ... by number only: a stable sort keeps engine_bench's order within an id."""
-    m = re.match(r"P(\d+)", rid)
-    return int(m.group(1)) if m else 999
+    """P1 < P1f < P2-800 < ... < P9 < Q0 < Q1-bf16 ... by letter and number only: a stable sort keeps
+    engine_bench's order within an id."""
+    m = re.match(r"([PQ])(\d+)", rid)
+    return (m.group(1), int(m.group(2))) if m else ("Z", 999)
 
 
 def markdown(result):
@@ -677,7 +851,7 @@ def main():
     # Every process measured (server, txl-eval, txl-train, engine_bench) gets the wait policy
     # the Dockerfile sets: spinning OpenMP workers distort figures on shared cores.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    ap = argparse.ArgumentParser(description="Runs every txl-serve performance measurement (P1..P7).")
+    ap = argparse.ArgumentParser(description="Runs every txl-serve performance measurement (P1..P9, Q0).")
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 1-2 repetitions: only checks that all works")
     ap.add_argument("--json", default="", help="write the combined results here")
@@ -693,6 +867,9 @@ def main():
     ap.add_argument("--check-ids", default="",
                     help="exit 1 unless the JSON written has a row without error for each of these ids")
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temporary directory (models, logs)")
+    ap.add_argument("--original", default="",
+                    help="the original authors' pytorch/ folder (mem_transformer.py): adds P9, the engine step vs "
+                         "their MemTransformerLM per token at mems 800 (not part of this repository)")
     args = ap.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
     if not os.path.exists(args.corpus):
@@ -705,6 +882,17 @@ def main():
     bad = [s for s in only if s not in ALL_IDS]
     if bad:
         ap.error("--only: unknown id(s) %s (known: %s)" % (",".join(bad), ",".join(ALL_IDS)))
+    if args.original:
+        args.original = os.path.abspath(args.original)
+        if not os.path.isfile(os.path.join(args.original, "mem_transformer.py")):
+            ap.error("--original %s: no mem_transformer.py there (the original code's pytorch/ folder)" %
+                     args.original)
+    elif "P9" in only:
+        if args.only:
+            ap.error("--only P9 needs --original DIR (the original code's pytorch/ folder)")
+        only.remove("P9")  # P9 runs only against the original code
+    if "Q0" in only and args.device != "cpu":
+        log("Q0 measures the CPU kernels (precision_test runs on the CPU whatever --device says)")
     sizes = dict(SIZES["quick" if args.quick else "default"])
     if args.reps > 0:
         sizes["reps"] = sizes["p6_reps"] = sizes["p7_reps"] = args.reps
@@ -727,7 +915,7 @@ def main():
     steps = []
     if ENGINE_IDS & set(only):
         steps.append(("engine", ENGINE_IDS & set(only), h.engine))
-    for rid, fn in (("P4", h.p4), ("P6", h.p6), ("P7", h.p7), ("P8", h.p8)):
+    for rid, fn in (("P4", h.p4), ("P6", h.p6), ("P7", h.p7), ("P8", h.p8), ("P9", h.p9), ("Q0", h.q0)):
         if rid in only:
             steps.append((rid, {rid}, fn))
     try:

@@ -6,7 +6,8 @@
                                   [--original DIR]
 
 Runs build/bench/engine_bench (P1, P1f, P2, P3, P5: the engine's step against the
-original code's ways of serving; see bench/engine_bench.cc) and, here:
+original code's ways of serving; Q1, Q1f, Q3, Q4, Q5: the reduced-precision modes
+against float32, on the CPU only; see bench/engine_bench.cc) and, here:
 
   P4  gRPC end to end, 1 session, one token per step: txl-client bench against
       txl-server vs the bare engine step (txl-eval --chunk 1), same model and
@@ -67,8 +68,8 @@ import urllib.request
 import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "Q0"]
-ENGINE_IDS = {"P1", "P2", "P3", "P5"}  # measured by engine_bench
+ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "Q0", "Q1", "Q3", "Q4", "Q5"]
+ENGINE_IDS = {"P1", "P2", "P3", "P5", "Q1", "Q3", "Q4", "Q5"}  # measured by engine_bench (Q*: its group Q, CPU only)
 BASE_CONFIG = {"n_layer": 12, "n_head": 8, "d_model": 512, "d_head": 64, "d_inner": 2048, "mem_len": 800}
 BASE_VOCAB = 204
 

@@ -1,6 +1,7 @@
 #include "model/incremental.h"
 
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -149,8 +150,17 @@ std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& w) {
 // CPUs whose bfloat16 matrix products oneDNN runs fast (AMX tiles or
 // AVX-512-BF16); elsewhere bfloat16 products would run a slow reference
 // path, so the prefill widens the weights instead.
-bool CpuHasBf16Products() { return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"); }
-bool CpuHasAmx() { return __builtin_cpu_supports("amx-bf16"); }
+// (From CPUID itself: clang 14, the sanitizer builds' compiler, cannot name
+// these features in __builtin_cpu_supports.)
+bool CpuHasAmx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1);  // AMX-BF16
+}
+bool CpuHasBf16Products() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
+  return avx512_bf16 || CpuHasAmx();
+}
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include "model/decode_kernels.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -15,6 +17,7 @@ namespace txl {
 namespace {
 
 typedef float V8 __attribute__((vector_size(32)));
+typedef float V16 __attribute__((vector_size(64)));
 
 __attribute__((always_inline)) inline V8 Load8(const float* p) {
   V8 r;
@@ -50,7 +53,30 @@ typedef int32_t I32x16 __attribute__((vector_size(64)));
 // Loads a float vector V (8 or 16 lanes) from elements of type T, widening
 // them: bfloat16 by shifting its bits up, int8 by conversion (its scale
 // comes later).
-template <typename V, typename T>
+#if !defined(__clang__)
+// int8 -> float in two instructions (vpmovsxbd, vcvtdq2ps). Not
+// always_inline: GCC refuses to inline a target function into the shared
+// bodies, but inlines it into the flattened per-ISA entry points. (clang,
+// which only the sanitizer builds use, takes the generic path.)
+__attribute__((target("avx512f"))) inline V16 WidenI8x16(const int8_t* p) {
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  V16 r;
+  std::memcpy(&r, &f, sizeof(r));
+  return r;
+}
+__attribute__((target("avx2"))) inline V8 WidenI8x8(const int8_t* p) {
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  V8 r;
+  std::memcpy(&r, &f, sizeof(r));
+  return r;
+}
+#define TXL_FLATTEN __attribute__((flatten))
+#else
+#define TXL_FLATTEN
+#endif
+
+// kIsa: 512 or 256 inside the AVX-512 or AVX2 entry points, 0 elsewhere.
+template <typename V, typename T, int kIsa = 0>
 __attribute__((always_inline)) inline V LoadAs(const T* p) {
   constexpr bool kWide = sizeof(V) == 64;
   if constexpr (std::is_same_v<T, float>) {
@@ -67,6 +93,10 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
     std::memcpy(&r, &w, sizeof(r));
     return r;
   } else {
+#if !defined(__clang__)
+    if constexpr (kIsa == 512) return WidenI8x16(p);
+    if constexpr (kIsa == 256) return WidenI8x8(p);
+#endif
     // Through 16 and 32 bits: GCC 12 widens each step with vpmovsx, but
     // int8 straight to int32 or float it does one lane at a time.
     using Narrow = std::conditional_t<kWide, I8x16, I8x8>;
@@ -302,7 +332,7 @@ __attribute__((always_inline)) inline float SumLanes(V v) {
   }
 }
 
-template <typename V, typename T>
+template <typename V, typename T, int kIsa>
 __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, const float* x, const float* bias,
                                                     bool relu, float* y, int64_t cols, int64_t begin, int64_t end) {
   constexpr int kLanes = sizeof(V) / sizeof(float);
@@ -324,10 +354,10 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
     for (; c + kLanes <= cols; c += kLanes) {
       V xv;
       std::memcpy(&xv, x + c, sizeof(xv));
-      a0 += LoadAs<V>(w0 + c) * xv;
-      a1 += LoadAs<V>(w1 + c) * xv;
-      a2 += LoadAs<V>(w2 + c) * xv;
-      a3 += LoadAs<V>(w3 + c) * xv;
+      a0 += LoadAs<V, T, kIsa>(w0 + c) * xv;
+      a1 += LoadAs<V, T, kIsa>(w1 + c) * xv;
+      a2 += LoadAs<V, T, kIsa>(w2 + c) * xv;
+      a3 += LoadAs<V, T, kIsa>(w3 + c) * xv;
     }
     float s[4] = {SumLanes<V, T>(a0), SumLanes<V, T>(a1), SumLanes<V, T>(a2), SumLanes<V, T>(a3)};
     for (; c < cols; ++c) {
@@ -345,7 +375,7 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
     for (; c + kLanes <= cols; c += kLanes) {
       V xv;
       std::memcpy(&xv, x + c, sizeof(xv));
-      acc += LoadAs<V>(row + c) * xv;
+      acc += LoadAs<V, T, kIsa>(row + c) * xv;
     }
     float s = SumLanes<V, T>(acc);
     for (; c < cols; ++c) s += ToFloat(row[c]) * x[c];
@@ -367,22 +397,21 @@ void Attend(const DecodeAttentionArgs& a, int64_t b, int64_t e, bool plain) {
   plain ? AttendPlain<KT, RT>(a, b, e) : AttendAvx2<KT, RT>(a, b, e);
 }
 
-typedef float V16 __attribute__((vector_size(64)));
-
 template <typename T>
-__attribute__((target("avx512f,avx512bw"))) void GemvAvx512(const WeightMatrix& w, const float* x, const float* bias,
-                                                            bool relu, float* y, int64_t cols, int64_t b, int64_t e) {
-  GemvBody<V16, T>(w, x, bias, relu, y, cols, b, e);
+TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void GemvAvx512(const WeightMatrix& w, const float* x,
+                                                                        const float* bias, bool relu, float* y,
+                                                                        int64_t cols, int64_t b, int64_t e) {
+  GemvBody<V16, T, 512>(w, x, bias, relu, y, cols, b, e);
 }
 template <typename T>
-__attribute__((target("avx2,fma"))) void GemvAvx2(const WeightMatrix& w, const float* x, const float* bias, bool relu,
-                                                  float* y, int64_t cols, int64_t b, int64_t e) {
-  GemvBody<V8, T>(w, x, bias, relu, y, cols, b, e);
+TXL_FLATTEN __attribute__((target("avx2,fma"))) void GemvAvx2(const WeightMatrix& w, const float* x, const float* bias,
+                                                              bool relu, float* y, int64_t cols, int64_t b, int64_t e) {
+  GemvBody<V8, T, 256>(w, x, bias, relu, y, cols, b, e);
 }
 template <typename T>
 void GemvPlain(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols, int64_t b,
                int64_t e) {
-  GemvBody<V8, T>(w, x, bias, relu, y, cols, b, e);
+  GemvBody<V8, T, 0>(w, x, bias, relu, y, cols, b, e);
 }
 
 template <typename T>
@@ -403,7 +432,7 @@ void Gemv(KernelIsa isa, const WeightMatrix& w, const float* x, const float* bia
 // R * NV accumulators stay in registers over the whole dot product (AVX-512:
 // 7 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel). T: the packed
 // weights' element type; int8 sums are scaled per output row at the end.
-template <typename V, typename T, int W, int NV, int R>
+template <typename V, typename T, int kIsa, int W, int NV, int R>
 __attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, const float* x, int64_t ldx, float* y,
                                                 int64_t ldy, int64_t valid, const float* bias, const float* scale,
                                                 bool relu, const char* prefetch, int64_t lines) {
@@ -414,7 +443,7 @@ __attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, co
     for (int64_t q = 0; q < per_k && line < lines; ++q, ++line) __builtin_prefetch(prefetch + 64 * line);
     V w[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) w[j] = LoadAs<V>(panel + k * kPanel + j * W);
+    for (int j = 0; j < NV; ++j) w[j] = LoadAs<V, T, kIsa>(panel + k * kPanel + j * W);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const float xs = x[i * ldx + k];
@@ -438,7 +467,7 @@ __attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, co
 // A panel's first tile streams it from memory, the others find it in cache;
 // those others also fetch the next panel, a share each, so the memory keeps
 // streaming while they compute.
-template <typename V, typename T, int W, int NV>
+template <typename V, typename T, int kIsa, int W, int NV>
 __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, const float* x, int64_t batch,
                                                        const float* bias, bool relu, float* y, int64_t begin,
                                                        int64_t end) {
@@ -473,14 +502,15 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
         const T* ps = panel + sub;
         switch (std::min<int64_t>(kRows, batch - m)) {
           case 7:
-            if constexpr (kRows >= 7) Tile<V, T, W, NV, 7>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines);
+            if constexpr (kRows >= 7)
+              Tile<V, T, kIsa, W, NV, 7>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines);
             break;
-          case 6: Tile<V, T, W, NV, 6>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 5: Tile<V, T, W, NV, 5>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 4: Tile<V, T, W, NV, 4>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 3: Tile<V, T, W, NV, 3>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 2: Tile<V, T, W, NV, 2>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          default: Tile<V, T, W, NV, 1>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 6: Tile<V, T, kIsa, W, NV, 6>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 5: Tile<V, T, kIsa, W, NV, 5>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 4: Tile<V, T, kIsa, W, NV, 4>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 3: Tile<V, T, kIsa, W, NV, 3>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 2: Tile<V, T, kIsa, W, NV, 2>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          default: Tile<V, T, kIsa, W, NV, 1>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
         }
       }
     }
@@ -488,20 +518,21 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
 }
 
 template <typename T>
-__attribute__((target("avx512f,avx512bw"))) void ProductAvx512(const PackedMatrix& w, const float* x, int64_t batch,
-                                                               const float* bias, bool relu, float* y, int64_t b,
-                                                               int64_t e) {
-  ProductBody<V16, T, 16, 4>(w, x, batch, bias, relu, y, b, e);
+TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void ProductAvx512(const PackedMatrix& w, const float* x,
+                                                                           int64_t batch, const float* bias, bool relu,
+                                                                           float* y, int64_t b, int64_t e) {
+  ProductBody<V16, T, 512, 16, 4>(w, x, batch, bias, relu, y, b, e);
 }
 template <typename T>
-__attribute__((target("avx2,fma"))) void ProductAvx2(const PackedMatrix& w, const float* x, int64_t batch,
-                                                     const float* bias, bool relu, float* y, int64_t b, int64_t e) {
-  ProductBody<V8, T, 8, 2>(w, x, batch, bias, relu, y, b, e);
+TXL_FLATTEN __attribute__((target("avx2,fma"))) void ProductAvx2(const PackedMatrix& w, const float* x, int64_t batch,
+                                                                 const float* bias, bool relu, float* y, int64_t b,
+                                                                 int64_t e) {
+  ProductBody<V8, T, 256, 8, 2>(w, x, batch, bias, relu, y, b, e);
 }
 template <typename T>
 void ProductPlain(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
                   int64_t b, int64_t e) {
-  ProductBody<V8, T, 8, 2>(w, x, batch, bias, relu, y, b, e);
+  ProductBody<V8, T, 0, 8, 2>(w, x, batch, bias, relu, y, b, e);
 }
 
 template <typename T>

@@ -582,6 +582,43 @@ TEST(SessionTransferTest, ExportImportContinuesExactlyAcrossServers) {
   std::filesystem::remove(other);
 }
 
+// --kv_dtype bfloat16 halves what a session holds, as the API reports it
+// and as it exports; images cross between the two kv dtypes (converted), and
+// the session continues on the other server.
+TEST(ServerPrecisionTest, Bf16MemoriesHalveSessionsAndImagesCrossOver) {
+  auto wide = StartServer();
+  auto narrow = StartServer({"--kv_dtype=bfloat16"});
+  ASSERT_NE(wide, nullptr);
+  ASSERT_NE(narrow, nullptr);
+  auto cw = Connect(*wide);
+  auto cn = Connect(*narrow);
+  const std::string a = NewSession(*cw), b = NewSession(*cn);
+  ASSERT_TRUE(Stream(*cw, Gen(a, "half the bytes", 4)).status.ok());
+  ASSERT_TRUE(Stream(*cn, Gen(b, "half the bytes", 4)).status.ok());
+  auto sa = cw->GetSession(a), sb = cn->GetSession(b);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ(sa->position(), sb->position());
+  EXPECT_GT(sb->memory_bytes(), 0);
+  EXPECT_EQ(2 * sb->memory_bytes(), sa->memory_bytes());
+  auto ia = cw->ExportSession(a), ib = cn->ExportSession(b);
+  ASSERT_TRUE(ia.ok() && ib.ok());
+  EXPECT_LT(ib->size(), ia->size() * 6 / 10);  // the rings halve; the header does not
+
+  // bfloat16 image into the float32 server, and the other way.
+  auto up = cw->ImportSession(v1::ImportSessionRequest(), *ib);
+  ASSERT_TRUE(up.ok()) << up.status();
+  EXPECT_EQ(up->position(), sb->position());
+  EXPECT_EQ(cw->GetSession(up->session_id())->memory_bytes(), sa->memory_bytes());
+  auto down = cn->ImportSession(v1::ImportSessionRequest(), *ia);
+  ASSERT_TRUE(down.ok()) << down.status();
+  EXPECT_EQ(cn->GetSession(down->session_id())->memory_bytes(), sb->memory_bytes());
+  for (auto [client, id] : {std::pair{cw.get(), up->session_id()}, std::pair{cn.get(), down->session_id()}}) {
+    const Generated g = Stream(*client, Gen(id, " on", 5));
+    ASSERT_TRUE(g.status.ok()) << g.status;
+    EXPECT_FALSE(g.ids.empty());
+  }
+}
+
 TEST(ServerLimitsTest, MaxSessionsIsResourceExhausted) {
   auto server = StartServer({"--max_sessions=2"});
   ASSERT_NE(server, nullptr);

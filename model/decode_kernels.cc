@@ -13,6 +13,11 @@ namespace txl {
 // set it is compiled for. (-Wpsabi would note that the vector helpers pass
 // AVX values, which never cross this file's boundary.)
 #pragma GCC diagnostic ignored "-Wpsabi"
+// GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized (their
+// _mm512_undefined_* placeholders) once the widening helpers are inlined.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace {
 
@@ -70,6 +75,20 @@ __attribute__((target("avx2"))) inline V8 WidenI8x8(const int8_t* p) {
   std::memcpy(&r, &f, sizeof(r));
   return r;
 }
+// bfloat16 -> float: zero-extend to 32 bits and shift (GCC's generic code
+// splits the 16-lane widening in halves).
+__attribute__((target("avx512f"))) inline V16 WidenBf16x16(const void* p) {
+  const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))), 16);
+  V16 r;
+  std::memcpy(&r, &w, sizeof(r));
+  return r;
+}
+__attribute__((target("avx2"))) inline V8 WidenBf16x8(const void* p) {
+  const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))), 16);
+  V8 r;
+  std::memcpy(&r, &w, sizeof(r));
+  return r;
+}
 #define TXL_FLATTEN __attribute__((flatten))
 #else
 #define TXL_FLATTEN
@@ -84,6 +103,10 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
     std::memcpy(&r, p, sizeof(r));
     return r;
   } else if constexpr (std::is_same_v<T, Bf16>) {
+#if !defined(__clang__)
+    if constexpr (kIsa == 512) return WidenBf16x16(p);
+    if constexpr (kIsa == 256) return WidenBf16x8(p);
+#endif
     using Narrow = std::conditional_t<kWide, U16x16, U16x8>;
     using Wide = std::conditional_t<kWide, U32x16, U32x8>;
     Narrow n;
@@ -115,21 +138,21 @@ __attribute__((always_inline)) inline float Sum8(V8 v) {
 // The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
 // accumulator chains per operand, one horizontal sum per key. Keys are of
 // the rings' type KT, position rows of the table's type RT.
-template <typename KT, typename RT>
+template <typename KT, typename RT, int kIsa>
 __attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const KT* const* k,
                                                    const RT* const* r, int64_t dh, float scale, float* dst) {
   V8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
   int64_t i = 0;
   for (; i + 8 <= dh; i += 8) {
     const V8 u = Load8(qu + i), w = Load8(qv + i);
-    a0 += u * LoadAs<V8>(k[0] + i);
-    a1 += u * LoadAs<V8>(k[1] + i);
-    a2 += u * LoadAs<V8>(k[2] + i);
-    a3 += u * LoadAs<V8>(k[3] + i);
-    b0 += w * LoadAs<V8>(r[0] + i);
-    b1 += w * LoadAs<V8>(r[1] + i);
-    b2 += w * LoadAs<V8>(r[2] + i);
-    b3 += w * LoadAs<V8>(r[3] + i);
+    a0 += u * LoadAs<V8, KT, kIsa>(k[0] + i);
+    a1 += u * LoadAs<V8, KT, kIsa>(k[1] + i);
+    a2 += u * LoadAs<V8, KT, kIsa>(k[2] + i);
+    a3 += u * LoadAs<V8, KT, kIsa>(k[3] + i);
+    b0 += w * LoadAs<V8, RT, kIsa>(r[0] + i);
+    b1 += w * LoadAs<V8, RT, kIsa>(r[1] + i);
+    b2 += w * LoadAs<V8, RT, kIsa>(r[2] + i);
+    b3 += w * LoadAs<V8, RT, kIsa>(r[3] + i);
   }
   float s[4] = {Sum8(a0 + b0), Sum8(a1 + b1), Sum8(a2 + b2), Sum8(a3 + b3)};
   for (; i < dh; ++i) {
@@ -168,7 +191,7 @@ __attribute__((always_inline)) inline V8 Exp8(V8 x) {
 
 // Per item: the scores of the held keys and the new one into a row buffer (the
 // keys read once, in ring order), softmax, then the values read once.
-template <typename KT, typename RT>
+template <typename KT, typename RT, int kIsa>
 __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
   constexpr int64_t kRowBytes = static_cast<int64_t>(sizeof(KT));
@@ -230,7 +253,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           }
           if (++slot == s.mem_len) slot = 0;
         }
-        Scores4(qu, qv, kp, rp, dh, a.scale, row + c);
+        Scores4<KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, row + c);
       }
       // The rest (at most 3 held keys and the new one) as one padded group.
       const int64_t rest = n - c;
@@ -245,7 +268,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           rp[j] = rel;
         }
       }
-      Scores4(qu, qv, kp, rp, dh, a.scale, tail);
+      Scores4<KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, tail);
       for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
     }
     // Softmax numerators exp(score - max) and their sum; the padding lanes
@@ -281,7 +304,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
       V8 acc[8] = {};
       auto add = [&](float p, const KT* x) {
         const V8 pv = {p, p, p, p, p, p, p, p};
-        for (int i = 0; i < 8; ++i) acc[i] += pv * LoadAs<V8>(x + 8 * i);
+        for (int i = 0; i < 8; ++i) acc[i] += pv * LoadAs<V8, KT, kIsa>(x + 8 * i);
       };
       for (int64_t c = 0; c < L; ++c) {
         add(row[c], v + slot * 64);
@@ -296,7 +319,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
         int64_t i = 0;
         const V8 pv = {p, p, p, p, p, p, p, p};
         for (; i + 8 <= dh; i += 8) {
-          V8 r = Load8(out + i) + pv * LoadAs<V8>(x + i);
+          V8 r = Load8(out + i) + pv * LoadAs<V8, KT, kIsa>(x + i);
           std::memcpy(out + i, &r, sizeof(r));
         }
         for (; i < dh; ++i) out[i] += p * ToFloat(x[i]);
@@ -384,12 +407,12 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
 }
 
 template <typename KT, typename RT>
-__attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  AttendBody<KT, RT>(a, b, e);
+TXL_FLATTEN __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
+  AttendBody<KT, RT, 256>(a, b, e);
 }
 template <typename KT, typename RT>
 void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  AttendBody<KT, RT>(a, b, e);
+  AttendBody<KT, RT, 0>(a, b, e);
 }
 
 template <typename KT, typename RT>

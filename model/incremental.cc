@@ -285,6 +285,14 @@ std::string IncrementalModel::KernelPath() const {
   return path;
 }
 
+at::Tensor IncrementalModel::AttentionProduct(const at::Tensor& a, const at::Tensor& b) const {
+  // With reduced weights on a CPU with bfloat16 products, a prefill's score
+  // and value products run in bfloat16 too (AMX): in float32 they took most
+  // of a long pass once the layers' products were bfloat16.
+  if (dtype_ == WeightDtype::kFloat32 || !bf16_products_) return at::matmul(a, b);
+  return at::matmul(a.to(at::kBFloat16), b.to(at::kBFloat16));
+}
+
 at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const {
   const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
   if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
@@ -663,13 +671,15 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
       }
     }
 
-    at::Tensor ac = at::matmul((Qp + weights_.u(c, l)).permute({0, 2, 1, 3}), Kp.permute({0, 2, 3, 1}));
-    at::Tensor bd_all = at::matmul((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
-                                   rel_k_[l].slice(0, 0, D).permute({1, 2, 0}));  // [B,H,N,D]
-    at::Tensor score = (ac + bd_all.gather(3, gather_idx)).mul_(scale);
+    at::Tensor ac = AttentionProduct((Qp + weights_.u(c, l)).permute({0, 2, 1, 3}), Kp.permute({0, 2, 3, 1}));
+    at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
+                                         rel_k_[l].slice(0, 0, D).permute({1, 2, 0}));  // [B,H,N,D]
+    // The softmax is float32 in every mode.
+    at::Tensor score = ac.to(at::kFloat).add_(bd_all.gather(3, gather_idx)).mul_(scale);
     score.masked_fill_(masked, -INFINITY);
     at::Tensor prob = at::softmax(score, -1);
-    at::Tensor vec = at::matmul(prob, Vp.permute({0, 2, 1, 3})).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
+    at::Tensor vec =
+        AttentionProduct(prob, Vp.permute({0, 2, 1, 3})).to(at::kFloat).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
     if (!uniform) vec = vec.index_select(0, row_idx);
     at::Tensor out = Product(vec, l, 1, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);

@@ -130,6 +130,9 @@ class IncrementalModel {
   // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
   // transposed, plus bias (may be undefined), in the weight dtype's way.
   at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
+  // a @ b for a prefill's attention: in bfloat16 (result bfloat16) where
+  // the products are, else float32.
+  at::Tensor AttentionProduct(const at::Tensor& a, const at::Tensor& b) const;
   void EnsureRelTable(int64_t distances);
 
   ModelConfig config_;

@@ -1,139 +1,17 @@
 #include "model/decode_kernels.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
-namespace txl {
+#include "model/simd.h"
 
-// Written with GCC vector extensions, so one body serves every instruction
-// set it is compiled for. (-Wpsabi would note that the vector helpers pass
-// AVX values, which never cross this file's boundary.)
-#pragma GCC diagnostic ignored "-Wpsabi"
-// GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized (their
-// _mm512_undefined_* placeholders) once the widening helpers are inlined.
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+namespace txl {
 
 namespace {
 
-typedef float V8 __attribute__((vector_size(32)));
-typedef float V16 __attribute__((vector_size(64)));
-
-__attribute__((always_inline)) inline V8 Load8(const float* p) {
-  V8 r;
-  std::memcpy(&r, p, sizeof(r));
-  return r;
-}
-
-// The element types as distinct C++ types: bfloat16 is its raw bits.
-struct Bf16 {
-  uint16_t bits;
-};
-
-__attribute__((always_inline)) inline float ToFloat(float x) { return x; }
-__attribute__((always_inline)) inline float ToFloat(int8_t x) { return static_cast<float>(x); }
-__attribute__((always_inline)) inline float ToFloat(Bf16 x) {
-  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-typedef uint16_t U16x8 __attribute__((vector_size(16)));
-typedef uint16_t U16x16 __attribute__((vector_size(32)));
-typedef uint32_t U32x8 __attribute__((vector_size(32)));
-typedef uint32_t U32x16 __attribute__((vector_size(64)));
-typedef int8_t I8x8 __attribute__((vector_size(8)));
-typedef int8_t I8x16 __attribute__((vector_size(16)));
-typedef int16_t I16x8 __attribute__((vector_size(16)));
-typedef int16_t I16x16 __attribute__((vector_size(32)));
-typedef int32_t I32x8 __attribute__((vector_size(32)));
-typedef int32_t I32x16 __attribute__((vector_size(64)));
-
-// Loads a float vector V (8 or 16 lanes) from elements of type T, widening
-// them: bfloat16 by shifting its bits up, int8 by conversion (its scale
-// comes later).
-#if !defined(__clang__)
-// int8 -> float in two instructions (vpmovsxbd, vcvtdq2ps). Not
-// always_inline: GCC refuses to inline a target function into the shared
-// bodies, but inlines it into the flattened per-ISA entry points. (clang,
-// which only the sanitizer builds use, takes the generic path.)
-__attribute__((target("avx512f"))) inline V16 WidenI8x16(const int8_t* p) {
-  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  V16 r;
-  std::memcpy(&r, &f, sizeof(r));
-  return r;
-}
-__attribute__((target("avx2"))) inline V8 WidenI8x8(const int8_t* p) {
-  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  V8 r;
-  std::memcpy(&r, &f, sizeof(r));
-  return r;
-}
-// bfloat16 -> float: zero-extend to 32 bits and shift (GCC's generic code
-// splits the 16-lane widening in halves).
-__attribute__((target("avx512f"))) inline V16 WidenBf16x16(const void* p) {
-  const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))), 16);
-  V16 r;
-  std::memcpy(&r, &w, sizeof(r));
-  return r;
-}
-__attribute__((target("avx2"))) inline V8 WidenBf16x8(const void* p) {
-  const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))), 16);
-  V8 r;
-  std::memcpy(&r, &w, sizeof(r));
-  return r;
-}
-#define TXL_FLATTEN __attribute__((flatten))
-#else
-#define TXL_FLATTEN
-#endif
-
-// kIsa: 512 or 256 inside the AVX-512 or AVX2 entry points, 0 elsewhere.
-template <typename V, typename T, int kIsa = 0>
-__attribute__((always_inline)) inline V LoadAs(const T* p) {
-  constexpr bool kWide = sizeof(V) == 64;
-  if constexpr (std::is_same_v<T, float>) {
-    V r;
-    std::memcpy(&r, p, sizeof(r));
-    return r;
-  } else if constexpr (std::is_same_v<T, Bf16>) {
-#if !defined(__clang__)
-    if constexpr (kIsa == 512) return WidenBf16x16(p);
-    if constexpr (kIsa == 256) return WidenBf16x8(p);
-#endif
-    using Narrow = std::conditional_t<kWide, U16x16, U16x8>;
-    using Wide = std::conditional_t<kWide, U32x16, U32x8>;
-    Narrow n;
-    std::memcpy(&n, p, sizeof(n));
-    const Wide w = __builtin_convertvector(n, Wide) << 16;
-    V r;
-    std::memcpy(&r, &w, sizeof(r));
-    return r;
-  } else {
-#if !defined(__clang__)
-    if constexpr (kIsa == 512) return WidenI8x16(p);
-    if constexpr (kIsa == 256) return WidenI8x8(p);
-#endif
-    // Through 16 and 32 bits: GCC 12 widens each step with vpmovsx, but
-    // int8 straight to int32 or float it does one lane at a time.
-    using Narrow = std::conditional_t<kWide, I8x16, I8x8>;
-    using Half = std::conditional_t<kWide, I16x16, I16x8>;
-    using Int = std::conditional_t<kWide, I32x16, I32x8>;
-    Narrow n;
-    std::memcpy(&n, p, sizeof(n));
-    return __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(n, Half), Int), V);
-  }
-}
-
-__attribute__((always_inline)) inline float Sum8(V8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+using namespace simd;  // NOLINT: the vector helpers are this file's vocabulary
 
 // The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
 // accumulator chains per operand, one horizontal sum per key. Keys are of
@@ -159,34 +37,6 @@ __attribute__((always_inline)) inline void Scores4(const float* qu, const float*
     for (int j = 0; j < 4; ++j) s[j] += qu[i] * ToFloat(k[j][i]) + qv[i] * ToFloat(r[j][i]);
   }
   for (int j = 0; j < 4; ++j) dst[j] = s[j] * scale;
-}
-
-// exp(x) for x <= 0 in eight lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its
-// Taylor series to r^7 (truncation below 1 ulp), times 2^n built in the
-// exponent bits. Inputs below -87 give e^-87 (a normal float; the caller
-// zeroes lanes that must not count).
-__attribute__((always_inline)) inline V8 Exp8(V8 x) {
-  typedef int32_t V8i __attribute__((vector_size(32)));
-  const V8 lowest = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f};
-  x = x < lowest ? lowest : x;
-  // n = round(x / ln2): adding 1.5 * 2^23 leaves the integer in the low mantissa bits.
-  const V8 shifted = x * 1.44269504088896341f + 12582912.f;
-  const V8 nf = shifted - 12582912.f;
-  V8i n;
-  std::memcpy(&n, &shifted, sizeof(n));
-  n -= 0x4B400000;
-  const V8 r = (x - nf * 0.693145751953125f) - nf * 1.42860682030941723212e-6f;  // ln2 in two parts
-  V8 p = r * (1.f / 5040) + (1.f / 720);
-  p = p * r + (1.f / 120);
-  p = p * r + (1.f / 24);
-  p = p * r + (1.f / 6);
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const V8i bits = (n + 127) << 23;
-  V8 two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return p * two_n;
 }
 
 // Per item: the scores of the held keys and the new one into a row buffer (the
@@ -219,8 +69,8 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
       vnew = vnew_f;
     } else {
       for (int64_t i = 0; i < dh; ++i) {
-        fresh[i].bits = ToBf16(knew_f[i]);
-        fresh[dh + i].bits = ToBf16(vnew_f[i]);
+        fresh[i].bits = RoundBf16(knew_f[i]);
+        fresh[dh + i].bits = RoundBf16(vnew_f[i]);
         knew_f[i] = ToFloat(fresh[i]);
         vnew_f[i] = ToFloat(fresh[dh + i]);
       }
@@ -598,12 +448,7 @@ const char* BestIsaName() {
 
 int64_t ElemBytes(Elem e) { return e == Elem::kF32 ? 4 : e == Elem::kBf16 ? 2 : 1; }
 
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays a (quiet) NaN
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+uint16_t ToBf16(float f) { return RoundBf16(f); }
 
 void RoundToBf16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/decode_kernels.h"
+#include "model/prefill_kernels.h"
 #include "model/txl_math.h"
 
 namespace txl {
@@ -463,6 +464,18 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
                      [&](int64_t begin, int64_t end) { PackedProduct(pm, xp, B, bp, relu, yp, begin, end, isa); });
     return y;
   };
+  // Enough sessions with bfloat16 weights, on a CPU with bfloat16 products:
+  // the projections run as bfloat16 matrix products (oneDNN, AMX tiles), as
+  // the prefill's do; the FMA kernel's arithmetic, not the bytes, bounded
+  // such steps. (int8 would need its weights widened per step: it stays on
+  // the packed kernel.)
+  constexpr int64_t kAmxRows = 16;
+  const bool amx_rows = B >= kAmxRows && dtype_ == WeightDtype::kBfloat16 && bf16_products_;
+  auto Project = [&](const at::Tensor& in, int64_t layer, int which, const at::Tensor& bias, bool relu = false) {
+    if (!amx_rows) return Linear(in, decode_[layer].m[which], bias, relu);
+    at::Tensor y = Product(in, layer, which, bias);
+    return relu ? y.relu_() : y;
+  };
   const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
   // One session: work split into one part per thread (heads; inner units).
   const int64_t threads = at::get_num_threads();
@@ -529,17 +542,17 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
       });
       out = SumShares(oshares1, nullptr);
     } else {
-      at::Tensor qkv = Linear(h, P.m[0], at::Tensor()).contiguous();  // [B, 3H dh]
+      at::Tensor qkv = Project(h, l, 0, at::Tensor()).contiguous();  // [B, 3H dh]
       args.qkv = qkv.data_ptr<float>();
       at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) { DecodeAttention(args, begin, end, isa); });
-      out = Linear(vec, P.m[1], at::Tensor());
+      out = Project(vec, l, 1, at::Tensor());
     }
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h), with the same Linear; one session: each part
     // computes its block of the inner layer and that block's share of the
     // output (one parallel region), and the shares are summed.
     auto core = [&](const at::Tensor& in_t) {
-      if (B != 1) return Linear(Linear(in_t, P.m[2], L.ff1_b, /*relu=*/true), P.m[3], L.ff2_b);
+      if (B != 1) return Project(Project(in_t, l, 2, L.ff1_b, /*relu=*/true), l, 3, L.ff2_b);
       const at::Tensor in_c = in_t.contiguous();
       const float* in = in_c.data_ptr<float>();
       float* inner = inner1.data_ptr<float>();
@@ -675,9 +688,31 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
                                          rel_k_[l].slice(0, 0, D).permute({1, 2, 0}));  // [B,H,N,D]
     // The softmax is float32 in every mode.
-    at::Tensor score = ac.to(at::kFloat).add_(bd_all.gather(3, gather_idx)).mul_(scale);
-    score.masked_fill_(masked, -INFINITY);
-    at::Tensor prob = at::softmax(score, -1);
+    at::Tensor prob;
+    if (device_.is_cpu()) {  // fused: one pass over the score block (prefill_kernels.h)
+      const at::Tensor acc = ac.contiguous(), bdc = bd_all.contiguous();
+      prob = at::empty({B, H, N, Kmax}, acc.options());
+      ScoreSoftmaxArgs sm;
+      sm.ac = acc.data_ptr();
+      sm.bd = bdc.data_ptr();
+      sm.elem = acc.scalar_type() == at::kBFloat16 ? Elem::kBf16 : Elem::kF32;
+      sm.heads = H;
+      sm.N = N;
+      sm.K = Kmax;
+      sm.D = D;
+      sm.held = m.data();
+      sm.fed = n.data();
+      sm.window = M.data();
+      sm.scale = static_cast<float>(scale);
+      sm.prob = prob.data_ptr();
+      sm.prob_elem = sm.elem;
+      const KernelIsa isa = isa_;
+      at::parallel_for(0, B * H * N, 16, [&](int64_t begin, int64_t end) { ScoreSoftmax(sm, begin, end, isa); });
+    } else {
+      at::Tensor score = ac.to(at::kFloat).add_(bd_all.gather(3, gather_idx)).mul_(scale);
+      score.masked_fill_(masked, -INFINITY);
+      prob = at::softmax(score, -1);
+    }
     at::Tensor vec =
         AttentionProduct(prob, Vp.permute({0, 2, 1, 3})).to(at::kFloat).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
     if (!uniform) vec = vec.index_select(0, row_idx);

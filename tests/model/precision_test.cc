@@ -105,6 +105,38 @@ TEST_P(PrecisionTest, ForcedFallbacksAgreeWithTheWidestPath) {
   }
 }
 
+// A step of many sessions (20: the bfloat16 projections then run as matrix
+// products, AMX where present) against each session stepped alone.
+TEST_P(PrecisionTest, ManySessionsAgreeWithEachAlone) {
+  const ModelConfig& c = GetParam().config;
+  const TxlWeights w = TestWeights(c, 19);
+  constexpr int kSessions = 20, kSteps = 6;
+  for (const Mode& mode : kModes) {
+    IncrementalModel model(c, w, at::kCPU, PrecisionOf(mode));
+    std::vector<SessionMemory> together, alone;
+    std::vector<std::vector<int64_t>> tokens;
+    for (int i = 0; i < kSessions; ++i) {
+      together.emplace_back(c.n_layer, c.mem_len);
+      alone.emplace_back(c.n_layer, c.mem_len);
+      tokens.push_back(RandomTokens(4 + kSteps, c.n_token, 100 + i));
+      const std::vector<int64_t> prefix(tokens[i].begin(), tokens[i].begin() + 4);
+      FeedInChunks(model, together[i], prefix, 4);
+      FeedInChunks(model, alone[i], prefix, 4);
+    }
+    double worst = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<StepInput> in;
+      for (int i = 0; i < kSessions; ++i) in.push_back(testing::Row(&together[i], {tokens[i][4 + step]}));
+      const at::Tensor batch = LogProbs(c, model.weights(), model.Step(in));
+      for (int i = 0; i < kSessions; ++i) {
+        const at::Tensor one = FeedInChunks(model, alone[i], {tokens[i][4 + step]}, 1);
+        worst = std::max(worst, MaxAbsDiff(batch.slice(0, i, i + 1), one));
+      }
+    }
+    EXPECT_LT(worst, mode.chunking) << mode.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, PrecisionTest, ::testing::ValuesIn(testing::Variants()),
                          [](const auto& info) { return info.param.name; });
 

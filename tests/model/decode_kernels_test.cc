@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/language_model.h"
+#include "model/prefill_kernels.h"
 
 namespace txl {
 namespace {
@@ -233,6 +234,52 @@ TEST(DecodeKernelsTest, Bf16AttentionIsFloat32OfTheRoundedValues) {
       // Float32 rings with a bfloat16 table: the new key stays float32.
       const at::Tensor mixed = t.Run(isa, Elem::kF32, Elem::kBf16);
       EXPECT_LT(MaxAbsDiff(mixed, t.Run(KernelIsa::kBest, Elem::kF32, Elem::kF32)), 1e-5);
+    }
+  }
+}
+
+// The prefill's fused softmax against the tensor operations it replaces
+// (gather, add, scale, mask, softmax), for sessions of different history,
+// window and length (padding rows), in each element type and each path.
+TEST(DecodeKernelsTest, ScoreSoftmaxMatchesTensorOps) {
+  at::manual_seed(8);
+  const int64_t H = 2, N = 13, K = 40, D = 40;
+  const std::vector<int64_t> m = {20, 0, 27}, n = {13, 5, 13}, M = {16, 64, 30};
+  const int64_t B = static_cast<int64_t>(m.size());
+  const at::Tensor ac = at::randn({B, H, N, K}) * 3, bd = at::randn({B, H, N, D}) * 3;
+  // The reference, as IncrementalModel::Pass computed it before the kernel.
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor mt = at::tensor(m, lopt).view({B, 1, 1}), nt = at::tensor(n, lopt).view({B, 1, 1}),
+                   Mt = at::tensor(M, lopt).view({B, 1, 1});
+  const at::Tensor qi = at::arange(N, lopt).view({1, N, 1}), kj = at::arange(K, lopt).view({1, 1, K});
+  const at::Tensor dist = mt + qi - kj;
+  const at::Tensor masked = (((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt)).unsqueeze(1);
+  const at::Tensor idx = dist.clamp(0, D - 1).unsqueeze(1).expand({B, H, N, K});
+  for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor a = ac.to(type).contiguous(), d = bd.to(type).contiguous();
+    at::Tensor want =
+        at::softmax((a.to(at::kFloat) + d.to(at::kFloat).gather(3, idx)).mul(0.3).masked_fill(masked, -INFINITY), -1);
+    want = want * (qi < nt).unsqueeze(1);  // padding rows: zeros
+    for (KernelIsa isa : IsasHere()) {
+      at::Tensor got = at::full({B, H, N, K}, 7.0, type);
+      ScoreSoftmaxArgs args;
+      args.ac = a.data_ptr();
+      args.bd = d.data_ptr();
+      args.elem = type == at::kFloat ? Elem::kF32 : Elem::kBf16;
+      args.heads = H;
+      args.N = N;
+      args.K = K;
+      args.D = D;
+      args.held = m.data();
+      args.fed = n.data();
+      args.window = M.data();
+      args.scale = 0.3f;
+      args.prob = got.data_ptr();
+      args.prob_elem = args.elem;
+      ScoreSoftmax(args, 0, 7, isa);
+      ScoreSoftmax(args, 7, B * H * N, isa);
+      EXPECT_LT(MaxAbsDiff(got.to(at::kFloat), want), type == at::kFloat ? 1e-6 : 4e-3)
+          << "bf16 " << (type != at::kFloat) << " isa " << static_cast<int>(isa);
     }
   }
 }

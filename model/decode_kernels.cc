@@ -16,23 +16,26 @@ using namespace simd;  // NOLINT: the vector helpers are this file's vocabulary
 // The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
 // accumulator chains per operand, one horizontal sum per key. Keys are of
 // the rings' type KT, position rows of the table's type RT.
-template <typename KT, typename RT, int kIsa>
+template <typename V, typename KT, typename RT, int kIsa>
 __attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const KT* const* k,
                                                    const RT* const* r, int64_t dh, float scale, float* dst) {
-  V8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
   int64_t i = 0;
-  for (; i + 8 <= dh; i += 8) {
-    const V8 u = Load8(qu + i), w = Load8(qv + i);
-    a0 += u * LoadAs<V8, KT, kIsa>(k[0] + i);
-    a1 += u * LoadAs<V8, KT, kIsa>(k[1] + i);
-    a2 += u * LoadAs<V8, KT, kIsa>(k[2] + i);
-    a3 += u * LoadAs<V8, KT, kIsa>(k[3] + i);
-    b0 += w * LoadAs<V8, RT, kIsa>(r[0] + i);
-    b1 += w * LoadAs<V8, RT, kIsa>(r[1] + i);
-    b2 += w * LoadAs<V8, RT, kIsa>(r[2] + i);
-    b3 += w * LoadAs<V8, RT, kIsa>(r[3] + i);
+  for (; i + kLanes <= dh; i += kLanes) {
+    V u, w;
+    std::memcpy(&u, qu + i, sizeof(u));
+    std::memcpy(&w, qv + i, sizeof(w));
+    a0 += u * LoadAs<V, KT, kIsa>(k[0] + i);
+    a1 += u * LoadAs<V, KT, kIsa>(k[1] + i);
+    a2 += u * LoadAs<V, KT, kIsa>(k[2] + i);
+    a3 += u * LoadAs<V, KT, kIsa>(k[3] + i);
+    b0 += w * LoadAs<V, RT, kIsa>(r[0] + i);
+    b1 += w * LoadAs<V, RT, kIsa>(r[1] + i);
+    b2 += w * LoadAs<V, RT, kIsa>(r[2] + i);
+    b3 += w * LoadAs<V, RT, kIsa>(r[3] + i);
   }
-  float s[4] = {Sum8(a0 + b0), Sum8(a1 + b1), Sum8(a2 + b2), Sum8(a3 + b3)};
+  float s[4] = {SumLanes(a0 + b0), SumLanes(a1 + b1), SumLanes(a2 + b2), SumLanes(a3 + b3)};
   for (; i < dh; ++i) {
     for (int j = 0; j < 4; ++j) s[j] += qu[i] * ToFloat(k[j][i]) + qv[i] * ToFloat(r[j][i]);
   }
@@ -41,7 +44,7 @@ __attribute__((always_inline)) inline void Scores4(const float* qu, const float*
 
 // Per item: the scores of the held keys and the new one into a row buffer (the
 // keys read once, in ring order), softmax, then the values read once.
-template <typename KT, typename RT, int kIsa>
+template <typename V, typename KT, typename RT, int kIsa>
 __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
   constexpr int64_t kRowBytes = static_cast<int64_t>(sizeof(KT));
@@ -103,7 +106,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           }
           if (++slot == s.mem_len) slot = 0;
         }
-        Scores4<KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, row + c);
+        Scores4<V, KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, row + c);
       }
       // The rest (at most 3 held keys and the new one) as one padded group.
       const int64_t rest = n - c;
@@ -118,7 +121,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           rp[j] = rel;
         }
       }
-      Scores4<KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, tail);
+      Scores4<V, KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, tail);
       for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
     }
     // Softmax numerators exp(score - max) and their sum; the padding lanes
@@ -151,17 +154,19 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
     float* out = a.out + bh * dh;
     int64_t slot = first;
     if (dh == 64) {  // the common head size: the sum stays in registers
-      V8 acc[8] = {};
+      constexpr int kLanes = sizeof(V) / sizeof(float), kParts = 64 / kLanes;
+      V acc[kParts] = {};
       auto add = [&](float p, const KT* x) {
-        const V8 pv = {p, p, p, p, p, p, p, p};
-        for (int i = 0; i < 8; ++i) acc[i] += pv * LoadAs<V8, KT, kIsa>(x + 8 * i);
+        V pv;
+        for (int l = 0; l < kLanes; ++l) pv[l] = p;
+        for (int i = 0; i < kParts; ++i) acc[i] += pv * LoadAs<V, KT, kIsa>(x + kLanes * i);
       };
       for (int64_t c = 0; c < L; ++c) {
         add(row[c], v + slot * 64);
         if (++slot == s.mem_len) slot = 0;
       }
       add(row[L], vnew);
-      for (int i = 0; i < 8; ++i) acc[i] *= inv;
+      for (int i = 0; i < kParts; ++i) acc[i] *= inv;
       std::memcpy(out, acc, sizeof(acc));
     } else {
       std::fill(out, out + dh, 0.0f);
@@ -192,19 +197,6 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
 // Four rows at a time: x is read from L1 once per four weight rows; four
 // accumulators, one horizontal sum per row. V: float vector type; T: the
 // weights' element type (int8 rows are scaled after the sum).
-template <typename V, typename T>
-__attribute__((always_inline)) inline float SumLanes(V v) {
-  constexpr int kLanes = sizeof(V) / sizeof(float);
-  if constexpr (kLanes == 8) {
-    return Sum8(v);
-  } else {
-    V8 lo, hi;
-    std::memcpy(&lo, &v, sizeof(lo));
-    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
-    return Sum8(lo + hi);
-  }
-}
-
 template <typename V, typename T, int kIsa>
 __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, const float* x, const float* bias,
                                                     bool relu, float* y, int64_t cols, int64_t begin, int64_t end) {
@@ -232,7 +224,7 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
       a2 += LoadAs<V, T, kIsa>(w2 + c) * xv;
       a3 += LoadAs<V, T, kIsa>(w3 + c) * xv;
     }
-    float s[4] = {SumLanes<V, T>(a0), SumLanes<V, T>(a1), SumLanes<V, T>(a2), SumLanes<V, T>(a3)};
+    float s[4] = {SumLanes<V>(a0), SumLanes<V>(a1), SumLanes<V>(a2), SumLanes<V>(a3)};
     for (; c < cols; ++c) {
       s[0] += ToFloat(w0[c]) * x[c];
       s[1] += ToFloat(w1[c]) * x[c];
@@ -250,24 +242,33 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
       std::memcpy(&xv, x + c, sizeof(xv));
       acc += LoadAs<V, T, kIsa>(row + c) * xv;
     }
-    float s = SumLanes<V, T>(acc);
+    float s = SumLanes<V>(acc);
     for (; c < cols; ++c) s += ToFloat(row[c]) * x[c];
     finish(r, s);
   }
 }
 
 template <typename KT, typename RT>
+TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void AttendAvx512(const DecodeAttentionArgs& a, int64_t b,
+                                                                          int64_t e) {
+  AttendBody<V16, KT, RT, 512>(a, b, e);
+}
+template <typename KT, typename RT>
 TXL_FLATTEN __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  AttendBody<KT, RT, 256>(a, b, e);
+  AttendBody<V8, KT, RT, 256>(a, b, e);
 }
 template <typename KT, typename RT>
 void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  AttendBody<KT, RT, 0>(a, b, e);
+  AttendBody<V8, KT, RT, 0>(a, b, e);
 }
 
 template <typename KT, typename RT>
-void Attend(const DecodeAttentionArgs& a, int64_t b, int64_t e, bool plain) {
-  plain ? AttendPlain<KT, RT>(a, b, e) : AttendAvx2<KT, RT>(a, b, e);
+void Attend(const DecodeAttentionArgs& a, int64_t b, int64_t e, KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512: return AttendAvx512<KT, RT>(a, b, e);
+    case KernelIsa::kAvx2: return AttendAvx2<KT, RT>(a, b, e);
+    default: return AttendPlain<KT, RT>(a, b, e);
+  }
 }
 
 template <typename T>
@@ -458,12 +459,12 @@ void RoundToBf16(float* x, int64_t n) {
 }
 
 void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa) {
-  const bool plain = Resolve(isa) == KernelIsa::kPlain;
+  const KernelIsa r = Resolve(isa);
   const bool kv16 = args.kv == Elem::kBf16, rel16 = args.rel_elem == Elem::kBf16;
-  if (kv16 && rel16) return Attend<Bf16, Bf16>(args, begin, end, plain);
-  if (kv16) return Attend<Bf16, float>(args, begin, end, plain);
-  if (rel16) return Attend<float, Bf16>(args, begin, end, plain);
-  Attend<float, float>(args, begin, end, plain);
+  if (kv16 && rel16) return Attend<Bf16, Bf16>(args, begin, end, r);
+  if (kv16) return Attend<Bf16, float>(args, begin, end, r);
+  if (rel16) return Attend<float, Bf16>(args, begin, end, r);
+  Attend<float, float>(args, begin, end, r);
 }
 
 void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,

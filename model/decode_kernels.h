@@ -14,7 +14,7 @@
 
 namespace txl {
 
-// kAvx512 applies to PackedProduct and to the reduced-precision GemvRows;
+// kAvx512 applies to PackedProduct, DecodeAttention and the reduced-precision GemvRows;
 // the others use AVX2 for it.
 enum class KernelIsa { kBest, kPlain, kAvx2, kAvx512 };
 bool CpuRuns(KernelIsa isa);

@@ -19,7 +19,7 @@ __attribute__((always_inline)) inline void Row(const ScoreSoftmaxArgs& a, int64_
   const int64_t b = r / (a.heads * a.N), i = r % a.N;
   P* out = static_cast<P*>(a.prob) + r * a.K;
   std::memset(static_cast<void*>(out), 0, a.K * sizeof(P));
-  if (i >= a.fed[b]) return;  // padding: dropped by the caller
+  if (i >= a.fed[b]) return;                  // padding: dropped by the caller
   const int64_t m = a.held[b], last = m + i;  // the query's own key
   const int64_t lo = std::max<int64_t>(0, last - a.window[b] + 1), hi = last + 1;
   const T* ac = static_cast<const T*>(a.ac) + r * a.K;

@@ -17,8 +17,8 @@ namespace txl {
 // (padding) are all zero. One pass over each row, instead of the gather,
 // add, scale, mask and softmax of separate tensor operations.
 struct ScoreSoftmaxArgs {
-  const void* ac;  // [rows, K] content scores (q + u) . k_j, of `elem`
-  const void* bd;  // [rows, D] position scores (q + v) . r_d at distance d, of `elem`
+  const void* ac;          // [rows, K] content scores (q + u) . k_j, of `elem`
+  const void* bd;          // [rows, D] position scores (q + v) . r_d at distance d, of `elem`
   Elem elem = Elem::kF32;  // kF32 or kBf16
   int64_t heads, N, K, D;
   const int64_t* held;    // m_b: keys before the session's first query

@@ -105,7 +105,8 @@ __attribute__((target("avx2"))) inline V8 WidenBf16x8(const void* p) {
 #define TXL_FLATTEN
 #endif
 
-// kIsa: 512 or 256 inside the AVX-512 or AVX2 entry points, 0 elsewhere.
+// kIsa: 512 or 256 inside the AVX-512 or AVX2 entry points, 0 elsewhere
+// (16-lane loads only ever run inside AVX-512 ones).
 template <typename V, typename T, int kIsa = 0>
 __attribute__((always_inline)) inline V LoadAs(const T* p) {
   constexpr bool kWide = sizeof(V) == 64;
@@ -115,8 +116,8 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
     return r;
   } else if constexpr (std::is_same_v<T, Bf16>) {
 #if !defined(__clang__)
-    if constexpr (kIsa == 512) return WidenBf16x16(p);
-    if constexpr (kIsa == 256) return WidenBf16x8(p);
+    if constexpr (kIsa >= 256 && kWide) return WidenBf16x16(p);
+    if constexpr (kIsa >= 256 && !kWide) return WidenBf16x8(p);
 #endif
     using Narrow = std::conditional_t<kWide, U16x16, U16x8>;
     using Wide = std::conditional_t<kWide, U32x16, U32x8>;
@@ -128,8 +129,8 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
     return r;
   } else {
 #if !defined(__clang__)
-    if constexpr (kIsa == 512) return WidenI8x16(p);
-    if constexpr (kIsa == 256) return WidenI8x8(p);
+    if constexpr (kIsa >= 256 && kWide) return WidenI8x16(p);
+    if constexpr (kIsa >= 256 && !kWide) return WidenI8x8(p);
 #endif
     // Through 16 and 32 bits: GCC 12 widens each step with vpmovsx, but
     // int8 straight to int32 or float it does one lane at a time.
@@ -144,6 +145,19 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
 
 __attribute__((always_inline)) inline float Sum8(V8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// The sum of an 8- or 16-lane vector's lanes.
+template <typename V>
+__attribute__((always_inline)) inline float SumLanes(V v) {
+  if constexpr (sizeof(V) == sizeof(V8)) {
+    return Sum8(v);
+  } else {
+    V8 lo, hi;
+    std::memcpy(&lo, &v, sizeof(lo));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+    return Sum8(lo + hi);
+  }
 }
 
 // exp(x) for x <= 0 in eight lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its

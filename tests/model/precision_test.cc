@@ -73,7 +73,9 @@ TEST_P(PrecisionTest, ChunkingAndFloat32WithinTolerance) {
     EXPECT_LT(MaxAbsDiff(by_token, by_seven), mode.chunking) << mode.name;
     EXPECT_LT(MaxAbsDiff(by_token, want), mode.vs_float32) << mode.name;
     EXPECT_GT(MaxAbsDiff(by_token, want), 0) << mode.name << ": not reduced at all?";
-    if (mode.kv == KvDtype::kBfloat16) EXPECT_EQ(2 * one.bytes(), exact_memory.bytes()) << mode.name;
+    if (mode.kv == KvDtype::kBfloat16) {
+      EXPECT_EQ(2 * one.bytes(), exact_memory.bytes()) << mode.name;
+    }
   }
 }
 

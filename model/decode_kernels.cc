@@ -47,7 +47,10 @@ __attribute__((always_inline)) inline void Scores4(const float* qu, const float*
 template <typename V, typename KT, typename RT, int kIsa>
 __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
-  constexpr int64_t kRowBytes = static_cast<int64_t>(sizeof(KT));
+  constexpr int64_t kElemBytes = static_cast<int64_t>(sizeof(KT));
+  // Keys fetched this many rows ahead: 24 float32 rows (measured), the same
+  // bytes in narrower rows.
+  constexpr int64_t kAhead = 24 * 4 / kElemBytes;
   std::vector<float> buffer((a.width + 7) / 8 * 8 + 8 + 2 * dh);
   std::vector<KT> fresh(2 * dh);  // the new key and value, in the rings' type
   float* qu = buffer.data();      // query + u, query + v
@@ -97,12 +100,12 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           // scores compute, so that pass runs from cache. And fetch the keys
           // 24 rows ahead (measured: 2-4% off a 32-session step).
           const char* vr = reinterpret_cast<const char*>(v + slot * dh);
-          for (int64_t off = 0; off < dh * kRowBytes; off += 64) __builtin_prefetch(vr + off);
-          int64_t ahead = slot + 24;
+          for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(vr + off);
+          int64_t ahead = slot + kAhead;
           if (ahead >= s.mem_len) ahead -= s.mem_len;
           if (ahead < s.cap) {
             const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
-            for (int64_t off = 0; off < dh * kRowBytes; off += 64) __builtin_prefetch(kr + off);
+            for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(kr + off);
           }
           if (++slot == s.mem_len) slot = 0;
         }

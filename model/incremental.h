@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/decode_kernels.h"
+#include "model/huge_pages.h"
 #include "model/model_config.h"
 #include "model/precision.h"
 #include "model/step.h"
@@ -74,13 +75,6 @@ class SessionMemory final : public SessionState {
   int64_t capacity_ = 0;           // < mem_len only while position_ <= capacity_ (no wrap yet)
   std::vector<at::Tensor> k_, v_;  // per layer [H, capacity, dh]; undefined while capacity is 0
 };
-
-// `count` rings of `shape` ([H, capacity, dh]) with `options`, contents
-// undefined. On the CPU (float32 or bfloat16) they share one arena of transparent huge
-// pages when rounding it up to whole 2 MiB pages costs under 2%: the decode
-// step streams them. Every session memory is allocated here (growth, fork,
-// restore).
-std::vector<at::Tensor> NewRings(int64_t count, const std::vector<int64_t>& shape, const at::TensorOptions& options);
 
 // Owns the weights on one device and the relative-position key table.
 // Not thread-safe: one thread (the engine's) drives it.

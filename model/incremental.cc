@@ -393,17 +393,21 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
   at::Tensor x = Embed(c, weights_, to_dev(flat));  // [T, d]
   const auto fopt = x.options();
 
-  // Geometry of the padded [B, N queries, Kmax keys] score block. Key j of
-  // session b is at distance m_b + i - j from its query i.
-  at::Tensor nt = to_dev(n).view({B, 1, 1}), mt = to_dev(m).view({B, 1, 1});
-  at::Tensor Mt = to_dev(M).view({B, 1, 1});
-  at::Tensor qi = at::arange(N, lopt.device(device_)).view({1, N, 1});
-  at::Tensor kj = at::arange(Kmax, lopt.device(device_)).view({1, 1, Kmax});
-  at::Tensor dist = mt + qi - kj;
-  // Padded query rows stay unmasked so their softmax is finite; they are dropped.
-  at::Tensor masked = ((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt);
-  masked = masked.unsqueeze(1);  // [B, 1, N, Kmax]
-  at::Tensor gather_idx = dist.clamp(0, D - 1).unsqueeze(1).expand({B, H, N, Kmax});
+  // Geometry of the padded [B, N queries, Kmax keys] score block: key j of
+  // session b is at distance m_b + i - j from its query i. The tensor-op
+  // softmax needs it as a mask and position indices; the CPU's fused kernel
+  // (prefill_kernels.h) derives both from m, n and M itself.
+  at::Tensor masked, gather_idx;
+  if (!device_.is_cpu()) {
+    at::Tensor nt = to_dev(n).view({B, 1, 1}), mt = to_dev(m).view({B, 1, 1});
+    at::Tensor Mt = to_dev(M).view({B, 1, 1});
+    at::Tensor qi = at::arange(N, lopt.device(device_)).view({1, N, 1});
+    at::Tensor kj = at::arange(Kmax, lopt.device(device_)).view({1, 1, Kmax});
+    at::Tensor dist = mt + qi - kj;
+    // Padded query rows stay unmasked so their softmax is finite; they are dropped.
+    masked = (((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt)).unsqueeze(1);  // [B, 1, N, Kmax]
+    gather_idx = dist.clamp(0, D - 1).unsqueeze(1).expand({B, H, N, Kmax});
+  }
   at::Tensor row_idx = uniform ? at::Tensor() : to_dev(rows);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
 
@@ -497,12 +501,10 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     if (!uniform) vec = vec.index_select(0, row_idx);
     at::Tensor out = Product(vec, l, 1, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
-    if (dtype_ == WeightDtype::kFloat32) {
-      x = FeedForward(c, L, x, 0.0, false);
-    } else {  // FeedForward (txl_math.h) with this precision's products
-      auto core = [&](const at::Tensor& in) { return Product(at::relu(Product(in, l, 2, L.ff1_b)), l, 3, L.ff2_b); };
-      x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
-    }
+    // FeedForward (txl_math.h) with this precision's products (for float32,
+    // Product is the same at::linear).
+    auto core = [&](const at::Tensor& in) { return Product(at::relu(Product(in, l, 2, L.ff1_b)), l, 3, L.ff2_b); };
+    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
 
     // The window needs mem_len - 1 earlier keys; keep exactly those.
     for (int64_t b = 0; b < B; ++b) {

@@ -543,6 +543,25 @@ class Bench {
     return r;
   }
 
+  // A bf16-vs-float32 tokens/s row from per-repetition seconds per step
+  // (or per token) of `tokens` tokens.
+  static Row Throughput(std::string id, std::string measurement, const std::vector<double>& bf_sec,
+                        const std::vector<double>& f32_sec, double tokens, double target) {
+    Row r;
+    r.id = std::move(id);
+    r.measurement = std::move(measurement);
+    r.a_name = "bf16";
+    r.b_name = "float32";
+    r.unit = "tokens/s";
+    for (double t : bf_sec) r.a_reps.push_back(tokens / t);
+    for (double t : f32_sec) r.b_reps.push_back(tokens / t);
+    r.a = Median(r.a_reps);
+    r.b = Median(r.b_reps);
+    r.ratio = r.a / r.b;
+    r.target = target;
+    return r;
+  }
+
   void QRows(std::vector<Row>* rows) {
     const Sizes& z = sizes_;
     const int64_t mem = z.mem;
@@ -619,18 +638,8 @@ class Bench {
     std::vector<double> p32, pbf;
     Interleave(
         z.reps, [&] { return Prefill(f32); }, [&] { return Prefill(bf.get()); }, &p32, &pbf);
-    Row q4;
-    q4.id = "Q4";
-    q4.measurement = absl::StrFormat("prefill of a %d-token input (window %d): bf16 vs float32", prefill, mem);
-    q4.a_name = "bf16";
-    q4.b_name = "float32";
-    q4.unit = "tokens/s";
-    for (double t : pbf) q4.a_reps.push_back(1 / t);
-    for (double t : p32) q4.b_reps.push_back(1 / t);
-    q4.a = Median(q4.a_reps);
-    q4.b = Median(q4.b_reps);
-    q4.ratio = q4.a / q4.b;
-    q4.target = 3;
+    Row q4 = Throughput("Q4", absl::StrFormat("prefill of a %d-token input (window %d): bf16 vs float32", prefill, mem),
+                        pbf, p32, 1, 3);
     q4.extra = {{"kernels", bf->KernelPath()}};
     rows->push_back(q4);
 
@@ -662,18 +671,9 @@ class Bench {
     Interleave(
         z.reps, [&] { return EngineSteps(abf, z.multi_batch, bf.get()); },
         [&] { return EngineSteps(a32, z.multi_batch, f32); }, &mbf, &m32);
-    Row q3;
-    q3.id = "Q3";
-    q3.measurement = absl::StrFormat("aggregate tokens/s, %d sessions per step (memory %d): bf16 vs float32", N, mem);
-    q3.a_name = "bf16";
-    q3.b_name = "float32";
-    q3.unit = "tokens/s";
-    for (double t : mbf) q3.a_reps.push_back(N / t);
-    for (double t : m32) q3.b_reps.push_back(N / t);
-    q3.a = Median(q3.a_reps);
-    q3.b = Median(q3.b_reps);
-    q3.ratio = q3.a / q3.b;
-    q3.target = 1.8;
+    Row q3 = Throughput(
+        "Q3", absl::StrFormat("aggregate tokens/s, %d sessions per step (memory %d): bf16 vs float32", N, mem), mbf,
+        m32, N, 1.8);
     q3.extra = {{"memory_bytes_per_session_bf16", manybf[0]->memory_bytes()},
                 {"memory_bytes_per_session_float32", many32[0]->memory_bytes()}};
     rows->push_back(q3);

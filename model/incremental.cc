@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/decode_kernels.h"
+#include "model/decode_step.h"
 #include "model/prefill_kernels.h"
 #include "model/txl_math.h"
 
@@ -228,8 +229,8 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
   // Several sessions' projections: the packed weights, streamed once and
   // reused from cache for every session (at::linear would have the BLAS pack
   // the whole matrix again on every call), split over the threads by panels.
-  // (One session's run inside the fused regions below, on the weights as
-  // stored: the fastest one-row read measured, docs/PERFORMANCE.md.)
+  // (One session's products read the weights as stored, in decode_step.cc:
+  // the fastest one-row read measured, docs/PERFORMANCE.md.)
   const KernelIsa isa = isa_;
   auto Linear = [B, isa](const at::Tensor& in, const DecodeMatrix& w, const at::Tensor& bias, bool relu = false) {
     const PackedMatrix pm = w.Packed();
@@ -256,30 +257,48 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
     return relu ? y.relu_() : y;
   };
   const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
-  // One session: work split into one part per thread (heads; inner units).
-  const int64_t threads = at::get_num_threads();
-  const int64_t head_parts = std::min(H, threads), inner_parts = std::min(c.d_inner, threads);
-  at::Tensor qkv1, inner1, shares1, oshares1;
   if (B == 1) {
-    qkv1 = at::empty({1, 3 * H * dh}, fopt);
-    inner1 = at::empty({c.d_inner}, fopt);
-    shares1 = at::empty({inner_parts, c.d_model}, fopt);
-    oshares1 = at::empty({head_parts, c.d_model}, fopt);
-  }
-  // [1, d] = the sum of the parts' shares [parts, d] (+ bias).
-  auto SumShares = [&](const at::Tensor& shares, const float* bias) {
-    const int64_t parts = shares.size(0), D = shares.size(1);
-    const float* sp = shares.data_ptr<float>();
-    at::Tensor y = at::empty({1, D}, fopt);
-    float* yp = y.data_ptr<float>();
-    for (int64_t i = 0; i < D; ++i) {
-      float sum = bias ? bias[i] : 0.0f;
-      for (int64_t p = 0; p < parts; ++p) sum += sp[p * D + i];
-      yp[i] = sum;
+    // One session: every layer in one parallel region (decode_step.h).
+    std::vector<DecodeStepLayer> layers(c.n_layer);
+    SessionMemory* m = batch[0]->memory;
+    const bool ring = m->mem_len_ > 1;
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      const LayerWeights& L = weights_.layers[l];
+      const DecodeLayer& P = decode_[l];
+      layers[l] = {P.m[0].Rows(),
+                   P.m[1].Rows(),
+                   P.m[2].Rows(),
+                   P.m[3].Rows(),
+                   L.ff1_b.data_ptr<float>(),
+                   L.ff2_b.data_ptr<float>(),
+                   L.attn_ln_w.data_ptr<float>(),
+                   L.attn_ln_b.data_ptr<float>(),
+                   L.ff_ln_w.data_ptr<float>(),
+                   L.ff_ln_b.data_ptr<float>(),
+                   P.u.data_ptr<float>(),
+                   P.v.data_ptr<float>(),
+                   rel_kt_[l].data_ptr(),
+                   {ring ? m->k_[l].data_ptr() : nullptr, ring ? m->v_[l].data_ptr() : nullptr, m->capacity_,
+                    m->mem_len_, batch[0]->position, batch[0]->length}};
     }
-    return y;
-  };
-
+    DecodeStepArgs step;
+    step.layers = layers.data();
+    step.n_layer = c.n_layer;
+    step.d_model = c.d_model;
+    step.d_inner = c.d_inner;
+    step.pre_lnorm = c.pre_lnorm;
+    step.attention = args;
+    step.parts = std::min<int64_t>({at::get_num_threads(), H, c.d_inner});
+    x = x.contiguous();
+    step.x = x.data_ptr<float>();
+    at::Tensor scratch = at::empty({DecodeStepScratch(step)}, fopt);
+    step.scratch = scratch.data_ptr<float>();
+    TeamBarrier barrier(step.parts);
+    at::parallel_for(0, step.parts, 1,
+                     [&](int64_t begin, int64_t end) { DecodeStepLayers(step, begin, end, barrier, isa_); });
+    batch[0]->length = std::min(m->mem_len_ - 1, batch[0]->length + 1);
+    return x;
+  }
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
     const DecodeLayer& P = decode_[l];
@@ -297,54 +316,14 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
     args.u = P.u.data_ptr<float>();
     args.v = P.v.data_ptr<float>();
     args.rel = rel_kt_[l].data_ptr();
-    at::Tensor out;
-    if (B == 1) {
-      // Each part projects the query, key and value rows of its own heads,
-      // attends with them, and computes their share of the output
-      // projection (its columns for those heads): one parallel region.
-      const WeightMatrix w = P.m[0].Rows(), wo = P.m[1].Rows();
-      const float* in = h.data_ptr<float>();
-      const float* attended = vec.data_ptr<float>();
-      const int64_t D = c.d_model;
-      float* shares = oshares1.data_ptr<float>();
-      args.qkv = qkv1.data_ptr<float>();
-      float* y = qkv1.data_ptr<float>();
-      at::parallel_for(0, head_parts, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t p = begin; p < end; ++p) {
-          const int64_t h0 = p * H / head_parts, h1 = (p + 1) * H / head_parts;
-          for (int64_t which = 0; which < 3; ++which) {
-            GemvRows(w, in, nullptr, false, y, D, (which * H + h0) * dh, (which * H + h1) * dh, isa);
-          }
-          DecodeAttention(args, h0, h1, isa);
-          GemvRows(wo.Block(0, h0 * dh), attended + h0 * dh, nullptr, false, shares + p * D, (h1 - h0) * dh, 0, D, isa);
-        }
-      });
-      out = SumShares(oshares1, nullptr);
-    } else {
-      at::Tensor qkv = Project(h, l, 0, at::Tensor()).contiguous();  // [B, 3H dh]
-      args.qkv = qkv.data_ptr<float>();
-      at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) { DecodeAttention(args, begin, end, isa); });
-      out = Project(vec, l, 1, at::Tensor());
-    }
+    at::Tensor qkv = Project(h, l, 0, at::Tensor()).contiguous();  // [B, 3H dh]
+    args.qkv = qkv.data_ptr<float>();
+    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) { DecodeAttention(args, begin, end, isa); });
+    const at::Tensor out = Project(vec, l, 1, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
-    // FeedForward (txl_math.h), with the same Linear; one session: each part
-    // computes its block of the inner layer and that block's share of the
-    // output (one parallel region), and the shares are summed.
+    // FeedForward (txl_math.h), with the same products.
     auto core = [&](const at::Tensor& in_t) {
-      if (B != 1) return Project(Project(in_t, l, 2, L.ff1_b, /*relu=*/true), l, 3, L.ff2_b);
-      const at::Tensor in_c = in_t.contiguous();
-      const float* in = in_c.data_ptr<float>();
-      float* inner = inner1.data_ptr<float>();
-      float* shares = shares1.data_ptr<float>();
-      const int64_t D = c.d_model, I = c.d_inner;
-      at::parallel_for(0, inner_parts, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t p = begin; p < end; ++p) {
-          const int64_t a = p * I / inner_parts, e = (p + 1) * I / inner_parts;
-          GemvRows(P.m[2].Rows(), in, L.ff1_b.data_ptr<float>(), true, inner, D, a, e, isa);
-          GemvRows(P.m[3].Rows().Block(0, a), inner + a, nullptr, false, shares + p * D, e - a, 0, D, isa);
-        }
-      });
-      return SumShares(shares1, L.ff2_b.data_ptr<float>());
+      return Project(Project(in_t, l, 2, L.ff1_b, /*relu=*/true), l, 3, L.ff2_b);
     };
     x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
   }

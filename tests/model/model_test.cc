@@ -1,5 +1,6 @@
 // The math of model/: the incremental form is chunk- and batch-invariant and
 // agrees with the training form (docs/DESIGN.md §3).
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include "tests/model/model_fixture.h"
@@ -166,6 +167,25 @@ TEST(IncrementalTest, RingGrowthAndWrapsMatchOneShotFeed) {
   // Then both continue with mixed chunks; still the same.
   const auto more = RandomTokens(50, c.n_token, 22);
   EXPECT_LT(MaxAbsDiff(FeedInChunks(model, ones, more, 3), FeedInChunks(model, whole, more, 1)), 1e-5);
+}
+
+// A one-session step runs every layer in one parallel region whose parts
+// meet at barriers (decode_step.h). Called where the pool is busy (inside
+// another parallel region) one thread runs every part: it must neither wait
+// for parts nobody else runs nor compute anything differently.
+TEST(IncrementalTest, OneSessionStepInsideAParallelRegionMatchesExactly) {
+  ModelConfig c = testing::SmallConfig();
+  IncrementalModel model(c, TestWeights(c, 8), at::kCPU);
+  const auto tokens = RandomTokens(2 * c.mem_len, c.n_token, 23);
+  SessionMemory team(c.n_layer, c.mem_len), alone(c.n_layer, c.mem_len);
+  const at::Tensor a = FeedInChunks(model, team, tokens, 1);
+  at::Tensor b;
+  at::parallel_for(0, 1, 1, [&](int64_t, int64_t) {
+    EXPECT_TRUE(at::in_parallel_region() || at::get_num_threads() == 1);
+    b = FeedInChunks(model, alone, tokens, 1);
+  });
+  EXPECT_EQ(MaxAbsDiff(a, b), 0.0);
+  EXPECT_EQ(alone.position(), team.position());
 }
 
 // A fork of a wrapped session decodes in place in its own buffers: the fork

@@ -1,0 +1,57 @@
+// A one-session decode step through every layer, as one parallel region: the
+// caller (incremental.cc) runs DecodeStepLayers on each thread of a single
+// at::parallel_for over `parts`, and the phases meet at a TeamBarrier. Waking
+// the pool for each product, 24 times a step for the base model, cost about
+// a sixth of a reduced-precision step (docs/PERFORMANCE.md). Torch-free.
+//
+// Per layer: each part projects its heads' query, key and value rows,
+// attends with them and computes its share of the output projection; then
+// each computes its block of the inner layer and that block's share of the
+// second product. The part that runs part 0 sums the shares, adds the
+// residual and applies the layer norms between the phases. The arithmetic is
+// the several-thread step's before it: the same kernels, the same sums.
+#ifndef TXL_MODEL_DECODE_STEP_H_
+#define TXL_MODEL_DECODE_STEP_H_
+
+#include <cstdint>
+
+#include "model/decode_kernels.h"
+#include "model/team_barrier.h"
+
+namespace txl {
+
+struct DecodeStepLayer {
+  WeightMatrix qkv, o, ff1, ff2;  // as stored: [3 H dh, d], [d, H dh], [d_inner, d], [d, d_inner]
+  const float* ff1_b;
+  const float* ff2_b;
+  const float* attn_ln_w;
+  const float* attn_ln_b;
+  const float* ff_ln_w;
+  const float* ff_ln_b;
+  const float* u;  // [H, dh] attention biases (DecodeAttentionArgs)
+  const float* v;
+  const void* rel;          // this layer's position rows (DecodeAttentionArgs::rel)
+  DecodeSession session;    // this layer's rings
+};
+
+struct DecodeStepArgs {
+  const DecodeStepLayer* layers;
+  int64_t n_layer, d_model, d_inner;
+  bool pre_lnorm;
+  // Shape, scale and types of the attention; its per-layer and buffer
+  // fields are set here.
+  DecodeAttentionArgs attention;
+  int64_t parts;   // <= n_head and <= d_inner
+  float* x;        // [d_model]: the embedding in, the last layer's output out
+  float* scratch;  // DecodeStepScratch(args) floats
+};
+
+int64_t DecodeStepScratch(const DecodeStepArgs& args);
+
+// The parts [begin, end) of every phase, for one thread of the region.
+void DecodeStepLayers(const DecodeStepArgs& args, int64_t begin, int64_t end, TeamBarrier& barrier,
+                      KernelIsa isa = KernelIsa::kBest);
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_DECODE_STEP_H_

@@ -13,27 +13,63 @@ namespace {
 
 using namespace simd;  // NOLINT: the vector helpers are this file's vocabulary
 
+// acc += q . x over the 2 * lanes elements at x. Split: x is bfloat16 and
+// q is stored de-interleaved per block (its even elements, then its odd ones;
+// SplitBf16).
+template <typename V, typename T, int kIsa, bool kSplit>
+__attribute__((always_inline)) inline void AddBlock2(const float* q, const T* x, V& acc) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V q0, q1;
+  std::memcpy(&q0, q, sizeof(q0));
+  std::memcpy(&q1, q + kLanes, sizeof(q1));
+  if constexpr (kSplit) {
+    V even, odd;
+    SplitBf16(x, &even, &odd);
+    acc += q0 * even;
+    acc += q1 * odd;
+  } else {
+    acc += q0 * LoadAs<V, T, kIsa>(x);
+    acc += q1 * LoadAs<V, T, kIsa>(x + kLanes);
+  }
+}
+
 // The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
 // accumulator chains per operand, one horizontal sum per key. Keys are of
-// the rings' type KT, position rows of the table's type RT.
-template <typename V, typename KT, typename RT, int kIsa>
+// the rings' type KT, position rows of the table's type RT. kPairs: dh is a
+// multiple of 2 * lanes, and bfloat16 operands are read split (AddBlock2):
+// fewer instructions per byte keep more of a step's loads in flight.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
 __attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const KT* const* k,
                                                    const RT* const* r, int64_t dh, float scale, float* dst) {
   constexpr int64_t kLanes = sizeof(V) / sizeof(float);
   V a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
   int64_t i = 0;
-  for (; i + kLanes <= dh; i += kLanes) {
-    V u, w;
-    std::memcpy(&u, qu + i, sizeof(u));
-    std::memcpy(&w, qv + i, sizeof(w));
-    a0 += u * LoadAs<V, KT, kIsa>(k[0] + i);
-    a1 += u * LoadAs<V, KT, kIsa>(k[1] + i);
-    a2 += u * LoadAs<V, KT, kIsa>(k[2] + i);
-    a3 += u * LoadAs<V, KT, kIsa>(k[3] + i);
-    b0 += w * LoadAs<V, RT, kIsa>(r[0] + i);
-    b1 += w * LoadAs<V, RT, kIsa>(r[1] + i);
-    b2 += w * LoadAs<V, RT, kIsa>(r[2] + i);
-    b3 += w * LoadAs<V, RT, kIsa>(r[3] + i);
+  if constexpr (kPairs) {
+    constexpr bool kSplitK = std::is_same_v<KT, Bf16>, kSplitR = std::is_same_v<RT, Bf16>;
+    for (; i < dh; i += 2 * kLanes) {
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[0] + i, a0);
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[1] + i, a1);
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[2] + i, a2);
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[3] + i, a3);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[0] + i, b0);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[1] + i, b1);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[2] + i, b2);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[3] + i, b3);
+    }
+  } else {
+    for (; i + kLanes <= dh; i += kLanes) {
+      V u, w;
+      std::memcpy(&u, qu + i, sizeof(u));
+      std::memcpy(&w, qv + i, sizeof(w));
+      a0 += u * LoadAs<V, KT, kIsa>(k[0] + i);
+      a1 += u * LoadAs<V, KT, kIsa>(k[1] + i);
+      a2 += u * LoadAs<V, KT, kIsa>(k[2] + i);
+      a3 += u * LoadAs<V, KT, kIsa>(k[3] + i);
+      b0 += w * LoadAs<V, RT, kIsa>(r[0] + i);
+      b1 += w * LoadAs<V, RT, kIsa>(r[1] + i);
+      b2 += w * LoadAs<V, RT, kIsa>(r[2] + i);
+      b3 += w * LoadAs<V, RT, kIsa>(r[3] + i);
+    }
   }
   float s[4] = {SumLanes(a0 + b0), SumLanes(a1 + b1), SumLanes(a2 + b2), SumLanes(a3 + b3)};
   for (; i < dh; ++i) {
@@ -42,29 +78,48 @@ __attribute__((always_inline)) inline void Scores4(const float* qu, const float*
   for (int j = 0; j < 4; ++j) dst[j] = s[j] * scale;
 }
 
+// Stores q (dh floats) for AddBlock2: de-interleaved per block of 2 * lanes
+// when split.
+template <int64_t kLanes, bool kSplit>
+void StoreQuery(const float* q, int64_t dh, float* out) {
+  if constexpr (!kSplit) {
+    std::memcpy(out, q, dh * sizeof(float));
+  } else {
+    for (int64_t b = 0; b < dh; b += 2 * kLanes) {
+      for (int64_t m = 0; m < kLanes; ++m) {
+        out[b + m] = q[b + 2 * m];
+        out[b + kLanes + m] = q[b + 2 * m + 1];
+      }
+    }
+  }
+}
+
 // Per item: the scores of the held keys and the new one into a row buffer (the
 // keys read once, in ring order), softmax, then the values read once.
-template <typename V, typename KT, typename RT, int kIsa>
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
 __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  constexpr bool kSplitK = kPairs && std::is_same_v<KT, Bf16>, kSplitR = kPairs && std::is_same_v<RT, Bf16>;
   constexpr int64_t kElemBytes = static_cast<int64_t>(sizeof(KT));
   // Keys fetched this many rows ahead: 24 float32 rows (measured), the same
   // bytes in narrower rows.
   constexpr int64_t kAhead = 24 * 4 / kElemBytes;
-  std::vector<float> buffer((a.width + 7) / 8 * 8 + 8 + 2 * dh);
+  std::vector<float> buffer((a.width + 7) / 8 * 8 + 8 + 3 * dh);
   std::vector<KT> fresh(2 * dh);  // the new key and value, in the rings' type
   float* qu = buffer.data();      // query + u, query + v
   float* qv = qu + dh;
-  float* row = qv + dh;
+  float* biased = qv + dh;  // the query plus a bias, in order
+  float* row = biased + dh;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t h = t / a.batch, b = t % a.batch;
     const DecodeSession& s = a.sessions[b];
     const int64_t bh = b * H + h;
     const float* q = a.qkv + (b * 3 * H + h) * dh;
-    for (int64_t i = 0; i < dh; ++i) {
-      qu[i] = q[i] + a.u[h * dh + i];
-      qv[i] = q[i] + a.v[h * dh + i];
-    }
+    for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.u[h * dh + i];
+    StoreQuery<kLanes, kSplitK>(biased, dh, qu);
+    for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.v[h * dh + i];
+    StoreQuery<kLanes, kSplitR>(biased, dh, qv);
     const RT* rel = static_cast<const RT*>(a.rel) + h * a.rel_size * dh;
     float* knew_f = a.qkv + ((b * 3 + 1) * H + h) * dh;
     float* vnew_f = a.qkv + ((b * 3 + 2) * H + h) * dh;
@@ -109,7 +164,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           }
           if (++slot == s.mem_len) slot = 0;
         }
-        Scores4<V, KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, row + c);
+        Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, row + c);
       }
       // The rest (at most 3 held keys and the new one) as one padded group.
       const int64_t rest = n - c;
@@ -124,7 +179,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           rp[j] = rel;
         }
       }
-      Scores4<V, KT, RT, kIsa>(qu, qv, kp, rp, dh, a.scale, tail);
+      Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, tail);
       for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
     }
     // Softmax numerators exp(score - max) and their sum; the padding lanes
@@ -157,12 +212,23 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
     float* out = a.out + bh * dh;
     int64_t slot = first;
     if (dh == 64) {  // the common head size: the sum stays in registers
-      constexpr int kLanes = sizeof(V) / sizeof(float), kParts = 64 / kLanes;
-      V acc[kParts] = {};
+      constexpr int kParts = 64 / kLanes;
+      V acc[kParts] = {};  // split: even and odd elements of each block of 2 * lanes, alternately
       auto add = [&](float p, const KT* x) {
         V pv;
         for (int l = 0; l < kLanes; ++l) pv[l] = p;
-        for (int i = 0; i < kParts; ++i) acc[i] += pv * LoadAs<V, KT, kIsa>(x + kLanes * i);
+        if constexpr (kSplitK) {
+#pragma GCC unroll 8
+          for (int i = 0; i < kParts; i += 2) {
+            V even, odd;
+            SplitBf16(x + kLanes * i, &even, &odd);
+            acc[i] += pv * even;
+            acc[i + 1] += pv * odd;
+          }
+        } else {
+#pragma GCC unroll 8
+          for (int i = 0; i < kParts; ++i) acc[i] += pv * LoadAs<V, KT, kIsa>(x + kLanes * i);
+        }
       };
       for (int64_t c = 0; c < L; ++c) {
         add(row[c], v + slot * 64);
@@ -170,7 +236,16 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
       }
       add(row[L], vnew);
       for (int i = 0; i < kParts; ++i) acc[i] *= inv;
-      std::memcpy(out, acc, sizeof(acc));
+      if constexpr (kSplitK) {
+        for (int i = 0; i < kParts; i += 2) {
+          for (int m = 0; m < kLanes; ++m) {
+            out[kLanes * i + 2 * m] = acc[i][m];
+            out[kLanes * i + 2 * m + 1] = acc[i + 1][m];
+          }
+        }
+      } else {
+        std::memcpy(out, acc, sizeof(acc));
+      }
     } else {
       std::fill(out, out + dh, 0.0f);
       auto axpy = [&](float p, const KT* x) {
@@ -254,15 +329,18 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
 template <typename KT, typename RT>
 TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void AttendAvx512(const DecodeAttentionArgs& a, int64_t b,
                                                                           int64_t e) {
-  AttendBody<V16, KT, RT, 512>(a, b, e);
+  if (a.dh % 32 == 0) return AttendBody<V16, KT, RT, 512, true>(a, b, e);
+  AttendBody<V16, KT, RT, 512, false>(a, b, e);
 }
 template <typename KT, typename RT>
 TXL_FLATTEN __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  AttendBody<V8, KT, RT, 256>(a, b, e);
+  if (a.dh % 16 == 0) return AttendBody<V8, KT, RT, 256, true>(a, b, e);
+  AttendBody<V8, KT, RT, 256, false>(a, b, e);
 }
 template <typename KT, typename RT>
 void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  AttendBody<V8, KT, RT, 0>(a, b, e);
+  if (a.dh % 16 == 0) return AttendBody<V8, KT, RT, 0, true>(a, b, e);
+  AttendBody<V8, KT, RT, 0, false>(a, b, e);
 }
 
 template <typename KT, typename RT>

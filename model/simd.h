@@ -143,6 +143,20 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
   }
 }
 
+// The 2 * lanes bfloat16 values at p as two float vectors, the
+// even-indexed elements and the odd ones: one load and two bit operations,
+// where widening in order takes a shuffle per lanes. A dot product with a
+// vector stored de-interleaved the same way needs nothing more.
+template <typename V>
+__attribute__((always_inline)) inline void SplitBf16(const Bf16* p, V* even, V* odd) {
+  using Wide = std::conditional_t<sizeof(V) == 64, U32x16, U32x8>;
+  Wide u;
+  std::memcpy(&u, p, sizeof(u));
+  const Wide e = u << 16, o = u & 0xffff0000u;
+  std::memcpy(even, &e, sizeof(e));
+  std::memcpy(odd, &o, sizeof(o));
+}
+
 __attribute__((always_inline)) inline float Sum8(V8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }

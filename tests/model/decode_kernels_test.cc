@@ -200,10 +200,10 @@ struct AttentionCase {
 
 // The engine's tests check the widest variant against the one-pass model;
 // the others must compute the same attention. Sessions of different lengths,
-// wrapped rings and head sizes 64 (register path) and 24.
+// wrapped rings and head sizes 64 (register path), 48 and 24.
 TEST(DecodeKernelsTest, AttentionVariantsAgree) {
   at::manual_seed(5);
-  for (int64_t dh : {64, 24}) {
+  for (int64_t dh : {64, 48, 24}) {  // 64 and 48 read bfloat16 split on some ISAs (AttendBody kPairs)
     AttentionCase t(dh);
     std::vector<at::Tensor> outs;
     for (KernelIsa isa : IsasHere()) outs.push_back(t.Run(isa, Elem::kF32, Elem::kF32));
@@ -217,7 +217,7 @@ TEST(DecodeKernelsTest, AttentionVariantsAgree) {
 // key and value rounded first, and leave them rounded in the ring.
 TEST(DecodeKernelsTest, Bf16AttentionIsFloat32OfTheRoundedValues) {
   at::manual_seed(7);
-  for (int64_t dh : {64, 24}) {
+  for (int64_t dh : {64, 48, 24}) {  // 64 and 48 read bfloat16 split on some ISAs (AttendBody kPairs)
     AttentionCase t(dh);
     AttentionCase rounded = t;
     for (int which = 1; which < 3; ++which) {

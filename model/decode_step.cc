@@ -73,8 +73,7 @@ void DecodeStepLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamB
         GemvRows(L.qkv, h, nullptr, false, qkv, D, (which * H + h0) * dh, (which * H + h1) * dh, isa);
       }
       DecodeAttention(att, h0, h1, isa);
-      GemvRows(L.o.Block(0, h0 * dh), attended + h0 * dh, nullptr, false, shares + p * D, (h1 - h0) * dh, 0, D,
-               isa);
+      GemvRows(L.o.Block(0, h0 * dh), attended + h0 * dh, nullptr, false, shares + p * D, (h1 - h0) * dh, 0, D, isa);
     }
     barrier.Arrive(mine);
     if (leader) {

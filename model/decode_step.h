@@ -30,8 +30,8 @@ struct DecodeStepLayer {
   const float* ff_ln_b;
   const float* u;  // [H, dh] attention biases (DecodeAttentionArgs)
   const float* v;
-  const void* rel;          // this layer's position rows (DecodeAttentionArgs::rel)
-  DecodeSession session;    // this layer's rings
+  const void* rel;        // this layer's position rows (DecodeAttentionArgs::rel)
+  DecodeSession session;  // this layer's rings
 };
 
 struct DecodeStepArgs {

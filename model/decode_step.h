@@ -2,7 +2,7 @@
 // caller (incremental.cc) runs DecodeStepLayers on each thread of a single
 // at::parallel_for over `parts`, and the phases meet at a TeamBarrier. Waking
 // the pool for each product, 24 times a step for the base model, cost about
-// a sixth of a reduced-precision step (docs/PERFORMANCE.md). Torch-free.
+// a sixth of a reduced-precision step (docs/PERFORMANCE.md, step 11). Torch-free.
 //
 // Per layer: each part projects its heads' query, key and value rows,
 // attends with them and computes its share of the output projection; then

@@ -56,7 +56,17 @@ __attribute__((always_inline)) inline void Row(const ScoreSoftmaxArgs& a, int64_
     sum += s[j];
   }
   const float inv = 1.0f / (Sum8(sum8) + sum);
-  for (j = lo; j < hi; ++j) {
+  const V8 inv8 = {inv, inv, inv, inv, inv, inv, inv, inv};
+  for (j = lo; j + 8 <= hi; j += 8) {
+    const V8 p = Load8(s + j) * inv8;
+    if constexpr (std::is_same_v<P, float>) {
+      std::memcpy(out + j, &p, sizeof(p));
+    } else {
+      const U16x8 bits = RoundBf16x8(p);
+      std::memcpy(static_cast<void*>(out + j), &bits, sizeof(bits));
+    }
+  }
+  for (; j < hi; ++j) {
     const float p = s[j] * inv;
     if constexpr (std::is_same_v<P, float>) {
       out[j] = p;

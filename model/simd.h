@@ -143,6 +143,15 @@ __attribute__((always_inline)) inline V LoadAs(const T* p) {
   }
 }
 
+// RoundBf16 of eight floats (the same bits, NaN included).
+__attribute__((always_inline)) inline U16x8 RoundBf16x8(V8 x) {
+  U32x8 u;
+  std::memcpy(&u, &x, sizeof(u));
+  const U32x8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U32x8 nan = {0x7fc0, 0x7fc0, 0x7fc0, 0x7fc0, 0x7fc0, 0x7fc0, 0x7fc0, 0x7fc0};
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded, U16x8);
+}
+
 // The 2 * lanes bfloat16 values at p as two float vectors, the
 // even-indexed elements and the odd ones: one load and two bit operations,
 // where widening in order takes a shuffle per lanes. A dot product with a

@@ -280,6 +280,15 @@ TEST(DecodeKernelsTest, ScoreSoftmaxMatchesTensorOps) {
       ScoreSoftmax(args, 7, B * H * N, isa);
       EXPECT_LT(MaxAbsDiff(got.to(at::kFloat), want), type == at::kFloat ? 1e-6 : 4e-3)
           << "bf16 " << (type != at::kFloat) << " isa " << static_cast<int>(isa);
+      if (type == at::kBFloat16) {
+        // bfloat16 probabilities are the float32 ones rounded to nearest
+        // even, as libtorch rounds (the tolerance above would pass truncation).
+        at::Tensor wide = at::full({B, H, N, K}, 7.0);
+        args.prob = wide.data_ptr();
+        args.prob_elem = Elem::kF32;
+        ScoreSoftmax(args, 0, B * H * N, isa);
+        EXPECT_TRUE(at::equal(got, wide.to(at::kBFloat16))) << "isa " << static_cast<int>(isa);
+      }
     }
   }
 }

@@ -37,6 +37,7 @@ void AddShares(const float* shares, int64_t parts, const float* bias, int64_t n,
 
 int64_t DecodeStepScratch(const DecodeStepArgs& a) {
   const int64_t hd = a.attention.H * a.attention.dh;
+  if (a.batch > 1) return a.batch * (a.d_model + 3 * hd + hd + a.d_model + a.d_inner);
   return a.d_model + 3 * hd + hd + a.d_inner + a.parts * a.d_model;
 }
 
@@ -92,6 +93,67 @@ void DecodeStepLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamB
     }
     barrier.Arrive(mine);
     if (leader) AddShares(shares, parts, L.ff2_b, D, a.x, a.pre_lnorm ? nullptr : L.ff_ln_w, L.ff_ln_b);
+  }
+}
+
+void DecodeBatchLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamBarrier& barrier, KernelIsa isa) {
+  const int64_t B = a.batch, D = a.d_model, H = a.attention.H, dh = a.attention.dh;
+  const int64_t parts = a.parts, mine = end - begin;
+  float* h = a.scratch;  // [B, D]: the input of the attention, then of the feed-forward
+  float* qkv = h + B * D;
+  float* attended = qkv + B * 3 * H * dh;
+  float* out = attended + B * H * dh;  // [B, D]: a block's output before the residual
+  float* inner = out + B * D;          // [B, d_inner]
+  // This thread's sessions (residuals and norms) and attention items.
+  const int64_t b0 = begin * B / parts, b1 = end * B / parts;
+  const int64_t t0 = begin * B * H / parts, t1 = end * B * H / parts;
+  auto panels = [&](const PackedMatrix& w, const float* in, const float* bias, bool relu, float* y) {
+    const int64_t n = (w.rows + kPanel - 1) / kPanel;
+    PackedProduct(w, in, B, bias, relu, y, begin * n / parts, end * n / parts, isa);
+  };
+  // Session b's input of layer L's attention (pre-norm: normalised).
+  auto attention_input = [&](const DecodeStepLayer& L, int64_t b) {
+    if (a.pre_lnorm) {
+      Normalize(a.x + b * D, L.attn_ln_w, L.attn_ln_b, D, h + b * D);
+    } else {
+      for (int64_t i = 0; i < D; ++i) h[b * D + i] = a.x[b * D + i];
+    }
+  };
+  DecodeAttentionArgs att = a.attention;
+  att.batch = B;
+  att.qkv = qkv;
+  att.out = attended;
+  for (int64_t b = b0; b < b1; ++b) attention_input(a.layers[0], b);
+  for (int64_t l = 0; l < a.n_layer; ++l) {
+    const DecodeStepLayer& L = a.layers[l];
+    barrier.Arrive(mine);
+    panels(L.packed[0], h, nullptr, false, qkv);
+    barrier.Arrive(mine);
+    att.sessions = L.sessions;
+    att.u = L.u;
+    att.v = L.v;
+    att.rel = L.rel;
+    DecodeAttention(att, t0, t1, isa);
+    barrier.Arrive(mine);
+    panels(L.packed[1], attended, nullptr, false, out);
+    barrier.Arrive(mine);
+    for (int64_t b = b0; b < b1; ++b) {
+      AddShares(out + b * D, 1, nullptr, D, a.x + b * D, a.pre_lnorm ? nullptr : L.attn_ln_w, L.attn_ln_b);
+      if (a.pre_lnorm) {
+        Normalize(a.x + b * D, L.ff_ln_w, L.ff_ln_b, D, h + b * D);
+      } else {
+        for (int64_t i = 0; i < D; ++i) h[b * D + i] = a.x[b * D + i];
+      }
+    }
+    barrier.Arrive(mine);
+    panels(L.packed[2], h, L.ff1_b, true, inner);
+    barrier.Arrive(mine);
+    panels(L.packed[3], inner, L.ff2_b, false, out);
+    barrier.Arrive(mine);
+    for (int64_t b = b0; b < b1; ++b) {
+      AddShares(out + b * D, 1, nullptr, D, a.x + b * D, a.pre_lnorm ? nullptr : L.ff_ln_w, L.ff_ln_b);
+      if (l + 1 < a.n_layer) attention_input(a.layers[l + 1], b);
+    }
   }
 }
 

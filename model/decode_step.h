@@ -9,7 +9,7 @@
 // each computes its block of the inner layer and that block's share of the
 // second product. The part that runs part 0 sums the shares, adds the
 // residual and applies the layer norms between the phases. The arithmetic is
-// the several-thread step's before it: the same kernels, the same sums.
+// the several-region step's before it: the same kernels, the same sums.
 #ifndef TXL_MODEL_DECODE_STEP_H_
 #define TXL_MODEL_DECODE_STEP_H_
 
@@ -31,7 +31,11 @@ struct DecodeStepLayer {
   const float* u;  // [H, dh] attention biases (DecodeAttentionArgs)
   const float* v;
   const void* rel;        // this layer's position rows (DecodeAttentionArgs::rel)
-  DecodeSession session;  // this layer's rings
+  DecodeSession session;  // one session: this layer's rings
+  // Several sessions: the same four matrices packed in panels, and each
+  // session's rings of this layer ([batch]).
+  PackedMatrix packed[4];
+  const DecodeSession* sessions = nullptr;
 };
 
 struct DecodeStepArgs {
@@ -41,16 +45,25 @@ struct DecodeStepArgs {
   // Shape, scale and types of the attention; its per-layer and buffer
   // fields are set here.
   DecodeAttentionArgs attention;
-  int64_t parts;   // <= n_head and <= d_inner
-  float* x;        // [d_model]: the embedding in, the last layer's output out
-  float* scratch;  // DecodeStepScratch(args) floats
+  int64_t parts;      // <= n_head and <= d_inner
+  int64_t batch = 1;  // sessions
+  float* x;           // [batch, d_model]: the embeddings in, the last layer's outputs out
+  float* scratch;     // DecodeStepScratch(args) floats
 };
 
 int64_t DecodeStepScratch(const DecodeStepArgs& args);
 
 // The parts [begin, end) of every phase, for one thread of the region.
+// batch == 1: products of the weights as stored, split by heads and inner
+// units, shares summed by part 0's thread.
 void DecodeStepLayers(const DecodeStepArgs& args, int64_t begin, int64_t end, TeamBarrier& barrier,
                       KernelIsa isa = KernelIsa::kBest);
+
+// batch > 1: every product from the packed weights, split by panels; the
+// attention split by (session, head) items; residuals and layer norms split
+// by sessions. Seven barriers per layer instead of five parallel regions.
+void DecodeBatchLayers(const DecodeStepArgs& args, int64_t begin, int64_t end, TeamBarrier& barrier,
+                       KernelIsa isa = KernelIsa::kBest);
 
 }  // namespace txl
 

@@ -211,13 +211,57 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
     width = std::max(width, batch[b]->length + 1);
   }
   EnsureRelTable(width);
-  at::Tensor x = Embed(c, weights_, at::tensor(flat, at::TensorOptions().dtype(at::kLong)));  // [B, d]
-  const auto fopt = x.options();
-  at::Tensor vec = at::empty({B, H * dh}, fopt);
-  std::vector<DecodeSession> sessions(B);
-  DecodeAttentionArgs args;
-  args.sessions = sessions.data();
-  args.batch = B;
+  at::Tensor x = Embed(c, weights_, at::tensor(flat, at::TensorOptions().dtype(at::kLong))).contiguous();  // [B, d]
+
+  // Every layer in one parallel region (decode_step.h). One session's
+  // products read the weights as stored (the fastest one-row read measured,
+  // docs/PERFORMANCE.md); several sessions' read the packed weights, streamed
+  // once and reused from cache for every session (at::linear would have the
+  // BLAS pack the whole matrix on every call). For bfloat16 weights this
+  // also beat oneDNN's AMX products at 16, 32 and 64 sessions (step 13
+  // there): a step's products are small, and each opened its own regions.
+  std::vector<DecodeStepLayer> layers(c.n_layer);
+  std::vector<DecodeSession> rings(c.n_layer * B);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    const DecodeLayer& P = decode_[l];
+    for (int64_t b = 0; b < B; ++b) {
+      SessionMemory* m = batch[b]->memory;
+      const bool ring = m->mem_len_ > 1;
+      rings[l * B + b] = {ring ? m->k_[l].data_ptr() : nullptr,
+                          ring ? m->v_[l].data_ptr() : nullptr,
+                          m->capacity_,
+                          m->mem_len_,
+                          batch[b]->position,
+                          batch[b]->length};
+    }
+    DecodeStepLayer& S = layers[l];
+    S.qkv = P.m[0].Rows();
+    S.o = P.m[1].Rows();
+    S.ff1 = P.m[2].Rows();
+    S.ff2 = P.m[3].Rows();
+    S.ff1_b = L.ff1_b.data_ptr<float>();
+    S.ff2_b = L.ff2_b.data_ptr<float>();
+    S.attn_ln_w = L.attn_ln_w.data_ptr<float>();
+    S.attn_ln_b = L.attn_ln_b.data_ptr<float>();
+    S.ff_ln_w = L.ff_ln_w.data_ptr<float>();
+    S.ff_ln_b = L.ff_ln_b.data_ptr<float>();
+    S.u = P.u.data_ptr<float>();
+    S.v = P.v.data_ptr<float>();
+    S.rel = rel_kt_[l].data_ptr();
+    S.session = rings[l * B];
+    if (B > 1) {
+      for (int which = 0; which < 4; ++which) S.packed[which] = P.m[which].Packed();
+      S.sessions = &rings[l * B];
+    }
+  }
+  DecodeStepArgs step;
+  step.layers = layers.data();
+  step.n_layer = c.n_layer;
+  step.d_model = c.d_model;
+  step.d_inner = c.d_inner;
+  step.pre_lnorm = c.pre_lnorm;
+  DecodeAttentionArgs& args = step.attention;
   args.H = H;
   args.dh = dh;
   args.width = width;
@@ -225,111 +269,21 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
   args.kv = kv_dtype_ == KvDtype::kBfloat16 ? Elem::kBf16 : Elem::kF32;
   args.rel_elem = dtype_ == WeightDtype::kFloat32 ? Elem::kF32 : Elem::kBf16;
   args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)));
-  args.out = vec.data_ptr<float>();
-  // Several sessions' projections: the packed weights, streamed once and
-  // reused from cache for every session (at::linear would have the BLAS pack
-  // the whole matrix again on every call), split over the threads by panels.
-  // (One session's products read the weights as stored, in decode_step.cc:
-  // the fastest one-row read measured, docs/PERFORMANCE.md.)
-  const KernelIsa isa = isa_;
-  auto Linear = [B, isa](const at::Tensor& in, const DecodeMatrix& w, const at::Tensor& bias, bool relu = false) {
-    const PackedMatrix pm = w.Packed();
-    const int64_t rows = pm.rows;
-    at::Tensor y = at::empty({B, rows}, in.options());
-    const at::Tensor xc = in.contiguous();
-    const float* xp = xc.data_ptr<float>();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
-    at::parallel_for(0, (rows + kPanel - 1) / kPanel, 1,
-                     [&](int64_t begin, int64_t end) { PackedProduct(pm, xp, B, bp, relu, yp, begin, end, isa); });
-    return y;
-  };
-  // Enough sessions with bfloat16 weights, on a CPU with bfloat16 products:
-  // the projections run as bfloat16 matrix products (oneDNN, AMX tiles), as
-  // the prefill's do; the FMA kernel's arithmetic, not the bytes, bounded
-  // such steps. (int8 would need its weights widened per step: it stays on
-  // the packed kernel.)
-  constexpr int64_t kAmxRows = 16;
-  const bool amx_rows = B >= kAmxRows && dtype_ == WeightDtype::kBfloat16 && bf16_products_;
-  auto Project = [&](const at::Tensor& in, int64_t layer, int which, const at::Tensor& bias, bool relu = false) {
-    if (!amx_rows) return Linear(in, decode_[layer].m[which], bias, relu);
-    at::Tensor y = Product(in, layer, which, bias);
-    return relu ? y.relu_() : y;
-  };
-  const int64_t grain = std::max<int64_t>(1, (B * H) / (4 * at::get_num_threads()));
-  if (B == 1) {
-    // One session: every layer in one parallel region (decode_step.h).
-    std::vector<DecodeStepLayer> layers(c.n_layer);
-    SessionMemory* m = batch[0]->memory;
-    const bool ring = m->mem_len_ > 1;
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      const LayerWeights& L = weights_.layers[l];
-      const DecodeLayer& P = decode_[l];
-      layers[l] = {P.m[0].Rows(),
-                   P.m[1].Rows(),
-                   P.m[2].Rows(),
-                   P.m[3].Rows(),
-                   L.ff1_b.data_ptr<float>(),
-                   L.ff2_b.data_ptr<float>(),
-                   L.attn_ln_w.data_ptr<float>(),
-                   L.attn_ln_b.data_ptr<float>(),
-                   L.ff_ln_w.data_ptr<float>(),
-                   L.ff_ln_b.data_ptr<float>(),
-                   P.u.data_ptr<float>(),
-                   P.v.data_ptr<float>(),
-                   rel_kt_[l].data_ptr(),
-                   {ring ? m->k_[l].data_ptr() : nullptr, ring ? m->v_[l].data_ptr() : nullptr, m->capacity_,
-                    m->mem_len_, batch[0]->position, batch[0]->length}};
+  step.parts = std::min<int64_t>({at::get_num_threads(), H, c.d_inner});
+  step.batch = B;
+  step.x = x.data_ptr<float>();
+  at::Tensor scratch = at::empty({DecodeStepScratch(step)}, x.options());
+  step.scratch = scratch.data_ptr<float>();
+  TeamBarrier barrier(step.parts);
+  at::parallel_for(0, step.parts, 1, [&](int64_t begin, int64_t end) {
+    if (B == 1) {
+      DecodeStepLayers(step, begin, end, barrier, isa_);
+    } else {
+      DecodeBatchLayers(step, begin, end, barrier, isa_);
     }
-    DecodeStepArgs step;
-    step.layers = layers.data();
-    step.n_layer = c.n_layer;
-    step.d_model = c.d_model;
-    step.d_inner = c.d_inner;
-    step.pre_lnorm = c.pre_lnorm;
-    step.attention = args;
-    step.parts = std::min<int64_t>({at::get_num_threads(), H, c.d_inner});
-    x = x.contiguous();
-    step.x = x.data_ptr<float>();
-    at::Tensor scratch = at::empty({DecodeStepScratch(step)}, fopt);
-    step.scratch = scratch.data_ptr<float>();
-    TeamBarrier barrier(step.parts);
-    at::parallel_for(0, step.parts, 1,
-                     [&](int64_t begin, int64_t end) { DecodeStepLayers(step, begin, end, barrier, isa_); });
-    batch[0]->length = std::min(m->mem_len_ - 1, batch[0]->length + 1);
-    return x;
-  }
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    const LayerWeights& L = weights_.layers[l];
-    const DecodeLayer& P = decode_[l];
-    for (int64_t b = 0; b < B; ++b) {
-      SessionMemory* m = batch[b]->memory;
-      const bool ring = m->mem_len_ > 1;
-      sessions[b] = {ring ? m->k_[l].data_ptr() : nullptr,
-                     ring ? m->v_[l].data_ptr() : nullptr,
-                     m->capacity_,
-                     m->mem_len_,
-                     batch[b]->position,
-                     batch[b]->length};
-    }
-    at::Tensor h = (c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x).contiguous();
-    args.u = P.u.data_ptr<float>();
-    args.v = P.v.data_ptr<float>();
-    args.rel = rel_kt_[l].data_ptr();
-    at::Tensor qkv = Project(h, l, 0, at::Tensor()).contiguous();  // [B, 3H dh]
-    args.qkv = qkv.data_ptr<float>();
-    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) { DecodeAttention(args, begin, end, isa); });
-    const at::Tensor out = Project(vec, l, 1, at::Tensor());
-    x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
-    // FeedForward (txl_math.h), with the same products.
-    auto core = [&](const at::Tensor& in_t) {
-      return Project(Project(in_t, l, 2, L.ff1_b, /*relu=*/true), l, 3, L.ff2_b);
-    };
-    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
-  }
+  });
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t M = batch[b]->memory->mem_len_;
-    batch[b]->length = std::min(M - 1, batch[b]->length + 1);
+    batch[b]->length = std::min(batch[b]->memory->mem_len_ - 1, batch[b]->length + 1);
   }
   return x;
 }

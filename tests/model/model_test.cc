@@ -169,11 +169,11 @@ TEST(IncrementalTest, RingGrowthAndWrapsMatchOneShotFeed) {
   EXPECT_LT(MaxAbsDiff(FeedInChunks(model, ones, more, 3), FeedInChunks(model, whole, more, 1)), 1e-5);
 }
 
-// A one-session step runs every layer in one parallel region whose parts
-// meet at barriers (decode_step.h). Called where the pool is busy (inside
-// another parallel region) one thread runs every part: it must neither wait
-// for parts nobody else runs nor compute anything differently.
-TEST(IncrementalTest, OneSessionStepInsideAParallelRegionMatchesExactly) {
+// A decode step runs every layer in one parallel region whose parts meet at
+// barriers (decode_step.h). Called where the pool is busy (inside another
+// parallel region) one thread runs every part: it must neither wait for
+// parts nobody else runs nor compute anything differently.
+TEST(IncrementalTest, DecodeStepInsideAParallelRegionMatchesExactly) {
   ModelConfig c = testing::SmallConfig();
   IncrementalModel model(c, TestWeights(c, 8), at::kCPU);
   const auto tokens = RandomTokens(2 * c.mem_len, c.n_token, 23);
@@ -186,6 +186,27 @@ TEST(IncrementalTest, OneSessionStepInsideAParallelRegionMatchesExactly) {
   });
   EXPECT_EQ(MaxAbsDiff(a, b), 0.0);
   EXPECT_EQ(alone.position(), team.position());
+
+  // Several sessions per step take the other one-region path (DecodeBatchLayers).
+  std::vector<SessionMemory> two_team, two_alone;
+  for (int i = 0; i < 3; ++i) {
+    two_team.emplace_back(c.n_layer, c.mem_len);
+    two_alone.emplace_back(c.n_layer, c.mem_len);
+  }
+  auto steps = [&](std::vector<SessionMemory>& memories) {
+    std::vector<at::Tensor> rows;
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      std::vector<StepInput> items;
+      for (size_t i = 0; i < memories.size(); ++i)
+        items.push_back(Row(&memories[i], {tokens[(s + 5 * i) % tokens.size()]}));
+      rows.push_back(model.Step(absl::MakeSpan(items)));
+    }
+    return at::cat(rows, 0);
+  };
+  const at::Tensor c_team = steps(two_team);
+  at::Tensor c_alone;
+  at::parallel_for(0, 1, 1, [&](int64_t, int64_t) { c_alone = steps(two_alone); });
+  EXPECT_EQ(MaxAbsDiff(c_team, c_alone), 0.0);
 }
 
 // A fork of a wrapped session decodes in place in its own buffers: the fork

@@ -1,15 +1,12 @@
-// A one-session decode step through every layer, as one parallel region: the
-// caller (incremental.cc) runs DecodeStepLayers on each thread of a single
-// at::parallel_for over `parts`, and the phases meet at a TeamBarrier. Waking
-// the pool for each product, 24 times a step for the base model, cost about
-// a sixth of a reduced-precision step (docs/PERFORMANCE.md, step 11). Torch-free.
-//
-// Per layer: each part projects its heads' query, key and value rows,
-// attends with them and computes its share of the output projection; then
-// each computes its block of the inner layer and that block's share of the
-// second product. The part that runs part 0 sums the shares, adds the
-// residual and applies the layer norms between the phases. The arithmetic is
-// the several-region step's before it: the same kernels, the same sums.
+// A decode step (every session feeds one token) through every layer, as one
+// parallel region: the caller (incremental.cc) runs DecodeStepLayers (one
+// session) or DecodeBatchLayers (several) on each thread of a single
+// at::parallel_for over `parts`, and the phases meet at a TeamBarrier.
+// Waking the pool for each product, 24 to 60 times a step for the base
+// model, cost a sixth of a one-session bf16 step and more than a quarter of
+// a 32-session step's products (docs/PERFORMANCE.md, steps 11 and 13).
+// Torch-free. The kernels and their partial sums are those of the
+// several-region step before it; only the layer norms are computed here.
 #ifndef TXL_MODEL_DECODE_STEP_H_
 #define TXL_MODEL_DECODE_STEP_H_
 
@@ -54,8 +51,11 @@ struct DecodeStepArgs {
 int64_t DecodeStepScratch(const DecodeStepArgs& args);
 
 // The parts [begin, end) of every phase, for one thread of the region.
-// batch == 1: products of the weights as stored, split by heads and inner
-// units, shares summed by part 0's thread.
+// batch == 1, per layer: each part projects its heads' query, key and value
+// rows, attends with them and computes its share of the output projection;
+// then its block of the inner layer and that block's share of the second
+// product. The thread that runs part 0 sums the shares, adds the residual
+// and applies the layer norms between the phases.
 void DecodeStepLayers(const DecodeStepArgs& args, int64_t begin, int64_t end, TeamBarrier& barrier,
                       KernelIsa isa = KernelIsa::kBest);
 

@@ -1,5 +1,6 @@
 #include "model/decode_step.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace txl {
@@ -33,6 +34,16 @@ void AddShares(const float* shares, int64_t parts, const float* bias, int64_t n,
   if (ln_w != nullptr) Normalize(x, ln_w, ln_b, n, x);
 }
 
+// h = a block's input from the residual stream x: layer_norm(x) before
+// the block (pre-norm), else x itself.
+void BlockInput(const float* x, bool pre_lnorm, const float* ln_w, const float* ln_b, int64_t n, float* h) {
+  if (pre_lnorm) {
+    Normalize(x, ln_w, ln_b, n, h);
+  } else {
+    std::copy(x, x + n, h);
+  }
+}
+
 }  // namespace
 
 int64_t DecodeStepScratch(const DecodeStepArgs& a) {
@@ -56,15 +67,9 @@ void DecodeStepLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamB
   att.out = attended;
   for (int64_t l = 0; l < a.n_layer; ++l) {
     const DecodeStepLayer& L = a.layers[l];
-    if (leader) {
-      if (a.pre_lnorm) {
-        Normalize(a.x, L.attn_ln_w, L.attn_ln_b, D, h);
-      } else {
-        for (int64_t i = 0; i < D; ++i) h[i] = a.x[i];
-      }
-    }
+    if (leader) BlockInput(a.x, a.pre_lnorm, L.attn_ln_w, L.attn_ln_b, D, h);
     barrier.Arrive(mine);
-    att.sessions = &L.session;
+    att.sessions = L.sessions;
     att.u = L.u;
     att.v = L.v;
     att.rel = L.rel;
@@ -79,11 +84,7 @@ void DecodeStepLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamB
     barrier.Arrive(mine);
     if (leader) {
       AddShares(shares, parts, nullptr, D, a.x, a.pre_lnorm ? nullptr : L.attn_ln_w, L.attn_ln_b);
-      if (a.pre_lnorm) {
-        Normalize(a.x, L.ff_ln_w, L.ff_ln_b, D, h);
-      } else {
-        for (int64_t i = 0; i < D; ++i) h[i] = a.x[i];
-      }
+      BlockInput(a.x, a.pre_lnorm, L.ff_ln_w, L.ff_ln_b, D, h);
     }
     barrier.Arrive(mine);
     for (int64_t p = begin; p < end; ++p) {
@@ -111,13 +112,8 @@ void DecodeBatchLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, Team
     const int64_t n = (w.rows + kPanel - 1) / kPanel;
     PackedProduct(w, in, B, bias, relu, y, begin * n / parts, end * n / parts, isa);
   };
-  // Session b's input of layer L's attention (pre-norm: normalised).
   auto attention_input = [&](const DecodeStepLayer& L, int64_t b) {
-    if (a.pre_lnorm) {
-      Normalize(a.x + b * D, L.attn_ln_w, L.attn_ln_b, D, h + b * D);
-    } else {
-      for (int64_t i = 0; i < D; ++i) h[b * D + i] = a.x[b * D + i];
-    }
+    BlockInput(a.x + b * D, a.pre_lnorm, L.attn_ln_w, L.attn_ln_b, D, h + b * D);
   };
   DecodeAttentionArgs att = a.attention;
   att.batch = B;
@@ -139,11 +135,7 @@ void DecodeBatchLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, Team
     barrier.Arrive(mine);
     for (int64_t b = b0; b < b1; ++b) {
       AddShares(out + b * D, 1, nullptr, D, a.x + b * D, a.pre_lnorm ? nullptr : L.attn_ln_w, L.attn_ln_b);
-      if (a.pre_lnorm) {
-        Normalize(a.x + b * D, L.ff_ln_w, L.ff_ln_b, D, h + b * D);
-      } else {
-        for (int64_t i = 0; i < D; ++i) h[b * D + i] = a.x[b * D + i];
-      }
+      BlockInput(a.x + b * D, a.pre_lnorm, L.ff_ln_w, L.ff_ln_b, D, h + b * D);
     }
     barrier.Arrive(mine);
     panels(L.packed[2], h, L.ff1_b, true, inner);

@@ -27,12 +27,9 @@ struct DecodeStepLayer {
   const float* ff_ln_b;
   const float* u;  // [H, dh] attention biases (DecodeAttentionArgs)
   const float* v;
-  const void* rel;        // this layer's position rows (DecodeAttentionArgs::rel)
-  DecodeSession session;  // one session: this layer's rings
-  // Several sessions: the same four matrices packed in panels, and each
-  // session's rings of this layer ([batch]).
-  PackedMatrix packed[4];
-  const DecodeSession* sessions = nullptr;
+  const void* rel;                // this layer's position rows (DecodeAttentionArgs::rel)
+  const DecodeSession* sessions;  // [batch]: each session's rings of this layer
+  PackedMatrix packed[4];         // several sessions: the four matrices packed in panels
 };
 
 struct DecodeStepArgs {

@@ -249,10 +249,9 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
     S.u = P.u.data_ptr<float>();
     S.v = P.v.data_ptr<float>();
     S.rel = rel_kt_[l].data_ptr();
-    S.session = rings[l * B];
+    S.sessions = &rings[l * B];
     if (B > 1) {
       for (int which = 0; which < 4; ++which) S.packed[which] = P.m[which].Packed();
-      S.sessions = &rings[l * B];
     }
   }
   DecodeStepArgs step;

@@ -3,6 +3,8 @@
 //   OMP_WAIT_POLICY=PASSIVE perf record -D 30000 build/bench/step_loop --model base.pt --sessions 32
 // It fills `sessions` sessions to a full window (prefill), then times
 // `steps` single-token steps of all of them at once and prints the median.
+// With --prefill N it times `steps` prefills of N tokens instead, each into
+// a fresh session (engine_bench's Q4).
 // engine_bench has the figures; this is only the workload to look inside.
 #include <algorithm>
 #include <chrono>
@@ -20,6 +22,7 @@ ABSL_FLAG(int, sessions, 1, "sessions stepped together");
 ABSL_FLAG(int, mem, 800, "memory positions per session (window mem + 1)");
 ABSL_FLAG(int, steps, 300, "timed steps");
 ABSL_FLAG(int, threads, 2, "intra-op threads");
+ABSL_FLAG(int, prefill, 0, "time prefills of this many tokens (one fresh session each) instead of steps");
 ABSL_FLAG(std::string, dtype, "float32",
           "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
 ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
@@ -49,40 +52,57 @@ int main(int argc, char** argv) {
   std::cerr << "step_loop: kernels " << (*lm)->KernelPath() << std::endl;
   const int B = absl::GetFlag(FLAGS_sessions), mem = absl::GetFlag(FLAGS_mem);
   const int vocab = static_cast<int>((*lm)->config().n_token);
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "step_loop: " << s << "\n";
+    return 1;
+  };
+  // Seconds of one Step of `in`.
+  std::vector<double> seconds;
+  auto timed = [&](std::vector<txl::StepInput>& in) {
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status s = (*lm)->Step(absl::MakeSpan(in)).status();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return s;
+  };
+  auto median = [&] {
+    std::sort(seconds.begin(), seconds.end());
+    return seconds[seconds.size() / 2];
+  };
+  if (const int n = absl::GetFlag(FLAGS_prefill); n > 0) {
+    for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+      auto s = (*lm)->NewSession(mem + 1);
+      if (!s.ok()) return fail(s.status());
+      std::vector<txl::StepInput> in(1);
+      in[0].session = s->get();
+      for (int t = 0; t < n; ++t) in[0].tokens.push_back((t * 31 + i) % vocab);
+      in[0].want_last_distribution = true;
+      if (absl::Status st = timed(in); !st.ok()) return fail(st);
+    }
+    const double m = median();
+    std::printf("prefill of %d tokens, memory %d: median %.1f ms, %.1f tokens/s\n", n, mem, m * 1e3, n / m);
+    return 0;
+  }
   std::vector<std::unique_ptr<txl::SessionState>> sessions;
   for (int b = 0; b < B; ++b) {
     auto s = (*lm)->NewSession(mem + 1);
-    if (!s.ok()) {
-      std::cerr << "step_loop: " << s.status() << "\n";
-      return 1;
-    }
+    if (!s.ok()) return fail(s.status());
     std::vector<txl::StepInput> in(1);
     in[0].session = s->get();
     for (int i = 0; i < mem; ++i) in[0].tokens.push_back((i * 31 + b) % vocab);
-    if (auto r = (*lm)->Step(absl::MakeSpan(in)); !r.ok()) {
-      std::cerr << "step_loop: " << r.status() << "\n";
-      return 1;
-    }
+    if (auto r = (*lm)->Step(absl::MakeSpan(in)); !r.ok()) return fail(r.status());
     sessions.push_back(*std::move(s));
   }
   std::cerr << "step_loop: filled " << B << " sessions; stepping" << std::endl;
   std::vector<txl::StepInput> in(B);
-  std::vector<double> seconds;
   for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
     for (int b = 0; b < B; ++b) {
       in[b].session = sessions[b].get();
       in[b].tokens = {(i * 7 + b) % vocab};
       in[b].want_last_distribution = true;
     }
-    const auto start = std::chrono::steady_clock::now();
-    if (auto r = (*lm)->Step(absl::MakeSpan(in)); !r.ok()) {
-      std::cerr << "step_loop: " << r.status() << "\n";
-      return 1;
-    }
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (absl::Status st = timed(in); !st.ok()) return fail(st);
   }
-  std::sort(seconds.begin(), seconds.end());
-  const double median = seconds[seconds.size() / 2];
-  std::printf("sessions %d, memory %d: median step %.3f ms, %.1f tokens/s\n", B, mem, median * 1e3, B / median);
+  const double m = median();
+  std::printf("sessions %d, memory %d: median step %.3f ms, %.1f tokens/s\n", B, mem, m * 1e3, B / m);
   return 0;
 }

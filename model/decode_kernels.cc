@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/amx_product.h"
 #include "model/simd.h"
 
 namespace txl {
@@ -155,7 +156,7 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
           // scores compute, so that pass runs from cache. And fetch the keys
           // 24 rows ahead (measured: 2-4% off a 32-session step).
           const char* vr = reinterpret_cast<const char*>(v + slot * dh);
-          for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(vr + off);
+          for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(vr + off, 0, 1);
           int64_t ahead = slot + kAhead;
           if (ahead >= s.mem_len) ahead -= s.mem_len;
           if (ahead < s.cap) {
@@ -387,25 +388,32 @@ void Gemv(KernelIsa isa, const WeightMatrix& w, const float* x, const float* bia
 // R * NV accumulators stay in registers over the whole dot product (AVX-512:
 // 7 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel). T: the packed
 // weights' element type; int8 sums are scaled per output row at the end.
-template <typename V, typename T, int kIsa, int W, int NV, int R>
-__attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, const float* x, int64_t ldx, float* y,
-                                                int64_t ldy, int64_t valid, const float* bias, const float* scale,
-                                                bool relu, const char* prefetch, int64_t lines) {
-  V acc[R][NV] = {};
-  const int64_t per_k = (lines + cols - 1) / cols;
-  int64_t line = 0;
-  for (int64_t k = 0; k < cols; ++k) {
-    for (int64_t q = 0; q < per_k && line < lines; ++q, ++line) __builtin_prefetch(prefetch + 64 * line);
-    V w[NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) w[j] = LoadAs<V, T, kIsa>(panel + k * kPanel + j * W);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const float xs = x[i * ldx + k];
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) acc[i][j] += w[j] * xs;
+
+// Rows of x rounded to bfloat16 values (kept as floats), or copied when not
+// rounded; each padded to `even` columns with zeros.
+inline void PadRows(const float* x, int64_t batch, int64_t cols, int64_t even, bool round, float* out) {
+  for (int64_t m = 0; m < batch; ++m) {
+    const float* in = x + m * cols;
+    float* row = out + m * even;
+    int64_t c = 0;
+    if (round) {
+      for (; c + 8 <= cols; c += 8) {
+        const U32x8 bits = __builtin_convertvector(RoundBf16x8(Load8(in + c)), U32x8) << 16;
+        std::memcpy(row + c, &bits, sizeof(bits));
+      }
+      for (; c < cols; ++c) row[c] = ToFloat(Bf16{RoundBf16(in[c])});
+    } else {
+      std::memcpy(row, in, cols * sizeof(float));
+      c = cols;
     }
+    std::fill(row + c, row + even, 0.0f);
   }
+}
+
+// The output of a tile: scaled (int8), biased, rectified, the valid columns.
+template <typename V, typename T, int W, int NV, int R>
+__attribute__((always_inline)) inline void StoreTile(const V (&acc)[R][NV], float* y, int64_t ldy, int64_t valid,
+                                                     const float* bias, const float* scale, bool relu) {
   for (int i = 0; i < R; ++i) {
     for (int j = 0; j < NV; ++j) {
       for (int lane = 0; lane < W && j * W + lane < valid; ++lane) {
@@ -419,6 +427,64 @@ __attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, co
   }
 }
 
+// Fetches this step's share of the next panel's lines.
+__attribute__((always_inline)) inline void FetchShare(const char* prefetch, int64_t per_step, int64_t lines,
+                                                      int64_t& line) {
+  for (int64_t q = 0; q < per_step && line < lines; ++q, ++line) __builtin_prefetch(prefetch + 64 * line);
+}
+
+template <typename V, typename T, int kIsa, int W, int NV, int R>
+__attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, const float* x, int64_t ldx, float* y,
+                                                int64_t ldy, int64_t valid, const float* bias, const float* scale,
+                                                bool relu, const char* prefetch, int64_t lines) {
+  V acc[R][NV] = {};
+  const int64_t per_k = (lines + cols - 1) / cols;
+  int64_t line = 0;
+  for (int64_t k = 0; k < cols; ++k) {
+    FetchShare(prefetch, per_k, lines, line);
+    V w[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) w[j] = LoadAs<V, T, kIsa>(panel + k * kPanel + j * W);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const float xs = x[i * ldx + k];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] += w[j] * xs;
+    }
+  }
+  StoreTile<V, T, W, NV, R>(acc, y, ldy, valid, bias, scale, relu);
+}
+
+// The tile of a bfloat16 panel of column pairs: `pairs` of them; x has
+// 2 * pairs columns per row (ldx), padded with zeros. Each load splits into
+// the even and the odd column, and the even product is added first, as AMX's
+// tdpbf16ps is specified to (amx_product.h).
+template <typename V, int kIsa, int W, int NV, int R>
+__attribute__((always_inline)) inline void PairTile(const Bf16* panel, int64_t pairs, const float* x, int64_t ldx,
+                                                    float* y, int64_t ldy, int64_t valid, const float* bias, bool relu,
+                                                    const char* prefetch, int64_t lines) {
+  V acc[R][NV] = {};
+  const int64_t per_k = (lines + pairs - 1) / pairs;
+  int64_t line = 0;
+  for (int64_t k = 0; k < pairs; ++k) {
+    FetchShare(prefetch, per_k, lines, line);
+    const Bf16* w = panel + 2 * k * kPanel;
+    V even[NV], odd[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) SplitBf16(w + 2 * j * W, &even[j], &odd[j]);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const float xe = x[i * ldx + 2 * k], xo = x[i * ldx + 2 * k + 1];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        acc[i][j] += even[j] * xe;
+        acc[i][j] += odd[j] * xo;
+      }
+    }
+  }
+  StoreTile<V, Bf16, W, NV, R>(acc, y, ldy, valid, bias, nullptr, relu);
+}
+
 // A panel's first tile streams it from memory, the others find it in cache;
 // those others also fetch the next panel, a share each, so the memory keeps
 // streaming while they compute.
@@ -426,18 +492,34 @@ template <typename V, typename T, int kIsa, int W, int NV>
 __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, const float* x, int64_t batch,
                                                        const float* bias, bool relu, float* y, int64_t begin,
                                                        int64_t end) {
+  constexpr bool kPairs = std::is_same_v<T, Bf16>;
   constexpr int kTile = W * NV;
   // Rows per tile: 7 x 4 accumulators + 4 weight vectors fill AVX-512's 32
-  // registers (7 rows measured 7% faster than 6 at 32 sessions); AVX2 has 16.
-  constexpr int kRows = NV == 4 ? 7 : 6;
+  // registers (7 rows measured 7% faster than 6 at 32 sessions); AVX2 has
+  // 16. Split pairs hold twice the weight vectors.
+  constexpr int kRows = NV == 4 && !kPairs ? 7 : 6;
   const T* packed = static_cast<const T*>(pm.data);
   const int64_t rows = pm.rows, cols = pm.cols;
-  const int64_t panel_lines = cols * kPanel * static_cast<int64_t>(sizeof(T)) / 64;
+  const int64_t stride = PanelStride(cols, pm.elem);  // packed columns
+  const int64_t panel_lines = stride * kPanel * static_cast<int64_t>(sizeof(T)) / 64;
+  // Pairs read x padded to the packed columns, and rounded to bfloat16 with
+  // bfloat16 products.
+  const float* xs = x;
+  int64_t ldx = cols;
+  if constexpr (kPairs) {
+    thread_local std::vector<float> padded;
+    ldx = stride;
+    if (pm.bf16_products || stride != cols) {
+      padded.resize(batch * stride);
+      PadRows(x, batch, cols, stride, pm.bf16_products, padded.data());
+      xs = padded.data();
+    }
+  }
   for (int64_t p = begin; p < end; ++p) {
-    const T* panel = packed + p * cols * kPanel;
+    const T* panel = packed + p * stride * kPanel;
     const int64_t subs = std::min<int64_t>(kPanel, rows - p * kPanel + kTile - 1) / kTile;
     const int64_t units = subs * ((batch + kRows - 1) / kRows);
-    const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + cols * kPanel) : nullptr;
+    const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + stride * kPanel) : nullptr;
     int64_t unit = 0;
     for (int64_t sub = 0; sub < subs * kTile; sub += kTile) {
       const int64_t r0 = p * kPanel + sub;
@@ -445,7 +527,7 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
       const float* b = bias ? bias + r0 : nullptr;
       const float* sc = pm.scale ? pm.scale + r0 : nullptr;
       for (int64_t m = 0; m < batch; m += kRows, ++unit) {
-        const float* xm = x + m * cols;
+        const float* xm = xs + m * ldx;
         float* ym = y + m * rows + r0;
         const char* pf = nullptr;
         int64_t lines = 0;
@@ -454,18 +536,25 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
           pf = next + 64 * from;
           lines = to - from;
         }
-        const T* ps = panel + sub;
+        const T* ps = panel + (kPairs ? 2 * sub : sub);
+        auto tile = [&](auto rows_here) {
+          constexpr int kR = decltype(rows_here)::value;
+          if constexpr (kPairs) {
+            PairTile<V, kIsa, W, NV, kR>(ps, stride / 2, xm, ldx, ym, rows, valid, b, relu, pf, lines);
+          } else {
+            Tile<V, T, kIsa, W, NV, kR>(ps, cols, xm, ldx, ym, rows, valid, b, sc, relu, pf, lines);
+          }
+        };
         switch (std::min<int64_t>(kRows, batch - m)) {
           case 7:
-            if constexpr (kRows >= 7)
-              Tile<V, T, kIsa, W, NV, 7>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines);
+            if constexpr (kRows >= 7) tile(std::integral_constant<int, 7>());
             break;
-          case 6: Tile<V, T, kIsa, W, NV, 6>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 5: Tile<V, T, kIsa, W, NV, 5>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 4: Tile<V, T, kIsa, W, NV, 4>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 3: Tile<V, T, kIsa, W, NV, 3>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          case 2: Tile<V, T, kIsa, W, NV, 2>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
-          default: Tile<V, T, kIsa, W, NV, 1>(ps, cols, xm, cols, ym, rows, valid, b, sc, relu, pf, lines); break;
+          case 6: tile(std::integral_constant<int, 6>()); break;
+          case 5: tile(std::integral_constant<int, 5>()); break;
+          case 4: tile(std::integral_constant<int, 4>()); break;
+          case 3: tile(std::integral_constant<int, 3>()); break;
+          case 2: tile(std::integral_constant<int, 2>()); break;
+          default: tile(std::integral_constant<int, 1>()); break;
         }
       }
     }
@@ -494,7 +583,11 @@ template <typename T>
 void Product(KernelIsa isa, const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu,
              float* y, int64_t b, int64_t e) {
   switch (isa) {
-    case KernelIsa::kAvx512: return ProductAvx512<T>(w, x, batch, bias, relu, y, b, e);
+    case KernelIsa::kAvx512:
+      if constexpr (std::is_same_v<T, Bf16>) {
+        if (w.bf16_products && CpuRunsAmx()) return AmxProduct(w, x, batch, bias, relu, y, b, e);
+      }
+      return ProductAvx512<T>(w, x, batch, bias, relu, y, b, e);
     case KernelIsa::kAvx2: return ProductAvx2<T>(w, x, batch, bias, relu, y, b, e);
     default: return ProductPlain<T>(w, x, batch, bias, relu, y, b, e);
   }
@@ -558,19 +651,26 @@ void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool rel
   }
 }
 
-int64_t PackedSize(int64_t rows, int64_t cols) { return (rows + kPanel - 1) / kPanel * kPanel * cols; }
+int64_t PackedSize(int64_t rows, int64_t cols, Elem elem) {
+  return (rows + kPanel - 1) / kPanel * kPanel * PanelStride(cols, elem);
+}
 
 namespace {
-template <typename T>
+// Panel p holds rows [p * kPanel, +kPanel) of w; element (row r, column k)
+// at k * kPanel + j (j = r - p * kPanel), or for pairs at
+// (k / 2 * kPanel + j) * 2 + k % 2. Rows and columns past the end are zero.
+template <typename T, bool kPairs>
 void PackTyped(const WeightMatrix& w, int64_t rows, int64_t cols, void* out) {
   const T* src = static_cast<const T*>(w.data);
   T* packed = static_cast<T*>(out);
+  const int64_t stride = PanelStride(cols, kPairs ? Elem::kBf16 : Elem::kF32);
   for (int64_t p = 0; p * kPanel < rows; ++p) {
-    T* panel = packed + p * cols * kPanel;
-    for (int64_t k = 0; k < cols; ++k) {
+    T* panel = packed + p * stride * kPanel;
+    for (int64_t k = 0; k < stride; ++k) {
       for (int64_t j = 0; j < kPanel; ++j) {
         const int64_t r = p * kPanel + j;
-        panel[k * kPanel + j] = r < rows ? src[r * w.ld + k] : T{};
+        const int64_t at = kPairs ? (k / 2 * kPanel + j) * 2 + k % 2 : k * kPanel + j;
+        panel[at] = r < rows && k < cols ? src[r * w.ld + k] : T{};
       }
     }
   }
@@ -579,9 +679,9 @@ void PackTyped(const WeightMatrix& w, int64_t rows, int64_t cols, void* out) {
 
 void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed) {
   switch (w.elem) {
-    case Elem::kBf16: return PackTyped<Bf16>(w, rows, cols, packed);
-    case Elem::kI8: return PackTyped<int8_t>(w, rows, cols, packed);
-    default: return PackTyped<float>(w, rows, cols, packed);
+    case Elem::kBf16: return PackTyped<Bf16, true>(w, rows, cols, packed);
+    case Elem::kI8: return PackTyped<int8_t, false>(w, rows, cols, packed);
+    default: return PackTyped<float, false>(w, rows, cols, packed);
   }
 }
 

@@ -15,7 +15,8 @@
 namespace txl {
 
 // kAvx512 applies to PackedProduct, DecodeAttention and the reduced-precision GemvRows;
-// the others use AVX2 for it.
+// the others use AVX2 for it. PackedProduct's bfloat16 products run on AMX
+// tiles under kAvx512 (and kBest) where the CPU has them.
 enum class KernelIsa { kBest, kPlain, kAvx2, kAvx512 };
 bool CpuRuns(KernelIsa isa);
 // The widest of KernelIsa this CPU runs ("avx512", "avx2" or "plain").
@@ -89,9 +90,15 @@ void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool rel
 // sessions): panels of kPanel output rows, each panel [cols, kPanel]
 // contiguous, so a panel streams once from memory and is then reused from
 // cache for every input row. (A BLAS packs the whole matrix on every call.)
+// bfloat16 panels hold columns in pairs, [stride / 2, kPanel, 2]: the weight
+// operand of AMX's bfloat16 tiles as it is, and on other CPUs one load
+// splits into the even and the odd column (SplitBf16).
 inline constexpr int64_t kPanel = 64;
-// Elements of w [rows, cols] packed: rows rounded up to whole panels.
-int64_t PackedSize(int64_t rows, int64_t cols);
+// Columns a panel holds: cols, and for bfloat16 rounded up to a multiple of
+// 32 (whole AMX tiles), the rest zero.
+inline int64_t PanelStride(int64_t cols, Elem elem) { return elem == Elem::kBf16 ? (cols + 31) / 32 * 32 : cols; }
+// Elements of w [rows, cols] of elem packed: rows rounded up to whole panels.
+int64_t PackedSize(int64_t rows, int64_t cols, Elem elem);
 // Packs w (its elem; int8 keeps w.scale, which PackedMatrix shares).
 void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed);
 
@@ -100,8 +107,13 @@ struct PackedMatrix {
   Elem elem = Elem::kF32;
   const float* scale = nullptr;  // int8: one per row
   int64_t rows = 0, cols = 0;
+  // bfloat16 only: x is rounded to bfloat16 too, and the exact products
+  // are summed in float32 a column pair at a time, even then odd: AMX's
+  // tdpbf16ps, and where the CPU has no AMX the same sums in float32 (which
+  // agree to summation order). False: x stays float32 and the weights are
+  // widened (CPUs without bfloat16 products).
+  bool bf16_products = false;
 };
-
 // y[m, r] = x[m, :] . w[r, :] (+ bias[r]) for m < batch and the rows r of
 // panels [begin, end), then max(0, y) when relu; x is [batch, cols], y is
 // [batch, rows], both row-major; bias may be null.

@@ -57,6 +57,11 @@ SessionMemory SessionMemory::Copy() const {
 
 namespace {
 
+// Queries per block of a long one-session prefill (Pass): small enough that a
+// block's score rows span little more than the window, large enough for
+// efficient products.
+constexpr int64_t kQueryBlock = 128;
+
 // Positions [first, first + n) of a ring [H, capacity, dh] whose slots are
 // p % mem_len, in order, as [n, H, dh] (a view unless they wrap).
 at::Tensor RingRows(const at::Tensor& ring, int64_t mem_len, int64_t first, int64_t n) {
@@ -399,38 +404,99 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
       }
     }
 
-    at::Tensor ac = AttentionProduct((Qp + weights_.u(c, l)).permute({0, 2, 1, 3}), Kp.permute({0, 2, 3, 1}));
-    at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
-                                         rel_k_[l].slice(0, 0, D).permute({1, 2, 0}));  // [B,H,N,D]
-    // The softmax is float32 in every mode.
-    at::Tensor prob;
-    if (device_.is_cpu()) {  // fused: one pass over the score block (prefill_kernels.h)
-      const at::Tensor acc = ac.contiguous(), bdc = bd_all.contiguous();
-      prob = at::empty({B, H, N, Kmax}, acc.options());
-      ScoreSoftmaxArgs sm;
-      sm.ac = acc.data_ptr();
-      sm.bd = bdc.data_ptr();
-      sm.elem = acc.scalar_type() == at::kBFloat16 ? Elem::kBf16 : Elem::kF32;
-      sm.heads = H;
-      sm.N = N;
-      sm.K = Kmax;
-      sm.D = D;
-      sm.held = m.data();
-      sm.fed = n.data();
-      sm.window = M.data();
-      sm.scale = static_cast<float>(scale);
-      sm.prob = prob.data_ptr();
-      sm.prob_elem = sm.elem;
-      const KernelIsa isa = isa_;
-      at::parallel_for(0, B * H * N, 16, [&](int64_t begin, int64_t end) { ScoreSoftmax(sm, begin, end, isa); });
+    at::Tensor vec;  // [T, H * dh]: every session's attention output, in token order
+    if (device_.is_cpu() && Bf16Attention() && isa_ == KernelIsa::kBest && PrefillAttentionRuns(dh)) {
+      // bfloat16 on AMX, fused (prefill_attention.h): each session's keys
+      // and values as rows [K_b, H * dh], read in place.
+      vec = at::empty({T, H * dh}, fopt);
+      const at::Tensor qrows = qkv.view({T, 3 * H * dh});
+      const at::Tensor rel = rel_k_[l].contiguous();
+      const at::Tensor u = weights_.u(c, l).contiguous(), vb = weights_.v(c, l).contiguous();
+      int64_t offset = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const at::Tensor kb = Kp[b].slice(0, 0, K[b]).contiguous(), vv = Vp[b].slice(0, 0, K[b]).contiguous();
+        PrefillAttentionArgs pa;
+        pa.heads = H;
+        pa.dh = dh;
+        pa.n = n[b];
+        pa.held = m[b];
+        pa.window = M[b];
+        pa.q = qrows.data_ptr<float>() + offset * 3 * H * dh;
+        pa.q_stride = 3 * H * dh;
+        pa.u = u.data_ptr<float>();
+        pa.v = vb.data_ptr<float>();
+        pa.keys = kb.data_ptr<float>();
+        pa.values = vv.data_ptr<float>();
+        pa.kv_stride = H * dh;
+        pa.rel = rel.data_ptr<float>();
+        pa.rel_size = std::min({rel.size(0), K[b], M[b]});  // the distances its windows span
+        pa.scale = static_cast<float>(scale);
+        pa.out = vec.data_ptr<float>() + offset * H * dh;
+        pa.out_stride = H * dh;
+        PrefillAttention attention(pa, &prefill_buffers_);
+        at::parallel_for(0, attention.pack_items(), 1, [&](int64_t begin, int64_t end) { attention.Pack(begin, end); });
+        at::parallel_for(0, attention.units(), 1, [&](int64_t begin, int64_t end) { attention.Run(begin, end); });
+        offset += n[b];
+      }
     } else {
-      at::Tensor score = ac.to(at::kFloat).add_(bd_all.gather(3, gather_idx)).mul_(scale);
-      score.masked_fill_(masked, -INFINITY);
-      prob = at::softmax(score, -1);
+      // Converted once, read by every block's products.
+      const at::Tensor qu = AttentionOperand((Qp + weights_.u(c, l)).permute({0, 2, 1, 3}));  // [B, H, N, dh]
+      const at::Tensor Kq = AttentionOperand(Kp), Vq = AttentionOperand(Vp);
+      const at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
+                                                 rel_k_[l].slice(0, 0, D).permute({1, 2, 0}));  // [B,H,N,D]
+      if (device_.is_cpu()) {
+        // Fused softmax (prefill_kernels.h), over blocks of queries when one
+        // session feeds many: a block sees only the keys of its queries'
+        // windows, not every key of the pass, so a long input's score blocks
+        // (and their products) shrink from N x (m + N) to about N x (M + block).
+        // float32 products only: bfloat16 ones (oneDNN) lost more to the
+        // smaller products than the blocks saved (measured).
+        const bool blocks = B == 1 && qu.scalar_type() == at::kFloat;
+        const int64_t block = blocks ? kQueryBlock : N;
+        std::vector<at::Tensor> parts;
+        for (int64_t i0 = 0; i0 < N; i0 += block) {
+          const int64_t i1 = std::min(N, i0 + block);
+          const int64_t j0 = blocks ? std::max<int64_t>(0, m[0] + i0 - M[0] + 1) : 0;
+          const int64_t j1 = blocks ? m[0] + i1 : Kmax;
+          std::vector<int64_t> held_here = m, fed_here = n;
+          if (blocks) {
+            held_here[0] = m[0] + i0 - j0;
+            fed_here[0] = i1 - i0;
+          }
+          const at::Tensor ac =
+              AttentionProduct(qu.slice(2, i0, i1), Kq.slice(1, j0, j1).permute({0, 2, 3, 1})).contiguous();
+          const at::Tensor bd = bd_all.slice(2, i0, i1).contiguous();
+          at::Tensor prob = at::empty({B, H, i1 - i0, j1 - j0}, ac.options());
+          ScoreSoftmaxArgs sm;
+          sm.ac = ac.data_ptr();
+          sm.bd = bd.data_ptr();
+          sm.elem =
+              ac.scalar_type() == at::kBFloat16 ? Elem::kBf16 : Elem::kF32;  // the softmax is float32 in every mode
+          sm.heads = H;
+          sm.N = i1 - i0;
+          sm.K = j1 - j0;
+          sm.D = D;
+          sm.held = held_here.data();
+          sm.fed = fed_here.data();
+          sm.window = M.data();
+          sm.scale = static_cast<float>(scale);
+          sm.prob = prob.data_ptr();
+          sm.prob_elem = sm.elem;
+          const KernelIsa isa = isa_;
+          at::parallel_for(0, B * H * (i1 - i0), 16,
+                           [&](int64_t begin, int64_t end) { ScoreSoftmax(sm, begin, end, isa); });
+          parts.push_back(AttentionProduct(prob, Vq.slice(1, j0, j1).permute({0, 2, 1, 3})));
+        }
+        vec = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+      } else {
+        const at::Tensor ac = AttentionProduct(qu, Kq.permute({0, 2, 3, 1}));
+        at::Tensor score = ac.to(at::kFloat).add_(bd_all.gather(3, gather_idx)).mul_(scale);
+        score.masked_fill_(masked, -INFINITY);
+        vec = AttentionProduct(at::softmax(score, -1), Vq.permute({0, 2, 1, 3}));
+      }
+      vec = vec.to(at::kFloat).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
+      if (!uniform) vec = vec.index_select(0, row_idx);
     }
-    at::Tensor vec =
-        AttentionProduct(prob, Vp.permute({0, 2, 1, 3})).to(at::kFloat).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
-    if (!uniform) vec = vec.index_select(0, row_idx);
     at::Tensor out = Product(vec, l, 1, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h) with this precision's products (for float32,

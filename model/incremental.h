@@ -20,6 +20,7 @@
 #include "model/huge_pages.h"
 #include "model/model_config.h"
 #include "model/precision.h"
+#include "model/prefill_attention.h"
 #include "model/step.h"
 #include "model/weights.h"
 
@@ -87,8 +88,10 @@ class IncrementalModel {
     // The decode kernels' instruction set (tests force the narrower ones).
     KernelIsa isa = KernelIsa::kBest;
     // Prefill products of bfloat16 / int8 weights run as bfloat16 matrix
-    // products (oneDNN: AMX tiles or AVX-512-BF16) where the CPU has them;
-    // false, or a CPU without them, widens the weights to float32 per pass.
+    // products (oneDNN: AMX tiles or AVX-512-BF16) where the CPU has them,
+    // and so do the several-session decode products of bfloat16 weights
+    // (vdpbf16ps); false, or a CPU without them, widens the weights to
+    // float32 per pass and keeps the activations float32.
     bool bf16_products = true;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
@@ -126,6 +129,12 @@ class IncrementalModel {
   at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
   // a @ b for a prefill's attention: in bfloat16 (result bfloat16) where
   // the products are, else float32.
+  // A prefill's attention products run in bfloat16 (reduced weights on a
+  // CPU or device with bfloat16 products).
+  bool Bf16Attention() const { return dtype_ != WeightDtype::kFloat32 && bf16_products_; }
+  // t in the type AttentionProduct multiplies in (bfloat16 or t itself): an
+  // operand used by several products is converted once.
+  at::Tensor AttentionOperand(const at::Tensor& t) const;
   at::Tensor AttentionProduct(const at::Tensor& a, const at::Tensor& b) const;
   void EnsureRelTable(int64_t distances);
 
@@ -135,7 +144,7 @@ class IncrementalModel {
   WeightDtype dtype_;
   KvDtype kv_dtype_;
   KernelIsa isa_;
-  bool bf16_products_;  // the prefill products run in bfloat16 (Product)
+  bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
   // Per layer, what the CPU decode step reads: each product matrix as
   // stored (row-major, of the weight dtype: the one-session products and
   // the prefill read it) and packed in panels (decode_kernels.h: the
@@ -145,6 +154,7 @@ class IncrementalModel {
     at::Tensor rows, packed;  // [rows, cols] and PackedSize, of elem
     at::Tensor scale;         // int8: [rows] float
     Elem elem = Elem::kF32;
+    bool bf16_products = false;  // PackedMatrix::bf16_products (bfloat16 with bf16_products_)
     WeightMatrix Rows() const;
     PackedMatrix Packed() const;
   };
@@ -153,6 +163,8 @@ class IncrementalModel {
     at::Tensor u, v;
   };
   std::vector<DecodeLayer> decode_;
+  // The fused prefill attention's operands (prefill_attention.h), reused.
+  PrefillAttentionBuffers prefill_buffers_;
   std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
   std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous (decode kernel)
   int64_t rel_size_ = 0;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/amx_product.h"
 #include "model/decode_kernels.h"
 #include "model/huge_pages.h"
 #include "model/incremental.h"
@@ -57,6 +58,7 @@ PackedMatrix IncrementalModel::DecodeMatrix::Packed() const {
   p.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
   p.rows = rows.size(0);
   p.cols = rows.size(1);
+  p.bf16_products = bf16_products;
   return p;
 }
 
@@ -117,7 +119,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
   InHugePages(matrices);  // contiguous from here on: the kernels read them as arrays
   InHugePages(biases);
   std::vector<std::vector<int64_t>> packed_shapes;
-  for (const at::Tensor* w : matrices) packed_shapes.push_back({PackedSize(w->size(0), w->size(1))});
+  for (const at::Tensor* w : matrices) packed_shapes.push_back({PackedSize(w->size(0), w->size(1), elem)});
   std::vector<at::Tensor> packed = HugePageTensors(packed_shapes, TypeOf(elem));
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     DecodeLayer layer;
@@ -126,6 +128,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       m.rows = *matrices[4 * l + which];
       m.packed = packed[4 * l + which];
       m.elem = elem;
+      m.bf16_products = elem == Elem::kBf16 && bf16_products_;
       if (elem == Elem::kI8) m.scale = scales[4 * l + which];
       PackPanels(m.Rows(), m.rows.size(0), m.rows.size(1), m.packed.data_ptr());
     }
@@ -140,7 +143,12 @@ std::string IncrementalModel::KernelPath() const {
   if (!device_.is_cpu()) return absl::StrCat(path, "; libtorch products");
   absl::StrAppend(&path, "; decode kernels ", BestIsaName());
   if (dtype_ != WeightDtype::kFloat32) {
-    absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)", "; prefill products ",
+    absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
+    if (dtype_ == WeightDtype::kBfloat16 && bf16_products_) {
+      absl::StrAppend(&path, "; several-session products ",
+                      CpuRunsAmx() ? "bfloat16 on AMX tiles" : "bfloat16 inputs, float32 sums (no AMX)");
+    }
+    absl::StrAppend(&path, "; prefill products ",
                     bf16_products_
                         ? (CpuHasAmx() ? "bfloat16 on AMX tiles (oneDNN)" : "bfloat16 via AVX-512-BF16 (oneDNN)")
                         : "float32 (weights widened per pass: no AVX-512-BF16/AMX)");
@@ -150,12 +158,15 @@ std::string IncrementalModel::KernelPath() const {
   return path;
 }
 
-at::Tensor IncrementalModel::AttentionProduct(const at::Tensor& a, const at::Tensor& b) const {
+at::Tensor IncrementalModel::AttentionOperand(const at::Tensor& t) const {
   // With reduced weights on a CPU with bfloat16 products, a prefill's score
   // and value products run in bfloat16 too (AMX): in float32 they took most
   // of a long pass once the layers' products were bfloat16.
-  if (dtype_ == WeightDtype::kFloat32 || !bf16_products_) return at::matmul(a, b);
-  return at::matmul(a.to(at::kBFloat16), b.to(at::kBFloat16));
+  return Bf16Attention() ? t.to(at::kBFloat16) : t;
+}
+
+at::Tensor IncrementalModel::AttentionProduct(const at::Tensor& a, const at::Tensor& b) const {
+  return at::matmul(AttentionOperand(a), AttentionOperand(b));
 }
 
 at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const {

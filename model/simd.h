@@ -17,10 +17,11 @@ namespace txl::simd {
 // set it is compiled for. (-Wpsabi would note that the vector helpers pass
 // AVX values, which never cross this file's boundary.)
 #pragma GCC diagnostic ignored "-Wpsabi"
-// GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized (their
+// GCC 12's own AVX-512 headers trip -W(maybe-)uninitialized (their
 // _mm512_undefined_* placeholders) once the widening helpers are inlined.
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 typedef float V8 __attribute__((vector_size(32)));
@@ -101,8 +102,13 @@ __attribute__((target("avx2"))) inline V8 WidenBf16x8(const void* p) {
   return r;
 }
 #define TXL_FLATTEN __attribute__((flatten))
+// Code that runs only on AVX-512 CPUs (the AMX kernels), compiled for it.
+// clang (the sanitizer builds) compiles it generically: it refuses vector
+// arguments between functions of different targets.
+#define TXL_AVX512 __attribute__((target("avx512f,avx512bw")))
 #else
 #define TXL_FLATTEN
+#define TXL_AVX512
 #endif
 
 // kIsa: 512 or 256 inside the AVX-512 or AVX2 entry points, 0 elsewhere
@@ -183,32 +189,43 @@ __attribute__((always_inline)) inline float SumLanes(V v) {
   }
 }
 
-// exp(x) for x <= 0 in eight lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its
-// Taylor series to r^7 (truncation below 1 ulp), times 2^n built in the
+// exp(x) for x <= 0 in 8 or 16 lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by
+// its Taylor series to r^7 (truncation below 1 ulp), times 2^n built in the
 // exponent bits. Inputs below -87 give e^-87 (a normal float; the caller
 // zeroes lanes that must not count).
-__attribute__((always_inline)) inline V8 Exp8(V8 x) {
-  typedef int32_t V8i __attribute__((vector_size(32)));
-  const V8 lowest = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f};
+template <typename V>
+__attribute__((always_inline)) inline V Exp(V x) {
+  typedef int32_t Vi __attribute__((vector_size(sizeof(V))));
+  const V lowest = V{} - 87.f;
   x = x < lowest ? lowest : x;
   // n = round(x / ln2): adding 1.5 * 2^23 leaves the integer in the low mantissa bits.
-  const V8 shifted = x * 1.44269504088896341f + 12582912.f;
-  const V8 nf = shifted - 12582912.f;
-  V8i n;
+  const V shifted = x * 1.44269504088896341f + 12582912.f;
+  const V nf = shifted - 12582912.f;
+  Vi n;
   std::memcpy(&n, &shifted, sizeof(n));
   n -= 0x4B400000;
-  const V8 r = (x - nf * 0.693145751953125f) - nf * 1.42860682030941723212e-6f;  // ln2 in two parts
-  V8 p = r * (1.f / 5040) + (1.f / 720);
+  const V r = (x - nf * 0.693145751953125f) - nf * 1.42860682030941723212e-6f;  // ln2 in two parts
+  V p = r * (1.f / 5040) + (1.f / 720);
   p = p * r + (1.f / 120);
   p = p * r + (1.f / 24);
   p = p * r + (1.f / 6);
   p = p * r + 0.5f;
   p = p * r + 1.f;
   p = p * r + 1.f;
-  const V8i bits = (n + 127) << 23;
-  V8 two_n;
+  const Vi bits = (n + 127) << 23;
+  V two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   return p * two_n;
+}
+__attribute__((always_inline)) inline V8 Exp8(V8 x) { return Exp(x); }
+
+// RoundBf16 of sixteen floats.
+__attribute__((always_inline)) inline U16x16 RoundBf16x16(V16 x) {
+  U32x16 u;
+  std::memcpy(&u, &x, sizeof(u));
+  const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U32x16 nan = U32x16{} + 0x7fc0u;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded, U16x16);
 }
 
 }  // namespace txl::simd

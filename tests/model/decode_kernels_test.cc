@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/amx_product.h"
 #include "model/language_model.h"
 #include "model/prefill_kernels.h"
 
@@ -73,7 +74,7 @@ TEST(DecodeKernelsTest, PackedProductMatchesLinear) {
         for (int64_t cols : {1, 7, 64, 130}) {
           at::Tensor bias = at::randn({rows});
           const Typed w = MakeTyped(at::randn({rows, cols}), elem);
-          std::vector<char> packed(PackedSize(rows, cols) * ElemBytes(elem));
+          std::vector<char> packed(PackedSize(rows, cols, elem) * ElemBytes(elem));
           PackPanels(w.Matrix(), rows, cols, packed.data());
           PackedMatrix pm{packed.data(), elem, w.Matrix().scale, rows, cols};
           const int64_t panels = (rows + kPanel - 1) / kPanel;
@@ -91,6 +92,48 @@ TEST(DecodeKernelsTest, PackedProductMatchesLinear) {
                   << "isa " << static_cast<int>(isa) << " " << Name(elem) << " rows " << rows << " cols " << cols
                   << " batch " << batch << " mode " << mode;
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+// bfloat16 weights with bfloat16 products (PackedMatrix::bf16_products): x
+// rounded to bfloat16, exact products summed in float32. The paths without
+// AMX sum in the same order, so they agree bit for bit; AMX (kAvx512 where
+// the CPU has it) agrees to summation order. Shapes cover partial tiles of
+// AMX (rows of x beyond 16 and 32, columns not a multiple of 32).
+TEST(DecodeKernelsTest, Bf16ProductsRoundTheInputAndAgreeOnEveryPath) {
+  at::manual_seed(8);
+  if (!CpuRunsAmx()) std::cout << "no AMX on this CPU: the emulated sums only\n";
+  for (int64_t rows : {1, 64, 130}) {
+    for (int64_t cols : {1, 7, 64, 130}) {
+      const Typed w = MakeTyped(at::randn({rows, cols}), Elem::kBf16);
+      std::vector<char> packed(PackedSize(rows, cols, Elem::kBf16) * ElemBytes(Elem::kBf16));
+      PackPanels(w.Matrix(), rows, cols, packed.data());
+      PackedMatrix pm{packed.data(), Elem::kBf16, nullptr, rows, cols};
+      pm.bf16_products = true;
+      const int64_t panels = (rows + kPanel - 1) / kPanel;
+      at::Tensor bias = at::randn({rows});
+      for (int64_t batch : {1, 7, 16, 17, 33}) {
+        const at::Tensor x = at::randn({batch, cols});
+        const at::Tensor want = at::relu(at::linear(x.to(at::kBFloat16).to(at::kFloat), w.exact, bias));
+        at::Tensor plain;
+        for (KernelIsa isa : IsasHere()) {
+          at::Tensor y = at::full({batch, rows}, 1e9);
+          PackedProduct(pm, x.data_ptr<float>(), batch, bias.data_ptr<float>(), true, y.data_ptr<float>(), 0,
+                        panels / 2, isa);
+          PackedProduct(pm, x.data_ptr<float>(), batch, bias.data_ptr<float>(), true, y.data_ptr<float>(), panels / 2,
+                        panels, isa);
+          const std::string where = "isa " + std::to_string(static_cast<int>(isa)) + " rows " + std::to_string(rows) +
+                                    " cols " + std::to_string(cols) + " batch " + std::to_string(batch);
+          EXPECT_LT(MaxAbsDiff(y, want), 1e-5 * (1 + std::sqrt(cols))) << where;
+          // Without the rounding of x the error is of bfloat16's size.
+          if (isa == KernelIsa::kPlain) {
+            plain = y;
+          } else if (isa == KernelIsa::kAvx2 || !CpuRunsAmx()) {
+            EXPECT_TRUE(at::equal(y, plain)) << where;
           }
         }
       }

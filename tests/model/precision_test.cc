@@ -142,6 +142,22 @@ TEST_P(PrecisionTest, ManySessionsAgreeWithEachAlone) {
 INSTANTIATE_TEST_SUITE_P(Configs, PrecisionTest, ::testing::ValuesIn(testing::Variants()),
                          [](const auto& info) { return info.param.name; });
 
+// Head sizes the fused bfloat16 prefill attention takes on AMX
+// (prefill_attention.h): the 45-token pass runs through it, in blocks of 16
+// queries against a 12-key window.
+std::vector<testing::NamedConfig> WideHeads() {
+  std::vector<testing::NamedConfig> out;
+  for (int64_t dh : {32, 64}) {
+    ModelConfig c = testing::SmallConfig();
+    c.n_head = 2;
+    c.d_head = dh;
+    out.push_back({dh == 32 ? "Heads32" : "Heads64", c});
+  }
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(WideHeads, PrecisionTest, ::testing::ValuesIn(WideHeads()),
+                         [](const auto& info) { return info.param.name; });
+
 // A bfloat16 session's image is half the float32 one's, restores exactly,
 // and restores into a server of the other kv dtype by conversion.
 TEST(PrecisionImageTest, ImagesCarryTheirTypeAndConvert) {

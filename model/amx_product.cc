@@ -19,8 +19,7 @@ constexpr int64_t kRows = 16, kDepth = 32;  // per block: x rows, and columns su
 
 // Rows of x as bfloat16 bits (rounded to nearest even), padded with zeros to
 // `stride` columns, and with zero rows to a whole number of tiles.
-TXL_AVX512 void BlocksOfX(const float* x, int64_t batch, int64_t cols,
-                                                           int64_t stride, std::vector<uint16_t>* out) {
+TXL_AVX512 void BlocksOfX(const float* x, int64_t batch, int64_t cols, int64_t stride, std::vector<uint16_t>* out) {
   const int64_t padded_rows = (batch + kRows - 1) / kRows * kRows;
   out->resize(padded_rows * stride);
   for (int64_t m = 0; m < batch; ++m) {
@@ -39,8 +38,8 @@ TXL_AVX512 void BlocksOfX(const float* x, int64_t batch, int64_t cols,
 
 // Rows [m0, m0 + n) of y, columns [r0, r0 + valid): the tiles' sums plus
 // bias, rectified when relu.
-TXL_AVX512 void Finish(const float (*sums)[kPanel], int64_t n, const float* bias,
-                                                        bool relu, int64_t valid, float* y, int64_t ldy) {
+TXL_AVX512 void Finish(const float (*sums)[kPanel], int64_t n, const float* bias, bool relu, int64_t valid, float* y,
+                       int64_t ldy) {
   for (int64_t i = 0; i < n; ++i) {
     float* out = y + i * ldy;
     int64_t c = 0;

@@ -2,8 +2,10 @@
 // weight dtype (bfloat16, or int8 with per-row scales), packed in panels,
 // in huge pages; and the products whose form depends on the precision.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <cpuid.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -173,6 +175,24 @@ at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int whi
   const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
   if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
   at::Tensor y;
+  if (w.scalar_type() == at::kBFloat16 && bf16_products_ && device_.is_cpu() && isa_ == KernelIsa::kBest &&
+      CpuRunsAmx()) {
+    // On AMX through the decode step's packed panels (amx_product.h), each
+    // thread a range of x's rows: float32 in and out, the bias added in the
+    // same pass, where oneDNN's product needed conversions on both sides.
+    const PackedMatrix pm = decode_[layer].m[which].Packed();
+    const at::Tensor in = x.contiguous();
+    const int64_t T = in.size(0), panels = (pm.rows + kPanel - 1) / kPanel;
+    y = at::empty({T, pm.rows}, in.options());
+    const float* xp = in.data_ptr<float>();
+    const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, (T + 15) / 16, 1, [&](int64_t begin, int64_t end) {
+      const int64_t r0 = begin * 16, r1 = std::min(T, end * 16);
+      PackedProduct(pm, xp + r0 * pm.cols, r1 - r0, b, false, yp + r0 * pm.rows, 0, panels);
+    });
+    return y;
+  }
   if (w.scalar_type() == at::kBFloat16) {
     y = bf16_products_ ? at::linear(x.to(at::kBFloat16), w).to(at::kFloat) : at::linear(x, w.to(at::kFloat));
   } else {  // int8: widened with its scales

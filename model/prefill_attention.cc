@@ -193,13 +193,12 @@ TXL_AVX512 void PrefillAttention::Run(int64_t begin, int64_t end) const {
     // Position scores by t = j - i' (key j, query row i'), 16 wider than the
     // keys: position[i'][t - (js - 16)] = (q + v)_i' . r at distance m + i0 - t.
     const int64_t e0 = (table_ - 1 - kTableMargin) - (m + i0) + (js - 16);
-    RowProducts(qv_ + (h * rows_ + i0) * dh, dh, r_ + h * dh * table_ + e0 * 2, table_, kw + 16, positions.data(),
-                ld);
+    RowProducts(qv_ + (h * rows_ + i0) * dh, dh, r_ + h * dh * table_ + e0 * 2, table_, kw + 16, positions.data(), ld);
     // Softmax of each query's window, as bfloat16 probabilities (zero
     // outside the window and in padding rows).
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t last = m + i0 + r, lo = std::max<int64_t>(0, last - M + 1), hi = last + 1;
-      float* s = scores.data() + r * ld - js;                     // by key j
+      float* s = scores.data() + r * ld - js;                      // by key j
       const float* g = positions.data() + r * ld - (js - 16) - r;  // by key j
       uint16_t* p = probs.data() + r * width - js;
       std::fill(p + js, p + lo, 0);

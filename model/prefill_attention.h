@@ -16,13 +16,13 @@ namespace txl {
 
 struct PrefillAttentionArgs {
   int64_t heads = 0, dh = 0;
-  int64_t n = 0;       // queries: the session's new positions in this pass
-  int64_t held = 0;    // m: keys before the first query
-  int64_t window = 0;  // M: mem_len; query i sees keys max(0, m + i - M + 1) .. m + i
+  int64_t n = 0;             // queries: the session's new positions in this pass
+  int64_t held = 0;          // m: keys before the first query
+  int64_t window = 0;        // M: mem_len; query i sees keys max(0, m + i - M + 1) .. m + i
   const float* q = nullptr;  // [n, q_stride]: head h at column h * dh
   int64_t q_stride = 0;
-  const float* u = nullptr;  // [heads, dh]: content bias (r_w_bias)
-  const float* v = nullptr;  // [heads, dh]: position bias (r_r_bias)
+  const float* u = nullptr;     // [heads, dh]: content bias (r_w_bias)
+  const float* v = nullptr;     // [heads, dh]: position bias (r_r_bias)
   const float* keys = nullptr;  // [m + n, kv_stride]: head h at column h * dh
   const float* values = nullptr;
   int64_t kv_stride = 0;

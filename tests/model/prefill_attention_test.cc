@@ -82,8 +82,7 @@ TEST(PrefillAttentionTest, MatchesTheRoundedArithmetic) {
           const int64_t half = attention.units() / 2;
           attention.Run(half, attention.units());
           attention.Run(0, half);
-          const at::Tensor want =
-              Reference(q.slice(1, 0, H * dh), u, v, keys, values, rel, held, window, scale);
+          const at::Tensor want = Reference(q.slice(1, 0, H * dh), u, v, keys, values, rel, held, window, scale);
           EXPECT_LT((out - want).abs().max().item<double>(), 1e-3)
               << "dh " << dh << " n " << n << " held " << held << " window " << window;
         }

@@ -144,19 +144,20 @@ std::string IncrementalModel::KernelPath() const {
   std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
   if (!device_.is_cpu()) return absl::StrCat(path, "; libtorch products");
   absl::StrAppend(&path, "; decode kernels ", BestIsaName());
-  if (dtype_ != WeightDtype::kFloat32) {
-    absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
-    if (dtype_ == WeightDtype::kBfloat16 && bf16_products_) {
-      absl::StrAppend(&path, "; several-session products ",
-                      CpuRunsAmx() ? "bfloat16 on AMX tiles" : "bfloat16 inputs, float32 sums (no AMX)");
-    }
-    absl::StrAppend(&path, "; prefill products ",
-                    bf16_products_
-                        ? (CpuHasAmx() ? "bfloat16 on AMX tiles (oneDNN)" : "bfloat16 via AVX-512-BF16 (oneDNN)")
-                        : "float32 (weights widened per pass: no AVX-512-BF16/AMX)");
+  if (dtype_ == WeightDtype::kFloat32) return absl::StrCat(path, "; prefill products float32");
+  absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
+  if (!bf16_products_)
+    return absl::StrCat(path, "; prefill products float32 (weights widened per pass: no AVX-512-BF16/AMX)");
+  const bool amx = CpuRunsAmx() && isa_ == KernelIsa::kBest;
+  if (dtype_ == WeightDtype::kBfloat16) {
+    absl::StrAppend(&path, amx ? "; several-session and prefill products bfloat16 on AMX tiles"
+                               : "; several-session products bfloat16 inputs, float32 sums (no AMX); prefill "
+                                 "products bfloat16 via AVX-512-BF16 (oneDNN)");
   } else {
-    absl::StrAppend(&path, "; prefill products float32");
+    absl::StrAppend(&path, "; prefill products bfloat16 (oneDNN", CpuHasAmx() ? ", AMX)" : ", AVX-512-BF16)");
   }
+  absl::StrAppend(&path, "; prefill attention ",
+                  amx && PrefillAttentionRuns(config_.d_head) ? "fused on AMX tiles" : "bfloat16 products (oneDNN)");
   return path;
 }
 

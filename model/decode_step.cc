@@ -7,6 +7,11 @@ namespace txl {
 
 namespace {
 
+// Attention items per claim: small enough to even out a preempted thread,
+// large enough that neighbouring items (one head's sessions) share the
+// position rows in cache.
+constexpr int64_t kClaim = 4;
+
 // y = layer_norm(x) over n (eps 1e-5, as txl_math's LayerNorm), the moments
 // accumulated in double.
 void Normalize(const float* x, const float* w, const float* b, int64_t n, float* y) {
@@ -105,9 +110,8 @@ void DecodeBatchLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, Team
   float* attended = qkv + B * 3 * H * dh;
   float* out = attended + B * H * dh;  // [B, D]: a block's output before the residual
   float* inner = out + B * D;          // [B, d_inner]
-  // This thread's sessions (residuals and norms) and attention items.
+  // This thread's sessions (residuals and norms).
   const int64_t b0 = begin * B / parts, b1 = end * B / parts;
-  const int64_t t0 = begin * B * H / parts, t1 = end * B * H / parts;
   auto panels = [&](const PackedMatrix& w, const float* in, const float* bias, bool relu, float* y) {
     const int64_t n = (w.rows + kPanel - 1) / kPanel;
     PackedProduct(w, in, B, bias, relu, y, begin * n / parts, end * n / parts, isa);
@@ -129,7 +133,12 @@ void DecodeBatchLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, Team
     att.u = L.u;
     att.v = L.v;
     att.rel = L.rel;
-    DecodeAttention(att, t0, t1, isa);
+    // Claimed in chunks rather than split evenly: on a loaded machine a
+    // preempted thread's share would hold every other thread at the barrier.
+    // Items are independent, so the results do not depend on who takes them.
+    for (int64_t t = a.claimed[l].fetch_add(kClaim); t < B * H; t = a.claimed[l].fetch_add(kClaim)) {
+      DecodeAttention(att, t, std::min(t + kClaim, B * H), isa);
+    }
     barrier.Arrive(mine);
     panels(L.packed[1], attended, nullptr, false, out);
     barrier.Arrive(mine);

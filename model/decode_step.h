@@ -10,6 +10,7 @@
 #ifndef TXL_MODEL_DECODE_STEP_H_
 #define TXL_MODEL_DECODE_STEP_H_
 
+#include <atomic>
 #include <cstdint>
 
 #include "model/decode_kernels.h"
@@ -43,6 +44,9 @@ struct DecodeStepArgs {
   int64_t batch = 1;  // sessions
   float* x;           // [batch, d_model]: the embeddings in, the last layer's outputs out
   float* scratch;     // DecodeStepScratch(args) floats
+  // batch > 1: per layer, the attention items claimed so far (zero before
+  // the step).
+  std::atomic<int64_t>* claimed = nullptr;
 };
 
 int64_t DecodeStepScratch(const DecodeStepArgs& args);
@@ -57,8 +61,10 @@ void DecodeStepLayers(const DecodeStepArgs& args, int64_t begin, int64_t end, Te
                       KernelIsa isa = KernelIsa::kBest);
 
 // batch > 1: every product from the packed weights, split by panels; the
-// attention split by (session, head) items; residuals and layer norms split
-// by sessions. Seven barriers per layer instead of five parallel regions.
+// attention's (session, head) items claimed a few at a time, so that a
+// thread the OS preempts leaves the rest of them to the others; residuals
+// and layer norms split by sessions. Seven barriers per layer instead of
+// five parallel regions.
 void DecodeBatchLayers(const DecodeStepArgs& args, int64_t begin, int64_t end, TeamBarrier& barrier,
                        KernelIsa isa = KernelIsa::kBest);
 

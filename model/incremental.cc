@@ -278,6 +278,8 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
   step.x = x.data_ptr<float>();
   at::Tensor scratch = at::empty({DecodeStepScratch(step)}, x.options());
   step.scratch = scratch.data_ptr<float>();
+  std::vector<std::atomic<int64_t>> claimed(c.n_layer);  // value-initialised: zero
+  step.claimed = claimed.data();
   TeamBarrier barrier(step.parts);
   at::parallel_for(0, step.parts, 1, [&](int64_t begin, int64_t end) {
     if (B == 1) {

@@ -103,6 +103,16 @@ TEST_P(PrecisionTest, ForcedFallbacksAgreeWithTheWidestPath) {
           << mode.name << " isa " << static_cast<int>(isa);
       EXPECT_LT(MaxAbsDiff(FeedInChunks(forced, m2, tokens, 30), want), mode.chunking)
           << mode.name << " isa " << static_cast<int>(isa) << " (widened prefill)";
+      if (isa == KernelIsa::kAvx512) {
+        // bfloat16 products kept, the AMX prefill kernels off (a named ISA
+        // turns them off): the path of CPUs with AVX-512-BF16 but no AMX,
+        // oneDNN's bfloat16 products and the fused softmax.
+        p.bf16_products = true;
+        IncrementalModel onednn(c, w, at::kCPU, p);
+        SessionMemory m3(c.n_layer, c.mem_len);
+        EXPECT_LT(MaxAbsDiff(FeedInChunks(onednn, m3, tokens, 30), want), mode.chunking)
+            << mode.name << " (oneDNN bfloat16 prefill)";
+      }
     }
   }
 }

@@ -11,6 +11,7 @@ namespace txl {
 namespace {
 
 using simd::Bf16;
+constexpr int64_t kPanel = kAmxPanel;
 
 // Register use: tmm0-3 hold the sums of 16 x rows by the panel's 64
 // columns (16 each), tmm4 the x block, tmm5 and tmm6 the weight blocks,
@@ -63,15 +64,14 @@ TXL_AVX512 void Finish(const float (*sums)[kPanel], int64_t n, const float* bias
 
 }  // namespace
 
-void AmxProduct(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
-                int64_t begin, int64_t end) {
-  const int64_t rows = w.rows, cols = w.cols, stride = PanelStride(cols, w.elem);
+void AmxProduct(const uint16_t* panels, int64_t rows, int64_t cols, int64_t stride, const float* x, int64_t batch,
+                const float* bias, bool relu, float* y, int64_t begin, int64_t end) {
   thread_local std::vector<uint16_t> xb;
   BlocksOfX(x, batch, cols, stride, &xb);
   const AmxTiles tiles;
   const int64_t x_bytes = stride * 2, w_bytes = kPanel * 2 * 2;  // row strides
   alignas(64) float sums[kRows][kPanel];
-  const Bf16* packed = static_cast<const Bf16*>(w.data);
+  const Bf16* packed = reinterpret_cast<const Bf16*>(panels);
   for (int64_t p = begin; p < end; ++p) {
     const Bf16* panel = packed + p * stride * kPanel;
     const int64_t r0 = p * kPanel, valid = std::min<int64_t>(kPanel, rows - r0);

@@ -1,21 +1,27 @@
 // Several sessions' products with bfloat16 weights on AMX tiles: the panels
 // of decode_kernels.h (column pairs) are the tiles' weight operand as
-// packed, and x is rounded to bfloat16 rows. Internal to model/'s kernels
-// (decode_kernels.cc dispatches to it); torch-free.
+// packed, and x is rounded to bfloat16 rows. Internal to model/'s kernels:
+// decode_kernels.cc dispatches to it, so it takes the panels as plain
+// arrays rather than that header's types. Torch-free.
 #ifndef TXL_MODEL_AMX_PRODUCT_H_
 #define TXL_MODEL_AMX_PRODUCT_H_
 
 #include <cstdint>
 
 #include "model/amx_tiles.h"
-#include "model/decode_kernels.h"
 
 namespace txl {
 
-// PackedProduct of bfloat16 weights with bf16_products, on AMX: panels
-// [begin, end) of w. Needs CpuRunsAmx() and PanelStride a multiple of 32.
-void AmxProduct(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
-                int64_t begin, int64_t end);
+// Output rows per panel (decode_kernels.h's kPanel, which must equal it).
+inline constexpr int64_t kAmxPanel = 64;
+
+// PackedProduct of bfloat16 weights with bf16_products, on AMX: y [batch,
+// rows] = x [batch, cols] times the weights' transpose, plus bias, rectified
+// when relu, for the output rows of panels [begin, end). `panels` holds
+// bfloat16 bits in pairs layout, `stride` (a multiple of 32) columns per
+// panel. Needs CpuRunsAmx().
+void AmxProduct(const uint16_t* panels, int64_t rows, int64_t cols, int64_t stride, const float* x, int64_t batch,
+                const float* bias, bool relu, float* y, int64_t begin, int64_t end);
 
 }  // namespace txl
 

@@ -14,6 +14,8 @@ namespace {
 
 using namespace simd;  // NOLINT: the vector helpers are this file's vocabulary
 
+static_assert(kPanel == kAmxPanel, "AMX products read the same panels");
+
 // acc += q . x over the 2 * lanes elements at x. Split: x is bfloat16 and
 // q is stored de-interleaved per block (its even elements, then its odd ones;
 // SplitBf16).
@@ -585,7 +587,10 @@ void Product(KernelIsa isa, const PackedMatrix& w, const float* x, int64_t batch
   switch (isa) {
     case KernelIsa::kAvx512:
       if constexpr (std::is_same_v<T, Bf16>) {
-        if (w.bf16_products && CpuRunsAmx()) return AmxProduct(w, x, batch, bias, relu, y, b, e);
+        if (w.bf16_products && CpuRunsAmx()) {
+          return AmxProduct(static_cast<const uint16_t*>(w.data), w.rows, w.cols, PanelStride(w.cols, w.elem), x, batch,
+                            bias, relu, y, b, e);
+        }
       }
       return ProductAvx512<T>(w, x, batch, bias, relu, y, b, e);
     case KernelIsa::kAvx2: return ProductAvx2<T>(w, x, batch, bias, relu, y, b, e);

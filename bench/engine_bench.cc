@@ -20,7 +20,8 @@
 //      Q1-bf16 / Q1-int8 one-session step (bf16 or int8 weights, bf16
 //      memories) vs the float32 step; Q1f-* each vs its own bandwidth floor;
 //      Q5-* vs the hidden-state baseline (the original code's speed);
-//      Q3 32 sessions, aggregate tokens/s, bf16 vs float32; Q4 prefill of a
+//      Q3 32 sessions, aggregate tokens/s, bf16 vs float32 (Q3f-* each step
+//      vs its bandwidth floor: Q3's ceiling); Q4 prefill of a
 //      2048-token input, tokens/s, bf16 (AMX where the CPU has it) vs float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -685,16 +686,37 @@ class Bench {
     for (auto& s : manybf) abf.push_back(s.get());
     EngineSteps(a32, 1, f32);
     EngineSteps(abf, 1, bf.get());
-    std::vector<double> m32, mbf;
-    Interleave(
-        z.reps, [&] { return EngineSteps(abf, z.multi_batch, bf.get()); },
-        [&] { return EngineSteps(a32, z.multi_batch, f32); }, &mbf, &m32);
+    // The probe pass interleaved too, for Q3f's floors below.
+    std::vector<double> m32, mbf, mpass;
+    for (int r = 0; r < z.reps; ++r) {
+      mbf.push_back(EngineSteps(abf, z.multi_batch, bf.get()));
+      m32.push_back(EngineSteps(a32, z.multi_batch, f32));
+      mpass.push_back(BandwidthPass(probe, 3));
+    }
     Row q3 = Throughput(
         "Q3", absl::StrFormat("aggregate tokens/s, %d sessions per step (memory %d): bf16 vs float32", N, mem), mbf,
         m32, N, 1.8);
     q3.extra = {{"memory_bytes_per_session_bf16", manybf[0]->memory_bytes()},
                 {"memory_bytes_per_session_float32", many32[0]->memory_bytes()}};
     rows->push_back(q3);
+    // Q3f: each 32-session step against the bytes it must read (the weights
+    // once, every session's keys and values), at the probe's DRAM rate. Both
+    // steps are bound by these bytes, so Q3 cannot exceed the floors' ratio.
+    const int64_t kv32 = config_.n_layer * 2 * mem * config_.n_head * config_.d_head * 4;
+    const int64_t floor32 = FloorBytes(mem) + (N - 1) * kv32;
+    const int64_t floorbf = ReducedFloorBytes(mem, 2, 2) + (N - 1) * kv32 / 2;
+    for (auto [id, t, bytes] : {std::tuple{"Q3f-bf16", &mbf, floorbf}, std::tuple{"Q3f-float32", &m32, floor32}}) {
+      std::vector<double> floor;
+      for (double p : mpass) floor.push_back(bytes * p / probe_bytes);
+      Row f = Ratio(id,
+                    absl::StrFormat("%d-session %s step vs its bandwidth floor (%.1f MB / measured bandwidth)", N,
+                                    id + 4, bytes / 1e6),
+                    "step", "floor", *t, floor, 1.25, false);
+      f.extra = {{"floor_bytes", bytes},
+                 {"bandwidth_bytes_per_s", probe_bytes / Median(mpass)},
+                 {"q3_ceiling_floor_ratio", static_cast<double>(floor32) / floorbf}};
+      rows->push_back(f);
+    }
   }
 
   void set_quick(bool q) { quick_ = q; }

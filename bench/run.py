@@ -6,7 +6,7 @@
                                   [--original DIR]
 
 Runs build/bench/engine_bench (P1, P1f, P2, P3, P5: the engine's step against the
-original code's ways of serving; Q1, Q1f, Q3, Q4, Q5: the reduced-precision modes
+original code's ways of serving; Q1, Q1f, Q3, Q3f, Q4, Q5: the reduced-precision modes
 against float32, on the CPU only; see bench/engine_bench.cc) and, here:
 
   P4  gRPC end to end, 1 session, one token per step: txl-client bench against

@@ -43,9 +43,9 @@ ENV OMP_WAIT_POLICY=PASSIVE
 COPY --from=build /opt/txl-serve /opt/txl-serve
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin txl
 USER 10001
-EXPOSE 50051 9464
+EXPOSE 50051 9464 8080
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["/opt/txl-serve/bin/txl-client", "--server", "127.0.0.1:50051", "--timeout", "3", "health"]
 # Without --model the installed server serves /opt/txl-serve/model/shakespeare_char.pt.
-ENTRYPOINT ["/opt/txl-serve/bin/txl-server", "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
+ENTRYPOINT ["/opt/txl-serve/bin/txl-server", "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--http_listen=0.0.0.0:8080"]
 CMD []

@@ -192,7 +192,7 @@ class Server:
         self.listening = threading.Event()
         self.address = self.metrics_address = None
         cmd = [tools.server, "--model", model, "--listen", "127.0.0.1:%d" % port, "--metrics_listen",
-               "127.0.0.1:0" if metrics else "", "--device", device]
+               "127.0.0.1:0" if metrics else "", "--http_listen=", "--device", device]
         if threads > 0:
             cmd += ["--threads", str(threads)]
         cmd += list(flags)

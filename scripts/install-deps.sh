@@ -20,6 +20,8 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev python3-torch python3-numpy
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # The HTTP front end: Boost.Beast/Asio (header-only; nothing at run time).
+  libboost-dev
   libprotoc-dev python3-grpcio python3-protobuf
   prometheus-cpp-dev libabsl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev

@@ -21,13 +21,17 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/flags_help.h"
 #include "base/read_file.h"
 #include "base/status_macros.h"
 #include "server/api/auth.h"
+#include "server/api/http/http_server.h"
+#include "server/api/http/openai_gateway.h"
 #include "server/api/service.h"
 #include "server/batching/scheduler.h"
 #include "server/durability/recovery.h"
@@ -45,6 +49,13 @@ ABSL_FLAG(std::string, model, "",
           "checkpoint to serve (empty: the bundled model, beside an installed binary in ../model/, "
           "else in the source tree)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
+          "HTTP address: OpenAI-style completions, health, models (empty: off; docs/API.md)");
+ABSL_FLAG(int, http_threads, 2, "threads of the HTTP transport (they never block)");
+ABSL_FLAG(int64_t, http_max_body_bytes, 4 << 20, "largest HTTP request body (bigger: 413)");
+ABSL_FLAG(int, http_max_connections, 1024, "open HTTP connections; past this new ones are closed at once");
+ABSL_FLAG(std::string, http_allow_origin, "",
+          "comma-separated origins allowed by CORS on the HTTP port, or * (empty: no CORS headers)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (empty: off)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(int, threads, 0, "intra-op threads for the model (0: libtorch default)");
@@ -173,6 +184,8 @@ struct ServerOptions {
   bool state_store = false;  // with backend and journal:
   txl::StateBackendConfig backend;
   txl::SessionJournalConfig journal;
+  txl::HttpServerConfig http;   // listen empty: no HTTP port
+  std::string http_off_reason;  // for the start-up log
   // The gRPC port.
   std::string listen, auth_tokens, tls_cert, tls_key, tls_client_ca;
   int max_message_bytes = 0;
@@ -202,6 +215,29 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout));
+
+  o.http.listen = absl::GetFlag(FLAGS_http_listen);
+  o.http.threads = absl::GetFlag(FLAGS_http_threads);
+  o.http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
+  o.http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  o.http.write_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_stall_timeout));
+  for (absl::string_view origin : absl::StrSplit(absl::GetFlag(FLAGS_http_allow_origin), ',', absl::SkipWhitespace())) {
+    o.http.allow_origins.emplace_back(origin);
+  }
+  if (o.http.threads < 1 || o.http.threads > 64) return absl::InvalidArgumentError("--http_threads must be in [1, 64]");
+  if (o.http.max_body_bytes < 1) return absl::InvalidArgumentError("--http_max_body_bytes must be >= 1");
+  if (o.http.max_connections < 1) return absl::InvalidArgumentError("--http_max_connections must be >= 1");
+  if (!o.http.listen.empty() && !o.tls_cert.empty()) {
+    // Never serve in clear text what the operator asked to protect: the
+    // default HTTP port turns off (said at start-up), any other one fails.
+    if (o.http.listen != absl::FindCommandLineFlag("http_listen")->DefaultValue()) {
+      return absl::InvalidArgumentError(
+          "--http_listen with --tls_cert: the HTTP port has no TLS yet; set --http_listen= (off) or put a TLS "
+          "proxy in front of a loopback --http_listen");
+    }
+    o.http.listen.clear();
+    o.http_off_reason = "off: the HTTP port has no TLS yet and --tls_cert is set";
+  }
 
   txl::ServiceConfig& service = o.service;
   service.default_mem_len = std::max<int64_t>(0, absl::GetFlag(FLAGS_default_mem_len));
@@ -379,6 +415,21 @@ int Serve(ServerOptions o, sigset_t signals) {
                                  ? " (address in use?)"
                                  : " (address in use, or --tls_cert/--tls_key not a matching certificate and key?)"));
   }
+  // The HTTP front end calls the service above through an in-process
+  // channel (server/api/http/openai_gateway.h).
+  std::unique_ptr<txl::OpenAiGateway> gateway;
+  std::unique_ptr<txl::HttpServer> http;
+  if (!o.http.listen.empty()) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    gateway = std::make_unique<txl::OpenAiGateway>(
+        txl::OpenAiGatewayConfig{std::filesystem::path(o.model.path).stem().string()}, server->InProcessChannel(args),
+        metrics->get());
+    auto started = txl::HttpServer::Create(
+        o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    http = *std::move(started);
+  }
   scheduler.Start();
   server->GetHealthCheckService()->SetServingStatus(true);
   std::cout << "txl-server: listening on " << o.listen.substr(0, o.listen.rfind(':') + 1) << port
@@ -389,7 +440,9 @@ int Serve(ServerOptions o, sigset_t signals) {
             << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
             << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
             << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype
-            << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath()
+            << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath() << "\ntxl-server: http "
+            << (http ? "on " + o.http.listen.substr(0, o.http.listen.rfind(':') + 1) + std::to_string(http->port())
+                     : (o.http_off_reason.empty() ? std::string("off") : o.http_off_reason))
             << "\ntxl-server: " << transport << ", "
             << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
                        : std::string("no authentication"))
@@ -400,14 +453,22 @@ int Serve(ServerOptions o, sigset_t signals) {
   // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
   scheduler.Drain();
   server->GetHealthCheckService()->SetServingStatus(false);
+  if (http) {
+    gateway->SetDraining();
+    http->StopAccepting();
+  }
   std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
   const absl::Time deadline = absl::Now() + o.drain_timeout;
-  while (absl::Now() < deadline && (scheduler.active() > 0 || scheduler.queue_depth() > 0)) {
+  while (absl::Now() < deadline &&
+         (scheduler.active() > 0 || scheduler.queue_depth() > 0 || (gateway && gateway->active() > 0))) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   // What is still running is cancelled; its sessions keep what was delivered.
   scheduler.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // The gateway's calls end with the service; then the transport's threads.
+  for (int i = 0; gateway && gateway->active() > 0 && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
+  if (http) http->Stop();
   // A graceful stop leaves snapshots, so the next start (here or on another
   // replica) replays nothing; the journal's destructor then retires this
   // replica's heartbeat, which lets another replica take its sessions at once.

@@ -33,6 +33,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
   m->requests_ = &BuildCounter().Name("txl_requests_total").Help("RPCs by method and status code").Register(r);
+  m->http_requests_ =
+      &BuildCounter().Name("txl_http_requests_total").Help("HTTP requests by route and status").Register(r);
   m->tokens_fed_ =
       &BuildCounter().Name("txl_tokens_fed_total").Help("Tokens fed through the model").Register(r).Add({});
   m->tokens_generated_ =
@@ -141,6 +143,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
 }
 
 Metrics::~Metrics() = default;
+
+void Metrics::OnHttpRequest(const std::string& route, int status) {
+  http_requests_->Add({{"route", route}, {"code", std::to_string(status)}}).Increment();
+}
 
 void Metrics::OnRequest(const std::string& method, const std::string& code) {
   requests_->Add({{"method", method}, {"code", code}}).Increment();

@@ -44,6 +44,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
 
   // ServiceMetrics.
   void OnRequest(const std::string& method, const std::string& code) override;
+  void OnHttpRequest(const std::string& route, int status) override;
   // SchedulerObserver.
   void OnStep(int batch_size, int64_t tokens, double seconds) override;
   void OnQueueDepth(int64_t depth) override;
@@ -66,6 +67,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsEndpoint> endpoint_;  // after registry_: stops before it
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Counter>* http_requests_ = nullptr;
   prometheus::Counter *tokens_fed_ = nullptr, *tokens_generated_ = nullptr, *evicted_ttl_ = nullptr;
   prometheus::Histogram *ttft_ = nullptr, *itl_ = nullptr, *step_seconds_ = nullptr;
   prometheus::Histogram *batch_size_ = nullptr, *step_tokens_ = nullptr;

@@ -12,6 +12,9 @@ class ServiceMetrics {
   virtual ~ServiceMetrics() = default;
   // `code` is the gRPC status code name, e.g. "OK", "NOT_FOUND".
   virtual void OnRequest(const std::string& method, const std::string& code) = 0;
+  // An HTTP answer: `route` is the route's pattern (never the raw path, so
+  // the label set stays bounded), `status` the HTTP status.
+  virtual void OnHttpRequest(const std::string& route, int status) {}
 };
 
 }  // namespace txl

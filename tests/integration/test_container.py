@@ -92,9 +92,11 @@ class ContainerTest(unittest.TestCase):
         ports = " ".join(self.final("EXPOSE")).split()
         self.assertIn("50051", ports)
         self.assertIn("9464", ports)
+        self.assertIn("8080", ports)
         entry = exec_form(self.final("ENTRYPOINT")[-1])
         self.assertIn("--listen=0.0.0.0:50051", entry)
         self.assertIn("--metrics_listen=0.0.0.0:9464", entry)
+        self.assertIn("--http_listen=0.0.0.0:8080", entry)
         with open(os.path.join(ARGS.source_dir, ".dockerignore")) as f:
             self.assertIn("build*/", f.read().split())
 

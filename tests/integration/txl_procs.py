@@ -2,7 +2,7 @@
 
 - free_port(): a loopback port nobody listens on (for a process that cannot pick its own).
 - tiny_model(bin_dir, directory, **config): a small random model written by txl-init.
-- Server(bin_dir, model, *flags, metrics=False): txl-server on 127.0.0.1:0, started and ready, with the
+- Server(bin_dir, model, *flags, metrics=False, http=False): txl-server on 127.0.0.1:0, started and ready, with the
   addresses it reports; stop() (SIGTERM) returns its exit code; a context manager.
 
 - run_stub_tests(namespace, doc, extra_args): the main() of a unittest script that talks gRPC
@@ -59,11 +59,12 @@ class Server:
     Raises RuntimeError, with the output, when the server exits before it is ready.
     """
 
-    def __init__(self, bin_dir, model, *flags, metrics=False, flagfile=None):
+    def __init__(self, bin_dir, model, *flags, metrics=False, http=False, flagfile=None):
         self._start([os.path.join(bin_dir, "server", "txl-server")] +
                     ([f"--flagfile={flagfile}"] if flagfile else []) +
                     ["--model", model, "--listen", "127.0.0.1:0",
-                     "--metrics_listen", "127.0.0.1:0" if metrics else "", *flags])
+                     "--metrics_listen", "127.0.0.1:0" if metrics else "",
+                     "--http_listen", "127.0.0.1:0" if http else "", *flags])
 
     @classmethod
     def from_argv(cls, argv):
@@ -73,13 +74,13 @@ class Server:
 
     def _start(self, argv):
         self.argv = argv
-        self.address = self.metrics_address = None
+        self.address = self.metrics_address = self.http_address = None
         self.lines = []
         self._stopped = False
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        # server/main.cc reports "listening on ADDR[, metrics on ADDR]" and then "model PATH (...)"
-        # in one write, once it serves.
-        while not self.lines or not self.lines[-1].startswith("txl-server: model "):
+        # server/main.cc reports "listening on ADDR[, metrics on ADDR]", "model PATH (...)", ...
+        # and "http on ADDR" (or "http off...") in one write, once it serves.
+        while not self.lines or not self.lines[-1].startswith("txl-server: http "):
             line = self.proc.stdout.readline()
             if not line:
                 self.stop(timeout=30, check=False)
@@ -88,6 +89,9 @@ class Server:
             m = re.search(r"listening on (\S+?)(?:, metrics on (\S+))?\s*$", line)
             if m:
                 self.address, self.metrics_address = m.group(1), m.group(2)
+            m = re.match(r"txl-server: http on (\S+)\s*$", line)
+            if m:
+                self.http_address = m.group(1)
 
     @property
     def output(self):

@@ -160,7 +160,7 @@ TEST(ServerPrecisionTest, BadDtypeNamesTheFlagAndExitsNonZero) {
   for (const Case& t : {Case{"--dtype=fp8", "txl-server: dtype: unknown 'fp8' (use float32, bfloat16 or int8)"},
                         Case{"--kv_dtype=int8", "txl-server: kv_dtype: unknown 'int8' (use float32 or bfloat16)"}}) {
     const std::string command = std::string(TXL_SERVER_BINARY) + " --model=" + ModelPath() +
-                                " --listen=127.0.0.1:0 --metrics_listen= " + t.flag + " 2>&1";
+                                " --listen=127.0.0.1:0 --metrics_listen= --http_listen= " + t.flag + " 2>&1";
     FILE* pipe = popen(command.c_str(), "r");
     ASSERT_NE(pipe, nullptr);
     std::string output;

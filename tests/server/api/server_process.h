@@ -21,7 +21,7 @@ namespace txl::testing {
 
 class ServerProcess {
  public:
-  // Starts `binary args... --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0`
+  // Starts `binary args... --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 --http_listen=`
   // and waits (up to 60 s) for its "listening" line. Null if it exited
   // first; `output` then holds what it printed.
   static std::unique_ptr<ServerProcess> Start(const std::string& binary, std::vector<std::string> args,
@@ -31,6 +31,7 @@ class ServerProcess {
     for (const auto& a : args) has_listen |= a.rfind("--listen", 0) == 0;
     if (!has_listen) args.push_back("--listen=127.0.0.1:0");
     args.push_back("--metrics_listen=127.0.0.1:0");
+    args.push_back("--http_listen=");  // off: parallel tests would share the default port
     int out[2];
     if (pipe(out) != 0) return nullptr;
     const pid_t pid = fork();

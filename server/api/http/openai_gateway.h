@@ -1,0 +1,60 @@
+// OpenAiGateway: the HTTP routes (OpenAI's shapes, health, models). Each
+// route turns its JSON into the txl.v1 request and makes the call on the
+// gRPC service in this process (an in-process channel): HTTP then has the
+// same scheduler, sessions, validation, limits, bearer tokens and metrics as
+// gRPC, with no second path to keep in step. Calls use gRPC's callback
+// client API, so no thread waits on a generation. docs/API.md lists the
+// routes; docs/DESIGN.md traces one.
+#ifndef TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
+#define TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "proto/txl/v1/txl.grpc.pb.h"
+#include "server/api/http/http_exchange.h"
+#include "server/metrics/service_metrics.h"
+
+namespace txl {
+
+struct OpenAiGatewayConfig {
+  std::string model_name;  // the id /v1/models lists and requests may name
+};
+
+class OpenAiGateway {
+ public:
+  // `channel`: to this process's TxlService; `metrics` may be null.
+  OpenAiGateway(const OpenAiGatewayConfig& config, std::shared_ptr<grpc::Channel> channel, ServiceMetrics* metrics);
+  // The HttpHandler: routes one exchange. Never blocks.
+  void Handle(std::shared_ptr<HttpExchange> x);
+  // /readyz and /v2/health/ready answer 503 from now on.
+  void SetDraining() { draining_ = true; }
+  // Calls in flight (generations not yet finished).
+  int active() const { return active_.load(); }
+
+  // What every route shares (openai_routes.cc).
+  struct Shared {
+    OpenAiGatewayConfig config;
+    std::unique_ptr<v1::TransformerXL::Stub> stub;
+    ServiceMetrics* metrics;
+    std::atomic<int>* active;
+    // Answers and counts it in txl_http_requests_total{route, code}.
+    void Answer(HttpExchange& x, const std::string& route, int status, const std::string& json) const;
+    void Count(const std::string& route, int status) const {
+      if (metrics != nullptr) metrics->OnHttpRequest(route, status);
+    }
+  };
+
+ private:
+  Shared shared_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> active_{0};
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_

@@ -1,0 +1,344 @@
+#include "server/api/http/openai_json.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace txl {
+namespace {
+
+using json = nlohmann::json;
+
+const char* ErrorType(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 409: return "conflict_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+HttpError Bad(const std::string& param, const std::string& message) {
+  return HttpError{400, message, param, "invalid_argument"};
+}
+
+// Reads an optional number field that must hold an integer in [lo, hi].
+bool IntField(const json& body, const char* name, int64_t lo, int64_t hi, int64_t* out, HttpError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number_integer() && !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>())) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be an integer"));
+    return false;
+  }
+  const double v = it->get<double>();
+  if (v < static_cast<double>(lo) || v > static_cast<double>(hi)) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be in [", lo, ", ", hi, "], got ", it->dump()));
+    return false;
+  }
+  *out = it->is_number_integer() ? it->get<int64_t>() : static_cast<int64_t>(v);
+  return true;
+}
+
+bool NumberField(const json& body, const char* name, double* out, HttpError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number()) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be a number"));
+    return false;
+  }
+  *out = it->get<double>();
+  return true;
+}
+
+bool BoolField(const json& body, const char* name, bool* out, HttpError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be true or false"));
+    return false;
+  }
+  *out = it->get<bool>();
+  return true;
+}
+
+json Identity(const CompletionId& id) {
+  return json{{"id", id.id}, {"object", "text_completion"}, {"created", id.created}, {"model", id.model}};
+}
+
+}  // namespace
+
+std::string ErrorBody(const HttpError& e) {
+  json err{{"message", e.message},
+           {"type", ErrorType(e.status)},
+           {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+           {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return json{{"error", err}}.dump();
+}
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted: return 409;  // e.g. a session busy with another request
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kCancelled: return 499;
+    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message) {
+  return HttpError{HttpStatusFor(code), message, "", absl::AsciiStrToLower(absl::StatusCodeToString(code))};
+}
+
+absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
+                                                 const std::string& model_name, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
+  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
+  CompletionParams p;
+  v1::GenerateRequest& r = p.request;
+
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("model", "'model' must be a string"));
+    if (!it->get<std::string>().empty() && it->get<std::string>() != model_name) {
+      return fail(HttpError{404, absl::StrCat("model '", it->get<std::string>(), "' is not served here (this server serves '",
+                                              model_name, "')"),
+                            "model", "model_not_found"});
+    }
+  }
+  // prompt: a string, one string in an array, or token ids.
+  auto prompt = j.find("prompt");
+  if (prompt == j.end() || prompt->is_null()) return fail(Bad("prompt", "'prompt' is required"));
+  if (prompt->is_string()) {
+    r.mutable_input()->set_text(prompt->get<std::string>());
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    r.mutable_input()->set_text((*prompt)[0].get<std::string>());
+  } else if (prompt->is_array() && (prompt->empty() || (*prompt)[0].is_number_integer())) {
+    auto* ids = r.mutable_input()->mutable_tokens();
+    for (const json& t : *prompt) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return fail(Bad("prompt", "'prompt' as an array holds token ids: non-negative integers"));
+      }
+      ids->add_ids(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    return fail(Bad("prompt", "'prompt' must be a string, or an array of token ids (batches of prompts are not "
+                              "supported: send one request each)"));
+  }
+
+  int64_t max_tokens = 16, n = 1, logprobs = -1, seed = 0;
+  if (!IntField(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
+      !IntField(j, "n", 1, std::numeric_limits<int32_t>::max(), &n, error) ||
+      !IntField(j, "logprobs", 0, std::numeric_limits<int32_t>::max(), &logprobs, error) ||
+      !IntField(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (n != 1) return fail(Bad("n", "only n = 1 is supported: send one request per completion"));
+  r.set_max_new_tokens(static_cast<int32_t>(max_tokens));
+  if (logprobs >= 0) {
+    p.logprobs = true;
+    r.set_logprobs(static_cast<int32_t>(logprobs));
+  }
+  double temperature = 1.0, top_p = 1.0;  // OpenAI's defaults
+  if (!NumberField(j, "temperature", &temperature, error) || !NumberField(j, "top_p", &top_p, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  r.mutable_sampling()->set_temperature(static_cast<float>(temperature));
+  r.mutable_sampling()->set_top_p(static_cast<float>(top_p));
+  r.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
+
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r.add_stop_sequences(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) return fail(Bad("stop", "'stop' must be a string or an array of strings"));
+        r.add_stop_sequences(s.get<std::string>());
+      }
+    } else {
+      return fail(Bad("stop", "'stop' must be a string or an array of strings"));
+    }
+  }
+  if (auto it = j.find("user"); it != j.end() && !it->is_null() && !it->is_string()) {
+    return fail(Bad("user", "'user' must be a string"));
+  }
+  // Options this server does not implement: refused when they would change
+  // the result, rather than silently ignored.
+  if (auto it = j.find("echo"); it != j.end() && *it == true) return fail(Bad("echo", "'echo' is not supported"));
+  if (auto it = j.find("suffix"); it != j.end() && !it->is_null()) {
+    return fail(Bad("suffix", "'suffix' is not supported"));
+  }
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
+    return fail(Bad("best_of", "only best_of = 1 is supported"));
+  }
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    if (auto it = j.find(penalty); it != j.end() && !it->is_null() && (!it->is_number() || it->get<double>() != 0)) {
+      return fail(Bad(penalty, absl::StrCat("'", penalty, "' is not supported (only 0)")));
+    }
+  }
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null() && !it->empty()) {
+    return fail(Bad("logit_bias", "'logit_bias' is not supported"));
+  }
+
+  if (!BoolField(j, "stream", &p.stream, error)) return absl::InvalidArgumentError(error->message);
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return fail(Bad("stream_options", "'stream_options' must be an object"));
+    if (!p.stream) return fail(Bad("stream_options", "'stream_options' is only allowed with 'stream': true"));
+    if (!BoolField(*it, "include_usage", &p.include_usage, error)) return absl::InvalidArgumentError(error->message);
+  }
+  // The stateful extension: a session this call continues.
+  if (auto it = j.find("session_id"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("session_id", "'session_id' must be a string"));
+    r.set_session_id(it->get<std::string>());
+  } else {
+    r.set_session_id(session_header);
+  }
+  return p;
+}
+
+void CompletionResult::Add(const v1::GenerateResponse& r) {
+  text += r.text();
+  for (const auto& t : r.tokens()) tokens.push_back(t);
+  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish = r.finish_reason();
+  if (r.has_usage()) usage = r.usage();
+  position = r.position();
+  if (!r.session_id().empty() && stateful) session_id = r.session_id();
+}
+
+json FinishReasonJson(v1::FinishReason f) {
+  switch (f) {
+    case v1::FINISH_REASON_LENGTH: return "length";
+    case v1::FINISH_REASON_STOP_TOKEN:
+    case v1::FINISH_REASON_STOP_SEQUENCE: return "stop";
+    case v1::FINISH_REASON_CANCELLED: return "cancelled";
+    default: return nullptr;
+  }
+}
+
+json LogprobsJson(const std::vector<v1::GeneratedToken>& tokens, int64_t offset) {
+  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& t : tokens) {
+    texts.push_back(t.text());
+    lps.push_back(t.logprob());
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(t.text().size());
+    json top = json::object();
+    for (const auto& alt : t.top()) top[alt.text().empty() ? absl::StrCat("<", alt.id(), ">") : alt.text()] = alt.logprob();
+    tops.push_back(t.top().empty() ? json(nullptr) : top);
+  }
+  return json{{"tokens", texts}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
+  json choice{{"text", r.text},
+              {"index", 0},
+              {"logprobs", logprobs ? LogprobsJson(r.tokens, 0) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish)}};
+  json out = Identity(id);
+  out["choices"] = json::array({choice});
+  out["usage"] = json{{"prompt_tokens", r.usage.input_tokens()},
+                      {"completion_tokens", r.usage.generated_tokens()},
+                      {"total_tokens", r.usage.input_tokens() + r.usage.generated_tokens()}};
+  if (!r.session_id.empty()) {
+    out["session_id"] = r.session_id;
+    out["position"] = r.position;
+  }
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, int64_t offset,
+                            const std::string& session) {
+  std::vector<v1::GeneratedToken> tokens(r.tokens().begin(), r.tokens().end());
+  json choice{{"text", r.text()},
+              {"index", 0},
+              {"logprobs", logprobs && !tokens.empty() ? LogprobsJson(tokens, offset) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish_reason())}};
+  json out = Identity(id);
+  out["choices"] = json::array({choice});
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = r.position();
+  }
+  return absl::StrCat("data: ", out.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
+}
+
+std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position, const std::string& session) {
+  json out = Identity(id);
+  out["choices"] = json::array();
+  out["usage"] = json{{"prompt_tokens", usage.input_tokens()},
+                      {"completion_tokens", usage.generated_tokens()},
+                      {"total_tokens", usage.input_tokens() + usage.generated_tokens()}};
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = position;
+  }
+  return absl::StrCat("data: ", out.dump(), "\n\n");
+}
+
+json SessionJson(const v1::Session& s) {
+  json labels = json::object();
+  for (const auto& [k, v] : s.labels()) labels[k] = v;
+  return json{{"id", s.session_id()},
+              {"object", "session"},
+              {"position", s.position()},
+              {"mem_len", s.mem_len()},
+              {"memory_tokens", s.memory_tokens()},
+              {"memory_bytes", s.memory_bytes()},
+              {"created", s.created().seconds()},
+              {"last_used", s.last_used().seconds()},
+              {"idle_ttl_seconds", s.idle_ttl_seconds()},
+              {"labels", labels},
+              {"busy", s.busy()}};
+}
+
+absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& body, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  v1::CreateSessionRequest r;
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return r;
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
+  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
+  int64_t mem_len = 0, ttl = 0;
+  if (!IntField(j, "mem_len", 0, std::numeric_limits<int64_t>::max(), &mem_len, error) ||
+      !IntField(j, "idle_ttl_seconds", 0, std::numeric_limits<int64_t>::max(), &ttl, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  r.set_mem_len(mem_len);
+  r.set_idle_ttl_seconds(ttl);
+  if (auto it = j.find("labels"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return fail(Bad("labels", "'labels' must be an object of strings"));
+    for (auto& [k, v] : it->items()) {
+      if (!v.is_string()) return fail(Bad("labels", "'labels' must be an object of strings"));
+      (*r.mutable_labels())[k] = v.get<std::string>();
+    }
+  }
+  if (auto it = j.find("session_id"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("session_id", "'session_id' must be a string"));
+    r.set_session_id(it->get<std::string>());
+  }
+  return r;
+}
+
+}  // namespace txl

@@ -27,6 +27,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   # Without an optimised BLAS libtorch uses the reference BLAS (~10x slower).
   libopenblas0-openmp
+  # The playground's browser test (tests/integration/test_playground.py) and the curl SSE check.
+  chromium chromium-driver python3-selenium curl
   # Real peers of the deployment tests (tests/integration): the proxy, the scraper, YAML.
   nginx-light prometheus python3-yaml
   # The security tests make their CA and certificates with the openssl CLI.

@@ -31,6 +31,7 @@
 #include "base/status_macros.h"
 #include "server/api/auth.h"
 #include "server/api/http/http_server.h"
+#include "server/api/http/metrics_route.h"
 #include "server/api/http/openai_gateway.h"
 #include "server/api/service.h"
 #include "server/batching/scheduler.h"
@@ -54,6 +55,9 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
 ABSL_FLAG(int, http_threads, 2, "threads of the HTTP transport (they never block)");
 ABSL_FLAG(int64_t, http_max_body_bytes, 4 << 20, "largest HTTP request body (bigger: 413)");
 ABSL_FLAG(int, http_max_connections, 1024, "open HTTP connections; past this new ones are closed at once");
+ABSL_FLAG(std::string, chat_template, "",
+          "JSON file of the chat template /v1/chat/completions renders messages with (empty: the built-in one; "
+          "docs/HTTP.md)");
 ABSL_FLAG(std::string, http_allow_origin, "",
           "comma-separated origins allowed by CORS on the HTTP port, or * (empty: no CORS headers)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (empty: off)");
@@ -186,6 +190,8 @@ struct ServerOptions {
   txl::SessionJournalConfig journal;
   txl::HttpServerConfig http;   // listen empty: no HTTP port
   std::string http_off_reason;  // for the start-up log
+  std::string metrics_listen;   // empty: no /metrics
+  txl::ChatTemplate chat_template;
   // The gRPC port.
   std::string listen, auth_tokens, tls_cert, tls_key, tls_client_ca;
   int max_message_bytes = 0;
@@ -224,6 +230,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   for (absl::string_view origin : absl::StrSplit(absl::GetFlag(FLAGS_http_allow_origin), ',', absl::SkipWhitespace())) {
     o.http.allow_origins.emplace_back(origin);
   }
+  ASSIGN_OR_RETURN(o.chat_template, txl::ChatTemplate::Load(absl::GetFlag(FLAGS_chat_template)));
   if (o.http.threads < 1 || o.http.threads > 64) return absl::InvalidArgumentError("--http_threads must be in [1, 64]");
   if (o.http.max_body_bytes < 1) return absl::InvalidArgumentError("--http_max_body_bytes must be >= 1");
   if (o.http.max_connections < 1) return absl::InvalidArgumentError("--http_max_connections must be >= 1");
@@ -301,7 +308,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--stream_stall_timeout must be > 0");
   sched.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_stall_timeout));
 
-  o.metrics.listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.metrics.max_sessions = table.max_sessions;
   o.metrics.max_queue = sched.max_queue;
   o.metrics.session_memory_budget = table.memory_budget_bytes;
@@ -402,6 +409,18 @@ int Serve(ServerOptions o, sigset_t signals) {
                     {"d_model", std::to_string(mc.d_model)}};
   auto metrics = txl::Metrics::Create(o.metrics, &table);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+  // /metrics on its own port, on the same HTTP transport as the API.
+  std::unique_ptr<txl::HttpServer> metrics_http;
+  if (!o.metrics_listen.empty()) {
+    txl::HttpServerConfig scrape;
+    scrape.listen = o.metrics_listen;
+    scrape.threads = 1;
+    scrape.max_body_bytes = 1 << 16;
+    scrape.max_connections = 64;
+    auto started = txl::HttpServer::Create(scrape, txl::MetricsRoute([m = metrics->get()] { return m->Scrape(); }));
+    if (!started.ok()) return Fail(absl::StrCat("--metrics_listen: ", started.status().message()));
+    metrics_http = *std::move(started);
+  }
 
   txl::Scheduler scheduler(o.scheduler, engine->get(), &table, &model.tokenizer(), metrics->get());
   scheduler.SetJournal(journal.get());
@@ -423,8 +442,8 @@ int Serve(ServerOptions o, sigset_t signals) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     gateway = std::make_unique<txl::OpenAiGateway>(
-        txl::OpenAiGatewayConfig{std::filesystem::path(o.model.path).stem().string()}, server->InProcessChannel(args),
-        metrics->get());
+        txl::OpenAiGatewayConfig{std::filesystem::path(o.model.path).stem().string(), o.chat_template},
+        server->InProcessChannel(args), metrics->get());
     auto started = txl::HttpServer::Create(
         o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
     if (!started.ok()) return Fail(std::string(started.status().message()));
@@ -433,10 +452,9 @@ int Serve(ServerOptions o, sigset_t signals) {
   scheduler.Start();
   server->GetHealthCheckService()->SetServingStatus(true);
   std::cout << "txl-server: listening on " << o.listen.substr(0, o.listen.rfind(':') + 1) << port
-            << (o.metrics.listen.empty()
-                    ? ""
-                    : ", metrics on " + o.metrics.listen.substr(0, o.metrics.listen.rfind(':') + 1) +
-                          std::to_string((*metrics)->port()))
+            << (metrics_http ? ", metrics on " + o.metrics_listen.substr(0, o.metrics_listen.rfind(':') + 1) +
+                                   std::to_string(metrics_http->port())
+                             : "")
             << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
             << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
             << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype

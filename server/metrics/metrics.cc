@@ -135,10 +135,6 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
       .Register(r)
       .Add({config.info.begin(), config.info.end()})
       .Set(1);
-  if (!config.listen.empty()) {
-    Metrics* self = m.get();
-    ASSIGN_OR_RETURN(m->endpoint_, MetricsEndpoint::Create(config.listen, [self] { return self->Scrape(); }));
-  }
   return m;
 }
 

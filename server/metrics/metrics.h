@@ -1,5 +1,6 @@
 // Metrics: the server's Prometheus metrics (docs/DESIGN.md §8), kept with
-// prometheus-cpp and served on their own port (metrics_endpoint.h). Injected into the scheduler (as its
+// prometheus-cpp; Scrape() renders them for /metrics, which the HTTP
+// transport serves on its own port (server/api/http/metrics_route.h). Injected into the scheduler (as its
 // observer) and the service; never a singleton. No label ever carries a
 // session id.
 //
@@ -14,7 +15,6 @@
 
 #include "absl/status/statusor.h"
 #include "server/batching/scheduler_config.h"
-#include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
 
@@ -30,7 +30,6 @@ class Family;
 namespace txl {
 
 struct MetricsConfig {
-  std::string listen;                       // host:port for /metrics; empty: not served
   std::map<std::string, std::string> info;  // labels of txl_build_info
   // Limits exported as gauges.
   int64_t max_sessions = 0, max_queue = 0, session_memory_budget = 0;
@@ -38,7 +37,6 @@ struct MetricsConfig {
 
 class Metrics : public SchedulerObserver, public ServiceMetrics {
  public:
-  // UNAVAILABLE with the address when the port cannot be bound.
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsConfig& config, const SessionTable* table);
   ~Metrics() override;
 
@@ -59,13 +57,11 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
 
   // The text exposition (what /metrics serves), for tests and debugging.
   std::string Scrape() const;
-  int port() const { return endpoint_ ? endpoint_->port() : 0; }  // 0: not served
 
  private:
   Metrics() = default;
   const SessionTable* table_ = nullptr;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<MetricsEndpoint> endpoint_;  // after registry_: stops before it
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Counter>* http_requests_ = nullptr;
   prometheus::Counter *tokens_fed_ = nullptr, *tokens_generated_ = nullptr, *evicted_ttl_ = nullptr;

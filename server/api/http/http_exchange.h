@@ -14,9 +14,9 @@
 namespace txl {
 
 struct HttpRequest {
-  std::string method;                         // "GET", "POST", ...
-  std::string path;                           // the target without its query
-  std::string query;                          // after '?', undecoded
+  std::string method;                          // "GET", "POST", ...
+  std::string path;                            // the target without its query
+  std::string query;                           // after '?', undecoded
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string body;
   std::string Header(const std::string& lower_name) const {

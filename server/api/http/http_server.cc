@@ -127,7 +127,8 @@ class ServerImpl final : public HttpServer {
     int port = 0;
     if (colon == std::string::npos || !absl::SimpleAtoi(config_.listen.substr(colon + 1), &port) || port < 0 ||
         port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("--http_listen: expected HOST:PORT, got \"", config_.listen, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http_listen: expected HOST:PORT, got \"", config_.listen, "\""));
     }
     std::string host = config_.listen.substr(0, colon);
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
@@ -276,7 +277,8 @@ void Connection::OnRequest(beast::error_code ec) {
   const size_t q = target.find('?');
   r.path = target.substr(0, q);
   if (q != std::string::npos) r.query = target.substr(q + 1);
-  for (const auto& field : req) r.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
+  for (const auto& field : req)
+    r.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
   r.body = std::move(req.body());
   stream_.expires_never();  // a route may take as long as its generation; writes set their own
   WatchForDisconnect();

@@ -18,10 +18,10 @@
 namespace txl {
 
 struct HttpServerConfig {
-  std::string listen = "127.0.0.1:8080";  // HOST:PORT; port 0 picks a free one
-  int threads = 2;                        // the transport's threads (never blocked)
-  int64_t max_body_bytes = 4 << 20;       // a bigger body gets 413
-  int max_connections = 1024;             // past this, new connections are closed at once
+  std::string listen = "127.0.0.1:8080";             // HOST:PORT; port 0 picks a free one
+  int threads = 2;                                   // the transport's threads (never blocked)
+  int64_t max_body_bytes = 4 << 20;                  // a bigger body gets 413
+  int max_connections = 1024;                        // past this, new connections are closed at once
   absl::Duration read_timeout = absl::Seconds(30);   // to receive one whole request
   absl::Duration write_timeout = absl::Seconds(30);  // for one write to drain to a client
   std::vector<std::string> allow_origins;            // CORS: exact origins, or "*"; empty: no CORS

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/api/http/openai_json.h"
+#include "server/api/http/playground/playground_page.h"
 
 namespace txl {
 namespace {
@@ -41,9 +42,13 @@ std::string NewCompletionId() {
 class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse>,
                              public std::enable_shared_from_this<CompletionCall> {
  public:
-  CompletionCall(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x, CompletionParams p)
-      : s_(s), x_(std::move(x)), p_(std::move(p)) {
-    id_.id = NewCompletionId();
+  // `chat`: the chat shapes; `on_success` runs with the whole result once
+  // the call has succeeded (before the client is answered).
+  CompletionCall(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x, CompletionParams p, bool chat,
+                 std::function<void(const CompletionResult&)> on_success = nullptr)
+      : s_(s), x_(std::move(x)), p_(std::move(p)), chat_(chat), on_success_(std::move(on_success)) {
+    route_ = chat ? "/v1/chat/completions" : "/v1/completions";
+    id_.id = (chat ? "chat" : "") + NewCompletionId();
     id_.created = absl::ToUnixSeconds(absl::Now());
     id_.model = s_->config.model_name;
     result_.stateful = !p_.request.session_id().empty();
@@ -72,10 +77,13 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     result_.Add(response_);  // for the usage event and the error path
     if (!started_) {
       started_ = true;
-      s_->Count(kRoute, 200);
+      s_->Count(route_, 200);
       x_->StartStream(200, "text/event-stream");
     }
-    std::string event = CompletionChunk(id_, response_, p_.logprobs, offset_, p_.request.session_id());
+    std::string event =
+        chat_ ? ChatChunk(id_, response_, p_.logprobs, offset_ == 0 && !role_sent_, p_.request.session_id())
+              : CompletionChunk(id_, response_, p_.logprobs, offset_, p_.request.session_id());
+    role_sent_ = true;
     offset_ += static_cast<int64_t>(response_.text().size());
     {
       absl::MutexLock lock(&mu_);
@@ -93,19 +101,26 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     if (!status.ok()) {
       const HttpError e = FromGrpc(status);
       if (!started_) {
-        s_->Answer(*x_, kRoute, e.status, ErrorBody(e));
+        s_->Answer(*x_, route_, e.status, ErrorBody(e));
       } else {  // mid-stream: an error event, as OpenAI sends one
         x_->Send(absl::StrCat("data: ", ErrorBody(e), "\n\n"), nullptr);
         x_->EndStream();
       }
     } else if (!p_.stream) {
-      s_->Answer(*x_, kRoute, 200, CompletionBody(id_, result_, p_.logprobs));
+      if (on_success_) on_success_(result_);
+      s_->Answer(*x_, route_, 200,
+                 chat_ ? ChatBody(id_, result_, p_.logprobs) : CompletionBody(id_, result_, p_.logprobs));
     } else {
       if (!started_) {  // nothing was generated, not even a final response (cannot happen on success)
-        s_->Count(kRoute, 200);
+        s_->Count(route_, 200);
         x_->StartStream(200, "text/event-stream");
       }
-      if (p_.include_usage) x_->Send(UsageChunk(id_, result_.usage, result_.position, result_.session_id), nullptr);
+      if (on_success_) on_success_(result_);
+      if (p_.include_usage) {
+        x_->Send(chat_ ? ChatUsageChunk(id_, result_.usage, result_.position, result_.session_id)
+                       : UsageChunk(id_, result_.usage, result_.position, result_.session_id),
+                 nullptr);
+      }
       x_->Send("data: [DONE]\n\n", nullptr);
       x_->EndStream();
     }
@@ -114,8 +129,6 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   }
 
  private:
-  static constexpr char kRoute[] = "/v1/completions";
-
   void Written() {
     {
       absl::MutexLock lock(&mu_);
@@ -140,6 +153,10 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   const OpenAiGateway::Shared* s_;
   std::shared_ptr<HttpExchange> x_;
   CompletionParams p_;
+  const bool chat_;
+  std::function<void(const CompletionResult&)> on_success_;
+  std::string route_;
+  bool role_sent_ = false;
   CompletionId id_;
   grpc::ClientContext ctx_;
   v1::GenerateResponse response_;
@@ -219,7 +236,7 @@ void Unary(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x, std:
              s->Answer(*x, route, e.status, ErrorBody(e));
              return;
            }
-           s->Answer(*x, route, 200, render(call->resp).dump());
+           s->Answer(*x, route, 200, render(call->resp).dump(-1, ' ', false, json::error_handler_t::replace));
          });
 }
 
@@ -228,7 +245,7 @@ void Sessions(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x) {
   const HttpRequest& req = x->request();
   const std::string rest = req.path.substr(std::string("/v1/sessions").size());  // "", "/ID" or "/ID/fork"
   const std::vector<std::string> parts = absl::StrSplit(rest, '/', absl::SkipEmpty());
-  const std::string route = parts.empty()        ? "/v1/sessions"
+  const std::string route = parts.empty()       ? "/v1/sessions"
                             : parts.size() == 1 ? "/v1/sessions/{id}"
                                                 : absl::StrCat("/v1/sessions/{id}/", parts[1]);
   auto wrong_method = [&](const char* allowed) {
@@ -273,7 +290,10 @@ void Sessions(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x) {
       return Unary<v1::DeleteSessionRequest, v1::DeleteSessionResponse>(
           s, std::move(x), route, q,
           [](auto* a, auto* c, auto* q, auto* o, auto f) { a->DeleteSession(c, q, o, std::move(f)); },
-          [id](const v1::DeleteSessionResponse&) { return json{{"id", id}, {"object", "session"}, {"deleted", true}}; });
+          [s, id](const v1::DeleteSessionResponse&) {
+            s->chats->Forget(id);
+            return json{{"id", id}, {"object", "session"}, {"deleted", true}};
+          });
     }
     return wrong_method("GET or DELETE");
   }
@@ -286,9 +306,72 @@ void Sessions(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x) {
     *q.mutable_labels() = body->labels();
     return Unary<v1::ForkSessionRequest, v1::Session>(
         s, std::move(x), route, q,
-        [](auto* a, auto* c, auto* q, auto* o, auto f) { a->ForkSession(c, q, o, std::move(f)); }, session);
+        [](auto* a, auto* c, auto* q, auto* o, auto f) { a->ForkSession(c, q, o, std::move(f)); },
+        [s, id](const v1::Session& r) {
+          s->chats->Copy(id, r.session_id());
+          return SessionJson(r);
+        });
+  }
+  if (parts.size() == 2 && parts[1] == "score") {
+    if (req.method != "POST") return wrong_method("POST");
+    auto score = ParseScore(req.body, id, &error);
+    if (!score.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
+    return Unary<v1::ScoreRequest, v1::ScoreResponse>(
+        s, std::move(x), route, *std::move(score),
+        [](auto* a, auto* c, auto* q, auto* o, auto f) { a->Score(c, q, o, std::move(f)); },
+        [id](const v1::ScoreResponse& r) { return ScoreJson(id, r); });
   }
   s->Answer(*x, "other", 404, ErrorBody({404, absl::StrCat("no route ", req.method, " ", req.path), "", "not_found"}));
+}
+
+// POST /v1/chat/completions: the messages rendered by the chat template; with
+// a session, only those it has not seen (ChatSessions::Plan, which needs the
+// session's position: one GetSession first).
+void Chat(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x, ChatParams p) {
+  const std::string route = "/v1/chat/completions";
+  const ChatTemplate& t = s->config.chat_template;
+  if (p.completion.request.stop_sequences().empty()) {
+    for (const std::string& stop : t.stop) p.completion.request.add_stop_sequences(stop);
+  }
+  auto start = [s, route](std::shared_ptr<HttpExchange> x, ChatParams p, std::string feed) {
+    p.completion.request.mutable_input()->set_text(std::move(feed));
+    const std::string session = p.completion.request.session_id();
+    std::function<void(const CompletionResult&)> record;
+    if (!session.empty()) {
+      record = [s, session, messages = p.messages](const CompletionResult& r) {
+        s->chats->Record(session, messages, r.text, r.position);
+      };
+    }
+    std::make_shared<CompletionCall>(s, std::move(x), std::move(p.completion), /*chat=*/true, std::move(record))
+        ->Start();
+  };
+  const std::string session = p.completion.request.session_id();
+  if (session.empty()) {
+    std::string feed;
+    for (const ChatMessage& m : p.messages) feed += t.Render(m);
+    return start(std::move(x), std::move(p), feed + t.generation_prompt);
+  }
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    v1::Session resp;
+    ChatParams p;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_session_id(session);
+  call->p = std::move(p);
+  CopyAuth(x->request(), &call->ctx);
+  s->stub->async()->GetSession(&call->ctx, &call->req, &call->resp, [s, x, call, route, start](grpc::Status status) {
+    if (!status.ok()) {
+      const HttpError e = FromGrpc(status);
+      return s->Answer(*x, route, e.status, ErrorBody(e));
+    }
+    HttpError error;
+    auto feed = s->chats->Plan(call->req.session_id(), call->resp.position(), call->p.messages, s->config.chat_template,
+                               &error);
+    if (!feed.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
+    start(x, std::move(call->p), *std::move(feed));
+  });
 }
 
 }  // namespace
@@ -305,6 +388,7 @@ OpenAiGateway::OpenAiGateway(const OpenAiGatewayConfig& config, std::shared_ptr<
   shared_.stub = v1::TransformerXL::NewStub(std::move(channel));
   shared_.metrics = metrics;
   shared_.active = &active_;
+  shared_.chats = &chats_;
 }
 
 void OpenAiGateway::Handle(std::shared_ptr<HttpExchange> x) {
@@ -315,6 +399,11 @@ void OpenAiGateway::Handle(std::shared_ptr<HttpExchange> x) {
                    ErrorBody({405, absl::StrCat(req.method, " is not allowed on ", route, " (use ", allowed, ")"), "",
                               "method_not_allowed"}));
   };
+  if (path == "/" || path == "/index.html") {  // the playground; its API calls carry the token
+    if (req.method != "GET") return wrong_method("/", "GET");
+    shared_.Count("/", 200);
+    return x->Respond(200, "text/html; charset=utf-8", PlaygroundPage());
+  }
   // Health: no credentials (as gRPC's health service), so probes need none.
   if (path == "/healthz" || path == "/v2/health/live") {
     if (req.method != "GET") return wrong_method(path, "GET");
@@ -330,12 +419,19 @@ void OpenAiGateway::Handle(std::shared_ptr<HttpExchange> x) {
     return Models(&shared_, std::move(x), path.size() > 11 ? path.substr(11) : "");
   }
   if (path == "/v1/sessions" || path.rfind("/v1/sessions/", 0) == 0) return Sessions(&shared_, std::move(x));
+  if (path == "/v1/chat/completions") {
+    if (req.method != "POST") return wrong_method(path, "POST");
+    HttpError error;
+    auto params = ParseChat(req.body, req.Header("txl-session-id"), shared_.config.model_name, &error);
+    if (!params.ok()) return shared_.Answer(*x, path, error.status, ErrorBody(error));
+    return Chat(&shared_, std::move(x), *std::move(params));
+  }
   if (path == "/v1/completions") {
     if (req.method != "POST") return wrong_method(path, "POST");
     HttpError error;
     auto params = ParseCompletion(req.body, req.Header("txl-session-id"), shared_.config.model_name, &error);
     if (!params.ok()) return shared_.Answer(*x, path, error.status, ErrorBody(error));
-    auto call = std::make_shared<CompletionCall>(&shared_, std::move(x), *std::move(params));
+    auto call = std::make_shared<CompletionCall>(&shared_, std::move(x), *std::move(params), /*chat=*/false);
     call->Start();
     return;
   }

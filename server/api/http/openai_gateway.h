@@ -16,6 +16,8 @@
 
 #include "absl/time/time.h"
 #include "proto/txl/v1/txl.grpc.pb.h"
+#include "server/api/http/chat_sessions.h"
+#include "server/api/http/chat_template.h"
 #include "server/api/http/http_exchange.h"
 #include "server/metrics/service_metrics.h"
 
@@ -23,6 +25,7 @@ namespace txl {
 
 struct OpenAiGatewayConfig {
   std::string model_name;  // the id /v1/models lists and requests may name
+  ChatTemplate chat_template;
 };
 
 class OpenAiGateway {
@@ -42,6 +45,7 @@ class OpenAiGateway {
     std::unique_ptr<v1::TransformerXL::Stub> stub;
     ServiceMetrics* metrics;
     std::atomic<int>* active;
+    ChatSessions* chats;
     // Answers and counts it in txl_http_requests_total{route, code}.
     void Answer(HttpExchange& x, const std::string& route, int status, const std::string& json) const;
     void Count(const std::string& route, int status) const {
@@ -50,6 +54,7 @@ class OpenAiGateway {
   };
 
  private:
+  ChatSessions chats_;
   Shared shared_;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};

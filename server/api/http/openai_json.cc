@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace txl {
 namespace {
@@ -105,63 +106,52 @@ HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message) {
   return HttpError{HttpStatusFor(code), message, "", absl::AsciiStrToLower(absl::StatusCodeToString(code))};
 }
 
-absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
-                                                 const std::string& model_name, HttpError* error) {
+absl::StatusOr<json> ParseBody(const std::string& body, HttpError* error) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    *error = Bad("", absl::StrCat("the request body is not valid JSON (", e.what(), ")"));
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (!j.is_object()) {
+    *error = Bad("", "the request body must be a JSON object");
+    return absl::InvalidArgumentError(error->message);
+  }
+  return j;
+}
+
+namespace {
+
+// The fields /v1/completions and /v1/chat/completions share: the model,
+// sampling, stop, n, stream, the session, and the options refused.
+bool ParseCommon(const json& j, const std::string& session_header, const std::string& model_name,
+                 const char* max_tokens_field, CompletionParams* p, HttpError* error) {
   auto fail = [&](HttpError e) {
     *error = std::move(e);
-    return absl::InvalidArgumentError(error->message);
+    return false;
   };
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
-  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
-  CompletionParams p;
-  v1::GenerateRequest& r = p.request;
-
+  v1::GenerateRequest& r = p->request;
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return fail(Bad("model", "'model' must be a string"));
     if (!it->get<std::string>().empty() && it->get<std::string>() != model_name) {
-      return fail(HttpError{404, absl::StrCat("model '", it->get<std::string>(), "' is not served here (this server serves '",
-                                              model_name, "')"),
+      return fail(HttpError{404,
+                            absl::StrCat("model '", it->get<std::string>(),
+                                         "' is not served here (this server serves '", model_name, "')"),
                             "model", "model_not_found"});
     }
   }
-  // prompt: a string, one string in an array, or token ids.
-  auto prompt = j.find("prompt");
-  if (prompt == j.end() || prompt->is_null()) return fail(Bad("prompt", "'prompt' is required"));
-  if (prompt->is_string()) {
-    r.mutable_input()->set_text(prompt->get<std::string>());
-  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-    r.mutable_input()->set_text((*prompt)[0].get<std::string>());
-  } else if (prompt->is_array() && (prompt->empty() || (*prompt)[0].is_number_integer())) {
-    auto* ids = r.mutable_input()->mutable_tokens();
-    for (const json& t : *prompt) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-        return fail(Bad("prompt", "'prompt' as an array holds token ids: non-negative integers"));
-      }
-      ids->add_ids(static_cast<int32_t>(t.get<int64_t>()));
-    }
-  } else {
-    return fail(Bad("prompt", "'prompt' must be a string, or an array of token ids (batches of prompts are not "
-                              "supported: send one request each)"));
-  }
-
-  int64_t max_tokens = 16, n = 1, logprobs = -1, seed = 0;
-  if (!IntField(j, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
+  int64_t max_tokens = 16, n = 1, seed = 0;
+  if (j.contains("max_completion_tokens") && !j.contains(max_tokens_field)) max_tokens_field = "max_completion_tokens";
+  if (!IntField(j, max_tokens_field, 1, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
       !IntField(j, "n", 1, std::numeric_limits<int32_t>::max(), &n, error) ||
-      !IntField(j, "logprobs", 0, std::numeric_limits<int32_t>::max(), &logprobs, error) ||
       !IntField(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed, error)) {
-    return absl::InvalidArgumentError(error->message);
+    return false;
   }
   if (n != 1) return fail(Bad("n", "only n = 1 is supported: send one request per completion"));
   r.set_max_new_tokens(static_cast<int32_t>(max_tokens));
-  if (logprobs >= 0) {
-    p.logprobs = true;
-    r.set_logprobs(static_cast<int32_t>(logprobs));
-  }
   double temperature = 1.0, top_p = 1.0;  // OpenAI's defaults
-  if (!NumberField(j, "temperature", &temperature, error) || !NumberField(j, "top_p", &top_p, error)) {
-    return absl::InvalidArgumentError(error->message);
-  }
+  if (!NumberField(j, "temperature", &temperature, error) || !NumberField(j, "top_p", &top_p, error)) return false;
   r.mutable_sampling()->set_temperature(static_cast<float>(temperature));
   r.mutable_sampling()->set_top_p(static_cast<float>(top_p));
   r.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
@@ -184,8 +174,10 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
   // Options this server does not implement: refused when they would change
   // the result, rather than silently ignored.
   if (auto it = j.find("echo"); it != j.end() && *it == true) return fail(Bad("echo", "'echo' is not supported"));
-  if (auto it = j.find("suffix"); it != j.end() && !it->is_null()) {
-    return fail(Bad("suffix", "'suffix' is not supported"));
+  for (const char* field : {"suffix", "tools", "functions", "response_format"}) {
+    if (auto it = j.find(field); it != j.end() && !it->is_null()) {
+      return fail(Bad(field, absl::StrCat("'", field, "' is not supported")));
+    }
   }
   if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
     return fail(Bad("best_of", "only best_of = 1 is supported"));
@@ -199,11 +191,11 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
     return fail(Bad("logit_bias", "'logit_bias' is not supported"));
   }
 
-  if (!BoolField(j, "stream", &p.stream, error)) return absl::InvalidArgumentError(error->message);
+  if (!BoolField(j, "stream", &p->stream, error)) return false;
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return fail(Bad("stream_options", "'stream_options' must be an object"));
-    if (!p.stream) return fail(Bad("stream_options", "'stream_options' is only allowed with 'stream': true"));
-    if (!BoolField(*it, "include_usage", &p.include_usage, error)) return absl::InvalidArgumentError(error->message);
+    if (!p->stream) return fail(Bad("stream_options", "'stream_options' is only allowed with 'stream': true"));
+    if (!BoolField(*it, "include_usage", &p->include_usage, error)) return false;
   }
   // The stateful extension: a session this call continues.
   if (auto it = j.find("session_id"); it != j.end() && !it->is_null()) {
@@ -211,6 +203,109 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
     r.set_session_id(it->get<std::string>());
   } else {
     r.set_session_id(session_header);
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
+                                                 const std::string& model_name, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  ASSIGN_OR_RETURN(json j, ParseBody(body, error));
+  CompletionParams p;
+  v1::GenerateRequest& r = p.request;
+  if (!ParseCommon(j, session_header, model_name, "max_tokens", &p, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  // prompt: a string, one string in an array, or token ids.
+  auto prompt = j.find("prompt");
+  if (prompt == j.end() || prompt->is_null()) return fail(Bad("prompt", "'prompt' is required"));
+  if (prompt->is_string()) {
+    r.mutable_input()->set_text(prompt->get<std::string>());
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    r.mutable_input()->set_text((*prompt)[0].get<std::string>());
+  } else if (prompt->is_array() && (prompt->empty() || (*prompt)[0].is_number_integer())) {
+    auto* ids = r.mutable_input()->mutable_tokens();
+    for (const json& t : *prompt) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return fail(Bad("prompt", "'prompt' as an array holds token ids: non-negative integers"));
+      }
+      ids->add_ids(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    return fail(Bad("prompt",
+                    "'prompt' must be a string, or an array of token ids (batches of prompts are not "
+                    "supported: send one request each)"));
+  }
+  int64_t logprobs = -1;
+  if (!IntField(j, "logprobs", 0, std::numeric_limits<int32_t>::max(), &logprobs, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (logprobs >= 0) {
+    p.logprobs = true;
+    r.set_logprobs(static_cast<int32_t>(logprobs));
+  }
+  return p;
+}
+
+absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header,
+                                     const std::string& model_name, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  ASSIGN_OR_RETURN(json j, ParseBody(body, error));
+  ChatParams p;
+  if (!ParseCommon(j, session_header, model_name, "max_tokens", &p.completion, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  auto messages = j.find("messages");
+  if (messages == j.end() || !messages->is_array() || messages->empty()) {
+    return fail(Bad("messages", "'messages' must be a non-empty array of {\"role\", \"content\"}"));
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return fail(Bad(where, absl::StrCat(where, " must be an object with a string 'role'")));
+    }
+    ChatMessage msg;
+    msg.role = m["role"].get<std::string>();
+    if (msg.role != "system" && msg.role != "developer" && msg.role != "user" && msg.role != "assistant") {
+      return fail(
+          Bad(where, absl::StrCat(where, ".role '", msg.role, "' is not one of system, developer, user, assistant")));
+    }
+    if (msg.role == "developer") msg.role = "system";
+    const json content = m.value("content", json(nullptr));
+    if (content.is_string()) {
+      msg.content = content.get<std::string>();
+    } else if (content.is_array()) {  // parts: only text
+      for (const json& part : content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return fail(Bad(where, absl::StrCat(where, ".content: only parts of type 'text' are supported")));
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return fail(Bad(where, absl::StrCat(where, ".content must be a string or an array of text parts")));
+    }
+    p.messages.push_back(std::move(msg));
+  }
+  bool logprobs = false;
+  int64_t top = 0;
+  if (!BoolField(j, "logprobs", &logprobs, error) ||
+      !IntField(j, "top_logprobs", 0, std::numeric_limits<int32_t>::max(), &top, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (top > 0 && !logprobs) return fail(Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
+  if (logprobs) {
+    p.completion.logprobs = true;
+    p.completion.request.set_logprobs(static_cast<int32_t>(top));
   }
   return p;
 }
@@ -242,7 +337,8 @@ json LogprobsJson(const std::vector<v1::GeneratedToken>& tokens, int64_t offset)
     offsets.push_back(offset);
     offset += static_cast<int64_t>(t.text().size());
     json top = json::object();
-    for (const auto& alt : t.top()) top[alt.text().empty() ? absl::StrCat("<", alt.id(), ">") : alt.text()] = alt.logprob();
+    for (const auto& alt : t.top())
+      top[alt.text().empty() ? absl::StrCat("<", alt.id(), ">") : alt.text()] = alt.logprob();
     tops.push_back(t.top().empty() ? json(nullptr) : top);
   }
   return json{{"tokens", texts}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
@@ -339,6 +435,128 @@ absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& b
     r.set_session_id(it->get<std::string>());
   }
   return r;
+}
+
+namespace {
+
+json Usage(const v1::Usage& usage) {
+  return json{{"prompt_tokens", usage.input_tokens()},
+              {"completion_tokens", usage.generated_tokens()},
+              {"total_tokens", usage.input_tokens() + usage.generated_tokens()}};
+}
+
+json ChatIdentity(const CompletionId& id, const char* object) {
+  return json{{"id", id.id}, {"object", object}, {"created", id.created}, {"model", id.model}};
+}
+
+// OpenAI's chat log-probs: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}.
+json ChatLogprobs(const std::vector<v1::GeneratedToken>& tokens) {
+  auto bytes = [](const std::string& t) {
+    json b = json::array();
+    for (unsigned char c : t) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  json content = json::array();
+  for (const auto& t : tokens) {
+    json top = json::array();
+    for (const auto& alt : t.top()) {
+      top.push_back({{"token", alt.text()}, {"logprob", alt.logprob()}, {"bytes", bytes(alt.text())}});
+    }
+    content.push_back(
+        {{"token", t.text()}, {"logprob", t.logprob()}, {"bytes", bytes(t.text())}, {"top_logprobs", top}});
+  }
+  return json{{"content", content}};
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
+  json choice{{"index", 0},
+              {"message", {{"role", "assistant"}, {"content", r.text}}},
+              {"logprobs", logprobs ? ChatLogprobs(r.tokens) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish)}};
+  json out = ChatIdentity(id, "chat.completion");
+  out["choices"] = json::array({choice});
+  out["usage"] = Usage(r.usage);
+  if (!r.session_id.empty()) {
+    out["session_id"] = r.session_id;
+    out["position"] = r.position;
+  }
+  return Dump(out);
+}
+
+std::string ChatChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, bool first,
+                      const std::string& session) {
+  std::vector<v1::GeneratedToken> tokens(r.tokens().begin(), r.tokens().end());
+  json delta = json::object();
+  if (first) delta["role"] = "assistant";
+  if (!r.text().empty() || first) delta["content"] = r.text();
+  json choice{{"index", 0},
+              {"delta", delta},
+              {"logprobs", logprobs && !tokens.empty() ? ChatLogprobs(tokens) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish_reason())}};
+  json out = ChatIdentity(id, "chat.completion.chunk");
+  out["choices"] = json::array({choice});
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = r.position();
+  }
+  return absl::StrCat("data: ", Dump(out), "\n\n");
+}
+
+std::string ChatUsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position,
+                           const std::string& session) {
+  json out = ChatIdentity(id, "chat.completion.chunk");
+  out["choices"] = json::array();
+  out["usage"] = Usage(usage);
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = position;
+  }
+  return absl::StrCat("data: ", Dump(out), "\n\n");
+}
+
+absl::StatusOr<v1::ScoreRequest> ParseScore(const std::string& body, const std::string& session, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  ASSIGN_OR_RETURN(json j, ParseBody(body, error));
+  v1::ScoreRequest r;
+  r.set_session_id(session);
+  auto input = j.find("input");
+  if (input == j.end() || input->is_null()) return fail(Bad("input", "'input' is required"));
+  if (input->is_string()) {
+    r.mutable_input()->set_text(input->get<std::string>());
+  } else if (input->is_array()) {
+    for (const json& t : *input) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return fail(Bad("input", "'input' as an array holds token ids: non-negative integers"));
+      }
+      r.mutable_input()->mutable_tokens()->add_ids(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    return fail(Bad("input", "'input' must be a string or an array of token ids"));
+  }
+  bool commit = false;
+  if (!BoolField(j, "commit", &commit, error)) return absl::InvalidArgumentError(error->message);
+  r.set_commit(commit);
+  return r;
+}
+
+json ScoreJson(const std::string& session, const v1::ScoreResponse& r) {
+  json tokens = json::array();
+  for (const auto& t : r.tokens()) {
+    tokens.push_back(
+        {{"id", t.id()}, {"text", t.text()}, {"logprob", t.has_logprob() ? json(t.logprob()) : json(nullptr)}});
+  }
+  return json{{"object", "session.score"},
+              {"session_id", session},
+              {"tokens", tokens},
+              {"total_logprob", r.total_logprob()},
+              {"position", r.position()}};
 }
 
 }  // namespace txl

@@ -78,9 +78,38 @@ std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& 
 // The usage event (stream_options.include_usage): empty choices.
 std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position, const std::string& session);
 
+// One chat message: role is "system", "user" or "assistant" ("developer"
+// is read as "system"); content is its text (text parts joined).
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+struct ChatParams {
+  CompletionParams completion;  // request.input is set by the gateway (the rendered new messages)
+  std::vector<ChatMessage> messages;
+};
+// Parses a /v1/chat/completions body (as ParseCompletion; "logprobs" is a
+// boolean here, with "top_logprobs").
+absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header,
+                                     const std::string& model_name, HttpError* error);
+
+// The chat shapes: "chat.completion" and its "chat.completion.chunk"s.
+std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool logprobs);
+// `first`: the chunk that carries the assistant's role.
+std::string ChatChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, bool first,
+                      const std::string& session);
+std::string ChatUsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position,
+                           const std::string& session);
+
+// A body parsed as a JSON object, else 400 naming what is wrong.
+absl::StatusOr<nlohmann::json> ParseBody(const std::string& body, HttpError* error);
+
 // A txl.v1.Session as JSON: the proto's field names, integers as numbers,
 // times as Unix seconds, "object": "session".
 nlohmann::json SessionJson(const v1::Session& s);
+// POST /v1/sessions/ID/score: {"input": string or token ids, "commit": bool}.
+absl::StatusOr<v1::ScoreRequest> ParseScore(const std::string& body, const std::string& session, HttpError* error);
+nlohmann::json ScoreJson(const std::string& session, const v1::ScoreResponse& r);
 // POST /v1/sessions and POST /v1/sessions/ID/fork bodies (may be empty):
 // mem_len, idle_ttl_seconds, labels, session_id (create only).
 absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& body, HttpError* error);

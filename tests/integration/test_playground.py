@@ -1,0 +1,108 @@
+"""The web playground (GET / of --http_listen) in a real browser: Debian's chromium, headless,
+driven by chromium-driver through python3-selenium, against a real txl-server on the bundled model.
+
+The test loads the page, creates a session, types a prompt and generates; waits for streamed text;
+continues the same session and checks the position the page shows against GET /v1/sessions/{id};
+forks and deletes. It saves a screenshot (--screenshot) as the test's artefact.
+
+Run by CTest: /usr/bin/python3 test_playground.py --bin-dir BUILD --stubs BUILD/client/python/gen
+              --model MODEL --screenshot BUILD/tests/playground.png
+"""
+import json
+import os
+import sys
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
+
+ARGS = None
+grpc = txl_pb2 = txl_pb2_grpc = None  # set by run_stub_tests
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+class PlaygroundTest(unittest.TestCase):
+    def setUp(self):
+        self.server = txl_procs.Server(ARGS.bin_dir, ARGS.model, http=True)
+        self.base = "http://" + self.server.http_address
+        options = webdriver.ChromeOptions()
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1200,900"):
+            options.add_argument(flag)
+        options.binary_location = "/usr/bin/chromium"
+        self.browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+        self.wait = WebDriverWait(self.browser, 60)
+
+    def tearDown(self):
+        self.browser.quit()
+        self.assertEqual(self.server.stop(), 0)
+
+    def session(self, sid):
+        with urllib.request.urlopen("%s/v1/sessions/%s" % (self.base, sid)) as r:
+            return json.load(r)
+
+    def text(self, element_id):
+        return self.browser.find_element(By.ID, element_id).text
+
+    def generate(self, prompt, max_tokens):
+        box = self.browser.find_element(By.ID, "prompt")
+        box.clear()
+        box.send_keys(prompt)
+        limit = self.browser.find_element(By.ID, "max_tokens")
+        limit.clear()
+        limit.send_keys(str(max_tokens))
+        before = self.text("output")
+        self.browser.find_element(By.ID, "generate").click()
+        # Streamed text appears (beyond the echoed prompt), then the page reports the end.
+        self.wait.until(lambda b: len(self.text("output")) > len(before) + len(prompt))
+        self.wait.until(lambda b: self.text("status").startswith("done"))
+        self.assertEqual(self.text("status"), "done: %d tokens" % max_tokens)
+
+    def test_create_generate_continue_fork_delete(self):
+        self.browser.get(self.base + "/")
+        self.assertEqual(self.browser.title, "txl-serve playground")
+        self.wait.until(lambda b: self.text("model").startswith("shakespeare_char"))
+        self.browser.find_element(By.ID, "new").click()
+        self.wait.until(lambda b: self.text("session") != "none")
+        sid = self.text("session")
+        self.assertEqual(self.session(sid)["position"], 0)
+
+        self.generate("ROMEO:", 24)
+        # Every generated token is its own shaded span, titled with its log-prob.
+        spans = self.browser.find_elements(By.CSS_SELECTOR, "#output span.tok")
+        self.assertEqual(len(spans), 24)
+        self.assertTrue(all(s.get_attribute("title").startswith("log p = ") for s in spans))
+        # The session's position counts the prompt and every generated token.
+        shown = int(self.text("position"))
+        self.assertEqual(shown, self.session(sid)["position"])
+        self.assertEqual(shown, len("ROMEO:") + 24)
+
+        self.generate(" And then", 16)
+        shown2 = int(self.text("position"))
+        self.assertEqual(shown2, self.session(sid)["position"])
+        self.assertEqual(shown2, shown + len(" And then") + 16)
+        self.assertIn("positions", self.text("memory"))
+
+        self.browser.save_screenshot(ARGS.screenshot)
+
+        self.browser.find_element(By.ID, "fork").click()
+        self.wait.until(lambda b: self.text("session") not in ("none", sid))
+        fork = self.text("session")
+        self.assertEqual(self.session(fork)["position"], shown2)
+        self.browser.find_element(By.ID, "delete").click()
+        self.wait.until(lambda b: self.text("session") == "none")
+        with self.assertRaises(urllib.error.HTTPError) as gone:
+            self.session(fork)
+        self.assertEqual(gone.exception.code, 404)
+        self.assertEqual(self.session(sid)["position"], shown2)  # the source is untouched
+
+
+if __name__ == "__main__":
+    txl_procs.run_stub_tests(globals(), __doc__, extra_args=(
+        ("--model", {"required": True, "help": "the bundled model"}),
+        ("--screenshot", {"required": True, "help": "where to save the page's screenshot"})))

@@ -29,6 +29,8 @@ PACKAGES=(
   libopenblas0-openmp
   # The playground's browser test (tests/integration/test_playground.py) and the curl SSE check.
   chromium chromium-driver python3-selenium curl
+  # The official OpenAI Node SDK test (npm installs the pinned SDK into the build tree).
+  nodejs npm
   # Real peers of the deployment tests (tests/integration): the proxy, the scraper, YAML.
   nginx-light prometheus python3-yaml
   # The security tests make their CA and certificates with the openssl CLI.

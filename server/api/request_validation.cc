@@ -68,6 +68,14 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
   spec.sampling.top_p = req.sampling().top_p();
   spec.sampling.seed = req.sampling().seed();
   RETURN_IF_ERROR(ValidateSampling(spec.sampling));
+  if (req.stop_token_ids_size() > limits_.max_stop_token_ids) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop_token_ids: at most ", limits_.max_stop_token_ids, " ids, got ", req.stop_token_ids_size()));
+  }
+  if (req.stop_sequences_size() > limits_.max_stop_sequences) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_sequences: at most ", limits_.max_stop_sequences,
+                                                   " sequences, got ", req.stop_sequences_size()));
+  }
   for (int i = 0; i < req.stop_token_ids_size(); ++i) {
     const int id = req.stop_token_ids(i);
     if (id < 0 || id >= limits_.n_token) {
@@ -79,6 +87,11 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
   for (int i = 0; i < req.stop_sequences_size(); ++i) {
     if (req.stop_sequences(i).empty())
       return absl::InvalidArgumentError(absl::StrCat("stop_sequences[", i, "]: must not be empty"));
+    if (static_cast<int64_t>(req.stop_sequences(i).size()) > limits_.max_stop_sequence_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_sequences[", i, "]: at most ",
+                                                     limits_.max_stop_sequence_bytes, " bytes, got ",
+                                                     req.stop_sequences(i).size()));
+    }
     spec.stop_sequences.push_back(req.stop_sequences(i));
   }
   if (req.logprobs() < 0 || req.logprobs() > limits_.max_top_logprobs) {

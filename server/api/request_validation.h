@@ -33,6 +33,11 @@ struct RequestLimits {
   int max_new_tokens = 4096;  // per request
   int64_t max_input_tokens = 65536;
   int max_top_logprobs = 20;
+  // Stop conditions: each stop sequence is matched against the decoded text
+  // after every token, so their number and length bound per-token work.
+  int max_stop_sequences = 16;
+  int max_stop_sequence_bytes = 256;
+  int max_stop_token_ids = 256;
 };
 
 // The form of a session id: 128 bits as 32 lowercase hex characters.

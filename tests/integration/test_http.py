@@ -6,14 +6,18 @@ Python's own http.client, as any OpenAI-style client would:
 - every refusal carries OpenAI's error shape and the mapped status (400, 401, 404, 405, 409, 413);
 - bearer tokens and session ownership, as on gRPC; CORS only for named origins;
 - a client that disconnects cancels its generation, and the session stays usable;
-- 256 concurrent streams complete on the server's bounded threads.
+- 256 concurrent streams complete on the server's bounded threads; on the bundled model each
+  equals gRPC's greedy output for the same input;
+- SIGTERM drains: /readyz turns 503, new connections are refused, a running stream finishes.
 
-Run by CTest: /usr/bin/python3 test_http.py --bin-dir BUILD --stubs BUILD/client/python/gen
+Run by CTest: /usr/bin/python3 test_http.py --bin-dir BUILD --stubs BUILD/client/python/gen --model M
 """
 import http.client
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -182,26 +186,159 @@ class HttpTest(unittest.TestCase):
             self.assertEqual(deleted, {"id": i, "object": "session", "deleted": True})
         self.assertError(*self.http.json("GET", "/v1/sessions/" + sid)[:2], 404)
 
-    def test_refusals_name_the_problem(self):
-        post = lambda body, **kw: self.http.json("POST", "/v1/completions", body, **kw)[:2]  # noqa: E731
-        self.assertError(*post("{not json"), 400)
-        self.assertError(*post([1, 2]), 400)
-        self.assertError(*post({"max_tokens": 3}), 400, "prompt")
-        self.assertError(*post({"prompt": "x", "n": 2}), 400, "n")
-        self.assertError(*post({"prompt": "x", "max_tokens": "many"}), 400, "max_tokens")
-        self.assertError(*post({"prompt": "x", "temperature": "hot"}), 400, "temperature")
-        self.assertError(*post({"prompt": "x", "echo": True}), 400, "echo")
-        self.assertError(*post({"prompt": "x", "stream_options": {"include_usage": True}}), 400, "stream_options")
-        self.assertError(*post({"prompt": "x", "model": "gpt-4"}), 404, "model")
-        self.assertError(*post({"prompt": "x", "session_id": "0" * 32}), 404)
-        status, body = post({"prompt": "x", "temperature": -1})  # the service's own validation
-        self.assertError(status, body, 400)
-        self.assertEqual(body["error"]["code"], "invalid_argument")
-        self.assertError(*post({"prompt": "x" * 5000}), 413)
+    def test_bad_input_matrix(self):
+        """Every refusal: OpenAI's error shape, the mapped status, and the field at fault."""
+        status, s, _ = self.http.json("POST", "/v1/sessions")
+        sid = s["id"]
+        msgs = [{"role": "user", "content": "hi"}]
+        cases = [  # (method, path, body, status, param)
+            ("POST", "/v1/completions", "{not json", 400, None),
+            ("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None),  # invalid UTF-8
+            ("POST", "/v1/completions", [1, 2], 400, None),
+            ("POST", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+            ("POST", "/v1/completions", {"prompt": {"text": "x"}}, 400, "prompt"),
+            ("POST", "/v1/completions", {"prompt": [1, -2]}, 400, "prompt"),
+            ("POST", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+            ("POST", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+            ("POST", "/v1/completions", {"prompt": "x", "max_tokens": -5}, 400, "max_tokens"),
+            ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+            ("POST", "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+            ("POST", "/v1/completions", {"prompt": "x", "stop": 7}, 400, "stop"),
+            ("POST", "/v1/completions", {"prompt": "x", "stop": ["s%d" % i for i in range(17)]}, 400, None),
+            ("POST", "/v1/completions", {"prompt": "x", "stop": ["y" * 257]}, 400, None),
+            ("POST", "/v1/completions", {"prompt": "x", "logprobs": -1}, 400, "logprobs"),
+            ("POST", "/v1/completions", {"prompt": "x", "seed": -3}, 400, "seed"),
+            ("POST", "/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+            ("POST", "/v1/completions", {"prompt": "x", "session_id": 12}, 400, "session_id"),
+            ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
+            ("POST", "/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
+             "stream_options"),
+            ("POST", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, None),  # the service's check
+            ("POST", "/v1/completions", {"prompt": "x", "top_p": 2}, 400, None),
+            ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+            ("POST", "/v1/completions", {"prompt": "x", "session_id": "0" * 32}, 404, None),
+            ("POST", "/v1/completions", {"prompt": "x", "session_id": "not-an-id"}, 404, None),  # as gRPC
+            ("POST", "/v1/chat/completions", {"max_tokens": 3}, 400, "messages"),
+            ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400,
+             "messages[0]"),
+            ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0]"),
+            ("POST", "/v1/chat/completions", {"messages": msgs, "top_logprobs": 2}, 400, "top_logprobs"),
+            ("POST", "/v1/chat/completions", {"messages": msgs, "tools": []}, 400, "tools"),
+            ("POST", "/v1/sessions", {"mem_len": -1}, 400, "mem_len"),
+            ("POST", "/v1/sessions", {"labels": {"a": 1}}, 400, "labels"),
+            ("POST", "/v1/sessions", {"mem_len": 10 ** 9}, 400, None),  # over --max_mem_len
+            ("POST", "/v1/sessions/%s/score" % sid, {}, 400, "input"),
+            ("POST", "/v1/sessions/%s/score" % sid, {"input": "x", "commit": 1}, 400, "commit"),
+            ("POST", "/v1/sessions/%s/fork" % ("0" * 32), None, 404, None),
+            ("DELETE", "/v1/sessions/%s" % ("0" * 32), None, 404, None),
+            ("GET", "/v1/completions", None, 405, None),
+            ("PUT", "/v1/sessions/%s" % sid, None, 405, None),
+            ("GET", "/nowhere", None, 404, None),
+        ]
+        for method, path, body, want, param in cases:
+            with self.subTest(method=method, path=path, body=body):
+                status, got, _ = self.http.json(method, path, body)
+                self.assertError(status, got, want, param)
+        self.assertGreaterEqual(len(cases), 20)
+        # A body over --http_max_body_bytes: 413, and the connection is closed after it.
+        self.assertError(*self.http.json("POST", "/v1/completions", {"prompt": "x" * 5000})[:2], 413)
         self.http.close()
-        self.http = Http(self.address)  # the server closes a connection after a 413
-        self.assertError(*self.http.json("GET", "/v1/completions")[:2], 405)
-        self.assertError(*self.http.json("GET", "/nowhere")[:2], 404)
+        self.http = Http(self.address)
+        # The session the refusals named is as it was.
+        status, after, _ = self.http.json("GET", "/v1/sessions/" + sid)
+        self.assertEqual((after["position"], after["busy"]), (0, False))
+
+    def test_chat_feeds_only_unseen_messages(self):
+        req = {"max_tokens": 6, "temperature": 0}
+        first_msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+        status, stateless, _ = self.http.json("POST", "/v1/chat/completions", dict(req, messages=first_msgs))
+        self.assertEqual(status, 200, stateless)
+        self.assertEqual(stateless["object"], "chat.completion")
+        self.assertEqual(stateless["choices"][0]["message"]["role"], "assistant")
+        # The built-in template: "Be brief.\n\n" "USER: Hello\n" "ASSISTANT:".
+        self.assertEqual(stateless["usage"]["prompt_tokens"], 11 + 12 + 10)
+
+        status, s, _ = self.http.json("POST", "/v1/sessions")
+        sid = s["id"]
+        status, one, _ = self.http.json("POST", "/v1/chat/completions", dict(req, messages=first_msgs, session_id=sid))
+        self.assertEqual(one["choices"][0]["message"]["content"], stateless["choices"][0]["message"]["content"])
+        reply = {"role": "assistant", "content": one["choices"][0]["message"]["content"]}
+        turn2 = first_msgs + [reply, {"role": "user", "content": "More"}]
+        status, two, _ = self.http.json("POST", "/v1/chat/completions", dict(req, messages=turn2, session_id=sid))
+        self.assertEqual(status, 200, two)
+        # Only the assistant's line end, "USER: More\n" and "ASSISTANT:" are fed.
+        self.assertEqual(two["usage"]["prompt_tokens"], 1 + 11 + 10)
+        self.assertEqual(two["position"], one["position"] + 22 + 6)
+        # The same conversation replayed statelessly continues the same way.
+        status, replay, _ = self.http.json("POST", "/v1/chat/completions", dict(req, messages=turn2))
+        self.assertEqual(replay["choices"][0]["message"]["content"], two["choices"][0]["message"]["content"])
+
+        # A fork remembers what its source saw: the same next turn works on it.
+        status, fork, _ = self.http.json("POST", "/v1/sessions/%s/fork" % sid)
+        turn3 = turn2 + [{"role": "assistant", "content": two["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": "Again"}]
+        for target in (fork["id"], sid):
+            status, three, _ = self.http.json("POST", "/v1/chat/completions", dict(req, messages=turn3,
+                                                                                 session_id=target))
+            self.assertEqual(status, 200, three)
+        # An edited history, or nothing new: refused, and the session is unchanged.
+        status, before, _ = self.http.json("GET", "/v1/sessions/" + sid)
+        edited = [{"role": "user", "content": "Goodbye"}] + turn3[1:]
+        status, body, _ = self.http.json("POST", "/v1/chat/completions", dict(req, messages=edited, session_id=sid))
+        self.assertError(status, body, 409, "messages")
+        status, body, _ = self.http.json("POST", "/v1/completions", {"prompt": "x", "session_id": sid})
+        status, body, _ = self.http.json("POST", "/v1/chat/completions", dict(req, messages=turn3, session_id=sid))
+        self.assertError(status, body, 409, "messages")  # another call moved the session
+        status, after, _ = self.http.json("GET", "/v1/sessions/" + sid)
+        self.assertEqual(after["position"], before["position"] + 1 + 16)  # only the completion's
+
+        # Streamed chat: the first chunk carries the role, the text matches the whole reply.
+        status, events, raw = self.http.stream("/v1/chat/completions", dict(req, messages=first_msgs, stream=True))
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(events[0]["choices"][0]["delta"]["role"], "assistant")
+        self.assertEqual("".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]),
+                         stateless["choices"][0]["message"]["content"])
+
+    def test_http_and_grpc_agree_on_sessions(self):
+        with grpc.insecure_channel(self.server.address) as channel:
+            stub = txl_pb2_grpc.TransformerXLStub(channel)
+            status, s, _ = self.http.json("POST", "/v1/sessions", {"labels": {"via": "http"}})
+            sid = s["id"]
+            g = stub.GetSession(txl_pb2.GetSessionRequest(session_id=sid))
+            self.assertEqual((g.position, dict(g.labels)), (0, {"via": "http"}))
+            # Generate over gRPC, read over HTTP.
+            list(stub.Generate(txl_pb2.GenerateRequest(session_id=sid, input=txl_pb2.Input(text="abc"),
+                                                       max_new_tokens=4)))
+            status, h, _ = self.http.json("GET", "/v1/sessions/" + sid)
+            g = stub.GetSession(txl_pb2.GetSessionRequest(session_id=sid))
+            self.assertEqual((h["position"], h["memory_tokens"], h["memory_bytes"]),
+                             (g.position, g.memory_tokens, g.memory_bytes))
+            # Score over both, without commit: the same numbers, and nothing moves.
+            status, hs, _ = self.http.json("POST", "/v1/sessions/%s/score" % sid, {"input": "the end"})
+            gs = stub.Score(txl_pb2.ScoreRequest(session_id=sid, input=txl_pb2.Input(text="the end")))
+            self.assertEqual([t["id"] for t in hs["tokens"]], [t.id for t in gs.tokens])
+            for a, b in zip(hs["tokens"], gs.tokens):
+                self.assertAlmostEqual(a["logprob"], b.logprob, places=5)
+            self.assertEqual(hs["position"], g.position)
+            # Fork over gRPC, seen in the HTTP list; delete over HTTP, gone for gRPC.
+            f = stub.ForkSession(txl_pb2.ForkSessionRequest(session_id=sid))
+            status, listed, _ = self.http.json("GET", "/v1/sessions")
+            self.assertIn(f.session_id, {x["id"] for x in listed["data"]})
+            self.http.json("DELETE", "/v1/sessions/" + f.session_id)
+            with self.assertRaises(grpc.RpcError) as e:
+                stub.GetSession(txl_pb2.GetSessionRequest(session_id=f.session_id))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_curl_reads_the_event_stream(self):
+        run = subprocess.run(["curl", "-sN", "--max-time", "60", "-H", "Content-Type: application/json",
+                              "-d", json.dumps({"prompt": "curl", "max_tokens": 5, "stream": True}),
+                              "http://%s/v1/completions" % self.address], capture_output=True, text=True,
+                             timeout=90)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        blocks = [b for b in run.stdout.split("\n\n") if b]
+        self.assertTrue(all(b.startswith("data: ") for b in blocks), run.stdout)
+        self.assertEqual(blocks[-1], "data: [DONE]")
+        self.assertEqual(json.loads(blocks[-2][6:])["choices"][0]["finish_reason"], "length")
 
     def test_busy_session_is_409_and_disconnect_cancels(self):
         status, s, _ = self.http.json("POST", "/v1/sessions")
@@ -273,6 +410,101 @@ class HttpTest(unittest.TestCase):
         self.assertRegex(text, r'txl_http_requests_total\{code="200",route="/healthz"\} [1-9]')
 
 
+class BundledStreamsTest(unittest.TestCase):
+    """256 concurrent SSE streams of the bundled model, each equal to gRPC's greedy output."""
+
+    def test_256_streams_equal_grpc_greedy(self):
+        server = txl_procs.Server(ARGS.bin_dir, ARGS.model, http=True)
+        try:
+            n, results, errors = 256, {}, []
+            lock = threading.Lock()
+            # 256 different inputs in the bundled model's vocabulary (letters, no digits).
+            prompts = ["Line %s%s: " % (chr(97 + i % 26), chr(97 + i // 26)) for i in range(n)]
+
+            def one(i):
+                try:
+                    c = Http(server.http_address)
+                    status, events, raw = c.stream("/v1/completions", {"prompt": prompts[i], "max_tokens": 8,
+                                                                       "temperature": 0, "stream": True})
+                    c.close()
+                    self.assertEqual(status, 200, raw)
+                    self.assertEqual(events[-1], "[DONE]")
+                    with lock:
+                        results[i] = "".join(e["choices"][0]["text"] for e in events[:-1])
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    with lock:
+                        errors.append(repr(e))
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+            for t in threads:
+                t.start()
+            with open("/proc/%d/status" % server.proc.pid) as f:
+                threads_during = int([l for l in f if l.startswith("Threads:")][0].split()[1])
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            self.assertEqual(len(results), n)
+            self.assertLess(threads_during, 128)  # not a thread per stream
+            with grpc.insecure_channel(server.address) as channel:
+                stub = txl_pb2_grpc.TransformerXLStub(channel)
+                for i in range(n):
+                    want = "".join(r.text for r in stub.Generate(txl_pb2.GenerateRequest(
+                        input=txl_pb2.Input(text=prompts[i]), max_new_tokens=8,
+                        sampling=txl_pb2.SamplingParams(temperature=0))))
+                    self.assertEqual(results[i], want, i)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class DrainTest(unittest.TestCase):
+    """SIGTERM: /readyz turns 503, new connections are refused, a running stream finishes."""
+
+    def test_sigterm_lets_a_stream_finish(self):
+        with tempfile.TemporaryDirectory() as d:
+            model = txl_procs.tiny_model(ARGS.bin_dir, d)
+            server = txl_procs.Server(ARGS.bin_dir, model, "--drain_timeout", "120", http=True)
+            keep = Http(server.http_address)
+            self.assertEqual(keep.json("GET", "/readyz")[0], 200)
+            host, port = server.http_address.rsplit(":", 1)
+            sock = socket.create_connection((host, int(port)))
+            body = json.dumps({"prompt": "abc", "max_tokens": 3000, "stream": True}).encode()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            got = b""
+            while b"data: " not in got:
+                chunk = sock.recv(4096)
+                self.assertTrue(chunk)
+                got += chunk
+            # Unread, the stream's job pauses at the server's buffer: it cannot finish on its own.
+            server.proc.send_signal(signal.SIGTERM)
+            deadline = time.time() + 60
+            while True:  # the drain begins asynchronously: wait for it to show
+                status, body_, _ = keep.json("GET", "/readyz")
+                if status == 503:
+                    break
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+            self.assertEqual(body_, {"status": "draining"})
+            while True:
+                try:
+                    socket.create_connection((host, int(port)), timeout=5).close()
+                except ConnectionRefusedError:
+                    break
+                self.assertLess(time.time(), deadline, "new connections are still accepted while draining")
+                time.sleep(0.05)
+            keep.close()
+            # The running stream completes: all 3000 tokens, then [DONE].
+            while not got.endswith(b"0\r\n\r\n"):
+                chunk = sock.recv(65536)
+                self.assertTrue(chunk, got[-300:])
+                got += chunk
+            sock.close()
+            text = got.decode("utf-8", "replace")
+            self.assertIn('"finish_reason":"length"', text)
+            self.assertIn("data: [DONE]", text)
+            self.assertEqual(server.stop(), 0)
+
+
 class HttpAuthTest(unittest.TestCase):
     """Bearer tokens and session ownership through HTTP, and CORS for named origins only."""
 
@@ -315,4 +547,5 @@ class HttpAuthTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    txl_procs.run_stub_tests(globals(), __doc__)
+    txl_procs.run_stub_tests(globals(), __doc__, extra_args=(
+        ("--model", {"required": True, "help": "the bundled model (the 256-stream test)"}),))

@@ -11,8 +11,8 @@ uint64_t HashMessages(const std::vector<ChatMessage>& messages, size_t count) {
   uint64_t h = 0x9e3779b97f4a7c15ull;
   for (size_t i = 0; i < count; ++i) {
     // Lengths first, so that no two different lists join to the same text.
-    const std::string key = absl::StrCat(messages[i].role.size(), ":", messages[i].role,
-                                         messages[i].content.size(), ":", messages[i].content);
+    const std::string key = absl::StrCat(messages[i].role.size(), ":", messages[i].role, messages[i].content.size(),
+                                         ":", messages[i].content);
     h = (h ^ std::hash<std::string>()(key)) * 0x100000001b3ull;
   }
   return h;
@@ -27,7 +27,7 @@ absl::StatusOr<std::string> ChatSessions::Plan(const std::string& session, int64
     *error = HttpError{status, std::move(message), "messages", status == 409 ? "conflict" : "invalid_argument"};
     return absl::FailedPreconditionError(error->message);
   };
-  size_t first = 0;  // the first message not yet fed
+  size_t first = 0;         // the first message not yet fed
   bool reply_open = false;  // the session ends in an assistant reply whose suffix is not fed yet
   Seen seen;
   bool known = false;

@@ -17,27 +17,31 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::string& path) {
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("--chat_template: ", path, " is not a JSON object"));
   }
-  for (auto [name, field] : {std::pair{"system", &t.system}, std::pair{"user", &t.user},
-                             std::pair{"assistant", &t.assistant}, std::pair{"generation_prompt", &t.generation_prompt}}) {
+  for (auto [name, field] :
+       {std::pair{"system", &t.system}, std::pair{"user", &t.user}, std::pair{"assistant", &t.assistant},
+        std::pair{"generation_prompt", &t.generation_prompt}}) {
     if (!j.contains(name)) continue;
     if (!j[name].is_string()) {
       return absl::InvalidArgumentError(absl::StrCat("--chat_template: ", path, ": '", name, "' must be a string"));
     }
     *field = j[name].get<std::string>();
     const size_t at = field->find("{content}");
-    if (std::string(name) != "generation_prompt" && (at == std::string::npos || field->find("{content}", at + 1) != std::string::npos)) {
+    if (std::string(name) != "generation_prompt" &&
+        (at == std::string::npos || field->find("{content}", at + 1) != std::string::npos)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--chat_template: ", path, ": '", name, "' must hold {content} exactly once"));
     }
   }
   if (j.contains("stop")) {
     if (!j["stop"].is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat("--chat_template: ", path, ": 'stop' must be an array of strings"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--chat_template: ", path, ": 'stop' must be an array of strings"));
     }
     t.stop.clear();
     for (const auto& s : j["stop"]) {
       if (!s.is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat("--chat_template: ", path, ": 'stop' must be an array of strings"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--chat_template: ", path, ": 'stop' must be an array of strings"));
       }
       t.stop.push_back(s.get<std::string>());
     }

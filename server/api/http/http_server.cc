@@ -282,7 +282,14 @@ void Connection::OnRequest(beast::error_code ec) {
   r.body = std::move(req.body());
   stream_.expires_never();  // a route may take as long as its generation; writes set their own
   WatchForDisconnect();
-  server_->handler()(std::make_shared<ConnectionExchange>(shared_from_this(), std::move(r)));
+  auto exchange = std::make_shared<ConnectionExchange>(shared_from_this(), std::move(r));
+  try {
+    server_->handler()(exchange);
+  } catch (const std::exception&) {  // a route's bug must not take the server down
+    exchange->Respond(500, "application/json",
+                      absl::StrCat(R"({"error":{"message":"internal error","type":"server_error","param":null,)",
+                                   R"("code":"internal"}})"));
+  }
 }
 
 // While an answer is pending the client sends nothing (or a pipelined next

@@ -207,10 +207,10 @@ void Models(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x, con
                   ErrorBody({404, absl::StrCat("model '", id, "' is not served here"), "model", "model_not_found"}));
         return;
       }
-      s->Answer(*x, route, 200, model.dump());
+      s->Answer(*x, route, 200, JsonText(model));
       return;
     }
-    s->Answer(*x, route, 200, json{{"object", "list"}, {"data", json::array({model})}}.dump());
+    s->Answer(*x, route, 200, JsonText(json{{"object", "list"}, {"data", json::array({model})}}));
   });
 }
 
@@ -236,7 +236,7 @@ void Unary(const OpenAiGateway::Shared* s, std::shared_ptr<HttpExchange> x, std:
              s->Answer(*x, route, e.status, ErrorBody(e));
              return;
            }
-           s->Answer(*x, route, 200, render(call->resp).dump(-1, ' ', false, json::error_handler_t::replace));
+           s->Answer(*x, route, 200, JsonText(render(call->resp)));
          });
 }
 

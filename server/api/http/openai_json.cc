@@ -39,7 +39,7 @@ bool IntField(const json& body, const char* name, int64_t lo, int64_t hi, int64_
   }
   const double v = it->get<double>();
   if (v < static_cast<double>(lo) || v > static_cast<double>(hi)) {
-    *error = Bad(name, absl::StrCat("'", name, "' must be in [", lo, ", ", hi, "], got ", it->dump()));
+    *error = Bad(name, absl::StrCat("'", name, "' must be in [", lo, ", ", hi, "], got ", JsonText(*it)));
     return false;
   }
   *out = it->is_number_integer() ? it->get<int64_t>() : static_cast<int64_t>(v);
@@ -74,12 +74,14 @@ json Identity(const CompletionId& id) {
 
 }  // namespace
 
+std::string JsonText(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 std::string ErrorBody(const HttpError& e) {
   json err{{"message", e.message},
            {"type", ErrorType(e.status)},
            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
            {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
-  return json{{"error", err}}.dump();
+  return JsonText(json{{"error", err}});
 }
 
 int HttpStatusFor(absl::StatusCode code) {
@@ -358,7 +360,7 @@ std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bo
     out["session_id"] = r.session_id;
     out["position"] = r.position;
   }
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+  return JsonText(out);
 }
 
 std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, int64_t offset,
@@ -374,7 +376,7 @@ std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& 
     out["session_id"] = session;
     out["position"] = r.position();
   }
-  return absl::StrCat("data: ", out.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
 }
 
 std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position, const std::string& session) {
@@ -387,7 +389,7 @@ std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t p
     out["session_id"] = session;
     out["position"] = position;
   }
-  return absl::StrCat("data: ", out.dump(), "\n\n");
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
 }
 
 json SessionJson(const v1::Session& s) {
@@ -468,8 +470,6 @@ json ChatLogprobs(const std::vector<v1::GeneratedToken>& tokens) {
   return json{{"content", content}};
 }
 
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 }  // namespace
 
 std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
@@ -484,7 +484,7 @@ std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool log
     out["session_id"] = r.session_id;
     out["position"] = r.position;
   }
-  return Dump(out);
+  return JsonText(out);
 }
 
 std::string ChatChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, bool first,
@@ -503,7 +503,7 @@ std::string ChatChunk(const CompletionId& id, const v1::GenerateResponse& r, boo
     out["session_id"] = session;
     out["position"] = r.position();
   }
-  return absl::StrCat("data: ", Dump(out), "\n\n");
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
 }
 
 std::string ChatUsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position,
@@ -515,7 +515,7 @@ std::string ChatUsageChunk(const CompletionId& id, const v1::Usage& usage, int64
     out["session_id"] = session;
     out["position"] = position;
   }
-  return absl::StrCat("data: ", Dump(out), "\n\n");
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
 }
 
 absl::StatusOr<v1::ScoreRequest> ParseScore(const std::string& body, const std::string& session, HttpError* error) {

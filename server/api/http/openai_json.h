@@ -25,6 +25,10 @@ struct HttpError {
   std::string code;  // e.g. "invalid_argument", the gRPC code's name in lower case
 };
 
+// JSON text; bytes that are not UTF-8 (a client's, or a token's partial
+// character) become U+FFFD rather than an exception.
+std::string JsonText(const nlohmann::json& j);
+
 // {"error": {"message", "type", "param", "code"}}.
 std::string ErrorBody(const HttpError& e);
 // The HTTP status for a gRPC / absl status code (docs/API.md lists the map).

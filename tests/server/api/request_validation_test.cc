@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace txl {
 namespace {
 
@@ -30,6 +32,34 @@ TEST(RequestValidationTest, AGenerationNeedsInputOrHistory) {
   EXPECT_TRUE(RequestValidator::Continuation(spec, 5).ok());  // continues the session
   spec.input = {1};
   EXPECT_TRUE(RequestValidator::Continuation(spec, 0).ok());
+}
+
+// Regression: any number of stop sequences, of any length, was accepted, and
+// each is matched against the text after every token (unbounded work per
+// token from one request).
+TEST(RequestValidationTest, StopConditionsAreBounded) {
+  const RequestLimits limits;
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("a");
+  for (int i = 0; i < limits.max_stop_sequences; ++i) req.add_stop_sequences(std::string(1, 'a' + i % 26));
+  req.add_stop_sequences(std::string(limits.max_stop_sequence_bytes, 'z'));
+  auto spec = Validator().Spec(req);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(), absl::StrCat("stop_sequences: at most ", limits.max_stop_sequences,
+                                                  " sequences, got ", limits.max_stop_sequences + 1));
+  req.clear_stop_sequences();
+  req.add_stop_sequences(std::string(limits.max_stop_sequence_bytes, 'z'));
+  EXPECT_TRUE(Validator().Spec(req).ok());
+  req.add_stop_sequences(std::string(limits.max_stop_sequence_bytes + 1, 'z'));
+  spec = Validator().Spec(req);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(), absl::StrCat("stop_sequences[1]: at most ", limits.max_stop_sequence_bytes,
+                                                  " bytes, got ", limits.max_stop_sequence_bytes + 1));
+  req.clear_stop_sequences();
+  for (int i = 0; i <= limits.max_stop_token_ids; ++i) req.add_stop_token_ids(1);
+  spec = Validator().Spec(req);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RequestValidationTest, SamplingIsCheckedOnceHere) {

@@ -446,7 +446,7 @@ int Serve(ServerOptions o, sigset_t signals) {
         server->InProcessChannel(args), metrics->get());
     auto started = txl::HttpServer::Create(
         o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
-    if (!started.ok()) return Fail(std::string(started.status().message()));
+    if (!started.ok()) return Fail(absl::StrCat("--http_listen: ", started.status().message()));
     http = *std::move(started);
   }
   scheduler.Start();

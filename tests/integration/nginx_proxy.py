@@ -1,6 +1,7 @@
 """The real Debian nginx with deploy/nginx/nginx.conf in front of txl-server replicas, for tests.
 
-    proxy = nginx_proxy.NginxProxy(conf_template, [replica.address, ...], work_dir)
+    proxy = nginx_proxy.NginxProxy(conf_template, [replica.address, ...], work_dir,
+                                   http_upstreams=[replica.http_address, ...])  # optional
     proxy.start(ready)   # ready(): True once a call through proxy.address succeeds
     ... proxy.address, proxy.access_log ...
     proxy.stop()
@@ -31,7 +32,7 @@ def render(template, values):
 class NginxProxy:
     """nginx rendered from `conf_template` with `upstreams` (host:port), run from `work_dir`/nginx."""
 
-    def __init__(self, conf_template, upstreams, work_dir):
+    def __init__(self, conf_template, upstreams, work_dir, http_upstreams=None):
         self.bin = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(self.bin):
             raise RuntimeError("nginx is not installed (scripts/install-deps.sh installs nginx-light)")
@@ -40,12 +41,16 @@ class NginxProxy:
         os.chmod(work_dir, 0o755)  # nginx workers may run as another user when we are root
         os.chmod(self.run_dir, 0o777)
         self.address = f"127.0.0.1:{txl_procs.free_port()}"
+        self.http_address = f"127.0.0.1:{txl_procs.free_port()}"
         self.access_log = os.path.join(self.run_dir, "access.log")
         with open(conf_template) as f:
             conf = render(f.read(), {
                 "TXL_PROXY_LISTEN": self.address,
                 "TXL_NGINX_RUN_DIR": self.run_dir,
                 "TXL_UPSTREAM_SERVERS": " ".join(f"server {u};" for u in upstreams),
+                "TXL_PROXY_HTTP_LISTEN": self.http_address,
+                # Without HTTP replicas the HTTP side is rendered but unused.
+                "TXL_UPSTREAM_HTTP_SERVERS": " ".join(f"server {u};" for u in (http_upstreams or upstreams)),
             })
         self.conf_path = os.path.join(self.run_dir, "nginx.conf")
         with open(self.conf_path, "w") as f:

@@ -185,6 +185,7 @@ class KubernetesManifestTest(unittest.TestCase):
         self.assertEqual(self.container["command"], ["/opt/txl-serve/bin/txl-server"])
         self.assertEqual(self.flags["listen"], f"0.0.0.0:{self.ports['grpc']}")
         self.assertEqual(self.flags["metrics_listen"], f"0.0.0.0:{self.ports['metrics']}")
+        self.assertEqual(self.flags["http_listen"], f"0.0.0.0:{self.ports['http']}")
         self.assertEqual(self.flags["model"], "/opt/txl-serve/model/shakespeare_char.pt")
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             with self.subTest(probe=probe):
@@ -249,7 +250,7 @@ class KubernetesManifestTest(unittest.TestCase):
         svc = self.objects[("Service", "txl-proxy")]["spec"]
         self.pod_labels_match(svc["selector"], pod)
         ports = {p["name"]: p["containerPort"] for p in nginx["ports"]}
-        self.assertEqual([p["targetPort"] for p in svc["ports"]], ["grpc"])
+        self.assertEqual([p["targetPort"] for p in svc["ports"]], ["grpc", "http"])
         conf_path = nginx["command"][nginx["command"].index("-c") + 1]
         conf = self.configmap_of(pod, nginx, conf_path)
         self.assertRegex(conf, rf"listen {ports['grpc']} http2;")
@@ -258,9 +259,13 @@ class KubernetesManifestTest(unittest.TestCase):
         self.assertRegex(conf, r"hash \$txl_route consistent;")
         ns = self.kustomization["namespace"]
         servers = re.findall(r"^\s*server (\S+) resolve;", conf, re.M)
-        expected = [f"txl-server-{i}.txl-server-headless.{ns}.svc.cluster.local:{self.ports['grpc']}"
-                    for i in range(self.sts["spec"]["replicas"])]
+        # gRPC's upstream, then HTTP's (docs/HTTP.md), each naming every replica.
+        expected = [f"txl-server-{i}.txl-server-headless.{ns}.svc.cluster.local:{self.ports[kind]}"
+                    for kind in ("grpc", "http") for i in range(self.sts["spec"]["replicas"])]
         self.assertEqual(servers, expected)
+        self.assertRegex(conf, rf"listen {ports['http']};")
+        self.assertRegex(conf, r'map "\$http_txl_session_id\|\$uri" \$txl_http_route \{')
+        self.assertRegex(conf, r"hash \$txl_http_route consistent;")
         for probe in ("readinessProbe", "livenessProbe"):
             self.assertIn(nginx[probe]["httpGet"]["port"], ports)
             self.assertIn(f"listen {ports[nginx[probe]['httpGet']['port']]};", conf)

@@ -10,8 +10,11 @@ Run by CTest: /usr/bin/python3 test_nginx_affinity.py --bin-dir BUILD --nginx-co
 """
 import argparse
 import concurrent.futures
+import http.client as http_client
+import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -58,9 +61,10 @@ class NginxAffinityTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory(prefix="txl_nginx_")
         model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
-        cls.replicas = [txl_procs.Server(ARGS.bin_dir, model), txl_procs.Server(ARGS.bin_dir, model)]
+        cls.replicas = [txl_procs.Server(ARGS.bin_dir, model, http=True), txl_procs.Server(ARGS.bin_dir, model, http=True)]
         cls.control = txl_procs.Server(ARGS.bin_dir, model)
-        cls.nginx = nginx_proxy.NginxProxy(ARGS.nginx_conf, [r.address for r in cls.replicas], cls.tmp.name)
+        cls.nginx = nginx_proxy.NginxProxy(ARGS.nginx_conf, [r.address for r in cls.replicas], cls.tmp.name,
+                                           http_upstreams=[r.http_address for r in cls.replicas])
         cls.proxy, cls.access_log = cls.nginx.address, cls.nginx.access_log
         # Ready when a call through it succeeds (bounded).
         cls.nginx.start(lambda: client(cls.proxy, "health").returncode == 0)
@@ -151,6 +155,39 @@ class NginxAffinityTest(unittest.TestCase):
             r = client(self.proxy, "--temperature", "0", "--max_new_tokens", "2", "generate", "x")
             self.assertEqual(r.returncode, 0, r.stderr)
         pool.shutdown()
+
+    def test_http_routes_by_the_session_header(self):
+        """HTTP through the proxy: a session created with a client-chosen id (sent in the header too)
+        lives on one replica, and every later call naming it, by header or by path, reaches it."""
+        def http(address, method, path, body=None, sid=None):
+            host, port = address.rsplit(":", 1)
+            conn = http_client.HTTPConnection(host, int(port), timeout=60)
+            headers = {"Content-Type": "application/json"}
+            if sid:
+                headers["txl-session-id"] = sid
+            conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            r = conn.getresponse()
+            out = (r.status, json.loads(r.read() or b"null"))
+            conn.close()
+            return out
+
+        ids = [secrets.token_hex(16) for _ in range(8)]
+        for sid in ids:
+            status, s = http(self.nginx.http_address, "POST", "/v1/sessions", {"session_id": sid}, sid=sid)
+            self.assertEqual((status, s["id"]), (200, sid))
+            for _ in range(3):
+                status, c = http(self.nginx.http_address, "POST", "/v1/completions",
+                                 {"prompt": "ab", "max_tokens": 2, "temperature": 0}, sid=sid)
+                self.assertEqual(status, 200, c)
+            status, got = http(self.nginx.http_address, "GET", "/v1/sessions/" + sid)  # by path
+            self.assertEqual((status, got["position"]), (200, 12))
+        # Each session exists on exactly one replica, and both replicas hold some.
+        holders = [[r for r in self.replicas if http(r.http_address, "GET", "/v1/sessions/" + sid)[0] == 200]
+                   for sid in ids]
+        self.assertTrue(all(len(h) == 1 for h in holders), holders)
+        self.assertEqual(len({id(h[0]) for h in holders}), 2)
+        for sid in ids:  # routed by path; leaves the replicas as the other test expects them
+            self.assertEqual(http(self.nginx.http_address, "DELETE", "/v1/sessions/" + sid)[0], 200)
 
 
 def main():

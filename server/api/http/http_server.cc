@@ -127,8 +127,7 @@ class ServerImpl final : public HttpServer {
     int port = 0;
     if (colon == std::string::npos || !absl::SimpleAtoi(config_.listen.substr(colon + 1), &port) || port < 0 ||
         port > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--http_listen: expected HOST:PORT, got \"", config_.listen, "\""));
+      return absl::InvalidArgumentError(absl::StrCat("expected HOST:PORT, got \"", config_.listen, "\""));
     }
     std::string host = config_.listen.substr(0, colon);
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
@@ -136,7 +135,7 @@ class ServerImpl final : public HttpServer {
     tcp::resolver resolver(io_);
     auto results = resolver.resolve(host, std::to_string(port), ec);
     if (ec || results.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--http_listen: cannot resolve \"", host, "\": ", ec.message()));
+      return absl::InvalidArgumentError(absl::StrCat("cannot resolve \"", host, "\": ", ec.message()));
     }
     const tcp::endpoint endpoint = results.begin()->endpoint();
     acceptor_.open(endpoint.protocol(), ec);
@@ -144,7 +143,7 @@ class ServerImpl final : public HttpServer {
     if (!ec) acceptor_.bind(endpoint, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen, " (HTTP): ", ec.message()));
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen, ": ", ec.message()));
     }
     port_ = acceptor_.local_endpoint().port();
     Accept();

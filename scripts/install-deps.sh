@@ -14,14 +14,16 @@ RUNTIME_PACKAGES=(
   libgomp1
   # The Redis state store client, for --state_store=redis://HOST:PORT.
   libhiredis0.14
+  # TLS on the HTTP port: Boost.Asio's OpenSSL streams.
+  libssl3
 )
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev python3-torch python3-numpy
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  # The HTTP front end: Boost.Beast/Asio (header-only; nothing at run time).
-  libboost-dev
+  # The HTTP front end: Boost.Beast/Asio (header-only) and OpenSSL for its TLS.
+  libboost-dev libssl-dev
   libprotoc-dev python3-grpcio python3-protobuf
   prometheus-cpp-dev libabsl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev

@@ -154,7 +154,8 @@ absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, c
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const std::string& cert_path,
                                                                            const std::string& key_path,
                                                                            const std::string& ca_path,
-                                                                           std::string* mode) {
+                                                                           std::string* mode,
+                                                                           txl::HttpServerConfig* http) {
   if (cert_path.empty() != key_path.empty()) {
     return absl::InvalidArgumentError(cert_path.empty() ? "--tls_key needs --tls_cert" : "--tls_cert needs --tls_key");
   }
@@ -173,6 +174,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
     options.pem_root_certs = std::move(ca);
     *mode = "TLS, client certificates required (mutual TLS)";
   }
+  // The HTTP port uses the same certificate, key and client CA.
+  http->tls_cert_pem = cert;
+  http->tls_key_pem = key;
+  http->tls_client_ca_pem = options.pem_root_certs;
   options.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
   return grpc::SslServerCredentials(options);
 }
@@ -188,9 +193,8 @@ struct ServerOptions {
   bool state_store = false;  // with backend and journal:
   txl::StateBackendConfig backend;
   txl::SessionJournalConfig journal;
-  txl::HttpServerConfig http;   // listen empty: no HTTP port
-  std::string http_off_reason;  // for the start-up log
-  std::string metrics_listen;   // empty: no /metrics
+  txl::HttpServerConfig http;  // listen empty: no HTTP port
+  std::string metrics_listen;  // empty: no /metrics
   txl::ChatTemplate chat_template;
   // The gRPC port.
   std::string listen, auth_tokens, tls_cert, tls_key, tls_client_ca;
@@ -234,17 +238,6 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (o.http.threads < 1 || o.http.threads > 64) return absl::InvalidArgumentError("--http_threads must be in [1, 64]");
   if (o.http.max_body_bytes < 1) return absl::InvalidArgumentError("--http_max_body_bytes must be >= 1");
   if (o.http.max_connections < 1) return absl::InvalidArgumentError("--http_max_connections must be >= 1");
-  if (!o.http.listen.empty() && !o.tls_cert.empty()) {
-    // Never serve in clear text what the operator asked to protect: the
-    // default HTTP port turns off (said at start-up), any other one fails.
-    if (o.http.listen != absl::FindCommandLineFlag("http_listen")->DefaultValue()) {
-      return absl::InvalidArgumentError(
-          "--http_listen with --tls_cert: the HTTP port has no TLS yet; set --http_listen= (off) or put a TLS "
-          "proxy in front of a loopback --http_listen");
-    }
-    o.http.listen.clear();
-    o.http_off_reason = "off: the HTTP port has no TLS yet and --tls_cert is set";
-  }
 
   txl::ServiceConfig& service = o.service;
   service.default_mem_len = std::max<int64_t>(0, absl::GetFlag(FLAGS_default_mem_len));
@@ -355,7 +348,7 @@ std::unique_ptr<grpc::Server> StartGrpc(const ServerOptions& o, std::shared_ptr<
 int Serve(ServerOptions o, sigset_t signals) {
   // Security first: a mistake there should not wait for the model to load.
   std::string transport;
-  auto credentials = ServerCredentials(o.tls_cert, o.tls_key, o.tls_client_ca, &transport);
+  auto credentials = ServerCredentials(o.tls_cert, o.tls_key, o.tls_client_ca, &transport, &o.http);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
   std::unique_ptr<txl::BearerTokens> tokens;
   if (!o.auth_tokens.empty()) {
@@ -460,7 +453,7 @@ int Serve(ServerOptions o, sigset_t signals) {
             << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype
             << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath() << "\ntxl-server: http "
             << (http ? "on " + o.http.listen.substr(0, o.http.listen.rfind(':') + 1) + std::to_string(http->port())
-                     : (o.http_off_reason.empty() ? std::string("off") : o.http_off_reason))
+                     : std::string("off"))
             << "\ntxl-server: " << transport << ", "
             << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
                        : std::string("no authentication"))

@@ -374,6 +374,33 @@ class HttpTest(unittest.TestCase):
         self.assertEqual(status, 200, more)
         self.assertEqual(more["position"], info["position"] + 3)
 
+    def test_a_stalled_reader_holds_only_itself(self):
+        """A client that stops reading: its job pauses at the stream buffer; other requests run."""
+        status, s, _ = self.http.json("POST", "/v1/sessions")
+        sid = s["id"]
+        host, port = self.address.rsplit(":", 1)
+        stalled = socket.create_connection((host, int(port)))
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        body = json.dumps({"prompt": "abc", "max_tokens": 100000, "stream": True, "logprobs": 5,
+                           "session_id": sid}).encode()
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(body), body))
+        # Never read. The session's position stops moving once the buffers are full...
+        deadline, last, same = time.time() + 120, -1, 0
+        while same < 3:
+            self.assertLess(time.time(), deadline, "the stalled stream's generation never paused")
+            status, info, _ = self.http.json("GET", "/v1/sessions/" + sid)
+            same = same + 1 if info["position"] == last else 0
+            last = info["position"]
+            time.sleep(0.2)
+        self.assertTrue(info["busy"])
+        self.assertLess(info["position"], 100000)
+        # ... while other work runs to completion.
+        for i in range(3):
+            status, other, _ = self.http.json("POST", "/v1/completions", {"prompt": "x%d" % i, "max_tokens": 20})
+            self.assertEqual((status, other["usage"]["completion_tokens"]), (200, 20))
+        stalled.close()
+
     def test_many_concurrent_streams(self):
         n, results, errors = 256, [], []
         lock = threading.Lock()
@@ -544,6 +571,43 @@ class HttpAuthTest(unittest.TestCase):
                     c.close()
             finally:
                 self.assertEqual(server.stop(), 0)
+
+    def test_tls_with_the_grpc_certificate_flags(self):
+        """--tls_cert/--tls_key serve HTTPS on the HTTP port; --tls_client_ca requires client certificates."""
+        import ssl
+        with tempfile.TemporaryDirectory() as d:
+            model = txl_procs.tiny_model(ARGS.bin_dir, d)
+            cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                            "-keyout", key, "-out", cert], check=True, capture_output=True, timeout=60)
+            for mutual in (False, True):
+                flags = ["--tls_cert", cert, "--tls_key", key] + (["--tls_client_ca", cert] if mutual else [])
+                server = txl_procs.Server(ARGS.bin_dir, model, *flags, http=True)
+                try:
+                    host, port = server.http_address.rsplit(":", 1)
+                    ctx = ssl.create_default_context(cafile=cert)
+                    if mutual:
+                        bare = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=30)
+                        with self.assertRaises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+                            bare.request("GET", "/healthz")
+                            bare.getresponse().read()
+                        bare.close()
+                        ctx.load_cert_chain(cert, key)
+                    conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=30)
+                    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "ab", "max_tokens": 3}),
+                                 headers={"Content-Type": "application/json"})
+                    r = conn.getresponse()
+                    self.assertEqual(r.status, 200)
+                    self.assertEqual(json.loads(r.read())["usage"]["completion_tokens"], 3)
+                    conn.close()
+                    # Plain HTTP to the TLS port gets no answer.
+                    plain = Http(server.http_address)
+                    with self.assertRaises((ConnectionError, http.client.HTTPException)):
+                        plain.json("GET", "/healthz")
+                    plain.close()
+                finally:
+                    self.assertEqual(server.stop(), 0)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -30,14 +31,18 @@ using tcp = asio::ip::tcp;
 std::chrono::steady_clock::duration ToChrono(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
 
 class ServerImpl;
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 // One TCP connection: requests one after another (keep-alive), each answered
-// through a ConnectionExchange before the next is read.
-class Connection : public std::enable_shared_from_this<Connection> {
+// through a ConnectionExchange before the next is read. Stream: PlainStream,
+// or TlsStream (the handshake first).
+template <class Stream>
+class Connection : public std::enable_shared_from_this<Connection<Stream>> {
  public:
-  Connection(tcp::socket socket, ServerImpl* server);
+  Connection(Stream stream, ServerImpl* server);
   ~Connection();
-  void Start() { ReadRequest(); }
+  void Start();
 
   // The exchange's calls, on the strand.
   void Respond(int status, std::string content_type, std::string body);
@@ -47,7 +52,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnClientGone(std::function<void()> closed);
 
  private:
+  template <class S>
   friend class ConnectionExchange;
+  using std::enable_shared_from_this<Connection<Stream>>::shared_from_this;
+  tcp::socket& socket() { return beast::get_lowest_layer(stream_).socket(); }
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
   struct Write {
     enum Kind { kWhole, kHead, kChunk, kLast } kind;
     std::shared_ptr<http::response<http::string_body>> whole;
@@ -66,7 +75,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ResponseDone();
   void SetCommonHeaders(http::fields& f) const;
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   ServerImpl* server_;
   beast::flat_buffer buffer_;
   std::unique_ptr<http::request_parser<http::string_body>> parser_;
@@ -86,9 +95,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 };
 
 // What the route holds: forwards onto the connection's strand.
+template <class Stream>
 class ConnectionExchange final : public HttpExchange {
  public:
-  ConnectionExchange(std::shared_ptr<Connection> c, HttpRequest request) : c_(std::move(c)) {
+  ConnectionExchange(std::shared_ptr<Connection<Stream>> c, HttpRequest request) : c_(std::move(c)) {
     request_ = std::move(request);
   }
   void Respond(int status, const std::string& content_type, std::string body) override {
@@ -113,16 +123,29 @@ class ConnectionExchange final : public HttpExchange {
 
  private:
   void Post(std::function<void()> f) { asio::post(c_->stream_.get_executor(), std::move(f)); }
-  std::shared_ptr<Connection> c_;
+  std::shared_ptr<Connection<Stream>> c_;
 };
 
 class ServerImpl final : public HttpServer {
  public:
   ServerImpl(const HttpServerConfig& config, HttpHandler handler)
-      : config_(config), handler_(std::move(handler)), acceptor_(io_) {}
+      : config_(config), handler_(std::move(handler)), acceptor_(io_), tls_(asio::ssl::context::tls_server) {}
   ~ServerImpl() override { Stop(); }
 
   absl::Status Open() {
+    if (!config_.tls_cert_pem.empty()) {
+      // The gRPC port's certificate, key and client CA (mutual TLS), as PEM.
+      beast::error_code ec;
+      tls_.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
+      tls_.use_certificate_chain(asio::buffer(config_.tls_cert_pem), ec);
+      if (!ec) tls_.use_private_key(asio::buffer(config_.tls_key_pem), asio::ssl::context::pem, ec);
+      if (!ec && !config_.tls_client_ca_pem.empty()) {
+        tls_.add_certificate_authority(asio::buffer(config_.tls_client_ca_pem), ec);
+        tls_.set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert);
+      }
+      if (ec) return absl::InvalidArgumentError(absl::StrCat("TLS: ", ec.message()));
+    }
     const size_t colon = config_.listen.rfind(':');
     int port = 0;
     if (colon == std::string::npos || !absl::SimpleAtoi(config_.listen.substr(colon + 1), &port) || port < 0 ||
@@ -166,6 +189,7 @@ class ServerImpl final : public HttpServer {
   }
 
   const HttpServerConfig& config() const { return config_; }
+  asio::ssl::context& tls() { return tls_; }
   const HttpHandler& handler() const { return handler_; }
   std::atomic<int> connections{0};
 
@@ -177,7 +201,11 @@ class ServerImpl final : public HttpServer {
         if (connections.load() >= config_.max_connections) {
           socket.close(ec);  // over the bound: the client sees a reset, not a hung connection
         } else {
-          std::make_shared<Connection>(std::move(socket), this)->Start();
+          if (config_.tls_cert_pem.empty()) {
+            std::make_shared<Connection<PlainStream>>(PlainStream(std::move(socket)), this)->Start();
+          } else {
+            std::make_shared<Connection<TlsStream>>(TlsStream(std::move(socket), tls_), this)->Start();
+          }
         }
       }
       Accept();
@@ -188,33 +216,53 @@ class ServerImpl final : public HttpServer {
   HttpHandler handler_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  asio::ssl::context tls_;
   int port_ = 0;
   std::vector<std::thread> threads_;
   std::atomic<bool> stopped_{false};
 };
 
-Connection::Connection(tcp::socket socket, ServerImpl* server) : stream_(std::move(socket)), server_(server) {
+template <class Stream>
+Connection<Stream>::Connection(Stream stream, ServerImpl* server) : stream_(std::move(stream)), server_(server) {
   server_->connections.fetch_add(1);
   // The disconnect watch peeks synchronously: it must never wait (Beast's
   // own operations are asynchronous whatever this says).
   beast::error_code ignored;
-  stream_.socket().non_blocking(true, ignored);
+  socket().non_blocking(true, ignored);
 }
-Connection::~Connection() { server_->connections.fetch_sub(1); }
+template <class Stream>
+Connection<Stream>::~Connection() {
+  server_->connections.fetch_sub(1);
+}
 
-void Connection::ReadRequest() {
+template <class Stream>
+void Connection<Stream>::Start() {
+  if constexpr (std::is_same_v<Stream, TlsStream>) {
+    lowest().expires_after(ToChrono(server_->config().read_timeout));
+    stream_.async_handshake(asio::ssl::stream_base::server, [self = shared_from_this()](beast::error_code ec) {
+      if (ec) return;  // not TLS, or refused (e.g. no client certificate): the connection just closes
+      self->ReadRequest();
+    });
+  } else {
+    ReadRequest();
+  }
+}
+
+template <class Stream>
+void Connection<Stream>::ReadRequest() {
   ++serial_;
   answered_ = streaming_ = complete_ = gone_ = false;
   on_gone_ = nullptr;
   origin_.clear();
   parser_ = std::make_unique<http::request_parser<http::string_body>>();
   parser_->body_limit(static_cast<uint64_t>(server_->config().max_body_bytes));
-  stream_.expires_after(ToChrono(server_->config().read_timeout));
+  lowest().expires_after(ToChrono(server_->config().read_timeout));
   http::async_read(stream_, buffer_, *parser_,
                    [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
 }
 
-void Connection::SetCommonHeaders(http::fields& f) const {
+template <class Stream>
+void Connection<Stream>::SetCommonHeaders(http::fields& f) const {
   f.set(http::field::server, "txl-server");
   if (!origin_.empty()) {
     f.set(http::field::access_control_allow_origin, origin_);
@@ -222,7 +270,8 @@ void Connection::SetCommonHeaders(http::fields& f) const {
   }
 }
 
-void Connection::Reply(http::response<http::string_body> res) {
+template <class Stream>
+void Connection<Stream>::Reply(http::response<http::string_body> res) {
   answered_ = true;
   complete_ = true;
   SetCommonHeaders(res.base());
@@ -232,11 +281,12 @@ void Connection::Reply(http::response<http::string_body> res) {
   Push(std::move(w));
 }
 
-void Connection::OnRequest(beast::error_code ec) {
+template <class Stream>
+void Connection<Stream>::OnRequest(beast::error_code ec) {
   if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == asio::error::connection_reset ||
       ec == asio::error::eof || ec == asio::error::operation_aborted) {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    socket().shutdown(tcp::socket::shutdown_send, ignored);
     return;
   }
   if (ec) {
@@ -279,9 +329,9 @@ void Connection::OnRequest(beast::error_code ec) {
   for (const auto& field : req)
     r.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
   r.body = std::move(req.body());
-  stream_.expires_never();  // a route may take as long as its generation; writes set their own
+  lowest().expires_never();  // a route may take as long as its generation; writes set their own
   WatchForDisconnect();
-  auto exchange = std::make_shared<ConnectionExchange>(shared_from_this(), std::move(r));
+  auto exchange = std::make_shared<ConnectionExchange<Stream>>(shared_from_this(), std::move(r));
   try {
     server_->handler()(exchange);
   } catch (const std::exception&) {  // a route's bug must not take the server down
@@ -294,14 +344,15 @@ void Connection::OnRequest(beast::error_code ec) {
 // While an answer is pending the client sends nothing (or a pipelined next
 // request, left in the socket): the socket turning readable with nothing to
 // read means the client closed it.
-void Connection::WatchForDisconnect() {
+template <class Stream>
+void Connection<Stream>::WatchForDisconnect() {
   const uint64_t serial = serial_;
-  stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), serial](beast::error_code ec) {
+  socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), serial](beast::error_code ec) {
     // A watch that outlived its request (the next one may be reading) says nothing.
     if (self->complete_ || self->serial_ != serial || ec == asio::error::operation_aborted) return;
     char byte;
     beast::error_code peek;
-    const size_t n = self->stream_.socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, peek);
+    const size_t n = self->socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, peek);
     if (peek == asio::error::would_block || peek == asio::error::try_again) {
       self->WatchForDisconnect();  // nothing to read after all
     } else if (ec || peek || n == 0) {
@@ -310,7 +361,8 @@ void Connection::WatchForDisconnect() {
   });
 }
 
-void Connection::Respond(int status, std::string content_type, std::string body) {
+template <class Stream>
+void Connection<Stream>::Respond(int status, std::string content_type, std::string body) {
   if (answered_ || gone_) return;
   http::response<http::string_body> res{static_cast<http::status>(status), 11};
   res.set(http::field::content_type, content_type);
@@ -318,7 +370,8 @@ void Connection::Respond(int status, std::string content_type, std::string body)
   Reply(std::move(res));
 }
 
-void Connection::StartStream(int status, std::string content_type) {
+template <class Stream>
+void Connection<Stream>::StartStream(int status, std::string content_type) {
   if (answered_ || gone_) return;
   answered_ = streaming_ = true;
   head_ = std::make_shared<http::response<http::empty_body>>(static_cast<http::status>(status), 11);
@@ -331,18 +384,21 @@ void Connection::StartStream(int status, std::string content_type) {
   Push({Write::kHead, nullptr, {}, nullptr});
 }
 
-void Connection::Send(std::string chunk, std::function<void()> written) {
+template <class Stream>
+void Connection<Stream>::Send(std::string chunk, std::function<void()> written) {
   if (!streaming_ || complete_ || gone_) return;
   Push({Write::kChunk, nullptr, std::move(chunk), std::move(written)});
 }
 
-void Connection::EndStream() {
+template <class Stream>
+void Connection<Stream>::EndStream() {
   if (!streaming_ || complete_ || gone_) return;
   complete_ = true;
   Push({Write::kLast, nullptr, {}, nullptr});
 }
 
-void Connection::OnClientGone(std::function<void()> closed) {
+template <class Stream>
+void Connection<Stream>::OnClientGone(std::function<void()> closed) {
   if (gone_ && !complete_) {
     closed();
     return;
@@ -350,15 +406,17 @@ void Connection::OnClientGone(std::function<void()> closed) {
   on_gone_ = std::move(closed);
 }
 
-void Connection::Push(Write w) {
+template <class Stream>
+void Connection<Stream>::Push(Write w) {
   queue_.push_back(std::move(w));
   if (!writing_) WriteNext();
 }
 
-void Connection::WriteNext() {
+template <class Stream>
+void Connection<Stream>::WriteNext() {
   if (queue_.empty() || gone_) return;
   writing_ = true;
-  stream_.expires_after(ToChrono(server_->config().write_timeout));
+  lowest().expires_after(ToChrono(server_->config().write_timeout));
   Write& w = queue_.front();
   auto done = [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); };
   switch (w.kind) {
@@ -372,9 +430,10 @@ void Connection::WriteNext() {
   }
 }
 
-void Connection::OnWritten(beast::error_code ec) {
+template <class Stream>
+void Connection<Stream>::OnWritten(beast::error_code ec) {
   writing_ = false;
-  stream_.expires_never();
+  lowest().expires_never();
   if (ec) {
     Gone();
     return;
@@ -390,26 +449,28 @@ void Connection::OnWritten(beast::error_code ec) {
   WriteNext();
 }
 
-void Connection::ResponseDone() {
+template <class Stream>
+void Connection<Stream>::ResponseDone() {
   on_gone_ = nullptr;  // drops the route's callbacks (and what they hold)
   beast::error_code ignored;
-  stream_.socket().cancel(ignored);  // the disconnect watch
+  socket().cancel(ignored);  // the disconnect watch
   head_writer_.reset();
   head_.reset();
   if (!keep_alive_) {
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    socket().shutdown(tcp::socket::shutdown_send, ignored);
     return;
   }
   // The watch's cancelled handler runs before the read starts (same strand).
   asio::post(stream_.get_executor(), [self = shared_from_this()] { self->ReadRequest(); });
 }
 
-void Connection::Gone() {
+template <class Stream>
+void Connection<Stream>::Gone() {
   if (gone_) return;
   gone_ = true;
   queue_.clear();
   beast::error_code ignored;
-  stream_.socket().close(ignored);
+  socket().close(ignored);
   if (!complete_ && on_gone_) {
     auto f = std::move(on_gone_);
     on_gone_ = nullptr;

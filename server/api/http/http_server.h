@@ -25,6 +25,9 @@ struct HttpServerConfig {
   absl::Duration read_timeout = absl::Seconds(30);   // to receive one whole request
   absl::Duration write_timeout = absl::Seconds(30);  // for one write to drain to a client
   std::vector<std::string> allow_origins;            // CORS: exact origins, or "*"; empty: no CORS
+  // TLS (PEM text, not paths): a certificate chain and its key turn TLS on;
+  // a client CA also requires and verifies client certificates.
+  std::string tls_cert_pem, tls_key_pem, tls_client_ca_pem;
 };
 
 class HttpServer {

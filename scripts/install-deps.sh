@@ -54,6 +54,8 @@ esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
+  # A Node.js build that bundles npm (e.g. NodeSource's) conflicts with Debian's npm package.
+  if [ "$p" = npm ] && command -v npm >/dev/null; then continue; fi
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 

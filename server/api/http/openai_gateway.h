@@ -3,7 +3,7 @@
 // gRPC service in this process (an in-process channel): HTTP then has the
 // same scheduler, sessions, validation, limits, bearer tokens and metrics as
 // gRPC, with no second path to keep in step. Calls use gRPC's callback
-// client API, so no thread waits on a generation. docs/API.md lists the
+// client API, so no thread waits on a generation. docs/HTTP.md lists the
 // routes; docs/DESIGN.md traces one.
 #ifndef TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
 #define TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
@@ -17,16 +17,11 @@
 #include "absl/time/time.h"
 #include "proto/txl/v1/txl.grpc.pb.h"
 #include "server/api/http/chat_sessions.h"
-#include "server/api/http/chat_template.h"
+#include "server/api/http/gateway_context.h"
 #include "server/api/http/http_exchange.h"
 #include "server/metrics/service_metrics.h"
 
 namespace txl {
-
-struct OpenAiGatewayConfig {
-  std::string model_name;  // the id /v1/models lists and requests may name
-  ChatTemplate chat_template;
-};
 
 class OpenAiGateway {
  public:
@@ -39,23 +34,9 @@ class OpenAiGateway {
   // Calls in flight (generations not yet finished).
   int active() const { return active_.load(); }
 
-  // What every route shares (openai_routes.cc).
-  struct Shared {
-    OpenAiGatewayConfig config;
-    std::unique_ptr<v1::TransformerXL::Stub> stub;
-    ServiceMetrics* metrics;
-    std::atomic<int>* active;
-    ChatSessions* chats;
-    // Answers and counts it in txl_http_requests_total{route, code}.
-    void Answer(HttpExchange& x, const std::string& route, int status, const std::string& json) const;
-    void Count(const std::string& route, int status) const {
-      if (metrics != nullptr) metrics->OnHttpRequest(route, status);
-    }
-  };
-
  private:
   ChatSessions chats_;
-  Shared shared_;
+  GatewayContext ctx_;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_{0};
 };

@@ -1,0 +1,57 @@
+#include <utility>
+
+#include "server/api/http/completion_call.h"
+#include "server/api/http/routes.h"
+
+namespace txl {
+
+// POST /v1/chat/completions: the messages rendered by the chat template; with
+// a session, only those it has not seen (ChatSessions::Plan, which needs the
+// session's position: one GetSession first).
+void ChatRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, ChatParams p) {
+  const std::string route = "/v1/chat/completions";
+  const ChatTemplate& t = s->config.chat_template;
+  if (p.completion.request.stop_sequences().empty()) {
+    for (const std::string& stop : t.stop) p.completion.request.add_stop_sequences(stop);
+  }
+  auto start = [s, route](std::shared_ptr<HttpExchange> x, ChatParams p, std::string feed) {
+    p.completion.request.mutable_input()->set_text(std::move(feed));
+    const std::string session = p.completion.request.session_id();
+    std::function<void(const CompletionResult&)> record;
+    if (!session.empty()) {
+      record = [s, session, messages = p.messages](const CompletionResult& r) {
+        s->chats->Record(session, messages, r.text, r.position);
+      };
+    }
+    StartCompletion(s, std::move(x), std::move(p.completion), /*chat=*/true, std::move(record));
+  };
+  const std::string session = p.completion.request.session_id();
+  if (session.empty()) {
+    std::string feed;
+    for (const ChatMessage& m : p.messages) feed += t.Render(m);
+    return start(std::move(x), std::move(p), feed + t.generation_prompt);
+  }
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    v1::Session resp;
+    ChatParams p;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_session_id(session);
+  call->p = std::move(p);
+  CopyAuth(x->request(), &call->ctx);
+  s->stub->async()->GetSession(&call->ctx, &call->req, &call->resp, [s, x, call, route, start](grpc::Status status) {
+    if (!status.ok()) {
+      const HttpError e = FromGrpc(status);
+      return s->Answer(*x, route, e.status, ErrorBody(e));
+    }
+    HttpError error;
+    auto feed = s->chats->Plan(call->req.session_id(), call->resp.position(), call->p.messages, s->config.chat_template,
+                               &error);
+    if (!feed.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
+    start(x, std::move(call->p), *std::move(feed));
+  });
+}
+
+}  // namespace txl

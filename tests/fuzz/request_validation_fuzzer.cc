@@ -8,7 +8,8 @@
 //   - a refusal is INVALID_ARGUMENT and its message starts with a field name;
 //   - what is accepted is within the limits: token ids in [0, n_token), at
 //     most max_input_tokens, max_new_tokens in [1, max], sampling parameters
-//     the sampler accepts, logprobs in [0, max], no empty stop sequence,
+//     the sampler accepts, logprobs in [0, max], no empty stop sequence, stop
+//     sequences and ids within their bounds,
 //     mem_len in [1, max_mem_len], idle_ttl >= 0, a session id that is empty
 //     or 32 lowercase hex characters (CreateSession);
 //   - the session id is the metadata's when there is metadata, else the field's;
@@ -70,8 +71,9 @@ const Setup& SetupFor(int which) {
 
 bool StartsWithField(const absl::Status& s) {
   static const char* const kFields[] = {
-      "session_id: ",    "input.tokens.ids[", "input.text: ", "input: ",   "max_new_tokens: ",   "sampling.",
-      "stop_token_ids[", "stop_sequences[",   "logprobs: ",   "mem_len: ", "idle_ttl_seconds: ",
+      "session_id: ",       "input.tokens.ids[", "input.text: ",     "input: ",    "max_new_tokens: ",
+      "sampling.",          "stop_token_ids[",   "stop_sequences[",  "logprobs: ", "mem_len: ",
+      "idle_ttl_seconds: ", "stop_token_ids: ",  "stop_sequences: ",
   };
   const std::string m(s.message());
   for (const char* f : kFields)
@@ -116,6 +118,11 @@ void CheckSpec(const Setup& setup, const v1::GenerateRequest& req, const Generat
   for (int id : spec.stop_token_ids) Check(id >= 0 && id < l.n_token, "stop tokens in [0, n_token)");
   Check(static_cast<int>(spec.stop_sequences.size()) == req.stop_sequences_size(), "every stop sequence kept");
   for (const std::string& s : spec.stop_sequences) Check(!s.empty(), "no empty stop sequence");
+  Check(static_cast<int>(spec.stop_sequences.size()) <= l.max_stop_sequences, "stop sequences bounded");
+  for (const std::string& s : spec.stop_sequences) {
+    Check(static_cast<int>(s.size()) <= l.max_stop_sequence_bytes, "stop sequence length bounded");
+  }
+  Check(static_cast<int>(spec.stop_token_ids.size()) <= l.max_stop_token_ids, "stop ids bounded");
 }
 
 }  // namespace

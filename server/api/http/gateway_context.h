@@ -32,7 +32,7 @@ struct OpenAiGatewayConfig {
 struct GatewayContext {
   OpenAiGatewayConfig config;
   std::unique_ptr<v1::TransformerXL::Stub> stub;
-  ServiceMetrics* metrics = nullptr;  // may be null
+  ServiceMetrics* metrics = nullptr;   // may be null
   std::atomic<int>* active = nullptr;  // generations in flight (the gateway's)
   ChatSessions* chats = nullptr;
 

@@ -56,21 +56,27 @@
 #include "model/txl_math.h"
 #include "model/weights.h"
 #include "nlohmann/json.hpp"
+#include "server/batching/sampler.h"
 #include "train/training_forward.h"
 
 #ifndef TXL_BUNDLED_MODEL
 #define TXL_BUNDLED_MODEL ""
 #endif
 
-ABSL_FLAG(std::string, shape, "base", "base (random 12-layer d512 model) or small (the bundled model)");
+ABSL_FLAG(std::string, shape, "base",
+          "base (random 12-layer d512 model), wt103 (random model of the WikiText-103 shape: 18 layers d1024, "
+          "267,735-word adaptive softmax; about 1.1 GB) or small (the bundled model)");
 ABSL_FLAG(std::string, model, "", "checkpoint for --shape small (default: the bundled model)");
+ABSL_FLAG(double, head_scale, 20,
+          "--shape wt103: the head projection's scale (1: raw random weights, flat distributions; "
+          "20: about the peakedness of a trained model)");
 ABSL_FLAG(int, threads, 2, "intra-op threads (model and bandwidth probe alike)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(int, sessions, 32, "concurrent sessions for P3 and P5");
-ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, Q): for profiling");
+ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, Q, W)");
 
 namespace {
 
@@ -78,6 +84,7 @@ using Clock = std::chrono::steady_clock;
 using txl::LanguageModel;
 using txl::SessionState;
 using txl::StepInput;
+using txl::StepOutput;
 
 [[noreturn]] void Fail(const std::string& what) {
   std::cerr << "engine_bench: " << what << "\n";
@@ -122,6 +129,7 @@ std::string CpuModel() {
 struct Sizes {
   int64_t mem = 800;                           // memory positions for P1 / P3 / P5
   std::vector<int64_t> windows = {800, 3800};  // attention windows for P2
+  std::vector<int64_t> w_mems = {800, 1600};   // memories for W1 (W3: the first)
   int sessions = 32;
   int reps = 5;
   // Steps per timed batch.
@@ -131,6 +139,7 @@ struct Sizes {
 // One measured pair; per-repetition times are seconds per unit (step or token).
 struct Row {
   std::string id, measurement, a_name, b_name, unit;
+  std::string b_unit;  // when B is in another unit than A
   double a = 0, b = 0, ratio = 0, target = 0;
   bool at_least = true;  // target is a lower bound on the ratio
   std::vector<double> a_reps, b_reps;
@@ -155,7 +164,10 @@ class Bench {
     o.path = path;
     o.device = device;
     o.threads = threads;
+    const auto start = Clock::now();
     lm_ = Must(LanguageModel::Create(o), "loading " + path);
+    load_seconds_ = std::chrono::duration<double>(Clock::now() - start).count();
+    rss_after_load_ = RssBytes();
     txl::Checkpoint ckpt = Must(txl::LoadCheckpoint(path), "loading " + path);
     config_ = ckpt.config;
     weights_ = ckpt.weights->To(at::Device(device));
@@ -189,17 +201,81 @@ class Bench {
   // Seconds per step over `n` single-token steps of all `sessions` at once,
   // each asking for its next-token distribution.
   double EngineSteps(const std::vector<SessionState*>& sessions, int n, LanguageModel* lm = nullptr) {
+    return ReadoutSteps(sessions, n, Readout::kDistribution, lm);
+  }
+
+  // What each session asks of a step (W rows): nothing (the layers alone),
+  // its whole distribution, that and a top-p sample on the host (what a
+  // server does for top-p), the model's argmax (greedy), the model's draw
+  // (temperature 1), or one target's log-prob (Score).
+  enum class Readout { kNone, kDistribution, kTopP, kArgmax, kDraw, kScore };
+  static const char* ReadoutName(Readout r) {
+    switch (r) {
+      case Readout::kNone: return "layers only";
+      case Readout::kDistribution: return "whole distribution";
+      case Readout::kTopP: return "top-p 0.9 at temperature 0.8 (distribution + host sampler)";
+      case Readout::kArgmax: return "greedy (model argmax)";
+      case Readout::kDraw: return "temperature 1 (model draw)";
+      case Readout::kScore: return "Score (one target's log-prob, Zipf-ranked targets)";
+    }
+    return "";
+  }
+
+  // A target as text has them: ids ranked by frequency (as word-level
+  // vocabularies are), drawn with probability 1 / (rank + 1). With
+  // WT103's cutoffs, 80% fall in the 20,000-word shortlist.
+  int ZipfToken() {
+    if (zipf_cdf_.empty()) {
+      double acc = 0;
+      for (int64_t k = 0; k < config_.n_token; ++k) zipf_cdf_.push_back(acc += 1.0 / (k + 1));
+    }
+    const double u = std::uniform_real_distribution<double>(0.0, zipf_cdf_.back())(draw_rng_);
+    const size_t k = std::upper_bound(zipf_cdf_.begin(), zipf_cdf_.end(), u) - zipf_cdf_.begin();
+    return static_cast<int>(std::min<size_t>(k, zipf_cdf_.size() - 1));
+  }
+
+  // Mean entropy (nats) of the sessions' next-token distributions.
+  double MeanEntropy(const std::vector<SessionState*>& sessions) {
+    std::vector<StepInput> in(sessions.size());
+    for (size_t s = 0; s < sessions.size(); ++s) {
+      in[s].session = sessions[s];
+      in[s].tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
+      in[s].want_last_distribution = true;
+    }
+    double total = 0;
+    for (const StepOutput& o : Must(lm_->Step(absl::MakeSpan(in)), "engine step")) {
+      for (float lp : o.last_distribution) total -= std::exp(lp) * lp;
+    }
+    return total / sessions.size();
+  }
+
+  double ReadoutSteps(const std::vector<SessionState*>& sessions, int n, Readout readout, LanguageModel* lm = nullptr) {
     if (lm == nullptr) lm = lm_.get();
     std::vector<StepInput> in(sessions.size());
     const auto start = Clock::now();
     for (int i = 0; i < n; ++i) {
       for (size_t s = 0; s < sessions.size(); ++s) {
+        in[s] = StepInput();
         in[s].session = sessions[s];
         in[s].tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
-        in[s].want_last_distribution = true;
+        switch (readout) {
+          case Readout::kNone: break;
+          case Readout::kDistribution:
+          case Readout::kTopP: in[s].want_last_distribution = true; break;
+          case Readout::kArgmax: in[s].pick = StepInput::Pick::kArgmax; break;
+          case Readout::kDraw:
+            in[s].pick = StepInput::Pick::kDraw;
+            in[s].draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+            break;
+          case Readout::kScore: in[s].targets = {ZipfToken()}; break;
+        }
       }
       auto out = Must(lm->Step(absl::MakeSpan(in)), "engine step");
-      sink_ += out[0].last_distribution[0];
+      for (StepOutput& o : out) {
+        if (readout == Readout::kTopP) sink_ += top_p_.Sample(o.last_distribution);
+        if (readout == Readout::kDistribution) sink_ += o.last_distribution[0];
+        sink_ += o.picked + (o.target_logprobs.empty() ? 0 : o.target_logprobs[0]);
+      }
     }
     return std::chrono::duration<double>(Clock::now() - start).count() / n;
   }
@@ -496,6 +572,8 @@ class Bench {
       rows.push_back(f);
     }
 
+    if (Want("W")) WRows(&rows);
+
     // ---- Q: reduced precision against float32 (this model, lm_), on the
     // same weights and threads, every measurement interleaved in one loop.
     if (Want("Q") && !cuda_) QRows(&rows);
@@ -527,6 +605,97 @@ class Bench {
     }
 
     return rows;
+  }
+
+  // ---- W: the output side of a large vocabulary (--shape wt103; any shape
+  // runs it). W1-<mem>: one session's greedy step vs its bandwidth floor.
+  // W3-*: N sessions at the first memory, each readout's step vs the layers
+  // alone: the share of the step after the last layer's hidden states. W5:
+  // start-up (load time, RSS).
+  void WRows(std::vector<Row>* rows) {
+    const Sizes& z = sizes_;
+    Row up;
+    up.id = "W5";
+    up.measurement = "start-up: LanguageModel::Create (read, convert, pack) and the RSS after it";
+    up.a_name = "load";
+    up.b_name = "RSS after load";
+    up.unit = "s";
+    up.b_unit = "MB";
+    up.a = load_seconds_;
+    up.b = rss_after_load_ / 1e6;
+    up.a_reps = {up.a};
+    up.b_reps = {up.b};
+    int64_t weight_bytes = 0;
+    for (const at::Tensor& t : weights_.Parameters(config_)) weight_bytes += t.numel() * t.element_size();
+    up.ratio = rss_after_load_ / static_cast<double>(weight_bytes);
+    up.target = 2.5;
+    up.at_least = false;
+    up.measurement += absl::StrFormat(" (ratio: RSS / %.1f MB of float32 weights)", weight_bytes / 1e6);
+    up.extra = {{"weight_bytes", weight_bytes}};
+    rows->push_back(up);
+
+    const int64_t probe_bytes = quick_ ? (64ll << 20) : (512ll << 20);
+    at::Tensor probe = at::ones({probe_bytes / 4}, at::TensorOptions().device(device_));
+    BandwidthPass(probe, 1);
+    for (int64_t mem : z.w_mems) {
+      Progress(absl::StrFormat("W1: one session, memory %d", mem));
+      auto s = FullSession(mem + 1, 21);
+      std::vector<SessionState*> one = {s.get()};
+      ReadoutSteps(one, 2, Readout::kArgmax);
+      const int64_t floor_bytes = FloorBytes(mem);
+      std::vector<double> step, pass, floor;
+      Interleave(
+          z.reps, [&] { return ReadoutSteps(one, z.engine_batch, Readout::kArgmax); },
+          [&] { return BandwidthPass(probe, 3); }, &step, &pass);
+      for (double p : pass) floor.push_back(floor_bytes * p / probe_bytes);
+      Row f = Ratio(absl::StrFormat("W1-%d", mem),
+                    absl::StrFormat("1 session, memory %d, greedy: engine step vs bandwidth floor (%.1f MB read per "
+                                    "step / measured bandwidth)",
+                                    mem, floor_bytes / 1e6),
+                    "engine step", "floor", step, floor, 1.3, false);
+      f.extra = {{"floor_bytes", floor_bytes},
+                 {"bandwidth_bytes_per_s", probe_bytes / Median(pass)},
+                 {"memory_bytes_per_session", s->memory_bytes()}};
+      rows->push_back(f);
+    }
+
+    const int64_t mem = z.w_mems.front();
+    const int N = z.sessions;
+    Progress(absl::StrFormat("W3: %d sessions, memory %d", N, mem));
+    // One filled session and copies of it: the same attention work as N
+    // different histories, without N prefills.
+    std::vector<std::unique_ptr<SessionState>> sessions;
+    sessions.push_back(FullSession(mem + 1, 31));
+    for (int i = 1; i < N; ++i) sessions.push_back(Must(sessions[0]->Clone(), "copying a session"));
+    std::vector<SessionState*> all;
+    for (auto& x : sessions) all.push_back(x.get());
+    ReadoutSteps(all, 1, Readout::kNone);
+    const double entropy = MeanEntropy(all);
+    const std::pair<Readout, const char*> kinds[] = {{Readout::kArgmax, "greedy"},
+                                                     {Readout::kDraw, "draw"},
+                                                     {Readout::kScore, "score"},
+                                                     {Readout::kTopP, "top-p"},
+                                                     {Readout::kDistribution, "rows"}};
+    for (const auto& kind : kinds) {
+      const Readout readout = kind.first;  // a variable, not a binding: lambdas capture it below
+      const char* name = kind.second;
+      std::vector<double> with, without;
+      Interleave(
+          z.reps, [&] { return ReadoutSteps(all, z.multi_batch, readout); },
+          [&] { return ReadoutSteps(all, z.multi_batch, Readout::kNone); }, &with, &without);
+      Row w = Ratio(absl::StrFormat("W3-%s", name),
+                    absl::StrFormat("%d sessions, memory %d, next-token entropy %.1f nats, %s: the step's share "
+                                    "after the last layer",
+                                    N, mem, entropy, ReadoutName(readout)),
+                    "step", "layers only", with, without, 0.10, false);
+      w.ratio = (w.a - w.b) / w.a;  // the share, not a/b
+      w.extra = {{"memory_bytes_per_session", sessions[0]->memory_bytes()},
+                 {"tokens_per_s", N / w.a},
+                 {"sessions", N},
+                 {"memory_positions", mem},
+                 {"next_token_entropy_nats", entropy}};
+      rows->push_back(w);
+    }
   }
 
   std::unique_ptr<LanguageModel> Load(txl::WeightDtype dtype, txl::KvDtype kv) const {
@@ -738,11 +907,17 @@ class Bench {
   txl::TxlWeights weights_;
   int64_t counter_ = 1;
   double sink_ = 0;
+  std::mt19937_64 draw_rng_{7};
+  std::vector<double> zipf_cdf_;
+  txl::Sampler top_p_{txl::SamplingConfig{0.8f, 0, 0.9f, 7}, 7};
+  double load_seconds_ = 0;
+  int64_t rss_after_load_ = 0;
 };
 
-std::string Fmt(const Row& r, double v) {
-  if (r.unit == "ms/step") return absl::StrFormat("%.3f ms", v * 1e3);
-  if (r.unit == "tokens/s") return absl::StrFormat("%.1f tok/s", v);
+std::string Fmt(const std::string& unit, double v) {
+  if (unit == "ms/step") return absl::StrFormat("%.3f ms", v * 1e3);
+  if (unit == "tokens/s") return absl::StrFormat("%.1f tok/s", v);
+  if (unit == "s") return absl::StrFormat("%.2f s", v);
   return absl::StrFormat("%.3f MB", v);
 }
 
@@ -791,11 +966,52 @@ int main(int argc, char** argv) {
     path = temp + "/base.pt";
     absl::Status s = txl::WriteInitialCheckpoint(path, c, tok, /*seed=*/1);
     if (!s.ok()) Fail("writing the base checkpoint: " + s.ToString());
+  } else if (shape == "wt103") {
+    // The WikiText-103 model's shape (the original run_wt103_large.sh, the
+    // transfo-xl-wt103 config): 18 layers, 16 heads x 64, d_model 1024,
+    // d_inner 4096, an adaptive softmax over 267,735 words (div_val 4,
+    // cutoffs 20000 / 40000 / 200000, projections tied except the head's),
+    // untied u/v biases, mem_len 1600, clamp_len 1000. Random weights.
+    txl::ModelConfig c;
+    c.n_layer = 18;
+    c.d_model = 1024;
+    c.n_head = 16;
+    c.d_head = 64;
+    c.d_inner = 4096;
+    c.n_token = 267735;
+    c.cutoffs = {20000, 40000, 200000};
+    c.div_val = 4;
+    c.tie_projs = {false, true, true, true};
+    c.untie_r = true;
+    c.mem_len = 1600;
+    c.clamp_len = 1000;
+    if (quick) {  // the vocabulary and clusters, on a small trunk
+      c.n_layer = 2;
+      c.d_model = 256;
+      c.n_head = 4;
+      c.d_inner = 512;
+    }
+    std::vector<std::string> symbols;
+    symbols.reserve(c.n_token);
+    for (int64_t i = 0; i < c.n_token; ++i) symbols.push_back("w" + std::to_string(i));
+    txl::Tokenizer tok = Must(txl::Tokenizer::WordFromSymbols(symbols), "tokenizer");
+    char dir[] = "/tmp/engine_bench.XXXXXX";
+    if (mkdtemp(dir) == nullptr) Fail("cannot make a temporary directory");
+    temp = dir;
+    path = temp + "/wt103.pt";
+    // Random weights give every row a flat distribution (entropy ln V, 12.5
+    // nats), the worst case for the readouts that adapt to the distribution
+    // (greedy's cluster skipping, top-p's nucleus). Scaling the head's
+    // projection peaks it as training does; W3 reports the entropy it got.
+    txl::TxlWeights w = txl::InitWeights(c, /*seed=*/1);
+    w.out_projs[0].mul_(absl::GetFlag(FLAGS_head_scale));
+    absl::Status s = txl::SaveCheckpoint(path, c, tok, w);
+    if (!s.ok()) Fail("writing the wt103 checkpoint: " + s.ToString());
   } else if (shape == "small") {
     path = absl::GetFlag(FLAGS_model).empty() ? std::string(TXL_BUNDLED_MODEL) : absl::GetFlag(FLAGS_model);
     if (path.empty()) Fail("--shape small needs --model (no bundled model compiled in)");
   } else {
-    Fail("--shape must be base or small");
+    Fail("--shape must be base, wt103 or small");
   }
 
   Sizes z;
@@ -805,6 +1021,7 @@ int main(int argc, char** argv) {
   if (quick) {
     z.mem = 32;
     z.windows = {32, 128};
+    z.w_mems = {32, 64};
     z.sessions = std::min(z.sessions, 4);
     z.reps = 2;
     z.engine_batch = 3;
@@ -842,12 +1059,14 @@ int main(int argc, char** argv) {
     const std::string ratio = r.at_least ? absl::StrFormat("%.1fx", r.ratio) : absl::StrFormat("%.3f", r.ratio);
     const std::string target = r.at_least ? absl::StrFormat(">= %gx", r.target) : absl::StrFormat("<= %g", r.target);
     std::cout << absl::StrFormat("| %s | %s | %s: %s | %s: %s | %s | %s | %s |\n", r.id, r.measurement, r.a_name,
-                                 Fmt(r, r.a), r.b_name, Fmt(r, r.b), ratio, target, r.met() ? "yes" : "NO");
+                                 Fmt(r.unit, r.a), r.b_name, Fmt(r.b_unit.empty() ? r.unit : r.b_unit, r.b), ratio,
+                                 target, r.met() ? "yes" : "NO");
     rows_json.push_back({{"id", r.id},
                          {"measurement", r.measurement},
                          {"a_name", r.a_name},
                          {"b_name", r.b_name},
                          {"unit", r.unit == "ms/step" ? "seconds/step" : r.unit},
+                         {"b_unit", r.b_unit.empty() ? (r.unit == "ms/step" ? "seconds/step" : r.unit) : r.b_unit},
                          {"a", r.a},
                          {"b", r.b},
                          {"ratio", r.ratio},

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""One command for every performance figure of txl-serve (P1..P9, Q0).
+"""One command for every performance figure of txl-serve (P1..P9, Q0, R1, W1..W5).
 
     /usr/bin/python3 bench/run.py [--build-dir build] [--quick] [--json OUT] [--md OUT]
                                   [--only P4,P6,...] [--device cpu|cuda] [--threads 2]
@@ -7,7 +7,10 @@
 
 Runs build/bench/engine_bench (P1, P1f, P2, P3, P5: the engine's step against the
 original code's ways of serving; Q1, Q1f, Q3, Q3f, Q4, Q5: the reduced-precision modes
-against float32, on the CPU only; see bench/engine_bench.cc) and, here:
+against float32, on the CPU only; W1, W3, W5: the output side of a large vocabulary, meant
+for --engine-shape wt103: one session's greedy step vs its bandwidth floor at memories 800
+and 1600, 32 sessions' step share after the last layer per readout (greedy, draw, Score,
+top-p, whole rows), start-up; see bench/engine_bench.cc) and, here:
 
   P4  gRPC end to end, 1 session, one token per step: txl-client bench against
       txl-server vs the bare engine step (txl-eval --chunk 1), same model and
@@ -28,6 +31,9 @@ against float32, on the CPU only; see bench/engine_bench.cc) and, here:
       on the first steps are checked against txl-eval's log-probabilities of the
       same ids (same weights, same math). Target: ratio >= 15x, P1's (whose
       baseline (b) re-implements this way of serving in C++).
+  R1  RewindSession one turn back on the base model: from the turn checkpoint there vs by
+      replaying the history (a server with --checkpoint_budget=0); ratio replay / checkpoint
+      seconds (>= 10)
   Q0  quality of reduced precision (not a speed): build/tests/precision_test
       --gtest_filter=QualityGateTest.* (the bundled model over the last 10% of
       data/tinyshakespeare.txt) prints the bits per character of float32 and of
@@ -68,8 +74,12 @@ import urllib.request
 import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "Q0", "Q1", "Q3", "Q4", "Q5"]
-ENGINE_IDS = {"P1", "P2", "P3", "P5", "Q1", "Q3", "Q4", "Q5"}  # measured by engine_bench (Q*: its group Q, CPU only)
+ALL_IDS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "Q0", "Q1", "Q3", "Q4", "Q5", "R1", "W1", "W3",
+           "W5"]
+# Measured by engine_bench, by its groups (Q*: group Q, CPU only; P5 comes with P3).
+ENGINE_GROUPS = {"P1": "P1", "P2": "P2", "P3": "P3", "P5": "P3", "Q1": "Q", "Q3": "Q", "Q4": "Q", "Q5": "Q",
+                 "W1": "W", "W3": "W", "W5": "W"}
+ENGINE_IDS = set(ENGINE_GROUPS)
 BASE_CONFIG = {"n_layer": 12, "n_head": 8, "d_model": 512, "d_head": 64, "d_inner": 2048, "mem_len": 800}
 BASE_VOCAB = 204
 
@@ -84,6 +94,7 @@ SIZES = {
         "p7_reps": 5,
         "p8_sessions": 8, "p8_turns": 8, "p8_new_tokens": 64,
         "p9_steps": 20, "p9_engine_steps": 200, "p9_check": 8,
+        "r1_turns": 8, "r1_turn_tokens": 200,
         "engine_timeout": 1200, "step_timeout": 600, "quality_timeout": 900,
     },
     "quick": {
@@ -93,6 +104,7 @@ SIZES = {
         "p7_reps": 1,
         "p8_sessions": 2, "p8_turns": 1, "p8_new_tokens": 8,
         "p9_steps": 3, "p9_engine_steps": 10, "p9_check": 3,
+        "r1_turns": 3, "r1_turn_tokens": 20,
         "engine_timeout": 300, "step_timeout": 300, "quality_timeout": 900,
     },
 }
@@ -287,13 +299,15 @@ class Harness:
         return cfg
 
     # ------------------------------------------------------------------ engine
-    def engine(self):
-        """engine_bench --shape base: its rows and its JSON (nested under "engine")."""
+    def engine(self, ids):
+        """engine_bench --shape base (or --engine-shape): the groups of `ids`, its rows and its
+        JSON (nested under "engine")."""
         exe = self.tools.engine_bench
         self.tools.need(exe)
         out = self.path("engine.json")
+        groups = sorted({ENGINE_GROUPS[i] for i in ids})
         cmd = [exe, "--shape", self.args.engine_shape, "--threads", str(max(1, self.threads)),
-               "--device", self.device, "--json", out]
+               "--device", self.device, "--json", out, "--only", ",".join(groups)]
         if self.args.quick:
             cmd.append("--quick")
         log("engine_bench: " + " ".join(cmd))
@@ -303,7 +317,7 @@ class Harness:
             data = json.load(f)
         data["wall_seconds"] = time.perf_counter() - t
         # Its own Markdown rows, verbatim, for the combined table.
-        data["markdown_rows"] = [l for l in proc.stdout.splitlines() if re.match(r"^\| [PQ]\d", l)]
+        data["markdown_rows"] = [l for l in proc.stdout.splitlines() if re.match(r"^\| [PQW]\d", l)]
         rows = []
         for r in data.get("rows", []):
             row = dict(r)
@@ -452,6 +466,69 @@ class Harness:
                                  "fsync=" + mode, "no store", "tokens/s", reps[mode], reps["none"], 0.90, True,
                                  dict(extra)))
         return rows
+
+    # ------------------------------------------------------------------ R1
+    def r1(self):
+        """Going back one turn: RewindSession served from a turn checkpoint vs by replay.
+
+        Two servers on the base model (window 800): one with the default
+        --checkpoint_budget, one with --checkpoint_budget=0 (every rewind replays
+        the history from an empty session, which is also what a client without
+        RewindSession must do: recreate the session and feed the text again).
+        A session of T turns of N tokens (Score, commit) on each; each repetition
+        rewinds it to the end of its second-to-last turn and feeds that last turn
+        again, interleaved between the servers. Ratio: replay seconds /
+        checkpoint seconds (>= 10)."""
+        t = self.tools
+        t.need(t.server, t.init)
+        model = self.base_model()
+        sys.path.insert(0, t.stubs)
+        try:
+            import grpc
+            from txl.v1 import txl_pb2, txl_pb2_grpc
+        except ImportError as e:
+            raise HarnessError("R1 needs Debian's python3-grpcio and the built stubs: %s" % e)
+        T, N = self.z["r1_turns"], self.z["r1_turn_tokens"]
+        rng = random.Random(7)
+        turns = [[rng.randrange(BASE_VOCAB) for _ in range(N)] for _ in range(T)]
+        servers, stubs, sessions = {}, {}, {}
+        try:
+            servers["checkpoint"] = Server(t, model, self.threads, self.device)
+            servers["replay"] = Server(t, model, self.threads, self.device, flags=["--checkpoint_budget", "0"])
+            for k, srv in servers.items():
+                stubs[k] = txl_pb2_grpc.TransformerXLStub(grpc.insecure_channel(srv.wait_listening()))
+                sessions[k] = stubs[k].CreateSession(txl_pb2.CreateSessionRequest(), timeout=60).session_id
+                for ids in turns:
+                    stubs[k].Score(txl_pb2.ScoreRequest(session_id=sessions[k], commit=True, input=txl_pb2.Input(
+                        tokens=txl_pb2.TokenIds(ids=ids))), timeout=600)
+            back = (T - 1) * N
+
+            def once(k):
+                t0 = time.perf_counter()
+                r = stubs[k].RewindSession(txl_pb2.RewindSessionRequest(session_id=sessions[k], position=back),
+                                           timeout=600)
+                took = time.perf_counter() - t0
+                if r.position != back:
+                    raise HarnessError("R1: rewound to %d, not %d" % (r.position, back))
+                stubs[k].Score(txl_pb2.ScoreRequest(session_id=sessions[k], commit=True, input=txl_pb2.Input(
+                    tokens=txl_pb2.TokenIds(ids=turns[-1]))), timeout=600)
+                return took
+
+            reps = {k: [] for k in servers}
+            for r in range(self.z["reps"]):
+                for k in ("checkpoint", "replay"):
+                    reps[k].append(once(k))
+                log("R1 rep %d: checkpoint %.4f s, replay %.3f s" % (r + 1, reps["checkpoint"][-1],
+                                                                      reps["replay"][-1]))
+        except grpc.RpcError as e:
+            raise HarnessError("R1: %s %s" % (e.code(), e.details()))
+        finally:
+            for srv in servers.values():
+                srv.stop()
+        extra = {"turns": T, "turn_tokens": N, "rewind_to": (T - 1) * N, "mem_len": BASE_CONFIG["mem_len"]}
+        return [make_row("R1", "RewindSession one turn back (%d turns of %d tokens, base model, window %d): replay "
+                         "vs turn checkpoint" % (T, N, BASE_CONFIG["mem_len"]), "replay", "checkpoint", "s",
+                         reps["replay"], reps["checkpoint"], 10.0, True, extra)]
 
     # ------------------------------------------------------------------ P6
     def p6(self):
@@ -792,14 +869,14 @@ def markdown_row(r):
 
 
 def base_id(rid):
-    m = re.match(r"[PQ]\d+", rid)
+    m = re.match(r"[PQRW]\d+", rid)
     return m.group(0) if m else rid
 
 
 def id_key(rid):
     """P1 < P1f < P2-800 < ... < P9 < Q0 < Q1-bf16 ... by letter and number only: a stable sort keeps
     engine_bench's order within an id."""
-    m = re.match(r"([PQ])(\d+)", rid)
+    m = re.match(r"([PQRW])(\d+)", rid)
     return (m.group(1), int(m.group(2))) if m else ("Z", 999)
 
 
@@ -861,7 +938,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N], passed to the tools")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads of every side of every measurement")
     ap.add_argument("--reps", type=int, default=0, help="interleaved repetitions for P4 / P6 / P7 (0: per mode)")
-    ap.add_argument("--engine-shape", default="base", choices=["base", "small"], help="engine_bench --shape")
+    ap.add_argument("--engine-shape", default="base", choices=["base", "wt103", "small"],
+                    help="engine_bench --shape (wt103: the WikiText-103 model's shape, random weights, 1.1 GB)")
     ap.add_argument("--corpus", default=os.environ.get("TXL_CORPUS", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                          "data", "tinyshakespeare.txt")),
                     help="training corpus for P6 (a slice of it is used)")
@@ -873,10 +951,6 @@ def main():
                          "their MemTransformerLM per token at mems 800 (not part of this repository)")
     args = ap.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
-    if not os.path.exists(args.corpus):
-        alt = os.path.join(os.path.dirname(REPO), "shared", "data", "tinyshakespeare.txt")
-        if os.path.exists(alt):
-            args.corpus = alt
     if args.device != "cpu" and not args.device.startswith("cuda"):
         ap.error("--device must be cpu or cuda[:N]")
     only = [s.strip().upper() for s in args.only.split(",") if s.strip()] or list(ALL_IDS)
@@ -915,8 +989,10 @@ def main():
     h = Harness(args, sizes, tmp)
     steps = []
     if ENGINE_IDS & set(only):
-        steps.append(("engine", ENGINE_IDS & set(only), h.engine))
-    for rid, fn in (("P4", h.p4), ("P6", h.p6), ("P7", h.p7), ("P8", h.p8), ("P9", h.p9), ("Q0", h.q0)):
+        engine_ids = ENGINE_IDS & set(only)
+        steps.append(("engine", engine_ids, lambda: h.engine(engine_ids)))
+    for rid, fn in (("P4", h.p4), ("P6", h.p6), ("P7", h.p7), ("P8", h.p8), ("P9", h.p9), ("Q0", h.q0),
+                    ("R1", h.r1)):
         if rid in only:
             steps.append((rid, {rid}, fn))
     try:

@@ -1,9 +1,10 @@
 // txl-client: command-line client of txl-server.
 //   txl-client [flags] generate TEXT      stream a generation
 //   txl-client [flags] chat               a REPL on one session; each line sends only new text
-//                                         (/help, /quit; Ctrl-C cancels a reply)
+//                                         (/help, /undo, /retry, /quit; Ctrl-C cancels a reply)
 //   txl-client [flags] score FILE         per-token log-probs / perplexity of a file
-//   txl-client [flags] sessions list|get|delete|fork [ID] | export ID FILE | import FILE
+//   txl-client [flags] sessions list|get|delete|fork [ID] | fork ID POS | rewind ID POS
+//                               | export ID FILE | import FILE
 //   txl-client [flags] create             create a session and print its id
 //   txl-client [flags] info | health
 //   txl-client [flags] bench [--sessions N] [--turns T] [--input-tokens I] [--new-tokens G]
@@ -110,7 +111,8 @@ const char* FinishName(txl::v1::FinishReason r) {
 
 // Streams one generation to stdout; the summary goes to stderr. `ctx`: see
 // TxlClient::Generate.
-absl::Status Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req, grpc::ClientContext* ctx = nullptr) {
+absl::Status Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req, grpc::ClientContext* ctx = nullptr,
+                    txl::v1::GenerateResponse* final_response = nullptr) {
   txl::v1::GenerateResponse last;
   absl::Status s = client.Generate(
       req,
@@ -126,6 +128,7 @@ absl::Status Stream(txl::TxlClient& client, const txl::v1::GenerateRequest& req,
             << " generated, first token " << static_cast<int>(u.time_to_first_token_seconds() * 1000) << " ms, "
             << (u.total_seconds() > 0 ? u.generated_tokens() / u.total_seconds() : 0.0) << " tokens/s, position "
             << last.position() << "]" << std::endl;
+  if (final_response) *final_response = last;
   return absl::OkStatus();
 }
 
@@ -202,6 +205,8 @@ class ReplyCanceller {
 
 constexpr char kChatHelp[] =
     "  /help         this list\n"
+    "  /undo         take back the last turn (your line and its reply): the session rewinds to before it\n"
+    "  /retry        a new reply to your last line: the session rewinds to before the reply and generates\n"
     "  /quit, /exit  leave (so does Ctrl-D); the session stays for its TTL\n"
     "  //TEXT        send /TEXT (a line that starts with / is a command, so double the /)\n"
     "  Ctrl-C        cancel the reply in flight; the session keeps what it was fed\n";
@@ -213,7 +218,8 @@ void ChatError(const absl::Status& s) {
 // The server stops a cancelled reply at its next step, keeping the prefix it
 // fed; until then the session is busy and the next line would get ABORTED.
 // So wait for that (bounded), and report the position it kept.
-void AfterCancel(txl::TxlClient& client, const std::string& id) {
+// Returns that position, or -1 when it is not known.
+int64_t AfterCancel(txl::TxlClient& client, const std::string& id) {
   absl::StatusOr<txl::v1::Session> s;
   for (int i = 0; i < 100; ++i) {
     s = client.GetSession(id);
@@ -222,9 +228,46 @@ void AfterCancel(txl::TxlClient& client, const std::string& id) {
   }
   if (s.ok() && !s->busy()) {
     std::cerr << "[cancelled: position " << s->position() << "]" << std::endl;
-  } else {
-    std::cerr << "[cancelled]" << std::endl;
+    return s->position();
   }
+  std::cerr << "[cancelled]" << std::endl;
+  return -1;
+}
+
+// One chat turn, for /undo and /retry: the session's position before the
+// line, and where the reply began (-1: it was cancelled).
+struct ChatTurn {
+  int64_t before = 0, reply_start = -1;
+};
+
+// /undo and /retry; false (with the error printed) when they cannot be done.
+bool ChatRewind(txl::TxlClient& client, const std::string& id, const std::string& command, std::vector<ChatTurn>& turns,
+                grpc::ClientContext* ctx, txl::v1::GenerateResponse* last, absl::Status* streamed, int64_t* position) {
+  if (turns.empty()) {
+    ChatError(absl::FailedPreconditionError(absl::StrCat("nothing to ", command.substr(1), " in this chat yet")));
+    return false;
+  }
+  const ChatTurn turn = turns.back();
+  if (command == "/retry" && turn.reply_start < 0) {
+    ChatError(absl::FailedPreconditionError("the last reply was cancelled: /undo the turn and send the line again"));
+    return false;
+  }
+  const int64_t to = command == "/undo" ? turn.before : turn.reply_start;
+  auto s = client.RewindSession(id, to);
+  if (!s.ok()) {
+    ChatError(s.status());
+    return false;
+  }
+  *position = s->position();
+  if (command == "/undo") {
+    turns.pop_back();
+    std::cerr << "[undone: position " << s->position() << "]" << std::endl;
+    return false;  // nothing to stream
+  }
+  txl::v1::GenerateRequest req = GenerateRequest("");  // continue from the line: a new reply
+  req.set_session_id(id);
+  *streamed = Stream(client, req, ctx, last);
+  return true;
 }
 
 // The chat REPL on session `id` (empty: a new one). Only start-up (reaching
@@ -239,10 +282,15 @@ int Chat(txl::TxlClient& client, std::string id) {
     if (!s.ok()) return Error(s.status());
     id = s->session_id();
     std::cerr << "session " << id << std::endl;
-  } else if (auto s = client.GetSession(id); !s.ok()) {
+  }
+  int64_t position = 0;
+  if (auto s = client.GetSession(id); !s.ok()) {
     return Error(s.status());
+  } else {
+    position = s->position();
   }
   ReplyCanceller canceller;
+  std::vector<ChatTurn> turns;
   std::string line;
   while (std::cerr << "> " && std::getline(std::cin, line)) {
     if (absl::StartsWith(line, "/") && !absl::StartsWith(line, "//")) {
@@ -250,6 +298,23 @@ int Chat(txl::TxlClient& client, std::string id) {
       if (command == "/quit" || command == "/exit") return 0;
       if (command == "/help") {
         std::cerr << kChatHelp;
+      } else if (command == "/undo" || command == "/retry") {
+        grpc::ClientContext ctx;
+        txl::v1::GenerateResponse last;
+        absl::Status s;
+        canceller.Begin(&ctx);
+        const bool streamed = ChatRewind(client, id, command, turns, &ctx, &last, &s, &position);
+        const bool cancelled = canceller.End();
+        if (!streamed) continue;
+        if (s.ok()) {
+          turns.back().reply_start = last.position() - last.usage().generated_tokens();
+          position = last.position();
+        } else if (cancelled && s.code() == absl::StatusCode::kCancelled) {
+          position = AfterCancel(client, id);
+          turns.back().reply_start = -1;
+        } else {
+          ChatError(s);
+        }
       } else {
         ChatError(absl::InvalidArgumentError(absl::StrCat(
             "unknown command '", command.substr(0, command.find_first_of(" \t")), "' (/help lists them)")));
@@ -267,11 +332,17 @@ int Chat(txl::TxlClient& client, std::string id) {
     req.set_session_id(id);
     grpc::ClientContext ctx;
     canceller.Begin(&ctx);
-    const absl::Status s = Stream(client, req, &ctx);
+    txl::v1::GenerateResponse last;
+    const absl::Status s = Stream(client, req, &ctx, &last);
     if (canceller.End() && s.code() == absl::StatusCode::kCancelled) {
-      AfterCancel(client, id);
+      const int64_t now = AfterCancel(client, id);
+      if (now > position) turns.push_back({position, -1});
+      if (now >= 0) position = now;
     } else if (!s.ok()) {
       ChatError(s);
+    } else {
+      turns.push_back({position, last.position() - last.usage().generated_tokens()});
+      position = last.position();
     }
   }
   return 0;
@@ -383,7 +454,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "txl-client [--server H:P] [--session ID] [--token T] [--tls_ca PEM [--tls_cert PEM --tls_key PEM] "
       "[--tls_server_name N]]\n  (generate TEXT | chat | score FILE | create | "
-      "sessions list|get|delete|fork [ID] | sessions export ID FILE | sessions import FILE |\n"
+      "sessions list|get|delete|fork [ID] | sessions fork|rewind ID POS | sessions export ID FILE |\n"
+      "  sessions import FILE | "
       "info | health |\n"
       "  bench [--sessions N=4] [--turns T=4] [--input-tokens I=32] [--new-tokens G=32] [--duration S] "
       "[--json FILE])\n"
@@ -392,7 +464,9 @@ int main(int argc, char** argv) {
       "  exit 0 when no call failed, 1 otherwise. Its flags follow the word bench.\n"
       "chat: each line of stdin sends only that line (and a newline) to one session (--session, else a new\n"
       "  one); a line's error is printed as 'error: CODE: message' and the REPL goes on. /help lists the\n"
-      "  commands: /quit or /exit (or end of input) leaves, exit 0; a line starting with // sends it with\n"
+      "  commands: /undo takes back the last turn, /retry asks for a new reply to the last line (both rewind\n"
+      "  the session: RewindSession); /quit or /exit (or end of input) leaves, exit 0; a line starting with\n"
+      "  // sends it with\n"
       "  one / removed; Ctrl-C cancels the reply in flight, the session keeping what it was fed.");
   // `bench` has flags of its own after the command word: absl parses what precedes them.
   int global_argc = argc;
@@ -516,10 +590,20 @@ int main(int argc, char** argv) {
       std::cerr << "exported " << data->size() << " bytes to " << args[4] << std::endl;
       return 0;
     }
-    if (sub == "fork") {
-      txl::v1::ForkSessionRequest req;
-      req.set_session_id(id);
-      auto s = client.ForkSession(req);
+    if (sub == "fork" || sub == "rewind") {  // sessions fork ID [POS] | sessions rewind ID POS
+      int64_t position = 0;
+      if (args.size() > 4 && !absl::SimpleAtoi(args[4], &position))
+        return Usage(absl::StrCat("sessions ", sub, ": POS must be an integer, got '", args[4], "'"));
+      if (sub == "rewind" && args.size() < 5) return Usage("sessions rewind needs an ID and a POS");
+      absl::StatusOr<txl::v1::Session> s;
+      if (sub == "fork") {
+        txl::v1::ForkSessionRequest req;
+        req.set_session_id(id);
+        req.set_position(position);
+        s = client.ForkSession(req);
+      } else {
+        s = client.RewindSession(id, position);
+      }
       if (!s.ok()) return Error(s.status());
       PrintSession(*s);
       return 0;

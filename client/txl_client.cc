@@ -134,6 +134,18 @@ absl::StatusOr<v1::Session> TxlClient::ForkSession(const v1::ForkSessionRequest&
   return out;
 }
 
+absl::StatusOr<v1::Session> TxlClient::RewindSession(const std::string& id, int64_t position) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, id);
+  v1::RewindSessionRequest req;
+  req.set_session_id(id);
+  req.set_position(position);
+  v1::Session out;
+  grpc::Status s = stub_->RewindSession(&ctx, req, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
 absl::StatusOr<std::string> TxlClient::ExportSession(const std::string& id) {
   grpc::ClientContext ctx;
   Prepare(&ctx, id);

@@ -58,6 +58,7 @@ class TxlClient {
   absl::StatusOr<v1::ListSessionsResponse> ListSessions();
   absl::Status DeleteSession(const std::string& id);
   absl::StatusOr<v1::Session> ForkSession(const v1::ForkSessionRequest& request);
+  absl::StatusOr<v1::Session> RewindSession(const std::string& id, int64_t position);
   // A session's exported bytes (ExportSession's chunks, joined).
   absl::StatusOr<std::string> ExportSession(const std::string& id);
   // A new session from exported bytes, sent in chunks; `settings` carries

@@ -16,6 +16,7 @@
 #include "base/status_macros.h"
 #include "model/checkpoint.h"
 #include "model/incremental.h"
+#include "model/output_layer.h"
 #include "model/txl_math.h"
 #include "model/weights.h"
 
@@ -50,7 +51,8 @@ LanguageModel::LanguageModel(ModelConfig config, Tokenizer tokenizer, std::strin
     : config_(std::move(config)),
       tokenizer_(std::move(tokenizer)),
       device_name_(std::move(device_name)),
-      model_(std::move(model)) {}
+      model_(std::move(model)),
+      output_(std::make_unique<OutputLayer>(config_, model_->weights())) {}
 
 LanguageModel::~LanguageModel() = default;
 
@@ -148,8 +150,13 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       return absl::InvalidArgumentError(
           absl::StrCat("step input ", i, ": ", in.targets.size(), " targets for ", in.tokens.size(), " tokens"));
     }
-    if (in.want_last_distribution && in.tokens.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": a distribution needs at least one token"));
+    if ((in.want_last_distribution || in.pick != StepInput::Pick::kNone) && in.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": a distribution or a pick needs at least one token"));
+    }
+    if (in.pick == StepInput::Pick::kDraw && !(in.draw_uniform >= 0 && in.draw_uniform < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": draw_uniform ", in.draw_uniform, " is outside [0, 1)"));
     }
     for (const std::vector<int>* list : {&in.tokens, &in.targets}) {
       for (int t : *list) {
@@ -165,42 +172,71 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
   try {
     c10::InferenceMode guard;
     at::Tensor hidden = model_->Step(inputs);
-    // Only the rows someone asked about go through the (large) softmax.
-    std::vector<int64_t> rows, targets;
+    // Rows by what is asked of them. Only distribution rows build
+    // [rows, n_token] log-probs and copy them off the device.
+    std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows;
+    std::vector<int> targets;
+    std::vector<double> uniforms;
     int64_t offset = 0;
     for (const StepInput& in : inputs) {
       for (size_t t = 0; t < in.targets.size(); ++t) {
-        rows.push_back(offset + static_cast<int64_t>(t));
+        target_rows.push_back(offset + static_cast<int64_t>(t));
         targets.push_back(in.targets[t]);
+        if (in.want_target_argmax) argmax_rows.push_back(offset + static_cast<int64_t>(t));
       }
-      if (in.want_last_distribution) rows.push_back(offset + static_cast<int64_t>(in.tokens.size()) - 1);
+      const int64_t last = offset + static_cast<int64_t>(in.tokens.size()) - 1;
+      if (in.want_last_distribution) dist_rows.push_back(last);
+      if (in.pick == StepInput::Pick::kArgmax) best_rows.push_back(last);
+      if (in.pick == StepInput::Pick::kDraw) {
+        draw_rows.push_back(last);
+        uniforms.push_back(in.draw_uniform);
+      }
       offset += static_cast<int64_t>(in.tokens.size());
     }
-    if (rows.empty()) return out;
-    // Blocks of rows bound the [rows, n_token] buffer for long inputs.
-    constexpr int64_t kBlock = 1024;
-    const int64_t n_rows = static_cast<int64_t>(rows.size());
-    at::Tensor row_index = at::tensor(rows, at::kLong).to(model_->device());
-    at::Tensor block;
-    int64_t block_start = -kBlock;
-    auto row = [&](int64_t r) -> const float* {
-      if (r >= block_start + kBlock) {
-        block_start = r;
-        at::Tensor idx = row_index.slice(0, r, std::min(n_rows, r + kBlock));
-        block = LogProbs(config_, model_->weights(), hidden.index_select(0, idx)).to(at::kCPU).contiguous();
-      }
-      return block.data_ptr<float>() + (r - block_start) * V;
+    auto rows_of = [&](const std::vector<int64_t>& rows, size_t from, size_t to) {
+      std::vector<int64_t> part(rows.begin() + from, rows.begin() + to);
+      return hidden.index_select(0, at::tensor(part, at::kLong).to(model_->device()));
     };
-    int64_t r = 0;
+    // Blocks of rows bound the per-row buffers (the head's log-probs, or
+    // whole rows) for long inputs.
+    constexpr size_t kBlock = 1024;
+    std::vector<float> target_lp;
+    TokenPicks target_best, best, drawn;
+    for (size_t from = 0; from < target_rows.size(); from += kBlock) {
+      const size_t to = std::min(target_rows.size(), from + kBlock);
+      const std::vector<int> block(targets.begin() + from, targets.begin() + to);
+      const std::vector<float> lp = output_->TargetLogProbs(rows_of(target_rows, from, to), block);
+      target_lp.insert(target_lp.end(), lp.begin(), lp.end());
+    }
+    for (size_t from = 0; from < argmax_rows.size(); from += kBlock) {
+      TokenPicks p = output_->BestTokens(rows_of(argmax_rows, from, std::min(argmax_rows.size(), from + kBlock)));
+      target_best.ids.insert(target_best.ids.end(), p.ids.begin(), p.ids.end());
+    }
+    if (!best_rows.empty()) best = output_->BestTokens(rows_of(best_rows, 0, best_rows.size()));
+    if (!draw_rows.empty()) drawn = output_->DrawTokens(rows_of(draw_rows, 0, draw_rows.size()), uniforms);
+    at::Tensor dist;
+    if (!dist_rows.empty())
+      dist = output_->LogProbs(rows_of(dist_rows, 0, dist_rows.size())).to(at::kCPU, at::kFloat).contiguous();
+
+    size_t t = 0, a = 0, d = 0, b = 0, w = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      for (int target : inputs[i].targets) {
-        const float* d = row(r++);
-        out[i].target_logprobs.push_back(d[target]);
-        out[i].target_argmax.push_back(static_cast<int>(std::max_element(d, d + V) - d));
+      const StepInput& in = inputs[i];
+      out[i].target_logprobs.assign(target_lp.begin() + t, target_lp.begin() + t + in.targets.size());
+      t += in.targets.size();
+      if (in.want_target_argmax) {
+        out[i].target_argmax.assign(target_best.ids.begin() + a, target_best.ids.begin() + a + in.targets.size());
+        a += in.targets.size();
       }
-      if (inputs[i].want_last_distribution) {
-        const float* d = row(r++);
-        out[i].last_distribution.assign(d, d + V);
+      if (in.want_last_distribution) {
+        const float* row = dist.data_ptr<float>() + static_cast<int64_t>(d++) * V;
+        out[i].last_distribution.assign(row, row + V);
+      }
+      if (in.pick == StepInput::Pick::kArgmax) {
+        out[i].picked = best.ids[b];
+        out[i].picked_logprob = best.logprobs[b++];
+      } else if (in.pick == StepInput::Pick::kDraw) {
+        out[i].picked = drawn.ids[w];
+        out[i].picked_logprob = drawn.logprobs[w++];
       }
     }
   } catch (const c10::Error& e) {

@@ -22,6 +22,7 @@
 namespace txl {
 
 class IncrementalModel;
+class OutputLayer;
 
 // Sets libtorch's intra-op thread count for the process (threads >= 1).
 void SetThreads(int threads);
@@ -82,6 +83,7 @@ class LanguageModel {
   WeightDtype dtype_ = WeightDtype::kFloat32;
   KvDtype kv_dtype_ = KvDtype::kFloat32;
   std::unique_ptr<IncrementalModel> model_;
+  std::unique_ptr<OutputLayer> output_;  // reads model_'s output weights
 };
 
 }  // namespace txl

@@ -40,13 +40,27 @@ struct StepInput {
   // targets[i] is scored by the distribution after tokens[i]; at most
   // tokens.size() entries.
   std::vector<int> targets;
+  bool want_target_argmax = false;      // also the most likely token at each target's position
   bool want_last_distribution = false;  // log-probs after the last token
+  // Instead of the whole distribution, the model picks the token after the
+  // last one itself and returns only its id and log-prob (n_token floats
+  // neither leave the device nor get copied). kArgmax: the most likely
+  // (ties: the lower id). kDraw: an exact draw at temperature 1 by inverse
+  // CDF in token-id order at `draw_uniform` (in [0, 1)); through an adaptive
+  // softmax it draws the head entry first and computes only the drawn
+  // cluster's logits. The same u gives the token that walking the whole
+  // distribution in id order gives (Sampler's DrawInIdOrder).
+  enum class Pick { kNone, kArgmax, kDraw };
+  Pick pick = Pick::kNone;
+  double draw_uniform = 0;
 };
 
 struct StepOutput {
   std::vector<float> target_logprobs;    // one per target
-  std::vector<int> target_argmax;        // the most likely token at each target's position
+  std::vector<int> target_argmax;        // when asked: the most likely token at each target's position
   std::vector<float> last_distribution;  // n_token log-probs, when asked
+  int picked = -1;                       // the token `pick` chose
+  float picked_logprob = 0;              // its log-prob
 };
 
 }  // namespace txl

@@ -11,15 +11,17 @@ at::Tensor Embed(const ModelConfig& c, const TxlWeights& w, const at::Tensor& to
     if (!w.emb_projs.empty()) e = at::linear(e, w.emb_projs[0]);
     return e * scale;
   }
-  // One table per bin; each token is looked up in its own bin.
+  // One table per bin; each token is looked up in its own bin. Every token
+  // goes through every bin (clamped into it) and a mask keeps its own: no
+  // nonzero(), whose data-dependent size would make a GPU wait for the host
+  // each step. The other bins add exact zeros, so the sum is the lookup.
   at::Tensor flat = tokens.reshape({-1});
   at::Tensor out = at::zeros({flat.size(0), c.d_model}, w.emb_layers[0].options());
   const std::vector<int64_t> ends = c.cutoff_ends();
   for (size_t i = 0; i + 1 < ends.size(); ++i) {
-    at::Tensor idx = ((flat >= ends[i]) & (flat < ends[i + 1])).nonzero().squeeze(1);
-    if (idx.numel() == 0) continue;
-    at::Tensor e = at::embedding(w.emb_layers[i], flat.index_select(0, idx) - ends[i]);
-    out.index_copy_(0, idx, at::linear(e, w.emb_projs[i]));
+    at::Tensor in_bin = ((flat >= ends[i]) & (flat < ends[i + 1])).unsqueeze(1).to(out.scalar_type());
+    at::Tensor e = at::embedding(w.emb_layers[i], (flat - ends[i]).clamp(0, ends[i + 1] - ends[i] - 1));
+    out = out + at::linear(e, w.emb_projs[i]) * in_bin;
   }
   std::vector<int64_t> shape = tokens.sizes().vec();
   shape.push_back(c.d_model);
@@ -51,33 +53,43 @@ at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Te
   return LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
 }
 
-namespace {
-
-at::Tensor Logit(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& proj) {
+at::Tensor ProjectedLinear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
+                           const at::Tensor& proj) {
   if (!proj.defined()) return at::linear(h, weight, bias);
   return at::linear(at::matmul(h, proj), weight, bias);
 }
 
-}  // namespace
+at::Tensor BinLogits(const ModelConfig& c, const TxlWeights& w, const at::Tensor& hidden, int64_t bin) {
+  if (c.n_clusters() == 0 || c.div_val != 1)
+    return ProjectedLinear(hidden, w.out_w[bin], w.out_b[bin], w.out_projs[bin]);
+  const std::vector<int64_t> ends = c.cutoff_ends();
+  return ProjectedLinear(hidden, w.out_w[0].slice(0, ends[bin], ends[bin + 1]),
+                         w.out_b[0].slice(0, ends[bin], ends[bin + 1]), w.out_projs[bin]);
+}
+
+std::pair<at::Tensor, at::Tensor> HeadWeights(const ModelConfig& c, const TxlWeights& w) {
+  if (c.n_clusters() == 0) return {w.out_w[0], w.out_b[0]};
+  const int64_t shortlist = c.cutoff_ends()[1];
+  const bool div1 = c.div_val == 1;
+  return {at::cat({div1 ? w.out_w[0].slice(0, 0, shortlist) : w.out_w[0], w.cluster_w}, 0),
+          at::cat({div1 ? w.out_b[0].slice(0, 0, shortlist) : w.out_b[0], w.cluster_b}, 0)};
+}
+
+int64_t ClusterColumn(const ModelConfig& c, int64_t i) {
+  const int64_t shortlist = c.cutoff_ends()[1], nc = c.n_clusters();
+  return c.tail_cluster_order == TailClusterOrder::kReversed ? shortlist + nc - i : shortlist + i - 1;
+}
 
 at::Tensor LogProbs(const ModelConfig& c, const TxlWeights& w, const at::Tensor& hidden) {
+  const auto [head_w, head_b] = HeadWeights(c, w);
+  at::Tensor head = at::log_softmax(ProjectedLinear(hidden, head_w, head_b, w.out_projs[0]), -1);
   const int64_t nc = c.n_clusters();
-  if (nc == 0) {
-    return at::log_softmax(Logit(hidden, w.out_w[0], w.out_b[0], w.out_projs[0]), -1);
-  }
-  const std::vector<int64_t> ends = c.cutoff_ends();
-  const bool div1 = c.div_val == 1;
-  auto bin_weight = [&](int64_t i) { return div1 ? w.out_w[0].slice(0, ends[i], ends[i + 1]) : w.out_w[i]; };
-  auto bin_bias = [&](int64_t i) { return div1 ? w.out_b[0].slice(0, ends[i], ends[i + 1]) : w.out_b[i]; };
-  const int64_t shortlist = ends[1];
-  at::Tensor head_w = at::cat({bin_weight(0), w.cluster_w}, 0);
-  at::Tensor head_b = at::cat({bin_bias(0), w.cluster_b}, 0);
-  at::Tensor head = at::log_softmax(Logit(hidden, head_w, head_b, w.out_projs[0]), -1);
+  if (nc == 0) return head;
+  const int64_t shortlist = c.cutoff_ends()[1];
   std::vector<at::Tensor> pieces = {head.slice(-1, 0, shortlist)};
   for (int64_t i = 1; i <= nc; ++i) {
-    at::Tensor tail = at::log_softmax(Logit(hidden, bin_weight(i), bin_bias(i), w.out_projs[i]), -1);
-    const int64_t col = c.tail_cluster_order == TailClusterOrder::kReversed ? shortlist + nc - i : shortlist + i - 1;
-    pieces.push_back(tail + head.slice(-1, col, col + 1));
+    const int64_t col = ClusterColumn(c, i);
+    pieces.push_back(at::log_softmax(BinLogits(c, w, hidden, i), -1) + head.slice(-1, col, col + 1));
   }
   return at::cat(pieces, -1);
 }

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 #include "model/model_config.h"
 #include "model/weights.h"
 
@@ -29,6 +31,17 @@ at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 // ProjectedAdaptiveLogSoftmax: hidden [T, d_model] -> log-probs [T, n_token]
 // over the whole vocabulary, in token-id order.
 at::Tensor LogProbs(const ModelConfig& c, const TxlWeights& w, const at::Tensor& hidden);
+
+// Its parts (model/output_layer.h reads them bin by bin): h proj^T W^T + b
+// (no projection when proj is undefined); the logits of bin `bin` (cluster
+// `bin`'s words; with no clusters, bin 0 is the whole vocabulary); the head's
+// weight and bias (the shortlist's rows, then one row per cluster), joined;
+// the head column of cluster i (1-based).
+at::Tensor ProjectedLinear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias,
+                           const at::Tensor& proj);
+at::Tensor BinLogits(const ModelConfig& c, const TxlWeights& w, const at::Tensor& hidden, int64_t bin);
+std::pair<at::Tensor, at::Tensor> HeadWeights(const ModelConfig& c, const TxlWeights& w);
+int64_t ClusterColumn(const ModelConfig& c, int64_t i);
 
 }  // namespace txl
 

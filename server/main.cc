@@ -5,9 +5,11 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -29,6 +31,7 @@
 #include "base/flags_help.h"
 #include "base/read_file.h"
 #include "base/status_macros.h"
+#include "model/device_memory.h"
 #include "server/api/auth.h"
 #include "server/api/http/http_server.h"
 #include "server/api/http/metrics_route.h"
@@ -71,9 +74,16 @@ ABSL_FLAG(int, max_batch_tokens, 2048, "tokens fed per engine step");
 ABSL_FLAG(int, prefill_chunk, 256, "tokens one request feeds per step while prefilling");
 ABSL_FLAG(int, max_queue, 256, "waiting requests before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 1000, "live sessions before RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, session_memory_budget, 0,
+ABSL_FLAG(int64_t, session_memory_budget, -1,
           "bytes of session memory (each session counted at its full window) before "
-          "RESOURCE_EXHAUSTED; 0: no limit");
+          "RESOURCE_EXHAUSTED; 0: no limit; -1: no limit on the CPU, on a GPU what the device has free "
+          "once the model is loaded, less --gpu_headroom");
+ABSL_FLAG(int, malloc_arenas, 1,
+          "glibc malloc arenas (M_ARENA_MAX; 0: glibc's default of 8 per core). One keeps the resident "
+          "memory of a busy server from creeping up across per-thread arenas");
+ABSL_FLAG(int64_t, gpu_headroom, 0,
+          "bytes a GPU keeps free beyond the default --session_memory_budget, for a step's work "
+          "(0: 10% of the device, at least 1 GiB)");
 ABSL_FLAG(int64_t, session_ttl, 600, "default idle seconds before a session expires");
 ABSL_FLAG(int64_t, max_session_ttl, 86400, "largest idle_ttl_seconds a client may ask for");
 ABSL_FLAG(int64_t, default_mem_len, 0, "a new session's window (0: the model's mem_len)");
@@ -102,8 +112,16 @@ ABSL_FLAG(std::string, fsync, "interval",
 ABSL_FLAG(int64_t, fsync_interval_ms, 1000, "how often --fsync=interval syncs");
 ABSL_FLAG(std::string, replica_name, "",
           "this replica's name in the state store (default: the host name); keep it stable across restarts");
-ABSL_FLAG(int64_t, snapshot_tokens, 4096, "tokens logged per session before its log is folded into a snapshot");
+ABSL_FLAG(int64_t, snapshot_tokens, 4096,
+          "tokens logged per session between two snapshots of its state (bounds the replay at a restart)");
 ABSL_FLAG(double, holder_timeout, 10, "seconds without a heartbeat before a replica's sessions may be taken over");
+ABSL_FLAG(int64_t, session_history_tokens, 65536,
+          "history tokens each session keeps in memory, so that RewindSession and ForkSession at a position can "
+          "rebuild its state by replay (4 bytes each; 0: all); with a state store its log keeps all of them");
+ABSL_FLAG(int64_t, checkpoint_budget, 256ll << 20,
+          "bytes of host memory for turn checkpoints (a session's state kept at the end of each Generate or "
+          "committing Score), so that going back a turn costs a copy, not a replay; least recently used go "
+          "first. 0: none (rewinds replay)");
 ABSL_FLAG(int64_t, host_memory_budget, 0,
           "bytes of host memory for idle sessions moved out of --session_memory_budget (offload; least recently "
           "used first; with a state store, beyond it they live in the store only). 0: no offload");
@@ -254,12 +272,17 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   table.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl));
   table.memory_budget_bytes = absl::GetFlag(FLAGS_session_memory_budget);
   table.max_sessions_per_principal = absl::GetFlag(FLAGS_max_sessions_per_principal);
-  if (table.max_sessions < 1 || table.memory_budget_bytes < 0)
-    return absl::InvalidArgumentError("--max_sessions must be >= 1 and --session_memory_budget >= 0");
+  if (table.max_sessions < 1 || table.memory_budget_bytes < -1)
+    return absl::InvalidArgumentError("--max_sessions must be >= 1 and --session_memory_budget >= -1");
+  if (absl::GetFlag(FLAGS_gpu_headroom) < 0) return absl::InvalidArgumentError("--gpu_headroom must be >= 0");
   if (table.max_sessions_per_principal < 0)
     return absl::InvalidArgumentError("--max_sessions_per_principal must be >= 0");
   table.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
   if (table.host_memory_budget_bytes < 0) return absl::InvalidArgumentError("--host_memory_budget must be >= 0");
+  table.history_tokens = absl::GetFlag(FLAGS_session_history_tokens);
+  if (table.history_tokens < 0) return absl::InvalidArgumentError("--session_history_tokens must be >= 0");
+  table.checkpoints.budget_bytes = absl::GetFlag(FLAGS_checkpoint_budget);
+  if (table.checkpoints.budget_bytes < 0) return absl::InvalidArgumentError("--checkpoint_budget must be >= 0");
 
   if (!absl::GetFlag(FLAGS_state_dir).empty() && !absl::GetFlag(FLAGS_state_store).empty())
     return absl::InvalidArgumentError("--state_dir and --state_store: give one of them");
@@ -374,6 +397,25 @@ int Serve(ServerOptions o, sigset_t signals) {
   // An import carries one session: at most a full window of max_mem_len, plus headers.
   o.service.max_import_bytes = model.FullMemoryBytes(o.service.max_mem_len) + (int64_t{1} << 20);
   o.service.device = model.device();
+  if (o.table.memory_budget_bytes == -1) {
+    // A GPU's session memory: what is free once the weights are there, less
+    // headroom for a step's work, so a full device refuses new sessions
+    // (RESOURCE_EXHAUSTED) rather than failing a batch (INTERNAL).
+    o.table.memory_budget_bytes = 0;
+    if (model.device() != "cpu") {
+      auto memory = txl::CudaDeviceMemory();
+      if (!memory.ok())
+        return Fail(absl::StrCat("sizing the session budget on ", model.device(), ": ", memory.status().message(),
+                                 " (give --session_memory_budget)"));
+      int64_t headroom = absl::GetFlag(FLAGS_gpu_headroom);
+      if (headroom == 0) headroom = std::max<int64_t>(int64_t{1} << 30, memory->total_bytes / 10);
+      o.table.memory_budget_bytes = std::max<int64_t>(1, memory->free_bytes - headroom);
+      std::cerr << "txl-server: session memory budget " << o.table.memory_budget_bytes << " bytes (" << model.device()
+                << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less " << headroom
+                << " headroom)" << std::endl;
+    }
+    o.metrics.session_memory_budget = o.table.memory_budget_bytes;
+  }
   // What the model runs in, not what the flags asked for (GetModelInfo reports it).
   o.service.dtype = txl::DtypeName(model.dtype());
   o.service.kv_dtype = txl::DtypeName(model.kv_dtype());
@@ -495,6 +537,16 @@ int main(int argc, char** argv) {
   txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage("txl-server [--model M.pt] [--listen HOST:PORT] [--device cpu|cuda] ...");
   absl::ParseCommandLine(argc, argv);
+  // Before any thread starts: glibc gives threads arenas of their own, up to
+  // 8 per core, and the engine thread's per-step allocations beside the
+  // streams' left RSS growing in them (the soak: 6.6% in 40 s with the
+  // default, 2.5% with one arena, the same tokens/s; docs/OPERATIONS.md).
+  if (const int arenas = absl::GetFlag(FLAGS_malloc_arenas); arenas < 0) {
+    std::cerr << "txl-server: --malloc_arenas must be >= 0" << std::endl;
+    return 2;
+  } else if (arenas > 0 && mallopt(M_ARENA_MAX, arenas) != 1) {
+    std::cerr << "txl-server: warning: mallopt(M_ARENA_MAX, " << arenas << ") failed" << std::endl;
+  }
   // libgomp reads this once, when it loads, so only the launcher can set it.
   // Spinning workers made an engine step ~10x slower on busy shared cores
   // (docs/PERFORMANCE.md); the Dockerfile and scripts/run.sh set PASSIVE.

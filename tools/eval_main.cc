@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
     in.session = session->get();
     in.tokens.assign(ids->begin() + s, ids->begin() + e);
     in.targets.assign(ids->begin() + s + 1, ids->begin() + std::min(e + 1, n));
+    in.want_target_argmax = true;  // the accuracy below
     auto out = (*model)->Step(absl::MakeSpan(&in, 1));
     if (!out.ok()) return Fail(1, std::string(out.status().message()));
     const txl::StepOutput& o = (*out)[0];

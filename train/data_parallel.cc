@@ -2,16 +2,24 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 // Only a CUDA libtorch built with NCCL defines USE_C10D_NCCL (torch_cuda
-// exports it to its users). The header needs CUDA's and NCCL's headers; where
-// nccl.h is not on the include path the GPU path uses Gloo through host copies.
-#if defined(USE_C10D_NCCL) && defined(__has_include)
+// exports it to its users). The header needs CUDA's and NCCL's headers. The
+// CMake option TXL_NCCL (train/CMakeLists.txt) decides what their absence
+// means: AUTO, Gloo through host copies; ON, an error here; OFF, Gloo always.
+#if defined(TXL_REQUIRE_NCCL) && !defined(USE_C10D_NCCL)
+#error "TXL_NCCL=ON: this libtorch was built without NCCL (USE_C10D_NCCL is not defined)"
+#endif
+#if defined(USE_C10D_NCCL) && !defined(TXL_NO_NCCL) && defined(__has_include)
 #if __has_include(<nccl.h>)
 #define TXL_HAVE_NCCL 1
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+#endif
+#if defined(TXL_REQUIRE_NCCL) && !defined(TXL_HAVE_NCCL)
+#error "TXL_NCCL=ON: nccl.h is not on the include path"
 #endif
 
 #include <chrono>
@@ -95,8 +103,17 @@ absl::StatusOr<at::Device> ParseTrainingDevice(const std::string& name, const st
   return *device;
 }
 
+// What Gloo and NCCL are, by libtorch version: from 2.0 on they are
+// c10d::Backend (a c10d::ProcessGroup wraps backends); before, each was a
+// c10d::ProcessGroup itself. Both have the allreduce and broadcast used here.
+#if TORCH_VERSION_MAJOR >= 2
+using Collectives = c10d::Backend;
+#else
+using Collectives = c10d::ProcessGroup;
+#endif
+
 struct DataParallel::Group {
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<Collectives> pg;
 };
 
 DataParallel::DataParallel(int rank, int world, at::Device device) : rank_(rank), world_(world), device_(device) {}

@@ -268,9 +268,18 @@ class TxlClient:
         self.stub.DeleteSession(txl_pb2.DeleteSessionRequest(session_id=session_id),
                                 metadata=_metadata(session_id), timeout=self.timeout)
 
-    def fork_session(self, session_id, labels=None):
-        return self.stub.ForkSession(txl_pb2.ForkSessionRequest(session_id=session_id, labels=labels or {}),
-                                     metadata=_metadata(session_id), timeout=self.timeout)
+    def fork_session(self, session_id, labels=None, position=0):
+        """A new session that copies session_id; position > 0 branches from that earlier
+        point of its history instead (as rewind_session), leaving the source as it is."""
+        request = txl_pb2.ForkSessionRequest(session_id=session_id, labels=labels or {}, position=position)
+        return self.stub.ForkSession(request, metadata=_metadata(session_id), timeout=self.timeout)
+
+    def rewind_session(self, session_id, position):
+        """Takes the session back to `position` of its history: it then equals a fresh
+        session fed its first `position` tokens. OUT_OF_RANGE names the earliest position
+        still reachable; ABORTED while a request runs on it."""
+        return self.stub.RewindSession(txl_pb2.RewindSessionRequest(session_id=session_id, position=position),
+                                       metadata=_metadata(session_id), timeout=self.timeout)
 
     def generate(self, text=None, tokens=None, **params):
         """Feeds text or token ids (new ones only) and yields each GenerateResponse as it

@@ -140,4 +140,9 @@ absl::Status RequestValidator::Continuation(const GenerateSpec& spec, int64_t se
   return absl::OkStatus();
 }
 
+absl::Status RequestValidator::HistoryPosition(int64_t position) {
+  if (position < 0) return absl::InvalidArgumentError(absl::StrCat("position: must be >= 0, got ", position));
+  return absl::OkStatus();
+}
+
 }  // namespace txl

@@ -90,6 +90,9 @@ class RequestValidator {
                                                const std::string* metadata_session_id) const;
   absl::StatusOr<GenerateArgs> Generate(const v1::GenerateRequest& req, const std::string* metadata_session_id) const;
   absl::StatusOr<ScoreArgs> Score(const v1::ScoreRequest& req, const std::string* metadata_session_id) const;
+  // RewindSession's and ForkSession's position: not negative (whether the
+  // session reaches it is known only on the engine thread).
+  static absl::Status HistoryPosition(int64_t position);
   // Once the session is known (the service holds its lease): a generation
   // needs input, or history to continue from.
   static absl::Status Continuation(const GenerateSpec& spec, int64_t session_position);

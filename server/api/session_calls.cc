@@ -1,5 +1,5 @@
 // The unary calls on sessions: GetModelInfo, CreateSession, GetSession,
-// ListSessions, DeleteSession, ForkSession. Each either fails at once or
+// ListSessions, DeleteSession, ForkSession, RewindSession. Each either fails at once or
 // answers itself (now, or once the journal or the engine thread is done).
 #include <memory>
 
@@ -154,10 +154,12 @@ grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* c
   const ServiceContext* c = ctx_.get();
   return UnaryCall(c, ctx, "ForkSession", [&](grpc::ServerUnaryReactor* reactor) -> absl::Status {
     ASSIGN_OR_RETURN(CallTarget t, c->NamedSession(ctx, req->session_id()));
+    RETURN_IF_ERROR(RequestValidator::HistoryPosition(req->position()));
     std::map<std::string, std::string> labels(req->labels().begin(), req->labels().end());
+    const int64_t position = req->position();
     c->WithAdoption(
         t.principal, t.session_id,
-        [c, reactor, r, t, labels]() -> absl::Status {
+        [c, reactor, r, t, labels, position]() -> absl::Status {
           ASSIGN_OR_RETURN(SessionLease lease, c->table->Acquire(t.principal, t.session_id, absl::Now()));
           auto source = c->table->Get(t.principal, t.session_id);  // the fork keeps its ttl
           JobCallbacks cb;
@@ -166,11 +168,38 @@ grpc::ServerUnaryReactor* TxlService::ForkSession(grpc::CallbackServerContext* c
             c->Answer(reactor, "ForkSession", s);
           };
           return c->scheduler
-              ->SubmitFork(std::move(lease), source.ok() ? source->idle_ttl : absl::ZeroDuration(), labels,
+              ->SubmitFork(std::move(lease), source.ok() ? source->idle_ttl : absl::ZeroDuration(), labels, position,
                            std::move(cb))
               .status();
         },
         [c, reactor](absl::Status s) { c->Answer(reactor, "ForkSession", s); });
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TxlService::RewindSession(grpc::CallbackServerContext* ctx,
+                                                    const v1::RewindSessionRequest* req, v1::Session* r) {
+  const ServiceContext* c = ctx_.get();
+  return UnaryCall(c, ctx, "RewindSession", [&](grpc::ServerUnaryReactor* reactor) -> absl::Status {
+    ASSIGN_OR_RETURN(CallTarget t, c->NamedSession(ctx, req->session_id()));
+    RETURN_IF_ERROR(RequestValidator::HistoryPosition(req->position()));
+    const int64_t position = req->position();
+    c->WithAdoption(
+        t.principal, t.session_id,
+        [c, reactor, r, t, position]() -> absl::Status {
+          ASSIGN_OR_RETURN(SessionLease lease, c->table->Acquire(t.principal, t.session_id, absl::Now()));
+          JobCallbacks cb;
+          cb.on_done = [c, reactor, r, t](absl::Status s, JobResult) {
+            if (s.ok()) {
+              auto info = c->table->Get(t.principal, t.session_id);
+              s = info.status();
+              if (info.ok()) FillSession(*info, r);
+            }
+            c->Answer(reactor, "RewindSession", s);
+          };
+          return c->scheduler->SubmitRewind(std::move(lease), position, std::move(cb)).status();
+        },
+        [c, reactor](absl::Status s) { c->Answer(reactor, "RewindSession", s); });
     return absl::OkStatus();
   });
 }

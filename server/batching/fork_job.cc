@@ -1,32 +1,41 @@
 #include "server/batching/job_runner.h"
 #include "server/batching/session_jobs.h"
+#include "server/batching/state_at.h"
 
 namespace txl {
 
 ForkJob::ForkJob(SessionLease source, absl::Duration idle_ttl, std::map<std::string, std::string> labels,
-                 JobCallbacks cb)
-    : idle_ttl_(idle_ttl), labels_(std::move(labels)) {
+                 int64_t position, JobCallbacks cb)
+    : idle_ttl_(idle_ttl), labels_(std::move(labels)), position_(position) {
   lease = std::move(source);
   callbacks = std::move(cb);
 }
 
 void ForkJob::Run(JobRunner& runner) {
   SessionTable* table = runner.table();
-  auto copy = lease.state->Clone();
+  const absl::Time start = absl::Now();
+  const int64_t at = position_ == 0 ? lease.position() : position_;
+  auto copy = RebuildAt(runner, lease, at);
   if (!copy.ok()) {
     runner.Finish(*this, copy.status());
     return;
   }
+  if (position_ != 0 && runner.observer())
+    runner.observer()->OnRewind(copy->served, copy->replayed, SecondsSince(start));
   // The fork belongs to whoever may use the source (its owner, the caller).
   const bool durable = runner.journal() != nullptr && lease.durable;
-  auto fork = table->CreateAcquired(lease.owner, *std::move(copy), idle_ttl_, labels_, absl::Now(),
+  auto fork = table->CreateAcquired(lease.owner, std::move(copy->state), idle_ttl_, labels_, absl::Now(),
                                     SessionTable::NewId(lease.id), durable);
   if (!fork.ok()) {
     runner.Finish(*this, fork.status());
     return;
   }
-  fork->pending = lease.pending;
+  fork->pending = std::move(copy->pending);
+  fork->history = std::move(copy->history);
   const std::string id = fork->id;
+  // Its source's checkpoints up to the fork point hold its history too.
+  table->checkpoints().CopyUpTo(lease.id, id, at);
+  if (at < lease.position()) runner.Checkpoint(*fork);  // rebuilt: worth keeping
   if (durable) {
     auto image = runner.ExportImage(*fork);
     auto info = table->Get(lease.owner, id);

@@ -27,18 +27,31 @@ StepInput GenerateJob::Row(size_t n) {
     in = Slice(n);
   }
   in.session = state();
-  in.want_last_distribution = decoding_ || n == prefill_left();
+  if (!decoding_ && n != prefill_left()) return in;  // mid-prefill: no output
+  // The model picks the token itself when the request needs no more than
+  // its id and log-prob (docs/DESIGN.md, "Sampling paths"): n_token floats
+  // then never leave it.
+  if (spec_.top_logprobs > 0 || !(sampler_.Greedy() || sampler_.PlainDraw())) {
+    in.want_last_distribution = true;
+  } else if (sampler_.Greedy()) {
+    in.pick = StepInput::Pick::kArgmax;
+  } else {
+    in.pick = StepInput::Pick::kDraw;
+    in.draw_uniform = sampler_.NextUniform();
+  }
   return in;
 }
 
 void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (!decoding_) fed += n;
-  // A distribution arrives after the prefill and after each decode.
-  if (out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size())) return;  // mid-prefill
-  const int token = sampler_.Sample(out.last_distribution);
+  // A pick or a distribution arrives after the prefill and after each decode.
+  const bool picked = out.picked >= 0;
+  if (!picked && out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size()))
+    return;  // mid-prefill
+  const int token = picked ? out.picked : sampler_.Sample(out.last_distribution);
   GeneratedTokenEvent ev;
   ev.id = token;
-  ev.logprob = out.last_distribution[token];
+  ev.logprob = picked ? out.picked_logprob : out.last_distribution[token];
   if (spec_.top_logprobs > 0) ev.top = TopN(out.last_distribution, spec_.top_logprobs);
   absl::StatusOr<std::string> bytes = runner.tokenizer().TokenText(token);
   TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());

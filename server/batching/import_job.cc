@@ -34,6 +34,9 @@ absl::Status ImportJob::Import(JobRunner& runner) {
   ASSIGN_OR_RETURN(SessionLease made, table->CreateAcquired(spec_.owner, std::move(state), spec_.idle_ttl, spec_.labels,
                                                             absl::Now(), spec_.id, durable));
   made.pending = spec_.image.pending;
+  // Nothing before the image is known: the image itself is where rewinds can start.
+  made.history = TokenHistory(made.state->position(), made.pending);
+  runner.Checkpoint(made);
   const std::string id = made.id;
   if (durable) {
     ASSIGN_OR_RETURN(SessionInfo info, table->Get(spec_.owner, id));

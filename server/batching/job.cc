@@ -52,15 +52,28 @@ void FeedJob::RestorePending(std::vector<int> pending) {
   lease.pending = std::move(pending);
 }
 
-void FeedJob::LogHistory(JobRunner& runner, int64_t position) {
-  if (!runner.journaled(*this) || !logs_history() || position <= logged_position) return;
-  // The history the job adds: its input, then what it sampled.
+std::vector<int> FeedJob::Added(int64_t from, int64_t to) const {
   const int64_t n_input = static_cast<int64_t>(feed.size() - pending_len);
   std::vector<int> tokens;
-  for (int64_t i = logged_position - start_position; i < position - start_position; ++i) {
+  for (int64_t i = from - start_position; i < to - start_position; ++i) {
     tokens.push_back(i < n_input ? feed[pending_len + i] : generated[i - n_input]);
   }
-  runner.journal()->RecordTokens(lease.id, logged_position, std::move(tokens));
+  return tokens;
+}
+
+bool FeedJob::ExtendHistory(int64_t keep) {
+  const int64_t end = lease.position();
+  if (end <= start_position) return false;
+  // A history that does not end where the job began cannot go on (a bug
+  // elsewhere): it restarts here rather than hold tokens at wrong positions.
+  if (lease.history.end() != start_position) lease.history = TokenHistory(start_position);
+  lease.history.Append(Added(start_position, end), keep);
+  return true;
+}
+
+void FeedJob::LogHistory(JobRunner& runner, int64_t position) {
+  if (!runner.journaled(*this) || !logs_history() || position <= logged_position) return;
+  runner.journal()->RecordTokens(lease.id, logged_position, Added(logged_position, position));
   lease.since_snapshot += position - logged_position;
   logged_position = position;
 }

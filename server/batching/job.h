@@ -86,6 +86,10 @@ class Job : public std::enable_shared_from_this<Job> {
   virtual void Settle(const absl::Status& status) {}
   // With a journal: logs the history the job added up to `position`.
   virtual void LogHistory(JobRunner& runner, int64_t position) {}
+  // Adds what the job committed to the lease's token history (up to its
+  // position now; at most `keep` tokens are kept). True when it ends a turn
+  // (the session moved on): a checkpoint may be taken.
+  virtual bool ExtendHistory(int64_t keep) { return false; }
   virtual bool logs_history() const { return false; }
   // Its answer waits for the journal's earlier writes (a journaled session, or a new one).
   virtual bool acks_durably() const { return lease.durable; }
@@ -113,6 +117,7 @@ class FeedJob : public Job {
   FeedJob(SessionLease session, bool throwaway_session, const std::vector<int>& input, JobCallbacks cb);
 
   void LogHistory(JobRunner& runner, int64_t position) override;
+  bool ExtendHistory(int64_t keep) override;
   void RestorePending(std::vector<int> pending) override;
 
   std::vector<int> feed;
@@ -126,6 +131,8 @@ class FeedJob : public Job {
  protected:
   // The prefix fed so far stays; the next token becomes the pending one.
   void KeepFedPrefix();
+  // The history tokens the job added at positions [from, to): its input, then what it sampled.
+  std::vector<int> Added(int64_t from, int64_t to) const;
   StepInput Slice(size_t n) const;  // feed[fed, fed + n)
 };
 

@@ -45,6 +45,7 @@ void JobRunner::Finish(Job& job, absl::Status status) {
   job.result.session_id = job.lease.id;
   if (job.lease.state) {
     job.result.position = job.lease.position();
+    if (job.ExtendHistory(table_->config().history_tokens) && !job.throwaway) Checkpoint(job.lease);
     job.LogHistory(*this, job.result.position);
     if (journaled(job) && job.lease.since_snapshot >= config_.snapshot_tokens) {
       if (auto image = ExportImage(job.lease); image.ok()) {
@@ -73,6 +74,8 @@ void JobRunner::Finish(Job& job, absl::Status status) {
                                held->pending.clear();
                                held->known_position = durable;
                                held->since_snapshot = 0;
+                               held->history.Truncate(durable);
+                               table->checkpoints().DropAfter(held->id, durable);
                                result.position = durable;
                              }
                              table->Release(std::move(*held), absl::Now());
@@ -100,6 +103,14 @@ void JobRunner::ReturnLease(Job& job) {
     table_->Release(std::move(job.lease), absl::Now());
   }
   job.lease = SessionLease();
+}
+
+void JobRunner::Checkpoint(const SessionLease& lease) {
+  CheckpointStore& store = table_->checkpoints();
+  if (!store.WouldKeep(lease.state->memory_bytes())) return;
+  auto image = std::make_shared<std::string>();
+  if (!lease.state->AppendTo(image.get()).ok()) return;  // a cache: a failed copy only costs a replay later
+  store.Put(lease.id, lease.position(), std::move(image), lease.pending);
 }
 
 absl::StatusOr<std::string> JobRunner::ExportImage(const SessionLease& lease) const {

@@ -40,7 +40,8 @@ class JobRunner {
   SchedulerObserver* observer() const { return observer_; }  // may be null
   SessionJournal* journal() const { return journal_; }       // null: no state store
   // The job's session is journaled: its history goes to the state store.
-  bool journaled(const Job& job) const { return journal_ != nullptr && job.lease.durable && !job.throwaway; }
+  bool journaled(const Job& job) const { return journaled_lease(job.lease) && !job.throwaway; }
+  bool journaled_lease(const SessionLease& lease) const { return journal_ != nullptr && lease.durable; }
 
   // Ends a cancelled or stalled job, brings an offloaded session back into
   // device memory; false when the job has finished.
@@ -51,6 +52,10 @@ class JobRunner {
   void ReturnLease(Job& job);
   // The session's ExportSession bytes (its state in device memory).
   absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
+  // Keeps the session's state as a turn checkpoint (SessionTable::checkpoints).
+  void Checkpoint(const SessionLease& lease);
+  // A state from an engine image (empty: fresh) with `idle.feed` fed into it.
+  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(const IdleSession& idle);
   // Journals a session made on the engine thread (fork, import), held busy
   // in `lease` meanwhile, from its image; then releases it (or drops it if
   // the state store refused) and answers the job with it.
@@ -66,7 +71,6 @@ class JobRunner {
 
  private:
   absl::Status Materialize(Job& job);
-  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(const IdleSession& idle);
 
   const SchedulerConfig config_;
   Engine* const engine_;

@@ -1,7 +1,11 @@
 // Sampler: picks the next token from a log-prob vector, per request
 // parameters. Torch-free; the engine thread calls it for every row of a
 // batch. A seeded sampler is reproducible: the same seed and distributions
-// give the same tokens, whatever else runs in the batch.
+// give the same tokens, whatever else runs in the batch. Nothing sorts the
+// whole vocabulary (docs/DESIGN.md, "Sampling paths"): plain temperature
+// walks the distribution in id order; top-k selects its k candidates
+// (nth_element) and sorts only them; top-p finds its nucleus by partitioning
+// around pivots and sorts only the nucleus.
 #ifndef TXL_SERVER_BATCHING_SAMPLER_H_
 #define TXL_SERVER_BATCHING_SAMPLER_H_
 
@@ -33,13 +37,34 @@ class Sampler {
 
   int Sample(absl::Span<const float> logprobs);
 
+  // True when a draw needs no more than DrawInIdOrder at temperature 1 (no
+  // top-k or top-p): the model can then draw itself (StepInput::Pick::kDraw)
+  // from NextUniform(), the same uniform Sample would have used.
+  bool PlainDraw() const;
+  bool Greedy() const { return config_.temperature == 0.0f; }
+  double NextUniform();
+
  private:
+  struct Candidate {
+    float logprob;
+    int id;
+    double weight;  // tempered, relative to the best
+  };
+  size_t Nucleus(double total, double need);
+
   SamplingConfig config_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int>> scratch_;
+  std::vector<Candidate> scratch_;
 };
 
-// The n most likely tokens, most likely first (ties: lower id first).
+// The first token in id order whose cumulative weight exceeds u * total,
+// weights exp(logprob / temperature) (at temperature 1 exactly exp(logprob),
+// as the model's own draw sums them; otherwise relative to the best, so they
+// neither overflow nor all underflow). u in [0, 1).
+int DrawInIdOrder(absl::Span<const float> logprobs, double u, float temperature);
+
+// The n most likely tokens, most likely first (ties: lower id first); a heap
+// of n, not a sort of the vocabulary.
 std::vector<std::pair<int, float>> TopN(absl::Span<const float> logprobs, int n);
 
 }  // namespace txl

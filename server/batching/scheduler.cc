@@ -94,11 +94,16 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, 
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, absl::Duration idle_ttl,
-                                                           std::map<std::string, std::string> labels,
+                                                           std::map<std::string, std::string> labels, int64_t position,
                                                            JobCallbacks callbacks) {
   // The fork would be journaled.
   return EnqueueWritable(
-      std::make_shared<ForkJob>(std::move(source), idle_ttl, std::move(labels), std::move(callbacks)));
+      std::make_shared<ForkJob>(std::move(source), idle_ttl, std::move(labels), position, std::move(callbacks)));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitRewind(SessionLease lease, int64_t position,
+                                                             JobCallbacks callbacks) {
+  return EnqueueWritable(std::make_shared<RewindJob>(std::move(lease), position, std::move(callbacks)));
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitExport(SessionLease lease, JobCallbacks callbacks) {

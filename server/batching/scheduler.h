@@ -70,8 +70,11 @@ class Scheduler {
                                                       JobCallbacks callbacks);
   absl::StatusOr<std::shared_ptr<Job>> SubmitScore(SessionLease lease, bool throwaway, std::vector<int> input,
                                                    bool commit, JobCallbacks callbacks);
+  // `position` 0: the source as it is; else as it was there (RewindJob's rules).
   absl::StatusOr<std::shared_ptr<Job>> SubmitFork(SessionLease source, absl::Duration idle_ttl,
-                                                  std::map<std::string, std::string> labels, JobCallbacks callbacks);
+                                                  std::map<std::string, std::string> labels, int64_t position,
+                                                  JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitRewind(SessionLease lease, int64_t position, JobCallbacks callbacks);
   absl::StatusOr<std::shared_ptr<Job>> SubmitExport(SessionLease lease, JobCallbacks callbacks);
   using ImportSpec = txl::ImportSpec;
   absl::StatusOr<std::shared_ptr<Job>> SubmitImport(ImportSpec spec, JobCallbacks callbacks);

@@ -38,6 +38,10 @@ class SchedulerObserver {
   virtual void OnOffload(const char* to, double seconds) {}
   // A session came back into device memory from "host" or "store".
   virtual void OnRestore(const char* from, double seconds) {}
+  // A rewind or a fork at a position, served from a "checkpoint" (an image,
+  // nothing replayed), by "replay", or from the "current" state (nothing to
+  // rebuild); `replayed`: history tokens fed again.
+  virtual void OnRewind(const char* served, int64_t replayed, double seconds) {}
 };
 
 }  // namespace txl

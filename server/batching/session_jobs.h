@@ -1,6 +1,6 @@
 // The one-shot kinds: jobs that run once on the engine thread, between
-// steps, because they touch session states (fork_job.cc, export_job.cc,
-// import_job.cc, adopt_job.cc).
+// steps, because they touch session states (fork_job.cc, rewind_job.cc,
+// export_job.cc, import_job.cc, adopt_job.cc).
 #ifndef TXL_SERVER_BATCHING_SESSION_JOBS_H_
 #define TXL_SERVER_BATCHING_SESSION_JOBS_H_
 
@@ -17,9 +17,10 @@ namespace txl {
 // A copy of the session (state, pending token, history) as a new session of
 // the same owner, whose id keeps the source's routing prefix. A fork of a
 // journaled session is journaled too.
+// `position` (0: the source's own) branches from an earlier point (state_at.h).
 class ForkJob final : public Job {
  public:
-  ForkJob(SessionLease source, absl::Duration idle_ttl, std::map<std::string, std::string> labels,
+  ForkJob(SessionLease source, absl::Duration idle_ttl, std::map<std::string, std::string> labels, int64_t position,
           JobCallbacks callbacks);
   void Run(JobRunner& runner) override;
   bool acks_durably() const override { return true; }
@@ -27,6 +28,20 @@ class ForkJob final : public Job {
  private:
   const absl::Duration idle_ttl_;
   const std::map<std::string, std::string> labels_;
+  const int64_t position_;
+};
+
+// Takes the session back to `position` of its history (state_at.h). A
+// journaled session stays busy until the state store has the rewind; if it
+// cannot be written, the session is as it was and the client is told.
+class RewindJob final : public Job {
+ public:
+  RewindJob(SessionLease lease, int64_t position, JobCallbacks callbacks);
+  void Run(JobRunner& runner) override;
+  bool acks_durably() const override { return true; }
+
+ private:
+  const int64_t position_;
 };
 
 // The session's state as SessionExport bytes (JobResult::exported).

@@ -19,12 +19,18 @@ std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::ve
   return idle;
 }
 
+TokenHistory HistoryFromRecord(const JournalRecord& record, const SessionTableConfig& config) {
+  TokenHistory history(record.history_start(), record.earlier);
+  history.Append(record.tail, config.history_tokens);
+  return history;
+}
+
 absl::Status AddRecordedSession(const JournalRecord& record, SessionTable* table) {
   std::vector<int> pending;
   std::shared_ptr<IdleSession> idle = IdleFromRecord(record, &pending);
   return table->AddIdle(record.meta.id, record.meta.owner, record.meta.idle_ttl, record.meta.labels,
                         record.meta.created, std::move(idle), std::move(pending), record.position(),
-                        static_cast<int64_t>(record.tail.size()));
+                        static_cast<int64_t>(record.tail.size()), HistoryFromRecord(record, table->config()));
 }
 
 absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table, const std::string& fingerprint) {

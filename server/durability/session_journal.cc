@@ -1,5 +1,6 @@
 #include "server/durability/session_journal.h"
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -35,23 +36,23 @@ std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
   return out;
 }
 
-}  // namespace
-
-// Records before the record's position are skipped (a snapshot already holds
-// them); a torn last record was never acknowledged (acknowledgements wait for
-// the whole write).
-absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, size_t* valid_bytes) {
+// The log's own history: records must continue it (an overlap adds only
+// what is new); a torn last record was never acknowledged (acknowledgements
+// wait for the whole write).
+absl::Status ParseLog(const std::string& log, int64_t* start, std::vector<int>* history, size_t* valid_bytes) {
   constexpr size_t kHeader = 4 + 8 + 8;
   ByteReader r(log);
   if (valid_bytes) *valid_bytes = 0;
+  *start = -1;
+  history->clear();
   while (r.left() > 0) {
     const size_t begin = r.at();
     if (r.left() < kHeader) return absl::OkStatus();  // torn tail
     uint32_t n = 0;
-    int64_t start = 0;
+    int64_t at = 0;
     uint64_t header_sum = 0;
     r.Get(&n);
-    r.Get(&start);
+    r.Get(&at);
     r.Get(&header_sum);
     if (header_sum != Hash64(log.data() + begin, 12))
       return absl::DataLossError(absl::StrCat("log record at byte ", begin, ": its header fails its checksum"));
@@ -67,17 +68,54 @@ absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, siz
     r.Get(&sum);
     if (sum != Hash64(log.data() + begin, body))
       return absl::DataLossError(absl::StrCat("log record at byte ", begin, " fails its checksum"));
-    const int64_t have = record->position();
-    if (start > have) {
+    // Damage that a checksum can miss (a log that was written that way):
+    // a negative start, or one whose record would run past the int64 range.
+    if (at < 0 || at > std::numeric_limits<int64_t>::max() - int64_t{n})
+      return absl::DataLossError(absl::StrCat("log record at byte ", begin, " starts at position ", at));
+    if (*start < 0) *start = at;
+    const int64_t have = *start + static_cast<int64_t>(history->size());
+    if (at > have || at < *start) {
       return absl::DataLossError(
-          absl::StrCat("log record at byte ", begin, " starts at position ", start, " but the history ends at ", have));
+          absl::StrCat("log record at byte ", begin, " starts at position ", at, " but the history ends at ", have));
     }
     for (uint32_t i = 0; i < n; ++i) {
-      if (start + static_cast<int64_t>(i) >= have) record->tail.push_back(tokens[i]);
+      if (at + static_cast<int64_t>(i) >= have) history->push_back(tokens[i]);
     }
     if (valid_bytes) *valid_bytes = r.at();
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, size_t* valid_bytes) {
+  int64_t start = 0;
+  std::vector<int> history;
+  RETURN_IF_ERROR(ParseLog(log, &start, &history, valid_bytes));
+  record->tail.clear();
+  record->earlier.clear();
+  if (history.empty()) return absl::OkStatus();
+  const int64_t snap = record->image.position;
+  const int64_t end = start + static_cast<int64_t>(history.size());
+  if (start > snap) {
+    return absl::DataLossError(absl::StrCat("the log starts at position ", start, " but the snapshot ends at ", snap));
+  }
+  if (end < snap) return absl::OkStatus();  // older than the snapshot: nothing to replay, no usable history
+  record->earlier.assign(history.begin(), history.begin() + (snap - start));
+  record->tail.assign(history.begin() + (snap - start), history.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> TruncateJournalLog(const std::string& log, int64_t position) {
+  int64_t start = 0;
+  std::vector<int> history;
+  RETURN_IF_ERROR(ParseLog(log, &start, &history, nullptr));
+  if (history.empty() || position <= start) return std::string();
+  const int64_t end = start + static_cast<int64_t>(history.size());
+  if (position > end)
+    return absl::OutOfRangeError(absl::StrCat("the log ends at position ", end, ", before ", position));
+  history.resize(static_cast<size_t>(position - start));
+  return EncodeLogRecord(start, history);
 }
 
 std::string EncodeSessionMeta(const SessionMeta& m) {
@@ -156,9 +194,11 @@ void SessionJournal::Enqueue(std::vector<Op> ops) {
   enqueued_ += static_cast<int64_t>(ops.size());
 }
 
-void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot, Done done) {
+void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot, Done done, int64_t history_start,
+                                  std::vector<int> history) {
   std::vector<Op> ops;
   Op op{Op::kCreate, meta.id, EncodeSessionMeta(meta), std::move(done)};
+  if (!history.empty()) op.log = EncodeLogRecord(history_start, history);
   auto position = SessionExportPosition(snapshot);
   op.session = meta.id;
   op.end = position.ok() ? *position : 0;
@@ -185,6 +225,16 @@ void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot)
   Op op{Op::kSnapshot, id, "", nullptr};
   op.session = id;
   op.end = *position;
+  op.snapshot = std::move(snapshot);
+  ops.push_back(std::move(op));
+  Enqueue(std::move(ops));
+}
+
+void SessionJournal::RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done) {
+  std::vector<Op> ops;
+  Op op{Op::kRewind, id, "", std::move(done)};
+  op.session = id;
+  op.end = position;
   op.snapshot = std::move(snapshot);
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));
@@ -361,6 +411,7 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
       if (status.ok() && !op.session.empty()) {
         absl::MutexLock lock(&mu_);
         durable_.erase(op.session);
+        snapshot_at_.erase(op.session);
       }
     }
     if (op.kind == Op::kSnapshot) {
@@ -370,7 +421,47 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
         continue;
       }
       status = backend_->Put(Key(op.key, "snap"), op.snapshot);
-      if (status.ok()) status = backend_->Put(Key(op.key, "log"), "");
+      if (status.ok()) {
+        absl::MutexLock lock(&mu_);
+        snapshot_at_[op.session] = op.end;
+      }
+    }
+    if (op.kind == Op::kRewind) {
+      const int64_t have = durable(op.session);
+      if (have >= 0 && op.end > have) {
+        op.result = out_of_step(op, have);  // past what the store holds
+        continue;
+      }
+      // Snapshot first: with the old log it replays to the old history (see the header).
+      bool snapshot_later = true;  // unknown: written
+      {
+        absl::MutexLock lock(&mu_);
+        auto at = snapshot_at_.find(op.session);
+        if (at != snapshot_at_.end()) snapshot_later = at->second > op.end;
+      }
+      if (snapshot_later) {
+        status = backend_->Put(Key(op.key, "snap"), op.snapshot);
+        if (status.ok()) {
+          absl::MutexLock lock(&mu_);
+          snapshot_at_[op.session] = op.end;
+        }
+      }
+      absl::StatusOr<std::string> log = std::string();
+      if (status.ok()) log = backend_->Get(Key(op.key, "log"));
+      if (status.ok() && absl::IsNotFound(log.status())) log = std::string();
+      if (status.ok() && !log.ok()) status = log.status();
+      if (status.ok()) {
+        log = TruncateJournalLog(*log, op.end);
+        if (!log.ok()) {  // the stored log is damaged or short: refused, not a store failure
+          op.result = log.status();
+          continue;
+        }
+        status = backend_->Put(Key(op.key, "log"), *log);
+      }
+      if (status.ok()) {
+        absl::MutexLock lock(&mu_);
+        durable_[op.session] = op.end;
+      }
     }
     if (op.kind == Op::kCreate) {
       // The meta claims the id, atomically across replicas; a session that
@@ -383,7 +474,7 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
         continue;
       } else {
         // A log a crash left behind by an earlier session of this id goes first.
-        for (const auto& [part, value] : {std::pair<const char*, const std::string*>{"log", nullptr},
+        for (const auto& [part, value] : {std::pair<const char*, const std::string*>{"log", &op.log},
                                           {"snap", &op.snapshot},
                                           {"holder", &config_.replica}}) {
           if (status.ok()) status = backend_->Put(Key(op.key, part), value ? *value : std::string());
@@ -395,6 +486,7 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
         } else {
           absl::MutexLock lock(&mu_);
           durable_[op.session] = op.end;
+          snapshot_at_[op.session] = op.end;
         }
       }
     }
@@ -510,6 +602,7 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   }
   absl::MutexLock lock(&mu_);
   durable_[id] = record.position();  // what the history goes on from
+  snapshot_at_[id] = record.image.position;
   return record;
 }
 

@@ -7,16 +7,22 @@
 //   sessions/<id>/meta    owner, mem_len, ttl, labels, created (immutable)
 //   sessions/<id>/snap    SessionExport bytes (an empty state: a fresh session)
 //   sessions/<id>/log     records: u32 n, i64 start, u64 Hash64 of those two,
-//                         i32 tokens[n], u64 Hash64 of all before it
+//                         i32 tokens[n], u64 Hash64 of all before it; the
+//                         whole history since the session was made (a
+//                         snapshot does not reset it, so a rewind can go back
+//                         past the snapshot after a restart)
 //   sessions/<id>/holder  the replica that serves it
 //   wanted/<holder>/<id>  another replica asks the holder to hand it over
 //   replicas/<name>       that replica's heartbeat (unix nanoseconds)
 //
 // Writes are queued and applied in order by one writer thread, which commits
 // everything queued in one group (one Append call, all or nothing); After(fn)
-// runs fn once everything queued before it is written. A snapshot is written
-// (atomically) before its log is reset, and log records carry their start
-// position, so a crash between the two only leaves records that replay skips.
+// runs fn once everything queued before it is written. Log records carry
+// their start position; replay feeds only the tokens past the snapshot's. A
+// rewind to p (RecordRewind) first writes a snapshot at p if the stored one
+// is later, then replaces the log by its first p tokens (one atomic Put): a
+// crash between the two replays the old log onto the new snapshot, which is
+// the history before the rewind, exactly.
 //
 // A session changes only by what its client was told was done
 // (docs/ROBUSTNESS.md, "When the state store fails"). The journal knows, per session, how far its
@@ -73,20 +79,26 @@ struct SessionMeta {
 // tokens logged after it.
 struct JournalRecord {
   SessionMeta meta;
-  SessionExport image;    // image.state empty: a fresh session of meta.mem_len
-  std::vector<int> tail;  // history tokens after image.position
+  SessionExport image;       // image.state empty: a fresh session of meta.mem_len
+  std::vector<int> tail;     // history tokens after image.position
+  std::vector<int> earlier;  // logged history tokens before image.position, up to it
   int64_t position() const { return image.position + static_cast<int64_t>(tail.size()); }
+  int64_t history_start() const { return image.position - static_cast<int64_t>(earlier.size()); }
 };
 
 std::string EncodeSessionMeta(const SessionMeta& meta);
 // DATA_LOSS when truncated or damaged.
 absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes);
-// Applies a session's log bytes to `record`: tokens before its position are
-// skipped, a torn last record (cut short by a crash) is ignored; DATA_LOSS
+// Applies a session's log bytes to `record` (its image set, tail and earlier
+// empty): the tokens past image.position go to `tail`, those before it to
+// `earlier`; a torn last record (cut short by a crash) is ignored; DATA_LOSS
 // for any other damage (a checksum that fails, a record that starts past the
 // end of the history). `valid_bytes`: the length of the log without its torn
 // tail.
 absl::Status ReplayJournalLog(const std::string& log, JournalRecord* record, size_t* valid_bytes = nullptr);
+// The log cut to the history's first `position` tokens, as one record (a
+// rewind); DATA_LOSS when damaged, OUT_OF_RANGE when it holds fewer.
+absl::StatusOr<std::string> TruncateJournalLog(const std::string& log, int64_t position);
 
 struct SessionJournalConfig {
   std::string replica;  // this replica's name
@@ -110,10 +122,18 @@ class SessionJournal {
   // ALREADY_EXISTS and nothing written, or the store's failure; called on
   // the writer thread once written. Keep the session busy until then, so
   // that nothing is logged for it before it exists.
-  void RecordCreate(const SessionMeta& meta, std::string snapshot, Done done);
+  // `history_start`, `history`: the tokens before the snapshot's position
+  // that the session's log starts with (a fork keeps its source's history).
+  void RecordCreate(const SessionMeta& meta, std::string snapshot, Done done, int64_t history_start = 0,
+                    std::vector<int> history = {});
   void RecordTokens(const std::string& id, int64_t start, std::vector<int> tokens);
-  // The session's state at some position; the log restarts empty.
+  // The session's state at its durable position (the log goes on).
   void RecordSnapshot(const std::string& id, std::string snapshot);
+  // The session's history now ends at `position` (at most its durable
+  // position). `snapshot`: its state there, written only if the stored
+  // snapshot is later. done(OK) once written, else the store's error or a
+  // refusal, and the stored session is as it was.
+  void RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done);
   // This replica lets the session go: another may claim it at once.
   void RecordRelease(const std::string& id);
   // Deletes a session; done(OK) once its meta (the commit point: without
@@ -157,13 +177,14 @@ class SessionJournal {
 
  private:
   struct Op {
-    enum Kind { kPut, kAppend, kDelete, kAfter, kCreate, kSnapshot } kind;
+    enum Kind { kPut, kAppend, kDelete, kAfter, kCreate, kSnapshot, kRewind } kind;
     std::string key, value;
     Done done;
-    std::string snapshot;  // kCreate (key: the id, value: the meta), kSnapshot
+    std::string snapshot;  // kCreate (key: the id, value: the meta), kSnapshot, kRewind
+    std::string log;       // kCreate: the log it starts with
     absl::Status result;   // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
     // The session whose history the op extends (kAppend: [start, end);
-    // kCreate, kSnapshot: end) or forgets (kDelete of its holder), or that
+    // kCreate, kSnapshot, kRewind: end) or forgets (kDelete of its holder), or that
     // AfterDurable asks about (end).
     std::string session;
     int64_t start = -1, end = -1;
@@ -190,7 +211,8 @@ class SessionJournal {
   int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // ops queued
   absl::Status error_ ABSL_GUARDED_BY(mu_);    // the last write's error; OK once one succeeds
   int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, int64_t> durable_ ABSL_GUARDED_BY(mu_);  // per session: its history written so far
+  std::map<std::string, int64_t> durable_ ABSL_GUARDED_BY(mu_);      // per session: its history written so far
+  std::map<std::string, int64_t> snapshot_at_ ABSL_GUARDED_BY(mu_);  // per session: its stored snapshot's position
   // Quarantined sessions not yet reported: id -> owner ("" unknown).
   std::map<std::string, std::string> unreported_ ABSL_GUARDED_BY(mu_);
   // Its own mutex, held while the handler runs (see SetHandoffHandler).

@@ -102,6 +102,38 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
                         .Help("Bytes of offloaded sessions held in host memory")
                         .Register(r)
                         .Add({});
+  m->rewinds_ = &BuildCounter()
+                     .Name("txl_rewinds_total")
+                     .Help(
+                         "Rewinds and forks at a position, by how they were served: checkpoint (an image, "
+                         "nothing replayed), replay, current (nothing to rebuild)")
+                     .Register(r);
+  for (const char* served : {"checkpoint", "replay", "current"}) m->rewinds_->Add({{"served", served}});
+  m->rewind_replayed_ = &BuildCounter()
+                             .Name("txl_rewind_replayed_tokens_total")
+                             .Help("History tokens fed again to rebuild a rewound or forked state")
+                             .Register(r)
+                             .Add({});
+  m->rewind_seconds_ = &BuildHistogram()
+                            .Name("txl_rewind_seconds")
+                            .Help("Time to rebuild a session's state at an earlier position")
+                            .Register(r)
+                            .Add({}, MoveBuckets());
+  m->checkpoint_bytes_ = &BuildGauge()
+                              .Name("txl_checkpoint_bytes")
+                              .Help("Bytes of turn checkpoints held (checkpoint_budget)")
+                              .Register(r)
+                              .Add({});
+  m->checkpoints_ =
+      &BuildGauge().Name("txl_checkpoints").Help("Turn checkpoints held, all sessions").Register(r).Add({});
+  if (table != nullptr) {
+    BuildGauge()
+        .Name("txl_checkpoint_budget_bytes")
+        .Help("Turn checkpoint budget in bytes (checkpoint_budget; 0: none)")
+        .Register(r)
+        .Add({})
+        .Set(static_cast<double>(table->config().checkpoints.budget_bytes));
+  }
   // Every series exists from the start (at 0), so dashboards and rates see them before the first offload.
   for (const char* to : {"host", "store"}) {
     m->offloads_->Add({{"to", to}});
@@ -166,6 +198,12 @@ void Metrics::OnRestore(const char* from, double seconds) {
   restores_->Add({{"from", from}}).Increment();
   restore_seconds_->Add({{"from", from}}, MoveBuckets()).Observe(seconds);
 }
+void Metrics::OnRewind(const char* served, int64_t replayed, double seconds) {
+  rewinds_->Add({{"served", served}}).Increment();
+  rewind_replayed_->Increment(static_cast<double>(replayed));
+  rewind_seconds_->Observe(seconds);
+}
+
 void Metrics::OnTick() {
   if (table_ == nullptr) return;
   const SessionTable::TierCounts tiers = table_->tiers();
@@ -178,6 +216,8 @@ void Metrics::OnTick() {
   sessions_idle_->Set(static_cast<double>(total - busy));
   memory_bytes_->Set(static_cast<double>(table_->memory_bytes()));
   reserved_bytes_->Set(static_cast<double>(table_->reserved_bytes()));
+  checkpoint_bytes_->Set(static_cast<double>(table_->checkpoints().bytes()));
+  checkpoints_->Set(static_cast<double>(table_->checkpoints().count()));
 }
 
 std::string Metrics::Scrape() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }

@@ -54,6 +54,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   void OnTick() override;  // refreshes the session gauges
   void OnOffload(const char* to, double seconds) override;
   void OnRestore(const char* from, double seconds) override;
+  void OnRewind(const char* served, int64_t replayed, double seconds) override;
 
   // The text exposition (what /metrics serves), for tests and debugging.
   std::string Scrape() const;
@@ -75,6 +76,11 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Family<prometheus::Histogram>* restore_seconds_ = nullptr;
   prometheus::Family<prometheus::Gauge>* tier_sessions_ = nullptr;
   prometheus::Gauge* host_bytes_ = nullptr;
+  // Rewinds and forks at a position (docs/DESIGN.md §4, "Rewind").
+  prometheus::Family<prometheus::Counter>* rewinds_ = nullptr;
+  prometheus::Counter* rewind_replayed_ = nullptr;
+  prometheus::Histogram* rewind_seconds_ = nullptr;
+  prometheus::Gauge *checkpoint_bytes_ = nullptr, *checkpoints_ = nullptr;
 };
 
 }  // namespace txl

@@ -93,6 +93,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   SessionLease lease;
   lease.id = id;
   lease.owner = owner;
+  lease.history = TokenHistory(state->position());
   lease.state = std::move(state);
   lease.durable = durable;
   return lease;
@@ -109,6 +110,7 @@ SessionLease SessionTable::CheckOut(const std::string& id, Entry& e) {
   lease.known_position = e.info.position;
   lease.durable = e.durable;
   lease.since_snapshot = e.since_snapshot;
+  lease.history = std::move(e.history);
   return lease;
 }
 
@@ -174,6 +176,7 @@ void SessionTable::Release(SessionLease lease, absl::Time now) {
   e.state = std::move(lease.state);
   e.pending = std::move(lease.pending);
   e.since_snapshot = lease.since_snapshot;
+  e.history = std::move(lease.history);
   e.durable = lease.durable;
   if (e.state) {  // a restored session learns its window's size only now
     reserved_bytes_ += e.state->full_memory_bytes() - e.reserved_bytes;
@@ -227,6 +230,7 @@ int64_t SessionTable::memory_bytes() const {
 }
 
 void SessionTable::Erase(Map::iterator it) {
+  checkpoints_.Drop(it->first);
   if (it->second.resident) reserved_bytes_ -= it->second.reserved_bytes;
   auto held = sessions_of_.find(it->second.info.owner);
   if (--held->second == 0) sessions_of_.erase(held);  // no entry per principal that ever called
@@ -248,7 +252,7 @@ int64_t SessionTable::busy_count() const {
 absl::Status SessionTable::AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
                                    std::map<std::string, std::string> labels, absl::Time created,
                                    std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position,
-                                   int64_t since_snapshot) {
+                                   int64_t since_snapshot, TokenHistory history) {
   absl::MutexLock lock(&mu_);
   if (sessions_.contains(id))
     return absl::AlreadyExistsError(absl::StrCat("session ", EchoId(id), " is already live here"));
@@ -267,6 +271,7 @@ absl::Status SessionTable::AddIdle(const std::string& id, const std::string& own
   e.resident = false;
   e.durable = true;
   e.since_snapshot = since_snapshot;  // its log's length: the next request may fold it
+  e.history = std::move(history);
   // What it will reserve once back in device memory: the window it had.
   e.reserved_bytes = 0;
   return absl::OkStatus();

@@ -37,6 +37,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/engine/engine.h"
+#include "server/sessions/checkpoint_store.h"
+#include "server/sessions/token_history.h"
 
 namespace txl {
 
@@ -76,6 +78,7 @@ struct SessionLease {
   int64_t known_position = 0;  // the history length, whatever the tier
   bool durable = false;        // journaled in the state store
   int64_t since_snapshot = 0;  // tokens logged since its last snapshot
+  TokenHistory history;        // its last tokens (rewind, fork at a position)
   int64_t position() const { return state ? state->position() + static_cast<int64_t>(pending.size()) : known_position; }
 };
 
@@ -96,11 +99,15 @@ struct SessionTableConfig {
   // with a state store, for the store alone.
   int64_t host_memory_budget_bytes = 0;
   bool has_state_store = false;
+  // History tokens each session keeps in memory for rewinds (--session_history_tokens);
+  // 0: all of them.
+  int64_t history_tokens = 1 << 16;
+  CheckpointStoreConfig checkpoints;  // --checkpoint_budget
 };
 
 class SessionTable {
  public:
-  explicit SessionTable(const SessionTableConfig& config) : config_(config) {}
+  explicit SessionTable(const SessionTableConfig& config) : config_(config), checkpoints_(config.checkpoints) {}
 
   // Session ids are 32 lowercase hex characters from the OS entropy source.
   // A proxy routes on their first kRoutePrefixChars (deploy/nginx/nginx.conf),
@@ -147,7 +154,7 @@ class SessionTable {
   absl::Status AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
                        std::map<std::string, std::string> labels, absl::Time created,
                        std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position,
-                       int64_t since_snapshot);
+                       int64_t since_snapshot, TokenHistory history);
   // Idle sessions in device memory to offload, least recently used first,
   // so that the rest fit memory_budget_bytes (empty unless offloading).
   std::vector<std::string> DeviceOverflow() const;
@@ -183,6 +190,9 @@ class SessionTable {
   int64_t reserved_bytes() const;  // full-window bytes of every session (the budget's measure)
   int64_t busy_count() const;
   const SessionTableConfig& config() const { return config_; }
+  // Turn checkpoints; a session's go with it (Delete, Discard, expiry).
+  CheckpointStore& checkpoints() { return checkpoints_; }
+  const CheckpointStore& checkpoints() const { return checkpoints_; }
 
  private:
   struct Entry {
@@ -194,6 +204,7 @@ class SessionTable {
     bool resident = true;  // in device memory (or on its way back, while busy)
     bool durable = false;
     int64_t since_snapshot = 0;
+    TokenHistory history;
   };
   using Map = absl::flat_hash_map<std::string, Entry>;
   void Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -210,6 +221,7 @@ class SessionTable {
   static absl::Status NotFound(const std::string& id);
 
   const SessionTableConfig config_;
+  CheckpointStore checkpoints_;  // its own lock, taken inside mu_
   mutable absl::Mutex mu_;
   Map sessions_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

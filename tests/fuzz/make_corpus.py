@@ -154,7 +154,12 @@ def journal_seeds():
         return body + struct.pack("<Q", txl_procs.hash64(body))
     log = record(2, [1, 2, 3]) + record(5, [4]) + record(6, [5, 6])
     return [("journal_meta", b"\x00" + meta), ("journal_log", b"\x00" + log),
-            ("journal_log_torn", b"\x00" + log + record(8, [9])[:23])]
+            ("journal_log_torn", b"\x00" + log + record(8, [9])[:23]),
+            # Checksums that pass over positions no journal writes: DATA_LOSS.
+            ("journal_log_negative_start", b"\x00" + record(-2, [5, 6, 7, 8, 9, 10])),
+            ("journal_log_overflow", b"\x00" + record(2**63 - 2, [1, 2, 3])),
+            # A log that ends one past the fuzzer's snapshot (3): its one-token cut lands on it.
+            ("journal_log_cut_at_snapshot", b"\x00" + record(3, [4]))]
 
 
 def session_import_seeds():

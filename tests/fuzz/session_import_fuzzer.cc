@@ -26,11 +26,13 @@
 // Mode 0's bytes also go to the session journal's two decoders of stored
 // state (server/durability/session_journal.h): DecodeSessionMeta (OK or DATA_LOSS; what
 // decodes encodes back to the same bytes) and ReplayJournalLog (OK or
-// DATA_LOSS; it only appends, and a log written by the journal replays back
-// to its tokens).
+// DATA_LOSS; what replays sets the history around the snapshot from the log
+// alone, within [0, snapshot]; the log's valid prefix replays the same; a
+// rewind's cut log (TruncateJournalLog) drops exactly the tokens after the cut).
 // A broken property calls __builtin_trap(), which libFuzzer reports as a crash.
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -152,12 +154,44 @@ void JournalDecoders(const std::string& bytes) {
   } else {
     Check(meta.status().code() == absl::StatusCode::kDataLoss, "DecodeSessionMeta refuses with DATA_LOSS");
   }
+  // A replay sets the record's history around its snapshot (position 3)
+  // from the log alone: whatever the record held before is replaced.
   JournalRecord record;
   record.image.position = 3;
   record.tail = {1};
-  absl::Status s = ReplayJournalLog(bytes, &record);
+  record.earlier = {2};
+  size_t valid = 0;
+  absl::Status s = ReplayJournalLog(bytes, &record, &valid);
   Check(s.ok() || s.code() == absl::StatusCode::kDataLoss, "ReplayJournalLog refuses with DATA_LOSS");
-  Check(record.tail.size() >= 1 && record.tail[0] == 1, "a replay only appends");
+  if (!s.ok()) return;
+  Check(record.image.position == 3, "a replay leaves the snapshot alone");
+  Check(valid <= bytes.size(), "the valid prefix lies within the log");
+  Check(record.history_start() >= 0 && record.history_start() <= 3, "the history starts at or before the snapshot");
+
+  // The torn tail is never acknowledged: the valid prefix replays the same.
+  JournalRecord again;
+  again.image.position = 3;
+  Check(ReplayJournalLog(bytes.substr(0, valid), &again).ok(), "the valid prefix replays");
+  Check(again.tail == record.tail && again.earlier == record.earlier, "the valid prefix replays to the same history");
+
+  // A rewind's cut log holds the history up to the cut and nothing after.
+  if (record.tail.empty()) return;
+  const int64_t cut = record.position() - 1;
+  absl::StatusOr<std::string> cut_log = TruncateJournalLog(bytes, cut);
+  Check(cut_log.ok(), "a log that replays can be cut inside its history");
+  JournalRecord rewound;
+  rewound.image.position = 3;
+  Check(ReplayJournalLog(*cut_log, &rewound).ok(), "a cut log replays");
+  if (cut == 3) {
+    Check(rewound.tail.empty(), "a log cut at the snapshot has nothing after it");
+  } else {
+    Check(rewound.earlier == record.earlier, "a cut keeps the history before the snapshot");
+    Check(rewound.tail.size() + 1 == record.tail.size() &&
+              std::equal(rewound.tail.begin(), rewound.tail.end(), record.tail.begin()),
+          "a cut drops exactly the tokens after it");
+  }
+  Check(TruncateJournalLog(bytes, record.position() + 1).status().code() == absl::StatusCode::kOutOfRange,
+        "a cut past the history's end is OUT_OF_RANGE");
 }
 
 }  // namespace

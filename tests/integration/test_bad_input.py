@@ -153,6 +153,19 @@ class BadInputTest(unittest.TestCase):
         self.expect("fork: no id", "ForkSession", txl_pb2.ForkSessionRequest(), INVALID, "session_id")
         self.expect("fork: unknown", "ForkSession", txl_pb2.ForkSessionRequest(session_id=UNKNOWN_ID), NOT_FOUND,
                     "not found")
+        self.expect("fork: negative position", "ForkSession", txl_pb2.ForkSessionRequest(session_id=C, position=-1),
+                    INVALID, "position")
+        self.expect("fork: past the end", "ForkSession", txl_pb2.ForkSessionRequest(session_id=C, position=1 << 40),
+                    INVALID, "position")
+        Rewind = txl_pb2.RewindSessionRequest
+        self.expect("rewind: no id", "RewindSession", Rewind(position=1), INVALID, "session_id")
+        self.expect("rewind: unknown", "RewindSession", Rewind(session_id=UNKNOWN_ID, position=1), NOT_FOUND,
+                    "not found")
+        self.expect("rewind: mismatch", "RewindSession", Rewind(session_id=C, position=1), INVALID, "session_id",
+                    metadata=UNKNOWN_ID)
+        self.expect("rewind: negative", "RewindSession", Rewind(session_id=C, position=-5), INVALID, "position")
+        self.expect("rewind: past the end", "RewindSession", Rewind(session_id=C, position=1 << 40), INVALID,
+                    "position")
         self.expect("generate: unknown", "Generate", Gen(session_id=UNKNOWN_ID, input=text("a")), NOT_FOUND,
                     "not found")
         self.expect("generate: malformed id", "Generate", Gen(session_id="not a session", input=text("a")),
@@ -245,6 +258,8 @@ class BadInputTest(unittest.TestCase):
             self.expect("busy: delete", "DeleteSession", txl_pb2.DeleteSessionRequest(session_id=busy), ABORTED,
                         "busy")
             self.expect("busy: fork", "ForkSession", txl_pb2.ForkSessionRequest(session_id=busy), ABORTED, "busy")
+            self.expect("busy: rewind", "RewindSession", txl_pb2.RewindSessionRequest(session_id=busy, position=0),
+                        ABORTED, "busy")
             self.expect("busy: create with its id", "CreateSession", txl_pb2.CreateSessionRequest(session_id=busy),
                         grpc.StatusCode.ALREADY_EXISTS, "already exists")
         finally:

@@ -14,7 +14,7 @@ ARGS = None
 # binary (relative to the build directory) -> flags its --help must list
 EXPECTED = {
     "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle",
-                          "--dtype", "--kv_dtype"],
+                          "--dtype", "--kv_dtype", "--session_memory_budget", "--gpu_headroom", "--malloc_arenas"],
     "client/txl-client": ["--server", "--session", "--max_new_tokens"],
     "tools/txl-train": ["--train", "--device", "--resume"],
     "tools/txl-eval": ["--model", "--dtype", "--kv_dtype"],
@@ -33,6 +33,16 @@ class HelpTest(unittest.TestCase):
                 for flag in flags:
                     self.assertIn(flag, text, "%s --help does not list %s:\n%s" % (binary, flag, text[:2000]))
                 self.assertNotIn("--flagfile", text, "absl's own flags belong in --helpfull, not --help")
+
+    def test_sizing_flags_out_of_range_fail_at_start_up_naming_the_flag(self):
+        server = os.path.join(ARGS.bin_dir, "server", "txl-server")
+        for flag, message in (("--session_memory_budget=-2", "--session_memory_budget >= -1"),
+                              ("--gpu_headroom=-5", "--gpu_headroom must be >= 0"),
+                              ("--malloc_arenas=-1", "--malloc_arenas must be >= 0")):
+            proc = subprocess.run([server, flag, "--listen=127.0.0.1:0"], capture_output=True, text=True,
+                                  timeout=60)
+            self.assertNotEqual(proc.returncode, 0, flag)
+            self.assertIn(message, proc.stderr, flag)
 
 
 if __name__ == "__main__":

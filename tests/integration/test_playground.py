@@ -3,7 +3,7 @@ driven by chromium-driver through python3-selenium, against a real txl-server on
 
 The test loads the page, creates a session, types a prompt and generates; waits for streamed text;
 continues the same session and checks the position the page shows against GET /v1/sessions/{id};
-forks and deletes. It saves a screenshot (--screenshot) as the test's artefact.
+undoes the second turn and retries the first (both rewind the session); forks and deletes. It saves a screenshot (--screenshot) as the test's artefact.
 
 Run by CTest: /usr/bin/python3 test_playground.py --bin-dir BUILD --stubs BUILD/client/python/gen
               --model MODEL --screenshot BUILD/tests/playground.png
@@ -89,6 +89,26 @@ class PlaygroundTest(unittest.TestCase):
         self.assertIn("positions", self.text("memory"))
 
         self.browser.save_screenshot(ARGS.screenshot)
+
+        # Undo takes the second turn back (the session rewinds); its text returns to the box.
+        self.browser.find_element(By.ID, "undo").click()
+        self.wait.until(lambda b: self.text("status").startswith("undone"))
+        self.assertEqual(self.session(sid)["position"], shown)
+        self.assertEqual(int(self.text("position")), shown)
+        self.assertEqual(self.browser.find_element(By.ID, "prompt").get_attribute("value"), " And then")
+        self.assertEqual(len(self.browser.find_elements(By.CSS_SELECTOR, "#output span.tok")), 24)
+        # Retry: a new reply to the first prompt replaces the old one (with the sampling fields as they are).
+        limit = self.browser.find_element(By.ID, "max_tokens")
+        limit.clear()
+        limit.send_keys("24")
+        self.browser.find_element(By.ID, "retry").click()
+        self.wait.until(lambda b: self.text("status").startswith("done"))
+        self.assertEqual(self.text("status"), "done: 24 tokens")
+        self.assertEqual(self.session(sid)["position"], shown)
+        self.assertEqual(int(self.text("position")), shown)
+        self.assertEqual(len(self.browser.find_elements(By.CSS_SELECTOR, "#output span.tok")), 24)
+        self.assertTrue(self.text("output").startswith("ROMEO:"))
+        shown2 = shown
 
         self.browser.find_element(By.ID, "fork").click()
         self.wait.until(lambda b: self.text("session") not in ("none", sid))

@@ -228,6 +228,24 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
         self.client.delete_session(sid)
 
+    def test_a_seeded_draw_is_the_same_whether_the_model_or_the_sampler_draws(self):
+        # At temperature 1 with no alternatives asked for, the model draws the token itself
+        # (only its id and log-prob leave it); asking for alternatives sends the whole
+        # distribution to the server's sampler instead. Both take the seed's uniforms in turn.
+        def draw(logprobs, temperature=1.0):
+            tokens = []
+            for r in self.client.generate("once upon a ", max_new_tokens=40, temperature=temperature, seed=77,
+                                          logprobs=logprobs):
+                tokens += [(t.id, t.logprob) for t in r.tokens]
+            return tokens
+        drawn, walked = draw(0), draw(2)
+        self.assertEqual([i for i, _ in drawn], [i for i, _ in walked])
+        for (_, a), (_, b) in zip(drawn, walked):
+            self.assertAlmostEqual(a, b, places=4)
+        greedy = draw(0, temperature=0.0)
+        self.assertNotEqual([i for i, _ in drawn], [i for i, _ in greedy], "40 draws at temperature 1 are not greedy")
+        self.assertEqual([i for i, _ in greedy], [i for i, _ in draw(1, temperature=0.0)])
+
     def test_bad_arguments_are_invalid_argument(self):
         with self.assertRaises(grpc.RpcError) as e:
             list(self.client.generate("a", max_new_tokens=1, temperature=-1.0))

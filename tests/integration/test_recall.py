@@ -66,22 +66,24 @@ class RecallTest(unittest.TestCase):
         preds, summary = self.run_eval(path, "--chunk", "32")
         acc, n = accuracy(text, preds)
         print("recall accuracy with memory (mem_len %d): %.3f over %d queries" % (summary["mem_len"], acc, n))
-        # The fixture reaches 0.68 (chance is 0.1); well above chance is the claim.
-        self.assertGreaterEqual(acc, 0.5)
+        # Chance is 0.1; answering from memory alone, the fixture gets (nearly) every query right.
+        self.assertGreaterEqual(acc, 0.99)
 
     def test_cleared_memory_falls_to_chance(self):
         path, text = self.corpus("cleared.txt", "--cleared")
         preds, _ = self.run_eval(path, "--chunk", "32")
         acc, n = accuracy(text, preds)
         print("recall accuracy with the pairs cleared: %.3f over %d queries (chance 0.1)" % (acc, n))
-        self.assertLessEqual(acc, 0.25)
+        self.assertLessEqual(acc, 0.2)
 
     def test_window_too_short_for_the_pairs_falls_to_chance(self):
         path, text = self.corpus("short.txt")
         preds, _ = self.run_eval(path, "--chunk", "32", "--mem_len", "40")
         acc, n = accuracy(text, preds)
         print("recall accuracy with mem_len 40 (< filler): %.3f over %d queries" % (acc, n))
-        self.assertLessEqual(acc, 0.25)
+        # Near chance (0.1): with the shortest fillers the last pair is still in the
+        # window for the first query or two, so a few are answered.
+        self.assertLessEqual(acc, 0.2)
 
     def test_dtype_flags_are_reported_and_bad_names_refused(self):
         path, _ = self.corpus("dtype.txt")

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import struct
@@ -60,11 +61,14 @@ class Server:
     """
 
     def __init__(self, bin_dir, model, *flags, metrics=False, http=False, flagfile=None):
+        # TXL_TEST_SERVER_FLAGS: flags for every server a test starts, after its own (so they win):
+        # scripts/gpu_check.sh runs the server tests with "--device cuda" this way.
+        extra = shlex.split(os.environ.get("TXL_TEST_SERVER_FLAGS", ""))
         self._start([os.path.join(bin_dir, "server", "txl-server")] +
                     ([f"--flagfile={flagfile}"] if flagfile else []) +
                     ["--model", model, "--listen", "127.0.0.1:0",
                      "--metrics_listen", "127.0.0.1:0" if metrics else "",
-                     "--http_listen", "127.0.0.1:0" if http else "", *flags])
+                     "--http_listen", "127.0.0.1:0" if http else "", *flags, *extra])
 
     @classmethod
     def from_argv(cls, argv):

@@ -288,6 +288,7 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   in.session = s.get();
   in.tokens = {5, 6, 7, 8};
   in.targets = {6, 7, 8, 9};
+  in.want_target_argmax = true;
   in.want_last_distribution = true;
   auto out = model->Step(absl::MakeSpan(&in, 1));
   ASSERT_TRUE(out.ok()) << out.status();

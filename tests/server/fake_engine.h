@@ -3,12 +3,14 @@
 #ifndef TXL_TESTS_SERVER_FAKE_ENGINE_H_
 #define TXL_TESTS_SERVER_FAKE_ENGINE_H_
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <sstream>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "server/batching/sampler.h"
 #include "server/engine/engine.h"
 
 namespace txl::testing {
@@ -80,7 +82,19 @@ class FakeEngine : public Engine {
         if (t < inputs[i].targets.size())
           out[i].target_logprobs.push_back(Distribution(inputs[i].tokens[t])[inputs[i].targets[t]]);
       }
-      if (inputs[i].want_last_distribution) out[i].last_distribution = Distribution(s->history.back());
+      if (inputs[i].want_last_distribution) {
+        out[i].last_distribution = Distribution(s->history.back());
+        ++distributions_;
+      }
+      // Picks as the model makes them (model/output_layer.h), from the same distribution.
+      if (inputs[i].pick != StepInput::Pick::kNone) {
+        const std::vector<float> d = Distribution(s->history.back());
+        out[i].picked = inputs[i].pick == StepInput::Pick::kArgmax
+                            ? static_cast<int>(std::max_element(d.begin(), d.end()) - d.begin())
+                            : DrawInIdOrder(d, inputs[i].draw_uniform, 1.0f);
+        out[i].picked_logprob = d[out[i].picked];
+        ++picks_;
+      }
       tokens += static_cast<int64_t>(inputs[i].tokens.size());
     }
     steps_.push_back({static_cast<int>(inputs.size()), tokens});
@@ -99,12 +113,23 @@ class FakeEngine : public Engine {
     absl::MutexLock lock(&mu_);
     return steps_;
   }
+  // Rows that asked for a whole distribution, and for a pick.
+  int64_t distributions() const {
+    absl::MutexLock lock(&mu_);
+    return distributions_;
+  }
+  int64_t picks() const {
+    absl::MutexLock lock(&mu_);
+    return picks_;
+  }
 
  private:
   const int64_t vocab_;
   mutable absl::Mutex mu_;
   bool fail_next_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
+  int64_t distributions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t picks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace txl::testing

@@ -439,6 +439,23 @@ absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& b
   return r;
 }
 
+absl::StatusOr<int64_t> ParsePosition(const std::string& body, bool required, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  json j = body.find_first_not_of(" \t\r\n") == std::string::npos ? json::object() : json::parse(body, nullptr, false);
+  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
+  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
+  auto it = j.find("position");
+  if (required && (it == j.end() || it->is_null()))
+    return fail(Bad("position", "'position' is required: the history position to go back to"));
+  int64_t position = 0;
+  if (!IntField(j, "position", 0, std::numeric_limits<int64_t>::max(), &position, error))
+    return absl::InvalidArgumentError(error->message);
+  return position;
+}
+
 namespace {
 
 json Usage(const v1::Usage& usage) {

@@ -117,6 +117,9 @@ nlohmann::json ScoreJson(const std::string& session, const v1::ScoreResponse& r)
 // POST /v1/sessions and POST /v1/sessions/ID/fork bodies (may be empty):
 // mem_len, idle_ttl_seconds, labels, session_id (create only).
 absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& body, HttpError* error);
+// {"position": N}: a rewind's target (`required`), or where a fork branches
+// (optional: 0, the source's position). Other fields are ParseCreateSession's.
+absl::StatusOr<int64_t> ParsePosition(const std::string& body, bool required, HttpError* error);
 
 }  // namespace txl
 

@@ -11,11 +11,15 @@ using json = nlohmann::json;
 // /v1/sessions[/ID[/fork]]: the session calls of the gRPC API, same semantics.
 void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
   const HttpRequest& req = x->request();
-  const std::string rest = req.path.substr(std::string("/v1/sessions").size());  // "", "/ID" or "/ID/fork"
+  const std::string rest =
+      req.path.substr(std::string("/v1/sessions").size());  // "", "/ID" or "/ID/fork" (score, rewind)
   const std::vector<std::string> parts = absl::StrSplit(rest, '/', absl::SkipEmpty());
+  // A metric label: only the routes that exist (a client's path must not make new series).
+  const bool action = parts.size() == 2 && (parts[1] == "fork" || parts[1] == "score" || parts[1] == "rewind");
   const std::string route = parts.empty()       ? "/v1/sessions"
                             : parts.size() == 1 ? "/v1/sessions/{id}"
-                                                : absl::StrCat("/v1/sessions/{id}/", parts[1]);
+                            : action            ? absl::StrCat("/v1/sessions/{id}/", parts[1])
+                                                : "other";
   auto wrong_method = [&](const char* allowed) {
     s->Answer(*x, route, 405,
               ErrorBody({405, absl::StrCat(req.method, " is not allowed on ", route, " (use ", allowed, ")"), "",
@@ -69,14 +73,33 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     if (req.method != "POST") return wrong_method("POST");
     auto body = ParseCreateSession(req.body, &error);
     if (!body.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
+    auto position = ParsePosition(req.body, /*required=*/false, &error);
+    if (!position.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
     v1::ForkSessionRequest q;
     q.set_session_id(id);
     *q.mutable_labels() = body->labels();
+    q.set_position(*position);
     return Unary<v1::ForkSessionRequest, v1::Session>(
         s, std::move(x), route, q,
         [](auto* a, auto* c, auto* q, auto* o, auto f) { a->ForkSession(c, q, o, std::move(f)); },
+        [s, id, at = *position](const v1::Session& r) {
+          // A fork at an earlier position has not seen the source's later messages.
+          if (at == 0) s->chats->Copy(id, r.session_id());
+          return SessionJson(r);
+        });
+  }
+  if (parts.size() == 2 && parts[1] == "rewind") {
+    if (req.method != "POST") return wrong_method("POST");
+    auto position = ParsePosition(req.body, /*required=*/true, &error);
+    if (!position.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
+    v1::RewindSessionRequest q;
+    q.set_session_id(id);
+    q.set_position(*position);
+    return Unary<v1::RewindSessionRequest, v1::Session>(
+        s, std::move(x), route, q,
+        [](auto* a, auto* c, auto* q, auto* o, auto f) { a->RewindSession(c, q, o, std::move(f)); },
         [s, id](const v1::Session& r) {
-          s->chats->Copy(id, r.session_id());
+          s->chats->Forget(id);  // the messages it saw may be gone: chat falls back to what it is sent
           return SessionJson(r);
         });
   }

@@ -214,6 +214,7 @@ TEST_F(SecurityTest, MissingOrUnknownTokenIsUnauthenticated) {
     check(c->ListSessions().status());
     check(c->DeleteSession(kUnknownId));
     check(c->ForkSession(ForkReq(kUnknownId)).status());
+    check(c->RewindSession(kUnknownId, 0).status());
     check(Generate(*c, Gen("", "hello", 2)));
     check(c->Score(ScoreReq("", "hello", false)).status());
     auto conversation = c->Converse("");
@@ -287,6 +288,7 @@ TEST_F(SecurityTest, AnotherPrincipalsSessionIsNotFoundWhateverItTries) {
     not_found(bob->Score(ScoreReq(target, " be", true)).status());
     not_found(bob->Score(ScoreReq(target, " be", false)).status());
     not_found(bob->ForkSession(ForkReq(target)).status());
+    not_found(bob->RewindSession(target, 0).status());
     not_found(bob->DeleteSession(target));
     auto conversation = bob->Converse(target);
     not_found(conversation->Turn(Gen(target, " more", 2), [](const v1::GenerateResponse&) {}));

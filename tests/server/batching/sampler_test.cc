@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <utility>
+#include <vector>
 
 namespace txl {
 namespace {
@@ -83,6 +87,115 @@ TEST(SamplerTest, TopNOrdersByProbability) {
   EXPECT_EQ(top[0].first, 1);
   EXPECT_EQ(top[1].first, 2);
   EXPECT_EQ(top[2].first, 0);  // ties: lower id first
+}
+
+// The candidate rule with a full sort (the sampler's rule before it stopped
+// sorting the vocabulary): sort by descending probability (ties: lower id),
+// cut to top_k, then to the shortest prefix whose tempered mass reaches
+// top_p, and walk that prefix at u * its mass.
+int SortedReference(const std::vector<float>& lp, const SamplingConfig& c, double u) {
+  std::vector<std::pair<float, int>> all;
+  for (size_t i = 0; i < lp.size(); ++i) all.push_back({lp[i], static_cast<int>(i)});
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  size_t keep = c.top_k > 0 ? std::min(all.size(), static_cast<size_t>(c.top_k)) : all.size();
+  std::vector<double> w(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += w[i] = std::exp((all[i].first - all[0].first) / c.temperature);
+  if (c.top_p > 0 && c.top_p < 1) {
+    double mass = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      mass += w[i] / total;
+      if (mass >= c.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += w[i];
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += w[i];
+    if (u * kept < acc) return all[i].second;
+  }
+  return all[keep - 1].second;
+}
+
+// A vocabulary large enough for the nucleus search's partitioning, with runs
+// of equal log-probs (ties) and a long flat tail.
+std::vector<float> BigDistribution(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> e(1.0);
+  std::vector<double> p(5000);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = i % 7 == 3 ? p[i - 1] : std::pow(e(rng), 3.0);
+  double total = 0;
+  for (double x : p) total += x;
+  for (double& x : p) x /= total;
+  return LogProbs(p);
+}
+
+TEST(SamplerTest, TopKAndTopPChooseAsAFullSortWould) {
+  for (float t : {0.7f, 1.0f, 1.6f}) {
+    for (auto [k, p] : std::vector<std::pair<int, float>>{{0, 0.3f}, {0, 0.9f}, {0, 0.999f}, {40, 0.0f}, {40, 0.5f}}) {
+      SamplingConfig c;
+      c.temperature = t;
+      c.top_k = k;
+      c.top_p = p;
+      c.seed = 17;
+      Sampler s(c, 1);
+      std::mt19937_64 rng(17);  // the same stream: one uniform per token
+      for (int n = 0; n < 60; ++n) {
+        const std::vector<float> lp = BigDistribution(n);
+        const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+        ASSERT_EQ(s.Sample(lp), SortedReference(lp, c, u)) << "t " << t << " k " << k << " p " << p << " n " << n;
+      }
+    }
+  }
+}
+
+TEST(SamplerTest, PlainTemperatureWalksInIdOrderWithTheUniformAModelDrawWouldUse) {
+  SamplingConfig c;
+  c.temperature = 1.0f;
+  c.seed = 5;
+  Sampler sampled(c, 1), drawn(c, 1);
+  EXPECT_TRUE(drawn.PlainDraw());
+  const std::vector<float> lp = BigDistribution(3);
+  for (int n = 0; n < 200; ++n) ASSERT_EQ(sampled.Sample(lp), DrawInIdOrder(lp, drawn.NextUniform(), 1.0f));
+  c.top_p = 0.5f;
+  EXPECT_FALSE(Sampler(c, 1).PlainDraw());
+  c.top_p = 0;
+  c.temperature = 0.5f;
+  EXPECT_FALSE(Sampler(c, 1).PlainDraw());
+}
+
+TEST(SamplerTest, DrawInIdOrderIsTheInverseCdf) {
+  const auto lp = LogProbs({0.25, 0.5, 0.25});
+  EXPECT_EQ(DrawInIdOrder(lp, 0.0, 1.0f), 0);
+  EXPECT_EQ(DrawInIdOrder(lp, 0.24, 1.0f), 0);
+  EXPECT_EQ(DrawInIdOrder(lp, 0.26, 1.0f), 1);
+  EXPECT_EQ(DrawInIdOrder(lp, 0.74, 1.0f), 1);
+  EXPECT_EQ(DrawInIdOrder(lp, 0.76, 1.0f), 2);
+  EXPECT_EQ(DrawInIdOrder(lp, std::nextafter(1.0, 0.0), 1.0f), 2);
+  // At temperature 2 the weights are sqrt(p): 0.5, 0.707, 0.5 of 1.707.
+  EXPECT_EQ(DrawInIdOrder(lp, 0.28, 2.0f), 0);
+  EXPECT_EQ(DrawInIdOrder(lp, 0.30, 2.0f), 1);
+}
+
+TEST(SamplerTest, TopNMatchesAFullSort) {
+  for (int n : {1, 5, 64}) {
+    const std::vector<float> lp = BigDistribution(n);
+    std::vector<std::pair<int, float>> all;
+    for (size_t i = 0; i < lp.size(); ++i) all.push_back({static_cast<int>(i), lp[i]});
+    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+      return a.second > b.second || (a.second == b.second && a.first < b.first);
+    });
+    all.resize(n);
+    EXPECT_EQ(TopN(lp, n), all) << n;
+  }
+  EXPECT_TRUE(TopN(LogProbs({0.5, 0.5}), 0).empty());
+  EXPECT_EQ(TopN(LogProbs({0.5, 0.5}), 5).size(), 2u);
 }
 
 }  // namespace

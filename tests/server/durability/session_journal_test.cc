@@ -163,6 +163,14 @@ TEST(SessionJournalTest, FuzzSeedsAreWellFormed) {
     ASSERT_TRUE(ReplayJournalLog(read(name), &r).ok()) << name;
     EXPECT_EQ(r.tail, (std::vector<int>{1, 2, 3, 4, 5, 6})) << name;
   }
+  // Positions no journal writes, under checksums that pass: refused, not replayed.
+  for (const char* name : {"journal_log_negative_start", "journal_log_overflow"}) {
+    JournalRecord r;
+    r.image.position = 0;
+    const absl::Status s = ReplayJournalLog(read(name), &r);
+    EXPECT_TRUE(absl::IsDataLoss(s)) << name << ": " << s;
+    EXPECT_TRUE(absl::IsDataLoss(TruncateJournalLog(read(name), 1).status())) << name;
+  }
 }
 
 TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
@@ -179,7 +187,7 @@ TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
   EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 3, 4}));
   EXPECT_EQ(r->meta.owner, "alice");
 
-  // A snapshot at 4 resets the log; a record that overlaps it replays only what is new.
+  // A snapshot at 4 (the log goes on); a record that overlaps it replays only what is new.
   j->RecordSnapshot("s1", Snapshot(4, {4}, "16 1 2 3"));
   j->RecordTokens("s1", 3, {4, 5, 6});
   ASSERT_TRUE(j->Flush().ok());
@@ -187,6 +195,8 @@ TEST(SessionJournalTest, LogAfterSnapshotReplaysToTheHistory) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->image.position, 4);
   EXPECT_EQ(r->tail, (std::vector<int>{5, 6}));
+  EXPECT_EQ(r->earlier, (std::vector<int>{1, 2, 3, 4})) << "the log keeps the history before the snapshot";
+  EXPECT_EQ(r->history_start(), 0);
   EXPECT_EQ(r->position(), 6);
 
   std::vector<int> pending;
@@ -511,6 +521,98 @@ TEST(SessionJournalTest, AfterRunsOnlyOnceEverythingBeforeIsWritten) {
 }
 
 // The scheduler with a journal and offload, against the fake engine.
+TEST(SessionJournalTest, ARewindCutsTheLogAndWritesASnapshotOnlyWhenTheStoredOneIsLater) {
+  const ScopedDir scoped("rewind");
+  auto j = Open(scoped.path, "r1");
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2, 3, 4, 5, 6});
+  j->RecordSnapshot("s1", Snapshot(6, {6}, "16 1 2 3 4 5"));
+  j->RecordTokens("s1", 6, {7, 8});
+  absl::Notification done;
+  absl::Status written;
+  j->RecordRewind("s1", 7, Snapshot(7, {7}, "16 1 2 3 4 5 6"), [&](absl::Status s) {
+    written = s;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(written.ok()) << written;
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 6) << "the stored snapshot (6) is not later than 7: kept";
+  EXPECT_EQ(r->tail, (std::vector<int>{7}));
+  EXPECT_EQ(r->position(), 7);
+  EXPECT_EQ(Durable(j.get(), "s1", 7).first, absl::OkStatus());
+
+  // Back past the snapshot: a new one at 3 goes first, then the log is cut.
+  absl::Notification done2;
+  j->RecordRewind("s1", 3, Snapshot(3, {3}, "16 1 2"), [&](absl::Status s) {
+    written = s;
+    done2.Notify();
+  });
+  ASSERT_TRUE(done2.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(written.ok()) << written;
+  r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 3);
+  EXPECT_TRUE(r->tail.empty());
+  EXPECT_EQ(r->earlier, (std::vector<int>{1, 2, 3}));
+  j->RecordTokens("s1", 3, {9});  // the history goes on from 3
+  ASSERT_TRUE(j->Flush().ok());
+  r = j->Load("s1");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tail, (std::vector<int>{9}));
+
+  // Past the durable position: refused, nothing written.
+  absl::Notification done3;
+  j->RecordRewind("s1", 9, Snapshot(9, {}, "16"), [&](absl::Status s) {
+    written = s;
+    done3.Notify();
+  });
+  ASSERT_TRUE(done3.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(absl::IsUnavailable(written)) << written;
+  EXPECT_EQ(j->Load("s1")->position(), 4);
+}
+
+// The rewind writes its snapshot, then the log. A crash between the two
+// leaves the new (earlier) snapshot with the old log, which replays to the
+// history before the rewind: the client was not told of it, and it did not happen.
+TEST(SessionJournalTest, ACrashBetweenARewindsSnapshotAndItsLogKeepsTheOldHistory) {
+  const ScopedDir scoped("rewind_crash");
+  {
+    auto j = Open(scoped.path, "r1");
+    j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+    j->RecordTokens("s1", 0, {1, 2, 3, 4, 5});
+    j->RecordSnapshot("s1", Snapshot(5, {5}, "16 1 2 3 4"));
+    ASSERT_TRUE(j->Flush().ok());
+  }
+  StateBackendConfig bc;
+  bc.spec = scoped.path;
+  auto backend = OpenStateBackend(bc);
+  ASSERT_TRUE(backend.ok());
+  ASSERT_TRUE((*backend)->Put("sessions/s1/snap", Snapshot(2, {2}, "16 1")).ok());  // and then the crash
+  auto j = Open(scoped.path, "r1");
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->position(), 5);
+  EXPECT_EQ(r->tail, (std::vector<int>{3, 4, 5}));
+}
+
+TEST(SessionJournalTest, AForksLogStartsWithTheHistoryItInherits) {
+  const ScopedDir scoped("fork_history");
+  auto j = Open(scoped.path, "r1");
+  j->RecordCreate(Meta("f1"), Snapshot(4, {40}, "16 10 20 30"), nullptr, 0, {10, 20, 30, 40});
+  j->RecordTokens("f1", 4, {50});
+  ASSERT_TRUE(j->Flush().ok());
+  auto r = j->Load("f1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 4);
+  EXPECT_EQ(r->earlier, (std::vector<int>{10, 20, 30, 40}));
+  EXPECT_EQ(r->tail, (std::vector<int>{50}));
+  auto cut = TruncateJournalLog("", 3);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_TRUE(cut->empty());
+}
+
 class DurableSchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = TempDir("sched"); }
@@ -567,6 +669,21 @@ class DurableSchedulerTest : public ::testing::Test {
     EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
     return status;
   }
+  absl::Status Rewind(const std::string& id, int64_t position) {
+    auto lease = table_->Acquire("", id, absl::Now());
+    if (!lease.ok()) return lease.status();
+    absl::Notification done;
+    absl::Status status;
+    JobCallbacks cb;
+    cb.on_done = [&](absl::Status s, JobResult) {
+      status = s;
+      done.Notify();
+    };
+    auto job = scheduler_->SubmitRewind(*std::move(lease), position, std::move(cb));
+    if (!job.ok()) return job.status();
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return status;
+  }
   // Polls the store's tiers until `ok` holds (true) or 10 s pass (false).
   bool WaitForTiers(const std::function<bool(const SessionTable::TierCounts&)>& ok) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -613,10 +730,65 @@ TEST_F(DurableSchedulerTest, TheJournalHoldsExactlyTheHistoryEvenAcrossSnapshots
   std::vector<int> want = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'x', 'y', 'z'};
   EXPECT_EQ(JournalHistory(id), want);
   EXPECT_EQ(table_->Get("", id)->position, 12);
-  // A snapshot was taken (the log no longer starts at 0).
+  // A snapshot was taken.
   auto r = journal_->Load(id);
   ASSERT_TRUE(r.ok());
   EXPECT_GT(r->image.position, 0);
+}
+
+TEST_F(DurableSchedulerTest, ARewindIsJournaledAndSurvivesARestartWithTheWholeHistory) {
+  SchedulerConfig config;
+  config.snapshot_tokens = 3;
+  SessionTableConfig tc;
+  tc.history_tokens = 4;  // memory keeps little: going back further reads the store's log
+  tc.checkpoints.budget_bytes = 0;
+  Make(tc, config);
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3).ok());
+  ASSERT_TRUE(Generate(id, {}, 4).ok());  // a..i
+  absl::Status s = Rewind(id, 2);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(table_->Get("", id)->position, 2);
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b'}));
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {'x'}, 1, &seen).ok());
+  EXPECT_EQ(seen, (std::vector<int>{'y'}));
+
+  // A restart: the session comes back with its history, and goes back further.
+  scheduler_.reset();
+  journal_.reset();
+  table_.reset();
+  Make(tc, config);
+  auto recovered = RecoverSessions(journal_.get(), table_.get(), engine_.fingerprint());
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  ASSERT_EQ(*recovered, 1);
+  EXPECT_EQ(table_->Get("", id)->position, 4);
+  s = Rewind(id, 1);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a'}));
+  seen.clear();
+  ASSERT_TRUE(Generate(id, {}, 2, &seen).ok());
+  EXPECT_EQ(seen, (std::vector<int>{'b', 'c'}));
+}
+
+TEST_F(DurableSchedulerTest, ARewindTheStoreCannotTakeLeavesTheSessionAsItWas) {
+  journal_holder_timeout_ = absl::Milliseconds(40);
+  flaky_journal_ = true;
+  Make(SessionTableConfig{});
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3).ok());  // a..e
+  flaky_->failing = true;
+  absl::Status s = Rewind(id, 2);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_EQ(table_->Get("", id)->position, 5);
+  EXPECT_FALSE(table_->Get("", id)->busy);
+  flaky_->failing = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!journal_->Writable().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {}, 1, &seen).ok());
+  EXPECT_EQ(seen, (std::vector<int>{'f'})) << "it goes on from e: the rewind did not happen";
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f'}));
 }
 
 // Regression (issue 13, 2): a request refused UNAVAILABLE by a failing store

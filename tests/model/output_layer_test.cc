@@ -1,0 +1,111 @@
+// OutputLayer's readouts against the whole log-prob rows (txl_math.h's
+// LogProbs): the same values, the same argmax, and a draw that lands where
+// walking the whole row in id order lands.
+#include "model/output_layer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "model/txl_math.h"
+#include "tests/model/model_fixture.h"
+
+namespace txl {
+namespace {
+
+std::vector<testing::NamedConfig> Configs() {
+  std::vector<testing::NamedConfig> out = testing::Variants();
+  // Clusters cut from one output matrix (div_val 1), walked in both orders.
+  ModelConfig div1 = testing::SmallConfig();
+  div1.cutoffs = {10, 20, 30};
+  out.push_back({"Div1Reversed", div1});
+  div1.tail_cluster_order = TailClusterOrder::kSequential;
+  out.push_back({"Div1Sequential", div1});
+  return out;
+}
+
+class OutputLayerTest : public ::testing::TestWithParam<testing::NamedConfig> {
+ protected:
+  void SetUp() override {
+    c_ = GetParam().config;
+    w_ = testing::TestWeights(c_, 5);
+    at::manual_seed(3);
+    // Spread-out rows: some peaked, some flat, so draws reach every bin.
+    hidden_ =
+        at::randn({12, c_.d_model}, at::TensorOptions().dtype(at::kFloat)) * at::linspace(0.2, 4.0, 12).unsqueeze(1);
+    rows_ = LogProbs(c_, w_, hidden_).contiguous();
+  }
+  float Row(int64_t r, int64_t t) const { return rows_[r][t].item<float>(); }
+
+  ModelConfig c_;
+  TxlWeights w_;
+  at::Tensor hidden_, rows_;
+};
+
+TEST_P(OutputLayerTest, LogProbsMatchTheTrainersRows) {
+  OutputLayer out(c_, w_);
+  EXPECT_LT(testing::MaxAbsDiff(out.LogProbs(hidden_), rows_), 1e-6);
+}
+
+TEST_P(OutputLayerTest, TargetLogProbsAreTheRowsEntries) {
+  OutputLayer out(c_, w_);
+  std::vector<int> targets;
+  for (int64_t r = 0; r < hidden_.size(0); ++r) targets.push_back(static_cast<int>((r * 11 + 3) % c_.n_token));
+  targets.back() = static_cast<int>(c_.n_token - 1);  // the last cluster's last word
+  targets.front() = 0;
+  const std::vector<float> lp = out.TargetLogProbs(hidden_, targets);
+  ASSERT_EQ(lp.size(), targets.size());
+  for (size_t r = 0; r < targets.size(); ++r) EXPECT_NEAR(lp[r], Row(r, targets[r]), 1e-5) << "row " << r;
+}
+
+TEST_P(OutputLayerTest, BestTokensAreTheRowsArgmax) {
+  OutputLayer out(c_, w_);
+  const TokenPicks best = out.BestTokens(hidden_);
+  ASSERT_EQ(best.ids.size(), static_cast<size_t>(hidden_.size(0)));
+  at::Tensor argmax = rows_.argmax(1);
+  for (int64_t r = 0; r < hidden_.size(0); ++r) {
+    EXPECT_EQ(best.ids[r], argmax[r].item<int64_t>()) << "row " << r;
+    EXPECT_NEAR(best.logprobs[r], Row(r, best.ids[r]), 1e-5);
+  }
+}
+
+// The draw equals the id-order walk over the whole row, except where u
+// lands within rounding of the boundary between two tokens.
+TEST_P(OutputLayerTest, DrawsLandWhereTheWholeRowsWalkLands) {
+  OutputLayer out(c_, w_);
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const int64_t rows = hidden_.size(0), V = c_.n_token;
+  std::vector<int64_t> per_bin(c_.n_clusters() + 1, 0);
+  const std::vector<int64_t> ends = c_.cutoff_ends();
+  for (int round = 0; round < 40; ++round) {
+    std::vector<double> u(rows);
+    for (double& x : u) x = round == 0 ? 0.0 : round == 1 ? std::nextafter(1.0, 0.0) : uniform(rng);
+    const TokenPicks drawn = out.DrawTokens(hidden_, u);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<double> cdf(V);
+      double acc = 0;
+      for (int64_t t = 0; t < V; ++t) cdf[t] = acc += std::exp(static_cast<double>(Row(r, t)));
+      const double goal = u[r] * acc;
+      const int64_t want = std::min<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), goal) - cdf.begin(), V - 1);
+      const int got = drawn.ids[r];
+      ASSERT_GE(got, 0);
+      ASSERT_LT(got, V);
+      if (got != want) {
+        const int64_t edge = std::min<int64_t>(got, want);  // the boundary between them is cdf[edge]
+        EXPECT_NEAR(goal, cdf[edge], 1e-5) << "row " << r << " u " << u[r] << ": drew " << got << ", walk " << want;
+      }
+      EXPECT_NEAR(drawn.logprobs[r], Row(r, got), 1e-5);
+      ++per_bin[std::upper_bound(ends.begin() + 1, ends.end(), got) - ends.begin() - 1];
+    }
+  }
+  for (size_t b = 0; b < per_bin.size(); ++b) EXPECT_GT(per_bin[b], 0) << "no draw reached bin " << b;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, OutputLayerTest, ::testing::ValuesIn(Configs()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace txl

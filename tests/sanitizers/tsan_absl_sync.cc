@@ -17,13 +17,21 @@
 // Waits (Await, LockWhen, CondVar::Wait, ...) release the mutex inside the
 // library: around them the mutex is annotated as unlocked, and TSan ignores
 // the accesses the library makes meanwhile (conditions it evaluates).
+//
+// absl::Status has the same blind spot: copies share one heap record whose
+// count the copies raise inline (seen) and the library lowers (unseen), so a
+// status copied on one thread and freed by its last copy on another (a job's
+// error handed to the caller) read as a race. The count is lowered here.
 #include <dlfcn.h>
 #include <sanitizer/tsan_interface.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -275,6 +283,18 @@ bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
   const bool notified = real(this, deadline);
   if (notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
+}
+
+// The count is lowered here, with the library's own orders, where TSan sees
+// it; the library frees the record when this drop was the last.
+void Status::UnrefNonInlined(uintptr_t rep) {
+  static auto real = RealFn<void (*)(uintptr_t)>("6Status15UnrefNonInlinedEm");
+  auto& count = reinterpret_cast<status_internal::StatusRep*>(rep - 1)->ref;
+  if (count.load(std::memory_order_acquire) != 1) {
+    if (count.fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // other copies remain
+    count.store(1, std::memory_order_relaxed);                       // the last: the library frees a record counted 1
+  }
+  real(rep);
 }
 
 ABSL_NAMESPACE_END

@@ -72,6 +72,7 @@ ABSL_FLAG(double, head_scale, 20,
           "20: about the peakedness of a trained model)");
 ABSL_FLAG(int, threads, 2, "intra-op threads (model and bandwidth probe alike)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, kernels, "auto", "auto or generic (libtorch ops, the GPU's code, on a CPU too)");
 ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
@@ -158,11 +159,12 @@ void Interleave(int reps, const std::function<double()>& a, const std::function<
 
 class Bench {
  public:
-  Bench(const std::string& path, const std::string& device, int threads, Sizes sizes)
-      : sizes_(std::move(sizes)), path_(path), device_(device), cuda_(device != "cpu") {
+  Bench(const std::string& path, const std::string& device, txl::Kernels kernels, int threads, Sizes sizes)
+      : sizes_(std::move(sizes)), path_(path), device_(device), kernels_(kernels), cuda_(device != "cpu") {
     txl::LanguageModelOptions o;
     o.path = path;
     o.device = device;
+    o.kernels = kernels;
     o.threads = threads;
     const auto start = Clock::now();
     lm_ = Must(LanguageModel::Create(o), "loading " + path);
@@ -576,7 +578,8 @@ class Bench {
 
     // ---- Q: reduced precision against float32 (this model, lm_), on the
     // same weights and threads, every measurement interleaved in one loop.
-    if (Want("Q") && !cuda_) QRows(&rows);
+    // The CPU kernels' rows: not on a GPU, nor on the generic path (no int8).
+    if (Want("Q") && !cuda_ && kernels_ != txl::Kernels::kGeneric) QRows(&rows);
 
     // ---- P2: recompute the whole window vs the engine step, per window.
     for (int64_t w : Want("P2") ? z.windows : std::vector<int64_t>{}) {
@@ -702,6 +705,7 @@ class Bench {
     txl::LanguageModelOptions o;
     o.path = path_;
     o.device = device_;
+    o.kernels = kernels_;
     o.dtype = dtype;
     o.kv_dtype = kv;
     return Must(LanguageModel::Create(o), "loading " + path_ + " as " + txl::DtypeName(dtype));
@@ -899,6 +903,7 @@ class Bench {
   Sizes sizes_;
   std::string path_;
   std::string device_;
+  txl::Kernels kernels_;
   bool cuda_;
   bool quick_ = false;
   std::vector<std::string> only_;
@@ -943,6 +948,9 @@ int main(int argc, char** argv) {
   if (device != "cpu" && !torch::cuda::is_available())
     Fail("--device " + device + ": this libtorch has no CUDA support or no GPU is visible");
   if (threads < 1) Fail("--threads must be >= 1");
+  const auto kernels_or = txl::ParseKernels(absl::GetFlag(FLAGS_kernels));
+  if (!kernels_or.ok()) Fail(std::string(kernels_or.status().message()));
+  const txl::Kernels kernels = *kernels_or;
   if (absl::GetFlag(FLAGS_reps) < 1) Fail("--reps must be >= 1");
   txl::SetThreads(threads);
 
@@ -1034,7 +1042,7 @@ int main(int argc, char** argv) {
     z.mem = Must(txl::LoadCheckpoint(path), "loading " + path).config.mem_len;
   }
   std::vector<Row> rows;
-  auto b = std::make_unique<Bench>(path, device, threads, z);
+  auto b = std::make_unique<Bench>(path, device, kernels, threads, z);
   b->set_quick(quick);
   b->set_only(absl::GetFlag(FLAGS_only));
   try {
@@ -1084,6 +1092,7 @@ int main(int argc, char** argv) {
         {"benchmark", "engine_bench"},
         {"shape", shape},
         {"device", device},
+        {"kernels", txl::KernelsName(kernels)},
         {"threads", threads},
         {"omp_wait_policy", wait_policy},
         {"reps", z.reps},

@@ -78,6 +78,18 @@ void RingWrite(at::Tensor& ring, int64_t mem_len, int64_t first, const at::Tenso
   if (a < n) ring.slice(1, 0, n - a).copy_(rows.slice(0, a, n).permute({1, 0, 2}));
 }
 
+// `values` on `device` in one copy: on a GPU from pinned host memory and
+// without waiting for it (the caching host allocator keeps the buffer until
+// the copy is done).
+at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device) {
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  const int64_t count = static_cast<int64_t>(values.size());
+  if (device.is_cpu()) return at::tensor(values, lopt);
+  at::Tensor host = at::empty({count}, lopt.pinned_memory(true));
+  if (count > 0) std::memcpy(host.data_ptr<int64_t>(), values.data(), count * sizeof(int64_t));
+  return host.to(device, /*non_blocking=*/true);
+}
+
 }  // namespace
 
 // A session's memory as it evolves during one step; committed at the end.
@@ -106,7 +118,10 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
     at::Tensor table = at::linear(pos, L.r_w).view({size, config_.n_head, config_.d_head});
     if (narrow) table = table.to(at::kBFloat16).to(at::kFloat);
     rel_k_.push_back(table);
-    rel_kt_.push_back(table.permute({1, 0, 2}).contiguous().to(narrow ? at::kBFloat16 : at::kFloat));
+    // The head-major copy only where the decode kernels read it (not on a
+    // GPU, where it would take device memory for nothing).
+    if (!decode_.empty())
+      rel_kt_.push_back(table.permute({1, 0, 2}).contiguous().to(narrow ? at::kBFloat16 : at::kFloat));
   }
   if (!decode_.empty()) {  // the CPU decode path streams these
     std::vector<at::Tensor*> tables;
@@ -327,9 +342,22 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     return RingRows(key ? s->k_[l] : s->v_[l], s->mem_len_, p->position - p->length, p->length).to(at::kFloat);
   };
 
+  // The step's metadata (tokens, padded row indices, and for the tensor-op
+  // softmax the sessions' lengths) goes to the device in one copy.
   const auto lopt = at::TensorOptions().dtype(at::kLong);
-  auto to_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, lopt).to(device_); };
-  at::Tensor x = Embed(c, weights_, to_dev(flat));  // [T, d]
+  std::vector<int64_t> meta = flat;
+  for (const auto* part : {&rows, &n, &m, &M}) {
+    if (part == &rows || generic_) meta.insert(meta.end(), part->begin(), part->end());
+  }
+  const at::Tensor on_device = Upload(meta, device_);
+  int64_t meta_at = 0;
+  auto next = [&](int64_t len) {
+    at::Tensor t = on_device.slice(0, meta_at, meta_at + len);
+    meta_at += len;
+    return t;
+  };
+  at::Tensor x = Embed(c, weights_, next(T));                          // [T, d]
+  const at::Tensor row_idx = next(static_cast<int64_t>(rows.size()));  // empty when uniform
   const auto fopt = x.options();
 
   // Geometry of the padded [B, N queries, Kmax keys] score block: key j of
@@ -337,9 +365,9 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
   // softmax needs it as a mask and position indices; the CPU's fused kernel
   // (prefill_kernels.h) derives both from m, n and M itself.
   at::Tensor masked, gather_idx;
-  if (!device_.is_cpu()) {
-    at::Tensor nt = to_dev(n).view({B, 1, 1}), mt = to_dev(m).view({B, 1, 1});
-    at::Tensor Mt = to_dev(M).view({B, 1, 1});
+  if (generic_) {
+    at::Tensor nt = next(B).view({B, 1, 1}), mt = next(B).view({B, 1, 1});
+    at::Tensor Mt = next(B).view({B, 1, 1});
     at::Tensor qi = at::arange(N, lopt.device(device_)).view({1, N, 1});
     at::Tensor kj = at::arange(Kmax, lopt.device(device_)).view({1, 1, Kmax});
     at::Tensor dist = mt + qi - kj;
@@ -347,7 +375,6 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     masked = (((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt)).unsqueeze(1);  // [B, 1, N, Kmax]
     gather_idx = dist.clamp(0, D - 1).unsqueeze(1).expand({B, H, N, Kmax});
   }
-  at::Tensor row_idx = uniform ? at::Tensor() : to_dev(rows);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
 
   // Where the new keys/values fit in free ring slots (the span from the
@@ -407,7 +434,7 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     }
 
     at::Tensor vec;  // [T, H * dh]: every session's attention output, in token order
-    if (device_.is_cpu() && Bf16Attention() && isa_ == KernelIsa::kBest && PrefillAttentionRuns(dh)) {
+    if (!generic_ && Bf16Attention() && isa_ == KernelIsa::kBest && PrefillAttentionRuns(dh)) {
       // bfloat16 on AMX, fused (prefill_attention.h): each session's keys
       // and values as rows [K_b, H * dh], read in place.
       vec = at::empty({T, H * dh}, fopt);
@@ -446,7 +473,7 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
       const at::Tensor Kq = AttentionOperand(Kp), Vq = AttentionOperand(Vp);
       const at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
                                                  rel_k_[l].slice(0, 0, D).permute({1, 2, 0}));  // [B,H,N,D]
-      if (device_.is_cpu()) {
+      if (!generic_) {
         // Fused softmax (prefill_kernels.h), over blocks of queries when one
         // session feeds many: a block sees only the keys of its queries'
         // windows, not every key of the pass, so a long input's score blocks

@@ -93,6 +93,8 @@ class IncrementalModel {
     // (vdpbf16ps); false, or a CPU without them, widens the weights to
     // float32 per pass and keeps the activations float32.
     bool bf16_products = true;
+    // kGeneric: libtorch's ops, as on a GPU, on a CPU too (precision.h).
+    Kernels kernels = Kernels::kAuto;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -144,6 +146,9 @@ class IncrementalModel {
   WeightDtype dtype_;
   KvDtype kv_dtype_;
   KernelIsa isa_;
+  // libtorch's ops compute the layers (a GPU, or --kernels generic): no
+  // decode_, and Pass takes its tensor-op branches.
+  bool generic_;
   bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
   // Per layer, what the CPU decode step reads: each product matrix as
   // stored (row-major, of the weight dtype: the one-session products and
@@ -166,7 +171,7 @@ class IncrementalModel {
   // The fused prefill attention's operands (prefill_attention.h), reused.
   PrefillAttentionBuffers prefill_buffers_;
   std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
-  std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous (decode kernel)
+  std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous: built only for the decode kernels
   int64_t rel_size_ = 0;
 };
 

@@ -84,13 +84,15 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       dtype_(precision.dtype),
       kv_dtype_(precision.kv_dtype),
       isa_(precision.isa),
+      generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
       bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())) {
   const Elem elem = dtype_ == WeightDtype::kBfloat16 ? Elem::kBf16
                     : dtype_ == WeightDtype::kInt8   ? Elem::kI8
                                                      : Elem::kF32;
-  if (!device_.is_cpu()) {
-    // libtorch's own products: bfloat16 weights where asked (int8 is CPU
-    // only: LanguageModel::Create refuses it on other devices).
+  TORCH_CHECK(!(generic_ && elem == Elem::kI8), "int8 weights run on the CPU kernels only");
+  if (generic_) {
+    // libtorch's own products: bfloat16 weights where asked (int8 is the
+    // CPU kernels' only: LanguageModel::Create refuses it here).
     if (elem == Elem::kBf16) {
       for (LayerWeights& L : weights_.layers) {
         for (int which = 0; which < 4; ++which) *MatrixOf(L, which) = MatrixOf(L, which)->to(at::kBFloat16);
@@ -142,7 +144,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
 
 std::string IncrementalModel::KernelPath() const {
   std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
-  if (!device_.is_cpu()) return absl::StrCat(path, "; libtorch products");
+  if (generic_) return absl::StrCat(path, "; generic: libtorch ops", device_.is_cpu() ? " (--kernels generic)" : "");
   absl::StrAppend(&path, "; decode kernels ", BestIsaName());
   if (dtype_ == WeightDtype::kFloat32) return absl::StrCat(path, "; prefill products float32");
   absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
@@ -176,8 +178,7 @@ at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int whi
   const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
   if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
   at::Tensor y;
-  if (w.scalar_type() == at::kBFloat16 && bf16_products_ && device_.is_cpu() && isa_ == KernelIsa::kBest &&
-      CpuRunsAmx()) {
+  if (w.scalar_type() == at::kBFloat16 && bf16_products_ && !generic_ && isa_ == KernelIsa::kBest && CpuRunsAmx()) {
     // On AMX through the decode step's packed panels (amx_product.h), each
     // thread a range of x's rows: float32 in and out, the bias added in the
     // same pass, where oneDNN's product needed conversions on both sides.

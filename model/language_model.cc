@@ -87,9 +87,14 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
     return absl::FailedPreconditionError(absl::StrCat("dtype: int8 weights run on the CPU kernels only; on ",
                                                       device->str(), " use bfloat16 or float32"));
   }
+  if (options.dtype == WeightDtype::kInt8 && options.kernels == Kernels::kGeneric) {
+    return absl::FailedPreconditionError(
+        "dtype: int8 weights run on the CPU kernels only; with --kernels generic use bfloat16 or float32");
+  }
   IncrementalModel::Precision precision;
   precision.dtype = options.dtype;
   precision.kv_dtype = options.kv_dtype;
+  precision.kernels = options.kernels;
   ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape

@@ -36,6 +36,7 @@ struct LanguageModelOptions {
   int threads = 0;                            // intra-op threads; 0 keeps libtorch's default
   WeightDtype dtype = WeightDtype::kFloat32;  // the layers' product weights
   KvDtype kv_dtype = KvDtype::kFloat32;       // sessions' keys and values
+  Kernels kernels = Kernels::kAuto;           // kGeneric: libtorch's ops, as on a GPU, on a CPU too
 };
 
 class LanguageModel {

@@ -17,6 +17,12 @@ absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("kv_dtype: unknown '", name, "' (use float32 or bfloat16)"));
 }
 
+absl::StatusOr<Kernels> ParseKernels(absl::string_view name) {
+  if (name == "auto") return Kernels::kAuto;
+  if (name == "generic") return Kernels::kGeneric;
+  return absl::InvalidArgumentError(absl::StrCat("kernels: unknown '", name, "' (use auto or generic)"));
+}
+
 std::string DtypeName(WeightDtype dtype) {
   switch (dtype) {
     case WeightDtype::kBfloat16: return "bfloat16";
@@ -26,5 +32,7 @@ std::string DtypeName(WeightDtype dtype) {
 }
 
 std::string DtypeName(KvDtype dtype) { return dtype == KvDtype::kBfloat16 ? "bfloat16" : "float32"; }
+
+std::string KernelsName(Kernels kernels) { return kernels == Kernels::kGeneric ? "generic" : "auto"; }
 
 }  // namespace txl

@@ -21,10 +21,19 @@ enum class WeightDtype { kFloat32, kBfloat16, kInt8 };
 // Keys and values a session keeps (memory_bytes, budgets, images, journal).
 enum class KvDtype { kFloat32, kBfloat16 };
 
+// Which code computes the layers (--kernels). kAuto: the CPU's own kernels
+// (decode_kernels.h, prefill_kernels.h) on a CPU, libtorch's ops on a GPU.
+// kGeneric: libtorch's ops on every device, the code a GPU runs, so that the
+// CPU tests prove it (docs/DESIGN.md "The generic path"). Same results to
+// float rounding; the CPU kernels are the fast ones on a CPU.
+enum class Kernels { kAuto, kGeneric };
+
 absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name);  // "float32", "bfloat16", "int8"
 absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name);          // "float32", "bfloat16"
+absl::StatusOr<Kernels> ParseKernels(absl::string_view name);          // "auto", "generic"
 std::string DtypeName(WeightDtype dtype);
 std::string DtypeName(KvDtype dtype);
+std::string KernelsName(Kernels kernels);
 
 }  // namespace txl
 

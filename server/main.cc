@@ -69,6 +69,9 @@ ABSL_FLAG(int, threads, 0, "intra-op threads for the model (0: libtorch default)
 ABSL_FLAG(std::string, dtype, "float32",
           "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
 ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
+ABSL_FLAG(std::string, kernels, "auto",
+          "auto (the CPU's own kernels on a CPU, libtorch ops on a GPU) or generic (libtorch ops everywhere: "
+          "the GPU's code, on a CPU too; slower there)");
 ABSL_FLAG(int, max_batch, 32, "requests advanced together per engine step");
 ABSL_FLAG(int, max_batch_tokens, 2048, "tokens fed per engine step");
 ABSL_FLAG(int, prefill_chunk, 256, "tokens one request feeds per step while prefilling");
@@ -230,6 +233,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   // The parsers' messages name the flag and the allowed values.
   ASSIGN_OR_RETURN(o.model.dtype, txl::ParseWeightDtype(absl::GetFlag(FLAGS_dtype)));
   ASSIGN_OR_RETURN(o.model.kv_dtype, txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype)));
+  ASSIGN_OR_RETURN(o.model.kernels, txl::ParseKernels(absl::GetFlag(FLAGS_kernels)));
 
   const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message_bytes < 1 || max_message_bytes > std::numeric_limits<int>::max()) {

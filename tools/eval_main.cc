@@ -31,6 +31,9 @@ ABSL_FLAG(int, threads, 0, "intra-op threads (0: libtorch default)");
 ABSL_FLAG(std::string, dtype, "float32",
           "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
 ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
+ABSL_FLAG(std::string, kernels, "auto",
+          "auto (the CPU's own kernels on a CPU, libtorch ops on a GPU) or generic (libtorch ops everywhere: "
+          "the GPU's code, on a CPU too; slower there)");
 
 namespace {
 
@@ -60,7 +63,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "txl-eval --model M (--text FILE | --tokens FILE) [--mem_len N] [--chunk K] "
       "[--logprobs OUT] [--predictions OUT] [--device D] [--dtype float32|bfloat16|int8] "
-      "[--kv_dtype float32|bfloat16]");
+      "[--kv_dtype float32|bfloat16] [--kernels auto|generic]");
   absl::ParseCommandLine(argc, argv);
   const std::string model_path = absl::GetFlag(FLAGS_model);
   const std::string text_path = absl::GetFlag(FLAGS_text), ids_path = absl::GetFlag(FLAGS_tokens);
@@ -78,8 +81,11 @@ int main(int argc, char** argv) {
   if (!dtype.ok()) return Fail(2, std::string(dtype.status().message()));
   auto kv_dtype = txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return Fail(2, std::string(kv_dtype.status().message()));
+  auto kernels = txl::ParseKernels(absl::GetFlag(FLAGS_kernels));
+  if (!kernels.ok()) return Fail(2, std::string(kernels.status().message()));
   options.dtype = *dtype;
   options.kv_dtype = *kv_dtype;
+  options.kernels = *kernels;
   auto model = txl::LanguageModel::Create(options);
   if (!model.ok()) return Fail(1, std::string(model.status().message()));
 
@@ -138,6 +144,7 @@ int main(int argc, char** argv) {
                       {"device", (*model)->device()},
                       {"dtype", txl::DtypeName((*model)->dtype())},
                       {"kv_dtype", txl::DtypeName((*model)->kv_dtype())},
+                      {"kernels", txl::KernelsName(options.kernels)},
                       {"seconds", seconds},
                       {"tokens_per_second", n / std::max(seconds, 1e-9)}};
   std::cout << j.dump() << std::endl;

@@ -14,10 +14,11 @@ ARGS = None
 # binary (relative to the build directory) -> flags its --help must list
 EXPECTED = {
     "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle",
-                          "--dtype", "--kv_dtype", "--session_memory_budget", "--gpu_headroom", "--malloc_arenas"],
+                          "--dtype", "--kv_dtype", "--session_memory_budget", "--gpu_headroom", "--malloc_arenas",
+                          "--kernels"],
     "client/txl-client": ["--server", "--session", "--max_new_tokens"],
     "tools/txl-train": ["--train", "--device", "--resume"],
-    "tools/txl-eval": ["--model", "--dtype", "--kv_dtype"],
+    "tools/txl-eval": ["--model", "--dtype", "--kv_dtype", "--kernels"],
     "tools/txl-init": ["--config", "--out"],
 }
 

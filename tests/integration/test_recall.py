@@ -92,8 +92,12 @@ class RecallTest(unittest.TestCase):
         self.assertEqual((summary["dtype"], summary["kv_dtype"]), ("float32", "float32"))
         _, summary = self.run_eval(path, "--chunk", "32", "--dtype", "bfloat16", "--kv_dtype", "bfloat16")
         self.assertEqual((summary["dtype"], summary["kv_dtype"]), ("bfloat16", "bfloat16"))
+        self.assertEqual(summary["kernels"], "auto")
+        _, summary = self.run_eval(path, "--chunk", "32", "--kernels", "generic")
+        self.assertEqual(summary["kernels"], "generic")
         for flags, message in [(["--dtype", "fp8"], "txl-eval: dtype: unknown 'fp8' (use float32, bfloat16 or int8)"),
-                               (["--kv_dtype", "int8"], "txl-eval: kv_dtype: unknown 'int8' (use float32 or bfloat16)")]:
+                               (["--kv_dtype", "int8"], "txl-eval: kv_dtype: unknown 'int8' (use float32 or bfloat16)"),
+                               (["--kernels", "fast"], "txl-eval: kernels: unknown 'fast' (use auto or generic)")]:
             proc = subprocess.run([ARGS.txl_eval, "--model", ARGS.model, "--text", path] + flags,
                                   capture_output=True, text=True, timeout=300)
             self.assertEqual(proc.returncode, 2, proc.stderr)  # a flag error, like the others

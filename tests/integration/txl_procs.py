@@ -69,6 +69,12 @@ class Server:
                     ["--model", model, "--listen", "127.0.0.1:0",
                      "--metrics_listen", "127.0.0.1:0" if metrics else "",
                      "--http_listen", "127.0.0.1:0" if http else "", *flags, *extra])
+        # The suites CTest runs again on the generic path must really be on it.
+        if "--kernels=generic" in extra or "--kernels generic" in " ".join(extra):
+            if "generic: libtorch ops" not in self.output:
+                self.stop(timeout=30, check=False)
+                raise RuntimeError("TXL_TEST_SERVER_FLAGS asks for --kernels generic, but the server "
+                                   "reports other kernels:\n%s" % self.output)
 
     @classmethod
     def from_argv(cls, argv):

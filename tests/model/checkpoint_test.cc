@@ -246,6 +246,25 @@ class LanguageModelTest : public CheckpointTest {
   }
 };
 
+// int8 weights have no generic (libtorch-op) form: refused with the way out,
+// not run; bfloat16 and float32 load on the generic path and say so.
+TEST_F(LanguageModelTest, GenericKernelsRefuseInt8AndNameThemselves) {
+  ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
+  LanguageModelOptions o = Options("cpu");
+  o.kernels = Kernels::kGeneric;
+  o.dtype = WeightDtype::kInt8;
+  auto int8 = LanguageModel::Create(o);
+  ASSERT_FALSE(int8.ok());
+  EXPECT_EQ(int8.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(int8.status().message().find("--kernels generic"), std::string::npos) << int8.status();
+  for (const WeightDtype dtype : {WeightDtype::kFloat32, WeightDtype::kBfloat16}) {
+    o.dtype = dtype;
+    auto model = LanguageModel::Create(o);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_NE((*model)->KernelPath().find("generic"), std::string::npos) << (*model)->KernelPath();
+  }
+}
+
 TEST_F(LanguageModelTest, RejectsUnknownAndUnavailableDevices) {
   ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
   auto bad = LanguageModel::Create(Options("toaster"));

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,6 +61,20 @@ inline std::vector<NamedConfig> Variants() {
   proj.tail_cluster_order = TailClusterOrder::kSequential;
   out.push_back({"ProjectedEmbedding", proj});
   return out;
+}
+
+// The kernels the model tests run on: the CPU's own (the default) or, with
+// TXL_TEST_KERNELS=generic, libtorch's ops as a GPU runs them. CTest runs
+// the incremental tests both ways (tests/CMakeLists.txt), so the GPU's code
+// is proven on a CPU.
+inline Kernels TestKernels() {
+  const char* name = std::getenv("TXL_TEST_KERNELS");
+  return name != nullptr && std::strcmp(name, "generic") == 0 ? Kernels::kGeneric : Kernels::kAuto;
+}
+inline IncrementalModel::Precision TestPrecision() {
+  IncrementalModel::Precision p;
+  p.kernels = TestKernels();
+  return p;
 }
 
 // Larger-than-default init so that attention patterns and memory matter.

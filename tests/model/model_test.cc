@@ -19,7 +19,7 @@ class VariantTest : public ::testing::TestWithParam<testing::NamedConfig> {};
 
 TEST_P(VariantTest, ChunkingDoesNotChangeLogProbs) {
   const ModelConfig& c = GetParam().config;
-  IncrementalModel model(c, TestWeights(c, 7), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 7), at::kCPU, testing::TestPrecision());
   const auto tokens = RandomTokens(4 * c.mem_len, c.n_token, 11);  // history > mem_len
   SessionMemory whole(c.n_layer, c.mem_len), ones(c.n_layer, c.mem_len), sevens(c.n_layer, c.mem_len);
   at::Tensor a = FeedInChunks(model, whole, tokens, tokens.size());
@@ -40,7 +40,7 @@ TEST_P(VariantTest, TrainingFormWithSameLengthMatchesIncremental) {
   ModelConfig c = GetParam().config;
   c.same_length = true;
   const TxlWeights w = TestWeights(c, 5);
-  IncrementalModel model(c, w, at::kCPU);
+  IncrementalModel model(c, w, at::kCPU, testing::TestPrecision());
   const int64_t n = 3 * c.mem_len + 4, tgt_len = 5;
   const auto s0 = RandomTokens(n, c.n_token, 1), s1 = RandomTokens(n, c.n_token, 2);
 
@@ -63,12 +63,61 @@ TEST_P(VariantTest, TrainingFormWithSameLengthMatchesIncremental) {
   }
 }
 
+// The generic path (libtorch's ops: what a GPU runs) against the CPU's own
+// kernels, in one process: prefills, then batched decode steps beside a
+// prefill, windows filling and wrapping.
+TEST_P(VariantTest, GenericKernelsMatchTheCpuKernels) {
+  const ModelConfig& c = GetParam().config;
+  const TxlWeights w = TestWeights(c, 13);
+  IncrementalModel::Precision generic;
+  generic.kernels = Kernels::kGeneric;
+  IncrementalModel native(c, w, at::kCPU), tensor_ops(c, w, at::kCPU, generic);
+  EXPECT_NE(native.KernelPath().find("decode kernels"), std::string::npos) << native.KernelPath();
+  EXPECT_NE(tensor_ops.KernelPath().find("generic"), std::string::npos) << tensor_ops.KernelPath();
+  const std::vector<int64_t> history = {0, 5, 2 * c.mem_len, 9}, window = {c.mem_len, 4, c.mem_len, 1};
+  std::vector<SessionMemory> a, b;
+  for (size_t i = 0; i < history.size(); ++i) {
+    a.emplace_back(c.n_layer, window[i]);
+    b.emplace_back(c.n_layer, window[i]);
+  }
+  double worst = 0;
+  for (int step = 0; step < 3 * c.mem_len; ++step) {
+    std::vector<StepInput> in_a, in_b;
+    for (size_t i = 0; i < history.size(); ++i) {
+      // Step 0 feeds each history in one pass; later steps one token each,
+      // except session 3, which feeds three every fifth step.
+      const int64_t n = step == 0 ? history[i] : (i == 3 && step % 5 == 0 ? 3 : 1);
+      const auto tokens = RandomTokens(n, c.n_token, 1000 * step + static_cast<uint32_t>(i));
+      in_a.push_back(Row(&a[i], tokens));
+      in_b.push_back(Row(&b[i], tokens));
+    }
+    const at::Tensor la = LogProbs(c, w, native.Step(absl::MakeSpan(in_a)));
+    const at::Tensor lb = LogProbs(c, w, tensor_ops.Step(absl::MakeSpan(in_b)));
+    worst = std::max(worst, MaxAbsDiff(la, lb));
+  }
+  std::cout << GetParam().name << " generic vs CPU kernels max|diff| = " << worst << "\n";
+  EXPECT_LT(worst, 1e-5);
+  for (size_t i = 0; i < history.size(); ++i) {
+    EXPECT_EQ(a[i].position(), b[i].position());
+    EXPECT_EQ(a[i].length(), b[i].length());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, VariantTest, ::testing::ValuesIn(testing::Variants()),
                          [](const auto& info) { return info.param.name; });
 
+// CTest's second run of these tests (TXL_TEST_KERNELS=generic) is on the
+// generic path, and the first on the CPU's kernels.
+TEST(IncrementalTest, RunsOnTheKernelsTheTestRunAskedFor) {
+  const ModelConfig c = testing::SmallConfig();
+  IncrementalModel model(c, TestWeights(c, 1), at::kCPU, testing::TestPrecision());
+  const bool generic = model.KernelPath().find("generic") != std::string::npos;
+  EXPECT_EQ(generic, testing::TestKernels() == Kernels::kGeneric) << model.KernelPath();
+}
+
 TEST(IncrementalTest, BatchingDoesNotChangeLogProbs) {
   ModelConfig c = testing::Variants()[2].config;  // adaptive softmax, div_val 2
-  IncrementalModel model(c, TestWeights(c, 3), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 3), at::kCPU, testing::TestPrecision());
   // Four sessions with different histories, windows and chunk lengths.
   const std::vector<int64_t> history = {3, 15, 0, 30}, chunk = {5, 1, 9, 2}, window = {12, 12, 8, 20};
   std::vector<SessionMemory> alone, batched;
@@ -98,7 +147,7 @@ TEST(IncrementalTest, BatchingDoesNotChangeLogProbs) {
 
 TEST(IncrementalTest, MemLenOneSeesOnlyTheTokenItself) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 9), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 9), at::kCPU, testing::TestPrecision());
   SessionMemory a(c.n_layer, 1), b(c.n_layer, 1);
   at::Tensor la = FeedInChunks(model, a, {3, 4, 5, 6}, 4);
   at::Tensor lb = FeedInChunks(model, b, {9, 1, 2, 6}, 2);
@@ -110,7 +159,7 @@ TEST(IncrementalTest, MemLenOneSeesOnlyTheTokenItself) {
 
 TEST(IncrementalTest, MemoryHoldsMemLenMinusOnePositions) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 9), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 9), at::kCPU, testing::TestPrecision());
   SessionMemory mem(c.n_layer, c.mem_len);
   FeedInChunks(model, mem, RandomTokens(5, c.n_token, 1), 5);
   EXPECT_EQ(mem.position(), 5);
@@ -124,7 +173,7 @@ TEST(IncrementalTest, MemoryHoldsMemLenMinusOnePositions) {
 
 TEST(IncrementalTest, CloneDivergesIndependently) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 4), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 4), at::kCPU, testing::TestPrecision());
   SessionMemory original(c.n_layer, c.mem_len), control(c.n_layer, c.mem_len);
   const auto prefix = RandomTokens(20, c.n_token, 1);
   FeedInChunks(model, original, prefix, 20);
@@ -140,7 +189,7 @@ TEST(IncrementalTest, CloneDivergesIndependently) {
 
 TEST(IncrementalTest, EmptyInputsAdvanceNothing) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 4), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 4), at::kCPU, testing::TestPrecision());
   SessionMemory a(c.n_layer, c.mem_len), b(c.n_layer, c.mem_len);
   std::vector<StepInput> items = {Row(&a, {}), Row(&b, {1, 2, 3})};
   at::Tensor h = model.Step(absl::MakeSpan(items));
@@ -154,7 +203,7 @@ TEST(IncrementalTest, EmptyInputsAdvanceNothing) {
 // growth and many wraps it must agree with feeding the history at once.
 TEST(IncrementalTest, RingGrowthAndWrapsMatchOneShotFeed) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 6), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 6), at::kCPU, testing::TestPrecision());
   const int64_t window = 37;  // odd, so the wrap point moves around
   const auto tokens = RandomTokens(5 * window + 3, c.n_token, 21);
   SessionMemory ones(c.n_layer, window), whole(c.n_layer, window);
@@ -175,7 +224,7 @@ TEST(IncrementalTest, RingGrowthAndWrapsMatchOneShotFeed) {
 // parts nobody else runs nor compute anything differently.
 TEST(IncrementalTest, DecodeStepInsideAParallelRegionMatchesExactly) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 8), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 8), at::kCPU, testing::TestPrecision());
   const auto tokens = RandomTokens(2 * c.mem_len, c.n_token, 23);
   SessionMemory team(c.n_layer, c.mem_len), alone(c.n_layer, c.mem_len);
   const at::Tensor a = FeedInChunks(model, team, tokens, 1);
@@ -214,7 +263,7 @@ TEST(IncrementalTest, DecodeStepInsideAParallelRegionMatchesExactly) {
 // other's later results unchanged.
 TEST(IncrementalTest, ForkOfWrappedSessionDecodesIndependently) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 8), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 8), at::kCPU, testing::TestPrecision());
   SessionMemory original(c.n_layer, c.mem_len);
   FeedInChunks(model, original, RandomTokens(3 * c.mem_len + 5, c.n_token, 1), 1);
   SessionMemory fork = original.Copy();
@@ -228,7 +277,7 @@ TEST(IncrementalTest, ForkOfWrappedSessionDecodesIndependently) {
 // (the long one's second pass reads the memory its first pass built).
 TEST(IncrementalTest, LongInputBesideDecodesMatchesAlone) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 2), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 2), at::kCPU, testing::TestPrecision());
   const int64_t n_long = IncrementalModel::kPassTokens + 2;
   SessionMemory a(c.n_layer, c.mem_len), b(c.n_layer, 5), a_alone(c.n_layer, c.mem_len), b_alone(c.n_layer, 5);
   const auto pa = RandomTokens(30, c.n_token, 4), pb = RandomTokens(11, c.n_token, 5);
@@ -251,7 +300,7 @@ TEST(IncrementalTest, LongInputBesideDecodesMatchesAlone) {
 // alone, with windows full, filling and wrapping.
 TEST(IncrementalTest, BatchedDecodeStepsMatchAlone) {
   ModelConfig c = testing::Variants()[4].config;  // untied biases
-  IncrementalModel model(c, TestWeights(c, 12), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 12), at::kCPU, testing::TestPrecision());
   const std::vector<int64_t> history = {0, 3, 11, 40, 25, 7}, window = {12, 5, 12, 9, 30, 1};
   std::vector<SessionMemory> alone, batched;
   for (size_t b = 0; b < history.size(); ++b) {
@@ -289,10 +338,10 @@ TEST(IncrementalTest, DecodeKernelHeadSize64MatchesOnePass) {
   c.d_head = 64;
   c.d_model = 48;
   c.mem_len = 21;
-  IncrementalModel model(c, TestWeights(c, 31), at::kCPU);
+  IncrementalModel model(c, TestWeights(c, 31), at::kCPU, testing::TestPrecision());
   TxlWeights sharp = TestWeights(c, 31);  // sharper attention: queries scaled up
   for (LayerWeights& L : sharp.layers) L.qkv_w = L.qkv_w * 4;
-  IncrementalModel peaked(c, sharp, at::kCPU);
+  IncrementalModel peaked(c, sharp, at::kCPU, testing::TestPrecision());
   for (IncrementalModel* m : {&model, &peaked}) {
     const std::vector<int64_t> window = {21, 2, 9, 13, 1};
     std::vector<SessionMemory> stepped, whole;

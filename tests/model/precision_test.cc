@@ -55,7 +55,8 @@ class PrecisionTest : public ::testing::TestWithParam<testing::NamedConfig> {};
 
 // One session fed 45 tokens at once (a prefill pass, then decode steps past
 // the window) and one fed token by token: within the mode's chunking
-// tolerance of each other, and within its float32 tolerance of float32.
+// tolerance of each other, and within its float32 tolerance of float32. On
+// the CPU kernels and on the generic path (a GPU's; int8 has none).
 TEST_P(PrecisionTest, ChunkingAndFloat32WithinTolerance) {
   const ModelConfig& c = GetParam().config;
   const TxlWeights w = TestWeights(c, 11);
@@ -63,20 +64,25 @@ TEST_P(PrecisionTest, ChunkingAndFloat32WithinTolerance) {
   IncrementalModel exact(c, w, at::kCPU);
   SessionMemory exact_memory(c.n_layer, c.mem_len);
   const at::Tensor want = FeedInChunks(exact, exact_memory, tokens, 1);
-  for (const Mode& mode : kModes) {
-    IncrementalModel model(c, w, at::kCPU, PrecisionOf(mode));
-    SessionMemory one(c.n_layer, c.mem_len), all(c.n_layer, c.mem_len), mixed(c.n_layer, c.mem_len);
-    const at::Tensor by_token = FeedInChunks(model, one, tokens, 1);
-    const at::Tensor at_once = FeedInChunks(model, all, tokens, 45);
-    const at::Tensor by_seven = FeedInChunks(model, mixed, tokens, 7);
-    EXPECT_LT(MaxAbsDiff(by_token, at_once), mode.chunking) << mode.name;
-    EXPECT_LT(MaxAbsDiff(by_token, by_seven), mode.chunking) << mode.name;
-    EXPECT_LT(MaxAbsDiff(by_token, want), mode.vs_float32) << mode.name;
-    EXPECT_GT(MaxAbsDiff(by_token, want), 0) << mode.name << ": not reduced at all?";
-    if (mode.kv == KvDtype::kBfloat16) {
-      EXPECT_EQ(2 * one.bytes(), exact_memory.bytes()) << mode.name;
+  for (const Kernels kernels : {Kernels::kAuto, Kernels::kGeneric})
+    for (const Mode& mode : kModes) {
+      if (kernels == Kernels::kGeneric && mode.dtype == WeightDtype::kInt8) continue;
+      SCOPED_TRACE(KernelsName(kernels));
+      Precision precision = PrecisionOf(mode);
+      precision.kernels = kernels;
+      IncrementalModel model(c, w, at::kCPU, precision);
+      SessionMemory one(c.n_layer, c.mem_len), all(c.n_layer, c.mem_len), mixed(c.n_layer, c.mem_len);
+      const at::Tensor by_token = FeedInChunks(model, one, tokens, 1);
+      const at::Tensor at_once = FeedInChunks(model, all, tokens, 45);
+      const at::Tensor by_seven = FeedInChunks(model, mixed, tokens, 7);
+      EXPECT_LT(MaxAbsDiff(by_token, at_once), mode.chunking) << mode.name;
+      EXPECT_LT(MaxAbsDiff(by_token, by_seven), mode.chunking) << mode.name;
+      EXPECT_LT(MaxAbsDiff(by_token, want), mode.vs_float32) << mode.name;
+      EXPECT_GT(MaxAbsDiff(by_token, want), 0) << mode.name << ": not reduced at all?";
+      if (mode.kv == KvDtype::kBfloat16) {
+        EXPECT_EQ(2 * one.bytes(), exact_memory.bytes()) << mode.name;
+      }
     }
-  }
 }
 
 // Every decode kernel path this CPU runs, and the widening prefill of CPUs

@@ -12,6 +12,7 @@ Every comparison prints its max |diff|.
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ import txl_reference as ref  # noqa: E402
 from driver_args import take_flag  # noqa: E402
 
 TXL_EVAL = None
+EVAL_FLAGS = []  # --eval-flags: more txl-eval flags for every run (e.g. "--kernels generic")
 TXL_INIT = None
 
 CPP_TOL = 1e-4  # C++ (float32) vs reference (float64)
@@ -335,6 +337,7 @@ def run_eval(model, tokens, chunk=None, mem_len=None, tag="x"):
         cmd += ["--chunk", str(chunk)]
     if mem_len is not None:
         cmd += ["--mem_len", str(mem_len)]
+    cmd += EVAL_FLAGS
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         raise AssertionError("%s failed (%d):\n%s\n%s" % (" ".join(cmd), p.returncode,
@@ -459,9 +462,10 @@ _add_config_tests()
 
 
 def main():
-    global TXL_EVAL, TXL_INIT
+    global TXL_EVAL, TXL_INIT, EVAL_FLAGS
     argv = list(sys.argv)
     TXL_EVAL = take_flag(argv, "--txl-eval")
+    EVAL_FLAGS = shlex.split(take_flag(argv, "--eval-flags") or "")
     TXL_INIT = take_flag(argv, "--txl-init")
     TXL_EVAL = os.path.abspath(TXL_EVAL) if TXL_EVAL else None
     TXL_INIT = os.path.abspath(TXL_INIT) if TXL_INIT else None

@@ -16,7 +16,49 @@
 
 namespace txl {
 
+SessionMemory::~SessionMemory() { ReleaseSlots(); }
+
+SessionMemory::SessionMemory(SessionMemory&& other) noexcept
+    : mem_len_(other.mem_len_),
+      full_bytes_(other.full_bytes_),
+      position_(other.position_),
+      length_(other.length_),
+      capacity_(other.capacity_),
+      k_(std::move(other.k_)),
+      v_(std::move(other.v_)),
+      pool_(std::move(other.pool_)),
+      slots_(std::move(other.slots_)) {
+  other.pool_.reset();
+  other.slots_.clear();
+  other.capacity_ = 0;
+}
+
+SessionMemory& SessionMemory::operator=(SessionMemory&& other) noexcept {
+  if (this == &other) return *this;
+  ReleaseSlots();
+  mem_len_ = other.mem_len_;
+  full_bytes_ = other.full_bytes_;
+  position_ = other.position_;
+  length_ = other.length_;
+  capacity_ = other.capacity_;
+  k_ = std::move(other.k_);
+  v_ = std::move(other.v_);
+  pool_ = std::move(other.pool_);
+  slots_ = std::move(other.slots_);
+  other.pool_.reset();
+  other.slots_.clear();
+  other.capacity_ = 0;
+  return *this;
+}
+
+void SessionMemory::ReleaseSlots() {
+  if (pool_ && !slots_.empty()) pool_->Give(slots_);
+  slots_.clear();
+  pool_.reset();
+}
+
 int64_t SessionMemory::bytes() const {
+  if (pool_) return 2 * static_cast<int64_t>(k_.size()) * static_cast<int64_t>(slots_.size()) * pool_->row_bytes();
   if (k_.empty() || !k_[0].defined()) return 0;
   const at::Tensor& t = k_[0];  // [H, capacity, dh]: what is allocated, not just what is held
   return 2 * static_cast<int64_t>(k_.size()) * capacity_ * t.size(0) * t.size(2) * t.element_size();
@@ -45,6 +87,17 @@ SessionMemory SessionMemory::Copy() const {
   copy.position_ = position_;
   copy.length_ = length_;
   copy.capacity_ = capacity_;
+  if (pool_) {  // rows of the same pool, copied layer by layer
+    copy.pool_ = pool_;
+    copy.slots_ = pool_->Take(static_cast<int64_t>(slots_.size()));
+    const at::Device device = pool_->keys(0).device();
+    const auto lopt = at::TensorOptions().dtype(at::kLong);
+    const at::Tensor from = at::tensor(slots_, lopt).to(device), to = at::tensor(copy.slots_, lopt).to(device);
+    for (size_t l = 0; l < k_.size(); ++l) {
+      for (at::Tensor* t : {&pool_->keys(l), &pool_->values(l)}) t->index_copy_(0, to, t->index_select(0, from));
+    }
+    return copy;
+  }
   if (k_.empty() || !k_[0].defined()) return copy;
   const int64_t n = static_cast<int64_t>(k_.size());
   std::vector<at::Tensor> rings = NewRings(2 * n, k_[0].sizes().vec(), k_[0].options());
@@ -139,6 +192,14 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
   const int64_t M = m->mem_len_;
   int64_t cap = std::max(needed, std::min(M, 2 * m->capacity_));
   if (2 * cap > M) cap = M;
+  if (pool_) {  // more rows; the held ones stay where they are
+    Adopt(m);
+    const std::vector<int64_t> more = pool_->Take(cap - m->capacity_);
+    m->pool_ = pool_;
+    m->slots_.insert(m->slots_.end(), more.begin(), more.end());
+    m->capacity_ = cap;
+    return;
+  }
   const auto opts = at::TensorOptions().dtype(kv_type()).device(device_);
   const int64_t n = static_cast<int64_t>(m->k_.size());
   std::vector<at::Tensor> rings = NewRings(2 * n, {config_.n_head, cap, config_.d_head}, opts);
@@ -160,6 +221,55 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
   m->capacity_ = cap;
 }
 
+void IncrementalModel::Adopt(SessionMemory* m) const {
+  if (!pool_ || m->pool_ == pool_) return;
+  if (m->capacity_ == 0) {
+    m->pool_ = pool_;
+    return;
+  }
+  std::vector<int64_t> slots = pool_->Take(m->capacity_);
+  try {
+    const at::Tensor rows = at::tensor(slots, at::TensorOptions().dtype(at::kLong)).to(device_);
+    for (int64_t l = 0; l < static_cast<int64_t>(m->k_.size()); ++l) {
+      // A ring [H, capacity, dh] is slot-major in the pool: [capacity, H, dh].
+      pool_->keys(l).index_copy_(0, rows, m->k_[l].permute({1, 0, 2}).to(pool_->keys(l).scalar_type()));
+      pool_->values(l).index_copy_(0, rows, m->v_[l].permute({1, 0, 2}).to(pool_->values(l).scalar_type()));
+    }
+  } catch (...) {
+    pool_->Give(slots);
+    throw;
+  }
+  for (size_t l = 0; l < m->k_.size(); ++l) {
+    m->k_[l] = at::Tensor();
+    m->v_[l] = at::Tensor();
+  }
+  m->pool_ = pool_;
+  m->slots_ = std::move(slots);
+}
+
+std::vector<int64_t> IncrementalModel::PoolRows(const SessionMemory& m, int64_t first, int64_t n) const {
+  std::vector<int64_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = m.slots_[(first + i) % m.mem_len_];
+  return rows;
+}
+
+at::Tensor IncrementalModel::HeldRows(const SessionMemory& m, int64_t l, bool key, int64_t first, int64_t n) const {
+  if (!m.pool_) return RingRows(key ? m.k_[l] : m.v_[l], m.mem_len_, first, n);
+  const at::Tensor rows = at::tensor(PoolRows(m, first, n), at::TensorOptions().dtype(at::kLong)).to(device_);
+  return (key ? m.pool_->keys(l) : m.pool_->values(l)).index_select(0, rows);
+}
+
+void IncrementalModel::WriteRows(SessionMemory& m, int64_t l, bool key, int64_t first, const at::Tensor& rows) const {
+  if (!m.pool_) {
+    RingWrite(key ? m.k_[l] : m.v_[l], m.mem_len_, first, rows);
+    return;
+  }
+  at::Tensor& pool = key ? m.pool_->keys(l) : m.pool_->values(l);
+  const at::Tensor at_rows =
+      at::tensor(PoolRows(m, first, rows.size(0)), at::TensorOptions().dtype(at::kLong)).to(device_);
+  pool.index_copy_(0, at_rows, rows.to(pool.scalar_type()));
+}
+
 at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
   // Sessions come from this model (LanguageModel::NewSession, RestoreSession, Clone).
   std::vector<SessionMemory*> memories;
@@ -172,6 +282,7 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
     SessionMemory* m = memories[i];
     const int64_t n = static_cast<int64_t>(inputs[i].tokens.size());
     // Room for every position the step will hold (contents kept: invisible).
+    if (n > 0 && pool_) Adopt(m);
     if (n > 0 && m->mem_len_ > 1) Reserve(m, std::min(m->mem_len_, m->position_ + n));
     pending.push_back(
         {m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()), std::vector<at::Tensor>(m->v_.size())});
@@ -209,8 +320,8 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
     Pending& p = pending[i];
     if (p.replaced()) {
       for (size_t l = 0; l < p.k.size(); ++l) {
-        RingWrite(mem->k_[l], mem->mem_len_, p.position - p.length, p.k[l]);
-        RingWrite(mem->v_[l], mem->mem_len_, p.position - p.length, p.v[l]);
+        WriteRows(*mem, static_cast<int64_t>(l), true, p.position - p.length, p.k[l]);
+        WriteRows(*mem, static_cast<int64_t>(l), false, p.position - p.length, p.v[l]);
       }
     }
     mem->length_ = p.length;
@@ -338,17 +449,60 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
   auto held = [&](int64_t b, int64_t l, bool key) -> at::Tensor {
     const Pending* p = batch[b];
     if (p->replaced()) return key ? p->k[l] : p->v[l];
-    const SessionMemory* s = p->memory;
-    return RingRows(key ? s->k_[l] : s->v_[l], s->mem_len_, p->position - p->length, p->length).to(at::kFloat);
+    return HeldRows(*p->memory, l, key, p->position - p->length, p->length).to(at::kFloat);
   };
+
+  // Where the new keys/values fit in free ring slots (the span from the
+  // oldest committed position to the newest new one is at most mem_len), they
+  // are written in place, never over a committed position; otherwise the
+  // pass builds the new held memory aside and the commit installs it.
+  std::vector<char> in_place(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const Pending* p = batch[b];
+    const SessionMemory* s = p->memory;
+    in_place[b] = !p->replaced() && (p->position + n[b]) - (s->position_ - s->length_) <= M[b];
+  }
+  // The generic path with every memory in the pool (all but the later passes
+  // of an input longer than kPassTokens): per layer, the new keys go into
+  // their pool rows with one indexed copy, every session's keys come out as
+  // [B, Kmax] with one indexed gather (padding reads the pool's zero row), and
+  // new keys that cannot go into the pool yet (the window would drop a held
+  // one, or there is no memory) are laid over the gathered block with a
+  // third. Without the pool each session's keys are copied one by one.
+  const bool gather =
+      pool_ != nullptr && std::none_of(batch.begin(), batch.end(), [](const Pending* p) { return p->replaced(); });
+  std::vector<int64_t> gather_rows, write_rows, write_tok, patch_rows, patch_tok;
+  if (gather) {
+    gather_rows.assign(B * Kmax, SlotPool::kPadRow);
+    int64_t offset = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const Pending* p = batch[b];
+      const bool pooled = in_place[b] && M[b] > 1;
+      const std::vector<int64_t> old_rows = PoolRows(*p->memory, p->position - m[b], m[b]);
+      std::copy(old_rows.begin(), old_rows.end(), gather_rows.begin() + b * Kmax);
+      const std::vector<int64_t> new_rows = pooled ? PoolRows(*p->memory, p->position, n[b]) : std::vector<int64_t>();
+      for (int64_t i = 0; i < n[b]; ++i) {
+        if (pooled) {
+          gather_rows[b * Kmax + m[b] + i] = new_rows[i];
+          write_rows.push_back(new_rows[i]);
+          write_tok.push_back(offset + i);
+        } else {
+          patch_rows.push_back(b * Kmax + m[b] + i);
+          patch_tok.push_back(offset + i);
+        }
+      }
+      offset += n[b];
+    }
+  }
 
   // The step's metadata (tokens, padded row indices, and for the tensor-op
   // softmax the sessions' lengths) goes to the device in one copy.
   const auto lopt = at::TensorOptions().dtype(at::kLong);
   std::vector<int64_t> meta = flat;
-  for (const auto* part : {&rows, &n, &m, &M}) {
-    if (part == &rows || generic_) meta.insert(meta.end(), part->begin(), part->end());
-  }
+  std::vector<const std::vector<int64_t>*> parts = {&rows};
+  if (generic_) parts.insert(parts.end(), {&n, &m, &M});
+  if (gather) parts.insert(parts.end(), {&gather_rows, &write_rows, &write_tok, &patch_rows, &patch_tok});
+  for (const std::vector<int64_t>* part : parts) meta.insert(meta.end(), part->begin(), part->end());
   const at::Tensor on_device = Upload(meta, device_);
   int64_t meta_at = 0;
   auto next = [&](int64_t len) {
@@ -377,15 +531,13 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
 
-  // Where the new keys/values fit in free ring slots (the span from the
-  // oldest committed position to the newest new one is at most mem_len), they
-  // are written in place, never over a committed position; otherwise the
-  // pass builds the new held memory aside and the commit installs it.
-  std::vector<char> in_place(B);
-  for (int64_t b = 0; b < B; ++b) {
-    const Pending* p = batch[b];
-    const SessionMemory* s = p->memory;
-    in_place[b] = !p->replaced() && (p->position + n[b]) - (s->position_ - s->length_) <= M[b];
+  at::Tensor gather_idx_rows, write_idx, write_src, patch_idx, patch_src;
+  if (gather) {
+    gather_idx_rows = next(B * Kmax);
+    write_idx = next(static_cast<int64_t>(write_rows.size()));
+    write_src = next(static_cast<int64_t>(write_tok.size()));
+    patch_idx = next(static_cast<int64_t>(patch_rows.size()));
+    patch_src = next(static_cast<int64_t>(patch_tok.size()));
   }
   // New layer memories; installed in the pending states after the last layer
   // (held() reads the old ones until then).
@@ -400,13 +552,12 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
       k = k.to(at::kBFloat16).to(at::kFloat);
       v = v.to(at::kBFloat16).to(at::kFloat);
     }
-    {
+    if (!gather) {
       int64_t offset = 0;
       for (int64_t b = 0; b < B; ++b) {
         if (in_place[b] && M[b] > 1) {
-          SessionMemory* s = batch[b]->memory;
-          RingWrite(s->k_[l], M[b], batch[b]->position, k.slice(0, offset, offset + n[b]));
-          RingWrite(s->v_[l], M[b], batch[b]->position, v.slice(0, offset, offset + n[b]));
+          WriteRows(*batch[b]->memory, l, true, batch[b]->position, k.slice(0, offset, offset + n[b]));
+          WriteRows(*batch[b]->memory, l, false, batch[b]->position, v.slice(0, offset, offset + n[b]));
         }
         offset += n[b];
       }
@@ -415,7 +566,17 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     at::Tensor Qp = uniform ? q.reshape({B, N, H, dh})
                             : at::zeros({B * N, H, dh}, fopt).index_copy_(0, row_idx, q).view({B, N, H, dh});
     at::Tensor Kp, Vp;
-    if (B == 1) {
+    if (gather) {
+      for (const bool key : {true, false}) {
+        at::Tensor& pool = key ? pool_->keys(l) : pool_->values(l);
+        const at::Tensor& fresh = key ? k : v;
+        if (!write_rows.empty())
+          pool.index_copy_(0, write_idx, fresh.index_select(0, write_src).to(pool.scalar_type()));
+        at::Tensor block = pool.index_select(0, gather_idx_rows).to(at::kFloat);  // [B * Kmax, H, dh]
+        if (!patch_rows.empty()) block.index_copy_(0, patch_idx, fresh.index_select(0, patch_src));
+        (key ? Kp : Vp) = block.view({B, Kmax, H, dh});
+      }
+    } else if (B == 1) {
       Kp = (m[0] > 0 ? at::cat({held(0, l, true), k}, 0) : k.contiguous()).unsqueeze(0);
       Vp = (m[0] > 0 ? at::cat({held(0, l, false), v}, 0) : v.contiguous()).unsqueeze(0);
     } else {

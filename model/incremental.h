@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "model/model_config.h"
 #include "model/precision.h"
 #include "model/prefill_attention.h"
+#include "model/slot_pool.h"
 #include "model/step.h"
 #include "model/weights.h"
 
@@ -36,12 +38,22 @@ namespace txl {
 // window, so a full session never reallocates or copies its memory. (One slot
 // more than the mem_len - 1 held positions, so that a step's new key never
 // overwrites a key that step still attends.)
+//
+// On the generic path (a GPU, --kernels generic) the slots live in the
+// model's SlotPool instead: slots_[r] is the pool row of ring slot r, in
+// every layer, and k_ / v_ stay undefined. A memory made elsewhere (an
+// image) moves into the pool at its first step there (IncrementalModel::Adopt).
 class SessionMemory final : public SessionState {
  public:
   // full_bytes: what the memory takes once its window is full (admission
   // control reserves it; LanguageModel::FullMemoryBytes).
   SessionMemory(int64_t n_layer, int64_t mem_len, int64_t full_bytes = 0)
       : mem_len_(mem_len), full_bytes_(full_bytes), k_(n_layer), v_(n_layer) {}
+  ~SessionMemory() override;  // gives pool rows back
+  SessionMemory(SessionMemory&& other) noexcept;
+  SessionMemory& operator=(SessionMemory&& other) noexcept;
+  SessionMemory(const SessionMemory&) = delete;
+  SessionMemory& operator=(const SessionMemory&) = delete;
 
   int64_t mem_len() const override { return mem_len_; }
   int64_t position() const override { return position_; }  // tokens in the history
@@ -52,7 +64,8 @@ class SessionMemory final : public SessionState {
   int64_t memory_bytes() const override { return bytes(); }
   int64_t full_memory_bytes() const override { return full_bytes_; }
   void set_full_memory_bytes(int64_t bytes) { full_bytes_ = bytes; }
-  SessionMemory Copy() const;  // deep copy (fork); throws c10::Error when out of memory
+  bool pooled() const { return pool_ != nullptr; }  // its slots live in a model's SlotPool
+  SessionMemory Copy() const;                       // deep copy (fork); throws c10::Error when out of memory
   absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override;
 
   // A byte image of the memory (session_snapshot.cc), and its inverse for a
@@ -73,8 +86,11 @@ class SessionMemory final : public SessionState {
   int64_t full_bytes_;
   int64_t position_ = 0;
   int64_t length_ = 0;
-  int64_t capacity_ = 0;           // < mem_len only while position_ <= capacity_ (no wrap yet)
-  std::vector<at::Tensor> k_, v_;  // per layer [H, capacity, dh]; undefined while capacity is 0
+  int64_t capacity_ = 0;            // < mem_len only while position_ <= capacity_ (no wrap yet)
+  std::vector<at::Tensor> k_, v_;   // per layer [H, capacity, dh]; undefined while capacity is 0 or pooled
+  std::shared_ptr<SlotPool> pool_;  // set while the slots live in a pool
+  std::vector<int64_t> slots_;      // pooled: the pool row of each ring slot (capacity_ of them)
+  void ReleaseSlots();
 };
 
 // Owns the weights on one device and the relative-position key table.
@@ -117,6 +133,8 @@ class IncrementalModel {
   const TxlWeights& weights() const { return weights_; }
   at::ScalarType kv_type() const { return kv_dtype_ == KvDtype::kBfloat16 ? at::kBFloat16 : at::kFloat; }
   const at::Device& device() const { return device_; }
+  // The generic path's memory pool (null on the CPU kernels).
+  const SlotPool* pool() const { return pool_.get(); }
 
   static constexpr int64_t kPassTokens = 512;
 
@@ -126,6 +144,14 @@ class IncrementalModel {
   // One token per session, memories read and written in place (CPU, float).
   at::Tensor DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
   void Reserve(SessionMemory* memory, int64_t needed) const;
+  // Generic path: moves a memory's rings into the pool (no-op if it is there).
+  void Adopt(SessionMemory* memory) const;
+  // Positions [first, first + n) of a memory's layer-l keys (or values) as
+  // [n, H, dh] of the kv type, from its rings or its pool rows; and writes.
+  at::Tensor HeldRows(const SessionMemory& m, int64_t l, bool key, int64_t first, int64_t n) const;
+  void WriteRows(SessionMemory& m, int64_t l, bool key, int64_t first, const at::Tensor& rows) const;
+  // Pool rows of positions [first, first + n) of a pooled memory.
+  std::vector<int64_t> PoolRows(const SessionMemory& m, int64_t first, int64_t n) const;
   // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
   // transposed, plus bias (may be undefined), in the weight dtype's way.
   at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
@@ -170,6 +196,8 @@ class IncrementalModel {
   std::vector<DecodeLayer> decode_;
   // The fused prefill attention's operands (prefill_attention.h), reused.
   PrefillAttentionBuffers prefill_buffers_;
+  // Generic path: every session's memory (slot_pool.h).
+  std::shared_ptr<SlotPool> pool_;
   std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
   std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous: built only for the decode kernels
   int64_t rel_size_ = 0;

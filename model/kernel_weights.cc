@@ -98,6 +98,8 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
         for (int which = 0; which < 4; ++which) *MatrixOf(L, which) = MatrixOf(L, which)->to(at::kBFloat16);
       }
     }
+    pool_ = std::make_shared<SlotPool>(config_.n_layer, config_.n_head, config_.d_head,
+                                       at::TensorOptions().dtype(kv_type()).device(device_));
     return;
   }
   // The product matrices in the weight dtype (the float32 originals are

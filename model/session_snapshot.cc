@@ -6,7 +6,8 @@
 // Layout, little-endian: "TXLMEM1\0", then int64 n_layer, n_head, d_head,
 // mem_len, position, length, capacity, element size; then for each layer the
 // keys and the values as [n_head, capacity, d_head] elements: float32 (element
-// size 4) or bfloat16 (2), as the session holds them.
+// size 4) or bfloat16 (2), as the session holds them. A pooled memory
+// (slot_pool.h) writes the same image, its rows gathered in slot order.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -22,16 +23,24 @@ constexpr int kFields = 8;
 
 void SessionMemory::WriteImage(std::string* out) const {
   const int64_t n_layer = static_cast<int64_t>(k_.size());
-  const bool has = capacity_ > 0 && n_layer > 0 && k_[0].defined();
-  const int64_t heads = has ? k_[0].size(0) : 0, d_head = has ? k_[0].size(2) : 0;
-  const int64_t fields[kFields] = {
-      n_layer, heads, d_head, mem_len_, position_, length_, has ? capacity_ : 0, has ? k_[0].element_size() : 4};
+  const bool pooled = pool_ != nullptr && !slots_.empty();
+  const bool has = capacity_ > 0 && n_layer > 0 && (pooled || k_[0].defined());
+  const int64_t heads = !has ? 0 : pooled ? pool_->heads() : k_[0].size(0);
+  const int64_t d_head = !has ? 0 : pooled ? pool_->d_head() : k_[0].size(2);
+  const int64_t element = !has ? 4 : pooled ? pool_->keys(0).element_size() : k_[0].element_size();
+  const int64_t fields[kFields] = {n_layer, heads, d_head, mem_len_, position_, length_, has ? capacity_ : 0, element};
   out->append(kMagic, sizeof(kMagic));
   out->append(reinterpret_cast<const char*>(fields), sizeof(fields));
   if (!has) return;
+  // A pooled memory's slots, gathered in ring order, in the rings' layout.
+  const at::Tensor rows =
+      pooled ? at::tensor(slots_, at::TensorOptions().dtype(at::kLong)).to(pool_->keys(0).device()) : at::Tensor();
   for (int64_t l = 0; l < n_layer; ++l) {
-    for (const at::Tensor* t : {&k_[l], &v_[l]}) {
-      const at::Tensor host = t->to(at::kCPU).contiguous();
+    for (const bool key : {true, false}) {
+      const at::Tensor ring = !pooled
+                                  ? (key ? k_[l] : v_[l])
+                                  : (key ? pool_->keys(l) : pool_->values(l)).index_select(0, rows).permute({1, 0, 2});
+      const at::Tensor host = ring.to(at::kCPU).contiguous();
       out->append(static_cast<const char*>(host.data_ptr()), host.numel() * host.element_size());
     }
   }

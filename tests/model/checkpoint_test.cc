@@ -236,6 +236,7 @@ class LanguageModelTest : public CheckpointTest {
     LanguageModelOptions o;
     o.path = Path("m.pt");
     o.device = device;
+    o.kernels = testing::TestKernels();  // CTest runs these on both paths
     return o;
   }
   std::unique_ptr<LanguageModel> Load() {
@@ -326,6 +327,35 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   auto fork = *s->Clone();
   EXPECT_EQ(fork->position(), 4);
   EXPECT_EQ(fork->memory_bytes(), s->memory_bytes());
+}
+
+// Regression (generic path): the slot pool grew inside a step, under
+// InferenceMode, into tensors that nothing outside a step may change, so the
+// next fork (Clone) of any session failed. Several sessions with long windows
+// make the pool grow during steps.
+TEST_F(LanguageModelTest, SessionsCloneAndExportAfterTheirMemoryGrewInAStep) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  std::vector<std::unique_ptr<SessionState>> sessions;
+  for (int i = 0; i < 4; ++i) {
+    sessions.push_back(*model->NewSession(50));
+    StepInput in;
+    in.session = sessions.back().get();
+    for (int t = 0; t < 60; ++t) in.tokens.push_back((t * 5 + i) % static_cast<int>(config_.n_token));
+    ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  }
+  for (const auto& s : sessions) {
+    auto fork = s->Clone();
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    std::string image;
+    ASSERT_TRUE((*fork)->AppendTo(&image).ok());
+    auto restored = model->RestoreSession(image);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    StepInput in;
+    in.session = restored->get();
+    in.tokens = {1, 2};
+    ASSERT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  }
 }
 
 // Regression: a ring grown ahead of its positions kept whatever the heap

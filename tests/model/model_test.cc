@@ -371,6 +371,110 @@ TEST(IncrementalTest, DecodeKernelHeadSize64MatchesOnePass) {
   }
 }
 
+// The generic path keeps every session's memory in one pool of rows per
+// layer (model/slot_pool.h).
+IncrementalModel GenericModel(const ModelConfig& c, const TxlWeights& w, KvDtype kv = KvDtype::kFloat32) {
+  IncrementalModel::Precision p;
+  p.kernels = Kernels::kGeneric;
+  p.kv_dtype = kv;
+  return IncrementalModel(c, w, at::kCPU, p);
+}
+
+TEST(SlotPoolTest, TakeGiveAndGrowKeepRowsAndNeverHandOutThePadRow) {
+  SlotPool pool(2, 3, 4, at::TensorOptions().dtype(at::kFloat));
+  std::vector<int64_t> a = pool.Take(10);
+  EXPECT_EQ(std::count(a.begin(), a.end(), SlotPool::kPadRow), 0);
+  pool.keys(1).index_fill_(0, at::tensor(a), 7.0);
+  const int64_t before = pool.rows();
+  std::vector<int64_t> b = pool.Take(before);  // more than are free: the pool grows
+  EXPECT_GT(pool.rows(), before);
+  EXPECT_EQ(std::count(b.begin(), b.end(), SlotPool::kPadRow), 0);
+  EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(a)).eq(7).all().item<bool>());  // kept across the growth
+  EXPECT_EQ(pool.keys(0)[SlotPool::kPadRow].abs().sum().item<float>(), 0);
+  pool.Give(a);
+  const std::vector<int64_t> again = pool.Take(10);  // a's rows, handed out zeroed
+  EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(again)).eq(0).all().item<bool>());
+  std::vector<int64_t> all = b;
+  all.insert(all.end(), again.begin(), again.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "a row handed out twice";
+}
+
+TEST(SlotPoolTest, SessionsLiveInThePoolAndGiveTheirRowsBack) {
+  const ModelConfig c = testing::SmallConfig();
+  IncrementalModel model = GenericModel(c, TestWeights(c, 21));
+  ASSERT_NE(model.pool(), nullptr);
+  const int64_t free_at_start = model.pool()->free_rows();
+  {
+    std::vector<SessionMemory> sessions;
+    for (int i = 0; i < 8; ++i) sessions.emplace_back(c.n_layer, c.mem_len);
+    for (int i = 0; i < 8; ++i) FeedInChunks(model, sessions[i], RandomTokens(3 + 4 * i, c.n_token, 40 + i), 3);
+    for (const SessionMemory& s : sessions) {
+      EXPECT_TRUE(s.pooled());
+      // What it holds, as the rings would: 2 x layers x capacity x one row.
+      EXPECT_EQ(s.bytes(), 2 * c.n_layer * s.capacity() * c.n_head * c.d_head * 4);
+    }
+    SessionMemory fork = sessions[4].Copy();
+    EXPECT_TRUE(fork.pooled());
+  }
+  EXPECT_GT(model.pool()->rows(), free_at_start + 1) << "the sessions needed more rows than it began with";
+  EXPECT_EQ(model.pool()->free_rows(), model.pool()->rows() - 1) << "every row but the padding one given back";
+  // The CPU kernels keep rings.
+  IncrementalModel native(c, TestWeights(c, 21), at::kCPU);
+  EXPECT_EQ(native.pool(), nullptr);
+  SessionMemory ring(c.n_layer, c.mem_len);
+  FeedInChunks(native, ring, RandomTokens(4, c.n_token, 1), 4);
+  EXPECT_FALSE(ring.pooled());
+}
+
+// A pooled memory's image is the rings' image: it restores onto either path,
+// onto the generic one bit for bit, and its unwritten slots are zeros even
+// where the rows held another session's keys.
+TEST(SlotPoolTest, ImagesOfPooledMemoriesRestoreExactlyAndCarryNoOtherSession) {
+  for (const KvDtype kv : {KvDtype::kFloat32, KvDtype::kBfloat16}) {
+    const ModelConfig c = testing::SmallConfig();
+    const TxlWeights w = TestWeights(c, 22);
+    IncrementalModel model = GenericModel(c, w, kv);
+    IncrementalModel native(c, w, at::kCPU, [&] {
+      IncrementalModel::Precision p;
+      p.kv_dtype = kv;
+      return p;
+    }());
+    {
+      SessionMemory noisy(c.n_layer, c.mem_len);  // fills rows, then gives them back
+      FeedInChunks(model, noisy, RandomTokens(3 * c.mem_len, c.n_token, 5), 5);
+    }
+    SessionMemory session(c.n_layer, c.mem_len);
+    FeedInChunks(model, session, RandomTokens(3, c.n_token, 6), 3);
+    FeedInChunks(model, session, RandomTokens(1, c.n_token, 7), 1);
+    ASSERT_TRUE(session.pooled());
+    ASSERT_GT(session.capacity(), session.position()) << "some slots not written yet";
+    std::string image;
+    session.WriteImage(&image);
+    const int64_t element = kv == KvDtype::kBfloat16 ? 2 : 4;
+    const int64_t per_tensor = c.n_head * session.capacity() * c.d_head * element;
+    const size_t header = image.size() - static_cast<size_t>(2 * c.n_layer * per_tensor);
+    for (int64_t t = 0; t < 2 * c.n_layer; ++t) {  // [H, capacity, dh]: slots >= position are zero
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        for (int64_t slot = session.position(); slot < session.capacity(); ++slot) {
+          const size_t at = header + t * per_tensor + ((h * session.capacity() + slot) * c.d_head) * element;
+          EXPECT_EQ(image.substr(at, c.d_head * element), std::string(c.d_head * element, '\0'))
+              << "tensor " << t << " head " << h << " slot " << slot;
+        }
+      }
+    }
+    auto on_generic = SessionMemory::Parse(image, c, at::kCPU, model.kv_type());
+    auto on_native = SessionMemory::Parse(image, c, at::kCPU, native.kv_type());
+    ASSERT_TRUE(on_generic.ok() && on_native.ok());
+    const auto next = RandomTokens(2 * c.mem_len, c.n_token, 8);
+    SessionMemory original = std::move(session);
+    const at::Tensor want = FeedInChunks(model, original, next, 1);
+    EXPECT_EQ(MaxAbsDiff(FeedInChunks(model, *on_generic, next, 1), want), 0);
+    EXPECT_TRUE(on_generic->pooled());
+    EXPECT_LT(MaxAbsDiff(FeedInChunks(native, *on_native, next, 1), want), 1e-5);
+  }
+}
+
 TEST(TrainingFormTest, SameLengthFalseSeesTheWholeMemory) {
   ModelConfig c = testing::SmallConfig();
   c.same_length = false;

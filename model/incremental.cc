@@ -221,6 +221,12 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
   m->capacity_ = cap;
 }
 
+void IncrementalModel::ReserveSessionMemory(int64_t bytes) {
+  if (!pool_ || bytes <= 0) return;
+  const int64_t per_row = 2 * config_.n_layer * pool_->row_bytes();  // a row: keys and values of every layer
+  pool_->Reserve(1 + bytes / per_row);
+}
+
 void IncrementalModel::Adopt(SessionMemory* m) const {
   if (!pool_ || m->pool_ == pool_) return;
   if (m->capacity_ == 0) {

@@ -135,6 +135,10 @@ class IncrementalModel {
   const at::Device& device() const { return device_; }
   // The generic path's memory pool (null on the CPU kernels).
   const SlotPool* pool() const { return pool_.get(); }
+  // Generic path: makes the pool hold `bytes` of session memory now (plus
+  // its padding row); a no-op on the CPU kernels. Throws c10::Error when the
+  // device cannot.
+  void ReserveSessionMemory(int64_t bytes);
 
   static constexpr int64_t kPassTokens = 512;
 

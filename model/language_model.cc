@@ -124,6 +124,16 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
 
 std::string LanguageModel::KernelPath() const { return model_->KernelPath(); }
 
+absl::Status LanguageModel::ReserveSessionMemory(int64_t bytes) {
+  try {
+    model_->ReserveSessionMemory(bytes);
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("allocating ", bytes, " bytes of session memory on ", device_name_,
+                                                     ": ", e.what_without_backtrace()));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {
   if (mem_len < 1) return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
   return std::unique_ptr<SessionState>(new SessionMemory(config_.n_layer, mem_len, FullMemoryBytes(mem_len)));

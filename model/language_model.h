@@ -67,6 +67,12 @@ class LanguageModel {
   // them): sessions exported from one model import only into the same one.
   const std::string& fingerprint() const { return fingerprint_; }
 
+  // On the generic path (a GPU), allocates the session memory pool for
+  // `bytes` of sessions now, at start-up, so that no step has to grow it
+  // (growing needs the old pool and the new at once). RESOURCE_EXHAUSTED
+  // when the device cannot; a no-op on the CPU kernels.
+  absl::Status ReserveSessionMemory(int64_t bytes);
+
   // Advances every input's session by its tokens, in one batched forward
   // pass. Bad input (a token or target outside [0, n_token), a session
   // given twice, more targets than tokens) fails before anything runs; any

@@ -53,6 +53,10 @@ std::vector<int64_t> SlotPool::Take(int64_t n) {
   return taken;
 }
 
+void SlotPool::Reserve(int64_t rows) {
+  if (rows > rows_) Grow(rows);
+}
+
 void SlotPool::Give(absl::Span<const int64_t> rows) {
   absl::MutexLock lock(&mu_);
   free_.insert(free_.end(), rows.rbegin(), rows.rend());

@@ -36,6 +36,10 @@ class SlotPool {
   // too few are free; throws c10::Error when the device is out of memory.
   std::vector<int64_t> Take(int64_t n);
   void Give(absl::Span<const int64_t> rows);
+  // Grows the pool to at least `rows` rows now (start-up, outside any step),
+  // so that steps within that many never grow it: a GPU sizes its pool from
+  // the session memory budget, and admission keeps sessions within it.
+  void Reserve(int64_t rows);
 
   at::Tensor& keys(int64_t layer) { return k_[layer]; }  // [rows, H, dh]
   at::Tensor& values(int64_t layer) { return v_[layer]; }

@@ -418,8 +418,15 @@ int Serve(ServerOptions o, sigset_t signals) {
                 << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less " << headroom
                 << " headroom)" << std::endl;
     }
-    o.metrics.session_memory_budget = o.table.memory_budget_bytes;
   }
+  if (model.device() != "cpu" && o.table.memory_budget_bytes > 0) {
+    // The pool of session memory, allocated once for the whole budget:
+    // admission then keeps every step within it (docs/DESIGN.md §3.2).
+    if (auto reserved = (*engine)->ReserveSessionMemory(o.table.memory_budget_bytes); !reserved.ok()) {
+      return Fail(absl::StrCat(reserved.message(), " (lower --session_memory_budget or raise --gpu_headroom)"));
+    }
+  }
+  o.metrics.session_memory_budget = o.table.memory_budget_bytes;
   // What the model runs in, not what the flags asked for (GetModelInfo reports it).
   o.service.dtype = txl::DtypeName(model.dtype());
   o.service.kv_dtype = txl::DtypeName(model.kv_dtype());

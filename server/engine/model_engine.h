@@ -27,6 +27,8 @@ class ModelEngine : public Engine {
   absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) override { return model_->Step(inputs); }
 
   const LanguageModel& model() const { return *model_; }
+  // Start-up only, before the engine thread runs (LanguageModel::ReserveSessionMemory).
+  absl::Status ReserveSessionMemory(int64_t bytes) { return model_->ReserveSessionMemory(bytes); }
 
  private:
   explicit ModelEngine(std::unique_ptr<LanguageModel> model) : model_(std::move(model)) {}

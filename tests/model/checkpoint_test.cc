@@ -14,6 +14,17 @@
 #include "model/language_model.h"
 #include "tests/model/model_fixture.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TXL_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TXL_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef TXL_TEST_UNDER_ASAN
+#define TXL_TEST_UNDER_ASAN 0
+#endif
+
 namespace txl {
 namespace {
 
@@ -263,6 +274,27 @@ TEST_F(LanguageModelTest, GenericKernelsRefuseInt8AndNameThemselves) {
     auto model = LanguageModel::Create(o);
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_NE((*model)->KernelPath().find("generic"), std::string::npos) << (*model)->KernelPath();
+  }
+}
+
+TEST_F(LanguageModelTest, ReservingSessionMemoryTheDeviceCannotHoldIsResourceExhausted) {
+#if TXL_TEST_UNDER_ASAN
+  GTEST_SKIP() << "ASan aborts on an allocation it cannot make instead of failing it";
+#endif
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  EXPECT_TRUE(model->ReserveSessionMemory(1 << 20).ok());
+  const absl::Status huge = model->ReserveSessionMemory(int64_t{1} << 52);
+  if (testing::TestKernels() == Kernels::kGeneric) {
+    EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
+    EXPECT_NE(huge.message().find("session memory"), std::string::npos) << huge;
+    auto s = *model->NewSession(8);  // and the model still works
+    StepInput in;
+    in.session = s.get();
+    in.tokens = {1, 2, 3};
+    EXPECT_TRUE(model->Step(absl::MakeSpan(&in, 1)).ok());
+  } else {
+    EXPECT_TRUE(huge.ok()) << "the CPU kernels keep no pool";
   }
 }
 

@@ -1,6 +1,7 @@
 // The math of model/: the incremental form is chunk- and batch-invariant and
 // agrees with the training form (docs/DESIGN.md §3).
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include "tests/model/model_fixture.h"
@@ -473,6 +474,61 @@ TEST(SlotPoolTest, ImagesOfPooledMemoriesRestoreExactlyAndCarryNoOtherSession) {
     EXPECT_TRUE(on_generic->pooled());
     EXPECT_LT(MaxAbsDiff(FeedInChunks(native, *on_native, next, 1), want), 1e-5);
   }
+}
+
+// A GPU sizes its pool once, from the session memory budget: sessions
+// within it never make a step grow the pool.
+TEST(SlotPoolTest, AReservedPoolHoldsItsBudgetWithoutGrowing) {
+  const ModelConfig c = testing::SmallConfig();
+  IncrementalModel model = GenericModel(c, TestWeights(c, 24));
+  const int64_t full = 2 * c.n_layer * c.mem_len * c.n_head * c.d_head * 4;  // one full window
+  model.ReserveSessionMemory(6 * full);
+  const int64_t rows = model.pool()->rows();
+  EXPECT_GE(rows, 1 + 6 * c.mem_len);
+  std::vector<SessionMemory> sessions;
+  for (int i = 0; i < 6; ++i) sessions.emplace_back(c.n_layer, c.mem_len);
+  for (int i = 0; i < 6; ++i) FeedInChunks(model, sessions[i], RandomTokens(2 * c.mem_len, c.n_token, 60 + i), 5);
+  EXPECT_EQ(model.pool()->rows(), rows);
+  IncrementalModel native(c, TestWeights(c, 24), at::kCPU);
+  native.ReserveSessionMemory(6 * full);  // nothing to reserve on the CPU kernels
+  EXPECT_EQ(native.pool(), nullptr);
+}
+
+// The ATen ops this thread dispatches (views and nested calls included):
+// what a GPU would launch, or more.
+thread_local int64_t t_ops = 0;
+std::unique_ptr<at::ObserverContext> CountOp(const at::RecordFunction&) {
+  ++t_ops;
+  return nullptr;
+}
+
+// The point of the pool: a decode step's ops per layer do not grow with the
+// batch (the per-session copies they replaced were about ten per session per
+// layer). What does grow is per session once per step (its hidden row).
+TEST(SlotPoolTest, ADecodeStepDispatchesTheSameOpsPerLayerForAnyBatch) {
+  ModelConfig c = testing::SmallConfig();
+  c.n_layer = 6;
+  IncrementalModel model = GenericModel(c, TestWeights(c, 23));
+  auto ops_for = [&](int batch) {
+    std::vector<SessionMemory> sessions;
+    for (int b = 0; b < batch; ++b) sessions.emplace_back(c.n_layer, c.mem_len);
+    for (int b = 0; b < batch; ++b) FeedInChunks(model, sessions[b], RandomTokens(5 + b % 3, c.n_token, b), 8);
+    std::vector<StepInput> inputs;
+    for (int b = 0; b < batch; ++b) inputs.push_back(Row(&sessions[b], {static_cast<int64_t>(b % c.n_token)}));
+    model.Step(absl::MakeSpan(inputs));  // warm: any growth happens here
+    inputs.clear();
+    for (int b = 0; b < batch; ++b) inputs.push_back(Row(&sessions[b], {static_cast<int64_t>((b + 1) % c.n_token)}));
+    const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&CountOp));
+    t_ops = 0;
+    model.Step(absl::MakeSpan(inputs));
+    at::removeCallback(handle);
+    return t_ops;
+  };
+  const int64_t two = ops_for(2), sixteen = ops_for(16);
+  std::cout << "generic decode step, " << c.n_layer << " layers: " << two << " ops at batch 2, " << sixteen
+            << " at batch 16\n";
+  ASSERT_GT(two, 10 * c.n_layer) << "the counter saw the step";
+  EXPECT_LT(sixteen - two, 14 * c.n_layer) << "ops per session per layer";
 }
 
 TEST(TrainingFormTest, SameLengthFalseSeesTheWholeMemory) {

@@ -192,8 +192,7 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
   const int64_t M = m->mem_len_;
   int64_t cap = std::max(needed, std::min(M, 2 * m->capacity_));
   if (2 * cap > M) cap = M;
-  if (pool_) {  // more rows; the held ones stay where they are
-    Adopt(m);
+  if (pool_) {  // more rows; the held ones stay where they are (Step adopted the memory)
     const std::vector<int64_t> more = pool_->Take(cap - m->capacity_);
     m->pool_ = pool_;
     m->slots_.insert(m->slots_.end(), more.begin(), more.end());

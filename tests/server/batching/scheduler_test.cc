@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "tests/server/fake_engine.h"
+#include "tests/server/job_outcome.h"
 
 namespace txl {
 namespace {
@@ -18,33 +19,7 @@ namespace {
 using testing::FakeEngine;
 using testing::FakeSession;
 
-// Collects one job's callbacks and lets the test wait for its end.
-struct Outcome {
-  std::vector<int> ids;
-  std::string text;
-  std::vector<int64_t> positions;
-  absl::Status status;
-  JobResult result;
-  absl::Notification done;
-
-  JobCallbacks Callbacks() {
-    JobCallbacks cb;
-    cb.on_tokens = [this](std::vector<GeneratedTokenEvent> events, int64_t position) {
-      for (auto& e : events) {
-        ids.push_back(e.id);
-        text += e.text;
-      }
-      positions.push_back(position);
-    };
-    cb.on_done = [this](absl::Status s, JobResult r) {
-      status = std::move(s);
-      result = std::move(r);
-      done.Notify();
-    };
-    return cb;
-  }
-  void Wait() { ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30))); }
-};
+using testing::Outcome;
 
 class SchedulerTest : public ::testing::Test {
  protected:
@@ -173,17 +148,11 @@ TEST_F(SchedulerTest, TheModelPicksTheTokenUnlessTheRequestNeedsTheDistribution)
 TEST_F(SchedulerTest, AGenerationWithNothingToFeedEndsAndReturnsTheSession) {
   Make();
   const std::string id = NewSession();
-  absl::Notification done;
-  absl::Status status;
-  JobCallbacks cb;
-  cb.on_done = [&](absl::Status s, JobResult) {
-    status = s;
-    done.Notify();
-  };
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), std::move(cb)).ok());
+  Outcome o;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), o.Callbacks()).ok());
   scheduler_->Start();
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  o.Wait();
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kInternal);
   EXPECT_FALSE(table_.Get("", id)->busy);
   EXPECT_EQ(table_.Get("", id)->position, 0);
 }

@@ -16,6 +16,7 @@
 #include "server/batching/scheduler.h"
 #include "server/durability/recovery.h"
 #include "tests/server/fake_engine.h"
+#include "tests/server/job_outcome.h"
 
 namespace txl {
 namespace {
@@ -653,36 +654,21 @@ class DurableSchedulerTest : public ::testing::Test {
     GenerateSpec spec;
     spec.input = std::move(input);
     spec.max_new_tokens = n;
-    absl::Notification done;
-    absl::Status status;
-    JobCallbacks cb;
-    cb.on_tokens = [out](std::vector<GeneratedTokenEvent> ev, int64_t) {
-      if (out)
-        for (auto& e : ev) out->push_back(e.id);
-    };
-    cb.on_done = [&](absl::Status s, JobResult) {
-      status = s;
-      done.Notify();
-    };
-    auto job = scheduler_->SubmitGenerate(*std::move(lease), false, std::move(spec), std::move(cb));
+    testing::Outcome o;
+    auto job = scheduler_->SubmitGenerate(*std::move(lease), false, std::move(spec), o.Callbacks());
     if (!job.ok()) return job.status();
-    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-    return status;
+    o.Wait();
+    if (out) out->insert(out->end(), o.ids.begin(), o.ids.end());
+    return o.status;
   }
   absl::Status Rewind(const std::string& id, int64_t position) {
     auto lease = table_->Acquire("", id, absl::Now());
     if (!lease.ok()) return lease.status();
-    absl::Notification done;
-    absl::Status status;
-    JobCallbacks cb;
-    cb.on_done = [&](absl::Status s, JobResult) {
-      status = s;
-      done.Notify();
-    };
-    auto job = scheduler_->SubmitRewind(*std::move(lease), position, std::move(cb));
+    testing::Outcome o;
+    auto job = scheduler_->SubmitRewind(*std::move(lease), position, o.Callbacks());
     if (!job.ok()) return job.status();
-    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-    return status;
+    o.Wait();
+    return o.status;
   }
   // Polls the store's tiers until `ok` holds (true) or 10 s pass (false).
   bool WaitForTiers(const std::function<bool(const SessionTable::TierCounts&)>& ok) {

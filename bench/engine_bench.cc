@@ -209,8 +209,10 @@ class Bench {
   // What each session asks of a step (W rows): nothing (the layers alone),
   // its whole distribution, that and a top-p sample on the host (what a
   // server does for top-p), the model's argmax (greedy), the model's draw
-  // (temperature 1), or one target's log-prob (Score).
-  enum class Readout { kNone, kDistribution, kTopP, kArgmax, kDraw, kScore };
+  // (temperature 1), one target's log-prob (Score), the model's list of 40
+  // and the host's top-k draw from it, or the model's list of 5 (greedy
+  // with logprobs 5: the token and its alternatives).
+  enum class Readout { kNone, kDistribution, kTopP, kArgmax, kDraw, kScore, kTopK, kTopN };
   static const char* ReadoutName(Readout r) {
     switch (r) {
       case Readout::kNone: return "layers only";
@@ -219,6 +221,8 @@ class Bench {
       case Readout::kArgmax: return "greedy (model argmax)";
       case Readout::kDraw: return "temperature 1 (model draw)";
       case Readout::kScore: return "Score (one target's log-prob, Zipf-ranked targets)";
+      case Readout::kTopK: return "top-k 40 at temperature 0.8 (the model's list + the host's draw)";
+      case Readout::kTopN: return "greedy with 5 alternatives (the model's list of 5)";
     }
     return "";
   }
@@ -270,11 +274,15 @@ class Bench {
             in[s].draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
             break;
           case Readout::kScore: in[s].targets = {ZipfToken()}; break;
+          case Readout::kTopK: in[s].top_n = top_k_.TopCandidates(); break;
+          case Readout::kTopN: in[s].top_n = 5; break;
         }
       }
       auto out = Must(lm->Step(absl::MakeSpan(in)), "engine step");
       for (StepOutput& o : out) {
         if (readout == Readout::kTopP) sink_ += top_p_.Sample(o.last_distribution);
+        if (readout == Readout::kTopK) sink_ += top_k_.SampleFromTop(o.top);
+        if (readout == Readout::kTopN) sink_ += o.top[4].first;
         if (readout == Readout::kDistribution) sink_ += o.last_distribution[0];
         sink_ += o.picked + (o.target_logprobs.empty() ? 0 : o.target_logprobs[0]);
       }
@@ -674,10 +682,9 @@ class Bench {
     for (auto& x : sessions) all.push_back(x.get());
     ReadoutSteps(all, 1, Readout::kNone);
     const double entropy = MeanEntropy(all);
-    const std::pair<Readout, const char*> kinds[] = {{Readout::kArgmax, "greedy"},
-                                                     {Readout::kDraw, "draw"},
-                                                     {Readout::kScore, "score"},
-                                                     {Readout::kTopP, "top-p"},
+    const std::pair<Readout, const char*> kinds[] = {{Readout::kArgmax, "greedy"},    {Readout::kDraw, "draw"},
+                                                     {Readout::kScore, "score"},      {Readout::kTopN, "top-5"},
+                                                     {Readout::kTopK, "top-k"},       {Readout::kTopP, "top-p"},
                                                      {Readout::kDistribution, "rows"}};
     for (const auto& kind : kinds) {
       const Readout readout = kind.first;  // a variable, not a binding: lambdas capture it below
@@ -915,6 +922,7 @@ class Bench {
   std::mt19937_64 draw_rng_{7};
   std::vector<double> zipf_cdf_;
   txl::Sampler top_p_{txl::SamplingConfig{0.8f, 0, 0.9f, 7}, 7};
+  txl::Sampler top_k_{txl::SamplingConfig{0.8f, 40, 0.0f, 7}, 7};
   double load_seconds_ = 0;
   int64_t rss_after_load_ = 0;
 };

@@ -165,9 +165,11 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       return absl::InvalidArgumentError(
           absl::StrCat("step input ", i, ": ", in.targets.size(), " targets for ", in.tokens.size(), " tokens"));
     }
-    if ((in.want_last_distribution || in.pick != StepInput::Pick::kNone) && in.tokens.empty()) {
+    if (in.top_n < 0)
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": top_n ", in.top_n, " is negative"));
+    if ((in.want_last_distribution || in.pick != StepInput::Pick::kNone || in.top_n > 0) && in.tokens.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("step input ", i, ": a distribution or a pick needs at least one token"));
+          absl::StrCat("step input ", i, ": a distribution, a pick or top tokens need at least one token"));
     }
     if (in.pick == StepInput::Pick::kDraw && !(in.draw_uniform >= 0 && in.draw_uniform < 1)) {
       return absl::InvalidArgumentError(
@@ -189,8 +191,9 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
     at::Tensor hidden = model_->Step(inputs);
     // Rows by what is asked of them. Only distribution rows build
     // [rows, n_token] log-probs and copy them off the device.
-    std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows;
+    std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows, top_rows;
     std::vector<int> targets;
+    int top_n = 0;
     std::vector<double> uniforms;
     int64_t offset = 0;
     for (const StepInput& in : inputs) {
@@ -205,6 +208,10 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       if (in.pick == StepInput::Pick::kDraw) {
         draw_rows.push_back(last);
         uniforms.push_back(in.draw_uniform);
+      }
+      if (in.top_n > 0) {
+        top_rows.push_back(last);
+        top_n = std::max(top_n, in.top_n);
       }
       offset += static_cast<int64_t>(in.tokens.size());
     }
@@ -229,11 +236,15 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
     }
     if (!best_rows.empty()) best = output_->BestTokens(rows_of(best_rows, 0, best_rows.size()));
     if (!draw_rows.empty()) drawn = output_->DrawTokens(rows_of(draw_rows, 0, draw_rows.size()), uniforms);
+    // One selection for the batch at its largest n; each row keeps its own
+    // prefix (the first n of a longer list are the top n).
+    std::vector<TokenList> tops;
+    if (!top_rows.empty()) tops = output_->TopTokens(rows_of(top_rows, 0, top_rows.size()), top_n);
     at::Tensor dist;
     if (!dist_rows.empty())
       dist = output_->LogProbs(rows_of(dist_rows, 0, dist_rows.size())).to(at::kCPU, at::kFloat).contiguous();
 
-    size_t t = 0, a = 0, d = 0, b = 0, w = 0;
+    size_t t = 0, a = 0, d = 0, b = 0, w = 0, p = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const StepInput& in = inputs[i];
       out[i].target_logprobs.assign(target_lp.begin() + t, target_lp.begin() + t + in.targets.size());
@@ -252,6 +263,10 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       } else if (in.pick == StepInput::Pick::kDraw) {
         out[i].picked = drawn.ids[w];
         out[i].picked_logprob = drawn.logprobs[w++];
+      }
+      if (in.top_n > 0) {
+        out[i].top = std::move(tops[p++]);
+        if (out[i].top.size() > static_cast<size_t>(in.top_n)) out[i].top.resize(in.top_n);
       }
     }
   } catch (const c10::Error& e) {

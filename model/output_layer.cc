@@ -13,6 +13,45 @@ at::Tensor Index(const std::vector<int64_t>& v, const at::Device& device) {
   return at::tensor(v, at::kLong).to(device);
 }
 
+// Sampler's order: the higher log-prob first, ties to the lower id.
+bool Better(const std::pair<int, float>& a, const std::pair<int, float>& b) {
+  return a.second > b.second || (a.second == b.second && a.first < b.first);
+}
+
+// Adds to lists[rows[j]] the top min(n, cols) words of lp's row j (ids
+// offset by `first`), or more where words tie with the last of them: every
+// word not added is strictly below all that were.
+void AddTopOfBin(const at::Tensor& lp, const std::vector<int64_t>& rows, int64_t first, int n,
+                 std::vector<TokenList>* lists) {
+  const int64_t k = std::min<int64_t>(n, lp.size(1));
+  auto [values, ids] = lp.topk(k, 1, /*largest=*/true, /*sorted=*/true);
+  at::Tensor cut = values.select(1, k - 1).unsqueeze(1);
+  at::Tensor at_or_above = (lp >= cut).sum(1);
+  at::Tensor v = values.to(at::kCPU, at::kFloat).contiguous(), i = ids.to(at::kCPU).contiguous();
+  at::Tensor count = at_or_above.to(at::kCPU).contiguous();
+  for (size_t j = 0; j < rows.size(); ++j) {
+    TokenList& list = (*lists)[rows[j]];
+    if (count.data_ptr<int64_t>()[j] == k) {
+      for (int64_t m = 0; m < k; ++m)
+        list.emplace_back(static_cast<int>(first + i.data_ptr<int64_t>()[j * k + m]), v.data_ptr<float>()[j * k + m]);
+      continue;
+    }
+    // A tie across the cut: the selection's choice among equals is not
+    // the lower id, so every word at or above the cut goes to the host.
+    at::Tensor row = lp.select(0, static_cast<int64_t>(j));
+    at::Tensor tied = (row >= cut.select(0, static_cast<int64_t>(j))).nonzero().squeeze(1);
+    at::Tensor tv = row.index_select(0, tied).to(at::kCPU, at::kFloat).contiguous();
+    at::Tensor ti = tied.to(at::kCPU).contiguous();
+    for (int64_t m = 0; m < ti.numel(); ++m)
+      list.emplace_back(static_cast<int>(first + ti.data_ptr<int64_t>()[m]), tv.data_ptr<float>()[m]);
+  }
+}
+
+void KeepBest(TokenList* list, int n) {
+  std::sort(list->begin(), list->end(), Better);
+  if (list->size() > static_cast<size_t>(n)) list->resize(n);
+}
+
 }  // namespace
 
 OutputLayer::OutputLayer(const ModelConfig& c, const TxlWeights& w) : c_(c), w_(w), ends_(c.cutoff_ends()) {
@@ -150,6 +189,38 @@ TokenPicks OutputLayer::DrawTokens(const at::Tensor& hidden, const std::vector<d
     }
   }
   return out;
+}
+
+std::vector<TokenList> OutputLayer::TopTokens(const at::Tensor& hidden, int n) const {
+  const int64_t rows = hidden.size(0);
+  std::vector<TokenList> lists(rows);
+  if (rows == 0 || n <= 0) return lists;
+  const at::Device device = hidden.device();
+  const int64_t nc = c_.n_clusters();
+  at::Tensor head = HeadLogProbs(hidden);
+  std::vector<int64_t> all(rows);
+  for (int64_t r = 0; r < rows; ++r) all[r] = r;
+  AddTopOfBin(head.slice(1, 0, ends_[1]), all, 0, n, &lists);
+  for (TokenList& list : lists) KeepBest(&list, n);
+  if (nc == 0) return lists;
+  std::vector<int64_t> cols;
+  for (int64_t i = 1; i <= nc; ++i) cols.push_back(ClusterColumn(c_, i));
+  at::Tensor entries = head.index_select(1, Index(cols, device)).to(at::kCPU, at::kFloat).contiguous();
+  for (int64_t i = 1; i <= nc; ++i) {
+    // No word of a cluster beats the cluster's head entry, and on a tie the
+    // lower id (already listed) wins; so a row with n words above the entry
+    // skips the cluster's logits. Exact.
+    std::vector<int64_t> need;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float entry = entries.data_ptr<float>()[r * nc + (i - 1)];
+      if (lists[r].size() < static_cast<size_t>(n) || entry > lists[r].back().second) need.push_back(r);
+    }
+    if (need.empty()) continue;
+    at::Tensor idx = Index(need, device);
+    AddTopOfBin(ClusterLogProbs(hidden.index_select(0, idx), head.index_select(0, idx), i), need, ends_[i], n, &lists);
+    for (int64_t r : need) KeepBest(&lists[r], n);
+  }
+  return lists;
 }
 
 }  // namespace txl

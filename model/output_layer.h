@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/model_config.h"
+#include "model/step.h"
 #include "model/weights.h"
 
 namespace txl {
@@ -48,6 +49,13 @@ class OutputLayer {
   // cluster in id order); only rows that land on a cluster compute its
   // logits.
   TokenPicks DrawTokens(const at::Tensor& hidden, const std::vector<double>& uniforms) const;
+
+  // The n most likely tokens of each row, most likely first (ties: the lower
+  // id): exactly the first n of the row sorted that way. Each bin gives its
+  // top n by a partial selection; a cluster is computed only for rows whose
+  // cluster entry beats their n-th best so far, as in BestTokens. Ties at a
+  // bin's cut bring all the tied words, so the cut is made on the host.
+  std::vector<TokenList> TopTokens(const at::Tensor& hidden, int n) const;
 
  private:
   at::Tensor HeadLogProbs(const at::Tensor& hidden) const;  // [rows, shortlist + clusters]

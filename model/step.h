@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,7 +54,15 @@ struct StepInput {
   enum class Pick { kNone, kArgmax, kDraw };
   Pick pick = Pick::kNone;
   double draw_uniform = 0;
+  // > 0: the top_n most likely tokens after the last one, with their
+  // log-probs, found in the model without whole rows (an adaptive softmax
+  // computes a cluster only for rows where it can hold one of them). What
+  // logprobs > 0 and top-k sampling need; independent of `pick`.
+  int top_n = 0;
 };
+
+// Tokens with their log-probs, most likely first (ties: the lower id).
+using TokenList = std::vector<std::pair<int, float>>;
 
 struct StepOutput {
   std::vector<float> target_logprobs;    // one per target
@@ -61,6 +70,7 @@ struct StepOutput {
   std::vector<float> last_distribution;  // n_token log-probs, when asked
   int picked = -1;                       // the token `pick` chose
   float picked_logprob = 0;              // its log-prob
+  TokenList top;                         // min(top_n, n_token) entries, when asked
 };
 
 }  // namespace txl

@@ -68,6 +68,10 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
   spec.sampling.top_p = req.sampling().top_p();
   spec.sampling.seed = req.sampling().seed();
   RETURN_IF_ERROR(ValidateSampling(spec.sampling));
+  // A k of the whole vocabulary or more limits nothing: said so here, the
+  // sampler walks whole rows instead of asking the model for a list of all
+  // n_token words.
+  if (spec.sampling.top_k >= limits_.n_token) spec.sampling.top_k = 0;
   if (req.stop_token_ids_size() > limits_.max_stop_token_ids) {
     return absl::InvalidArgumentError(
         absl::StrCat("stop_token_ids: at most ", limits_.max_stop_token_ids, " ids, got ", req.stop_token_ids_size()));

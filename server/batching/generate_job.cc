@@ -28,31 +28,51 @@ StepInput GenerateJob::Row(size_t n) {
   }
   in.session = state();
   if (!decoding_ && n != prefill_left()) return in;  // mid-prefill: no output
-  // The model picks the token itself when the request needs no more than
-  // its id and log-prob (docs/DESIGN.md, "Sampling paths"): n_token floats
-  // then never leave it.
-  if (spec_.top_logprobs > 0 || !(sampler_.Greedy() || sampler_.PlainDraw())) {
-    in.want_last_distribution = true;
+  // The model picks the token, or lists the few a draw or the alternatives
+  // need, when the request needs no more (docs/DESIGN.md, "Sampling paths"):
+  // n_token floats then never leave it.
+  const int candidates = sampler_.TopCandidates();
+  if (candidates > 0) {
+    in.top_n = std::max(candidates, spec_.top_logprobs);
   } else if (sampler_.Greedy()) {
-    in.pick = StepInput::Pick::kArgmax;
-  } else {
+    if (spec_.top_logprobs > 0) {
+      in.top_n = spec_.top_logprobs;  // its first is the argmax
+    } else {
+      in.pick = StepInput::Pick::kArgmax;
+    }
+  } else if (sampler_.PlainDraw()) {
     in.pick = StepInput::Pick::kDraw;
     in.draw_uniform = sampler_.NextUniform();
+    in.top_n = spec_.top_logprobs;
+  } else {
+    in.want_last_distribution = true;  // top-p alone, or another temperature
   }
   return in;
 }
 
 void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (!decoding_) fed += n;
-  // A pick or a distribution arrives after the prefill and after each decode.
-  const bool picked = out.picked >= 0;
-  if (!picked && out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size()))
+  // A pick, a list or a distribution arrives after the prefill and after
+  // each decode.
+  const bool picked = out.picked >= 0, listed = !out.top.empty();
+  if (!picked && !listed && out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size()))
     return;  // mid-prefill
-  const int token = picked ? out.picked : sampler_.Sample(out.last_distribution);
   GeneratedTokenEvent ev;
-  ev.id = token;
-  ev.logprob = picked ? out.picked_logprob : out.last_distribution[token];
-  if (spec_.top_logprobs > 0) ev.top = TopN(out.last_distribution, spec_.top_logprobs);
+  if (picked) {
+    ev.id = out.picked;
+    ev.logprob = out.picked_logprob;
+  } else if (listed) {
+    ev.id = sampler_.TopCandidates() > 0 ? sampler_.SampleFromTop(out.top) : out.top.front().first;
+    ev.logprob = std::find_if(out.top.begin(), out.top.end(), [&](const auto& t) { return t.first == ev.id; })->second;
+  } else {
+    ev.id = sampler_.Sample(out.last_distribution);
+    ev.logprob = out.last_distribution[ev.id];
+  }
+  const int token = ev.id;
+  if (spec_.top_logprobs > 0) {
+    ev.top = listed ? TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs))
+                    : TopN(out.last_distribution, spec_.top_logprobs);
+  }
   absl::StatusOr<std::string> bytes = runner.tokenizer().TokenText(token);
   TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());
   ev.text = std::move(text.text);

@@ -116,6 +116,29 @@ int Sampler::Sample(absl::Span<const float> logprobs) {
     for (const Candidate& c : scratch_) total += c.weight;
     keep = Nucleus(total, config_.top_p * total);
   }
+  return CutAndDraw(keep, total, u, top_k);
+}
+
+int Sampler::TopCandidates() const { return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0; }
+
+int Sampler::SampleFromTop(absl::Span<const std::pair<int, float>> top) {
+  const double u = NextUniform();
+  // The same weights Sample gives these candidates: the first is the row's
+  // best, so the shift is the same.
+  const size_t keep = std::min(top.size(), static_cast<size_t>(config_.top_k));
+  scratch_.resize(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    scratch_[i] = {top[i].second, top[i].first,
+                   std::exp((top[i].second - static_cast<double>(top[0].second)) / config_.temperature)};
+    total += scratch_[i].weight;
+  }
+  return CutAndDraw(keep, total, u, /*top_k=*/true);
+}
+
+int Sampler::CutAndDraw(size_t keep, double total, double u, bool top_k) {
+  const size_t V = scratch_.size();
+  const bool top_p = config_.top_p > 0.0f && config_.top_p < 1.0f;
   if (top_p) {
     // Smallest prefix whose tempered mass reaches top_p.
     double mass = 0;
@@ -129,6 +152,7 @@ int Sampler::Sample(absl::Span<const float> logprobs) {
     }
     if (cut == keep && !top_k && keep < V && mass < config_.top_p) {
       // Rounding left the selected prefix just short: sort the rest too.
+      auto better = [](const Candidate& a, const Candidate& b) { return Better(a.logprob, a.id, b.logprob, b.id); };
       std::sort(scratch_.begin() + keep, scratch_.end(), better);
       for (cut = keep; cut < V && mass < config_.top_p; ++cut) mass += scratch_[cut].weight / total;
     }

@@ -4,8 +4,9 @@
 // give the same tokens, whatever else runs in the batch. Nothing sorts the
 // whole vocabulary (docs/DESIGN.md, "Sampling paths"): plain temperature
 // walks the distribution in id order; top-k selects its k candidates
-// (nth_element) and sorts only them; top-p finds its nucleus by partitioning
-// around pivots and sorts only the nucleus.
+// (nth_element) and sorts only them, or takes them from the model's list;
+// top-p finds its nucleus by partitioning around pivots and sorts only the
+// nucleus.
 #ifndef TXL_SERVER_BATCHING_SAMPLER_H_
 #define TXL_SERVER_BATCHING_SAMPLER_H_
 
@@ -44,6 +45,16 @@ class Sampler {
   bool Greedy() const { return config_.temperature == 0.0f; }
   double NextUniform();
 
+  // k when the draw needs only the k most likely tokens (a temperature > 0
+  // with top-k, with or without top-p), else 0. The model can then list
+  // them (StepInput::top_n) instead of sending the whole row.
+  int TopCandidates() const;
+
+  // The token Sample would draw from the whole row, from that row's top
+  // candidates only: `top` holds its TopCandidates() most likely tokens,
+  // sorted as TopN sorts them. Uses one uniform, as Sample does.
+  int SampleFromTop(absl::Span<const std::pair<int, float>> top);
+
  private:
   struct Candidate {
     float logprob;
@@ -51,6 +62,9 @@ class Sampler {
     double weight;  // tempered, relative to the best
   };
   size_t Nucleus(double total, double need);
+  // scratch_[0, keep) sorted, `total` their weight: the top-p cut (if any),
+  // then the draw at u in that order.
+  int CutAndDraw(size_t keep, double total, double u, bool top_k);
 
   SamplingConfig config_;
   std::mt19937_64 rng_;

@@ -363,6 +363,49 @@ TEST_F(LanguageModelTest, TargetsAndDistributionsAgree) {
   EXPECT_EQ(fork->memory_bytes(), s->memory_bytes());
 }
 
+// Rows of one step ask for lists of different lengths, a pick, or both; each
+// agrees with the whole distribution its session reaches. A negative
+// top_n is refused before any session moves.
+TEST_F(LanguageModelTest, ListsAndPicksAgreeWithTheDistribution) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto a = *model->NewSession(10);
+  auto b = *model->NewSession(10);
+  auto whole = *model->NewSession(10);
+  std::vector<StepInput> in(3);
+  for (size_t i = 0; i < in.size(); ++i) in[i].tokens = {5, 6, static_cast<int>(7 + i % 2)};
+  in[0].session = a.get();
+  in[0].top_n = 2;
+  in[0].pick = StepInput::Pick::kArgmax;
+  in[1].session = b.get();
+  in[1].top_n = 7;
+  in[2].session = whole.get();
+  in[2].top_n = -1;
+  auto refused = model->Step(absl::MakeSpan(in));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("top_n -1 is negative"), std::string::npos) << refused.status();
+  EXPECT_EQ(a->position(), 0);
+  in[2].top_n = 0;
+  in[2].tokens = {5, 6, 7};
+  in[2].want_last_distribution = true;
+  auto out = model->Step(absl::MakeSpan(in));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::vector<float>& d = (*out)[2].last_distribution;
+  ASSERT_EQ(d.size(), static_cast<size_t>(config_.n_token));
+  const TokenList want = testing::SortedTokens(d.data(), static_cast<int64_t>(d.size()));
+  const TokenList& two = (*out)[0].top;
+  ASSERT_EQ(two.size(), 2u);
+  ASSERT_EQ((*out)[1].top.size(), 7u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(two[i].first, want[i].first);
+    EXPECT_NEAR(two[i].second, want[i].second, 1e-5);
+  }
+  EXPECT_EQ((*out)[0].picked, want[0].first);
+  EXPECT_NEAR((*out)[0].picked_logprob, want[0].second, 1e-5);
+  EXPECT_TRUE((*out)[1].last_distribution.empty()) << "a list sends no row";
+  EXPECT_EQ((*out)[1].picked, -1);
+}
+
 // Regression (generic path): the slot pool grew inside a step, under
 // InferenceMode, into tensors that nothing outside a step may change, so the
 // next fork (Clone) of any session failed. Several sessions with long windows

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -12,6 +13,7 @@
 
 #include "model/incremental.h"
 #include "model/model_config.h"
+#include "model/step.h"
 #include "model/txl_math.h"
 #include "model/weights.h"
 
@@ -22,6 +24,15 @@ struct NamedConfig {
   ModelConfig config;
 };
 inline void PrintTo(const NamedConfig& c, std::ostream* os) { *os << c.name; }
+
+// A log-prob row as a list in the sampler's order: the higher log-prob
+// first, ties to the lower id.
+inline TokenList SortedTokens(const float* row, int64_t n) {
+  TokenList all;
+  for (int64_t t = 0; t < n; ++t) all.emplace_back(static_cast<int>(t), row[t]);
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return all;
+}
 
 inline ModelConfig SmallConfig() {
   ModelConfig c;

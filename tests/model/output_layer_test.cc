@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -102,6 +103,55 @@ TEST_P(OutputLayerTest, DrawsLandWhereTheWholeRowsWalkLands) {
     }
   }
   for (size_t b = 0; b < per_bin.size(); ++b) EXPECT_GT(per_bin[b], 0) << "no draw reached bin " << b;
+}
+
+TokenList SortedRow(const at::Tensor& rows, int64_t r) {
+  at::Tensor row = rows[r].contiguous();
+  return testing::SortedTokens(row.data_ptr<float>(), row.numel());
+}
+
+TEST_P(OutputLayerTest, TopTokensAreTheFirstOfTheSortedRows) {
+  OutputLayer out(c_, w_);
+  const int64_t rows = hidden_.size(0), V = c_.n_token;
+  for (int n : {1, 3, 8, static_cast<int>(c_.cutoff_ends()[1]) + 2, static_cast<int>(V), static_cast<int>(V) + 4}) {
+    const std::vector<TokenList> top = out.TopTokens(hidden_, n);
+    ASSERT_EQ(top.size(), static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const TokenList want = SortedRow(rows_, r);
+      ASSERT_EQ(top[r].size(), std::min<size_t>(n, V)) << "n " << n << " row " << r;
+      for (size_t i = 0; i < top[r].size(); ++i) {
+        EXPECT_NEAR(top[r][i].second, want[i].second, 1e-5) << "n " << n << " row " << r << " rank " << i;
+        // Ids agree unless two words are within rounding of each other.
+        if (top[r][i].first != want[i].first) EXPECT_NEAR(Row(r, top[r][i].first), want[i].second, 1e-5);
+      }
+    }
+  }
+}
+
+// Equal log-probs across a bin's cut: the selection alone may keep any of
+// the tied words; the list keeps the lower ids, as a full sort does. A zero
+// hidden state with zero biases makes every shortlist word tie (and every
+// word inside a cluster).
+TEST_P(OutputLayerTest, TopTokensBreakTiesByTheLowerId) {
+  TxlWeights w = w_;
+  for (at::Tensor& b : w.out_b) b = at::zeros_like(b);
+  if (w.cluster_b.defined()) w.cluster_b = at::zeros_like(w.cluster_b);
+  OutputLayer out(c_, w);
+  at::Tensor hidden = hidden_.clone();
+  hidden.slice(0, 0, 6).zero_();  // tied rows beside untied ones
+  const at::Tensor rows = LogProbs(c_, w, hidden).contiguous();
+  const int64_t shortlist = c_.cutoff_ends()[1];
+  for (int n : {1, 5, static_cast<int>(shortlist) + 3, static_cast<int>(c_.n_token)}) {
+    const std::vector<TokenList> top = out.TopTokens(hidden, n);
+    for (int64_t r = 0; r < 6; ++r) {
+      const TokenList want = SortedRow(rows, r);
+      ASSERT_EQ(top[r].size(), static_cast<size_t>(std::min<int64_t>(n, c_.n_token)));
+      for (size_t i = 0; i < top[r].size(); ++i) {
+        EXPECT_EQ(top[r][i].first, want[i].first) << "n " << n << " row " << r << " rank " << i;
+        EXPECT_EQ(top[r][i].second, want[i].second);
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, OutputLayerTest, ::testing::ValuesIn(Configs()),

@@ -95,6 +95,10 @@ class FakeEngine : public Engine {
         out[i].picked_logprob = d[out[i].picked];
         ++picks_;
       }
+      if (inputs[i].top_n > 0) {
+        out[i].top = TopN(Distribution(s->history.back()), inputs[i].top_n);
+        ++lists_;
+      }
       tokens += static_cast<int64_t>(inputs[i].tokens.size());
     }
     steps_.push_back({static_cast<int>(inputs.size()), tokens});
@@ -122,6 +126,11 @@ class FakeEngine : public Engine {
     absl::MutexLock lock(&mu_);
     return picks_;
   }
+  // Rows that asked for their top tokens.
+  int64_t lists() const {
+    absl::MutexLock lock(&mu_);
+    return lists_;
+  }
 
  private:
   const int64_t vocab_;
@@ -130,6 +139,7 @@ class FakeEngine : public Engine {
   std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
   int64_t distributions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t picks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t lists_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace txl::testing

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +18,7 @@ namespace txl::testing {
 
 struct Outcome {
   std::vector<int> ids;
+  std::vector<std::vector<std::pair<int, float>>> top;  // each token's alternatives
   std::string text;
   std::vector<int64_t> positions;
   absl::Status status;
@@ -28,6 +30,7 @@ struct Outcome {
     cb.on_tokens = [this](std::vector<GeneratedTokenEvent> events, int64_t position) {
       for (auto& e : events) {
         ids.push_back(e.id);
+        top.push_back(e.top);
         text += e.text;
       }
       positions.push_back(position);

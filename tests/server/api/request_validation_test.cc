@@ -34,6 +34,22 @@ TEST(RequestValidationTest, AGenerationNeedsInputOrHistory) {
   EXPECT_TRUE(RequestValidator::Continuation(spec, 0).ok());
 }
 
+// A top-k of the vocabulary or more limits nothing; left as it is, it would
+// make the model list every word (StepInput::top_n) for a draw that walks
+// whole rows anyway.
+TEST(RequestValidationTest, ATopKOfTheWholeVocabularyMeansNoLimit) {
+  const RequestLimits limits;
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("a");
+  req.mutable_sampling()->set_temperature(0.5f);
+  for (int64_t k : {limits.n_token - 1, limits.n_token, limits.n_token + 1, int64_t{1} << 30}) {
+    req.mutable_sampling()->set_top_k(static_cast<int32_t>(k));
+    auto spec = Validator().Spec(req);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->sampling.top_k, k < limits.n_token ? k : 0) << k;
+  }
+}
+
 // Regression: any number of stop sequences, of any length, was accepted, and
 // each is matched against the text after every token (unbounded work per
 // token from one request).

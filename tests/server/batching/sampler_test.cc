@@ -155,6 +155,33 @@ TEST(SamplerTest, TopKAndTopPChooseAsAFullSortWould) {
   }
 }
 
+// What the model's list gives (TopN of the row; StepInput::top_n) draws the
+// token the whole row draws, with or without top-p, at any temperature.
+TEST(SamplerTest, TopKFromTheListDrawsAsFromTheWholeRow) {
+  for (float t : {0.3f, 1.0f, 1.6f}) {
+    for (auto [k, p] : std::vector<std::pair<int, float>>{{1, 0.0f}, {40, 0.0f}, {40, 0.5f}, {400, 0.95f}}) {
+      SamplingConfig c;
+      c.temperature = t;
+      c.top_k = k;
+      c.top_p = p;
+      c.seed = 23;
+      Sampler whole(c, 1), listed(c, 1);
+      ASSERT_EQ(listed.TopCandidates(), k);
+      for (int n = 0; n < 40; ++n) {
+        const std::vector<float> lp = BigDistribution(100 + n);
+        ASSERT_EQ(listed.SampleFromTop(TopN(lp, k + n % 3)), whole.Sample(lp))
+            << "t " << t << " k " << k << " p " << p << " n " << n;
+      }
+    }
+  }
+  SamplingConfig greedy;
+  EXPECT_EQ(Sampler(greedy, 1).TopCandidates(), 0) << "greedy needs no list";
+  SamplingConfig nucleus;
+  nucleus.temperature = 1.0f;
+  nucleus.top_p = 0.9f;
+  EXPECT_EQ(Sampler(nucleus, 1).TopCandidates(), 0) << "top-p alone needs the whole row";
+}
+
 TEST(SamplerTest, PlainTemperatureWalksInIdOrderWithTheUniformAModelDrawWouldUse) {
   SamplingConfig c;
   c.temperature = 1.0f;

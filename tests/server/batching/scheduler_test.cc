@@ -100,46 +100,85 @@ TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
   EXPECT_FALSE(table_.Get("", id)->busy);
 }
 
-// The engine picks the token itself (no n_token row leaves the model) unless
-// the request needs the whole distribution: top-N alternatives, top-k or
-// top-p, a temperature other than 0 or 1. A seeded draw gives the same
-// tokens either way.
-TEST_F(SchedulerTest, TheModelPicksTheTokenUnlessTheRequestNeedsTheDistribution) {
+// The engine picks the token itself, or lists the few tokens the request
+// needs (top-k candidates, top-N alternatives), so no n_token row leaves the
+// model unless the request needs the whole distribution: top-p without
+// top-k, or a temperature other than 0 or 1. Every path gives the tokens
+// that the sampler's walk over whole rows gives for the same seed.
+TEST_F(SchedulerTest, TheModelPicksOrListsTheTokensUnlessTheRequestNeedsTheDistribution) {
   Make();
   scheduler_->Start();
-  auto run = [&](float temperature, int top_k, int top_logprobs) {
+  struct Run {
+    std::vector<int> ids;
+    std::vector<std::vector<std::pair<int, float>>> top;
+    int64_t picks, rows, lists;
+  };
+  auto run = [&](SamplingConfig sampling, int top_logprobs) {
     GenerateSpec spec = Spec({'a'}, 30);
-    spec.sampling.temperature = temperature;
-    spec.sampling.top_k = top_k;
-    spec.sampling.seed = 9;
+    sampling.seed = 9;
+    spec.sampling = sampling;
     spec.top_logprobs = top_logprobs;
     Outcome o;
-    const int64_t picks = engine_.picks(), rows = engine_.distributions();
+    const int64_t picks = engine_.picks(), rows = engine_.distributions(), lists = engine_.lists();
     EXPECT_TRUE(scheduler_->SubmitGenerate(Lease(NewSession()), false, std::move(spec), o.Callbacks()).ok());
     o.Wait();
     EXPECT_TRUE(o.status.ok()) << o.status;
     EXPECT_EQ(o.ids.size(), 30u);
-    return std::make_tuple(o.ids, engine_.picks() - picks, engine_.distributions() - rows);
+    return Run{o.ids, o.top, engine_.picks() - picks, engine_.distributions() - rows, engine_.lists() - lists};
   };
-  const auto [greedy, greedy_picks, greedy_rows] = run(0, 0, 0);
-  EXPECT_EQ(greedy_picks, 30);
-  EXPECT_EQ(greedy_rows, 0);
-  const auto [greedy_full, greedy_full_picks, greedy_full_rows] = run(0, 0, 2);
-  EXPECT_EQ(greedy_full_picks, 0);
-  EXPECT_EQ(greedy_full_rows, 30);
-  EXPECT_EQ(greedy_full, greedy);
+  // What Sampler::Sample draws from whole rows with the same seed.
+  auto walk = [&](SamplingConfig sampling) {
+    sampling.seed = 9;
+    Sampler sampler(sampling, 0);
+    std::vector<int> ids;
+    int last = 'a';
+    for (int i = 0; i < 30; ++i) ids.push_back(last = sampler.Sample(engine_.Distribution(last)));
+    return ids;
+  };
+  auto config = [](float temperature, int top_k, float top_p) {
+    SamplingConfig c;
+    c.temperature = temperature;
+    c.top_k = top_k;
+    c.top_p = top_p;
+    return c;
+  };
 
-  const auto [drawn, drawn_picks, drawn_rows] = run(1, 0, 0);
-  EXPECT_EQ(drawn_picks, 30);
-  EXPECT_EQ(drawn_rows, 0);
-  const auto [walked, walked_picks, walked_rows] = run(1, 0, 1);
-  EXPECT_EQ(walked_picks, 0);
-  EXPECT_EQ(walked, drawn) << "the model's draw and the sampler's walk take the same uniforms";
-  EXPECT_NE(drawn, greedy) << "at temperature 1 some of 30 draws leave the 0.9 token";
+  const Run greedy = run(config(0, 0, 0), 0);
+  EXPECT_EQ(greedy.picks, 30);
+  EXPECT_EQ(greedy.rows + greedy.lists, 0);
+  EXPECT_EQ(greedy.ids, walk(config(0, 0, 0)));
+  const Run greedy_top = run(config(0, 0, 0), 2);
+  EXPECT_EQ(greedy_top.lists, 30);
+  EXPECT_EQ(greedy_top.picks + greedy_top.rows, 0);
+  EXPECT_EQ(greedy_top.ids, greedy.ids) << "the list's first is the argmax";
+  ASSERT_EQ(greedy_top.top.size(), 30u);
+  EXPECT_EQ(greedy_top.top[0], TopN(engine_.Distribution('a'), 2));
 
-  const auto [k_ids, k_picks, k_rows] = run(1, 5, 0);
-  EXPECT_EQ(k_picks, 0);
-  EXPECT_EQ(k_rows, 30);
+  const Run drawn = run(config(1, 0, 0), 0);
+  EXPECT_EQ(drawn.picks, 30);
+  EXPECT_EQ(drawn.rows + drawn.lists, 0);
+  EXPECT_EQ(drawn.ids, walk(config(1, 0, 0))) << "the model's draw and the sampler's walk take the same uniforms";
+  EXPECT_NE(drawn.ids, greedy.ids) << "at temperature 1 some of 30 draws leave the 0.9 token";
+  const Run drawn_top = run(config(1, 0, 0), 1);
+  EXPECT_EQ(drawn_top.picks, 30);
+  EXPECT_EQ(drawn_top.lists, 30);
+  EXPECT_EQ(drawn_top.rows, 0);
+  EXPECT_EQ(drawn_top.ids, drawn.ids);
+
+  for (const SamplingConfig& c : {config(1, 5, 0), config(0.7f, 5, 0.95f), config(2.5f, 3, 0)}) {
+    const Run k = run(c, 0);
+    EXPECT_EQ(k.lists, 30) << c.temperature;
+    EXPECT_EQ(k.picks + k.rows, 0);
+    EXPECT_EQ(k.ids, walk(c)) << "top-k from the model's list draws as from the whole row, at " << c.temperature;
+  }
+  const Run k_top = run(config(2.5f, 3, 0), 6);
+  EXPECT_EQ(k_top.ids, walk(config(2.5f, 3, 0)));
+  EXPECT_EQ(k_top.top[0].size(), 6u) << "the list is the longer of k and the alternatives";
+
+  const Run nucleus = run(config(0.8f, 0, 0.9f), 0);
+  EXPECT_EQ(nucleus.rows, 30);
+  EXPECT_EQ(nucleus.picks + nucleus.lists, 0);
+  EXPECT_EQ(nucleus.ids, walk(config(0.8f, 0, 0.9f)));
 }
 
 // Request validation refuses this (RequestValidator::Continuation); should

@@ -50,42 +50,50 @@ int DrawInIdOrder(absl::Span<const float> logprobs, double u, float temperature)
   return static_cast<int>(std::min(i, V - 1));
 }
 
-// Moves the most likely candidates to the front of scratch_, sorted, and
-// returns how many: the shortest such prefix whose weight reaches `need` (of
-// `total`), found by partitioning around pivots (expected linear time) so
-// only the prefix is sorted. The prefix is taken with a little slack over
-// `need`: the caller cuts it exactly in sorted order.
-size_t Sampler::Nucleus(double total, double need) {
-  auto better = [](const Candidate& a, const Candidate& b) { return Better(a.logprob, a.id, b.logprob, b.id); };
-  const double goal = std::min(total, need + 1e-9 * total);
-  size_t lo = 0, hi = scratch_.size();  // [0, lo): in the prefix; the cut lies in [lo, hi)
-  double taken = 0;
-  while (hi - lo > 32) {
-    // Median of three as the pivot, moved to the end of the range.
-    const size_t mid = lo + (hi - lo) / 2;
-    Candidate* a = &scratch_[lo];
-    Candidate* b = &scratch_[mid];
-    Candidate* c = &scratch_[hi - 1];
-    if (better(*b, *a)) std::swap(*a, *b);
-    if (better(*c, *b)) std::swap(*b, *c);
-    if (better(*b, *a)) std::swap(*a, *b);
-    std::swap(scratch_[mid], scratch_[hi - 1]);
-    const Candidate pivot = scratch_[hi - 1];
-    const auto split = std::partition(scratch_.begin() + lo, scratch_.begin() + hi - 1,
-                                      [&](const Candidate& x) { return better(x, pivot); });
-    std::swap(*split, scratch_[hi - 1]);  // the pivot after everything better than it
-    const size_t m = split - scratch_.begin();
-    double upper = 0;
-    for (size_t i = lo; i <= m; ++i) upper += scratch_[i].weight;
-    if (taken + upper >= goal) {
-      hi = m + 1;
-    } else {
-      taken += upper;
-      lo = m + 1;
-    }
+// The nucleus is a prefix of the row in the sampler's order, and that order
+// follows each token's distance below the best. One pass sums the tempered
+// weights in id order (the total) and by distance, in buckets of 1/64 nat;
+// the buckets give a prefix that holds the nucleus, and only its tokens are
+// collected and sorted. The weights, the total and the cut are what a full
+// sort would use, to the bit, so the token is too.
+int Sampler::SampleNucleus(absl::Span<const float> logprobs, double best, double u) {
+  constexpr int kBuckets = 4096;
+  constexpr double kPerNat = 64;
+  const double t = config_.temperature;
+  const size_t V = logprobs.size();
+  buckets_.assign(kBuckets, 0.0);
+  bucket_of_.resize(V);
+  double total = 0;
+  for (size_t i = 0; i < V; ++i) {
+    const double x = (logprobs[i] - best) / t;
+    const double w = std::exp(x);
+    total += w;
+    // Monotone in the log-prob; the last bucket also takes -inf (and NaN).
+    const double d = -x * kPerNat;
+    const int b = d < kBuckets - 1 ? static_cast<int>(d) : kBuckets - 1;
+    bucket_of_[i] = static_cast<uint16_t>(b);
+    buckets_[b] += w;
   }
-  std::sort(scratch_.begin(), scratch_.begin() + hi, better);
-  return hi;
+  // A little slack over top_p, as the buckets sum in another order than the cut.
+  const double goal = std::min(total, (config_.top_p + 1e-9) * total);
+  int last = 0;
+  for (double mass = buckets_[0]; mass < goal && last < kBuckets - 1;) mass += buckets_[++last];
+  for (;;) {
+    scratch_.clear();
+    for (size_t i = 0; i < V; ++i) {
+      if (bucket_of_[i] <= last)
+        scratch_.push_back({logprobs[i], static_cast<int>(i), std::exp((logprobs[i] - best) / t)});
+    }
+    std::sort(scratch_.begin(), scratch_.end(), [](const Candidate& a, const Candidate& b) {
+      return Better(a.logprob, a.id, b.logprob, b.id);
+    });
+    if (last == kBuckets - 1) break;
+    double mass = 0;
+    for (const Candidate& c : scratch_) mass += c.weight / total;
+    if (mass >= config_.top_p) break;
+    ++last;  // rounding beyond the slack: one bucket more
+  }
+  return CutAndDraw(scratch_.size(), total, u);
 }
 
 int Sampler::Sample(absl::Span<const float> logprobs) {
@@ -100,26 +108,23 @@ int Sampler::Sample(absl::Span<const float> logprobs) {
 
   // Tempered weights relative to the best, so exp never overflows.
   const double best = *std::max_element(logprobs.begin(), logprobs.end());
+  if (!top_k) return SampleNucleus(logprobs, best, u);
   scratch_.resize(V);
   for (size_t i = 0; i < V; ++i) {
     scratch_[i] = {logprobs[i], static_cast<int>(i), std::exp((logprobs[i] - best) / config_.temperature)};
   }
+  const size_t keep = static_cast<size_t>(config_.top_k);
   auto better = [](const Candidate& a, const Candidate& b) { return Better(a.logprob, a.id, b.logprob, b.id); };
-  size_t keep = V;
+  std::nth_element(scratch_.begin(), scratch_.begin() + keep, scratch_.end(), better);
+  std::sort(scratch_.begin(), scratch_.begin() + keep, better);
   double total = 0;
-  if (top_k) {
-    keep = static_cast<size_t>(config_.top_k);
-    std::nth_element(scratch_.begin(), scratch_.begin() + keep, scratch_.end(), better);
-    std::sort(scratch_.begin(), scratch_.begin() + keep, better);
-    for (size_t i = 0; i < keep; ++i) total += scratch_[i].weight;
-  } else {
-    for (const Candidate& c : scratch_) total += c.weight;
-    keep = Nucleus(total, config_.top_p * total);
-  }
-  return CutAndDraw(keep, total, u, top_k);
+  for (size_t i = 0; i < keep; ++i) total += scratch_[i].weight;
+  return CutAndDraw(keep, total, u);
 }
 
-int Sampler::TopCandidates() const { return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0; }
+int Sampler::TopCandidates() const {
+  return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0;
+}
 
 int Sampler::SampleFromTop(absl::Span<const std::pair<int, float>> top) {
   const double u = NextUniform();
@@ -133,30 +138,21 @@ int Sampler::SampleFromTop(absl::Span<const std::pair<int, float>> top) {
                    std::exp((top[i].second - static_cast<double>(top[0].second)) / config_.temperature)};
     total += scratch_[i].weight;
   }
-  return CutAndDraw(keep, total, u, /*top_k=*/true);
+  return CutAndDraw(keep, total, u);
 }
 
-int Sampler::CutAndDraw(size_t keep, double total, double u, bool top_k) {
-  const size_t V = scratch_.size();
-  const bool top_p = config_.top_p > 0.0f && config_.top_p < 1.0f;
-  if (top_p) {
-    // Smallest prefix whose tempered mass reaches top_p.
+int Sampler::CutAndDraw(size_t keep, double total, double u) {
+  if (config_.top_p > 0.0f && config_.top_p < 1.0f) {
+    // Smallest prefix whose tempered mass reaches top_p (all of it, if
+    // rounding keeps the sum just short).
     double mass = 0;
-    size_t cut = keep;
     for (size_t i = 0; i < keep; ++i) {
       mass += scratch_[i].weight / total;
       if (mass >= config_.top_p) {
-        cut = i + 1;
+        keep = i + 1;
         break;
       }
     }
-    if (cut == keep && !top_k && keep < V && mass < config_.top_p) {
-      // Rounding left the selected prefix just short: sort the rest too.
-      auto better = [](const Candidate& a, const Candidate& b) { return Better(a.logprob, a.id, b.logprob, b.id); };
-      std::sort(scratch_.begin() + keep, scratch_.end(), better);
-      for (cut = keep; cut < V && mass < config_.top_p; ++cut) mass += scratch_[cut].weight / total;
-    }
-    keep = cut;
   }
   double kept = 0;
   for (size_t i = 0; i < keep; ++i) kept += scratch_[i].weight;

@@ -5,8 +5,8 @@
 // whole vocabulary (docs/DESIGN.md, "Sampling paths"): plain temperature
 // walks the distribution in id order; top-k selects its k candidates
 // (nth_element) and sorts only them, or takes them from the model's list;
-// top-p finds its nucleus by partitioning around pivots and sorts only the
-// nucleus.
+// top-p finds a prefix that holds its nucleus by bucketing the weights by
+// log-prob, and sorts only that.
 #ifndef TXL_SERVER_BATCHING_SAMPLER_H_
 #define TXL_SERVER_BATCHING_SAMPLER_H_
 
@@ -61,14 +61,17 @@ class Sampler {
     int id;
     double weight;  // tempered, relative to the best
   };
-  size_t Nucleus(double total, double need);
-  // scratch_[0, keep) sorted, `total` their weight: the top-p cut (if any),
-  // then the draw at u in that order.
-  int CutAndDraw(size_t keep, double total, double u, bool top_k);
+  // Top-p without top-k, at u.
+  int SampleNucleus(absl::Span<const float> logprobs, double best, double u);
+  // scratch_[0, keep) sorted, `total` the weight the top-p cut is taken
+  // against: the cut (if any), then the draw at u in that order.
+  int CutAndDraw(size_t keep, double total, double u);
 
   SamplingConfig config_;
   std::mt19937_64 rng_;
   std::vector<Candidate> scratch_;
+  std::vector<double> buckets_;
+  std::vector<uint16_t> bucket_of_;
 };
 
 // The first token in id order whose cumulative weight exceeds u * total,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <utility>
@@ -150,6 +151,31 @@ TEST(SamplerTest, TopKAndTopPChooseAsAFullSortWould) {
         const std::vector<float> lp = BigDistribution(n);
         const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
         ASSERT_EQ(s.Sample(lp), SortedReference(lp, c, u)) << "t " << t << " k " << k << " p " << p << " n " << n;
+      }
+    }
+  }
+}
+
+// The nucleus is found through buckets of log-prob distance: rows where it
+// is one token, where impossible tokens (-inf) sit in the last bucket, and
+// top-p so near 1 that the prefix reaches that bucket, all choose as a full
+// sort would.
+TEST(SamplerTest, TopPChoosesAsAFullSortWouldAtTheBucketsEdges) {
+  std::mt19937_64 rows(5);
+  for (float p : {0.5f, 0.9f, 0.999999f}) {
+    for (float t : {0.25f, 1.0f, 3.0f}) {
+      SamplingConfig c;
+      c.temperature = t;
+      c.top_p = p;
+      c.seed = 31;
+      Sampler s(c, 1);
+      std::mt19937_64 rng(31);
+      for (int n = 0; n < 30; ++n) {
+        std::vector<float> lp = BigDistribution(200 + n);
+        if (n % 3 == 0) lp[rows() % lp.size()] = 5.0f;  // one token far above the rest
+        for (int k = 0; k < 50 * (n % 2); ++k) lp[rows() % lp.size()] = -std::numeric_limits<float>::infinity();
+        const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+        ASSERT_EQ(s.Sample(lp), SortedReference(lp, c, u)) << "t " << t << " p " << p << " n " << n;
       }
     }
   }

@@ -207,17 +207,18 @@ class Bench {
   }
 
   // What each session asks of a step (W rows): nothing (the layers alone),
-  // its whole distribution, that and a top-p sample on the host (what a
-  // server does for top-p), the model's argmax (greedy), the model's draw
-  // (temperature 1), one target's log-prob (Score), the model's list of 40
-  // and the host's top-k draw from it, or the model's list of 5 (greedy
-  // with logprobs 5: the token and its alternatives).
-  enum class Readout { kNone, kDistribution, kTopP, kArgmax, kDraw, kScore, kTopK, kTopN };
+  // its whole distribution, the model's nucleus and the host's top-p draw
+  // from it, the model's argmax (greedy), the model's draw (temperature 1,
+  // or 0.8 over the whole row), one target's log-prob (Score), the model's
+  // list of 40 and the host's top-k draw from it, or the model's list of 5
+  // (greedy with logprobs 5: the token and its alternatives).
+  enum class Readout { kNone, kDistribution, kTopP, kArgmax, kDraw, kScore, kTopK, kTopN, kDrawTempered };
   static const char* ReadoutName(Readout r) {
     switch (r) {
       case Readout::kNone: return "layers only";
       case Readout::kDistribution: return "whole distribution";
-      case Readout::kTopP: return "top-p 0.9 at temperature 0.8 (distribution + host sampler)";
+      case Readout::kTopP: return "top-p 0.9 at temperature 0.8 (the model's nucleus list + the host's cut and draw)";
+      case Readout::kDrawTempered: return "temperature 0.8 (the model's draw over the whole row)";
       case Readout::kArgmax: return "greedy (model argmax)";
       case Readout::kDraw: return "temperature 1 (model draw)";
       case Readout::kScore: return "Score (one target's log-prob, Zipf-ranked targets)";
@@ -266,8 +267,16 @@ class Bench {
         in[s].tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
         switch (readout) {
           case Readout::kNone: break;
-          case Readout::kDistribution:
-          case Readout::kTopP: in[s].want_last_distribution = true; break;
+          case Readout::kDistribution: in[s].want_last_distribution = true; break;
+          case Readout::kTopP:
+            in[s].nucleus_p = 0.9f;
+            in[s].nucleus_temperature = 0.8f;
+            break;
+          case Readout::kDrawTempered:
+            in[s].pick = StepInput::Pick::kDraw;
+            in[s].draw_temperature = 0.8f;
+            in[s].draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+            break;
           case Readout::kArgmax: in[s].pick = StepInput::Pick::kArgmax; break;
           case Readout::kDraw:
             in[s].pick = StepInput::Pick::kDraw;
@@ -280,7 +289,7 @@ class Bench {
       }
       auto out = Must(lm->Step(absl::MakeSpan(in)), "engine step");
       for (StepOutput& o : out) {
-        if (readout == Readout::kTopP) sink_ += top_p_.Sample(o.last_distribution);
+        if (readout == Readout::kTopP) sink_ += top_p_.SampleFromNucleus(o.nucleus, o.nucleus_total);
         if (readout == Readout::kTopK) sink_ += top_k_.SampleFromTop(o.top);
         if (readout == Readout::kTopN) sink_ += o.top[4].first;
         if (readout == Readout::kDistribution) sink_ += o.last_distribution[0];
@@ -682,9 +691,13 @@ class Bench {
     for (auto& x : sessions) all.push_back(x.get());
     ReadoutSteps(all, 1, Readout::kNone);
     const double entropy = MeanEntropy(all);
-    const std::pair<Readout, const char*> kinds[] = {{Readout::kArgmax, "greedy"},    {Readout::kDraw, "draw"},
-                                                     {Readout::kScore, "score"},      {Readout::kTopN, "top-5"},
-                                                     {Readout::kTopK, "top-k"},       {Readout::kTopP, "top-p"},
+    const std::pair<Readout, const char*> kinds[] = {{Readout::kArgmax, "greedy"},
+                                                     {Readout::kDraw, "draw"},
+                                                     {Readout::kScore, "score"},
+                                                     {Readout::kTopN, "top-5"},
+                                                     {Readout::kTopK, "top-k"},
+                                                     {Readout::kTopP, "top-p"},
+                                                     {Readout::kDrawTempered, "draw-0.8"},
                                                      {Readout::kDistribution, "rows"}};
     for (const auto& kind : kinds) {
       const Readout readout = kind.first;  // a variable, not a binding: lambdas capture it below

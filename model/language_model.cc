@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <set>
@@ -17,6 +18,7 @@
 #include "model/checkpoint.h"
 #include "model/incremental.h"
 #include "model/output_layer.h"
+#include "model/sampling_kernels.h"
 #include "model/txl_math.h"
 #include "model/weights.h"
 
@@ -151,6 +153,40 @@ int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
   return bytes;
 }
 
+namespace {
+
+// The rows of `hidden` belong, in order, to the inputs that draw at another
+// temperature than 1 or ask for a nucleus. Their whole log-prob rows stay in
+// the model; the sampling kernels run on the intra-op threads, a row each.
+std::vector<StepOutput> SampleWholeRows(const OutputLayer& output, int64_t V, absl::Span<const StepInput> inputs,
+                                        const at::Tensor& hidden) {
+  std::vector<const StepInput*> asks;
+  for (const StepInput& in : inputs) {
+    if ((in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0) asks.push_back(&in);
+  }
+  std::vector<StepOutput> out(asks.size());
+  if (asks.empty()) return out;
+  at::Tensor rows = output.LogProbs(hidden).to(at::kCPU, at::kFloat).contiguous();
+  at::parallel_for(0, static_cast<int64_t>(asks.size()), 1, [&](int64_t from, int64_t to) {
+    for (int64_t r = from; r < to; ++r) {
+      const StepInput& in = *asks[r];
+      const float* row = rows.data_ptr<float>() + r * V;
+      if (in.pick == StepInput::Pick::kDraw) {
+        out[r].picked = DrawTempered(row, V, in.draw_temperature, in.draw_uniform);
+        if (out[r].picked >= 0) out[r].picked_logprob = row[out[r].picked];
+      }
+      if (in.nucleus_p > 0) {
+        NucleusList nucleus = NucleusOf(row, V, in.nucleus_temperature, in.nucleus_p);
+        out[r].nucleus = std::move(nucleus.tokens);
+        out[r].nucleus_total = nucleus.total;
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {
   // These are the engine's invariants, not checks of a client's input (the
   // service validated that); a breach is a bug above, refused before anything runs.
@@ -165,9 +201,20 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       return absl::InvalidArgumentError(
           absl::StrCat("step input ", i, ": ", in.targets.size(), " targets for ", in.tokens.size(), " tokens"));
     }
+    if (in.pick == StepInput::Pick::kDraw && !(in.draw_temperature > 0 && std::isfinite(in.draw_temperature))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": draw_temperature ", in.draw_temperature, " is not > 0"));
+    }
+    if (in.nucleus_p != 0 && !(in.nucleus_p > 0 && in.nucleus_p < 1 && in.nucleus_temperature > 0 &&
+                               std::isfinite(in.nucleus_temperature))) {
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": nucleus_p ", in.nucleus_p,
+                                                     " must be in (0, 1) and nucleus_temperature ",
+                                                     in.nucleus_temperature, " > 0"));
+    }
     if (in.top_n < 0)
       return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": top_n ", in.top_n, " is negative"));
-    if ((in.want_last_distribution || in.pick != StepInput::Pick::kNone || in.top_n > 0) && in.tokens.empty()) {
+    if ((in.want_last_distribution || in.pick != StepInput::Pick::kNone || in.top_n > 0 || in.nucleus_p > 0) &&
+        in.tokens.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("step input ", i, ": a distribution, a pick or top tokens need at least one token"));
     }
@@ -192,6 +239,9 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
     // Rows by what is asked of them. Only distribution rows build
     // [rows, n_token] log-probs and copy them off the device.
     std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows, top_rows;
+    // Rows sampled over their whole row inside the model: a draw at another
+    // temperature than 1, or a nucleus.
+    std::vector<int64_t> whole_rows;
     std::vector<int> targets;
     int top_n = 0;
     std::vector<double> uniforms;
@@ -205,10 +255,12 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       const int64_t last = offset + static_cast<int64_t>(in.tokens.size()) - 1;
       if (in.want_last_distribution) dist_rows.push_back(last);
       if (in.pick == StepInput::Pick::kArgmax) best_rows.push_back(last);
-      if (in.pick == StepInput::Pick::kDraw) {
+      if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
         draw_rows.push_back(last);
         uniforms.push_back(in.draw_uniform);
       }
+      if ((in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0)
+        whole_rows.push_back(last);
       if (in.top_n > 0) {
         top_rows.push_back(last);
         top_n = std::max(top_n, in.top_n);
@@ -240,11 +292,12 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
     // prefix (the first n of a longer list are the top n).
     std::vector<TokenList> tops;
     if (!top_rows.empty()) tops = output_->TopTokens(rows_of(top_rows, 0, top_rows.size()), top_n);
+    std::vector<StepOutput> sampled = SampleWholeRows(*output_, V, inputs, rows_of(whole_rows, 0, whole_rows.size()));
     at::Tensor dist;
     if (!dist_rows.empty())
       dist = output_->LogProbs(rows_of(dist_rows, 0, dist_rows.size())).to(at::kCPU, at::kFloat).contiguous();
 
-    size_t t = 0, a = 0, d = 0, b = 0, w = 0, p = 0;
+    size_t t = 0, a = 0, d = 0, b = 0, w = 0, p = 0, x = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const StepInput& in = inputs[i];
       out[i].target_logprobs.assign(target_lp.begin() + t, target_lp.begin() + t + in.targets.size());
@@ -260,9 +313,20 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       if (in.pick == StepInput::Pick::kArgmax) {
         out[i].picked = best.ids[b];
         out[i].picked_logprob = best.logprobs[b++];
-      } else if (in.pick == StepInput::Pick::kDraw) {
+      } else if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
         out[i].picked = drawn.ids[w];
         out[i].picked_logprob = drawn.logprobs[w++];
+      }
+      if ((in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0) {
+        StepOutput& whole = sampled[x++];
+        if ((in.pick == StepInput::Pick::kDraw && whole.picked < 0) || (in.nucleus_p > 0 && whole.nucleus.empty()))
+          return absl::InternalError(absl::StrCat("model step: the log-probs of step input ", i, " are not finite"));
+        if (in.pick == StepInput::Pick::kDraw) {
+          out[i].picked = whole.picked;
+          out[i].picked_logprob = whole.picked_logprob;
+        }
+        out[i].nucleus = std::move(whole.nucleus);
+        out[i].nucleus_total = whole.nucleus_total;
       }
       if (in.top_n > 0) {
         out[i].top = std::move(tops[p++]);

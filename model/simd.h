@@ -1,5 +1,5 @@
 // Vector helpers shared by model/'s CPU kernels (decode_kernels.cc,
-// prefill_kernels.cc): GCC vector types, widening loads of float32 /
+// prefill_kernels.cc, sampling_kernels.cc, ...): GCC vector types, widening loads of float32 /
 // bfloat16 / int8, horizontal sums and an 8-lane exp. Internal to those
 // files: include it only from a kernel .cc.
 #ifndef TXL_MODEL_SIMD_H_

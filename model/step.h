@@ -54,6 +54,16 @@ struct StepInput {
   enum class Pick { kNone, kArgmax, kDraw };
   Pick pick = Pick::kNone;
   double draw_uniform = 0;
+  // kDraw at another temperature walks the whole row's tempered weights
+  // exp((lp - best) / T) in id order, inside the model
+  // (model/sampling_kernels.h); only the token leaves it.
+  float draw_temperature = 1.0f;
+  // In (0, 1): top-p without top-k at nucleus_temperature. The model lists
+  // a prefix of the row in the sampler's order that holds the nucleus, and
+  // the row's total weight (StepOutput::nucleus, nucleus_total); the
+  // request's sampler cuts and draws (Sampler::SampleFromNucleus).
+  float nucleus_p = 0.0f;
+  float nucleus_temperature = 1.0f;
   // > 0: the top_n most likely tokens after the last one, with their
   // log-probs, found in the model without whole rows (an adaptive softmax
   // computes a cluster only for rows where it can hold one of them). What
@@ -71,6 +81,8 @@ struct StepOutput {
   int picked = -1;                       // the token `pick` chose
   float picked_logprob = 0;              // its log-prob
   TokenList top;                         // min(top_n, n_token) entries, when asked
+  TokenList nucleus;                     // when nucleus_p was set
+  double nucleus_total = 0;
 };
 
 }  // namespace txl

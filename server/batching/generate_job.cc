@@ -28,24 +28,22 @@ StepInput GenerateJob::Row(size_t n) {
   }
   in.session = state();
   if (!decoding_ && n != prefill_left()) return in;  // mid-prefill: no output
-  // The model picks the token, or lists the few a draw or the alternatives
-  // need, when the request needs no more (docs/DESIGN.md, "Sampling paths"):
-  // n_token floats then never leave it.
+  // The model picks the token, or lists the tokens the draw and the
+  // alternatives need (docs/DESIGN.md, "Sampling paths"): no whole row
+  // leaves it.
+  in.top_n = spec_.top_logprobs;
   const int candidates = sampler_.TopCandidates();
   if (candidates > 0) {
     in.top_n = std::max(candidates, spec_.top_logprobs);
   } else if (sampler_.Greedy()) {
-    if (spec_.top_logprobs > 0) {
-      in.top_n = spec_.top_logprobs;  // its first is the argmax
-    } else {
-      in.pick = StepInput::Pick::kArgmax;
-    }
-  } else if (sampler_.PlainDraw()) {
+    if (spec_.top_logprobs == 0) in.pick = StepInput::Pick::kArgmax;  // else the list's first
+  } else if (sampler_.NucleusOnly()) {
+    in.nucleus_p = sampler_.top_p();
+    in.nucleus_temperature = sampler_.temperature();
+  } else {
     in.pick = StepInput::Pick::kDraw;
     in.draw_uniform = sampler_.NextUniform();
-    in.top_n = spec_.top_logprobs;
-  } else {
-    in.want_last_distribution = true;  // top-p alone, or another temperature
+    in.draw_temperature = sampler_.temperature();
   }
   return in;
 }
@@ -54,16 +52,23 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (!decoding_) fed += n;
   // A pick, a list or a distribution arrives after the prefill and after
   // each decode.
-  const bool picked = out.picked >= 0, listed = !out.top.empty();
-  if (!picked && !listed && out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size()))
+  const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
+  if (!picked && !listed && !nucleus &&
+      out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size()))
     return;  // mid-prefill
   GeneratedTokenEvent ev;
+  auto logprob_in = [&](const TokenList& list) {
+    return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
+  };
   if (picked) {
     ev.id = out.picked;
     ev.logprob = out.picked_logprob;
+  } else if (nucleus) {
+    ev.id = sampler_.SampleFromNucleus(out.nucleus, out.nucleus_total);
+    ev.logprob = logprob_in(out.nucleus);
   } else if (listed) {
     ev.id = sampler_.TopCandidates() > 0 ? sampler_.SampleFromTop(out.top) : out.top.front().first;
-    ev.logprob = std::find_if(out.top.begin(), out.top.end(), [&](const auto& t) { return t.first == ev.id; })->second;
+    ev.logprob = logprob_in(out.top);
   } else {
     ev.id = sampler_.Sample(out.last_distribution);
     ev.logprob = out.last_distribution[ev.id];

@@ -19,8 +19,12 @@ absl::Status ValidateSampling(const SamplingConfig& c) {
 Sampler::Sampler(const SamplingConfig& config, uint64_t seed)
     : config_(config), rng_(config.seed != 0 ? config.seed : seed) {}
 
-bool Sampler::PlainDraw() const {
-  return config_.temperature == 1.0f && config_.top_k == 0 && !(config_.top_p > 0.0f && config_.top_p < 1.0f);
+bool Sampler::IdOrderDraw() const {
+  return config_.temperature > 0.0f && config_.top_k == 0 && !(config_.top_p > 0.0f && config_.top_p < 1.0f);
+}
+
+bool Sampler::NucleusOnly() const {
+  return config_.temperature > 0.0f && config_.top_k == 0 && config_.top_p > 0.0f && config_.top_p < 1.0f;
 }
 
 // One uniform per token keeps seeded streams reproducible.
@@ -84,9 +88,8 @@ int Sampler::SampleNucleus(absl::Span<const float> logprobs, double best, double
       if (bucket_of_[i] <= last)
         scratch_.push_back({logprobs[i], static_cast<int>(i), std::exp((logprobs[i] - best) / t)});
     }
-    std::sort(scratch_.begin(), scratch_.end(), [](const Candidate& a, const Candidate& b) {
-      return Better(a.logprob, a.id, b.logprob, b.id);
-    });
+    std::sort(scratch_.begin(), scratch_.end(),
+              [](const Candidate& a, const Candidate& b) { return Better(a.logprob, a.id, b.logprob, b.id); });
     if (last == kBuckets - 1) break;
     double mass = 0;
     for (const Candidate& c : scratch_) mass += c.weight / total;
@@ -122,9 +125,7 @@ int Sampler::Sample(absl::Span<const float> logprobs) {
   return CutAndDraw(keep, total, u);
 }
 
-int Sampler::TopCandidates() const {
-  return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0;
-}
+int Sampler::TopCandidates() const { return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0; }
 
 int Sampler::SampleFromTop(absl::Span<const std::pair<int, float>> top) {
   const double u = NextUniform();
@@ -139,6 +140,16 @@ int Sampler::SampleFromTop(absl::Span<const std::pair<int, float>> top) {
     total += scratch_[i].weight;
   }
   return CutAndDraw(keep, total, u);
+}
+
+int Sampler::SampleFromNucleus(absl::Span<const std::pair<int, float>> nucleus, double total) {
+  const double u = NextUniform();
+  scratch_.resize(nucleus.size());
+  for (size_t i = 0; i < nucleus.size(); ++i) {
+    scratch_[i] = {nucleus[i].second, nucleus[i].first,
+                   std::exp((nucleus[i].second - static_cast<double>(nucleus[0].second)) / config_.temperature)};
+  }
+  return CutAndDraw(nucleus.size(), total, u);
 }
 
 int Sampler::CutAndDraw(size_t keep, double total, double u) {

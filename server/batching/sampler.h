@@ -38,11 +38,14 @@ class Sampler {
 
   int Sample(absl::Span<const float> logprobs);
 
-  // True when a draw needs no more than DrawInIdOrder at temperature 1 (no
-  // top-k or top-p): the model can then draw itself (StepInput::Pick::kDraw)
-  // from NextUniform(), the same uniform Sample would have used.
-  bool PlainDraw() const;
+  // True when a draw needs no more than DrawInIdOrder at temperature() (a
+  // temperature > 0, no top-k or top-p): the model can then draw itself
+  // (StepInput::Pick::kDraw) from NextUniform(), the same uniform Sample
+  // would have used.
+  bool IdOrderDraw() const;
   bool Greedy() const { return config_.temperature == 0.0f; }
+  float temperature() const { return config_.temperature; }
+  float top_p() const { return config_.top_p; }
   double NextUniform();
 
   // k when the draw needs only the k most likely tokens (a temperature > 0
@@ -54,6 +57,15 @@ class Sampler {
   // candidates only: `top` holds its TopCandidates() most likely tokens,
   // sorted as TopN sorts them. Uses one uniform, as Sample does.
   int SampleFromTop(absl::Span<const std::pair<int, float>> top);
+
+  // True for top-p without top-k: the model can then list a prefix of the
+  // row that holds the nucleus, with the row's total weight
+  // (StepInput::nucleus_p), and SampleFromNucleus cuts and draws there.
+  bool NucleusOnly() const;
+  // The token Sample would draw from the whole row, up to the rounding of
+  // `total` (the model sums float weights): `nucleus` sorted as TopN sorts,
+  // holding the nucleus. Uses one uniform, as Sample does.
+  int SampleFromNucleus(absl::Span<const std::pair<int, float>> nucleus, double total);
 
  private:
   struct Candidate {

@@ -12,6 +12,7 @@
 #include "model/archive.h"
 #include "model/checkpoint.h"
 #include "model/language_model.h"
+#include "model/sampling_kernels.h"
 #include "tests/model/model_fixture.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -404,6 +405,50 @@ TEST_F(LanguageModelTest, ListsAndPicksAgreeWithTheDistribution) {
   EXPECT_NEAR((*out)[0].picked_logprob, want[0].second, 1e-5);
   EXPECT_TRUE((*out)[1].last_distribution.empty()) << "a list sends no row";
   EXPECT_EQ((*out)[1].picked, -1);
+}
+
+// A draw at another temperature and a nucleus are taken over the whole row
+// inside the model; what comes out agrees with that row as its session's
+// twin receives it. Bad settings are refused before anything runs.
+TEST_F(LanguageModelTest, TemperedDrawsAndNucleiStayInTheModel) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  std::vector<std::unique_ptr<SessionState>> s;
+  for (int i = 0; i < 3; ++i) s.push_back(*model->NewSession(10));
+  std::vector<StepInput> in(3);
+  for (int i = 0; i < 3; ++i) {
+    in[i].session = s[i].get();
+    in[i].tokens = {3, 1, 4, 1, 5};
+  }
+  in[0].want_last_distribution = true;
+  in[1].pick = StepInput::Pick::kDraw;
+  in[1].draw_uniform = 0.37;
+  in[1].draw_temperature = 0.0f;
+  in[2].nucleus_p = 0.8f;
+  in[2].nucleus_temperature = 0.7f;
+  auto refused = model->Step(absl::MakeSpan(in));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("draw_temperature 0 is not > 0"), std::string::npos) << refused.status();
+  in[1].draw_temperature = 0.6f;
+  in[2].nucleus_p = 1.0f;
+  refused = model->Step(absl::MakeSpan(in));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("nucleus_p 1 must be in (0, 1)"), std::string::npos) << refused.status();
+  EXPECT_EQ(s[0]->position(), 0);
+  in[2].nucleus_p = 0.8f;
+  auto out = model->Step(absl::MakeSpan(in));
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::vector<float>& d = (*out)[0].last_distribution;
+  const int64_t V = static_cast<int64_t>(d.size());
+  EXPECT_EQ((*out)[1].picked, DrawTempered(d.data(), V, 0.6f, 0.37));
+  EXPECT_NEAR((*out)[1].picked_logprob, d[(*out)[1].picked], 1e-5);
+  EXPECT_TRUE((*out)[1].last_distribution.empty() && (*out)[2].last_distribution.empty()) << "no row left";
+  const NucleusList want = NucleusOf(d.data(), V, 0.7f, 0.8f);
+  const TokenList& got = (*out)[2].nucleus;
+  ASSERT_EQ(got.size(), want.tokens.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].first, want.tokens[i].first) << "rank " << i;
+  EXPECT_NEAR((*out)[2].nucleus_total / want.total, 1.0, 1e-5);
+  EXPECT_EQ((*out)[2].picked, -1);
 }
 
 // Regression (generic path): the slot pool grew inside a step, under

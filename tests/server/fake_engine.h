@@ -91,9 +91,24 @@ class FakeEngine : public Engine {
         const std::vector<float> d = Distribution(s->history.back());
         out[i].picked = inputs[i].pick == StepInput::Pick::kArgmax
                             ? static_cast<int>(std::max_element(d.begin(), d.end()) - d.begin())
-                            : DrawInIdOrder(d, inputs[i].draw_uniform, 1.0f);
+                            : DrawInIdOrder(d, inputs[i].draw_uniform, inputs[i].draw_temperature);
         out[i].picked_logprob = d[out[i].picked];
         ++picks_;
+      }
+      if (inputs[i].nucleus_p > 0) {
+        // Exactly the nucleus, and the total as the sampler sums it.
+        const std::vector<float> d = Distribution(s->history.back());
+        const TokenList sorted = TopN(d, vocab_);
+        const double best = sorted[0].second, t = inputs[i].nucleus_temperature;
+        double total = 0, mass = 0;
+        for (float lp : d) total += std::exp((lp - best) / t);
+        for (const auto& [id, lp] : sorted) {
+          out[i].nucleus.emplace_back(id, lp);
+          mass += std::exp((lp - best) / t) / total;
+          if (mass >= inputs[i].nucleus_p) break;
+        }
+        out[i].nucleus_total = total;
+        ++lists_;
       }
       if (inputs[i].top_n > 0) {
         out[i].top = TopN(Distribution(s->history.back()), inputs[i].top_n);
@@ -126,7 +141,7 @@ class FakeEngine : public Engine {
     absl::MutexLock lock(&mu_);
     return picks_;
   }
-  // Rows that asked for their top tokens.
+  // Rows that asked for their top tokens or a nucleus.
   int64_t lists() const {
     absl::MutexLock lock(&mu_);
     return lists_;

@@ -213,14 +213,21 @@ TEST(SamplerTest, PlainTemperatureWalksInIdOrderWithTheUniformAModelDrawWouldUse
   c.temperature = 1.0f;
   c.seed = 5;
   Sampler sampled(c, 1), drawn(c, 1);
-  EXPECT_TRUE(drawn.PlainDraw());
+  EXPECT_TRUE(drawn.IdOrderDraw());
   const std::vector<float> lp = BigDistribution(3);
   for (int n = 0; n < 200; ++n) ASSERT_EQ(sampled.Sample(lp), DrawInIdOrder(lp, drawn.NextUniform(), 1.0f));
   c.top_p = 0.5f;
-  EXPECT_FALSE(Sampler(c, 1).PlainDraw());
+  EXPECT_FALSE(Sampler(c, 1).IdOrderDraw());
+  EXPECT_TRUE(Sampler(c, 1).NucleusOnly());
+  c.top_k = 3;
+  EXPECT_FALSE(Sampler(c, 1).NucleusOnly());
+  c.top_k = 0;
   c.top_p = 0;
   c.temperature = 0.5f;
-  EXPECT_FALSE(Sampler(c, 1).PlainDraw());
+  EXPECT_TRUE(Sampler(c, 1).IdOrderDraw()) << "another temperature draws in id order too";
+  EXPECT_FALSE(Sampler(c, 1).NucleusOnly());
+  c.temperature = 0;
+  EXPECT_FALSE(Sampler(c, 1).IdOrderDraw());
 }
 
 TEST(SamplerTest, DrawInIdOrderIsTheInverseCdf) {

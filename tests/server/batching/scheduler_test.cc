@@ -100,12 +100,12 @@ TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
   EXPECT_FALSE(table_.Get("", id)->busy);
 }
 
-// The engine picks the token itself, or lists the few tokens the request
-// needs (top-k candidates, top-N alternatives), so no n_token row leaves the
-// model unless the request needs the whole distribution: top-p without
-// top-k, or a temperature other than 0 or 1. Every path gives the tokens
-// that the sampler's walk over whole rows gives for the same seed.
-TEST_F(SchedulerTest, TheModelPicksOrListsTheTokensUnlessTheRequestNeedsTheDistribution) {
+// The engine picks the token itself (greedy, or a draw at any temperature),
+// or lists the tokens the request needs (top-k candidates, top-N
+// alternatives, a nucleus), so no n_token row leaves the model for any
+// sampling setting. Every path gives the tokens that the sampler's walk
+// over whole rows gives for the same seed.
+TEST_F(SchedulerTest, TheModelPicksOrListsTheTokensSoNoWholeRowLeavesIt) {
   Make();
   scheduler_->Start();
   struct Run {
@@ -175,10 +175,18 @@ TEST_F(SchedulerTest, TheModelPicksOrListsTheTokensUnlessTheRequestNeedsTheDistr
   EXPECT_EQ(k_top.ids, walk(config(2.5f, 3, 0)));
   EXPECT_EQ(k_top.top[0].size(), 6u) << "the list is the longer of k and the alternatives";
 
-  const Run nucleus = run(config(0.8f, 0, 0.9f), 0);
-  EXPECT_EQ(nucleus.rows, 30);
-  EXPECT_EQ(nucleus.picks + nucleus.lists, 0);
-  EXPECT_EQ(nucleus.ids, walk(config(0.8f, 0, 0.9f)));
+  for (const SamplingConfig& c : {config(0.8f, 0, 0.9f), config(1, 0, 0.5f), config(3, 0, 0.95f)}) {
+    const Run nucleus = run(c, 0);
+    EXPECT_EQ(nucleus.lists, 30) << "top-p alone: the model lists the nucleus";
+    EXPECT_EQ(nucleus.picks + nucleus.rows, 0);
+    EXPECT_EQ(nucleus.ids, walk(c)) << c.temperature << " " << c.top_p;
+  }
+  const Run tempered = run(config(2.5f, 0, 0), 3);
+  EXPECT_EQ(tempered.picks, 30) << "another temperature: the model draws";
+  EXPECT_EQ(tempered.lists, 30) << "and lists the alternatives";
+  EXPECT_EQ(tempered.rows, 0);
+  EXPECT_EQ(tempered.ids, walk(config(2.5f, 0, 0)));
+  EXPECT_NE(tempered.ids, drawn.ids);
 }
 
 // Request validation refuses this (RequestValidator::Continuation); should

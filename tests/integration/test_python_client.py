@@ -228,23 +228,31 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
         self.client.delete_session(sid)
 
-    def test_a_seeded_draw_is_the_same_whether_the_model_or_the_sampler_draws(self):
-        # At temperature 1 with no alternatives asked for, the model draws the token itself
-        # (only its id and log-prob leave it); asking for alternatives sends the whole
-        # distribution to the server's sampler instead. Both take the seed's uniforms in turn.
-        def draw(logprobs, temperature=1.0):
+    def test_a_seeded_draw_is_the_same_with_or_without_alternatives(self):
+        # The model draws the token itself (temperature 1 by clusters; another temperature over
+        # the whole row), lists top-k's candidates or top-p's nucleus for the server's sampler,
+        # and lists alternatives beside any of them. Asking for alternatives changes neither the
+        # tokens nor the seed's uniforms, which every path takes one per token.
+        def draw(logprobs, temperature=1.0, **sampling):
             tokens = []
             for r in self.client.generate("once upon a ", max_new_tokens=40, temperature=temperature, seed=77,
-                                          logprobs=logprobs):
-                tokens += [(t.id, t.logprob) for t in r.tokens]
+                                          logprobs=logprobs, **sampling):
+                tokens += [(t.id, t.logprob, [a.id for a in t.top]) for t in r.tokens]
             return tokens
-        drawn, walked = draw(0), draw(2)
-        self.assertEqual([i for i, _ in drawn], [i for i, _ in walked])
-        for (_, a), (_, b) in zip(drawn, walked):
-            self.assertAlmostEqual(a, b, places=4)
         greedy = draw(0, temperature=0.0)
-        self.assertNotEqual([i for i, _ in drawn], [i for i, _ in greedy], "40 draws at temperature 1 are not greedy")
-        self.assertEqual([i for i, _ in greedy], [i for i, _ in draw(1, temperature=0.0)])
+        for temperature, sampling in ((1.0, {}), (0.7, {}), (0.8, {"top_p": 0.9}), (1.3, {"top_k": 5}),
+                                      (0.9, {"top_k": 8, "top_p": 0.8})):
+            drawn, listed = draw(0, temperature, **sampling), draw(2, temperature, **sampling)
+            self.assertEqual([i for i, _, _ in drawn], [i for i, _, _ in listed], (temperature, sampling))
+            for (_, a, _), (_, b, top) in zip(drawn, listed):
+                self.assertAlmostEqual(a, b, places=4)
+                self.assertEqual(len(top), 2)
+            self.assertNotEqual([i for i, _, _ in drawn], [i for i, _, _ in greedy],
+                                f"40 draws at {temperature} {sampling} are not greedy")
+            self.assertEqual(drawn, draw(0, temperature, **sampling), "a seed gives the same tokens again")
+        self.assertEqual([i for i, _, _ in greedy], [i for i, _, _ in draw(1, temperature=0.0)])
+        self.assertEqual([top[0] for _, _, top in draw(2, temperature=0.0)], [i for i, _, _ in greedy],
+                         "greedy's token is its first alternative")
 
     def test_bad_arguments_are_invalid_argument(self):
         with self.assertRaises(grpc.RpcError) as e:

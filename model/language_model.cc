@@ -155,14 +155,19 @@ int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
 
 namespace {
 
-// The rows of `hidden` belong, in order, to the inputs that draw at another
-// temperature than 1 or ask for a nucleus. Their whole log-prob rows stay in
+// A draw at another temperature than 1, or a nucleus: sampled over the whole
+// row, inside the model.
+bool SamplesWholeRow(const StepInput& in) {
+  return (in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0;
+}
+
+// The rows of `hidden` belong, in order, to the inputs that SamplesWholeRow. Their whole log-prob rows stay in
 // the model; the sampling kernels run on the intra-op threads, a row each.
 std::vector<StepOutput> SampleWholeRows(const OutputLayer& output, int64_t V, absl::Span<const StepInput> inputs,
                                         const at::Tensor& hidden) {
   std::vector<const StepInput*> asks;
   for (const StepInput& in : inputs) {
-    if ((in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0) asks.push_back(&in);
+    if (SamplesWholeRow(in)) asks.push_back(&in);
   }
   std::vector<StepOutput> out(asks.size());
   if (asks.empty()) return out;
@@ -236,12 +241,11 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
   try {
     c10::InferenceMode guard;
     at::Tensor hidden = model_->Step(inputs);
-    // Rows by what is asked of them. Only distribution rows build
-    // [rows, n_token] log-probs and copy them off the device.
+    // Rows by what is asked of them. Only distribution rows and rows
+    // sampled over the whole row build [rows, n_token] log-probs, and only
+    // the former copy them out.
     std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows, top_rows;
-    // Rows sampled over their whole row inside the model: a draw at another
-    // temperature than 1, or a nucleus.
-    std::vector<int64_t> whole_rows;
+    std::vector<int64_t> whole_rows;  // SamplesWholeRow
     std::vector<int> targets;
     int top_n = 0;
     std::vector<double> uniforms;
@@ -259,8 +263,7 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
         draw_rows.push_back(last);
         uniforms.push_back(in.draw_uniform);
       }
-      if ((in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0)
-        whole_rows.push_back(last);
+      if (SamplesWholeRow(in)) whole_rows.push_back(last);
       if (in.top_n > 0) {
         top_rows.push_back(last);
         top_n = std::max(top_n, in.top_n);
@@ -317,7 +320,7 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
         out[i].picked = drawn.ids[w];
         out[i].picked_logprob = drawn.logprobs[w++];
       }
-      if ((in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0) {
+      if (SamplesWholeRow(in)) {
         StepOutput& whole = sampled[x++];
         if ((in.pick == StepInput::Pick::kDraw && whole.picked < 0) || (in.nucleus_p > 0 && whole.nucleus.empty()))
           return absl::InternalError(absl::StrCat("model step: the log-probs of step input ", i, " are not finite"));

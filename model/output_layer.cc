@@ -13,11 +13,6 @@ at::Tensor Index(const std::vector<int64_t>& v, const at::Device& device) {
   return at::tensor(v, at::kLong).to(device);
 }
 
-// Sampler's order: the higher log-prob first, ties to the lower id.
-bool Better(const std::pair<int, float>& a, const std::pair<int, float>& b) {
-  return a.second > b.second || (a.second == b.second && a.first < b.first);
-}
-
 // Adds to lists[rows[j]] the top min(n, cols) words of lp's row j (ids
 // offset by `first`), or more where words tie with the last of them: every
 // word not added is strictly below all that were.
@@ -48,7 +43,7 @@ void AddTopOfBin(const at::Tensor& lp, const std::vector<int64_t>& rows, int64_t
 }
 
 void KeepBest(TokenList* list, int n) {
-  std::sort(list->begin(), list->end(), Better);
+  std::sort(list->begin(), list->end(), Likelier);
   if (list->size() > static_cast<size_t>(n)) list->resize(n);
 }
 

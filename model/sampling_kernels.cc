@@ -67,9 +67,7 @@ NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_
     for (int64_t j = 0; j < n; ++j) {
       if (BucketOf((row[j] - best) * inv_t) <= last) out.tokens.emplace_back(static_cast<int>(j), row[j]);
     }
-    std::sort(out.tokens.begin(), out.tokens.end(), [](const auto& a, const auto& b) {
-      return a.second > b.second || (a.second == b.second && a.first < b.first);
-    });
+    std::sort(out.tokens.begin(), out.tokens.end(), Likelier);
     if (last == kBuckets - 1) break;
     double mass = 0;
     for (const auto& [id, lp] : out.tokens) {

@@ -73,6 +73,10 @@ struct StepInput {
 
 // Tokens with their log-probs, most likely first (ties: the lower id).
 using TokenList = std::vector<std::pair<int, float>>;
+// That order: true when a comes before b.
+inline bool Likelier(const std::pair<int, float>& a, const std::pair<int, float>& b) {
+  return a.second > b.second || (a.second == b.second && a.first < b.first);
+}
 
 struct StepOutput {
   std::vector<float> target_logprobs;    // one per target

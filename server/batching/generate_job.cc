@@ -50,12 +50,10 @@ StepInput GenerateJob::Row(size_t n) {
 
 void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (!decoding_) fed += n;
-  // A pick, a list or a distribution arrives after the prefill and after
-  // each decode.
+  // A pick, a list or a nucleus (Row asks for one) arrives after the prefill
+  // and after each decode.
   const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
-  if (!picked && !listed && !nucleus &&
-      out.last_distribution.size() != static_cast<size_t>(runner.engine()->vocab_size()))
-    return;  // mid-prefill
+  if (!picked && !listed && !nucleus) return;  // mid-prefill
   GeneratedTokenEvent ev;
   auto logprob_in = [&](const TokenList& list) {
     return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
@@ -66,18 +64,13 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   } else if (nucleus) {
     ev.id = sampler_.SampleFromNucleus(out.nucleus, out.nucleus_total);
     ev.logprob = logprob_in(out.nucleus);
-  } else if (listed) {
+  } else {
     ev.id = sampler_.TopCandidates() > 0 ? sampler_.SampleFromTop(out.top) : out.top.front().first;
     ev.logprob = logprob_in(out.top);
-  } else {
-    ev.id = sampler_.Sample(out.last_distribution);
-    ev.logprob = out.last_distribution[ev.id];
   }
   const int token = ev.id;
-  if (spec_.top_logprobs > 0) {
-    ev.top = listed ? TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs))
-                    : TopN(out.last_distribution, spec_.top_logprobs);
-  }
+  if (spec_.top_logprobs > 0)
+    ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
   absl::StatusOr<std::string> bytes = runner.tokenizer().TokenText(token);
   TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());
   ev.text = std::move(text.text);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "model/sampling_kernels.h"
 
 namespace txl {
 
@@ -32,9 +33,9 @@ double Sampler::NextUniform() { return std::uniform_real_distribution<double>(0.
 
 namespace {
 
-// Descending probability, ties to the lower id: the order a nucleus and a
-// top-k list are cut and drawn in.
-bool Better(float a_lp, int a_id, float b_lp, int b_id) { return a_lp > b_lp || (a_lp == b_lp && a_id < b_id); }
+// Likelier (model/step.h), the order a nucleus and a top-k list are cut and
+// drawn in, for candidates.
+bool Better(float a_lp, int a_id, float b_lp, int b_id) { return Likelier({a_id, a_lp}, {b_id, b_lp}); }
 
 }  // namespace
 
@@ -54,47 +55,20 @@ int DrawInIdOrder(absl::Span<const float> logprobs, double u, float temperature)
   return static_cast<int>(std::min(i, V - 1));
 }
 
-// The nucleus is a prefix of the row in the sampler's order, and that order
-// follows each token's distance below the best. One pass sums the tempered
-// weights in id order (the total) and by distance, in buckets of 1/64 nat;
-// the buckets give a prefix that holds the nucleus, and only its tokens are
-// collected and sorted. The weights, the total and the cut are what a full
-// sort would use, to the bit, so the token is too.
+// The model's nucleus kernel (float weights, with slack over top_p) gives a
+// sorted prefix that holds the nucleus; the total, the weights and the cut
+// are then the whole-row path's own, in double and in id order, so the token
+// is what a full sort would give, to the bit.
 int Sampler::SampleNucleus(absl::Span<const float> logprobs, double best, double u) {
-  constexpr int kBuckets = 4096;
-  constexpr double kPerNat = 64;
-  const double t = config_.temperature;
-  const size_t V = logprobs.size();
-  buckets_.assign(kBuckets, 0.0);
-  bucket_of_.resize(V);
   double total = 0;
-  for (size_t i = 0; i < V; ++i) {
-    const double x = (logprobs[i] - best) / t;
-    const double w = std::exp(x);
-    total += w;
-    // Monotone in the log-prob; the last bucket also takes -inf (and NaN).
-    const double d = -x * kPerNat;
-    const int b = d < kBuckets - 1 ? static_cast<int>(d) : kBuckets - 1;
-    bucket_of_[i] = static_cast<uint16_t>(b);
-    buckets_[b] += w;
-  }
-  // A little slack over top_p, as the buckets sum in another order than the cut.
-  const double goal = std::min(total, (config_.top_p + 1e-9) * total);
-  int last = 0;
-  for (double mass = buckets_[0]; mass < goal && last < kBuckets - 1;) mass += buckets_[++last];
-  for (;;) {
-    scratch_.clear();
-    for (size_t i = 0; i < V; ++i) {
-      if (bucket_of_[i] <= last)
-        scratch_.push_back({logprobs[i], static_cast<int>(i), std::exp((logprobs[i] - best) / t)});
-    }
-    std::sort(scratch_.begin(), scratch_.end(),
-              [](const Candidate& a, const Candidate& b) { return Better(a.logprob, a.id, b.logprob, b.id); });
-    if (last == kBuckets - 1) break;
-    double mass = 0;
-    for (const Candidate& c : scratch_) mass += c.weight / total;
-    if (mass >= config_.top_p) break;
-    ++last;  // rounding beyond the slack: one bucket more
+  for (float lp : logprobs) total += std::exp((lp - best) / config_.temperature);
+  const NucleusList prefix =
+      NucleusOf(logprobs.data(), static_cast<int64_t>(logprobs.size()), config_.temperature, config_.top_p);
+  if (prefix.tokens.empty()) return DrawInIdOrder(logprobs, u, config_.temperature);  // NaN or +inf
+  scratch_.resize(prefix.tokens.size());
+  for (size_t i = 0; i < prefix.tokens.size(); ++i) {
+    const auto& [id, lp] = prefix.tokens[i];
+    scratch_[i] = {lp, id, std::exp((lp - best) / config_.temperature)};
   }
   return CutAndDraw(scratch_.size(), total, u);
 }
@@ -180,9 +154,7 @@ std::vector<std::pair<int, float>> TopN(absl::Span<const float> logprobs, int n)
   n = std::min<int>(n, static_cast<int>(logprobs.size()));
   if (n <= 0) return {};
   // A heap whose top is the worst of the n best so far.
-  auto better = [](const std::pair<int, float>& a, const std::pair<int, float>& b) {
-    return Better(a.second, a.first, b.second, b.first);
-  };
+  auto better = Likelier;
   std::vector<std::pair<int, float>> heap;
   heap.reserve(n);
   for (size_t i = 0; i < logprobs.size(); ++i) {

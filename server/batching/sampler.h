@@ -5,8 +5,8 @@
 // whole vocabulary (docs/DESIGN.md, "Sampling paths"): plain temperature
 // walks the distribution in id order; top-k selects its k candidates
 // (nth_element) and sorts only them, or takes them from the model's list;
-// top-p finds a prefix that holds its nucleus by bucketing the weights by
-// log-prob, and sorts only that.
+// top-p takes a sorted prefix that holds its nucleus from the model's
+// nucleus kernel (model/sampling_kernels.h) and cuts it in double.
 #ifndef TXL_SERVER_BATCHING_SAMPLER_H_
 #define TXL_SERVER_BATCHING_SAMPLER_H_
 
@@ -82,8 +82,6 @@ class Sampler {
   SamplingConfig config_;
   std::mt19937_64 rng_;
   std::vector<Candidate> scratch_;
-  std::vector<double> buckets_;
-  std::vector<uint16_t> bucket_of_;
 };
 
 // The first token in id order whose cumulative weight exceeds u * total,

@@ -30,7 +30,7 @@ inline void PrintTo(const NamedConfig& c, std::ostream* os) { *os << c.name; }
 inline TokenList SortedTokens(const float* row, int64_t n) {
   TokenList all;
   for (int64_t t = 0; t < n; ++t) all.emplace_back(static_cast<int>(t), row[t]);
-  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::sort(all.begin(), all.end(), Likelier);
   return all;
 }
 

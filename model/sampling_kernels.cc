@@ -59,9 +59,14 @@ NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_
   }
   if (!std::isfinite(out.total)) return out;  // NaN or +inf in the row: no list
   // Slack over top_p for the float weights the host weighs again in double.
-  const double goal = std::min(out.total, (static_cast<double>(top_p) + 1e-5) * out.total);
-  int last = 0;
-  for (double mass = buckets[0]; mass < goal && last < kBuckets - 1;) mass += buckets[++last];
+  const double goal = (static_cast<double>(top_p) + 1e-5) * out.total;
+  // A goal at the total takes every bucket at once: summed in another order,
+  // a prefix could fall short of it by rounding, bucket after bucket.
+  int last = kBuckets - 1;
+  if (goal < out.total) {
+    last = 0;
+    for (double mass = buckets[0]; mass < goal && last < kBuckets - 1;) mass += buckets[++last];
+  }
   for (;;) {
     out.tokens.clear();
     for (int64_t j = 0; j < n; ++j) {
@@ -75,7 +80,9 @@ NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_
       mass += Weight1(lp, best, inv_t, &x);
     }
     if (mass >= goal) break;
-    ++last;  // the buckets summed in another order: one bucket more
+    // The buckets summed in another order: the next bucket that holds any.
+    do ++last;
+    while (last < kBuckets - 1 && buckets[last] == 0);
   }
   return out;
 }

@@ -204,8 +204,8 @@ class HttpTest(unittest.TestCase):
             ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
             ("POST", "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
             ("POST", "/v1/completions", {"prompt": "x", "stop": 7}, 400, "stop"),
-            ("POST", "/v1/completions", {"prompt": "x", "stop": ["s%d" % i for i in range(17)]}, 400, None),
-            ("POST", "/v1/completions", {"prompt": "x", "stop": ["y" * 257]}, 400, None),
+            ("POST", "/v1/completions", {"prompt": "x", "stop": ["s%d" % i for i in range(17)]}, 400, "stop"),
+            ("POST", "/v1/completions", {"prompt": "x", "stop": ["y" * 257]}, 400, "stop"),
             ("POST", "/v1/completions", {"prompt": "x", "logprobs": -1}, 400, "logprobs"),
             ("POST", "/v1/completions", {"prompt": "x", "seed": -3}, 400, "seed"),
             ("POST", "/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
@@ -213,8 +213,8 @@ class HttpTest(unittest.TestCase):
             ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
             ("POST", "/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
              "stream_options"),
-            ("POST", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, None),  # the service's check
-            ("POST", "/v1/completions", {"prompt": "x", "top_p": 2}, 400, None),
+            ("POST", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),  # the service's check
+            ("POST", "/v1/completions", {"prompt": "x", "top_p": 2}, 400, "top_p"),
             ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
             ("POST", "/v1/completions", {"prompt": "x", "session_id": "0" * 32}, 404, None),
             ("POST", "/v1/completions", {"prompt": "x", "session_id": "not-an-id"}, 404, None),  # as gRPC
@@ -226,7 +226,7 @@ class HttpTest(unittest.TestCase):
             ("POST", "/v1/chat/completions", {"messages": msgs, "tools": []}, 400, "tools"),
             ("POST", "/v1/sessions", {"mem_len": -1}, 400, "mem_len"),
             ("POST", "/v1/sessions", {"labels": {"a": 1}}, 400, "labels"),
-            ("POST", "/v1/sessions", {"mem_len": 10 ** 9}, 400, None),  # over --max_mem_len
+            ("POST", "/v1/sessions", {"mem_len": 10 ** 9}, 400, "mem_len"),  # over --max_mem_len
             ("POST", "/v1/sessions/%s/score" % sid, {}, 400, "input"),
             ("POST", "/v1/sessions/%s/score" % sid, {"input": "x", "commit": 1}, 400, "commit"),
             ("POST", "/v1/sessions/%s/fork" % ("0" * 32), None, 404, None),

@@ -104,8 +104,33 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
+// The request field a service refusal names first ("sampling.temperature must be >= 0, ...",
+// "max_new_tokens: must be in ...") as the OpenAI request field it came from; empty when it
+// names none, or one that has no single OpenAI name (the input is `prompt` or `messages`).
+namespace {
+std::string OpenAiParamOf(absl::string_view message) {
+  static constexpr std::pair<absl::string_view, absl::string_view> kNames[] = {
+      {"sampling.temperature", "temperature"},
+      {"sampling.top_p", "top_p"},
+      {"sampling.top_k", "top_k"},
+      {"sampling.seed", "seed"},
+      {"max_new_tokens", "max_tokens"},
+      {"stop_sequences", "stop"},
+      {"stop_token_ids", "stop"},
+      {"mem_len", "mem_len"},
+      {"session_id", "session_id"},
+  };
+  const absl::string_view field = message.substr(0, message.find_first_of(": ["));
+  for (const auto& [grpc_name, openai_name] : kNames)
+    if (field == grpc_name) return std::string(openai_name);
+  return "";
+}
+}  // namespace
+
 HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message) {
-  return HttpError{HttpStatusFor(code), message, "", absl::AsciiStrToLower(absl::StatusCodeToString(code))};
+  return HttpError{HttpStatusFor(code), message,
+                   code == absl::StatusCode::kInvalidArgument ? OpenAiParamOf(message) : "",
+                   absl::AsciiStrToLower(absl::StatusCodeToString(code))};
 }
 
 absl::StatusOr<json> ParseBody(const std::string& body, HttpError* error) {

@@ -1,0 +1,99 @@
+"""The official OpenAI Python SDK against a running txl-server's HTTP port (TXL_BASE_URL).
+
+Runs inside the SDK's own virtual environment, started by test_openai_sdk.py; it imports nothing
+of this project. Greedy requests (temperature 0), so whole and streamed answers must agree.
+"""
+import os
+import unittest
+
+import openai
+
+PROMPT = "ROMEO:"  # 6 characters: 6 tokens of the bundled character model
+
+
+class SdkTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.client = openai.OpenAI(base_url=os.environ["TXL_BASE_URL"], api_key="unused", max_retries=0)
+        cls.model = cls.client.models.list().data[0].id
+
+    def complete(self, **kw):
+        return self.client.completions.create(**{"model": self.model, "temperature": 0, **kw})
+
+    def chat(self, **kw):
+        return self.client.chat.completions.create(
+            **{"model": self.model, "temperature": 0, "messages": [{"role": "user", "content": "Speak."}], **kw})
+
+    def test_a_completion_whole_and_streamed_agree_with_usage(self):
+        whole = self.complete(prompt=PROMPT, max_tokens=12)
+        self.assertEqual(whole.object, "text_completion")
+        self.assertEqual(whole.choices[0].finish_reason, "length")
+        self.assertEqual(len(whole.choices[0].text), 12)
+        self.assertEqual((whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens),
+                         (6, 12, 18))
+        text, usage, chunks, finish = "", None, 0, None
+        for chunk in self.complete(prompt=PROMPT, max_tokens=12, stream=True,
+                                   stream_options={"include_usage": True}):
+            chunks += 1
+            if chunk.choices:
+                text += chunk.choices[0].text
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage
+        self.assertEqual(text, whole.choices[0].text)
+        self.assertGreater(chunks, 2)
+        self.assertEqual(finish, "length")
+        self.assertEqual((usage.prompt_tokens, usage.completion_tokens, usage.total_tokens), (6, 12, 18))
+
+    def test_a_chat_whole_and_streamed_agree(self):
+        whole = self.chat(max_tokens=8)
+        self.assertEqual(whole.object, "chat.completion")
+        self.assertEqual(whole.choices[0].message.role, "assistant")
+        self.assertEqual(whole.usage.completion_tokens, 8)
+        text, roles = "", set()
+        for chunk in self.chat(max_tokens=8, stream=True):
+            self.assertEqual(chunk.object, "chat.completion.chunk")
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                if chunk.choices[0].delta.role:
+                    roles.add(chunk.choices[0].delta.role)
+        self.assertEqual(text, whole.choices[0].message.content)
+        self.assertEqual(roles, {"assistant"})
+
+    def test_a_session_continues_with_only_the_new_text(self):
+        # The session extension goes through the SDK as extra body fields, and comes back as
+        # extra response fields.
+        session = self.client.post("/sessions", body={}, cast_to=object)
+        sid = session["id"]
+        first = self.complete(prompt=PROMPT, max_tokens=4, extra_body={"session_id": sid})
+        self.assertEqual(first.session_id, sid)
+        self.assertEqual(first.position, 10)
+        second = self.complete(prompt=" and", max_tokens=5, extra_body={"session_id": sid})
+        self.assertEqual(second.position, 10 + 4 + 5)
+        self.assertEqual(second.usage.prompt_tokens, 4)  # only the new text was fed
+        # The same history sent whole to a stateless request continues the same way.
+        history = PROMPT + first.choices[0].text + " and"
+        self.assertEqual(second.choices[0].text, self.complete(prompt=history, max_tokens=5).choices[0].text)
+        streamed = "".join(c.choices[0].text for c in self.complete(
+            prompt="", max_tokens=3, stream=True, extra_body={"session_id": sid}) if c.choices)
+        self.assertEqual(len(streamed), 3)
+        self.assertEqual(self.client.get("/sessions/" + sid, cast_to=object)["position"], 19 + 3)
+
+    def test_refusals_surface_as_the_sdks_exceptions(self):
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(prompt="x", n=2)
+        self.assertEqual(caught.exception.status_code, 400)
+        self.assertEqual(caught.exception.param, "n")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(prompt="x", max_tokens=-1)
+        self.assertEqual(caught.exception.param, "max_tokens")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.chat(max_tokens=4, temperature=-1)
+        self.assertEqual(caught.exception.param, "temperature")
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.complete(prompt="x", max_tokens=1, extra_body={"session_id": "no-such-session"})
+        self.assertEqual(caught.exception.status_code, 404)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -16,6 +16,10 @@
 //      no memory, at attention windows 800 and 3800.
 // P3   aggregate tokens/s, 32 sessions in one step vs 1 session.
 // P5   resident bytes per session (RSS growth) vs memory_bytes() per session.
+// S    scoring (teacher-forced segments, every position's target log-prob):
+//      64-token segments with a window of 640, 32 sessions per step vs 1,
+//      tokens/s: the setting of NVIDIA's published Transformer-XL figures
+//      (tgt_len 64, mem_len 640, batch 1 and 32).
 // Q    reduced precision (model/precision.h) against float32, interleaved:
 //      Q1-bf16 / Q1-int8 one-session step (bf16 or int8 weights, bf16
 //      memories) vs the float32 step; Q1f-* each vs its own bandwidth floor;
@@ -77,7 +81,7 @@ ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(int, sessions, 32, "concurrent sessions for P3 and P5");
-ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, Q, W)");
+ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, S, Q, W)");
 
 namespace {
 
@@ -295,6 +299,29 @@ class Bench {
         if (readout == Readout::kDistribution) sink_ += o.last_distribution[0];
         sink_ += o.picked + (o.target_logprobs.empty() ? 0 : o.target_logprobs[0]);
       }
+    }
+    return std::chrono::duration<double>(Clock::now() - start).count() / n;
+  }
+
+  // Seconds per step over `n` steps that each feed every session a segment of
+  // `seg` tokens and score each position's next token (as Score does).
+  double ScoreSteps(const std::vector<SessionState*>& sessions, int n, int64_t seg) {
+    std::vector<std::vector<int>> tokens, targets;
+    for (size_t s = 0; s < sessions.size(); ++s) {
+      tokens.push_back(RandomTokens(seg, 100 + s));
+      targets.push_back(RandomTokens(seg, 200 + s));
+    }
+    std::vector<StepInput> in(sessions.size());
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      for (size_t s = 0; s < sessions.size(); ++s) {
+        in[s] = StepInput();
+        in[s].session = sessions[s];
+        in[s].tokens = tokens[s];
+        in[s].targets = targets[s];
+      }
+      auto out = Must(lm_->Step(absl::MakeSpan(in)), "scoring step");
+      for (StepOutput& o : out) sink_ += o.target_logprobs.back();
     }
     return std::chrono::duration<double>(Clock::now() - start).count() / n;
   }
@@ -592,6 +619,45 @@ class Bench {
     }
 
     if (Want("W")) WRows(&rows);
+
+    // ---- S: scoring segments, NVIDIA's published setting (64 tokens, window 640).
+    if (Want("S")) {
+      const int64_t seg = quick_ ? 16 : 64, window = quick_ ? 64 : 640;
+      const int N = z.sessions;
+      Progress(absl::StrFormat("S: scoring %d-token segments, %d sessions", seg, N));
+      std::vector<std::unique_ptr<SessionState>> sessions;
+      std::vector<SessionState*> all;
+      for (int i = 0; i < N; ++i) {
+        sessions.push_back(FullSession(window, 300 + i));
+        all.push_back(sessions.back().get());
+      }
+      std::vector<SessionState*> one = {all[0]};
+      ScoreSteps(all, 1, seg);  // warm-up
+      Row r;
+      r.id = "S";
+      r.measurement = absl::StrFormat(
+          "scoring %d-token segments, window %d: aggregate tokens/s, %d sessions per step vs 1", seg, window, N);
+      r.a_name = absl::StrFormat("%d sessions", N);
+      r.b_name = "1 session";
+      r.unit = "tokens/s";
+      std::vector<double> a_sec, b_sec;
+      Interleave(
+          z.reps, [&] { return ScoreSteps(all, z.multi_batch, seg); },
+          [&] { return ScoreSteps(one, z.engine_batch, seg); }, &a_sec, &b_sec);
+      for (double t : a_sec) r.a_reps.push_back(N * seg / t);
+      for (double t : b_sec) r.b_reps.push_back(seg / t);
+      r.a = Median(r.a_reps);
+      r.b = Median(r.b_reps);
+      r.ratio = r.a / r.b;
+      r.target = 1;
+      r.extra = {{"step_seconds_batch", a_sec},
+                 {"step_seconds_1", b_sec},
+                 {"published",
+                  "NVIDIA DeepLearningExamples Transformer-XL base, 1x A100 40GB, tgt_len 64, "
+                  "mem_len 640: TorchScript FP16 6,936 tokens/s at batch 1 and 107,082 at batch 32; "
+                  "TF32 6,085 and 71,124"}};
+      rows.push_back(r);
+    }
 
     // ---- Q: reduced precision against float32 (this model, lm_), on the
     // same weights and threads, every measurement interleaved in one loop.

@@ -31,8 +31,8 @@ PACKAGES=(
   libopenblas0-openmp
   # The playground's browser test (tests/integration/test_playground.py) and the curl SSE check.
   chromium chromium-driver python3-selenium curl
-  # The official OpenAI Node SDK test (npm installs the pinned SDK into the build tree).
-  nodejs npm
+  # The official OpenAI Python SDK test (pip installs the pinned SDK into a venv in the build tree).
+  python3-venv
   # Real peers of the deployment tests (tests/integration): the proxy, the scraper, YAML.
   nginx-light prometheus python3-yaml
   # The security tests make their CA and certificates with the openssl CLI.
@@ -44,6 +44,8 @@ PACKAGES=(
   clang-14 libclang-rt-14-dev llvm-14
   # The formatting check of every C++ file (.clang-format; test clang_format).
   clang-format-14
+  # The GPU bundle (scripts/gpu_bundle.sh) sets its binaries' and libraries' RUNPATH.
+  patchelf
 )
 
 case "${1:-}" in
@@ -54,8 +56,6 @@ esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-  # A Node.js build that bundles npm (e.g. NodeSource's) conflicts with Debian's npm package.
-  if [ "$p" = npm ] && command -v npm >/dev/null; then continue; fi
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 

@@ -4,7 +4,10 @@
 #   build-asan  the unit and integration suite again under ASan + UBSan
 #   build-tsan  the scheduler and session store (server_test) under TSan
 #   build-fuzz  a short run of each libFuzzer target from its seed corpus
-# SANITIZERS=0 skips them. Every phase prints its wall time.
+# Then the CUDA build (docs/GPU.md): every target against libtorch 2.11.0+cu130 (PyPI's torch wheel,
+# the lent GPU machines' torch) in build-cuda, its CPU tests, the checkpoints across libtorch
+# versions, the GPU bundle and its dry run.
+# SANITIZERS=0 skips the robustness phases, CUDA=0 the CUDA ones. Every phase prints its wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -25,7 +28,25 @@ scripts/build.sh
 phase test
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$JOBS"
 
+cuda_phases() {
+  phase cuda-build
+  scripts/cuda_build.sh
+  phase cuda-test
+  # A CUDA build of torch runs on a CPU: the model's and the serving core's unit tests, the
+  # reference parity, a server suite, and checkpoints both ways between libtorch 1.13 and 2.11.
+  build-cuda/tests/model_test --gtest_brief=1
+  build-cuda/tests/server_test --gtest_brief=1
+  ctest --test-dir build-cuda --output-on-failure -j "$JOBS" \
+    -R '^(python_reference|python_client|sampling_reference|checkpoint_versions|help_lists_flags)$'
+  phase gpu-dry-run
+  # The bundle a GPU machine gets, unpacked and run here on the CPU against torch 2.11 in a venv of
+  # its own, with nothing of the build trees on any path.
+  scripts/gpu_bundle.sh
+  scripts/gpu_check.sh --dry-run --out build-cuda/gpu-dry-run
+}
+
 if [ "${SANITIZERS:-1}" = 0 ]; then
+  if [ "${CUDA:-1}" != 0 ]; then cuda_phases; fi
   phase
   exit 0
 fi
@@ -71,4 +92,6 @@ cmake --build build-fuzz -j "$JOBS" --target tokenizer_fuzzer request_validation
 ctest --test-dir build-fuzz --output-on-failure -j "$JOBS" -L fuzz
 grep -a -E '^([0-9]+/[0-9]+ Test: |stat::number_of_executed_units|stat::average_exec_per_sec)' \
   build-fuzz/Testing/Temporary/LastTest.log || true
+
+if [ "${CUDA:-1}" != 0 ]; then cuda_phases; fi
 phase

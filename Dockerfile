@@ -29,10 +29,12 @@ ARG CUDA_VERSION=
 WORKDIR /src
 COPY . .
 RUN scripts/install-deps.sh
+# A downloaded libtorch 2.x carries an old Protocol Buffers' headers (include/google), which would
+# shadow Debian's that gRPC's generated code needs (docs/GPU.md): they are removed.
 RUN if [ -n "$LIBTORCH_URL" ]; then \
       apt-get install -y -qq --no-install-recommends curl unzip ca-certificates && \
       curl -fsSL "$LIBTORCH_URL" -o /tmp/libtorch.zip && unzip -q /tmp/libtorch.zip -d /opt && \
-      rm /tmp/libtorch.zip; \
+      rm /tmp/libtorch.zip && rm -rf /opt/libtorch/include/google; \
     else mkdir -p /opt/libtorch/lib; fi
 # A CUDA libtorch: the toolkit of its own CUDA version, or a clear failure.
 RUN if [ -n "$LIBTORCH_URL" ] && grep -q "+cu" /opt/libtorch/build-version; then \

@@ -13,15 +13,14 @@
 #   torch-2.11.0/nvidia/...                  the CUDA libraries libtorch_cuda.so needs that the
 #                                            toolkit lacks (cuFile, cuSPARSELt, NVSHMEM), and the
 #                                            NCCL torch was built with, headers included
-#   cuda-tools/                              a venv holding CMake >= 3.27, which torch 2.11's
-#                                            CUDA config needs (Debian 12 has 3.25)
+#   pip/                                     a venv whose pip fetches the wheels
 # The libtorch 2.x differences are each handled in one place (README.md, "CUDA").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.11.0
 CACHE=${TXL_CUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/txl-serve}
 PREFIX=$CACHE/torch-$TORCH_VERSION
-TOOLS=$CACHE/cuda-tools
+TOOLS=$CACHE/pip
 BUILD_DIR=${BUILD_DIR:-build-cuda}
 LAYOUT=2  # of the fetched prefix; a cache of another layout is fetched again
 JOBS=${JOBS:-$(nproc)}
@@ -34,10 +33,8 @@ command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] ||
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
 fetch() {
-  if [ ! -x "$TOOLS/bin/cmake" ]; then
-    echo "cuda_build: a venv with CMake in $TOOLS"
+  if [ ! -x "$TOOLS/bin/pip" ]; then
     /usr/bin/python3 -m venv --clear "$TOOLS"
-    "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check cmake==3.31.6
   fi
   [ "$(cat "$PREFIX/.complete" 2>/dev/null)" = "$LAYOUT" ] && return 0
   echo "cuda_build: fetching torch==$TORCH_VERSION (about 530 MB) and its NVIDIA libraries into $PREFIX"
@@ -78,11 +75,11 @@ fi
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   # TORCH_CUDA_ARCH_LIST: Hopper (H100, H200), the lent machines; only torch's config reads it,
   # as no target of ours is CUDA source.
-  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} "$TOOLS/bin/cmake" -S . -B "$BUILD_DIR" -G Ninja \
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} cmake -S . -B "$BUILD_DIR" -G Ninja \
     -DCMAKE_PREFIX_PATH="$PREFIX/torch/share/cmake" \
     -DCMAKE_CUDA_COMPILER="$NVCC" \
     -DTXL_NCCL=ON -DTXL_NCCL_INCLUDE_DIR="$PREFIX/nvidia/nccl/include" \
     -DTXL_OTHER_BUILD="$PWD/${OTHER_BUILD:-build}" \
     ${CMAKE_ARGS:-}
 fi
-"$TOOLS/bin/cmake" --build "$BUILD_DIR" -j "$JOBS"
+cmake --build "$BUILD_DIR" -j "$JOBS"

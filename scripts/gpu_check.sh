@@ -70,7 +70,10 @@ fi
 
 W=$(mktemp -d "${TMPDIR:-/tmp}/txl-gpu.XXXXXX")
 trap 'rm -rf "$W"' EXIT
-tar -C "$W" -xJf "$BUNDLE" || { echo "gpu_check: could not unpack $BUNDLE" >&2; exit 2; }
+# (Python's tarfile where tar has no xz.)
+tar -C "$W" -xJf "$BUNDLE" 2>/dev/null ||
+  "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$BUNDLE" "$W" ||
+  { echo "gpu_check: could not unpack $BUNDLE" >&2; exit 2; }
 # $OUT brings back at most 8 files: the report, the bench's JSON and the logs in one archive.
 LOGS=$W/logs
 mkdir -p "$LOGS"

@@ -14,7 +14,7 @@
 #                                            toolkit lacks (cuFile, cuSPARSELt, NVSHMEM), and the
 #                                            NCCL torch was built with, headers included
 #   pip/                                     a venv whose pip fetches the wheels
-# The libtorch 2.x differences are each handled in one place (README.md, "CUDA").
+# The libtorch 2.x differences are each handled in one place (docs/GPU.md lists them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.11.0

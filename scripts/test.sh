@@ -30,7 +30,7 @@ ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$JOBS"
 
 cuda_phases() {
   phase cuda-build
-  scripts/cuda_build.sh
+  OTHER_BUILD=${BUILD_DIR:-build} scripts/cuda_build.sh
   phase cuda-test
   # A CUDA build of torch runs on a CPU: the model's and the serving core's unit tests, the
   # reference parity, a server suite, and checkpoints both ways between libtorch 1.13 and 2.11.

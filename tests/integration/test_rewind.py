@@ -37,6 +37,12 @@ ARGS = None
 grpc = txl_pb2 = txl_pb2_grpc = None  # set by run_stub_tests
 
 TOL = 1e-5
+# Under load, the rewound session and its control are probed in whichever batches the scheduler
+# forms, whose products sum in other orders. Measured on 2 cores, before and after the CUDA build's
+# changes: up to 1.1e-5 at log-probs near -5.5 and -7.6 (about 20 float32 ulps), in 7 of 23 runs
+# beside rewind_generic, always at the first rewind (the load just started). A wrong state differs
+# by far more.
+TOL_UNDER_LOAD = 3e-5
 PROBE = [ord(c) for c in " and the probe, scored but never committed."]
 
 
@@ -127,12 +133,15 @@ class RewindTest(unittest.TestCase):
         cls.server.stop()
         cls.tmp.cleanup()
 
-    def assertSameState(self, a, b, what, client=None):
+    def assertSameState(self, a, b, what, client=None, tol=TOL):
         client = client or self.c
         pa, pb = client.probe(a), client.probe(b)
         self.assertEqual([h for h, _ in pa], [h for h, _ in pb], what)
-        worst = max((abs(x - y) for (_, x), (_, y) in zip(pa, pb)), default=0.0)
-        self.assertLessEqual(worst, TOL, "%s: log-probs differ by %g" % (what, worst))
+        diffs = [abs(x - y) for (_, x), (_, y) in zip(pa, pb)]
+        worst = max(diffs, default=0.0)
+        at = diffs.index(worst) if diffs else 0
+        self.assertLessEqual(worst, tol, "%s: log-probs differ by %g (probe token %d: %r vs %r)" %
+                             (what, worst, at, pa[at][1] if pa else None, pb[at][1] if pb else None))
 
     def scrape(self):
         with urllib.request.urlopen("http://%s/metrics" % self.server.metrics_address, timeout=30) as r:
@@ -214,7 +223,7 @@ class RewindTest(unittest.TestCase):
                 r = self.c.rewind(sid, p)
                 self.assertEqual(r.position, p)
                 control = self.c.replay(history[:p])
-                self.assertSameState(sid, control, "rewind to %d under load" % p)
+                self.assertSameState(sid, control, "rewind to %d under load" % p, tol=TOL_UNDER_LOAD)
                 self.c.delete(control)
         finally:
             stop.set()

@@ -301,7 +301,13 @@ class RefusalTest(unittest.TestCase):
         def cancel():
             call = n.stub.Generate(greedy(s, [3, 4], 5), timeout=60)
             score = n.stub.Score.future(txl_pb2.ScoreRequest(session_id="", input=tokens([1])), timeout=60)
-            time.sleep(0)  # both are sent; neither can run before the generation ends
+            # Neither can run before the generation ends. Cancel S's only once the server holds it
+            # (S busy): a cancel that overtakes the request would leave the server taking it later,
+            # after the wait for S to be idle below (seen with grpcio 1.85 as the client).
+            deadline = time.time() + 10
+            while not n.stub.GetSession(txl_pb2.GetSessionRequest(session_id=s), timeout=30).busy:
+                self.assertLess(time.time(), deadline, "S's request never reached the server")
+                time.sleep(0.01)
             call.cancel()
             self.assertRefused(grpc.StatusCode.CANCELLED, lambda: list(call))
             score.cancel()

@@ -260,47 +260,56 @@ class Bench {
     return total / sessions.size();
   }
 
-  double ReadoutSteps(const std::vector<SessionState*>& sessions, int n, Readout readout, LanguageModel* lm = nullptr) {
-    if (lm == nullptr) lm = lm_.get();
+  // Seconds per step over `n` steps of all `sessions` at once: fill(s, in)
+  // sets session s's input beyond its session, read(out) consumes each output.
+  double TimedSteps(const std::vector<SessionState*>& sessions, int n, LanguageModel* lm,
+                    const std::function<void(size_t, StepInput&)>& fill, const std::function<void(StepOutput&)>& read) {
     std::vector<StepInput> in(sessions.size());
     const auto start = Clock::now();
     for (int i = 0; i < n; ++i) {
       for (size_t s = 0; s < sessions.size(); ++s) {
         in[s] = StepInput();
         in[s].session = sessions[s];
-        in[s].tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
-        switch (readout) {
-          case Readout::kNone: break;
-          case Readout::kDistribution: in[s].want_last_distribution = true; break;
-          case Readout::kTopP:
-            in[s].nucleus_p = 0.9f;
-            in[s].nucleus_temperature = 0.8f;
-            break;
-          case Readout::kDrawTempered:
-            in[s].pick = StepInput::Pick::kDraw;
-            in[s].draw_temperature = 0.8f;
-            in[s].draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
-            break;
-          case Readout::kArgmax: in[s].pick = StepInput::Pick::kArgmax; break;
-          case Readout::kDraw:
-            in[s].pick = StepInput::Pick::kDraw;
-            in[s].draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
-            break;
-          case Readout::kScore: in[s].targets = {ZipfToken()}; break;
-          case Readout::kTopK: in[s].top_n = top_k_.TopCandidates(); break;
-          case Readout::kTopN: in[s].top_n = 5; break;
-        }
+        fill(s, in[s]);
       }
-      auto out = Must(lm->Step(absl::MakeSpan(in)), "engine step");
-      for (StepOutput& o : out) {
-        if (readout == Readout::kTopP) sink_ += top_p_.SampleFromNucleus(o.nucleus, o.nucleus_total);
-        if (readout == Readout::kTopK) sink_ += top_k_.SampleFromTop(o.top);
-        if (readout == Readout::kTopN) sink_ += o.top[4].first;
-        if (readout == Readout::kDistribution) sink_ += o.last_distribution[0];
-        sink_ += o.picked + (o.target_logprobs.empty() ? 0 : o.target_logprobs[0]);
-      }
+      for (StepOutput& o : Must(lm->Step(absl::MakeSpan(in)), "engine step")) read(o);
     }
     return std::chrono::duration<double>(Clock::now() - start).count() / n;
+  }
+
+  double ReadoutSteps(const std::vector<SessionState*>& sessions, int n, Readout readout, LanguageModel* lm = nullptr) {
+    auto fill = [&](size_t, StepInput& x) {
+      x.tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
+      switch (readout) {
+        case Readout::kNone: break;
+        case Readout::kDistribution: x.want_last_distribution = true; break;
+        case Readout::kTopP:
+          x.nucleus_p = 0.9f;
+          x.nucleus_temperature = 0.8f;
+          break;
+        case Readout::kDrawTempered:
+          x.pick = StepInput::Pick::kDraw;
+          x.draw_temperature = 0.8f;
+          x.draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+          break;
+        case Readout::kArgmax: x.pick = StepInput::Pick::kArgmax; break;
+        case Readout::kDraw:
+          x.pick = StepInput::Pick::kDraw;
+          x.draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+          break;
+        case Readout::kScore: x.targets = {ZipfToken()}; break;
+        case Readout::kTopK: x.top_n = top_k_.TopCandidates(); break;
+        case Readout::kTopN: x.top_n = 5; break;
+      }
+    };
+    auto read = [&](StepOutput& o) {
+      if (readout == Readout::kTopP) sink_ += top_p_.SampleFromNucleus(o.nucleus, o.nucleus_total);
+      if (readout == Readout::kTopK) sink_ += top_k_.SampleFromTop(o.top);
+      if (readout == Readout::kTopN) sink_ += o.top[4].first;
+      if (readout == Readout::kDistribution) sink_ += o.last_distribution[0];
+      sink_ += o.picked + (o.target_logprobs.empty() ? 0 : o.target_logprobs[0]);
+    };
+    return TimedSteps(sessions, n, lm == nullptr ? lm_.get() : lm, fill, read);
   }
 
   // Seconds per step over `n` steps that each feed every session a segment of
@@ -311,19 +320,13 @@ class Bench {
       tokens.push_back(RandomTokens(seg, 100 + s));
       targets.push_back(RandomTokens(seg, 200 + s));
     }
-    std::vector<StepInput> in(sessions.size());
-    const auto start = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      for (size_t s = 0; s < sessions.size(); ++s) {
-        in[s] = StepInput();
-        in[s].session = sessions[s];
-        in[s].tokens = tokens[s];
-        in[s].targets = targets[s];
-      }
-      auto out = Must(lm_->Step(absl::MakeSpan(in)), "scoring step");
-      for (StepOutput& o : out) sink_ += o.target_logprobs.back();
-    }
-    return std::chrono::duration<double>(Clock::now() - start).count() / n;
+    return TimedSteps(
+        sessions, n, lm_.get(),
+        [&](size_t s, StepInput& x) {
+          x.tokens = tokens[s];
+          x.targets = targets[s];
+        },
+        [&](StepOutput& o) { sink_ += o.target_logprobs.back(); });
   }
 
   // The original code's step: hidden-state mems of every layer, the new

@@ -29,6 +29,16 @@ bool JobRunner::Prepare(Job& job) {
     }
   }
   if (job.result.queue_seconds == 0) job.result.queue_seconds = SecondsSince(job.submitted);
+  if (journaled(job) && !job.lease.id.empty()) {
+    // Served from this replica's copy only while it holds the session: one
+    // that another replica took over (this one paused) is let go, and the
+    // client's retry adopts the one history from the store.
+    if (absl::Status held = journal_->CheckHold(job.lease.id); !held.ok()) {
+      if (journal_->Lost(job.lease.id)) job.throwaway = true;
+      Finish(job, held);
+      return false;
+    }
+  }
   if (!job.lease.id.empty() && !job.lease.state) {  // offloaded: back into device memory first
     if (absl::Status s = Materialize(job); !s.ok()) {
       Finish(job, s);

@@ -37,7 +37,7 @@ absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table
   ASSIGN_OR_RETURN(std::vector<std::string> held, journal->Held());
   int recovered = 0;
   for (const std::string& id : held) {
-    auto record = journal->Load(id);  // DATA_LOSS: reported and quarantined by Load
+    auto record = journal->Recover(id);  // DATA_LOSS: reported and quarantined by Load
     if (!record.ok()) continue;
     if (record->image.fingerprint != fingerprint) {
       TXL_LOG(WARNING) << "session " << id << " not recovered: it belongs to model " << record->image.fingerprint

@@ -24,6 +24,15 @@ std::string WantedKey(const std::string& holder, const std::string& id) {
   return absl::StrCat("wanted/", holder, "/", id);
 }
 
+// The replica a holder value names ("<replica>#<nonce>"; older stores: the name alone).
+std::string HolderReplica(const std::string& holder) { return holder.substr(0, holder.find('#')); }
+
+absl::Status Moved(const std::string& id) {
+  return absl::UnavailableError(absl::StrCat("session ", EchoId(id),
+                                             " is served by another replica now (it took the session over while "
+                                             "this one was paused or cut off); retry"));
+}
+
 std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
   std::string out;
   PutLE<uint32_t>(&out, static_cast<uint32_t>(tokens.size()));
@@ -179,13 +188,45 @@ SessionJournal::~SessionJournal() {
     stopping_ = true;
   }
   if (writer_.joinable()) writer_.join();
+  // Answers still waiting for a store that never came back.
+  std::vector<Op> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, t] : tracked_) {
+      for (Op& op : t.waiting) waiting.push_back(std::move(op));
+      t.waiting.clear();
+    }
+  }
+  for (Op& op : waiting) {
+    op.result = absl::UnavailableError(absl::StrCat("session ", EchoId(op.session),
+                                                    ": the state store did not answer before shutdown; whether "
+                                                    "the last change was recorded is unknown"));
+    op.waits = false;
+    if (op.durable_done) op.durable_done(op.result, -1);
+    if (op.done) op.done(op.result);
+  }
   // A clean exit: this replica's sessions may be claimed at once, by a
   // replica that takes over or by this one when it restarts.
   (void)backend_->Delete(absl::StrCat("replicas/", config_.replica));
 }
 
 absl::Status SessionJournal::Heartbeat() {
-  return backend_->Put(absl::StrCat("replicas/", config_.replica), absl::StrCat(absl::ToUnixNanos(absl::Now())));
+  const absl::Time sent = absl::Now();
+  RETURN_IF_ERROR(backend_->Put(absl::StrCat("replicas/", config_.replica), absl::StrCat(absl::ToUnixNanos(sent))));
+  absl::MutexLock lock(&mu_);
+  // Another replica takes this one's sessions once its heartbeat is
+  // holder_timeout old. Half that since the last beat (a pause, a store
+  // that did not answer): every hold must be checked again (CheckHold).
+  if (beat_sent_ != absl::Time() && sent - beat_sent_ > config_.holder_timeout / 2) {
+    for (auto& [id, t] : tracked_) t.verified = false;
+  }
+  beat_sent_ = sent;
+  return absl::OkStatus();
+}
+
+std::string SessionJournal::NewToken() {
+  absl::MutexLock lock(&mu_);
+  return absl::StrCat(config_.replica, "#", absl::Hex(absl::ToUnixNanos(absl::Now())), ".", ++nonce_);
 }
 
 void SessionJournal::Enqueue(std::vector<Op> ops) {
@@ -196,24 +237,28 @@ void SessionJournal::Enqueue(std::vector<Op> ops) {
 
 void SessionJournal::RecordCreate(const SessionMeta& meta, std::string snapshot, Done done, int64_t history_start,
                                   std::vector<int> history) {
-  std::vector<Op> ops;
-  Op op{Op::kCreate, meta.id, EncodeSessionMeta(meta), std::move(done)};
+  Op op{Op::kCreate};
+  op.session = meta.id;
+  op.meta = EncodeSessionMeta(meta);
+  op.done = std::move(done);
   if (!history.empty()) op.log = EncodeLogRecord(history_start, history);
   auto position = SessionExportPosition(snapshot);
-  op.session = meta.id;
   op.end = position.ok() ? *position : 0;
   op.snapshot = std::move(snapshot);
+  op.token = NewToken();
+  std::vector<Op> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
 
 void SessionJournal::RecordTokens(const std::string& id, int64_t start, std::vector<int> tokens) {
   if (tokens.empty()) return;
-  std::vector<Op> ops;
-  Op op{Op::kAppend, Key(id, "log"), EncodeLogRecord(start, tokens), nullptr};
+  Op op{Op::kAppend};
   op.session = id;
   op.start = start;
   op.end = start + static_cast<int64_t>(tokens.size());
+  op.tokens = std::move(tokens);
+  std::vector<Op> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
@@ -221,39 +266,42 @@ void SessionJournal::RecordTokens(const std::string& id, int64_t start, std::vec
 void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot) {
   auto position = SessionExportPosition(snapshot);
   if (!position.ok()) return;  // never a snapshot nobody could read back
-  std::vector<Op> ops;
-  Op op{Op::kSnapshot, id, "", nullptr};
+  Op op{Op::kSnapshot};
   op.session = id;
   op.end = *position;
   op.snapshot = std::move(snapshot);
+  std::vector<Op> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
 
 void SessionJournal::RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done) {
-  std::vector<Op> ops;
-  Op op{Op::kRewind, id, "", std::move(done)};
+  Op op{Op::kRewind};
   op.session = id;
   op.end = position;
   op.snapshot = std::move(snapshot);
+  op.done = std::move(done);
+  std::vector<Op> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
 
 void SessionJournal::RecordDelete(const std::string& id, Done done) {
-  std::vector<Op> ops;
-  ops.push_back({Op::kDelete, Key(id, "meta"), "", std::move(done)});  // first: without meta it is gone
-  for (const char* part : {"snap", "log", "holder"}) ops.push_back({Op::kDelete, Key(id, part), "", nullptr});
-  ops.back().session = id;  // forgotten once its holder key is gone
-  ops.push_back({Op::kDelete, WantedKey(config_.replica, id), "", nullptr});
+  std::vector<Op> ops(2);
+  ops[0].kind = Op::kDelete;
+  ops[0].session = id;
+  ops[0].done = std::move(done);
+  ops[1].kind = Op::kDeleteKey;
+  ops[1].key = WantedKey(config_.replica, id);
   Enqueue(std::move(ops));
 }
 
 void SessionJournal::RecordRelease(const std::string& id) {
-  std::vector<Op> ops;
-  ops.push_back({Op::kDelete, WantedKey(config_.replica, id), "", nullptr});
-  ops.push_back({Op::kDelete, Key(id, "holder"), "", nullptr});
-  ops.back().session = id;
+  std::vector<Op> ops(2);
+  ops[0].kind = Op::kDeleteKey;
+  ops[0].key = WantedKey(config_.replica, id);
+  ops[1].kind = Op::kRelease;
+  ops[1].session = id;
   Enqueue(std::move(ops));
 }
 
@@ -276,7 +324,13 @@ void SessionJournal::FindWanted() {
   for (const std::string& key : *keys) {
     const std::string id = key.substr(prefix.size());
     auto holder = backend_->Get(Key(id, "holder"));
-    if (holder.ok() && *holder == config_.replica) {
+    bool ours = false;
+    if (holder.ok()) {
+      absl::MutexLock lock(&mu_);
+      auto it = tracked_.find(id);
+      ours = it != tracked_.end() && !it->second.lost && it->second.token == *holder;
+    }
+    if (ours) {
       wanted.push_back(id);
     } else if (absl::IsNotFound(holder.status()) || holder.ok()) {
       (void)backend_->Delete(key);  // no longer ours to hand over
@@ -288,18 +342,20 @@ void SessionJournal::FindWanted() {
 }
 
 void SessionJournal::After(Done fn) {
+  Op op{Op::kAfter};
+  op.done = std::move(fn);
   std::vector<Op> ops;
-  ops.push_back({Op::kAfter, "", "", std::move(fn)});
+  ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
 
 void SessionJournal::AfterDurable(const std::string& id, int64_t position,
                                   std::function<void(absl::Status, int64_t)> fn) {
-  std::vector<Op> ops;
-  Op op{Op::kAfter, "", "", nullptr};
+  Op op{Op::kAfter};
   op.session = id;
   op.end = position;
   op.durable_done = std::move(fn);
+  std::vector<Op> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));
 }
@@ -332,8 +388,46 @@ absl::Status SessionJournal::TakeQuarantined(const std::string& id, const std::s
 }
 
 int64_t SessionJournal::DurableLocked(const std::string& id) const {
-  auto it = durable_.find(id);
-  return it == durable_.end() ? -1 : it->second;
+  auto it = tracked_.find(id);
+  return it == tracked_.end() ? -1 : it->second.durable;
+}
+
+bool SessionJournal::Lost(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tracked_.find(id);
+  return it != tracked_.end() && it->second.lost;
+}
+
+absl::Status SessionJournal::CheckHold(const std::string& id) {
+  std::string token;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(id);
+    if (it == tracked_.end()) return absl::OkStatus();  // not journaled here
+    Tracked& t = it->second;
+    if (t.lost) return Moved(id);
+    if (absl::Now() - beat_sent_ > config_.holder_timeout / 2) t.verified = false;  // a gap now
+    if (t.verified) return absl::OkStatus();
+    token = t.token;
+  }
+  auto holder = backend_->Get(Key(id, "holder"));
+  if (!holder.ok() && !absl::IsNotFound(holder.status())) {
+    return absl::UnavailableError(absl::StrCat("session ", EchoId(id),
+                                               ": cannot check with the state store that this replica still "
+                                               "serves it: ",
+                                               holder.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = tracked_.find(id);
+  if (it == tracked_.end()) return absl::OkStatus();
+  if (holder.ok() && *holder == it->second.token) {
+    if (absl::Now() - beat_sent_ <= config_.holder_timeout / 2) it->second.verified = true;
+    return absl::OkStatus();
+  }
+  if (it->second.token != token || it->second.unresolved) return absl::OkStatus();  // claimed again meanwhile
+  TXL_LOG(WARNING) << "session " << id << ": another replica holds it now; this replica lets its copy go";
+  it->second.lost = true;
+  return Moved(id);
 }
 
 void SessionJournal::SetHealth(const absl::Status& write) {
@@ -352,148 +446,429 @@ void SessionJournal::SetHealth(const absl::Status& write) {
                                                "; journaled sessions are read-only until it recovers"));
 }
 
+StoreWrite SessionJournal::WriteOf(const Op& op, const Tracked& t, int64_t bytes) const {
+  StoreWrite w;
+  const std::string& id = op.session;
+  const StoreGuard held{StoreGuard::kOneOf, Key(id, "holder"), {t.token}};
+  const StoreGuard log_length{StoreGuard::kLength, Key(id, "log"), {}, bytes};
+  switch (op.kind) {
+    case Op::kAppend:
+      w.label = "append";
+      w.guards = {held, log_length};
+      w.mutations = {{StoreMutation::kAppend, Key(id, "log"), EncodeLogRecord(op.start, op.tokens)}};
+      break;
+    case Op::kSnapshot:
+      w.label = "snapshot";
+      w.guards = {held, log_length};
+      w.mutations = {{StoreMutation::kPut, Key(id, "snap"), op.snapshot}};
+      break;
+    case Op::kCreate:
+      // The meta last: the directory store applies in order, and a session
+      // without its meta does not exist.
+      w.label = op.log.empty() ? "create" : "fork";
+      w.guards = {{StoreGuard::kAbsent, Key(id, "meta")}};
+      w.mutations = {{StoreMutation::kPut, Key(id, "log"), op.log},
+                     {StoreMutation::kPut, Key(id, "snap"), op.snapshot},
+                     {StoreMutation::kPut, Key(id, "holder"), op.token},
+                     {StoreMutation::kPut, Key(id, "meta"), op.meta}};
+      break;
+    case Op::kDelete:
+      w.label = "delete";  // the meta first: without it the session is gone
+      w.guards = {held};
+      for (const char* part : {"meta", "snap", "log", "holder"})
+        w.mutations.push_back({StoreMutation::kDelete, Key(id, part)});
+      break;
+    case Op::kRelease:
+      w.label = "release";
+      w.guards = {held};
+      w.mutations = {{StoreMutation::kDelete, Key(id, "holder")}};
+      break;
+    default: break;
+  }
+  return w;
+}
+
+absl::Status SessionJournal::Send(std::vector<std::pair<Op*, StoreWrite>>& group) {
+  if (group.empty()) return absl::OkStatus();
+  std::vector<StoreWrite> writes;
+  for (auto& [op, w] : group) writes.push_back(std::move(w));
+  absl::StatusOr<std::vector<int>> outcomes = backend_->Write(writes);
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < group.size(); ++i) {
+    Op& op = *group[i].first;
+    if (!outcomes.ok() && !absl::IsUnknown(outcomes.status())) {
+      op.result = outcomes.status();  // nothing was written
+      if (op.kind == Op::kCreate) tracked_.erase(op.session);
+      continue;
+    }
+    Tracked& t = tracked_[op.session];
+    if (!outcomes.ok()) {  // it may have landed, or may land later
+      op.waits = true;
+      t.unresolved = true;
+      if (op.kind == Op::kAppend) t.sent.emplace_back(op.start, op.tokens);
+      t.create = t.create || op.kind == Op::kCreate;
+      t.remove = t.remove || op.kind == Op::kDelete;
+      t.release = t.release || op.kind == Op::kRelease;
+      if (op.kind == Op::kRewind) t.rewind_to = op.end;
+      if (op.kind == Op::kSnapshot) t.snapshot_at = -1;
+      continue;
+    }
+    const int failed = (*outcomes)[i];
+    if (failed == kWriteApplied) {
+      switch (op.kind) {
+        case Op::kAppend:
+          t.durable = op.end;
+          t.log_bytes += static_cast<int64_t>(writes[i].mutations[0].value.size());
+          break;
+        case Op::kSnapshot: t.snapshot_at = op.end; break;
+        case Op::kCreate:
+          t.durable = t.snapshot_at = op.end;
+          t.log_bytes = static_cast<int64_t>(op.log.size());
+          t.create = false;
+          break;
+        case Op::kRewind:
+          t.durable = op.end;
+          t.log_bytes = static_cast<int64_t>(op.log_bytes);
+          if (writes[i].mutations.size() > 1) t.snapshot_at = op.end;
+          break;
+        case Op::kDelete:
+        case Op::kRelease: tracked_.erase(op.session); break;
+        default: break;
+      }
+      continue;
+    }
+    if (op.kind == Op::kCreate) {
+      tracked_.erase(op.session);
+      op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(op.session), " already exists"));
+    } else if (failed == 0) {  // the holder: another replica took it over
+      if (!t.lost) TXL_LOG(WARNING) << "session " << op.session << ": another replica holds it now";
+      t.lost = true;
+      op.result = Moved(op.session);
+    } else {  // the log is not what this replica wrote: read back what is there
+      op.waits = true;
+      t.unresolved = true;
+    }
+  }
+  group.clear();
+  return outcomes.status();
+}
+
 absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
-  // Runs of appends go to the backend as one group commit (all or nothing);
-  // the other writes keep their place in the order. After the first failure
-  // nothing more of the batch is written. A session's writes must continue
-  // its durable history exactly; one that does not is refused unwritten.
-  std::vector<Op*> group;
-  std::map<std::string, int64_t> group_end;  // the durable position once the group is written
+  // The writes of a batch go to the store as one group commit, except a
+  // rewind, which reads the log first. A session's writes must continue
+  // what the store holds exactly (the journal's own check, then the store's
+  // guards); one that does not is refused unwritten. After a failure that
+  // wrote nothing, nothing more of the batch is written.
+  std::vector<std::pair<Op*, StoreWrite>> group;
+  std::map<std::string, std::pair<int64_t, int64_t>>
+      predicted;  // per session: its end and log bytes once the group is written
   absl::Status status;
-  auto durable = [&](const std::string& id) {
-    auto it = group_end.find(id);
-    if (it != group_end.end()) return it->second;
-    absl::MutexLock lock(&mu_);
-    return DurableLocked(id);
-  };
   auto out_of_step = [](const Op& op, int64_t have) {
     return absl::UnavailableError(absl::StrCat("session ", EchoId(op.session), ": history from position ",
                                                op.start >= 0 ? op.start : op.end, " not written: the state store has ",
                                                have, " tokens of it (an earlier write failed)"));
   };
-  auto commit_group = [&] {
-    if (group.empty()) return;
-    if (status.ok()) {
-      std::vector<std::pair<std::string, std::string>> appends;
-      for (Op* op : group) appends.emplace_back(op->key, std::move(op->value));
-      status = backend_->Append(appends);
-    }
-    absl::MutexLock lock(&mu_);
-    for (Op* op : group) {
-      op->result = status;
-      if (status.ok()) durable_[op->session] = op->end;
-    }
-    group.clear();
-    group_end.clear();
-  };
+  // Ops after a failure are not sent: refused, whatever the failure was.
+  auto not_sent = [&] { return absl::IsUnknown(status) ? absl::UnavailableError(status.message()) : status; };
   for (Op& op : batch) {
     if (op.kind == Op::kAfter) continue;
-    if (op.kind == Op::kAppend) {
-      const int64_t have = durable(op.session);
-      if (!status.ok()) {
-        op.result = status;
-      } else if (have >= 0 && (op.start > have || op.end <= have)) {  // a gap, or nothing new
-        op.result = out_of_step(op, have);
-      } else {
-        group.push_back(&op);
-        group_end[op.session] = op.end;  // an overlap replays only what is new
-      }
-      continue;
-    }
-    commit_group();
     if (!status.ok()) {
-      op.result = status;
+      op.result = not_sent();
       continue;
     }
-    if (op.kind == Op::kPut) status = backend_->Put(op.key, op.value);
-    if (op.kind == Op::kDelete) {
-      status = backend_->Delete(op.key);
-      if (status.ok() && !op.session.empty()) {
-        absl::MutexLock lock(&mu_);
-        durable_.erase(op.session);
-        snapshot_at_.erase(op.session);
-      }
+    if (op.kind == Op::kDeleteKey) {  // a "wanted" request: nobody else writes it
+      status = Send(group);
+      if (status.ok()) (void)backend_->Delete(op.key);
+      continue;
     }
-    if (op.kind == Op::kSnapshot) {
-      const int64_t have = durable(op.session);
-      if (have >= 0 && have != op.end) {
-        op.result = out_of_step(op, have);  // a snapshot holding history the store never acknowledged
-        continue;
-      }
-      status = backend_->Put(Key(op.key, "snap"), op.snapshot);
-      if (status.ok()) {
-        absl::MutexLock lock(&mu_);
-        snapshot_at_[op.session] = op.end;
-      }
+    if (op.kind == Op::kRewind) status = Send(group);  // it reads what the group writes
+    if (!status.ok()) {
+      op.result = not_sent();
+      continue;
     }
-    if (op.kind == Op::kRewind) {
-      const int64_t have = durable(op.session);
-      if (have >= 0 && op.end > have) {
-        op.result = out_of_step(op, have);  // past what the store holds
-        continue;
-      }
-      // Snapshot first: with the old log it replays to the old history (see the header).
-      bool snapshot_later = true;  // unknown: written
-      {
-        absl::MutexLock lock(&mu_);
-        auto at = snapshot_at_.find(op.session);
-        if (at != snapshot_at_.end()) snapshot_later = at->second > op.end;
-      }
-      if (snapshot_later) {
-        status = backend_->Put(Key(op.key, "snap"), op.snapshot);
-        if (status.ok()) {
-          absl::MutexLock lock(&mu_);
-          snapshot_at_[op.session] = op.end;
-        }
-      }
-      absl::StatusOr<std::string> log = std::string();
-      if (status.ok()) log = backend_->Get(Key(op.key, "log"));
-      if (status.ok() && absl::IsNotFound(log.status())) log = std::string();
-      if (status.ok() && !log.ok()) status = log.status();
-      if (status.ok()) {
-        log = TruncateJournalLog(*log, op.end);
-        if (!log.ok()) {  // the stored log is damaged or short: refused, not a store failure
-          op.result = log.status();
+    Tracked t;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = tracked_.find(op.session);
+      if (op.kind == Op::kCreate) {
+        if (it != tracked_.end() && !it->second.lost) {
+          op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(op.session), " already exists"));
           continue;
         }
-        status = backend_->Put(Key(op.key, "log"), *log);
-      }
-      if (status.ok()) {
-        absl::MutexLock lock(&mu_);
-        durable_[op.session] = op.end;
-      }
-    }
-    if (op.kind == Op::kCreate) {
-      // The meta claims the id, atomically across replicas; a session that
-      // exists anywhere in the store keeps its state.
-      auto claimed = backend_->CompareAndSet(Key(op.key, "meta"), std::nullopt, op.value);
-      if (!claimed.ok()) {
-        status = claimed.status();
-      } else if (!*claimed) {
-        op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(op.key), " already exists"));
+        Tracked& fresh = tracked_[op.session] = Tracked();
+        fresh.token = op.token;
+        t = fresh;
+      } else if (it == tracked_.end()) {
+        op.result = absl::UnavailableError(
+            absl::StrCat("session ", EchoId(op.session), " is not held by this replica in the state store"));
+        continue;
+      } else if (it->second.lost) {
+        op.result = Moved(op.session);
+        continue;
+      } else if (it->second.unresolved) {
+        op.waits = true;  // nothing more is written until what landed is known
         continue;
       } else {
-        // A log a crash left behind by an earlier session of this id goes first.
-        for (const auto& [part, value] : {std::pair<const char*, const std::string*>{"log", &op.log},
-                                          {"snap", &op.snapshot},
-                                          {"holder", &config_.replica}}) {
-          if (status.ok()) status = backend_->Put(Key(op.key, part), value ? *value : std::string());
-        }
-        if (!status.ok()) {
-          // Refused: the id must stay free. Undo the claim (a full disk
-          // still allows unlinking; an unwritable store left nothing to undo).
-          for (const char* part : {"meta", "snap", "log", "holder"}) (void)backend_->Delete(Key(op.key, part));
-        } else {
-          absl::MutexLock lock(&mu_);
-          durable_[op.session] = op.end;
-          snapshot_at_[op.session] = op.end;
-        }
+        t = it->second;
+        t.waiting.clear();
       }
     }
-    op.result = status;
+    auto p = predicted.find(op.session);
+    const int64_t have = p != predicted.end() ? p->second.first : t.durable;
+    const int64_t bytes = p != predicted.end() ? p->second.second : t.log_bytes;
+    if (op.kind == Op::kAppend && (op.start > have || op.end <= have)) {  // a gap, or nothing new
+      op.result = out_of_step(op, have);
+      continue;
+    }
+    if (op.kind == Op::kSnapshot && have != op.end) {
+      op.result = out_of_step(op, have);  // a snapshot holding history the store never acknowledged
+      continue;
+    }
+    if (op.kind == Op::kRewind && op.end > have) {
+      op.result = out_of_step(op, have);  // past what the store holds
+      continue;
+    }
+    StoreWrite w = WriteOf(op, t, bytes);
+    if (op.kind == Op::kRewind) {
+      // The new log is the stored one cut at the position; the snapshot is
+      // written too if the stored one is later (with the old log it
+      // replays to the old history: a crash between the two is harmless).
+      absl::StatusOr<std::string> log = backend_->Get(Key(op.session, "log"));
+      if (absl::IsNotFound(log.status())) log = std::string();
+      if (!log.ok()) {
+        status = log.status();
+        op.result = status;
+        continue;
+      }
+      if (static_cast<int64_t>(log->size()) != bytes) {
+        absl::MutexLock lock(&mu_);
+        tracked_[op.session].unresolved = true;  // not the log this replica wrote: read back what is there
+        op.waits = true;
+        continue;
+      }
+      absl::StatusOr<std::string> cut = TruncateJournalLog(*log, op.end);
+      if (!cut.ok()) {  // the stored log is damaged or short: refused, not a store failure
+        op.result = cut.status();
+        continue;
+      }
+      op.log_bytes = cut->size();
+      w.label = "rewind";
+      w.guards = {{StoreGuard::kOneOf, Key(op.session, "holder"), {t.token}},
+                  {StoreGuard::kLength, Key(op.session, "log"), {}, bytes}};
+      if (t.snapshot_at < 0 || t.snapshot_at > op.end)
+        w.mutations.push_back({StoreMutation::kPut, Key(op.session, "snap"), op.snapshot});
+      w.mutations.push_back({StoreMutation::kPut, Key(op.session, "log"), *std::move(cut)});
+      group.emplace_back(&op, std::move(w));
+      status = Send(group);
+      continue;
+    }
+    if (op.kind == Op::kAppend)
+      predicted[op.session] = {op.end, bytes + static_cast<int64_t>(w.mutations[0].value.size())};
+    if (op.kind == Op::kCreate) predicted[op.session] = {op.end, static_cast<int64_t>(op.log.size())};
+    group.emplace_back(&op, std::move(w));
   }
-  commit_group();
+  if (status.ok()) status = Send(group);
   return status;
+}
+
+void SessionJournal::Answer(Op& op) {
+  if (op.durable_done) {
+    int64_t have = 0;
+    absl::Status error;
+    bool lost = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = tracked_.find(op.session);
+      if (it != tracked_.end() && it->second.unresolved) {  // answered once what landed is known
+        it->second.waiting.push_back(std::move(op));
+        return;
+      }
+      have = DurableLocked(op.session);
+      lost = it != tracked_.end() && it->second.lost;
+      error = error_;
+    }
+    if (!lost && (have >= op.end || have < 0)) {  // < 0: not journaled here (nothing to wait for)
+      op.durable_done(absl::OkStatus(), op.end);
+    } else {
+      op.durable_done(lost          ? Moved(op.session)
+                      : !error.ok() ? error
+                                    : absl::UnavailableError(
+                                          absl::StrCat("the session state store did not record the history of session ",
+                                                       EchoId(op.session), " past position ", have)),
+                      have);
+    }
+  } else if (op.done) {
+    if (op.waits) {
+      absl::MutexLock lock(&mu_);
+      auto it = tracked_.find(op.session);
+      if (it != tracked_.end() && it->second.unresolved) {
+        it->second.waiting.push_back(std::move(op));
+        return;
+      }
+    }
+    op.done(op.result);
+  }
+}
+
+absl::Status SessionJournal::Resolve(const std::string& id) {
+  Tracked t;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(id);
+    if (it == tracked_.end() || !it->second.unresolved) return absl::OkStatus();
+    t = it->second;
+    t.waiting.clear();
+  }
+  // Re-fence first: once the holder has a new token, nothing sent under an
+  // old one can land, so what is read next is final.
+  std::vector<std::string> ours = t.maybe;
+  ours.push_back(t.token);
+  const std::string token = NewToken();
+  absl::StatusOr<std::vector<int>> fenced = backend_->Write({{"refence",
+                                                              {{StoreGuard::kOneOf, Key(id, "holder"), ours}},
+                                                              {{StoreMutation::kPut, Key(id, "holder"), token}}}});
+  if (!fenced.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (absl::IsUnknown(fenced.status())) tracked_[id].maybe.push_back(token);
+    return fenced.status();
+  }
+  const bool held = (*fenced)[0] == kWriteApplied;
+  {
+    absl::MutexLock lock(&mu_);
+    Tracked& now = tracked_[id];
+    if (held) {
+      now.token = token;
+      now.maybe.clear();
+    }
+  }
+  auto meta = backend_->Get(Key(id, "meta"));
+  auto snap = backend_->Get(Key(id, "snap"));
+  auto log = backend_->Get(Key(id, "log"));
+  for (const auto* read : {&meta, &snap, &log}) {
+    if (!read->ok() && !absl::IsNotFound(read->status())) return read->status();
+  }
+  // The history the store holds.
+  int64_t start = -1;
+  std::vector<int> history;
+  size_t valid = 0;
+  if (log.ok() && !ParseLog(*log, &start, &history, &valid).ok()) history.clear();
+  int64_t end = start < 0 ? 0 : start + static_cast<int64_t>(history.size());
+  int64_t snap_at = -1;
+  if (snap.ok()) {
+    if (auto p = SessionExportPosition(*snap); p.ok()) snap_at = *p;
+  }
+  end = std::max(end, snap_at);
+  const bool gone = !meta.ok();
+  // Whether every append sent up to `position` is in the store's history, token by token.
+  auto appended = [&](int64_t position) {
+    for (const auto& [at, tokens] : t.sent) {
+      if (at >= position) break;
+      for (size_t i = 0; i < tokens.size() && at + static_cast<int64_t>(i) < position; ++i) {
+        const int64_t k = at + static_cast<int64_t>(i) - start;
+        if (start < 0 || k < 0 || k >= static_cast<int64_t>(history.size()) || history[k] != tokens[i]) return false;
+      }
+    }
+    return true;
+  };
+  if (held && !gone && valid < (log.ok() ? log->size() : 0)) {
+    // A torn tail (a crash mid-append): never acknowledged; cut it off.
+    absl::StatusOr<std::vector<int>> cut =
+        backend_->Write({{"trim",
+                          {{StoreGuard::kOneOf, Key(id, "holder"), {token}},
+                           {StoreGuard::kLength, Key(id, "log"), {}, static_cast<int64_t>(log->size())}},
+                          {{StoreMutation::kPut, Key(id, "log"), log->substr(0, valid)}}}});
+    if (!cut.ok()) return cut.status();
+  }
+  if (held && gone) {  // a delete that stopped after its meta, or a create that never got to it
+    absl::StatusOr<std::vector<int>> cleared = backend_->Write({{"delete",
+                                                                 {{StoreGuard::kOneOf, Key(id, "holder"), {token}}},
+                                                                 {{StoreMutation::kDelete, Key(id, "snap")},
+                                                                  {StoreMutation::kDelete, Key(id, "log")},
+                                                                  {StoreMutation::kDelete, Key(id, "holder")}}}});
+    if (!cleared.ok()) return cleared.status();
+  }
+  // Decided: answer what waited.
+  std::vector<Op> waiting;
+  int64_t durable = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Tracked& now = tracked_[id];
+    waiting.swap(now.waiting);
+    if (gone || (!held && (t.release || t.create))) {
+      tracked_.erase(id);  // deleted, released, or never created: nothing of it is this replica's
+    } else if (!held) {
+      now.lost = true;
+      now.unresolved = false;
+    } else {
+      now.durable = end;
+      now.snapshot_at = snap_at;
+      now.log_bytes = static_cast<int64_t>(valid);
+      now.unresolved = false;
+      now.verified = true;
+      now.sent.clear();
+      now.create = now.remove = now.release = false;
+      now.rewind_to = -1;
+    }
+    durable = end;
+  }
+  TXL_LOG(WARNING) << "session " << id << ": a write's outcome was unknown; the state store holds position " << end
+                   << (gone ? " (the session is gone)" : "") << (held ? "" : " under another replica")
+                   << "; its waiting answers follow that";
+  if (held && t.release) RecordRelease(id);  // it did not land: again, with the new token
+  for (Op& op : waiting) {
+    op.waits = false;
+    if (op.durable_done) {
+      const bool landed = !gone && (held ? end >= op.end : appended(op.end) && end >= op.end);
+      if (landed) {
+        op.durable_done(absl::OkStatus(), op.end);
+      } else {
+        op.durable_done(!held && !gone ? Moved(id)
+                                       : absl::UnavailableError(absl::StrCat(
+                                             "the session state store did not record the history of session ",
+                                             EchoId(id), " past position ", end)),
+                        durable);
+      }
+      continue;
+    }
+    if (!op.done) continue;
+    absl::Status result = op.result;
+    if (op.kind == Op::kCreate) {
+      result = held && !gone ? absl::OkStatus()
+                             : absl::UnavailableError(absl::StrCat("session ", EchoId(id),
+                                                                   ": the state store did not record its creation"));
+    } else if (op.kind == Op::kDelete) {
+      result = gone ? absl::OkStatus()
+                    : absl::UnavailableError(
+                          absl::StrCat("session ", EchoId(id), ": the state store did not record its deletion"));
+    } else if (op.kind == Op::kRewind) {
+      result = held && !gone && end == op.end
+                   ? absl::OkStatus()
+                   : (!held && !gone ? Moved(id)
+                                     : absl::UnavailableError(absl::StrCat(
+                                           "session ", EchoId(id), ": the state store did not record the rewind")));
+    } else if (result.ok()) {
+      result = absl::UnavailableError(absl::StrCat("session ", EchoId(id), ": not written"));
+    }
+    op.done(result);
+  }
+  return absl::OkStatus();
+}
+
+void SessionJournal::ResolveAll() {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, t] : tracked_) {
+      if (t.unresolved) ids.push_back(id);
+    }
+  }
+  for (const std::string& id : ids) {
+    absl::Status s = Resolve(id);
+    if (!s.ok()) {
+      TXL_LOG(WARNING) << "session " << id << ": cannot read back a write's outcome yet: " << s.message();
+      return;  // the store does not answer: at the next heartbeat
+    }
+  }
 }
 
 void SessionJournal::WriterLoop() {
@@ -516,6 +891,7 @@ void SessionJournal::WriterLoop() {
       absl::Status beat = Heartbeat();
       if (!beat.ok()) TXL_LOG(WARNING) << "state store heartbeat: " << beat.message();
       SetHealth(beat);  // a store that takes writes again takes sessions' writes again
+      if (beat.ok()) ResolveAll();
       FindWanted();
     }
     if (!batch.empty()) {
@@ -524,28 +900,13 @@ void SessionJournal::WriterLoop() {
       for (const Op& op : batch) writes = writes || op.kind != Op::kAfter;
       absl::Status s = Apply(batch);
       if (writes) SetHealth(s);
+      bool unresolved = false;
       for (Op& op : batch) {
-        if (op.durable_done) {
-          int64_t have = 0;
-          absl::Status error;
-          {
-            absl::MutexLock lock(&mu_);
-            have = DurableLocked(op.session);
-            error = error_;
-          }
-          if (have >= op.end || have < 0) {  // < 0: not journaled here (nothing to wait for)
-            op.durable_done(absl::OkStatus(), op.end);
-          } else {
-            op.durable_done(!error.ok() ? error
-                                        : absl::UnavailableError(absl::StrCat(
-                                              "the session state store did not record the history of session ",
-                                              EchoId(op.session), " past position ", have)),
-                            have);
-          }
-        } else if (op.done) {
-          op.done(op.result);
-        }
+        unresolved = unresolved || op.waits;
+        Answer(op);
       }
+      // A guard that failed or a reply that was lost: read back at once if the store answers.
+      if (unresolved) ResolveAll();
       absl::MutexLock lock(&mu_);
       applied_ += static_cast<int64_t>(batch.size());
     }
@@ -562,6 +923,7 @@ absl::Status SessionJournal::QuarantineSession(const std::string& id, const std:
   for (const char* part : {"meta", "snap", "log", "holder"}) (void)backend_->Quarantine(Key(id, part));
   absl::MutexLock lock(&mu_);
   ++quarantined_;
+  tracked_.erase(id);
   unreported_[id] = owner;  // the caller that gets this DATA_LOSS erases it (TakeQuarantined)
   return absl::DataLossError(absl::StrCat("session ", EchoId(id), ": its saved state is damaged (", why,
                                           "); it was quarantined in the state store"));
@@ -569,6 +931,20 @@ absl::Status SessionJournal::QuarantineSession(const std::string& id, const std:
 
 absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   if (!IsValidStateKey(id)) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
+  std::string token;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(id);
+    if (it != tracked_.end()) {
+      if (it->second.lost) return Moved(id);
+      if (it->second.unresolved) {
+        return absl::UnavailableError(absl::StrCat("session ", EchoId(id),
+                                                   ": the outcome of its last write is not known yet (the state "
+                                                   "store did not answer); retry"));
+      }
+      token = it->second.token;
+    }
+  }
   auto meta_bytes = backend_->Get(Key(id, "meta"));
   if (absl::IsNotFound(meta_bytes.status()))
     return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
@@ -587,22 +963,31 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   record.image = *std::move(image);
   auto log = backend_->Get(Key(id, "log"));
   if (!log.ok() && !absl::IsNotFound(log.status())) return absl::UnavailableError(log.status().message());
+  size_t valid = 0;
   if (log.ok()) {
-    size_t valid = 0;
     if (auto s = ReplayJournalLog(*log, &record, &valid); !s.ok())
       return QuarantineSession(id, std::string(s.message()), record.meta.owner);
-    if (valid < log->size()) {
+    if (valid < log->size() && !token.empty()) {
       // A record a crash cut short: never acknowledged. Cut it off before
       // anything is appended after it.
       TXL_LOG(WARNING) << "session " << id << ": a log record cut short by a crash (" << log->size() - valid
                        << " bytes) was dropped";
-      if (auto s = backend_->Put(Key(id, "log"), absl::string_view(*log).substr(0, valid)); !s.ok())
-        return absl::UnavailableError(s.message());
+      absl::StatusOr<std::vector<int>> cut =
+          backend_->Write({{"trim",
+                            {{StoreGuard::kOneOf, Key(id, "holder"), {token}},
+                             {StoreGuard::kLength, Key(id, "log"), {}, static_cast<int64_t>(log->size())}},
+                            {{StoreMutation::kPut, Key(id, "log"), log->substr(0, valid)}}}});
+      if (!cut.ok()) return absl::UnavailableError(cut.status().message());
+      if ((*cut)[0] != kWriteApplied) return Moved(id);
     }
   }
   absl::MutexLock lock(&mu_);
-  durable_[id] = record.position();  // what the history goes on from
-  snapshot_at_[id] = record.image.position;
+  auto it = tracked_.find(id);
+  if (it != tracked_.end() && it->second.token == token && !token.empty()) {
+    it->second.durable = record.position();  // what the history goes on from
+    it->second.snapshot_at = record.image.position;
+    it->second.log_bytes = static_cast<int64_t>(valid);
+  }
   return record;
 }
 
@@ -614,9 +999,38 @@ absl::StatusOr<std::vector<std::string>> SessionJournal::Held() {
     if (!absl::StartsWith(key, "sessions/") || !absl::EndsWith(key, kSuffix) || key.size() <= kSuffix.size() + 9)
       continue;
     auto holder = backend_->Get(key);
-    if (holder.ok() && *holder == config_.replica) ids.push_back(key.substr(9, key.size() - 9 - kSuffix.size()));
+    if (holder.ok() && HolderReplica(*holder) == config_.replica)
+      ids.push_back(key.substr(9, key.size() - 9 - kSuffix.size()));
   }
   return ids;
+}
+
+absl::StatusOr<JournalRecord> SessionJournal::Claim(const std::string& id, const std::optional<std::string>& current) {
+  const std::string token = NewToken();
+  auto claimed = backend_->CompareAndSet(Key(id, "holder"), current, token);
+  if (!claimed.ok()) return absl::UnavailableError(claimed.status().message());
+  if (!*claimed)
+    return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " was just taken over by another replica"));
+  {
+    absl::MutexLock lock(&mu_);
+    Tracked& t = tracked_[id] = Tracked();
+    t.token = token;
+  }
+  absl::StatusOr<JournalRecord> record = Load(id);
+  if (!record.ok() && !absl::IsDataLoss(record.status())) {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(id);
+    if (it != tracked_.end() && it->second.token == token) tracked_.erase(it);  // held, but not served from here yet
+  }
+  return record;
+}
+
+absl::StatusOr<JournalRecord> SessionJournal::Recover(const std::string& id) {
+  auto holder = backend_->Get(Key(id, "holder"));
+  if (!holder.ok()) return holder.status();
+  if (HolderReplica(*holder) != config_.replica)
+    return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " is held by another replica"));
+  return Claim(id, *holder);
 }
 
 absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const std::string& caller) {
@@ -636,24 +1050,21 @@ absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const
   } else if (!absl::IsNotFound(holder.status())) {
     return absl::UnavailableError(holder.status().message());
   }
-  if (current && *current != config_.replica) {
-    auto beat = backend_->Get(absl::StrCat("replicas/", *current));
+  if (current && HolderReplica(*current) != config_.replica) {
+    const std::string other = HolderReplica(*current);
+    auto beat = backend_->Get(absl::StrCat("replicas/", other));
     int64_t nanos = 0;
     if (beat.ok() && absl::SimpleAtoi(*beat, &nanos) &&
         absl::Now() - absl::FromUnixNanos(nanos) < config_.holder_timeout) {
       // Ask the holder to hand it over: the proxy routes the session here now.
-      (void)backend_->Put(WantedKey(*current, id), config_.replica);
-      return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " is served by replica ", *current,
+      (void)backend_->Put(WantedKey(other, id), config_.replica);
+      return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " is served by replica ", other,
                                                  ", which was asked to hand it over; retry shortly"));
     }
   }
-  if (!current || *current != config_.replica) {
-    auto claimed = backend_->CompareAndSet(Key(id, "holder"), current, config_.replica);
-    if (!claimed.ok()) return absl::UnavailableError(claimed.status().message());
-    if (!*claimed)
-      return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " was just taken over by another replica"));
-  }
-  auto record = Load(id);
+  // Claimed with a new token, also when the holder names this replica: a
+  // claim whose reply was lost, or an earlier run of it.
+  auto record = Claim(id, current);
   if (absl::IsDataLoss(record.status())) (void)TakeQuarantined(id, caller);  // the caller is told now
   return record;
 }

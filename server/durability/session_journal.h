@@ -34,16 +34,36 @@
 // later write, or the heartbeat, succeeds; meanwhile the server refuses
 // requests that would change a journaled session.
 //
-// Ownership between replicas: a session is served by its holder. A replica
-// whose heartbeat is older than holder_timeout (or gone: a clean shutdown
-// removes it) is dead, and any replica may claim its sessions
-// (CompareAndSet on the holder key, so exactly one does). A replica asked
-// for a session a live replica holds leaves a "wanted" key; the holder finds
-// it at its next heartbeat and hands the session over (snapshot, release)
-// once it is idle, so a session whose route moved (scale-up) follows it.
+// Ownership between replicas: a session is served by its holder. The
+// holder key holds a fencing token ("<replica>#<nonce>", new at every
+// claim), and every write to a session is a guarded StateBackend::Write that
+// changes nothing unless the holder key still holds this replica's token and
+// the log still has the length the journal expects. So a write that arrives
+// late (a store that paused) can never extend a history the journal moved
+// past, and a replica that lost a session (it paused past holder_timeout and
+// another took over) can never write it. A replica whose heartbeat is older
+// than holder_timeout (or gone: a clean shutdown removes it) is dead, and
+// any replica may claim its sessions (CompareAndSet on the holder key, so
+// exactly one does). A replica asked for a session a live replica holds
+// leaves a "wanted" key; the holder finds it at its next heartbeat and hands
+// the session over (snapshot, release) once it is idle, so a session whose
+// route moved (scale-up) follows it. CheckHold tells the scheduler whether
+// this replica still holds a session before it serves one from memory: at
+// once while the heartbeats have had no gap, else by reading the holder key.
 //
-// Threading: all methods are thread-safe. Load, Held and Adopt do blocking
-// I/O on the caller's thread; the rest only enqueue.
+// Unknown outcomes: a write whose reply was lost (the store paused, timed
+// out, or failed after a partial apply) may land later or may have landed.
+// Its session is then unresolved: its answers (AfterDurable, the done of a
+// create, rewind or delete) wait, and nothing more is written for it, until
+// the journal has re-fenced the session (a new token, so nothing sent before
+// can land after) and read back what landed. The answers then follow the
+// store: a history that landed is acknowledged (late), one that did not is
+// refused, and the session goes on from what the store holds. A session
+// another replica took over meanwhile is lost here; its waiting answers are
+// acknowledged only if the store's history holds exactly their tokens.
+//
+// Threading: all methods are thread-safe. Load, Held, Recover, Adopt and
+// CheckHold do blocking I/O on the caller's thread; the rest only enqueue.
 #ifndef TXL_SERVER_DURABILITY_SESSION_JOURNAL_H_
 #define TXL_SERVER_DURABILITY_SESSION_JOURNAL_H_
 
@@ -52,6 +72,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -157,6 +178,16 @@ class SessionJournal {
   absl::StatusOr<JournalRecord> Load(const std::string& id);
   // Sessions held by this replica (its own after a restart).
   absl::StatusOr<std::vector<std::string>> Held();
+  // Claims a session Held() listed (a new fencing token, so that an earlier
+  // run of this replica can write it no more) and loads it.
+  absl::StatusOr<JournalRecord> Recover(const std::string& id);
+  // OK when this replica still holds the session (or does not journal it);
+  // UNAVAILABLE when another replica holds it now (Lost() is then true) or
+  // the store cannot tell. Reads the holder key only after a gap in the
+  // heartbeats (a pause) since the session was last checked.
+  absl::Status CheckHold(const std::string& id);
+  // Whether another replica took the session over from this one.
+  bool Lost(const std::string& id) const;
   // Claims a session of a dead replica for this one and loads it. NOT_FOUND:
   // no such session, or not `caller`'s; UNAVAILABLE: a live replica holds it.
   absl::StatusOr<JournalRecord> Adopt(const std::string& id, const std::string& caller);
@@ -177,23 +208,54 @@ class SessionJournal {
 
  private:
   struct Op {
-    enum Kind { kPut, kAppend, kDelete, kAfter, kCreate, kSnapshot, kRewind } kind;
-    std::string key, value;
-    Done done;
-    std::string snapshot;  // kCreate (key: the id, value: the meta), kSnapshot, kRewind
-    std::string log;       // kCreate: the log it starts with
-    absl::Status result;   // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
-    // The session whose history the op extends (kAppend: [start, end);
-    // kCreate, kSnapshot, kRewind: end) or forgets (kDelete of its holder), or that
-    // AfterDurable asks about (end).
-    std::string session;
+    enum Kind { kAfter, kDeleteKey, kAppend, kSnapshot, kRewind, kCreate, kDelete, kRelease } kind;
+    std::string session;  // the session it writes, or that AfterDurable asks about
+    // kAppend: [start, end) and its tokens; kCreate, kSnapshot, kRewind: end;
+    // AfterDurable: the position asked about.
     int64_t start = -1, end = -1;
+    std::vector<int> tokens;
+    std::string key;        // kDeleteKey
+    std::string meta, log;  // kCreate: the meta, the log it starts with
+    std::string snapshot;   // kCreate, kSnapshot, kRewind
+    Done done;
     std::function<void(absl::Status, int64_t)> durable_done;  // AfterDurable
+    absl::Status result;   // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
+    bool waits = false;    // its outcome is unknown until its session is resolved
+    std::string token;     // kCreate: the holder token it writes
+    size_t log_bytes = 0;  // kRewind: the log's length once cut
+  };
+  // What the journal knows of a session this replica holds (or held).
+  struct Tracked {
+    std::string token;               // the holder value of this replica's claim
+    std::vector<std::string> maybe;  // claims whose outcome is unknown: the holder may be one of these
+    int64_t durable = 0;             // its history written so far
+    int64_t snapshot_at = -1;        // its stored snapshot's position (-1: unknown)
+    int64_t log_bytes = 0;           // the stored log's length at `durable`
+    bool lost = false;               // another replica holds it now
+    bool verified = true;            // the hold is known since the last gap in the heartbeats
+    bool unresolved = false;         // a write's outcome is unknown (see the header)
+    // What the unknown writes were: appends sent, and a create, delete,
+    // release or rewind (to rewind_to) that may have landed.
+    std::vector<std::pair<int64_t, std::vector<int>>> sent;
+    bool create = false, remove = false, release = false;
+    int64_t rewind_to = -1;
+    std::vector<Op> waiting;  // answers that wait for the outcome
   };
   SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend);
   void Enqueue(std::vector<Op> ops);
   void WriterLoop();
   absl::Status Apply(std::vector<Op>& batch);
+  // The store write that makes `op` from `t` (its log's length `bytes`).
+  StoreWrite WriteOf(const Op& op, const Tracked& t, int64_t bytes) const;
+  // Sends `group` (ops of held sessions, their writes built) as one group commit.
+  absl::Status Send(std::vector<std::pair<Op*, StoreWrite>>& group);
+  void Answer(Op& op) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writer thread: re-fences an unresolved session and reads what landed
+  // (see the header); UNAVAILABLE while the store does not answer.
+  absl::Status Resolve(const std::string& id);
+  void ResolveAll();
+  std::string NewToken();
+  absl::StatusOr<JournalRecord> Claim(const std::string& id, const std::optional<std::string>& current);
   absl::Status Heartbeat();
   void FindWanted();
   absl::Status QuarantineSession(const std::string& id, const std::string& why, const std::string& owner = "");
@@ -211,8 +273,9 @@ class SessionJournal {
   int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // ops queued
   absl::Status error_ ABSL_GUARDED_BY(mu_);    // the last write's error; OK once one succeeds
   int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, int64_t> durable_ ABSL_GUARDED_BY(mu_);      // per session: its history written so far
-  std::map<std::string, int64_t> snapshot_at_ ABSL_GUARDED_BY(mu_);  // per session: its stored snapshot's position
+  std::map<std::string, Tracked> tracked_ ABSL_GUARDED_BY(mu_);
+  absl::Time beat_sent_ ABSL_GUARDED_BY(mu_);  // when the last heartbeat that was written was sent
+  uint64_t nonce_ ABSL_GUARDED_BY(mu_) = 0;    // NewToken's counter
   // Quarantined sessions not yet reported: id -> owner ("" unknown).
   std::map<std::string, std::string> unreported_ ABSL_GUARDED_BY(mu_);
   // Its own mutex, held while the handler runs (see SetHandoffHandler).

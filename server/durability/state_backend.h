@@ -19,6 +19,7 @@
 #ifndef TXL_SERVER_DURABILITY_STATE_BACKEND_H_
 #define TXL_SERVER_DURABILITY_STATE_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,31 @@ namespace txl {
 enum class FsyncPolicy { kAlways, kInterval, kNever };
 // "always", "interval", "never"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<FsyncPolicy> ParseFsyncPolicy(absl::string_view name);
+
+// What a guarded write (StateBackend::Write) checks, atomically with it.
+struct StoreGuard {
+  enum Kind { kOneOf, kAbsent, kLength } kind = kOneOf;
+  std::string key;
+  std::vector<std::string> values;  // kOneOf: the key's value is one of these
+  int64_t length = 0;               // kLength: the value's length in bytes (an absent key has 0)
+};
+
+// What a guarded write changes.
+struct StoreMutation {
+  enum Kind { kPut, kAppend, kDelete } kind = kPut;
+  std::string key;
+  std::string value;  // kPut, kAppend
+};
+
+// A write that changes nothing unless every guard holds.
+struct StoreWrite {
+  std::string label;  // what it is ("append", "rewind", ...): for logs, and the store's own monitoring
+  std::vector<StoreGuard> guards;
+  std::vector<StoreMutation> mutations;
+};
+
+// StoreWrite's outcome when it was applied (else the index of the guard that failed).
+inline constexpr int kWriteApplied = -1;
 
 struct StateBackendConfig {
   // "DIR" or "dir:DIR" (a directory, created if missing), or
@@ -81,6 +107,18 @@ class StateBackend {
   // the same backend. Returns whether it was set. Used for session claims.
   virtual absl::StatusOr<bool> CompareAndSet(const std::string& key, const std::optional<std::string>& expected,
                                              absl::string_view value) = 0;
+
+  // Applies each write whose guards all hold, atomically with respect to
+  // every other process using the same backend (a reader, also after a
+  // crash, sees a write whole or not at all; the directory backend applies
+  // a write's mutations in order, so a crash may leave a prefix of them).
+  // One call is one group commit. Per write: kWriteApplied, or the index of
+  // the first guard that failed (nothing of it written).
+  // Errors: UNKNOWN when some writes may have been applied and some not (a
+  // reply lost or timed out after the writes were sent, a failure after a
+  // partial apply): the caller must read what landed. Any other error: no
+  // write was applied.
+  virtual absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) = 0;
 
   // Moves the key out of the way to "quarantine/<key>.<unix-seconds>", so
   // that a damaged value is kept for a person to look at and never read

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -126,6 +127,16 @@ int OpenRetryingEintr(const std::string& path, int flags, mode_t mode = 0644) {
   return fd;
 }
 
+// SetDirectoryFaultsForTest's hook; read and set under its own mutex.
+absl::Mutex fault_mu;
+std::function<int(absl::string_view, const std::string&)>* fault_hook ABSL_GUARDED_BY(fault_mu) = nullptr;
+
+// The errno a test injects at `point` for `key`, or 0.
+int Fault(absl::string_view point, const std::string& key) {
+  absl::MutexLock lock(&fault_mu);
+  return fault_hook == nullptr ? 0 : (*fault_hook)(point, key);
+}
+
 bool IsTempName(absl::string_view name) { return absl::StartsWith(name, ".") && absl::StrContains(name, kTempInfix); }
 
 class DirectoryStateBackend : public StateBackend {
@@ -158,62 +169,30 @@ class DirectoryStateBackend : public StateBackend {
     for (const auto& [key, value] : appends) {
       if (!IsValidStateKey(key)) return InvalidKey(key);
     }
-    // One descriptor per key for the whole group; synced once at the end.
-    // All or nothing: on any failure every file is cut back to its length
-    // before the group, so no session keeps part of a refused write (the
-    // journal's durable positions rely on it).
-    std::map<std::string, Fd> files;
-    std::map<std::string, off_t> before;  // each file's length before the group
-    std::set<std::string> created_in;     // directories that got a new entry
-    absl::Status status = [&]() -> absl::Status {
-      for (const auto& [key, value] : appends) {
-        const std::string path = PathOf(key);
-        auto it = files.find(path);
-        if (it == files.end()) {
-          int fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND);
-          if (fd < 0 && errno == ENOENT) {
-            for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < kMaxDirRaces; ++attempt) {
-              RETURN_IF_ERROR(MakeParents(key));
-              fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND | O_CREAT);
-            }
-            if (fd >= 0) created_in.insert(Dirname(path));
-          }
-          if (fd < 0) return KeyError(errno, key, "open", path);
-          struct stat st;
-          if (::fstat(fd, &st) != 0) {
-            const int err = errno;
-            ::close(fd);
-            return KeyError(err, key, "stat", path);
-          }
-          before[path] = st.st_size;
-          it = files.emplace(path, Fd(fd)).first;
-        }
-        if (int err = WriteAll(it->second.get(), value); err != 0) return KeyError(err, key, "append to", path);
+    bool clean = true;
+    absl::Status s = AppendGroup(appends, &clean);
+    if (!s.ok() && !clean) return absl::UnknownError(s.message());
+    return s;
+  }
+
+  absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) override {
+    for (const StoreWrite& w : writes) {
+      for (const StoreGuard& g : w.guards) {
+        if (!IsValidStateKey(g.key)) return InvalidKey(g.key);
       }
-      for (auto& [path, fd] : files) {
-        if (fsync_ == FsyncPolicy::kAlways) {
-          if (int err = Fdatasync(fd.get()); err != 0) {
-            return KeyError(err, path.substr(root_.size() + 1), "fdatasync", path);
-          }
-        }
+      for (const StoreMutation& m : w.mutations) {
+        if (!IsValidStateKey(m.key)) return InvalidKey(m.key);
       }
-      return absl::OkStatus();
-    }();
-    if (!status.ok()) {
-      for (auto& [path, fd] : files) (void)::ftruncate(fd.get(), before[path]);
-      return status;
     }
-    for (auto& [path, fd] : files) {
-      if (int err = fd.Close(); err != 0) return KeyError(err, path.substr(root_.size() + 1), "close", path);
+    // Under the store's lock, like CompareAndSet: every replica sharing the
+    // directory checks and writes one write at a time.
+    absl::MutexLock lock(&cas_mu_);
+    while (::flock(lock_fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) return KeyError(errno, ".lock", "flock", absl::StrCat(root_, "/", kLockFile));
     }
-    for (const std::string& dir : created_in) {
-      RETURN_IF_ERROR(SyncDir(dir));
-    }
-    if (fsync_ == FsyncPolicy::kInterval) {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [path, fd] : files) dirty_.insert(path);
-    }
-    return absl::OkStatus();
+    absl::StatusOr<std::vector<int>> outcomes = WriteLocked(writes);
+    ::flock(lock_fd_, LOCK_UN);
+    return outcomes;
   }
 
   absl::StatusOr<std::string> Get(const std::string& key) override {
@@ -244,14 +223,7 @@ class DirectoryStateBackend : public StateBackend {
 
   absl::Status Delete(const std::string& key) override {
     if (!IsValidStateKey(key)) return InvalidKey(key);
-    const std::string path = PathOf(key);
-    if (::unlink(path.c_str()) != 0) {
-      if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return absl::OkStatus();
-      return KeyError(errno, key, "unlink", path);
-    }
-    RETURN_IF_ERROR(SyncDir(Dirname(path)));
-    RemoveEmptyParents(path);
-    return absl::OkStatus();
+    return DeleteFile(key);
   }
 
   absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) override {
@@ -371,7 +343,146 @@ class DirectoryStateBackend : public StateBackend {
     return true;
   }
 
-  absl::Status PutFile(const std::string& key, absl::string_view value) {
+  // Appends the group (keys already valid). All or nothing: on a failure
+  // every file is cut back to its length before the group; *clean says
+  // whether that worked (else some bytes of the group may remain).
+  absl::Status AppendGroup(const std::vector<std::pair<std::string, std::string>>& appends, bool* clean) {
+    // One descriptor per key for the whole group; synced once at the end.
+    // All or nothing: on any failure every file is cut back to its length
+    // before the group, so no session keeps part of a refused write (the
+    // journal's durable positions rely on it).
+    std::map<std::string, Fd> files;
+    std::map<std::string, off_t> before;  // each file's length before the group
+    std::set<std::string> created_in;     // directories that got a new entry
+    absl::Status status = [&]() -> absl::Status {
+      for (const auto& [key, value] : appends) {
+        const std::string path = PathOf(key);
+        auto it = files.find(path);
+        if (it == files.end()) {
+          int fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND);
+          if (fd < 0 && errno == ENOENT) {
+            for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < kMaxDirRaces; ++attempt) {
+              RETURN_IF_ERROR(MakeParents(key));
+              fd = OpenRetryingEintr(path, O_WRONLY | O_APPEND | O_CREAT);
+            }
+            if (fd >= 0) created_in.insert(Dirname(path));
+          }
+          if (fd < 0) return KeyError(errno, key, "open", path);
+          struct stat st;
+          if (::fstat(fd, &st) != 0) {
+            const int err = errno;
+            ::close(fd);
+            return KeyError(err, key, "stat", path);
+          }
+          before[path] = st.st_size;
+          it = files.emplace(path, Fd(fd)).first;
+        }
+        if (int err = WriteAll(it->second.get(), value); err != 0) return KeyError(err, key, "append to", path);
+        if (int err = Fault("append", key); err != 0) return KeyError(err, key, "append to", path);
+      }
+      for (auto& [path, fd] : files) {
+        if (fsync_ == FsyncPolicy::kAlways) {
+          if (int err = Fdatasync(fd.get()); err != 0) {
+            return KeyError(err, path.substr(root_.size() + 1), "fdatasync", path);
+          }
+        }
+      }
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) {
+      for (auto& [path, fd] : files) {
+        const std::string key = path.substr(root_.size() + 1);
+        if (Fault("truncate", key) != 0 || ::ftruncate(fd.get(), before[path]) != 0) *clean = false;
+      }
+      return status;
+    }
+    *clean = false;  // the bytes are in place from here on
+    for (auto& [path, fd] : files) {
+      if (int err = fd.Close(); err != 0) return KeyError(err, path.substr(root_.size() + 1), "close", path);
+    }
+    for (const std::string& dir : created_in) {
+      RETURN_IF_ERROR(SyncDir(dir));
+    }
+    if (fsync_ == FsyncPolicy::kInterval) {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [path, fd] : files) dirty_.insert(path);
+    }
+    return absl::OkStatus();
+  }
+
+  // Write's body, under the store's lock.
+  absl::StatusOr<std::vector<int>> WriteLocked(const std::vector<StoreWrite>& writes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cas_mu_) {
+    std::vector<int> outcomes;
+    bool changed = false;  // some mutation took effect: a later failure leaves the outcome unknown
+    for (const StoreWrite& w : writes) {
+      absl::StatusOr<int> failed = CheckGuards(w.guards);
+      if (!failed.ok()) {
+        if (!changed) return failed.status();
+        return absl::UnknownError(absl::StrCat(failed.status().message(), " (after earlier writes of the group)"));
+      }
+      outcomes.push_back(*failed);
+      if (*failed != kWriteApplied) continue;
+      for (const StoreMutation& m : w.mutations) {
+        bool took = false;
+        absl::Status s = Mutate(m, &took);
+        changed = changed || took;
+        if (!s.ok()) {
+          if (!changed) return s;
+          return absl::UnknownError(
+              absl::StrCat(s.message(), " (", w.label, ": part of the write may be in place until read back)"));
+        }
+      }
+    }
+    return outcomes;
+  }
+
+  // kWriteApplied when every guard holds, else the first failing one's index.
+  absl::StatusOr<int> CheckGuards(const std::vector<StoreGuard>& guards) {
+    for (size_t i = 0; i < guards.size(); ++i) {
+      const StoreGuard& g = guards[i];
+      absl::StatusOr<std::string> value = Get(g.key);
+      if (!value.ok() && !absl::IsNotFound(value.status())) return value.status();
+      bool holds = false;
+      if (g.kind == StoreGuard::kAbsent) {
+        holds = !value.ok();
+      } else if (g.kind == StoreGuard::kLength) {
+        holds = static_cast<int64_t>(value.ok() ? value->size() : 0) == g.length;
+      } else {
+        holds = value.ok() && std::find(g.values.begin(), g.values.end(), *value) != g.values.end();
+      }
+      if (!holds) return static_cast<int>(i);
+    }
+    return kWriteApplied;
+  }
+
+  // One mutation; *took: whether it took effect (also when the call fails).
+  absl::Status Mutate(const StoreMutation& m, bool* took) {
+    if (m.kind == StoreMutation::kPut) return PutFile(m.key, m.value, took);
+    if (m.kind == StoreMutation::kAppend) {
+      bool clean = true;
+      absl::Status s = AppendGroup({{m.key, m.value}}, &clean);
+      *took = s.ok() || !clean;
+      return s;
+    }
+    return DeleteFile(m.key, took);
+  }
+
+  // *removed: whether the file is gone (also when the sync after it fails).
+  absl::Status DeleteFile(const std::string& key, bool* removed = nullptr) {
+    const std::string path = PathOf(key);
+    if (::unlink(path.c_str()) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return absl::OkStatus();
+      return KeyError(errno, key, "unlink", path);
+    }
+    if (removed != nullptr) *removed = true;
+    RETURN_IF_ERROR(SyncDir(Dirname(path)));
+    RemoveEmptyParents(path);
+    return absl::OkStatus();
+  }
+
+  // *renamed: whether the new value is in place (also when a later sync fails).
+  absl::Status PutFile(const std::string& key, absl::string_view value, bool* renamed = nullptr) {
     const std::string path = PathOf(key);
     const std::string dir = Dirname(path);
     const std::string temp =
@@ -392,6 +503,8 @@ class DirectoryStateBackend : public StateBackend {
     if (int err = fd.Close(); err != 0) return KeyError(err, key, "close", temp);
     if (::rename(temp.c_str(), path.c_str()) != 0) return KeyError(errno, key, "rename over", path);
     std::move(remove_temp).Cancel();
+    if (renamed != nullptr) *renamed = true;
+    if (int err = Fault("rename", key); err != 0) return KeyError(err, key, "sync after renaming over", path);
     if (fsync_ == FsyncPolicy::kInterval) {
       absl::MutexLock lock(&mu_);
       dirty_.insert(path);
@@ -502,6 +615,12 @@ class DirectoryStateBackend : public StateBackend {
 };
 
 }  // namespace
+
+void SetDirectoryFaultsForTest(std::function<int(absl::string_view point, const std::string& key)> fault) {
+  absl::MutexLock lock(&fault_mu);
+  delete fault_hook;
+  fault_hook = fault ? new std::function<int(absl::string_view, const std::string&)>(std::move(fault)) : nullptr;
+}
 
 absl::StatusOr<std::unique_ptr<StateBackend>> OpenDirectoryStateBackend(const std::string& root, FsyncPolicy fsync,
                                                                         absl::Duration fsync_interval,

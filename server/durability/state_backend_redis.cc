@@ -38,6 +38,39 @@ redis.call('SET', KEYS[1], ARGV[3])
 return 1
 )lua";
 
+// A guarded write (StateBackend::Write), atomic in Redis. KEYS: the keys it
+// names. ARGV: the label, the number of guards and each as kind ("oneof",
+// "absent", "len"), key index and its operands ("oneof": a count and the
+// values; "len": the length), then the number of mutations and each as kind
+// ("put", "append", "del"), key index and value (not for "del"). Returns 0
+// when applied, else the 1-based index of the first guard that failed.
+constexpr char kWriteScript[] = R"lua(
+local a = 2
+local n = tonumber(ARGV[a]); a = a + 1
+for g = 1, n do
+  local kind, key = ARGV[a], KEYS[tonumber(ARGV[a + 1])]; a = a + 2
+  if kind == 'oneof' then
+    local m, v, hit = tonumber(ARGV[a]), redis.call('GET', key), false
+    for i = 1, m do if v == ARGV[a + i] then hit = true end end
+    a = a + m + 1
+    if not hit then return g end
+  elseif kind == 'absent' then
+    if redis.call('EXISTS', key) == 1 then return g end
+  else
+    if redis.call('STRLEN', key) ~= tonumber(ARGV[a]) then return g end
+    a = a + 1
+  end
+end
+n = tonumber(ARGV[a]); a = a + 1
+for i = 1, n do
+  local kind, key = ARGV[a], KEYS[tonumber(ARGV[a + 1])]; a = a + 2
+  if kind == 'put' then redis.call('SET', key, ARGV[a]); a = a + 1
+  elseif kind == 'append' then redis.call('APPEND', key, ARGV[a]); a = a + 1
+  else redis.call('DEL', key) end
+end
+return 0
+)lua";
+
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };
@@ -125,6 +158,39 @@ class RedisStateBackend : public StateBackend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) override {
+    std::vector<Command> commands;
+    for (const StoreWrite& w : writes) {
+      ASSIGN_OR_RETURN(Command c, WriteCommand(w));
+      commands.push_back(std::move(c));
+    }
+    std::vector<int> outcomes;
+    if (commands.empty()) return outcomes;
+    // Pipelined: one round trip. Each script is atomic on its own.
+    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run(commands, Retry::kUnsafe));
+    absl::Status refused;  // the first write Redis refused
+    bool applied = false;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      const redisReply* r = replies[i].get();
+      if (r->type == REDIS_REPLY_INTEGER) {
+        outcomes.push_back(r->integer == 0 ? kWriteApplied : static_cast<int>(r->integer) - 1);
+        applied = applied || r->integer == 0;
+        continue;
+      }
+      outcomes.push_back(kWriteApplied);  // unknown; the status says so
+      if (refused.ok()) refused = Failure(r, writes[i].label, writes[i].mutations.front().key);
+    }
+    if (refused.ok()) return outcomes;
+    // A script refused before it ran (OOM, a read-only replica) wrote
+    // nothing; one that failed midway may have written part of itself.
+    const bool before_running = absl::IsResourceExhausted(refused) || absl::IsUnavailable(refused);
+    if (applied || writes.size() > 1 || !before_running) {
+      return absl::UnknownError(
+          absl::StrCat(refused.message(), " (the outcome of ", writes.size(), " write(s) is unknown until read back)"));
+    }
+    return refused;
+  }
+
   absl::StatusOr<std::string> Get(const std::string& key) override {
     if (!IsValidStateKey(key)) return InvalidKey(key);
     ASSIGN_OR_RETURN(std::vector<Reply> replies, Run({{"GET", Name(key)}}, Retry::kSafe));
@@ -199,6 +265,43 @@ class RedisStateBackend : public StateBackend {
 
  private:
   std::string Name(const std::string& key) const { return absl::StrCat(prefix_, ":", key); }
+
+  // The EVAL of kWriteScript that makes `w`.
+  absl::StatusOr<Command> WriteCommand(const StoreWrite& w) const {
+    if (w.mutations.empty()) return absl::InvalidArgumentError("a state store write changes nothing");
+    std::vector<std::string> keys;
+    auto index = [&](const std::string& key) -> absl::StatusOr<std::string> {
+      if (!IsValidStateKey(key)) return InvalidKey(key);
+      auto it = std::find(keys.begin(), keys.end(), key);
+      if (it == keys.end()) it = keys.insert(keys.end(), key);
+      return absl::StrCat(it - keys.begin() + 1);
+    };
+    std::vector<std::string> argv = {w.label.empty() ? "write" : w.label, absl::StrCat(w.guards.size())};
+    for (const StoreGuard& g : w.guards) {
+      ASSIGN_OR_RETURN(std::string at, index(g.key));
+      if (g.kind == StoreGuard::kOneOf) {
+        argv.insert(argv.end(), {"oneof", at, absl::StrCat(g.values.size())});
+        argv.insert(argv.end(), g.values.begin(), g.values.end());
+      } else if (g.kind == StoreGuard::kAbsent) {
+        argv.insert(argv.end(), {"absent", at});
+      } else {
+        argv.insert(argv.end(), {"len", at, absl::StrCat(g.length)});
+      }
+    }
+    argv.push_back(absl::StrCat(w.mutations.size()));
+    for (const StoreMutation& m : w.mutations) {
+      ASSIGN_OR_RETURN(std::string at, index(m.key));
+      if (m.kind == StoreMutation::kDelete) {
+        argv.insert(argv.end(), {"del", at});
+      } else {
+        argv.insert(argv.end(), {m.kind == StoreMutation::kPut ? "put" : "append", at, m.value});
+      }
+    }
+    Command c = {"EVAL", kWriteScript, absl::StrCat(keys.size())};
+    for (const std::string& key : keys) c.push_back(Name(key));
+    c.insert(c.end(), argv.begin(), argv.end());
+    return c;
+  }
 
   static std::string Unexpected(const redisReply* r) {
     switch (r->type) {
@@ -283,8 +386,8 @@ class RedisStateBackend : public StateBackend {
       error = ctx_->errstr;
       ctx_.reset();
       if (retry == Retry::kUnsafe) {
-        return absl::UnavailableError(absl::StrCat("redis ", address_, ": ", error, " (", commands.size(),
-                                                   " command(s) sent; some may have been applied)"));
+        return absl::UnknownError(absl::StrCat("redis ", address_, ": ", error, " (", commands.size(),
+                                               " command(s) sent; some may have been applied)"));
       }
     }
     return absl::UnavailableError(absl::StrCat("redis ", address_, ": ", error));

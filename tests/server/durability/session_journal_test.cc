@@ -9,10 +9,13 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "server/batching/scheduler.h"
 #include "server/durability/recovery.h"
 #include "tests/server/fake_engine.h"
@@ -42,24 +45,72 @@ struct ScopedDir {
   std::string path;
 };
 
-// A directory store that fails every write while `failing` is set, as a
-// full or read-only disk does (reads still work).
+// A directory store that misbehaves on demand:
+//  - `failing`: every write fails and writes nothing, as a full or read-only
+//    disk does (reads still work);
+//  - `lose_replies`: guarded writes are applied but answer UNKNOWN, as when
+//    the reply is lost;
+//  - Pause(): nothing answers (UNAVAILABLE), and guarded writes sent meanwhile
+//    answer UNKNOWN and are kept, to be applied late by Resume(true) (the
+//    store applies what it had buffered) or dropped by Resume(false).
 class FlakyBackend : public StateBackend {
  public:
   explicit FlakyBackend(std::unique_ptr<StateBackend> inner) : inner_(std::move(inner)) {}
   std::atomic<bool> failing{false};
+  std::atomic<bool> lose_replies{false};
+  void Pause() {
+    absl::MutexLock lock(&mu_);
+    paused_ = true;
+  }
+  void Resume(bool apply_late) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& writes : late_) {
+      if (apply_late) EXPECT_TRUE(inner_->Write(writes).ok());
+    }
+    late_.clear();
+    paused_ = false;
+  }
+  int late_writes() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(late_.size());
+  }
   std::string Describe() const override { return inner_->Describe(); }
   absl::Status Put(const std::string& key, absl::string_view value) override {
+    RETURN_IF_ERROR(Answering());
     return failing ? Full() : inner_->Put(key, value);
   }
   absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) override {
+    RETURN_IF_ERROR(Answering());
     return failing ? Full() : inner_->Append(appends);
   }
-  absl::StatusOr<std::string> Get(const std::string& key) override { return inner_->Get(key); }
-  absl::Status Delete(const std::string& key) override { return failing ? Full() : inner_->Delete(key); }
-  absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) override { return inner_->List(prefix); }
+  absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (paused_) {
+        late_.push_back(writes);
+        return absl::UnknownError("timed out (test): the store is paused");
+      }
+    }
+    if (failing) return Full();
+    auto outcomes = inner_->Write(writes);
+    if (outcomes.ok() && lose_replies) return absl::UnknownError("the reply was lost (test)");
+    return outcomes;
+  }
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    RETURN_IF_ERROR(Answering());
+    return inner_->Get(key);
+  }
+  absl::Status Delete(const std::string& key) override {
+    RETURN_IF_ERROR(Answering());
+    return failing ? Full() : inner_->Delete(key);
+  }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& prefix) override {
+    RETURN_IF_ERROR(Answering());
+    return inner_->List(prefix);
+  }
   absl::StatusOr<bool> CompareAndSet(const std::string& key, const std::optional<std::string>& expected,
                                      absl::string_view value) override {
+    RETURN_IF_ERROR(Answering());
     if (failing) return Full();
     return inner_->CompareAndSet(key, expected, value);
   }
@@ -67,7 +118,14 @@ class FlakyBackend : public StateBackend {
 
  private:
   static absl::Status Full() { return absl::ResourceExhaustedError("No space left on device (test)"); }
+  absl::Status Answering() {
+    absl::MutexLock lock(&mu_);
+    return paused_ ? absl::UnavailableError("timed out (test): the store is paused") : absl::OkStatus();
+  }
   std::unique_ptr<StateBackend> inner_;
+  absl::Mutex mu_;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::vector<StoreWrite>> late_ ABSL_GUARDED_BY(mu_);
 };
 
 // A journal on the directory store `dir`; with `flaky`, the store is wrapped
@@ -224,11 +282,18 @@ TEST(SessionJournalTest, TornTailIsIgnoredButDamageIsQuarantined) {
   ASSERT_TRUE(j->Flush().ok());
   {
     // A journal never writes a gap (JournalRefusesWritesThatWouldLeaveAGap),
-    // so a replica that knows nothing of "gap" (the store damaged behind
-    // its back) writes one: a record that starts past the end of the history.
-    auto other = Open(dir, "r2");
-    other->RecordTokens("gap", 5, {9});
+    // nor a session it does not hold, so the store is damaged behind its
+    // back: a record that starts past the end of the history (a fork's log
+    // elsewhere starts with one at 5) appended by hand.
+    const ScopedDir elsewhere("damage_src");
+    auto other = Open(elsewhere.path, "r2");
+    other->RecordCreate(Meta("src"), Snapshot(6, {9}, ""), nullptr, 5, {9});
     ASSERT_TRUE(other->Flush().ok());
+    std::ifstream in(fs::path(elsewhere.path) / "sessions" / "src" / "log", std::ios::binary);
+    const std::string record((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(record.empty());
+    std::ofstream out(fs::path(dir) / "sessions" / "gap" / "log", std::ios::app | std::ios::binary);
+    out.write(record.data(), static_cast<std::streamsize>(record.size()));
   }
   const fs::path sessions = fs::path(dir) / "sessions";
   {
@@ -493,6 +558,8 @@ TEST(SessionJournalTest, TheHeartbeatTellsWhenTheStoreIsWritableAgain) {
   const ScopedDir scoped("beat");
   FlakyBackend* flaky = nullptr;
   auto j = Open(scoped.path, "r1", absl::Milliseconds(40), &flaky);
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(j->Flush().ok());
   flaky->failing = true;
   j->RecordTokens("s1", 0, {1});
   (void)j->Flush();

@@ -1,5 +1,6 @@
 #include "server/durability/session_journal.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -32,6 +33,16 @@ absl::Status Moved(const std::string& id) {
                                              " is served by another replica now (it took the session over while "
                                              "this one was paused or cut off); retry"));
 }
+
+// One guarded write: the call's status and the write's outcome (kWriteApplied, ...).
+std::pair<absl::Status, int> WriteOne(StateBackend* backend, StoreWrite write) {
+  std::vector<int> outcomes;
+  absl::Status s = backend->Write({std::move(write)}, &outcomes);
+  return {s, outcomes.empty() ? kWriteNotApplied : outcomes[0]};
+}
+
+// A failure that wrote nothing is told as UNAVAILABLE, whatever code it had.
+absl::Status NotWritten(const absl::Status& s) { return absl::IsUnknown(s) ? absl::UnavailableError(s.message()) : s; }
 
 std::string EncodeLogRecord(int64_t start, const std::vector<int>& tokens) {
   std::string out;
@@ -189,20 +200,19 @@ SessionJournal::~SessionJournal() {
   }
   if (writer_.joinable()) writer_.join();
   // Answers still waiting for a store that never came back.
-  std::vector<Op> waiting;
+  std::vector<std::pair<Op, int64_t>> waiting;  // and the session's durable position
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, t] : tracked_) {
-      for (Op& op : t.waiting) waiting.push_back(std::move(op));
+      for (Op& op : t.waiting) waiting.emplace_back(std::move(op), t.durable);
       t.waiting.clear();
     }
   }
-  for (Op& op : waiting) {
+  for (auto& [op, durable] : waiting) {
     op.result = absl::UnavailableError(absl::StrCat("session ", EchoId(op.session),
                                                     ": the state store did not answer before shutdown; whether "
                                                     "the last change was recorded is unknown"));
-    op.waits = false;
-    if (op.durable_done) op.durable_done(op.result, -1);
+    if (op.durable_done) op.durable_done(op.result, durable);
     if (op.done) op.done(op.result);
   }
   // A clean exit: this replica's sessions may be claimed at once, by a
@@ -324,15 +334,20 @@ void SessionJournal::FindWanted() {
   for (const std::string& key : *keys) {
     const std::string id = key.substr(prefix.size());
     auto holder = backend_->Get(Key(id, "holder"));
+    auto asked = backend_->Get(key);  // "<asker> <the holder token it saw>"
     bool ours = false;
-    if (holder.ok()) {
+    if (holder.ok() && asked.ok()) {
+      // A request made before this replica's current claim (it saw an
+      // earlier token) is stale: the session came here after it.
+      const size_t space = asked->find(' ');
+      const bool current = space == std::string::npos || asked->substr(space + 1) == *holder;
       absl::MutexLock lock(&mu_);
       auto it = tracked_.find(id);
-      ours = it != tracked_.end() && !it->second.lost && it->second.token == *holder;
+      ours = current && it != tracked_.end() && !it->second.lost && it->second.token == *holder;
     }
     if (ours) {
       wanted.push_back(id);
-    } else if (absl::IsNotFound(holder.status()) || holder.ok()) {
+    } else if ((absl::IsNotFound(holder.status()) || holder.ok()) && (asked.ok() || absl::IsNotFound(asked.status()))) {
       (void)backend_->Delete(key);  // no longer ours to hand over
     }
   }
@@ -399,35 +414,42 @@ bool SessionJournal::Lost(const std::string& id) const {
 }
 
 absl::Status SessionJournal::CheckHold(const std::string& id) {
-  std::string token;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = tracked_.find(id);
-    if (it == tracked_.end()) return absl::OkStatus();  // not journaled here
-    Tracked& t = it->second;
-    if (t.lost) return Moved(id);
-    if (absl::Now() - beat_sent_ > config_.holder_timeout / 2) t.verified = false;  // a gap now
-    if (t.verified) return absl::OkStatus();
-    token = t.token;
-  }
-  auto holder = backend_->Get(Key(id, "holder"));
-  if (!holder.ok() && !absl::IsNotFound(holder.status())) {
-    return absl::UnavailableError(absl::StrCat("session ", EchoId(id),
-                                               ": cannot check with the state store that this replica still "
-                                               "serves it: ",
-                                               holder.status().message()));
-  }
   absl::MutexLock lock(&mu_);
   auto it = tracked_.find(id);
-  if (it == tracked_.end()) return absl::OkStatus();
-  if (holder.ok() && *holder == it->second.token) {
-    if (absl::Now() - beat_sent_ <= config_.holder_timeout / 2) it->second.verified = true;
-    return absl::OkStatus();
+  if (it == tracked_.end()) return absl::OkStatus();  // not journaled here
+  Tracked& t = it->second;
+  if (t.lost) return Moved(id);
+  if (absl::Now() - beat_sent_ > config_.holder_timeout / 2) {  // a gap now: another replica may take over
+    for (auto& [other, tracked] : tracked_) tracked.verified = false;
   }
-  if (it->second.token != token || it->second.unresolved) return absl::OkStatus();  // claimed again meanwhile
-  TXL_LOG(WARNING) << "session " << id << ": another replica holds it now; this replica lets its copy go";
-  it->second.lost = true;
-  return Moved(id);
+  if (t.verified || t.unresolved) return absl::OkStatus();  // unresolved: busy, and re-fenced before it is served
+  return absl::UnavailableError(absl::StrCat("session ", EchoId(id),
+                                             ": this replica is checking with the state store that it still "
+                                             "serves the session (its heartbeats had a gap); retry"));
+}
+
+void SessionJournal::VerifyHolds() {
+  std::vector<std::pair<std::string, std::string>> unverified;  // id, token
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, t] : tracked_) {
+      if (!t.verified && !t.lost && !t.unresolved) unverified.emplace_back(id, t.token);
+    }
+  }
+  for (const auto& [id, token] : unverified) {
+    auto holder = backend_->Get(Key(id, "holder"));
+    if (!holder.ok() && !absl::IsNotFound(holder.status())) return;  // at the next heartbeat
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(id);
+    if (it == tracked_.end() || it->second.token != token || it->second.unresolved)
+      continue;  // claimed again meanwhile
+    if (holder.ok() && *holder == token) {
+      it->second.verified = true;
+    } else {
+      TXL_LOG(WARNING) << "session " << id << ": another replica holds it now; this replica lets its copy go";
+      it->second.lost = true;
+    }
+  }
 }
 
 void SessionJournal::SetHealth(const absl::Status& write) {
@@ -492,17 +514,19 @@ absl::Status SessionJournal::Send(std::vector<std::pair<Op*, StoreWrite>>& group
   if (group.empty()) return absl::OkStatus();
   std::vector<StoreWrite> writes;
   for (auto& [op, w] : group) writes.push_back(std::move(w));
-  absl::StatusOr<std::vector<int>> outcomes = backend_->Write(writes);
+  std::vector<int> outcomes;
+  const absl::Status status = backend_->Write(writes, &outcomes);
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < group.size(); ++i) {
     Op& op = *group[i].first;
-    if (!outcomes.ok() && !absl::IsUnknown(outcomes.status())) {
-      op.result = outcomes.status();  // nothing was written
+    const int failed = i < outcomes.size() ? outcomes[i] : kWriteNotApplied;
+    if (failed == kWriteNotApplied) {
+      op.result = NotWritten(status);  // nothing of it was written
       if (op.kind == Op::kCreate) tracked_.erase(op.session);
       continue;
     }
     Tracked& t = tracked_[op.session];
-    if (!outcomes.ok()) {  // it may have landed, or may land later
+    if (failed == kWriteUnknown) {  // it may have landed, or may land later
       op.waits = true;
       t.unresolved = true;
       if (op.kind == Op::kAppend) t.sent.emplace_back(op.start, op.tokens);
@@ -513,7 +537,6 @@ absl::Status SessionJournal::Send(std::vector<std::pair<Op*, StoreWrite>>& group
       if (op.kind == Op::kSnapshot) t.snapshot_at = -1;
       continue;
     }
-    const int failed = (*outcomes)[i];
     if (failed == kWriteApplied) {
       switch (op.kind) {
         case Op::kAppend:
@@ -550,7 +573,7 @@ absl::Status SessionJournal::Send(std::vector<std::pair<Op*, StoreWrite>>& group
     }
   }
   group.clear();
-  return outcomes.status();
+  return status;
 }
 
 absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
@@ -606,7 +629,7 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
         op.result = Moved(op.session);
         continue;
       } else if (it->second.unresolved) {
-        op.waits = true;  // nothing more is written until what landed is known
+        op.waits = op.held_back = true;  // nothing more is written until what landed is known
         continue;
       } else {
         t = it->second;
@@ -643,7 +666,7 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
       if (static_cast<int64_t>(log->size()) != bytes) {
         absl::MutexLock lock(&mu_);
         tracked_[op.session].unresolved = true;  // not the log this replica wrote: read back what is there
-        op.waits = true;
+        op.waits = op.held_back = true;
         continue;
       }
       absl::StatusOr<std::string> cut = TruncateJournalLog(*log, op.end);
@@ -672,6 +695,14 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
 }
 
 void SessionJournal::Answer(Op& op) {
+  if (op.durable_done || op.waits) {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(op.session);
+    if (it != tracked_.end() && it->second.unresolved && (op.durable_done || op.done || op.held_back)) {
+      it->second.waiting.push_back(std::move(op));  // answered (or sent) once what landed is known
+      return;
+    }
+  }
   if (op.durable_done) {
     int64_t have = 0;
     absl::Status error;
@@ -679,10 +710,6 @@ void SessionJournal::Answer(Op& op) {
     {
       absl::MutexLock lock(&mu_);
       auto it = tracked_.find(op.session);
-      if (it != tracked_.end() && it->second.unresolved) {  // answered once what landed is known
-        it->second.waiting.push_back(std::move(op));
-        return;
-      }
       have = DurableLocked(op.session);
       lost = it != tracked_.end() && it->second.lost;
       error = error_;
@@ -698,14 +725,7 @@ void SessionJournal::Answer(Op& op) {
                       have);
     }
   } else if (op.done) {
-    if (op.waits) {
-      absl::MutexLock lock(&mu_);
-      auto it = tracked_.find(op.session);
-      if (it != tracked_.end() && it->second.unresolved) {
-        it->second.waiting.push_back(std::move(op));
-        return;
-      }
-    }
+    if (op.held_back && op.result.ok()) op.result = absl::UnavailableError("not written");
     op.done(op.result);
   }
 }
@@ -720,19 +740,30 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
     t.waiting.clear();
   }
   // Re-fence first: once the holder has a new token, nothing sent under an
-  // old one can land, so what is read next is final.
+  // old one can land, so what is read next is final. (A store whose writes
+  // cannot land after their call returned, the directory, needs no new
+  // token: reading is enough, and works on a full disk too.)
   std::vector<std::string> ours = t.maybe;
   ours.push_back(t.token);
-  const std::string token = NewToken();
-  absl::StatusOr<std::vector<int>> fenced = backend_->Write({{"refence",
-                                                              {{StoreGuard::kOneOf, Key(id, "holder"), ours}},
-                                                              {{StoreMutation::kPut, Key(id, "holder"), token}}}});
-  if (!fenced.ok()) {
-    absl::MutexLock lock(&mu_);
-    if (absl::IsUnknown(fenced.status())) tracked_[id].maybe.push_back(token);
-    return fenced.status();
+  std::string token;
+  bool held = false;
+  if (backend_->AppliesLate()) {
+    token = NewToken();
+    const auto [fence, fenced] = WriteOne(backend_.get(), {"refence",
+                                                           {{StoreGuard::kOneOf, Key(id, "holder"), ours}},
+                                                           {{StoreMutation::kPut, Key(id, "holder"), token}}});
+    if (!fence.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (fenced == kWriteUnknown) tracked_[id].maybe.push_back(token);
+      return fence;
+    }
+    held = fenced == kWriteApplied;
+  } else {
+    auto holder = backend_->Get(Key(id, "holder"));
+    if (!holder.ok() && !absl::IsNotFound(holder.status())) return holder.status();
+    held = holder.ok() && std::find(ours.begin(), ours.end(), *holder) != ours.end();
+    if (held) token = *holder;
   }
-  const bool held = (*fenced)[0] == kWriteApplied;
   {
     absl::MutexLock lock(&mu_);
     Tracked& now = tracked_[id];
@@ -759,33 +790,37 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
   }
   end = std::max(end, snap_at);
   const bool gone = !meta.ok();
-  // Whether every append sent up to `position` is in the store's history, token by token.
-  auto appended = [&](int64_t position) {
-    for (const auto& [at, tokens] : t.sent) {
-      if (at >= position) break;
-      for (size_t i = 0; i < tokens.size() && at + static_cast<int64_t>(i) < position; ++i) {
-        const int64_t k = at + static_cast<int64_t>(i) - start;
-        if (start < 0 || k < 0 || k >= static_cast<int64_t>(history.size()) || history[k] != tokens[i]) return false;
-      }
+  // How far the store's history is this replica's: what was acknowledged,
+  // then each append sent since whose tokens are there, in order.
+  int64_t covered = t.durable;
+  for (const auto& [at, tokens] : t.sent) {
+    if (at > covered || start < 0) break;
+    bool there = true;
+    for (size_t i = 0; i < tokens.size() && there; ++i) {
+      const int64_t k = at + static_cast<int64_t>(i) - start;
+      there = k >= 0 && k < static_cast<int64_t>(history.size()) && history[k] == tokens[i];
     }
-    return true;
-  };
+    if (!there) break;
+    covered = std::max(covered, at + static_cast<int64_t>(tokens.size()));
+  }
   if (held && !gone && valid < (log.ok() ? log->size() : 0)) {
     // A torn tail (a crash mid-append): never acknowledged; cut it off.
-    absl::StatusOr<std::vector<int>> cut =
-        backend_->Write({{"trim",
-                          {{StoreGuard::kOneOf, Key(id, "holder"), {token}},
-                           {StoreGuard::kLength, Key(id, "log"), {}, static_cast<int64_t>(log->size())}},
-                          {{StoreMutation::kPut, Key(id, "log"), log->substr(0, valid)}}}});
-    if (!cut.ok()) return cut.status();
+    const absl::Status cut =
+        WriteOne(backend_.get(), {"trim",
+                                  {{StoreGuard::kOneOf, Key(id, "holder"), {token}},
+                                   {StoreGuard::kLength, Key(id, "log"), {}, static_cast<int64_t>(log->size())}},
+                                  {{StoreMutation::kPut, Key(id, "log"), log->substr(0, valid)}}})
+            .first;
+    if (!cut.ok()) return cut;
   }
   if (held && gone) {  // a delete that stopped after its meta, or a create that never got to it
-    absl::StatusOr<std::vector<int>> cleared = backend_->Write({{"delete",
-                                                                 {{StoreGuard::kOneOf, Key(id, "holder"), {token}}},
-                                                                 {{StoreMutation::kDelete, Key(id, "snap")},
-                                                                  {StoreMutation::kDelete, Key(id, "log")},
-                                                                  {StoreMutation::kDelete, Key(id, "holder")}}}});
-    if (!cleared.ok()) return cleared.status();
+    const absl::Status cleared = WriteOne(backend_.get(), {"delete",
+                                                           {{StoreGuard::kOneOf, Key(id, "holder"), {token}}},
+                                                           {{StoreMutation::kDelete, Key(id, "snap")},
+                                                            {StoreMutation::kDelete, Key(id, "log")},
+                                                            {StoreMutation::kDelete, Key(id, "holder")}}})
+                                     .first;
+    if (!cleared.ok()) return cleared;
   }
   // Decided: answer what waited.
   std::vector<Op> waiting;
@@ -815,10 +850,29 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
                    << (gone ? " (the session is gone)" : "") << (held ? "" : " under another replica")
                    << "; its waiting answers follow that";
   if (held && t.release) RecordRelease(id);  // it did not land: again, with the new token
+  // Still held: the appends sent that did not land are sent again, then
+  // what waited goes through the writer again, in order.
+  std::vector<Op> again;
+  if (held && !gone) {
+    for (auto& [at, tokens] : t.sent) {
+      if (at + static_cast<int64_t>(tokens.size()) <= end) continue;
+      Op op{Op::kAppend};
+      op.session = id;
+      op.start = at;
+      op.end = at + static_cast<int64_t>(tokens.size());
+      op.tokens = std::move(tokens);
+      again.push_back(std::move(op));
+    }
+  }
   for (Op& op : waiting) {
     op.waits = false;
+    if (held && !gone && (op.held_back || op.durable_done)) {
+      op.held_back = false;
+      again.push_back(std::move(op));
+      continue;
+    }
     if (op.durable_done) {
-      const bool landed = !gone && (held ? end >= op.end : appended(op.end) && end >= op.end);
+      const bool landed = !gone && op.end <= covered;
       if (landed) {
         op.durable_done(absl::OkStatus(), op.end);
       } else {
@@ -832,7 +886,10 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
     }
     if (!op.done) continue;
     absl::Status result = op.result;
-    if (op.kind == Op::kCreate) {
+    if (op.held_back) {
+      result =
+          !held && !gone ? Moved(id) : absl::UnavailableError(absl::StrCat("session ", EchoId(id), ": not written"));
+    } else if (op.kind == Op::kCreate) {
       result = held && !gone ? absl::OkStatus()
                              : absl::UnavailableError(absl::StrCat("session ", EchoId(id),
                                                                    ": the state store did not record its creation"));
@@ -846,10 +903,13 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
                    : (!held && !gone ? Moved(id)
                                      : absl::UnavailableError(absl::StrCat(
                                            "session ", EchoId(id), ": the state store did not record the rewind")));
-    } else if (result.ok()) {
-      result = absl::UnavailableError(absl::StrCat("session ", EchoId(id), ": not written"));
     }
     op.done(result);
+  }
+  if (!again.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (auto op = again.rbegin(); op != again.rend(); ++op) queue_.push_front(std::move(*op));
+    enqueued_ += static_cast<int64_t>(again.size());
   }
   return absl::OkStatus();
 }
@@ -874,25 +934,32 @@ void SessionJournal::ResolveAll() {
 void SessionJournal::WriterLoop() {
   absl::Time next_heartbeat = absl::Now() + config_.heartbeat_interval;
   while (true) {
-    std::vector<Op> batch;
-    bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.AwaitWithTimeout(absl::Condition(&ready), next_heartbeat - absl::Now());
-      while (!queue_.empty()) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
-      stopping = stopping_;
     }
     if (absl::Now() >= next_heartbeat) {
       next_heartbeat = absl::Now() + config_.heartbeat_interval;
       absl::Status beat = Heartbeat();
       if (!beat.ok()) TXL_LOG(WARNING) << "state store heartbeat: " << beat.message();
       SetHealth(beat);  // a store that takes writes again takes sessions' writes again
-      if (beat.ok()) ResolveAll();
+      // Before the batch is taken: what a resolution puts back goes first.
+      if (beat.ok()) {
+        VerifyHolds();
+        ResolveAll();
+      }
       FindWanted();
+    }
+    std::vector<Op> batch;
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!queue_.empty()) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      stopping = stopping_;
     }
     if (!batch.empty()) {
       // Writes first, then the acknowledgements that waited for them.
@@ -972,13 +1039,13 @@ absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
       // anything is appended after it.
       TXL_LOG(WARNING) << "session " << id << ": a log record cut short by a crash (" << log->size() - valid
                        << " bytes) was dropped";
-      absl::StatusOr<std::vector<int>> cut =
-          backend_->Write({{"trim",
-                            {{StoreGuard::kOneOf, Key(id, "holder"), {token}},
-                             {StoreGuard::kLength, Key(id, "log"), {}, static_cast<int64_t>(log->size())}},
-                            {{StoreMutation::kPut, Key(id, "log"), log->substr(0, valid)}}}});
-      if (!cut.ok()) return absl::UnavailableError(cut.status().message());
-      if ((*cut)[0] != kWriteApplied) return Moved(id);
+      const auto [cut, outcome] =
+          WriteOne(backend_.get(), {"trim",
+                                    {{StoreGuard::kOneOf, Key(id, "holder"), {token}},
+                                     {StoreGuard::kLength, Key(id, "log"), {}, static_cast<int64_t>(log->size())}},
+                                    {{StoreMutation::kPut, Key(id, "log"), log->substr(0, valid)}}});
+      if (!cut.ok()) return absl::UnavailableError(cut.message());
+      if (outcome != kWriteApplied) return Moved(id);
     }
   }
   absl::MutexLock lock(&mu_);
@@ -1057,7 +1124,7 @@ absl::StatusOr<JournalRecord> SessionJournal::Adopt(const std::string& id, const
     if (beat.ok() && absl::SimpleAtoi(*beat, &nanos) &&
         absl::Now() - absl::FromUnixNanos(nanos) < config_.holder_timeout) {
       // Ask the holder to hand it over: the proxy routes the session here now.
-      (void)backend_->Put(WantedKey(other, id), config_.replica);
+      (void)backend_->Put(WantedKey(other, id), absl::StrCat(config_.replica, " ", *current));
       return absl::UnavailableError(absl::StrCat("session ", EchoId(id), " is served by replica ", other,
                                                  ", which was asked to hand it over; retry shortly"));
     }

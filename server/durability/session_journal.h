@@ -12,7 +12,8 @@
 //                         snapshot does not reset it, so a rewind can go back
 //                         past the snapshot after a restart)
 //   sessions/<id>/holder  the replica that serves it
-//   wanted/<holder>/<id>  another replica asks the holder to hand it over
+//   wanted/<holder>/<id>  another replica asks the holder to hand it over: "<asker> <the
+//                         holder token it saw>" (stale once the session was claimed again)
 //   replicas/<name>       that replica's heartbeat (unix nanoseconds)
 //
 // Writes are queued and applied in order by one writer thread, which commits
@@ -48,8 +49,9 @@
 // leaves a "wanted" key; the holder finds it at its next heartbeat and hands
 // the session over (snapshot, release) once it is idle, so a session whose
 // route moved (scale-up) follows it. CheckHold tells the scheduler whether
-// this replica still holds a session before it serves one from memory: at
-// once while the heartbeats have had no gap, else by reading the holder key.
+// this replica still holds a session before it serves one from memory: yes
+// while the heartbeats have had no gap; after one, once the writer thread
+// has read the holder key again.
 //
 // Unknown outcomes: a write whose reply was lost (the store paused, timed
 // out, or failed after a partial apply) may land later or may have landed.
@@ -62,8 +64,9 @@
 // another replica took over meanwhile is lost here; its waiting answers are
 // acknowledged only if the store's history holds exactly their tokens.
 //
-// Threading: all methods are thread-safe. Load, Held, Recover, Adopt and
-// CheckHold do blocking I/O on the caller's thread; the rest only enqueue.
+// Threading: all methods are thread-safe. Load, Held, Recover and Adopt do
+// blocking I/O on the caller's thread; the rest only enqueue (or, CheckHold
+// and Lost, read what the writer thread learnt).
 #ifndef TXL_SERVER_DURABILITY_SESSION_JOURNAL_H_
 #define TXL_SERVER_DURABILITY_SESSION_JOURNAL_H_
 
@@ -181,10 +184,11 @@ class SessionJournal {
   // Claims a session Held() listed (a new fencing token, so that an earlier
   // run of this replica can write it no more) and loads it.
   absl::StatusOr<JournalRecord> Recover(const std::string& id);
-  // OK when this replica still holds the session (or does not journal it);
-  // UNAVAILABLE when another replica holds it now (Lost() is then true) or
-  // the store cannot tell. Reads the holder key only after a gap in the
-  // heartbeats (a pause) since the session was last checked.
+  // OK when this replica still holds the session (or does not journal it).
+  // UNAVAILABLE when another replica holds it now (Lost() is then true), or
+  // while the hold is being checked: after a gap in the heartbeats longer
+  // than holder_timeout/2 (a pause), the writer thread reads every holder
+  // key again at the next heartbeat. Never blocks.
   absl::Status CheckHold(const std::string& id);
   // Whether another replica took the session over from this one.
   bool Lost(const std::string& id) const;
@@ -219,10 +223,11 @@ class SessionJournal {
     std::string snapshot;   // kCreate, kSnapshot, kRewind
     Done done;
     std::function<void(absl::Status, int64_t)> durable_done;  // AfterDurable
-    absl::Status result;   // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
-    bool waits = false;    // its outcome is unknown until its session is resolved
-    std::string token;     // kCreate: the holder token it writes
-    size_t log_bytes = 0;  // kRewind: the log's length once cut
+    absl::Status result;     // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
+    bool waits = false;      // its outcome is unknown until its session is resolved
+    bool held_back = false;  // not sent: its session was unresolved (sent once it is)
+    std::string token;       // kCreate: the holder token it writes
+    size_t log_bytes = 0;    // kRewind: the log's length once cut
   };
   // What the journal knows of a session this replica holds (or held).
   struct Tracked {
@@ -254,6 +259,9 @@ class SessionJournal {
   // (see the header); UNAVAILABLE while the store does not answer.
   absl::Status Resolve(const std::string& id);
   void ResolveAll();
+  // Writer thread, after a heartbeat: reads the holder key of each session
+  // whose hold is unverified (see CheckHold).
+  void VerifyHolds();
   std::string NewToken();
   absl::StatusOr<JournalRecord> Claim(const std::string& id, const std::optional<std::string>& current);
   absl::Status Heartbeat();

@@ -58,8 +58,11 @@ struct StoreWrite {
   std::vector<StoreMutation> mutations;
 };
 
-// StoreWrite's outcome when it was applied (else the index of the guard that failed).
+// A StoreWrite's outcome (StateBackend::Write): applied, or the index (>= 0)
+// of the guard that failed (nothing of it written), or one of these.
 inline constexpr int kWriteApplied = -1;
+inline constexpr int kWriteNotApplied = -2;  // the call failed at or before it: nothing of it written
+inline constexpr int kWriteUnknown = -3;     // it may have been applied, in part or whole, or may be later
 
 struct StateBackendConfig {
   // "DIR" or "dir:DIR" (a directory, created if missing), or
@@ -109,16 +112,20 @@ class StateBackend {
                                              absl::string_view value) = 0;
 
   // Applies each write whose guards all hold, atomically with respect to
-  // every other process using the same backend (a reader, also after a
-  // crash, sees a write whole or not at all; the directory backend applies
-  // a write's mutations in order, so a crash may leave a prefix of them).
-  // One call is one group commit. Per write: kWriteApplied, or the index of
-  // the first guard that failed (nothing of it written).
-  // Errors: UNKNOWN when some writes may have been applied and some not (a
-  // reply lost or timed out after the writes were sent, a failure after a
-  // partial apply): the caller must read what landed. Any other error: no
-  // write was applied.
-  virtual absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) = 0;
+  // every other process using the same backend (in Redis a write is applied
+  // whole or not at all; the directory backend applies a write's mutations
+  // in order, so a crash may leave a prefix of them). One call is one group
+  // commit. `outcomes` gets one entry per write (see kWriteApplied). OK when
+  // every write has an outcome that is not kWriteNotApplied or
+  // kWriteUnknown; else the error: UNKNOWN when some write's outcome is
+  // unknown (a reply lost or timed out after the writes were sent, a failure
+  // after a write took effect), which the caller must read back.
+  virtual absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) = 0;
+
+  // Whether a write whose call failed may still be applied later: a store
+  // across a network (Redis) that received it. The directory store's writes
+  // are done or not when the call returns.
+  virtual bool AppliesLate() const = 0;
 
   // Moves the key out of the way to "quarantine/<key>.<unix-seconds>", so
   // that a damaged value is kept for a person to look at and never read

@@ -79,6 +79,10 @@ absl::Status KeyError(int err, const std::string& key, absl::string_view op, con
   return absl::ErrnoToStatus(err, absl::StrCat("state key \"", key, "\": ", op, " ", path));
 }
 
+// A failure that left nothing in place. Some errnos (EIO) map to UNKNOWN,
+// which Write keeps for outcomes that are unknown.
+absl::Status Definite(absl::Status s) { return absl::IsUnknown(s) ? absl::UnavailableError(s.message()) : s; }
+
 absl::Status InvalidKey(const std::string& key) {
   return absl::InvalidArgumentError(absl::StrCat("invalid state key \"", key, "\""));
 }
@@ -172,10 +176,13 @@ class DirectoryStateBackend : public StateBackend {
     bool clean = true;
     absl::Status s = AppendGroup(appends, &clean);
     if (!s.ok() && !clean) return absl::UnknownError(s.message());
-    return s;
+    return Definite(s);
   }
 
-  absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) override {
+  bool AppliesLate() const override { return false; }
+
+  absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) override {
+    outcomes->assign(writes.size(), kWriteNotApplied);
     for (const StoreWrite& w : writes) {
       for (const StoreGuard& g : w.guards) {
         if (!IsValidStateKey(g.key)) return InvalidKey(g.key);
@@ -188,11 +195,11 @@ class DirectoryStateBackend : public StateBackend {
     // directory checks and writes one write at a time.
     absl::MutexLock lock(&cas_mu_);
     while (::flock(lock_fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) return KeyError(errno, ".lock", "flock", absl::StrCat(root_, "/", kLockFile));
+      if (errno != EINTR) return Definite(KeyError(errno, ".lock", "flock", absl::StrCat(root_, "/", kLockFile)));
     }
-    absl::StatusOr<std::vector<int>> outcomes = WriteLocked(writes);
+    absl::Status s = WriteLocked(writes, outcomes);
     ::flock(lock_fd_, LOCK_UN);
-    return outcomes;
+    return s;
   }
 
   absl::StatusOr<std::string> Get(const std::string& key) override {
@@ -410,31 +417,33 @@ class DirectoryStateBackend : public StateBackend {
     return absl::OkStatus();
   }
 
-  // Write's body, under the store's lock.
-  absl::StatusOr<std::vector<int>> WriteLocked(const std::vector<StoreWrite>& writes)
+  // Write's body, under the store's lock. A failure decides the write it
+  // happens in (not applied, or unknown once a mutation of it took effect);
+  // the writes after it are not attempted.
+  absl::Status WriteLocked(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(cas_mu_) {
-    std::vector<int> outcomes;
-    bool changed = false;  // some mutation took effect: a later failure leaves the outcome unknown
-    for (const StoreWrite& w : writes) {
+    for (size_t i = 0; i < writes.size(); ++i) {
+      const StoreWrite& w = writes[i];
       absl::StatusOr<int> failed = CheckGuards(w.guards);
-      if (!failed.ok()) {
-        if (!changed) return failed.status();
-        return absl::UnknownError(absl::StrCat(failed.status().message(), " (after earlier writes of the group)"));
-      }
-      outcomes.push_back(*failed);
+      if (!failed.ok()) return Definite(failed.status());
+      (*outcomes)[i] = *failed;
       if (*failed != kWriteApplied) continue;
+      bool changed = false;
       for (const StoreMutation& m : w.mutations) {
         bool took = false;
         absl::Status s = Mutate(m, &took);
         changed = changed || took;
-        if (!s.ok()) {
-          if (!changed) return s;
-          return absl::UnknownError(
-              absl::StrCat(s.message(), " (", w.label, ": part of the write may be in place until read back)"));
+        if (s.ok()) continue;
+        if (!changed) {
+          (*outcomes)[i] = kWriteNotApplied;
+          return Definite(s);
         }
+        (*outcomes)[i] = kWriteUnknown;
+        return absl::UnknownError(
+            absl::StrCat(s.message(), " (", w.label, ": part of the write may be in place until read back)"));
       }
     }
-    return outcomes;
+    return absl::OkStatus();
   }
 
   // kWriteApplied when every guard holds, else the first failing one's index.

@@ -158,37 +158,38 @@ class RedisStateBackend : public StateBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) override {
+  bool AppliesLate() const override { return true; }
+
+  absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) override {
+    outcomes->assign(writes.size(), kWriteNotApplied);
     std::vector<Command> commands;
     for (const StoreWrite& w : writes) {
       ASSIGN_OR_RETURN(Command c, WriteCommand(w));
       commands.push_back(std::move(c));
     }
-    std::vector<int> outcomes;
-    if (commands.empty()) return outcomes;
+    if (commands.empty()) return absl::OkStatus();
     // Pipelined: one round trip. Each script is atomic on its own.
-    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run(commands, Retry::kUnsafe));
-    absl::Status refused;  // the first write Redis refused
-    bool applied = false;
+    absl::StatusOr<std::vector<Reply>> replies = Run(commands, Retry::kUnsafe);
+    if (!replies.ok()) {
+      if (absl::IsUnknown(replies.status())) outcomes->assign(writes.size(), kWriteUnknown);
+      return replies.status();
+    }
+    absl::Status first;  // the first write Redis refused
     for (size_t i = 0; i < writes.size(); ++i) {
-      const redisReply* r = replies[i].get();
+      const redisReply* r = (*replies)[i].get();
       if (r->type == REDIS_REPLY_INTEGER) {
-        outcomes.push_back(r->integer == 0 ? kWriteApplied : static_cast<int>(r->integer) - 1);
-        applied = applied || r->integer == 0;
+        (*outcomes)[i] = r->integer == 0 ? kWriteApplied : static_cast<int>(r->integer) - 1;
         continue;
       }
-      outcomes.push_back(kWriteApplied);  // unknown; the status says so
-      if (refused.ok()) refused = Failure(r, writes[i].label, writes[i].mutations.front().key);
+      // A script refused before it ran (OOM, a read-only replica) wrote
+      // nothing; one that failed midway may have written part of itself.
+      absl::Status refused = Failure(r, writes[i].label, writes[i].mutations.front().key);
+      const bool before_running = absl::IsResourceExhausted(refused) || absl::IsUnavailable(refused);
+      (*outcomes)[i] = before_running ? kWriteNotApplied : kWriteUnknown;
+      if (!before_running) refused = absl::UnknownError(refused.message());
+      if (first.ok()) first = refused;
     }
-    if (refused.ok()) return outcomes;
-    // A script refused before it ran (OOM, a read-only replica) wrote
-    // nothing; one that failed midway may have written part of itself.
-    const bool before_running = absl::IsResourceExhausted(refused) || absl::IsUnavailable(refused);
-    if (applied || writes.size() > 1 || !before_running) {
-      return absl::UnknownError(
-          absl::StrCat(refused.message(), " (the outcome of ", writes.size(), " write(s) is unknown until read back)"));
-    }
-    return refused;
+    return first;
   }
 
   absl::StatusOr<std::string> Get(const std::string& key) override {

@@ -20,9 +20,6 @@ Run by CTest: /usr/bin/python3 test_migration.py --bin-dir BUILD --stubs BUILD/c
 --nginx-conf deploy/nginx/nginx.conf
 """
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +28,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nginx_proxy  # noqa: E402
+import redis_procs  # noqa: E402
 import txl_procs  # noqa: E402
 
 ARGS = None
@@ -57,45 +55,6 @@ def retry_unavailable(fn, what, deadline_s=ADOPT_DEADLINE):
             if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                 raise AssertionError(f"{what}: {e.code()}: {e.details()}") from e
         time.sleep(0.05)  # polling for a state change, bounded by the deadline
-
-
-class Redis:
-    """redis-server on a free loopback port, no persistence; ready once it answers PING."""
-
-    def __init__(self, directory):
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (scripts/install-deps.sh installs it)")
-        self.port = txl_procs.free_port()
-        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", directory],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 30
-        while not self.ping():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {self.proc.stdout.read()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("redis-server did not answer PING within 30 s")
-            time.sleep(0.05)  # polling a process that is starting
-
-    def ping(self):
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
 
 
 class Client:
@@ -172,7 +131,7 @@ class MigrationTest(unittest.TestCase):
         work = os.path.join(self.tmp.name, f"run{self.runs}")
         os.makedirs(work)
         if backend == "redis":
-            redis = Redis(work)
+            redis = redis_procs.Redis(work)
             self.cleanups.append(redis.stop)
             store = ("--state_store", f"redis://127.0.0.1:{redis.port}/txlmig")
         else:

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -18,6 +20,7 @@
 #include "base/status_macros.h"
 #include "server/batching/scheduler.h"
 #include "server/durability/recovery.h"
+#include "server/durability/state_backend_impl.h"
 #include "tests/server/fake_engine.h"
 #include "tests/server/job_outcome.h"
 
@@ -48,24 +51,28 @@ struct ScopedDir {
 // A directory store that misbehaves on demand:
 //  - `failing`: every write fails and writes nothing, as a full or read-only
 //    disk does (reads still work);
-//  - `lose_replies`: guarded writes are applied but answer UNKNOWN, as when
-//    the reply is lost;
+//  - `lose_replies`: that many guarded writes are applied but answer
+//    UNKNOWN, as when the reply is lost;
 //  - Pause(): nothing answers (UNAVAILABLE), and guarded writes sent meanwhile
 //    answer UNKNOWN and are kept, to be applied late by Resume(true) (the
-//    store applies what it had buffered) or dropped by Resume(false).
+//    store applies what it had buffered) or dropped by Resume(false);
+//    Pause(/*writes_only=*/true): only the guarded writes hang (a
+//    connection that does: the heartbeats still get through).
 class FlakyBackend : public StateBackend {
  public:
   explicit FlakyBackend(std::unique_ptr<StateBackend> inner) : inner_(std::move(inner)) {}
   std::atomic<bool> failing{false};
-  std::atomic<bool> lose_replies{false};
-  void Pause() {
+  std::atomic<int> lose_replies{0};
+  void Pause(bool writes_only = false) {
     absl::MutexLock lock(&mu_);
     paused_ = true;
+    writes_only_ = writes_only;
   }
   void Resume(bool apply_late) {
     absl::MutexLock lock(&mu_);
     for (const auto& writes : late_) {
-      if (apply_late) EXPECT_TRUE(inner_->Write(writes).ok());
+      std::vector<int> outcomes;
+      if (apply_late) EXPECT_TRUE(inner_->Write(writes, &outcomes).ok());
     }
     late_.clear();
     paused_ = false;
@@ -83,18 +90,26 @@ class FlakyBackend : public StateBackend {
     RETURN_IF_ERROR(Answering());
     return failing ? Full() : inner_->Append(appends);
   }
-  absl::StatusOr<std::vector<int>> Write(const std::vector<StoreWrite>& writes) override {
+  bool AppliesLate() const override { return true; }  // Pause() keeps writes to apply late
+  absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) override {
     {
       absl::MutexLock lock(&mu_);
       if (paused_) {
         late_.push_back(writes);
+        outcomes->assign(writes.size(), kWriteUnknown);
         return absl::UnknownError("timed out (test): the store is paused");
       }
     }
-    if (failing) return Full();
-    auto outcomes = inner_->Write(writes);
-    if (outcomes.ok() && lose_replies) return absl::UnknownError("the reply was lost (test)");
-    return outcomes;
+    if (failing) {
+      outcomes->assign(writes.size(), kWriteNotApplied);
+      return Full();
+    }
+    absl::Status s = inner_->Write(writes, outcomes);
+    if (s.ok() && lose_replies.fetch_sub(1) > 0) {
+      outcomes->assign(writes.size(), kWriteUnknown);
+      return absl::UnknownError("the reply was lost (test)");
+    }
+    return s;
   }
   absl::StatusOr<std::string> Get(const std::string& key) override {
     RETURN_IF_ERROR(Answering());
@@ -120,11 +135,13 @@ class FlakyBackend : public StateBackend {
   static absl::Status Full() { return absl::ResourceExhaustedError("No space left on device (test)"); }
   absl::Status Answering() {
     absl::MutexLock lock(&mu_);
-    return paused_ ? absl::UnavailableError("timed out (test): the store is paused") : absl::OkStatus();
+    return paused_ && !writes_only_ ? absl::UnavailableError("timed out (test): the store is paused")
+                                    : absl::OkStatus();
   }
   std::unique_ptr<StateBackend> inner_;
   absl::Mutex mu_;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool writes_only_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::vector<StoreWrite>> late_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -681,6 +698,228 @@ TEST(SessionJournalTest, AForksLogStartsWithTheHistoryItInherits) {
   EXPECT_TRUE(cut->empty());
 }
 
+// A done callback's status, once called.
+struct Answer {
+  absl::Notification called;
+  absl::Status status;
+  SessionJournal::Done Done() {
+    return [this](absl::Status s) {
+      status = s;
+      called.Notify();
+    };
+  }
+  bool Wait() { return called.WaitForNotificationWithTimeout(absl::Seconds(30)); }
+};
+
+// Regression (issue 29): a write the store applied after its reply was lost
+// (or after the server gave up on it) extended a history the client was
+// told was refused. Now its answer waits until the journal has read back
+// what landed, and follows it.
+TEST(SessionJournalTest, AnAnswerWhoseWriteHasAnUnknownOutcomeFollowsWhatLanded) {
+  const ScopedDir scoped("unknown");
+  FlakyBackend* flaky = nullptr;
+  auto j = Open(scoped.path, "r1", absl::Milliseconds(40), &flaky);
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2});
+  ASSERT_TRUE(Durable(j.get(), "s1", 2).first.ok());
+
+  // The reply is lost, the write landed: acknowledged once read back.
+  flaky->lose_replies = 1;
+  j->RecordTokens("s1", 2, {3});
+  auto [landed, at] = Durable(j.get(), "s1", 3);
+  EXPECT_TRUE(landed.ok()) << landed;
+  EXPECT_EQ(at, 3);
+
+  // The store hangs: the answer waits (it is not a refusal yet)...
+  flaky->Pause();
+  j->RecordTokens("s1", 3, {4, 5});
+  std::pair<absl::Status, int64_t> late{absl::InternalError("not answered"), -1};
+  absl::Notification answered;
+  j->AfterDurable("s1", 5, [&](absl::Status s, int64_t have) {
+    late = {s, have};
+    answered.Notify();
+  });
+  (void)j->Flush();  // the writer thread has handled both
+  EXPECT_FALSE(answered.HasBeenNotified()) << late.first;
+  EXPECT_GE(flaky->late_writes(), 1);
+  // ...and what it had buffered lands when it comes back: acknowledged.
+  flaky->Resume(/*apply_late=*/true);
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(late.first.ok()) << late.first;
+  EXPECT_EQ(late.second, 5);
+
+  // The store hangs and drops what it had: once the session is fenced
+  // again, the write that did not land is sent again (nobody was told
+  // anything yet), and then acknowledged.
+  flaky->Pause();
+  j->RecordTokens("s1", 5, {6});
+  absl::Notification retried;
+  std::pair<absl::Status, int64_t> again;
+  j->AfterDurable("s1", 6, [&](absl::Status s, int64_t have) {
+    again = {s, have};
+    retried.Notify();
+  });
+  (void)j->Flush();
+  EXPECT_FALSE(retried.HasBeenNotified());
+  flaky->Resume(/*apply_late=*/false);
+  ASSERT_TRUE(retried.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(again.first.ok()) << again.first;
+  EXPECT_EQ(again.second, 6);
+  j->RecordTokens("s1", 6, {7});
+  ASSERT_TRUE(Durable(j.get(), "s1", 7).first.ok());
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST(SessionJournalTest, CreatesRewindsAndDeletesWithUnknownOutcomesAreAnsweredByWhatLanded) {
+  const ScopedDir scoped("unknown_ops");
+  FlakyBackend* flaky = nullptr;
+  auto j = Open(scoped.path, "r1", absl::Milliseconds(40), &flaky);
+  // A create whose reply is lost: it exists, and says so.
+  flaky->lose_replies = 1;
+  Answer created;
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), created.Done());
+  ASSERT_TRUE(created.Wait());
+  EXPECT_TRUE(created.status.ok()) << created.status;
+  j->RecordTokens("s1", 0, {1, 2, 3});
+  ASSERT_TRUE(Durable(j.get(), "s1", 3).first.ok()) << "it is held: its writes go on";
+  // A create the store never applied: refused, and the id is free.
+  flaky->Pause();
+  Answer never;
+  j->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), never.Done());
+  (void)j->Flush();
+  EXPECT_FALSE(never.called.HasBeenNotified());
+  flaky->Resume(/*apply_late=*/false);
+  ASSERT_TRUE(never.Wait());
+  EXPECT_TRUE(absl::IsUnavailable(never.status)) << never.status;
+  EXPECT_TRUE(absl::IsNotFound(j->Load("s2").status()));
+  Answer again;
+  j->RecordCreate(Meta("s2"), Snapshot(0, {}, ""), again.Done());
+  ASSERT_TRUE(again.Wait());
+  EXPECT_TRUE(again.status.ok()) << again.status;
+  // A rewind whose reply is lost: done. (A rewind reads the log first: a
+  // store that does not answer refuses it before anything is sent.)
+  flaky->lose_replies = 1;
+  Answer rewound;
+  j->RecordRewind("s1", 1, Snapshot(1, {1}, "16"), rewound.Done());
+  ASSERT_TRUE(rewound.Wait());
+  EXPECT_TRUE(rewound.status.ok()) << rewound.status;
+  EXPECT_EQ(j->Load("s1")->position(), 1);
+  // A delete that never lands: refused, the session is there.
+  flaky->Pause();
+  Answer kept;
+  j->RecordDelete("s1", kept.Done());
+  (void)j->Flush();
+  flaky->Resume(/*apply_late=*/false);
+  ASSERT_TRUE(kept.Wait());
+  EXPECT_TRUE(absl::IsUnavailable(kept.status)) << kept.status;
+  EXPECT_EQ(j->Load("s1")->position(), 1);
+  // One whose reply is lost: deleted.
+  flaky->lose_replies = 1;
+  Answer deleted;
+  j->RecordDelete("s1", deleted.Done());
+  ASSERT_TRUE(deleted.Wait());
+  EXPECT_TRUE(deleted.status.ok()) << deleted.status;
+  EXPECT_TRUE(absl::IsNotFound(j->Load("s1").status()));
+}
+
+// Regression (issue 29): a replica that paused past its holder timeout
+// served and wrote a session another replica had taken over meanwhile.
+TEST(SessionJournalTest, AReplicaThatLostItsHoldCanNeitherWriteNorServeTheSession) {
+  const ScopedDir scoped("fenced");
+  FlakyBackend* flaky = nullptr;
+  auto a = Open(scoped.path, "a", absl::Milliseconds(200), &flaky);
+  auto b = Open(scoped.path, "b", absl::Milliseconds(200));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  a->RecordTokens("s1", 0, {1, 2});
+  ASSERT_TRUE(Durable(a.get(), "s1", 2).first.ok());
+  EXPECT_TRUE(a->CheckHold("s1").ok());
+  // a stops answering (its heartbeats fail, as when it is paused); b takes over once a's beat is old.
+  flaky->Pause();
+  absl::StatusOr<JournalRecord> taken;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  do {
+    taken = b->Adopt("s1", "alice");
+  } while (absl::IsUnavailable(taken.status()) && absl::Now() < deadline);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  b->RecordTokens("s1", 2, {30});
+  ASSERT_TRUE(Durable(b.get(), "s1", 3).first.ok());
+  flaky->Resume(/*apply_late=*/true);
+  // a comes back: its heartbeats had a gap, so it may not serve its copy
+  // (UNAVAILABLE) until it has read the holder again, and then finds it lost.
+  absl::Status held = a->CheckHold("s1");
+  EXPECT_TRUE(absl::IsUnavailable(held)) << held;
+  const absl::Time checked = absl::Now() + absl::Seconds(30);
+  while (!a->Lost("s1") && absl::Now() < checked) {
+    held = a->CheckHold("s1");
+    EXPECT_TRUE(absl::IsUnavailable(held)) << "served its stale copy: " << held;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(a->Lost("s1"));
+  EXPECT_NE(a->CheckHold("s1").message().find("another replica"), std::string::npos);
+  // Its writes are fenced off in the store too.
+  a->RecordTokens("s1", 2, {20});
+  auto [refused, have] = Durable(a.get(), "s1", 3);
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_NE(refused.message().find("another replica"), std::string::npos) << refused;
+  Answer deleted;
+  a->RecordDelete("s1", deleted.Done());
+  ASSERT_TRUE(deleted.Wait());
+  EXPECT_FALSE(deleted.status.ok()) << "a expiring its copy must not delete b's session";
+  auto r = b->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 30})) << "one history: b's";
+}
+
+// The same rule when the directory store fails midway (fault injection): a
+// rename that happened though its call failed, an append whose roll-back failed.
+TEST(SessionJournalTest, DirectoryWritesThatFailAfterTakingEffectAreReadBack) {
+  const ScopedDir scoped("faults");
+  auto j = Open(scoped.path, "r1", absl::Milliseconds(40));
+  j->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  j->RecordTokens("s1", 0, {1, 2, 3});
+  ASSERT_TRUE(Durable(j.get(), "s1", 3).first.ok());
+  std::atomic<int> faults{0};
+  // Each point fails once, for s1's keys.
+  auto inject = [&](std::set<std::string> points) {
+    auto left = std::make_shared<std::set<std::string>>(std::move(points));
+    state_backend_internal::SetDirectoryFaultsForTest([&faults, left](absl::string_view point, const std::string& key) {
+      if (!left->count(std::string(point)) || key.find("/s1/") == std::string::npos) return 0;
+      left->erase(std::string(point));
+      ++faults;
+      return EIO;
+    });
+  };
+  // An append that fails and is rolled back: refused, nothing of it stays.
+  inject({"append"});
+  j->RecordTokens("s1", 3, {4});
+  auto [refused, have] = Durable(j.get(), "s1", 4);
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_EQ(have, 3);
+  // One whose roll-back fails too: it is in the log, so it is acknowledged.
+  inject({"append", "truncate"});
+  j->RecordTokens("s1", 3, {5});
+  auto [kept, at] = Durable(j.get(), "s1", 4);
+  state_backend_internal::SetDirectoryFaultsForTest(nullptr);
+  EXPECT_TRUE(kept.ok()) << kept;
+  EXPECT_EQ(at, 4);
+  // A rewind whose log rename happened but whose call failed: done.
+  inject({"rename"});
+  Answer rewound;
+  j->RecordRewind("s1", 2, Snapshot(2, {2}, "16 1"), rewound.Done());
+  ASSERT_TRUE(rewound.Wait());
+  state_backend_internal::SetDirectoryFaultsForTest(nullptr);
+  EXPECT_TRUE(rewound.status.ok()) << rewound.status;
+  EXPECT_GE(faults.load(), 3);
+  j->RecordTokens("s1", 2, {9});
+  ASSERT_TRUE(Durable(j.get(), "s1", 3).first.ok());
+  auto r = j->Load("s1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->image.position, 0) << "the stored snapshot (at 0) was not later than the rewind";
+  EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 9}));
+}
+
 class DurableSchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = TempDir("sched"); }
@@ -874,6 +1113,45 @@ TEST_F(DurableSchedulerTest, AStoreFailureRollsTheSessionBackAndRefusesChangesUn
   EXPECT_EQ(seen, (std::vector<int>{'f', 'g'})) << "it goes on from e, as if 'x' had never been sent";
   EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f', 'g'}));
   EXPECT_EQ(table_->Get("", id)->position, 7);
+}
+
+// Regression (issue 29): a generation refused while the store hung was
+// written anyway when it came back ("the state store has position 32,
+// expected 27", then the session went on from the refused history). Now
+// the answer waits until the journal knows what landed.
+TEST_F(DurableSchedulerTest, AGenerationWhoseWritesHaveAnUnknownOutcomeIsAnsweredByWhatLanded) {
+  journal_holder_timeout_ = absl::Milliseconds(40);  // heartbeats every 10 ms
+  flaky_journal_ = true;
+  Make(SessionTableConfig{});
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3).ok());  // a..e
+  int64_t position = 5;
+  for (const bool lands : {false, true}) {
+    SCOPED_TRACE(lands ? "the store applies what it had" : "the store drops what it had");
+    flaky_->Pause(/*writes_only=*/true);  // the heartbeats go on: the request is not refused up front
+    absl::Status status;
+    std::vector<int> seen;
+    std::thread client([&] { status = Generate(id, {'x'}, 3, &seen); });
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (flaky_->late_writes() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_GT(flaky_->late_writes(), 0) << "the generation's first write reached the store";
+    EXPECT_TRUE(table_->Get("", id)->busy) << "undecided: the session waits";
+    EXPECT_EQ(table_->Get("", id)->position, position);
+    flaky_->Resume(lands);
+    client.join();
+    if (HasFailure()) return;
+    // What landed is acknowledged; what did not is sent again once the
+    // session is fenced again: either way every token, late.
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_EQ(seen, (std::vector<int>{'y', 'z', '{'}));
+    position += 4;
+    EXPECT_EQ(table_->Get("", id)->position, position);
+  }
+  std::vector<int> next;
+  ASSERT_TRUE(Generate(id, {}, 1, &next).ok());
+  EXPECT_EQ(next, (std::vector<int>{'|'}));
+  EXPECT_EQ(JournalHistory(id),
+            (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'x', 'y', 'z', '{', 'x', 'y', 'z', '{', '|'}));
 }
 
 TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheStore) {

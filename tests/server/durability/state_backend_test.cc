@@ -100,6 +100,9 @@ class RedisServer {
   ~RedisServer() { Kill(); }
 
   int port() const { return port_; }
+  // SIGSTOP / SIGCONT: a server that hangs, and comes back.
+  void Pause() { kill(pid_, SIGSTOP); }
+  void Resume() { kill(pid_, SIGCONT); }
 
   void Kill() {
     if (pid_ <= 0) return;
@@ -317,6 +320,54 @@ TEST_P(StateBackendTest, CompareAndSet) {
 
 // 8 contenders for one absent key, each through its own instance (as
 // replicas would be) and all at once: exactly one wins, and it is its value.
+TEST_P(StateBackendTest, AGuardedWriteChangesNothingUnlessEveryGuardHolds) {
+  ASSERT_TRUE(backend_->Put("s/holder", "me#1").ok());
+  ASSERT_TRUE(backend_->Put("s/log", "abc").ok());
+  const StoreGuard mine{StoreGuard::kOneOf, "s/holder", {"old#0", "me#1"}};
+  const StoreGuard three{StoreGuard::kLength, "s/log", {}, 3};
+  std::vector<int> outcomes;
+  // Applied: every mutation, in order.
+  ASSERT_TRUE(backend_
+                  ->Write({{"append",
+                            {mine, three},
+                            {{StoreMutation::kAppend, "s/log", "de"},
+                             {StoreMutation::kPut, "s/snap", std::string("x\0y", 3)},
+                             {StoreMutation::kDelete, "s/gone"}}}},
+                          &outcomes)
+                  .ok());
+  EXPECT_EQ(outcomes, (std::vector<int>{kWriteApplied}));
+  EXPECT_EQ(*backend_->Get("s/log"), "abcde");
+  EXPECT_EQ(*backend_->Get("s/snap"), std::string("x\0y", 3));
+  // Each write of a group on its own: the first one's length no longer
+  // holds (guard 1), a holder that is not one of the values (guard 0), an
+  // absent key that is there (guard 0); the last one applies.
+  ASSERT_TRUE(
+      backend_
+          ->Write({{"late", {mine, three}, {{StoreMutation::kAppend, "s/log", "LATE"}}},
+                   {"fenced", {{StoreGuard::kOneOf, "s/holder", {"other#2"}}}, {{StoreMutation::kPut, "s/snap", "no"}}},
+                   {"create", {{StoreGuard::kAbsent, "s/holder"}}, {{StoreMutation::kPut, "s/holder", "x#3"}}},
+                   {"next", {mine, {StoreGuard::kLength, "s/log", {}, 5}}, {{StoreMutation::kAppend, "s/log", "f"}}}},
+                  &outcomes)
+          .ok());
+  EXPECT_EQ(outcomes, (std::vector<int>{1, 0, 0, kWriteApplied}));
+  EXPECT_EQ(*backend_->Get("s/log"), "abcdef");
+  EXPECT_EQ(*backend_->Get("s/snap"), std::string("x\0y", 3));
+  EXPECT_EQ(*backend_->Get("s/holder"), "me#1");
+  // An absent key has length 0 and no value.
+  ASSERT_TRUE(backend_
+                  ->Write({{"new",
+                            {{StoreGuard::kLength, "t/log", {}, 0}, {StoreGuard::kAbsent, "t/meta"}},
+                            {{StoreMutation::kPut, "t/meta", "m"}, {StoreMutation::kAppend, "t/log", "1"}}},
+                           {"again", {{StoreGuard::kAbsent, "t/meta"}}, {{StoreMutation::kPut, "t/meta", "n"}}}},
+                          &outcomes)
+                  .ok());
+  EXPECT_EQ(outcomes, (std::vector<int>{kWriteApplied, 0}));
+  EXPECT_EQ(*backend_->Get("t/meta"), "m");
+  EXPECT_EQ(backend_->Write({{"bad", {}, {{StoreMutation::kPut, "../x", "v"}}}}, &outcomes).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(outcomes, (std::vector<int>{kWriteNotApplied}));
+}
+
 TEST_P(StateBackendTest, ConcurrentCompareAndSetHasOneWinner) {
   constexpr int kThreads = 8;
   constexpr int kRounds = 20;
@@ -742,6 +793,41 @@ TEST(RedisStateBackendTest, ReconnectsAfterTheServerRestarts) {
   server = RedisServer::Start(port, &error);
   ASSERT_NE(server, nullptr) << error;
   EXPECT_TRUE(*(*backend)->CompareAndSet("claim", std::nullopt, "me"));
+}
+
+// Why the journal guards its writes and reads back unknown outcomes: a
+// write sent to a server that hangs times out (UNKNOWN, not UNAVAILABLE:
+// it may land) and lands once the server comes back.
+TEST(RedisStateBackendTest, AWriteToAPausedServerIsUnknownAndLandsLate) {
+  ASSERT_TRUE(RedisServer::Installed()) << kRedisServer << " is missing: scripts/install-deps.sh installs it";
+  std::string error;
+  auto server = RedisServer::Start(0, &error);
+  ASSERT_NE(server, nullptr) << error;
+  StateBackendConfig config = RedisConfig(server->port(), "txl");
+  config.redis_timeout = absl::Milliseconds(300);
+  auto backend = OpenStateBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  ASSERT_TRUE((*backend)->Put("log", "ab").ok());
+  const StoreGuard two{StoreGuard::kLength, "log", {}, 2};
+
+  server->Pause();
+  std::vector<int> outcomes;
+  absl::Status sent = (*backend)->Write({{"append", {two}, {{StoreMutation::kAppend, "log", "c"}}}}, &outcomes);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnknown) << sent;
+  EXPECT_EQ(outcomes, (std::vector<int>{kWriteUnknown}));
+  server->Resume();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<std::string> log;
+  do {
+    log = (*backend)->Get("log");
+  } while (log.ok() && *log == "ab" && absl::Now() < deadline);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ(*log, "abc") << "the write sent before the pause lands after it";
+  // A second copy of it is refused by its guard: the log moved on.
+  absl::Status again = (*backend)->Write({{"append", {two}, {{StoreMutation::kAppend, "log", "c"}}}}, &outcomes);
+  ASSERT_TRUE(again.ok()) << again;
+  EXPECT_EQ(outcomes, (std::vector<int>{0}));
+  EXPECT_EQ(*(*backend)->Get("log"), "abc");
 }
 
 }  // namespace

@@ -17,13 +17,14 @@
 //   replicas/<name>       that replica's heartbeat (unix nanoseconds)
 //
 // Writes are queued and applied in order by one writer thread, which commits
-// everything queued in one group (one Append call, all or nothing); After(fn)
-// runs fn once everything queued before it is written. Log records carry
-// their start position; replay feeds only the tokens past the snapshot's. A
-// rewind to p (RecordRewind) first writes a snapshot at p if the stored one
-// is later, then replaces the log by its first p tokens (one atomic Put): a
-// crash between the two replays the old log onto the new snapshot, which is
-// the history before the rewind, exactly.
+// everything queued in one group (one StateBackend::Write call, one guarded
+// write per op); After(fn) runs fn once everything queued before it is
+// written. Log records carry their start position; replay feeds only the
+// tokens past the snapshot's. A rewind to p (RecordRewind) writes a snapshot
+// at p if the stored one is later, and replaces the log by its first p
+// tokens, in one write (atomic in Redis; in the directory the snapshot goes
+// first, and a crash between the two replays the old log onto the new
+// snapshot, which is the history before the rewind, exactly).
 //
 // A session changes only by what its client was told was done
 // (docs/ROBUSTNESS.md, "When the state store fails"). The journal knows, per session, how far its

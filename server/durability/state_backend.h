@@ -90,12 +90,6 @@ class StateBackend {
   // point) sees the whole old value or the whole new one.
   virtual absl::Status Put(const std::string& key, absl::string_view value) = 0;
 
-  // Appends each value to its key's value (creating the key), in order. One
-  // call is one group commit: it returns once all of them are written (and,
-  // under kAlways, synced). A crash mid-call may leave a prefix of an append
-  // (a torn tail); readers must tolerate one.
-  virtual absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) = 0;
-
   // NOT_FOUND when the key is absent.
   virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
 

@@ -169,16 +169,6 @@ class DirectoryStateBackend : public StateBackend {
     return PutFile(key, value);
   }
 
-  absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) override {
-    for (const auto& [key, value] : appends) {
-      if (!IsValidStateKey(key)) return InvalidKey(key);
-    }
-    bool clean = true;
-    absl::Status s = AppendGroup(appends, &clean);
-    if (!s.ok() && !clean) return absl::UnknownError(s.message());
-    return Definite(s);
-  }
-
   bool AppliesLate() const override { return false; }
 
   absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) override {

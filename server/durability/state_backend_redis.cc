@@ -129,35 +129,6 @@ class RedisStateBackend : public StateBackend {
     return Expect(replies[0].get(), REDIS_REPLY_STATUS, "SET", key);
   }
 
-  absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) override {
-    std::vector<Command> commands;
-    commands.reserve(appends.size());
-    for (const auto& [key, value] : appends) {
-      if (!IsValidStateKey(key)) return InvalidKey(key);
-      commands.push_back({"APPEND", Name(key), value});
-    }
-    if (commands.empty()) return absl::OkStatus();
-    // Pipelined (one round trip) inside MULTI/EXEC: the group is applied all
-    // or nothing, which the journal's durable positions rely on (a command
-    // refused at queueing, e.g. past maxmemory, aborts the whole EXEC).
-    commands.insert(commands.begin(), Command{"MULTI"});
-    commands.push_back({"EXEC"});
-    ASSIGN_OR_RETURN(std::vector<Reply> replies, Run(commands, Retry::kUnsafe));
-    const redisReply* exec = replies.back().get();
-    if (exec->type != REDIS_REPLY_ARRAY || exec->elements != appends.size()) {
-      for (size_t i = 1; i + 1 < replies.size(); ++i) {  // the first refused command says why
-        if (replies[i]->type == REDIS_REPLY_ERROR) {
-          return Expect(replies[i].get(), REDIS_REPLY_STATUS, "APPEND", appends[i - 1].first);
-        }
-      }
-      return Expect(exec, REDIS_REPLY_ARRAY, "EXEC", appends.front().first);
-    }
-    for (size_t i = 0; i < appends.size(); ++i) {
-      RETURN_IF_ERROR(Expect(exec->element[i], REDIS_REPLY_INTEGER, "APPEND", appends[i].first));
-    }
-    return absl::OkStatus();
-  }
-
   bool AppliesLate() const override { return true; }
 
   absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) override {

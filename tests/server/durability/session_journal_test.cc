@@ -86,10 +86,6 @@ class FlakyBackend : public StateBackend {
     RETURN_IF_ERROR(Answering());
     return failing ? Full() : inner_->Put(key, value);
   }
-  absl::Status Append(const std::vector<std::pair<std::string, std::string>>& appends) override {
-    RETURN_IF_ERROR(Answering());
-    return failing ? Full() : inner_->Append(appends);
-  }
   bool AppliesLate() const override { return true; }  // Pause() keeps writes to apply late
   absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) override {
     {

@@ -325,6 +325,17 @@ void SessionJournal::FindWanted() {
     absl::MutexLock lock(&handoff_mu_);
     if (!handoff_) return;
   }
+  // Sessions another replica took over: the scheduler lets go of its copies
+  // (the hand-over's writes are refused; the copies are discarded).
+  std::vector<std::string> lost;
+  {
+    absl::MutexLock lock(&mu_);
+    lost.swap(newly_lost_);
+  }
+  if (!lost.empty()) {
+    absl::MutexLock lock(&handoff_mu_);
+    if (handoff_) handoff_(std::move(lost));
+  }
   // Only this replica's requests: the scan runs between group commits, so
   // it must not grow with the number of sessions in the store.
   const std::string prefix = WantedKey(config_.replica, "");
@@ -448,6 +459,7 @@ void SessionJournal::VerifyHolds() {
     } else {
       TXL_LOG(WARNING) << "session " << id << ": another replica holds it now; this replica lets its copy go";
       it->second.lost = true;
+      newly_lost_.push_back(id);
     }
   }
 }
@@ -565,6 +577,7 @@ absl::Status SessionJournal::Send(std::vector<std::pair<Op*, StoreWrite>>& group
       op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(op.session), " already exists"));
     } else if (failed == 0) {  // the holder: another replica took it over
       if (!t.lost) TXL_LOG(WARNING) << "session " << op.session << ": another replica holds it now";
+      if (!t.lost) newly_lost_.push_back(op.session);
       t.lost = true;
       op.result = Moved(op.session);
     } else {  // the log is not what this replica wrote: read back what is there
@@ -833,6 +846,7 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
       tracked_.erase(id);  // deleted, released, or never created: nothing of it is this replica's
     } else if (!held) {
       now.lost = true;
+      newly_lost_.push_back(id);
       now.unresolved = false;
     } else {
       now.durable = end;

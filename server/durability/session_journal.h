@@ -198,7 +198,9 @@ class SessionJournal {
   absl::StatusOr<JournalRecord> Adopt(const std::string& id, const std::string& caller);
 
   // Called on the writer thread, at heartbeats, with the sessions this
-  // replica holds that another replica asked for (see above). Setting
+  // replica holds that another replica asked for (see above), and with
+  // those another replica took over from it (Lost): either way the
+  // scheduler lets its copy go. Setting
   // another (or null) waits for a call in progress, so the owner of a
   // handler may clear it and then go.
   void SetHandoffHandler(std::function<void(std::vector<std::string>)> handler);
@@ -283,8 +285,9 @@ class SessionJournal {
   absl::Status error_ ABSL_GUARDED_BY(mu_);    // the last write's error; OK once one succeeds
   int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Tracked> tracked_ ABSL_GUARDED_BY(mu_);
-  absl::Time beat_sent_ ABSL_GUARDED_BY(mu_);  // when the last heartbeat that was written was sent
-  uint64_t nonce_ ABSL_GUARDED_BY(mu_) = 0;    // NewToken's counter
+  absl::Time beat_sent_ ABSL_GUARDED_BY(mu_);                 // when the last heartbeat that was written was sent
+  uint64_t nonce_ ABSL_GUARDED_BY(mu_) = 0;                   // NewToken's counter
+  std::vector<std::string> newly_lost_ ABSL_GUARDED_BY(mu_);  // for the handoff handler, at the next heartbeat
   // Quarantined sessions not yet reported: id -> owner ("" unknown).
   std::map<std::string, std::string> unreported_ ABSL_GUARDED_BY(mu_);
   // Its own mutex, held while the handler runs (see SetHandoffHandler).

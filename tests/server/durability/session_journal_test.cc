@@ -824,9 +824,15 @@ TEST(SessionJournalTest, CreatesRewindsAndDeletesWithUnknownOutcomesAreAnsweredB
 // served and wrote a session another replica had taken over meanwhile.
 TEST(SessionJournalTest, AReplicaThatLostItsHoldCanNeitherWriteNorServeTheSession) {
   const ScopedDir scoped("fenced");
+  absl::Mutex mu;  // before the journals: a's handler may run until a stops
+  std::vector<std::string> let_go;
   FlakyBackend* flaky = nullptr;
   auto a = Open(scoped.path, "a", absl::Milliseconds(200), &flaky);
   auto b = Open(scoped.path, "b", absl::Milliseconds(200));
+  a->SetHandoffHandler([&](std::vector<std::string> ids) {
+    absl::MutexLock lock(&mu);
+    let_go.insert(let_go.end(), ids.begin(), ids.end());
+  });
   a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
   a->RecordTokens("s1", 0, {1, 2});
   ASSERT_TRUE(Durable(a.get(), "s1", 2).first.ok());
@@ -854,6 +860,12 @@ TEST(SessionJournalTest, AReplicaThatLostItsHoldCanNeitherWriteNorServeTheSessio
   }
   EXPECT_TRUE(a->Lost("s1"));
   EXPECT_NE(a->CheckHold("s1").message().find("another replica"), std::string::npos);
+  {
+    absl::MutexLock lock(&mu);  // the scheduler is told to let its copy go
+    auto told = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return !let_go.empty(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&told), absl::Seconds(30)));
+    EXPECT_EQ(let_go, (std::vector<std::string>{"s1"}));
+  }
   // Its writes are fenced off in the store too.
   a->RecordTokens("s1", 2, {20});
   auto [refused, have] = Durable(a.get(), "s1", 3);
@@ -866,6 +878,7 @@ TEST(SessionJournalTest, AReplicaThatLostItsHoldCanNeitherWriteNorServeTheSessio
   auto r = b->Load("s1");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 30})) << "one history: b's";
+  a->SetHandoffHandler(nullptr);
 }
 
 // The same rule when the directory store fails midway (fault injection): a

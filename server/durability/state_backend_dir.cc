@@ -407,17 +407,52 @@ class DirectoryStateBackend : public StateBackend {
     return absl::OkStatus();
   }
 
-  // Write's body, under the store's lock. A failure decides the write it
-  // happens in (not applied, or unknown once a mutation of it took effect);
-  // the writes after it are not attempted.
+  // Write's body, under the store's lock. Runs of writes that only append
+  // go to disk as one group (AppendGroup: one open and one sync per file),
+  // their guards checked against the lengths the run's earlier appends will
+  // give. A failure decides the writes it happens in (not applied, or
+  // unknown once something of them took effect); later ones are not tried.
   absl::Status WriteLocked(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(cas_mu_) {
+    std::vector<size_t> run;                                   // the writes of the run of appends
+    std::vector<std::pair<std::string, std::string>> appends;  // their mutations
+    std::map<std::string, int64_t> pending;                    // bytes the run adds, per key
+    auto flush = [&]() -> absl::Status {
+      if (run.empty()) return absl::OkStatus();
+      bool clean = true;
+      absl::Status s = AppendGroup(appends, &clean);
+      for (size_t i : run) (*outcomes)[i] = s.ok() ? kWriteApplied : clean ? kWriteNotApplied : kWriteUnknown;
+      run.clear();
+      appends.clear();
+      pending.clear();
+      if (s.ok()) return s;
+      return clean ? Definite(s)
+                   : absl::UnknownError(absl::StrCat(s.message(), " (appends may be in place until read back)"));
+    };
     for (size_t i = 0; i < writes.size(); ++i) {
       const StoreWrite& w = writes[i];
-      absl::StatusOr<int> failed = CheckGuards(w.guards);
-      if (!failed.ok()) return Definite(failed.status());
+      const bool appends_only = std::all_of(w.mutations.begin(), w.mutations.end(),
+                                            [](const StoreMutation& m) { return m.kind == StoreMutation::kAppend; });
+      // A guard on a value the run changes, other than its length, sees it after the run.
+      for (const StoreGuard& g : w.guards) {
+        if (g.kind != StoreGuard::kLength && pending.count(g.key)) RETURN_IF_ERROR(flush());
+      }
+      if (!appends_only) RETURN_IF_ERROR(flush());
+      absl::StatusOr<int> failed = CheckGuards(w.guards, pending);
+      if (!failed.ok()) {
+        absl::Status s = flush();
+        return s.ok() ? Definite(failed.status()) : s;
+      }
       (*outcomes)[i] = *failed;
       if (*failed != kWriteApplied) continue;
+      if (appends_only) {
+        run.push_back(i);
+        for (const StoreMutation& m : w.mutations) {
+          appends.emplace_back(m.key, m.value);
+          pending[m.key] += static_cast<int64_t>(m.value.size());
+        }
+        continue;
+      }
       bool changed = false;
       for (const StoreMutation& m : w.mutations) {
         bool took = false;
@@ -433,26 +468,43 @@ class DirectoryStateBackend : public StateBackend {
             absl::StrCat(s.message(), " (", w.label, ": part of the write may be in place until read back)"));
       }
     }
-    return absl::OkStatus();
+    return flush();
   }
 
-  // kWriteApplied when every guard holds, else the first failing one's index.
-  absl::StatusOr<int> CheckGuards(const std::vector<StoreGuard>& guards) {
+  // kWriteApplied when every guard holds, else the first failing one's
+  // index. `pending`: bytes not yet appended to a key, counted in its length.
+  absl::StatusOr<int> CheckGuards(const std::vector<StoreGuard>& guards,
+                                  const std::map<std::string, int64_t>& pending) {
     for (size_t i = 0; i < guards.size(); ++i) {
       const StoreGuard& g = guards[i];
-      absl::StatusOr<std::string> value = Get(g.key);
-      if (!value.ok() && !absl::IsNotFound(value.status())) return value.status();
       bool holds = false;
-      if (g.kind == StoreGuard::kAbsent) {
-        holds = !value.ok();
-      } else if (g.kind == StoreGuard::kLength) {
-        holds = static_cast<int64_t>(value.ok() ? value->size() : 0) == g.length;
+      if (g.kind == StoreGuard::kLength) {
+        ASSIGN_OR_RETURN(int64_t length, Length(g.key));
+        auto more = pending.find(g.key);
+        holds = length + (more == pending.end() ? 0 : more->second) == g.length;
       } else {
-        holds = value.ok() && std::find(g.values.begin(), g.values.end(), *value) != g.values.end();
+        absl::StatusOr<std::string> value = Get(g.key);
+        if (!value.ok() && !absl::IsNotFound(value.status())) return value.status();
+        if (g.kind == StoreGuard::kAbsent) {
+          holds = !value.ok();
+        } else {
+          holds = value.ok() && std::find(g.values.begin(), g.values.end(), *value) != g.values.end();
+        }
       }
       if (!holds) return static_cast<int>(i);
     }
     return kWriteApplied;
+  }
+
+  // The key's length in bytes (0 when absent), without reading it.
+  absl::StatusOr<int64_t> Length(const std::string& key) {
+    const std::string path = PathOf(key);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return 0;
+      return KeyError(errno, key, "stat", path);
+    }
+    return S_ISDIR(st.st_mode) ? 0 : static_cast<int64_t>(st.st_size);
   }
 
   // One mutation; *took: whether it took effect (also when the call fails).

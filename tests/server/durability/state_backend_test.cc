@@ -361,6 +361,16 @@ TEST_P(StateBackendTest, AGuardedWriteChangesNothingUnlessEveryGuardHolds) {
   EXPECT_EQ(*backend_->Get("s/log"), "abcdef");
   EXPECT_EQ(*backend_->Get("s/snap"), std::string("x\0y", 3));
   EXPECT_EQ(*backend_->Get("s/holder"), "me#1");
+  // Appends in one group see the lengths the group's earlier appends give.
+  ASSERT_TRUE(backend_
+                  ->Write({{"g1", {{StoreGuard::kLength, "s/log", {}, 6}}, {{StoreMutation::kAppend, "s/log", "gh"}}},
+                           {"g2", {{StoreGuard::kLength, "s/log", {}, 8}}, {{StoreMutation::kAppend, "s/log", "i"}}},
+                           {"g3", {{StoreGuard::kLength, "s/log", {}, 8}}, {{StoreMutation::kAppend, "s/log", "X"}}},
+                           {"g4", {mine}, {{StoreMutation::kAppend, "s/log", "j"}}}},
+                          &outcomes)
+                  .ok());
+  EXPECT_EQ(outcomes, (std::vector<int>{kWriteApplied, kWriteApplied, 0, kWriteApplied}));
+  EXPECT_EQ(*backend_->Get("s/log"), "abcdefghij");
   // An absent key has length 0 and no value.
   ASSERT_TRUE(backend_
                   ->Write({{"new",

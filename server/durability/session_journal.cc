@@ -727,8 +727,12 @@ void SessionJournal::Answer(Op& op) {
       lost = it != tracked_.end() && it->second.lost;
       error = error_;
     }
-    if (!lost && (have >= op.end || have < 0)) {  // < 0: not journaled here (nothing to wait for)
+    if (!lost && have >= op.end) {
       op.durable_done(absl::OkStatus(), op.end);
+    } else if (have < 0) {  // a session this replica does not hold (any more): nothing of it is written here
+      op.durable_done(absl::UnavailableError(absl::StrCat("session ", EchoId(op.session),
+                                                          " is not held by this replica in the state store; retry")),
+                      op.end);
     } else {
       op.durable_done(lost          ? Moved(op.session)
                       : !error.ok() ? error
@@ -842,8 +846,12 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
     absl::MutexLock lock(&mu_);
     Tracked& now = tracked_[id];
     waiting.swap(now.waiting);
-    if (gone || (!held && (t.release || t.create))) {
-      tracked_.erase(id);  // deleted, released, or never created: nothing of it is this replica's
+    if ((gone && (t.remove || t.create)) || (!held && (t.release || t.create))) {
+      tracked_.erase(id);  // deleted, released, or never created by this replica: its copy goes too
+    } else if (gone) {     // deleted by another replica that took it over
+      now.lost = true;
+      now.unresolved = false;
+      newly_lost_.push_back(id);
     } else if (!held) {
       now.lost = true;
       newly_lost_.push_back(id);

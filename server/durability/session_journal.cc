@@ -41,6 +41,12 @@ std::pair<absl::Status, int> WriteOne(StateBackend* backend, StoreWrite write) {
   return {s, outcomes.empty() ? kWriteNotApplied : outcomes[0]};
 }
 
+// An answer refused because the session's history is not written up to it.
+absl::Status NotRecorded(const std::string& id, int64_t have) {
+  return absl::UnavailableError(absl::StrCat("the session state store did not record the history of session ",
+                                             EchoId(id), " past position ", have));
+}
+
 // A failure that wrote nothing is told as UNAVAILABLE, whatever code it had.
 absl::Status NotWritten(const absl::Status& s) { return absl::IsUnknown(s) ? absl::UnavailableError(s.message()) : s; }
 
@@ -480,16 +486,20 @@ void SessionJournal::SetHealth(const absl::Status& write) {
                                                "; journaled sessions are read-only until it recovers"));
 }
 
-StoreWrite SessionJournal::WriteOf(const Op& op, const Tracked& t, int64_t bytes) const {
+StoreWrite SessionJournal::WriteOf(const Op& op, const std::string& token, int64_t bytes) const {
   StoreWrite w;
   const std::string& id = op.session;
-  const StoreGuard held{StoreGuard::kOneOf, Key(id, "holder"), {t.token}};
+  const StoreGuard held{StoreGuard::kOneOf, Key(id, "holder"), {token}};
   const StoreGuard log_length{StoreGuard::kLength, Key(id, "log"), {}, bytes};
   switch (op.kind) {
     case Op::kAppend:
       w.label = "append";
       w.guards = {held, log_length};
       w.mutations = {{StoreMutation::kAppend, Key(id, "log"), EncodeLogRecord(op.start, op.tokens)}};
+      break;
+    case Op::kRewind:  // its mutations follow from the log it reads (Apply)
+      w.label = "rewind";
+      w.guards = {held, log_length};
       break;
     case Op::kSnapshot:
       w.label = "snapshot";
@@ -622,7 +632,9 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
       op.result = not_sent();
       continue;
     }
-    Tracked t;
+    // What the op is written against: this replica's token, and the stored session as it knows it.
+    std::string token;
+    int64_t durable = 0, log_bytes = 0, snapshot_at = -1;
     {
       absl::MutexLock lock(&mu_);
       auto it = tracked_.find(op.session);
@@ -631,9 +643,8 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
           op.result = absl::AlreadyExistsError(absl::StrCat("session_id: ", EchoId(op.session), " already exists"));
           continue;
         }
-        Tracked& fresh = tracked_[op.session] = Tracked();
-        fresh.token = op.token;
-        t = fresh;
+        tracked_[op.session] = Tracked();
+        tracked_[op.session].token = token = op.token;
       } else if (it == tracked_.end()) {
         op.result = absl::UnavailableError(
             absl::StrCat("session ", EchoId(op.session), " is not held by this replica in the state store"));
@@ -645,13 +656,15 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
         op.waits = op.held_back = true;  // nothing more is written until what landed is known
         continue;
       } else {
-        t = it->second;
-        t.waiting.clear();
+        token = it->second.token;
+        durable = it->second.durable;
+        log_bytes = it->second.log_bytes;
+        snapshot_at = it->second.snapshot_at;
       }
     }
     auto p = predicted.find(op.session);
-    const int64_t have = p != predicted.end() ? p->second.first : t.durable;
-    const int64_t bytes = p != predicted.end() ? p->second.second : t.log_bytes;
+    const int64_t have = p != predicted.end() ? p->second.first : durable;
+    const int64_t bytes = p != predicted.end() ? p->second.second : log_bytes;
     if (op.kind == Op::kAppend && (op.start > have || op.end <= have)) {  // a gap, or nothing new
       op.result = out_of_step(op, have);
       continue;
@@ -664,7 +677,7 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
       op.result = out_of_step(op, have);  // past what the store holds
       continue;
     }
-    StoreWrite w = WriteOf(op, t, bytes);
+    StoreWrite w = WriteOf(op, token, bytes);
     if (op.kind == Op::kRewind) {
       // The new log is the stored one cut at the position; the snapshot is
       // written too if the stored one is later (with the old log it
@@ -688,10 +701,7 @@ absl::Status SessionJournal::Apply(std::vector<Op>& batch) {
         continue;
       }
       op.log_bytes = cut->size();
-      w.label = "rewind";
-      w.guards = {{StoreGuard::kOneOf, Key(op.session, "holder"), {t.token}},
-                  {StoreGuard::kLength, Key(op.session, "log"), {}, bytes}};
-      if (t.snapshot_at < 0 || t.snapshot_at > op.end)
+      if (snapshot_at < 0 || snapshot_at > op.end)
         w.mutations.push_back({StoreMutation::kPut, Key(op.session, "snap"), op.snapshot});
       w.mutations.push_back({StoreMutation::kPut, Key(op.session, "log"), *std::move(cut)});
       group.emplace_back(&op, std::move(w));
@@ -734,12 +744,7 @@ void SessionJournal::Answer(Op& op) {
                                                           " is not held by this replica in the state store; retry")),
                       op.end);
     } else {
-      op.durable_done(lost          ? Moved(op.session)
-                      : !error.ok() ? error
-                                    : absl::UnavailableError(
-                                          absl::StrCat("the session state store did not record the history of session ",
-                                                       EchoId(op.session), " past position ", have)),
-                      have);
+      op.durable_done(lost ? Moved(op.session) : !error.ok() ? error : NotRecorded(op.session, have), have);
     }
   } else if (op.done) {
     if (op.held_back && op.result.ok()) op.result = absl::UnavailableError("not written");
@@ -753,8 +758,10 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
     absl::MutexLock lock(&mu_);
     auto it = tracked_.find(id);
     if (it == tracked_.end() || !it->second.unresolved) return absl::OkStatus();
+    std::vector<Op> waiting;  // not copied: they stay where they are until decided
+    waiting.swap(it->second.waiting);
     t = it->second;
-    t.waiting.clear();
+    it->second.waiting.swap(waiting);
   }
   // Re-fence first: once the holder has a new token, nothing sent under an
   // old one can land, so what is read next is final. (A store whose writes
@@ -898,11 +905,7 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
       if (landed) {
         op.durable_done(absl::OkStatus(), op.end);
       } else {
-        op.durable_done(!held && !gone ? Moved(id)
-                                       : absl::UnavailableError(absl::StrCat(
-                                             "the session state store did not record the history of session ",
-                                             EchoId(id), " past position ", end)),
-                        durable);
+        op.durable_done(!held && !gone ? Moved(id) : NotRecorded(id, end), durable);
       }
       continue;
     }

@@ -253,8 +253,9 @@ class SessionJournal {
   void Enqueue(std::vector<Op> ops);
   void WriterLoop();
   absl::Status Apply(std::vector<Op>& batch);
-  // The store write that makes `op` from `t` (its log's length `bytes`).
-  StoreWrite WriteOf(const Op& op, const Tracked& t, int64_t bytes) const;
+  // The store write that makes `op`, guarded by this replica's `token` and
+  // the log's length `bytes` (a rewind's mutations: Apply adds them).
+  StoreWrite WriteOf(const Op& op, const std::string& token, int64_t bytes) const;
   // Sends `group` (ops of held sessions, their writes built) as one group commit.
   absl::Status Send(std::vector<std::pair<Op*, StoreWrite>>& group);
   void Answer(Op& op) ABSL_LOCKS_EXCLUDED(mu_);

@@ -21,12 +21,11 @@ Run by CTest: /usr/bin/python3 test_migration.py --bin-dir BUILD --stubs BUILD/c
 """
 import os
 import sys
-import tempfile
 import threading
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import control_case  # noqa: E402
 import nginx_proxy  # noqa: E402
 import redis_procs  # noqa: E402
 import txl_procs  # noqa: E402
@@ -34,7 +33,6 @@ import txl_procs  # noqa: E402
 ARGS = None
 grpc = txl_pb2 = txl_pb2_grpc = None  # imported in main, once the stubs are on sys.path
 
-TOL = 1e-4
 KEY = "txl-session-id"
 SESSIONS, PER_REPLICA, MAX_SESSIONS = 8, 2, 40
 TURNS_BEFORE = ["To be, or not", " to be: that is"]
@@ -89,33 +87,13 @@ class Client:
         return got, position
 
 
-class MigrationTest(unittest.TestCase):
+class MigrationTest(control_case.ControlCase):
+    make_client = Client
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="txl_migration_")
-        cls.model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
-        cls.control_server = txl_procs.Server(ARGS.bin_dir, cls.model)
-        cls.control = Client(cls.control_server.address)
-        cls.runs = 0
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.control.close()
-        cls.control_server.stop()
-        cls.tmp.cleanup()
-
-    def setUp(self):
-        self.cleanups = []  # run in reverse order, also when the test fails
-
-    def tearDown(self):
-        for fn in reversed(self.cleanups):
-            fn()
-
-    def assert_turns_equal(self, got, want, what):
-        self.assertEqual([i for i, _ in got[0]], [i for i, _ in want[0]], f"{what}: tokens differ from control")
-        for k, ((_, a), (_, b)) in enumerate(zip(got[0], want[0])):
-            self.assertLess(abs(a - b), TOL, f"{what}: token {k} logprob {a} vs control {b}")
-        self.assertEqual(got[1], want[1], f"{what}: position differs from control")
+        cls.bin_dir = ARGS.bin_dir
+        super().setUpClass()
 
     def holders(self, replicas):
         """{session id: name of the replica that lists it} (ListSessions asks nothing of the store)."""
@@ -127,9 +105,7 @@ class MigrationTest(unittest.TestCase):
         return out
 
     def scenario(self, backend, stop):
-        MigrationTest.runs += 1
-        work = os.path.join(self.tmp.name, f"run{self.runs}")
-        os.makedirs(work)
+        work = self.work
         if backend == "redis":
             redis = redis_procs.Redis(work)
             self.cleanups.append(redis.stop)
@@ -236,8 +212,7 @@ class MigrationTest(unittest.TestCase):
     def test_directory_replica_starting_beside_a_busy_one(self):
         """A replica starting on the shared directory leaves a live replica's writes alone (a scale-up,
         or a rolling restart): a keeps acknowledging while b starts and stops again and again."""
-        MigrationTest.runs += 1
-        state = os.path.join(self.tmp.name, f"run{self.runs}", "state")
+        state = os.path.join(self.work, "state")
         a = txl_procs.Server(ARGS.bin_dir, self.model, "--state_dir", state, "--replica_name", "a", "--fsync", "always")
         self.cleanups.append(lambda: a.stop(check=False))
         client = Client(a.address)

@@ -41,14 +41,13 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
-import unittest
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import control_case  # noqa: E402
 import redis_procs  # noqa: E402
 import redis_reply_proxy  # noqa: E402
 import txl_procs  # noqa: E402
@@ -57,7 +56,6 @@ from redis_reply_proxy import REPLY_LOST, REQUEST_LOST  # noqa: E402
 ARGS = None
 grpc = txl_pb2 = txl_pb2_grpc = None  # imported in main, once the stubs are on sys.path
 
-TOL = 1e-4
 KEY = "txl-session-id"
 DEADLINE = 60            # s, every call's deadline: outlives any pause here
 SETTLE = 40              # s, retrying UNAVAILABLE (and ABORTED) until a call goes through
@@ -185,32 +183,18 @@ def store_gauge(address, name, **labels):
     return 0.0
 
 
-class StorePausesTest(unittest.TestCase):
+class StorePausesTest(control_case.ControlCase):
+    make_client = Client
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="txl_store_pauses_")
-        cls.model = txl_procs.tiny_model(ARGS.bin_dir, cls.tmp.name)
-        cls.control_server = txl_procs.Server(ARGS.bin_dir, cls.model)
-        cls.control = Client(cls.control_server.address)
-        cls.runs = 0
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.control.close()
-        cls.control_server.stop()
-        cls.tmp.cleanup()
+        cls.bin_dir = ARGS.bin_dir
+        super().setUpClass()
 
     def setUp(self):
-        StorePausesTest.runs += 1
-        self.work = os.path.join(self.tmp.name, f"run{self.runs}")
-        os.makedirs(self.work)
-        self.cleanups = []  # run in reverse order, also when the test fails
+        super().setUp()
         self.redis = redis_procs.Redis(self.work)
         self.cleanups.append(self.redis.stop)
-
-    def tearDown(self):
-        for fn in reversed(self.cleanups):
-            fn()
 
     # ---- servers ----
 
@@ -254,13 +238,6 @@ class StorePausesTest(unittest.TestCase):
         for text in TEXTS[:turns]:
             self.assert_turns_equal(client.turn(sid, text), self.control.turn(sid, text), f"session {sid}: {text!r}")
         return sid
-
-    def assert_turns_equal(self, got, want, what):
-        self.assertEqual([i for i, _ in got[0]], [i for i, _ in want[0]],
-                         f"{what}: token ids differ from the control's (position {got[1]} vs {want[1]})")
-        for k, ((_, a), (_, b)) in enumerate(zip(got[0], want[0])):
-            self.assertLess(abs(a - b), TOL, f"{what}: token {k}: logprob {a} vs the control's {b}")
-        self.assertEqual(got[1], want[1], f"{what}: position differs from the control's")
 
     def assert_continues(self, client, sid, what, control_sid=None, text=" again"):
         """The session's position (GetSession) and a greedy turn equal the control's."""

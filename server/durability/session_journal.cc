@@ -555,7 +555,6 @@ absl::Status SessionJournal::Send(std::vector<std::pair<Op*, StoreWrite>>& group
       t.create = t.create || op.kind == Op::kCreate;
       t.remove = t.remove || op.kind == Op::kDelete;
       t.release = t.release || op.kind == Op::kRelease;
-      if (op.kind == Op::kRewind) t.rewind_to = op.end;
       if (op.kind == Op::kSnapshot) t.snapshot_at = -1;
       continue;
     }
@@ -871,7 +870,6 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
       now.verified = true;
       now.sent.clear();
       now.create = now.remove = now.release = false;
-      now.rewind_to = -1;
     }
     durable = end;
   }

@@ -242,11 +242,10 @@ class SessionJournal {
     bool lost = false;               // another replica holds it now
     bool verified = true;            // the hold is known since the last gap in the heartbeats
     bool unresolved = false;         // a write's outcome is unknown (see the header)
-    // What the unknown writes were: appends sent, and a create, delete,
-    // release or rewind (to rewind_to) that may have landed.
+    // What the unknown writes were: appends sent, and a create, delete or
+    // release that may have landed (a rewind's own waiting op says where to).
     std::vector<std::pair<int64_t, std::vector<int>>> sent;
     bool create = false, remove = false, release = false;
-    int64_t rewind_to = -1;
     std::vector<Op> waiting;  // answers that wait for the outcome
   };
   SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend);

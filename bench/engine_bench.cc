@@ -54,13 +54,13 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "base/flags_help.h"
-#include "model/checkpoint.h"
-#include "model/language_model.h"
+#include "model/net/checkpoint.h"
+#include "model/net/language_model.h"
 #include "model/tokenizer.h"
-#include "model/txl_math.h"
-#include "model/weights.h"
+#include "model/net/txl_math.h"
+#include "model/net/weights.h"
 #include "nlohmann/json.hpp"
-#include "server/batching/sampler.h"
+#include "server/sampling/sampler.h"
 #include "train/training_forward.h"
 
 #ifndef TXL_BUNDLED_MODEL

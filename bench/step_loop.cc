@@ -15,7 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/flags_help.h"
-#include "model/language_model.h"
+#include "model/net/language_model.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint (e.g. the base model engine_bench writes; required)");
 ABSL_FLAG(int, sessions, 1, "sessions stepped together");

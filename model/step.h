@@ -56,7 +56,7 @@ struct StepInput {
   double draw_uniform = 0;
   // kDraw at another temperature walks the whole row's tempered weights
   // exp((lp - best) / T) in id order, inside the model
-  // (model/sampling_kernels.h); only the token leaves it.
+  // (model/kernels/sampling_kernels.h); only the token leaves it.
   float draw_temperature = 1.0f;
   // In (0, 1): top-p without top-k at nucleus_temperature. The model lists
   // a prefix of the row in the sampler's order that holds the nucleus, and

@@ -15,7 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "base/flags_help.h"
 #include "base/read_file.h"
-#include "model/language_model.h"
+#include "model/net/language_model.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli_util.h"
 

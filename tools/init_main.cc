@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/flags_help.h"
 #include "base/read_file.h"
-#include "model/checkpoint.h"
+#include "model/net/checkpoint.h"
 #include "tools/cli_util.h"
 
 ABSL_FLAG(std::string, config, "", "model config JSON (original key names); empty: defaults");

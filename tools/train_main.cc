@@ -19,7 +19,7 @@
 #include "base/flags_help.h"
 #include "base/read_file.h"
 #include "base/status_macros.h"
-#include "model/language_model.h"
+#include "model/net/language_model.h"
 #include "tools/cli_util.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "model/txl_math.h"
+#include "model/net/txl_math.h"
 
 namespace txl {
 namespace {

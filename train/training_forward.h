@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/model_config.h"
-#include "model/weights.h"
+#include "model/net/weights.h"
 
 namespace txl {
 

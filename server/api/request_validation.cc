@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "server/batching/sampler.h"
+#include "server/sampling/sampler.h"
 
 namespace txl {
 

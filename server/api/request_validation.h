@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "model/tokenizer.h"
 #include "proto/txl/v1/txl.pb.h"
-#include "server/batching/generate_spec.h"
+#include "server/jobs/generate_spec.h"
 
 namespace txl {
 

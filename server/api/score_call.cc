@@ -7,7 +7,7 @@
 #include "base/status_macros.h"
 #include "server/api/call_context.h"
 #include "server/api/service.h"
-#include "server/batching/text_stream.h"
+#include "server/sampling/text_stream.h"
 
 namespace txl {
 

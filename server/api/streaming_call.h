@@ -12,7 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "server/api/call_context.h"
-#include "server/batching/text_stream.h"
+#include "server/sampling/text_stream.h"
 
 namespace txl {
 

@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "server/batching/job.h"
-#include "server/batching/job_runner.h"
+#include "server/jobs/job.h"
+#include "server/jobs/job_runner.h"
 
 namespace txl {
 

@@ -12,7 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "server/batching/job_runner.h"
+#include "server/jobs/job_runner.h"
 
 namespace txl {
 

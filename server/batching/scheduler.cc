@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/echo_id.h"
-#include "server/batching/generate_job.h"
-#include "server/batching/score_job.h"
+#include "server/jobs/generate_job.h"
+#include "server/jobs/score_job.h"
 
 namespace txl {
 

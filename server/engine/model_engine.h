@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "model/language_model.h"
+#include "model/net/language_model.h"
 #include "server/engine/engine.h"
 
 namespace txl {

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/batching/scheduler_config.h"
+#include "server/jobs/scheduler_config.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
 

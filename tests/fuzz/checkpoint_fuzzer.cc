@@ -1,4 +1,4 @@
-// libFuzzer target: loading a checkpoint (model/checkpoint.h) through
+// libFuzzer target: loading a checkpoint (model/net/checkpoint.h) through
 // LanguageModel::Create, the way txl-server and the tools load --model. The
 // input becomes a file; Create must either fail with a status or give a
 // model that runs one step. An exception escaping, a crash or a sanitizer
@@ -42,8 +42,8 @@
 #include <utility>
 #include <vector>
 
-#include "model/checkpoint.h"
-#include "model/language_model.h"
+#include "model/net/checkpoint.h"
+#include "model/net/language_model.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 

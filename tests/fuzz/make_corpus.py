@@ -163,7 +163,7 @@ def journal_seeds():
 
 
 def session_import_seeds():
-    # The memory image's header fields (model/session_snapshot.cc) at 8 + 8 * i:
+    # The memory image's header fields (model/net/session_snapshot.cc) at 8 + 8 * i:
     # n_layer, n_head, d_head, mem_len, position, length, capacity, element size.
     def patch(field, value):
         return struct.pack("<HB", 8 + 8 * field, 8) + struct.pack("<q", value)
@@ -179,6 +179,94 @@ def session_import_seeds():
     ] + journal_seeds()
 
 
+def openai_json_seeds():
+    """The HTTP bodies of docs/HTTP.md's examples and their edge cases. Byte 0 picks the parser
+    (openai_json_fuzzer.cc): 0 completion, 1 chat, 2 ParseBody, 3 score, 4 create session,
+    5 position, 6 required position; + 7 sends a txl-session-id header."""
+    completion, chat, body, score, create, position, rewind = range(7)
+    header = 7
+    sid = "2e0a1cbd2e0a1cbd2e0a1cbd2e0a1cbd"
+    deep = b"[" * 300 + b"]" * 300
+    seeds = [
+        # /v1/completions (docs/HTTP.md)
+        ("completion", completion, b'{"prompt": "ROMEO:", "max_tokens": 20, "temperature": 0, "logprobs": 2}'),
+        ("completion_quick", completion, b'{"prompt": "ROMEO:", "max_tokens": 40, "temperature": 0.8}'),
+        ("completion_stream", completion, b'{"prompt": "ROMEO:", "max_tokens": 5, "stream": true, '
+                                          b'"stream_options": {"include_usage": true}}'),
+        ("completion_session", completion, b'{"prompt": "ROMEO:", "max_tokens": 5, "session_id": "%s"}' % sid.encode()),
+        ("completion_header", completion + header, b'{"prompt": " and", "max_tokens": 5}'),
+        ("completion_all", completion, b'{"model": "shakespeare_char", "prompt": ["x"], "max_tokens": 1, '
+                                       b'"temperature": 1.5, "top_p": 0.9, "seed": 7, "stop": ["\\n", "END"], '
+                                       b'"n": 1, "user": "u", "echo": false, "best_of": 1, "presence_penalty": 0, '
+                                       b'"frequency_penalty": 0.0, "logit_bias": {}, "suffix": null, "logprobs": 0}'),
+        ("completion_ids", completion, b'{"prompt": [0, 1, 2147483647], "max_completion_tokens": 3}'),
+        ("completion_empty_ids", completion, b'{"prompt": []}'),
+        ("completion_batch", completion, b'{"prompt": ["a", "b"]}'),
+        ("completion_other_model", completion, b'{"model": "gpt-4", "prompt": "x"}'),
+        ("completion_float_tokens", completion, b'{"prompt": "x", "max_tokens": 3.0, "seed": 1e3}'),
+        ("completion_huge", completion, b'{"prompt": "x", "max_tokens": 2147483648, "seed": 18446744073709551615}'),
+        ("completion_negative_id", completion, b'{"prompt": [-1], "logprobs": -1}'),
+        ("completion_wrong_types", completion, b'{"prompt": 5, "stream": "yes", "stop": 3, "temperature": "hot"}'),
+        ("completion_unsupported", completion, b'{"prompt": "x", "tools": [], "best_of": 2, "echo": true}'),
+        ("completion_stream_options", completion, b'{"prompt": "x", "stream_options": {"include_usage": 1}}'),
+        ("completion_overflow", completion, b'{"prompt": "x", "temperature": 1e400}'),
+        ("completion_unicode", completion, b'{"prompt": "caf\\u00e9 \\ud83d\\ude00 \\u0000", "stop": "\\u4e2d"}'),
+        ("completion_bad_surrogate", completion, b'{"prompt": "\\ud83d"}'),
+        ("completion_invalid_utf8", completion, b'{"prompt": "\xff\xfe\xc3"}'),
+        # /v1/chat/completions
+        ("chat", chat, b'{"messages": [{"role": "user", "content": "Who art thou?"}], "max_tokens": 30}'),
+        ("chat_roles", chat, b'{"messages": [{"role": "developer", "content": "Be brief."}, {"role": "system", '
+                             b'"content": ""}, {"role": "user", "content": [{"type": "text", "text": "a"}, '
+                             b'{"type": "text", "text": "b"}]}, {"role": "assistant", "content": "c"}], '
+                             b'"logprobs": true, "top_logprobs": 3, "max_completion_tokens": 4}'),
+        ("chat_session", chat + header, b'{"messages": [{"role": "user", "content": "x"}], "stream": true}'),
+        ("chat_bad_role", chat, b'{"messages": [{"role": "tool", "content": "x"}]}'),
+        ("chat_image_part", chat, b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}'),
+        ("chat_part_type_number", chat, b'{"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]}'),
+        ("chat_empty", chat, b'{"messages": []}'),
+        ("chat_top_without_logprobs", chat, b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}'),
+        ("chat_null_content", chat, b'{"messages": [{"role": "user", "content": null}], "logprobs": 1}'),
+        # ParseBody
+        ("body_object", body, b'{"a": [1, 2.5, "x", null, true, {"b": {}}]}'),
+        ("body_empty", body, b''),
+        ("body_null", body, b'null'),
+        ("body_array", body, b'[1, 2]'),
+        ("body_deep", body, b'{"a": ' + deep + b'}'),
+        ("body_truncated", body, b'{"prompt": "x'),
+        ("body_trailing", body, b'{} {}'),
+        ("body_duplicate_keys", body, b'{"a": 1, "a": 2}'),
+        ("body_big_number", body, b'{"a": 123456789012345678901234567890, "b": -9223372036854775809}'),
+        # score
+        ("score", score, b'{"input": "the king", "commit": false}'),
+        ("score_ids", score, b'{"input": [1, 2, 3], "commit": true}'),
+        ("score_empty_ids", score, b'{"input": []}'),
+        ("score_wrong_types", score, b'{"input": {"text": "x"}, "commit": "yes"}'),
+        ("score_float_ids", score, b'{"input": [1.0, 2]}'),
+        ("score_missing", score, b'{}'),
+        # create session / fork
+        ("create", create, b'{"mem_len": 128, "idle_ttl_seconds": 300, "labels": {"user": "alice"}, '
+                           b'"session_id": "%s"}' % sid.encode()),
+        ("create_labels", create, b'{"labels": {"user": "ann"}}'),
+        ("create_empty", create, b''),
+        ("create_blank", create, b' \t\r\n'),
+        ("create_null", create, b'null'),
+        ("create_bad_labels", create, b'{"labels": {"a": 1}, "mem_len": -5}'),
+        ("create_huge", create, b'{"mem_len": 9223372036854775807, "idle_ttl_seconds": 1e300}'),
+        ("create_float", create, b'{"mem_len": 64.0, "idle_ttl_seconds": 0.5}'),
+        # fork and rewind positions
+        ("fork_position", position, b'{"position": 6, "labels": {"branch": "b"}}'),
+        ("fork_empty", position, b''),
+        ("rewind", rewind, b'{"position": 6}'),
+        ("rewind_missing", rewind, b'{}'),
+        ("rewind_null", rewind, b'{"position": null}'),
+        ("rewind_negative", rewind, b'{"position": -1}'),
+        ("rewind_max", rewind, b'{"position": 9223372036854775807}'),
+        ("rewind_string", rewind, b'{"position": "6"}'),
+        ("rewind_fraction", rewind, b'{"position": 1.5e0}'),
+    ]
+    return [(name, bytes([parser]) + data) for name, parser, data in seeds]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build-dir", default=os.path.join(HERE, "..", "..", "build"))
@@ -188,6 +276,7 @@ def main():
     write_seeds("request_validation", request_seeds(os.path.join(build, "client", "python", "gen")))
     write_seeds("checkpoint", checkpoint_seeds(build))
     write_seeds("session_import", session_import_seeds())
+    write_seeds("openai_json", openai_json_seeds())
 
 
 if __name__ == "__main__":

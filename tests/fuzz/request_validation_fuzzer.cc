@@ -29,7 +29,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "model/tokenizer.h"
 #include "server/api/request_validation.h"
-#include "server/batching/sampler.h"
+#include "server/sampling/sampler.h"
 
 namespace {
 

@@ -40,8 +40,8 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.h"
-#include "model/language_model.h"
+#include "model/net/checkpoint.h"
+#include "model/net/language_model.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "server/durability/session_journal.h"
@@ -62,7 +62,7 @@ std::unique_ptr<LanguageModel> g_model;
 std::string g_image;  // a real session's memory image
 
 // The memory image's header: magic, then int64 n_layer, n_head, d_head, mem_len,
-// position, length, capacity, element size (model/session_snapshot.cc).
+// position, length, capacity, element size (model/net/session_snapshot.cc).
 int64_t HeaderField(const std::string& image, int i) {
   int64_t v;
   std::memcpy(&v, image.data() + 8 + 8 * i, 8);

@@ -378,7 +378,7 @@ TEST(IncrementalTest, DecodeKernelHeadSize64MatchesOnePass) {
 }
 
 // The generic path keeps every session's memory in one pool of rows per
-// layer (model/slot_pool.h).
+// layer (model/net/slot_pool.h).
 IncrementalModel GenericModel(const ModelConfig& c, const TxlWeights& w, KvDtype kv = KvDtype::kFloat32) {
   IncrementalModel::Precision p;
   p.kernels = Kernels::kGeneric;

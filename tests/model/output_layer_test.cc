@@ -1,7 +1,7 @@
 // OutputLayer's readouts against the whole log-prob rows (txl_math.h's
 // LogProbs): the same values, the same argmax, and a draw that lands where
 // walking the whole row in id order lands.
-#include "model/output_layer.h"
+#include "model/net/output_layer.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "model/txl_math.h"
+#include "model/net/txl_math.h"
 #include "tests/model/model_fixture.h"
 
 namespace txl {

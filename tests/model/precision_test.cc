@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.h"
-#include "model/incremental.h"
-#include "model/txl_math.h"
+#include "model/net/checkpoint.h"
+#include "model/net/incremental.h"
+#include "model/net/txl_math.h"
 #include "tests/model/model_fixture.h"
 
 namespace txl {

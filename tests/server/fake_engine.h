@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "server/batching/sampler.h"
+#include "server/sampling/sampler.h"
 #include "server/engine/engine.h"
 
 namespace txl::testing {
@@ -86,7 +86,7 @@ class FakeEngine : public Engine {
         out[i].last_distribution = Distribution(s->history.back());
         ++distributions_;
       }
-      // Picks as the model makes them (model/output_layer.h), from the same distribution.
+      // Picks as the model makes them (model/net/output_layer.h), from the same distribution.
       if (inputs[i].pick != StepInput::Pick::kNone) {
         const std::vector<float> d = Distribution(s->history.back());
         out[i].picked = inputs[i].pick == StepInput::Pick::kArgmax

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "server/batching/job.h"
+#include "server/jobs/job.h"
 
 namespace txl::testing {
 

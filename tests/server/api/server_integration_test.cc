@@ -12,7 +12,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "client/txl_client.h"
-#include "model/checkpoint.h"
+#include "model/net/checkpoint.h"
 #include "tests/server/api/reflection_client.h"
 #include "tests/server/api/server_process.h"
 

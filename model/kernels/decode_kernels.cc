@@ -1,0 +1,703 @@
+#include "model/kernels/decode_kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "model/kernels/amx_product.h"
+#include "model/kernels/simd.h"
+
+namespace txl {
+
+namespace {
+
+using namespace simd;  // NOLINT: the vector helpers are this file's vocabulary
+
+static_assert(kPanel == kAmxPanel, "AMX products read the same panels");
+
+// acc += q . x over the 2 * lanes elements at x. Split: x is bfloat16 and
+// q is stored de-interleaved per block (its even elements, then its odd ones;
+// SplitBf16).
+template <typename V, typename T, int kIsa, bool kSplit>
+__attribute__((always_inline)) inline void AddBlock2(const float* q, const T* x, V& acc) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V q0, q1;
+  std::memcpy(&q0, q, sizeof(q0));
+  std::memcpy(&q1, q + kLanes, sizeof(q1));
+  if constexpr (kSplit) {
+    V even, odd;
+    SplitBf16(x, &even, &odd);
+    acc += q0 * even;
+    acc += q1 * odd;
+  } else {
+    acc += q0 * LoadAs<V, T, kIsa>(x);
+    acc += q1 * LoadAs<V, T, kIsa>(x + kLanes);
+  }
+}
+
+// The four scores (qu . k_j + qv . r_j) * scale, j < 4: four independent
+// accumulator chains per operand, one horizontal sum per key. Keys are of
+// the rings' type KT, position rows of the table's type RT. kPairs: dh is a
+// multiple of 2 * lanes, and bfloat16 operands are read split (AddBlock2):
+// fewer instructions per byte keep more of a step's loads in flight.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void Scores4(const float* qu, const float* qv, const KT* const* k,
+                                                   const RT* const* r, int64_t dh, float scale, float* dst) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+  int64_t i = 0;
+  if constexpr (kPairs) {
+    constexpr bool kSplitK = std::is_same_v<KT, Bf16>, kSplitR = std::is_same_v<RT, Bf16>;
+    for (; i < dh; i += 2 * kLanes) {
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[0] + i, a0);
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[1] + i, a1);
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[2] + i, a2);
+      AddBlock2<V, KT, kIsa, kSplitK>(qu + i, k[3] + i, a3);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[0] + i, b0);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[1] + i, b1);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[2] + i, b2);
+      AddBlock2<V, RT, kIsa, kSplitR>(qv + i, r[3] + i, b3);
+    }
+  } else {
+    for (; i + kLanes <= dh; i += kLanes) {
+      V u, w;
+      std::memcpy(&u, qu + i, sizeof(u));
+      std::memcpy(&w, qv + i, sizeof(w));
+      a0 += u * LoadAs<V, KT, kIsa>(k[0] + i);
+      a1 += u * LoadAs<V, KT, kIsa>(k[1] + i);
+      a2 += u * LoadAs<V, KT, kIsa>(k[2] + i);
+      a3 += u * LoadAs<V, KT, kIsa>(k[3] + i);
+      b0 += w * LoadAs<V, RT, kIsa>(r[0] + i);
+      b1 += w * LoadAs<V, RT, kIsa>(r[1] + i);
+      b2 += w * LoadAs<V, RT, kIsa>(r[2] + i);
+      b3 += w * LoadAs<V, RT, kIsa>(r[3] + i);
+    }
+  }
+  float s[4] = {SumLanes(a0 + b0), SumLanes(a1 + b1), SumLanes(a2 + b2), SumLanes(a3 + b3)};
+  for (; i < dh; ++i) {
+    for (int j = 0; j < 4; ++j) s[j] += qu[i] * ToFloat(k[j][i]) + qv[i] * ToFloat(r[j][i]);
+  }
+  for (int j = 0; j < 4; ++j) dst[j] = s[j] * scale;
+}
+
+// Stores q (dh floats) for AddBlock2: de-interleaved per block of 2 * lanes
+// when split.
+template <int64_t kLanes, bool kSplit>
+void StoreQuery(const float* q, int64_t dh, float* out) {
+  if constexpr (!kSplit) {
+    std::memcpy(out, q, dh * sizeof(float));
+  } else {
+    for (int64_t b = 0; b < dh; b += 2 * kLanes) {
+      for (int64_t m = 0; m < kLanes; ++m) {
+        out[b + m] = q[b + 2 * m];
+        out[b + kLanes + m] = q[b + 2 * m + 1];
+      }
+    }
+  }
+}
+
+// Per item: the scores of the held keys and the new one into a row buffer (the
+// keys read once, in ring order), softmax, then the values read once.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
+  const int64_t H = a.H, dh = a.dh;
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  constexpr bool kSplitK = kPairs && std::is_same_v<KT, Bf16>, kSplitR = kPairs && std::is_same_v<RT, Bf16>;
+  constexpr int64_t kElemBytes = static_cast<int64_t>(sizeof(KT));
+  // Keys fetched this many rows ahead: 24 float32 rows (measured), the same
+  // bytes in narrower rows.
+  constexpr int64_t kAhead = 24 * 4 / kElemBytes;
+  std::vector<float> buffer((a.width + 7) / 8 * 8 + 8 + 3 * dh);
+  std::vector<KT> fresh(2 * dh);  // the new key and value, in the rings' type
+  float* qu = buffer.data();      // query + u, query + v
+  float* qv = qu + dh;
+  float* biased = qv + dh;  // the query plus a bias, in order
+  float* row = biased + dh;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t h = t / a.batch, b = t % a.batch;
+    const DecodeSession& s = a.sessions[b];
+    const int64_t bh = b * H + h;
+    const float* q = a.qkv + (b * 3 * H + h) * dh;
+    for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.u[h * dh + i];
+    StoreQuery<kLanes, kSplitK>(biased, dh, qu);
+    for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.v[h * dh + i];
+    StoreQuery<kLanes, kSplitR>(biased, dh, qv);
+    const RT* rel = static_cast<const RT*>(a.rel) + h * a.rel_size * dh;
+    float* knew_f = a.qkv + ((b * 3 + 1) * H + h) * dh;
+    float* vnew_f = a.qkv + ((b * 3 + 2) * H + h) * dh;
+    const KT* knew;
+    const KT* vnew;
+    if constexpr (std::is_same_v<KT, float>) {
+      knew = knew_f;
+      vnew = vnew_f;
+    } else {
+      for (int64_t i = 0; i < dh; ++i) {
+        fresh[i].bits = RoundBf16(knew_f[i]);
+        fresh[dh + i].bits = RoundBf16(vnew_f[i]);
+        knew_f[i] = ToFloat(fresh[i]);
+        vnew_f[i] = ToFloat(fresh[dh + i]);
+      }
+      knew = fresh.data();
+      vnew = fresh.data() + dh;
+    }
+    const int64_t L = s.length, n = L + 1;  // keys: the held ones in order, then the new one
+    const int64_t first = (s.position - L) % s.mem_len;
+    const KT* k = static_cast<const KT*>(s.k) + h * s.cap * dh;
+    const KT* v = static_cast<const KT*>(s.v) + h * s.cap * dh;
+    // Scores: column c < L is the held position at distance L - c; column L the new token.
+    {
+      const KT* kp[4];
+      const RT* rp[4];
+      int64_t slot = first, c = 0;
+      for (; c + 4 <= L; c += 4) {
+        for (int j = 0; j < 4; ++j) {
+          kp[j] = k + slot * dh;
+          rp[j] = rel + (L - c - j) * dh;
+          // The values pass reads these rows next: fetch them while the
+          // scores compute, so that pass runs from cache. And fetch the keys
+          // 24 rows ahead (measured: 2-4% off a 32-session step).
+          const char* vr = reinterpret_cast<const char*>(v + slot * dh);
+          for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(vr + off, 0, 1);
+          int64_t ahead = slot + kAhead;
+          if (ahead >= s.mem_len) ahead -= s.mem_len;
+          if (ahead < s.cap) {
+            const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
+            for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(kr + off);
+          }
+          if (++slot == s.mem_len) slot = 0;
+        }
+        Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, row + c);
+      }
+      // The rest (at most 3 held keys and the new one) as one padded group.
+      const int64_t rest = n - c;
+      float tail[4];
+      for (int j = 0; j < 4; ++j) {
+        if (c + j < L) {
+          kp[j] = k + slot * dh;
+          rp[j] = rel + (L - c - j) * dh;
+          if (++slot == s.mem_len) slot = 0;
+        } else {
+          kp[j] = knew;
+          rp[j] = rel;
+        }
+      }
+      Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, tail);
+      for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
+    }
+    // Softmax numerators exp(score - max) and their sum; the padding lanes
+    // up to a multiple of 8 are set to zero after the exponential.
+    const int64_t padded = (n + 7) / 8 * 8;
+    float max = row[0];
+    {
+      int64_t c = 0;
+      V8 m8 = {row[0], row[0], row[0], row[0], row[0], row[0], row[0], row[0]};
+      for (; c + 8 <= n; c += 8) {
+        const V8 x = Load8(row + c);
+        m8 = x > m8 ? x : m8;
+      }
+      for (int i = 0; i < 8; ++i) max = std::max(max, m8[i]);
+      for (; c < n; ++c) max = std::max(max, row[c]);
+    }
+    for (int64_t c = n; c < padded; ++c) row[c] = max;
+    V8 sum8 = {};
+    for (int64_t c = 0; c < padded; c += 8) {
+      V8 e = Exp8(Load8(row + c) - max);
+      if (c + 8 > n) {
+        for (int64_t i = n - c; i < 8; ++i) e[i] = 0.0f;
+      }
+      std::memcpy(row + c, &e, sizeof(e));
+      sum8 += e;
+    }
+    const float inv = 1.0f / Sum8(sum8);
+    // Values: sum of numerator * value, normalised at the end (the values
+    // come from cache: fetched during the scores).
+    float* out = a.out + bh * dh;
+    int64_t slot = first;
+    if (dh == 64) {  // the common head size: the sum stays in registers
+      constexpr int kParts = 64 / kLanes;
+      V acc[kParts] = {};  // split: even and odd elements of each block of 2 * lanes, alternately
+      auto add = [&](float p, const KT* x) {
+        V pv;
+        for (int l = 0; l < kLanes; ++l) pv[l] = p;
+        if constexpr (kSplitK) {
+#pragma GCC unroll 8
+          for (int i = 0; i < kParts; i += 2) {
+            V even, odd;
+            SplitBf16(x + kLanes * i, &even, &odd);
+            acc[i] += pv * even;
+            acc[i + 1] += pv * odd;
+          }
+        } else {
+#pragma GCC unroll 8
+          for (int i = 0; i < kParts; ++i) acc[i] += pv * LoadAs<V, KT, kIsa>(x + kLanes * i);
+        }
+      };
+      for (int64_t c = 0; c < L; ++c) {
+        add(row[c], v + slot * 64);
+        if (++slot == s.mem_len) slot = 0;
+      }
+      add(row[L], vnew);
+      for (int i = 0; i < kParts; ++i) acc[i] *= inv;
+      if constexpr (kSplitK) {
+        for (int i = 0; i < kParts; i += 2) {
+          for (int m = 0; m < kLanes; ++m) {
+            out[kLanes * i + 2 * m] = acc[i][m];
+            out[kLanes * i + 2 * m + 1] = acc[i + 1][m];
+          }
+        }
+      } else {
+        std::memcpy(out, acc, sizeof(acc));
+      }
+    } else {
+      std::fill(out, out + dh, 0.0f);
+      auto axpy = [&](float p, const KT* x) {
+        int64_t i = 0;
+        const V8 pv = {p, p, p, p, p, p, p, p};
+        for (; i + 8 <= dh; i += 8) {
+          V8 r = Load8(out + i) + pv * LoadAs<V8, KT, kIsa>(x + i);
+          std::memcpy(out + i, &r, sizeof(r));
+        }
+        for (; i < dh; ++i) out[i] += p * ToFloat(x[i]);
+      };
+      for (int64_t c = 0; c < L; ++c) {
+        axpy(row[c], v + slot * dh);
+        if (++slot == s.mem_len) slot = 0;
+      }
+      axpy(row[L], vnew);
+      for (int64_t i = 0; i < dh; ++i) out[i] *= inv;
+    }
+    if (s.mem_len > 1) {
+      const int64_t at = h * s.cap * dh + (s.position % s.mem_len) * dh;
+      std::memcpy(static_cast<KT*>(s.k) + at, knew, dh * sizeof(KT));
+      std::memcpy(static_cast<KT*>(s.v) + at, vnew, dh * sizeof(KT));
+    }
+  }
+}
+
+// Four rows at a time: x is read from L1 once per four weight rows; four
+// accumulators, one horizontal sum per row. V: float vector type; T: the
+// weights' element type (int8 rows are scaled after the sum).
+template <typename V, typename T, int kIsa>
+__attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, const float* x, const float* bias,
+                                                    bool relu, float* y, int64_t cols, int64_t begin, int64_t end) {
+  constexpr int kLanes = sizeof(V) / sizeof(float);
+  const T* w = static_cast<const T*>(wm.data);
+  const int64_t ld = wm.ld;
+  auto finish = [&](int64_t r, float s) {
+    if constexpr (std::is_same_v<T, int8_t>) s *= wm.scale[r];
+    const float out = bias ? s + bias[r] : s;
+    y[r] = relu && out < 0 ? 0.0f : out;
+  };
+  int64_t r = begin;
+  for (; r + 4 <= end; r += 4) {
+    const T* w0 = w + r * ld;
+    const T* w1 = w0 + ld;
+    const T* w2 = w1 + ld;
+    const T* w3 = w2 + ld;
+    V a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    int64_t c = 0;
+    for (; c + kLanes <= cols; c += kLanes) {
+      V xv;
+      std::memcpy(&xv, x + c, sizeof(xv));
+      a0 += LoadAs<V, T, kIsa>(w0 + c) * xv;
+      a1 += LoadAs<V, T, kIsa>(w1 + c) * xv;
+      a2 += LoadAs<V, T, kIsa>(w2 + c) * xv;
+      a3 += LoadAs<V, T, kIsa>(w3 + c) * xv;
+    }
+    float s[4] = {SumLanes<V>(a0), SumLanes<V>(a1), SumLanes<V>(a2), SumLanes<V>(a3)};
+    for (; c < cols; ++c) {
+      s[0] += ToFloat(w0[c]) * x[c];
+      s[1] += ToFloat(w1[c]) * x[c];
+      s[2] += ToFloat(w2[c]) * x[c];
+      s[3] += ToFloat(w3[c]) * x[c];
+    }
+    for (int j = 0; j < 4; ++j) finish(r + j, s[j]);
+  }
+  for (; r < end; ++r) {
+    const T* row = w + r * ld;
+    V acc = {};
+    int64_t c = 0;
+    for (; c + kLanes <= cols; c += kLanes) {
+      V xv;
+      std::memcpy(&xv, x + c, sizeof(xv));
+      acc += LoadAs<V, T, kIsa>(row + c) * xv;
+    }
+    float s = SumLanes<V>(acc);
+    for (; c < cols; ++c) s += ToFloat(row[c]) * x[c];
+    finish(r, s);
+  }
+}
+
+template <typename KT, typename RT>
+TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void AttendAvx512(const DecodeAttentionArgs& a, int64_t b,
+                                                                          int64_t e) {
+  if (a.dh % 32 == 0) return AttendBody<V16, KT, RT, 512, true>(a, b, e);
+  AttendBody<V16, KT, RT, 512, false>(a, b, e);
+}
+template <typename KT, typename RT>
+TXL_FLATTEN __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
+  if (a.dh % 16 == 0) return AttendBody<V8, KT, RT, 256, true>(a, b, e);
+  AttendBody<V8, KT, RT, 256, false>(a, b, e);
+}
+template <typename KT, typename RT>
+void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
+  if (a.dh % 16 == 0) return AttendBody<V8, KT, RT, 0, true>(a, b, e);
+  AttendBody<V8, KT, RT, 0, false>(a, b, e);
+}
+
+template <typename KT, typename RT>
+void Attend(const DecodeAttentionArgs& a, int64_t b, int64_t e, KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512: return AttendAvx512<KT, RT>(a, b, e);
+    case KernelIsa::kAvx2: return AttendAvx2<KT, RT>(a, b, e);
+    default: return AttendPlain<KT, RT>(a, b, e);
+  }
+}
+
+template <typename T>
+TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void GemvAvx512(const WeightMatrix& w, const float* x,
+                                                                        const float* bias, bool relu, float* y,
+                                                                        int64_t cols, int64_t b, int64_t e) {
+  GemvBody<V16, T, 512>(w, x, bias, relu, y, cols, b, e);
+}
+template <typename T>
+TXL_FLATTEN __attribute__((target("avx2,fma"))) void GemvAvx2(const WeightMatrix& w, const float* x, const float* bias,
+                                                              bool relu, float* y, int64_t cols, int64_t b, int64_t e) {
+  GemvBody<V8, T, 256>(w, x, bias, relu, y, cols, b, e);
+}
+template <typename T>
+void GemvPlain(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols, int64_t b,
+               int64_t e) {
+  GemvBody<V8, T, 0>(w, x, bias, relu, y, cols, b, e);
+}
+
+template <typename T>
+void Gemv(KernelIsa isa, const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+          int64_t b, int64_t e) {
+  switch (isa) {
+    // float32 rows stay on AVX2: measured no faster on AVX-512 (bound by
+    // memory), and its summation order is the one the parity tests pin.
+    case KernelIsa::kAvx512:
+      if constexpr (!std::is_same_v<T, float>) return GemvAvx512<T>(w, x, bias, relu, y, cols, b, e);
+      [[fallthrough]];
+    case KernelIsa::kAvx2: return GemvAvx2<T>(w, x, bias, relu, y, cols, b, e);
+    default: return GemvPlain<T>(w, x, bias, relu, y, cols, b, e);
+  }
+}
+
+// ---- Packed products. A tile is R input rows x NV vectors of W lanes; its
+// R * NV accumulators stay in registers over the whole dot product (AVX-512:
+// 7 x 4 zmm, AVX2: 6 x 2 ymm over each quarter of a panel). T: the packed
+// weights' element type; int8 sums are scaled per output row at the end.
+
+// Rows of x rounded to bfloat16 values (kept as floats), or copied when not
+// rounded; each padded to `even` columns with zeros.
+inline void PadRows(const float* x, int64_t batch, int64_t cols, int64_t even, bool round, float* out) {
+  for (int64_t m = 0; m < batch; ++m) {
+    const float* in = x + m * cols;
+    float* row = out + m * even;
+    int64_t c = 0;
+    if (round) {
+      for (; c + 8 <= cols; c += 8) {
+        const U32x8 bits = __builtin_convertvector(RoundBf16x8(Load8(in + c)), U32x8) << 16;
+        std::memcpy(row + c, &bits, sizeof(bits));
+      }
+      for (; c < cols; ++c) row[c] = ToFloat(Bf16{RoundBf16(in[c])});
+    } else {
+      std::memcpy(row, in, cols * sizeof(float));
+      c = cols;
+    }
+    std::fill(row + c, row + even, 0.0f);
+  }
+}
+
+// The output of a tile: scaled (int8), biased, rectified, the valid columns.
+template <typename V, typename T, int W, int NV, int R>
+__attribute__((always_inline)) inline void StoreTile(const V (&acc)[R][NV], float* y, int64_t ldy, int64_t valid,
+                                                     const float* bias, const float* scale, bool relu) {
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < NV; ++j) {
+      for (int lane = 0; lane < W && j * W + lane < valid; ++lane) {
+        const int64_t col = j * W + lane;
+        float out = acc[i][j][lane];
+        if constexpr (std::is_same_v<T, int8_t>) out *= scale[col];
+        if (bias) out += bias[col];
+        y[i * ldy + col] = relu && out < 0 ? 0.0f : out;
+      }
+    }
+  }
+}
+
+// Fetches this step's share of the next panel's lines.
+__attribute__((always_inline)) inline void FetchShare(const char* prefetch, int64_t per_step, int64_t lines,
+                                                      int64_t& line) {
+  for (int64_t q = 0; q < per_step && line < lines; ++q, ++line) __builtin_prefetch(prefetch + 64 * line);
+}
+
+template <typename V, typename T, int kIsa, int W, int NV, int R>
+__attribute__((always_inline)) inline void Tile(const T* panel, int64_t cols, const float* x, int64_t ldx, float* y,
+                                                int64_t ldy, int64_t valid, const float* bias, const float* scale,
+                                                bool relu, const char* prefetch, int64_t lines) {
+  V acc[R][NV] = {};
+  const int64_t per_k = (lines + cols - 1) / cols;
+  int64_t line = 0;
+  for (int64_t k = 0; k < cols; ++k) {
+    FetchShare(prefetch, per_k, lines, line);
+    V w[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) w[j] = LoadAs<V, T, kIsa>(panel + k * kPanel + j * W);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const float xs = x[i * ldx + k];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] += w[j] * xs;
+    }
+  }
+  StoreTile<V, T, W, NV, R>(acc, y, ldy, valid, bias, scale, relu);
+}
+
+// The tile of a bfloat16 panel of column pairs: `pairs` of them; x has
+// 2 * pairs columns per row (ldx), padded with zeros. Each load splits into
+// the even and the odd column, and the even product is added first, as AMX's
+// tdpbf16ps is specified to (amx_product.h).
+template <typename V, int kIsa, int W, int NV, int R>
+__attribute__((always_inline)) inline void PairTile(const Bf16* panel, int64_t pairs, const float* x, int64_t ldx,
+                                                    float* y, int64_t ldy, int64_t valid, const float* bias, bool relu,
+                                                    const char* prefetch, int64_t lines) {
+  V acc[R][NV] = {};
+  const int64_t per_k = (lines + pairs - 1) / pairs;
+  int64_t line = 0;
+  for (int64_t k = 0; k < pairs; ++k) {
+    FetchShare(prefetch, per_k, lines, line);
+    const Bf16* w = panel + 2 * k * kPanel;
+    V even[NV], odd[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) SplitBf16(w + 2 * j * W, &even[j], &odd[j]);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const float xe = x[i * ldx + 2 * k], xo = x[i * ldx + 2 * k + 1];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        acc[i][j] += even[j] * xe;
+        acc[i][j] += odd[j] * xo;
+      }
+    }
+  }
+  StoreTile<V, Bf16, W, NV, R>(acc, y, ldy, valid, bias, nullptr, relu);
+}
+
+// A panel's first tile streams it from memory, the others find it in cache;
+// those others also fetch the next panel, a share each, so the memory keeps
+// streaming while they compute.
+template <typename V, typename T, int kIsa, int W, int NV>
+__attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, const float* x, int64_t batch,
+                                                       const float* bias, bool relu, float* y, int64_t begin,
+                                                       int64_t end) {
+  constexpr bool kPairs = std::is_same_v<T, Bf16>;
+  constexpr int kTile = W * NV;
+  // Rows per tile: 7 x 4 accumulators + 4 weight vectors fill AVX-512's 32
+  // registers (7 rows measured 7% faster than 6 at 32 sessions); AVX2 has
+  // 16. Split pairs hold twice the weight vectors.
+  constexpr int kRows = NV == 4 && !kPairs ? 7 : 6;
+  const T* packed = static_cast<const T*>(pm.data);
+  const int64_t rows = pm.rows, cols = pm.cols;
+  const int64_t stride = PanelStride(cols, pm.elem);  // packed columns
+  const int64_t panel_lines = stride * kPanel * static_cast<int64_t>(sizeof(T)) / 64;
+  // Pairs read x padded to the packed columns, and rounded to bfloat16 with
+  // bfloat16 products.
+  const float* xs = x;
+  int64_t ldx = cols;
+  if constexpr (kPairs) {
+    thread_local std::vector<float> padded;
+    ldx = stride;
+    if (pm.bf16_products || stride != cols) {
+      padded.resize(batch * stride);
+      PadRows(x, batch, cols, stride, pm.bf16_products, padded.data());
+      xs = padded.data();
+    }
+  }
+  for (int64_t p = begin; p < end; ++p) {
+    const T* panel = packed + p * stride * kPanel;
+    const int64_t subs = std::min<int64_t>(kPanel, rows - p * kPanel + kTile - 1) / kTile;
+    const int64_t units = subs * ((batch + kRows - 1) / kRows);
+    const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + stride * kPanel) : nullptr;
+    int64_t unit = 0;
+    for (int64_t sub = 0; sub < subs * kTile; sub += kTile) {
+      const int64_t r0 = p * kPanel + sub;
+      const int64_t valid = std::min<int64_t>(kTile, rows - r0);
+      const float* b = bias ? bias + r0 : nullptr;
+      const float* sc = pm.scale ? pm.scale + r0 : nullptr;
+      for (int64_t m = 0; m < batch; m += kRows, ++unit) {
+        const float* xm = xs + m * ldx;
+        float* ym = y + m * rows + r0;
+        const char* pf = nullptr;
+        int64_t lines = 0;
+        if (next != nullptr && unit > 0) {
+          const int64_t from = (unit - 1) * panel_lines / (units - 1), to = unit * panel_lines / (units - 1);
+          pf = next + 64 * from;
+          lines = to - from;
+        }
+        const T* ps = panel + (kPairs ? 2 * sub : sub);
+        auto tile = [&](auto rows_here) {
+          constexpr int kR = decltype(rows_here)::value;
+          if constexpr (kPairs) {
+            PairTile<V, kIsa, W, NV, kR>(ps, stride / 2, xm, ldx, ym, rows, valid, b, relu, pf, lines);
+          } else {
+            Tile<V, T, kIsa, W, NV, kR>(ps, cols, xm, ldx, ym, rows, valid, b, sc, relu, pf, lines);
+          }
+        };
+        switch (std::min<int64_t>(kRows, batch - m)) {
+          case 7:
+            if constexpr (kRows >= 7) tile(std::integral_constant<int, 7>());
+            break;
+          case 6: tile(std::integral_constant<int, 6>()); break;
+          case 5: tile(std::integral_constant<int, 5>()); break;
+          case 4: tile(std::integral_constant<int, 4>()); break;
+          case 3: tile(std::integral_constant<int, 3>()); break;
+          case 2: tile(std::integral_constant<int, 2>()); break;
+          default: tile(std::integral_constant<int, 1>()); break;
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void ProductAvx512(const PackedMatrix& w, const float* x,
+                                                                           int64_t batch, const float* bias, bool relu,
+                                                                           float* y, int64_t b, int64_t e) {
+  ProductBody<V16, T, 512, 16, 4>(w, x, batch, bias, relu, y, b, e);
+}
+template <typename T>
+TXL_FLATTEN __attribute__((target("avx2,fma"))) void ProductAvx2(const PackedMatrix& w, const float* x, int64_t batch,
+                                                                 const float* bias, bool relu, float* y, int64_t b,
+                                                                 int64_t e) {
+  ProductBody<V8, T, 256, 8, 2>(w, x, batch, bias, relu, y, b, e);
+}
+template <typename T>
+void ProductPlain(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
+                  int64_t b, int64_t e) {
+  ProductBody<V8, T, 0, 8, 2>(w, x, batch, bias, relu, y, b, e);
+}
+
+template <typename T>
+void Product(KernelIsa isa, const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu,
+             float* y, int64_t b, int64_t e) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      if constexpr (std::is_same_v<T, Bf16>) {
+        if (w.bf16_products && CpuRunsAmx()) {
+          return AmxProduct(static_cast<const uint16_t*>(w.data), w.rows, w.cols, PanelStride(w.cols, w.elem), x, batch,
+                            bias, relu, y, b, e);
+        }
+      }
+      return ProductAvx512<T>(w, x, batch, bias, relu, y, b, e);
+    case KernelIsa::kAvx2: return ProductAvx2<T>(w, x, batch, bias, relu, y, b, e);
+    default: return ProductPlain<T>(w, x, batch, bias, relu, y, b, e);
+  }
+}
+
+// The widest of the given ones this CPU runs: kBest resolved once, and a
+// named set never above what the CPU has.
+KernelIsa Resolve(KernelIsa isa) {
+  static const KernelIsa best = CpuRuns(KernelIsa::kAvx512) ? KernelIsa::kAvx512
+                                : CpuRuns(KernelIsa::kAvx2) ? KernelIsa::kAvx2
+                                                            : KernelIsa::kPlain;
+  if (isa == KernelIsa::kBest || !CpuRuns(isa)) return best;
+  return isa;
+}
+
+}  // namespace
+
+bool CpuRuns(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    case KernelIsa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    default: return true;
+  }
+}
+
+const char* BestIsaName() {
+  switch (Resolve(KernelIsa::kBest)) {
+    case KernelIsa::kAvx512: return "avx512";
+    case KernelIsa::kAvx2: return "avx2";
+    default: return "plain";
+  }
+}
+
+int64_t ElemBytes(Elem e) { return e == Elem::kF32 ? 4 : e == Elem::kBf16 ? 2 : 1; }
+
+uint16_t ToBf16(float f) { return RoundBf16(f); }
+
+void RoundToBf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(ToBf16(x[i])) << 16;
+    std::memcpy(&x[i], &u, sizeof(u));
+  }
+}
+
+void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa) {
+  const KernelIsa r = Resolve(isa);
+  const bool kv16 = args.kv == Elem::kBf16, rel16 = args.rel_elem == Elem::kBf16;
+  if (kv16 && rel16) return Attend<Bf16, Bf16>(args, begin, end, r);
+  if (kv16) return Attend<Bf16, float>(args, begin, end, r);
+  if (rel16) return Attend<float, Bf16>(args, begin, end, r);
+  Attend<float, float>(args, begin, end, r);
+}
+
+void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+              int64_t begin, int64_t end, KernelIsa isa) {
+  const KernelIsa r = Resolve(isa);
+  switch (w.elem) {
+    case Elem::kBf16: return Gemv<Bf16>(r, w, x, bias, relu, y, cols, begin, end);
+    case Elem::kI8: return Gemv<int8_t>(r, w, x, bias, relu, y, cols, begin, end);
+    default: return Gemv<float>(r, w, x, bias, relu, y, cols, begin, end);
+  }
+}
+
+int64_t PackedSize(int64_t rows, int64_t cols, Elem elem) {
+  return (rows + kPanel - 1) / kPanel * kPanel * PanelStride(cols, elem);
+}
+
+namespace {
+// Panel p holds rows [p * kPanel, +kPanel) of w; element (row r, column k)
+// at k * kPanel + j (j = r - p * kPanel), or for pairs at
+// (k / 2 * kPanel + j) * 2 + k % 2. Rows and columns past the end are zero.
+template <typename T, bool kPairs>
+void PackTyped(const WeightMatrix& w, int64_t rows, int64_t cols, void* out) {
+  const T* src = static_cast<const T*>(w.data);
+  T* packed = static_cast<T*>(out);
+  const int64_t stride = PanelStride(cols, kPairs ? Elem::kBf16 : Elem::kF32);
+  for (int64_t p = 0; p * kPanel < rows; ++p) {
+    T* panel = packed + p * stride * kPanel;
+    for (int64_t k = 0; k < stride; ++k) {
+      for (int64_t j = 0; j < kPanel; ++j) {
+        const int64_t r = p * kPanel + j;
+        const int64_t at = kPairs ? (k / 2 * kPanel + j) * 2 + k % 2 : k * kPanel + j;
+        panel[at] = r < rows && k < cols ? src[r * w.ld + k] : T{};
+      }
+    }
+  }
+}
+}  // namespace
+
+void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed) {
+  switch (w.elem) {
+    case Elem::kBf16: return PackTyped<Bf16, true>(w, rows, cols, packed);
+    case Elem::kI8: return PackTyped<int8_t, false>(w, rows, cols, packed);
+    default: return PackTyped<float, false>(w, rows, cols, packed);
+  }
+}
+
+void PackedProduct(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
+                   int64_t begin, int64_t end, KernelIsa isa) {
+  const KernelIsa r = Resolve(isa);
+  switch (w.elem) {
+    case Elem::kBf16: return Product<Bf16>(r, w, x, batch, bias, relu, y, begin, end);
+    case Elem::kI8: return Product<int8_t>(r, w, x, batch, bias, relu, y, begin, end);
+    default: return Product<float>(r, w, x, batch, bias, relu, y, begin, end);
+  }
+}
+
+}  // namespace txl

@@ -1,0 +1,125 @@
+// The CPU kernels of a decode step (every session feeds one token): the
+// attention of one query per (session, head) over its ring memory, read in
+// place; the matrix-vector products of a one-session step; and the products
+// of a several-session step from panel-packed weights. Torch-free:
+// plain arrays of float32, bfloat16 or int8; the caller (incremental.cc) splits the work over
+// threads, each call covering a range of work items.
+//
+// Each is compiled for several instruction sets; kBest picks the widest this
+// CPU runs (tests name the others, so every variant is checked here).
+#ifndef TXL_MODEL_KERNELS_DECODE_KERNELS_H_
+#define TXL_MODEL_KERNELS_DECODE_KERNELS_H_
+
+#include <cstdint>
+
+namespace txl {
+
+// kAvx512 applies to PackedProduct, DecodeAttention and the reduced-precision GemvRows;
+// the others use AVX2 for it. PackedProduct's bfloat16 products run on AMX
+// tiles under kAvx512 (and kBest) where the CPU has them.
+enum class KernelIsa { kBest, kPlain, kAvx2, kAvx512 };
+bool CpuRuns(KernelIsa isa);
+// The widest of KernelIsa this CPU runs ("avx512", "avx2" or "plain").
+const char* BestIsaName();
+
+// What the kernels read: float32, bfloat16 (the upper half of a float32's
+// bits, rounded to nearest even) or int8 (times a float scale per row). The
+// products always multiply and accumulate in float32: a reduced type only
+// moves fewer bytes.
+enum class Elem : uint8_t { kF32, kBf16, kI8 };
+int64_t ElemBytes(Elem e);
+// float -> bfloat16 bits, rounded to nearest even (as libtorch rounds).
+uint16_t ToBf16(float f);
+// Rounds n floats to the nearest bfloat16 value, in place.
+void RoundToBf16(float* x, int64_t n);
+
+// A row-major matrix (or the block of one starting at a row and column).
+struct WeightMatrix {
+  const void* data = nullptr;
+  Elem elem = Elem::kF32;
+  const float* scale = nullptr;  // int8: one per row, else null
+  int64_t ld = 0;                // row stride, in elements
+  WeightMatrix Block(int64_t row, int64_t col) const {
+    WeightMatrix b = *this;
+    b.data = static_cast<const char*>(data) + (row * ld + col) * ElemBytes(elem);
+    if (scale != nullptr) b.scale = scale + row;
+    return b;
+  }
+};
+
+// One session's view of one layer's memory.
+struct DecodeSession {
+  void* k;  // ring [H, cap, dh] of this layer, of DecodeAttentionArgs::kv (null when mem_len == 1)
+  void* v;
+  int64_t cap, mem_len;
+  int64_t position;  // of the new token
+  int64_t length;    // positions held (all attended)
+};
+
+struct DecodeAttentionArgs {
+  const DecodeSession* sessions;
+  int64_t batch, H, dh;
+  int64_t width;    // the most keys of any session (length + 1): row buffer size
+  float* qkv;       // [B, 3, H, dh]: query, new key, new value (rounded to kv's type in place)
+  const float* u;   // [H, dh]: content bias (r_w_bias), added to the query
+  const float* v;   // [H, dh]: position bias (r_r_bias)
+  const void* rel;  // [H, rel_size, dh] of rel_elem: W_r R at distance d in row d
+  int64_t rel_size;
+  float scale;
+  float* out;                  // [B, H, dh]
+  Elem kv = Elem::kF32;        // the rings' type: kF32 or kBf16
+  Elem rel_elem = Elem::kF32;  // kF32 or kBf16
+};
+
+// Items [begin, end) of batch * H, head-major (item = h * batch + b), so that
+// a run of items reads one head's relative-position rows from cache. Each
+// item attends its held keys and the new one, and finally writes the new key
+// and value into the ring slot of the position that left the window (never a
+// held one, so a step that fails later changes nothing the session holds).
+// With bfloat16 rings the new key and value are rounded first, so the step
+// attends exactly what later steps will read.
+void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
+
+// y[r] = w[r, :cols] . x (+ bias[r]) for rows [begin, end) of w, then
+// max(0, y[r]) when relu; bias may be null. Every weight is read once,
+// streaming: a one-token step is bound by reading its weights.
+void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
+              int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
+
+// Weights packed for products with a few rows (a decode step of several
+// sessions): panels of kPanel output rows, each panel [cols, kPanel]
+// contiguous, so a panel streams once from memory and is then reused from
+// cache for every input row. (A BLAS packs the whole matrix on every call.)
+// bfloat16 panels hold columns in pairs, [stride / 2, kPanel, 2]: the weight
+// operand of AMX's bfloat16 tiles as it is, and on other CPUs one load
+// splits into the even and the odd column (SplitBf16).
+inline constexpr int64_t kPanel = 64;
+// Columns a panel holds: cols, and for bfloat16 rounded up to a multiple of
+// 32 (whole AMX tiles), the rest zero.
+inline int64_t PanelStride(int64_t cols, Elem elem) { return elem == Elem::kBf16 ? (cols + 31) / 32 * 32 : cols; }
+// Elements of w [rows, cols] of elem packed: rows rounded up to whole panels.
+int64_t PackedSize(int64_t rows, int64_t cols, Elem elem);
+// Packs w (its elem; int8 keeps w.scale, which PackedMatrix shares).
+void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed);
+
+struct PackedMatrix {
+  const void* data = nullptr;
+  Elem elem = Elem::kF32;
+  const float* scale = nullptr;  // int8: one per row
+  int64_t rows = 0, cols = 0;
+  // bfloat16 only: x is rounded to bfloat16 too, and the exact products
+  // are summed in float32 a column pair at a time, even then odd: AMX's
+  // tdpbf16ps, and where the CPU has no AMX the same sums in float32 (which
+  // agree to summation order). False: x stays float32 and the weights are
+  // widened (CPUs without bfloat16 products).
+  bool bf16_products = false;
+};
+// y[m, r] = x[m, :] . w[r, :] (+ bias[r]) for m < batch and the rows r of
+// panels [begin, end), then max(0, y) when relu; x is [batch, cols], y is
+// [batch, rows], both row-major; bias may be null.
+void PackedProduct(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
+                   int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_KERNELS_DECODE_KERNELS_H_

@@ -1,0 +1,34 @@
+// Tempered sampling over whole log-prob rows inside the model, so such rows
+// never leave it: the nucleus of top-p, and a draw at a temperature other
+// than 1. Torch-free, on host memory (LanguageModel::Step splits the rows
+// over threads). Weights are exp((lp - best) / t) by simd.h's 8-lane exp in
+// float, summed in double: they agree with the sampler's double arithmetic
+// (server/sampling/sampler.cc) to float rounding (docs/DESIGN.md, "Sampling
+// paths").
+#ifndef TXL_MODEL_KERNELS_SAMPLING_KERNELS_H_
+#define TXL_MODEL_KERNELS_SAMPLING_KERNELS_H_
+
+#include <cstdint>
+
+#include "model/step.h"
+
+namespace txl {
+
+struct NucleusList {
+  // A prefix of the row in the sampler's order (log-prob descending, ties
+  // to the lower id) that holds the nucleus: the smallest prefix whose
+  // weight reaches top_p of the total. Slightly longer, not shorter.
+  TokenList tokens;
+  double total = 0;  // the weight of the whole row, relative to its best
+};
+// Empty tokens if the row holds NaN or +inf.
+NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_p);
+
+// The first token in id order whose cumulative weight exceeds u * total
+// (u in [0, 1)); a token of log-prob -inf is never drawn. -1 if the row
+// holds NaN or +inf.
+int DrawTempered(const float* row, int64_t n, float temperature, double u);
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_KERNELS_SAMPLING_KERNELS_H_

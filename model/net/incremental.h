@@ -1,0 +1,212 @@
+// The incremental (serving) form of Transformer-XL. Each session keeps the
+// projected keys and values of every layer for its last mem_len - 1
+// positions; a step advances a batch of sessions, each by 0..n new tokens.
+//
+// Semantics (docs/DESIGN.md §3): every token attends to itself and the tokens
+// before it, at most mem_len keys in all (the original same_length mask).
+// Hidden states are therefore a pure function of the token history, and any
+// chunking or batching gives the same results up to float rounding.
+#ifndef TXL_MODEL_NET_INCREMENTAL_H_
+#define TXL_MODEL_NET_INCREMENTAL_H_
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/kernels/decode_kernels.h"
+#include "model/net/huge_pages.h"
+#include "model/model_config.h"
+#include "model/precision.h"
+#include "model/kernels/prefill_attention.h"
+#include "model/net/slot_pool.h"
+#include "model/step.h"
+#include "model/net/weights.h"
+
+namespace txl {
+
+// One session's memory: the model's SessionState (model/step.h). Not
+// thread-safe; owned by whoever owns the session.
+//
+// Layout: per layer, keys and values live in ring buffers [H, capacity, dh]
+// where position p occupies slot p % mem_len. The capacity grows (with
+// copies) until it reaches mem_len, and then stays: a decode step writes its
+// new key and value in place into the slot of the position that just left the
+// window, so a full session never reallocates or copies its memory. (One slot
+// more than the mem_len - 1 held positions, so that a step's new key never
+// overwrites a key that step still attends.)
+//
+// On the generic path (a GPU, --kernels generic) the slots live in the
+// model's SlotPool instead: slots_[r] is the pool row of ring slot r, in
+// every layer, and k_ / v_ stay undefined. A memory made elsewhere (an
+// image) moves into the pool at its first step there (IncrementalModel::Adopt).
+class SessionMemory final : public SessionState {
+ public:
+  // full_bytes: what the memory takes once its window is full (admission
+  // control reserves it; LanguageModel::FullMemoryBytes).
+  SessionMemory(int64_t n_layer, int64_t mem_len, int64_t full_bytes = 0)
+      : mem_len_(mem_len), full_bytes_(full_bytes), k_(n_layer), v_(n_layer) {}
+  ~SessionMemory() override;  // gives pool rows back
+  SessionMemory(SessionMemory&& other) noexcept;
+  SessionMemory& operator=(SessionMemory&& other) noexcept;
+  SessionMemory(const SessionMemory&) = delete;
+  SessionMemory& operator=(const SessionMemory&) = delete;
+
+  int64_t mem_len() const override { return mem_len_; }
+  int64_t position() const override { return position_; }  // tokens in the history
+  int64_t length() const { return length_; }               // positions held
+  int64_t bytes() const;                                   // allocated: capacity slots in every layer
+  int64_t capacity() const { return capacity_; }           // ring slots per layer
+  int64_t memory_tokens() const override { return length_; }
+  int64_t memory_bytes() const override { return bytes(); }
+  int64_t full_memory_bytes() const override { return full_bytes_; }
+  void set_full_memory_bytes(int64_t bytes) { full_bytes_ = bytes; }
+  bool pooled() const { return pool_ != nullptr; }  // its slots live in a model's SlotPool
+  SessionMemory Copy() const;                       // deep copy (fork); throws c10::Error when out of memory
+  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override;
+
+  // A byte image of the memory (session_snapshot.cc), and its inverse for a
+  // model of the same shape on `device`: INVALID_ARGUMENT naming what does
+  // not fit (damaged data, another model's shape). Exact: a restored session
+  // continues bit for bit like the original.
+  void WriteImage(std::string* out) const;  // throws c10::Error when the device copy fails
+  absl::Status AppendTo(std::string* out) const override;
+  // An image of either kv dtype restores into `kv_type` rings (float32 or
+  // bfloat16), converted: widening is exact, narrowing rounds to nearest
+  // even, as the server's own steps store a new key.
+  static absl::StatusOr<SessionMemory> Parse(const std::string& data, const ModelConfig& config,
+                                             const at::Device& device, at::ScalarType kv_type = at::kFloat);
+
+ private:
+  friend class IncrementalModel;
+  int64_t mem_len_;
+  int64_t full_bytes_;
+  int64_t position_ = 0;
+  int64_t length_ = 0;
+  int64_t capacity_ = 0;            // < mem_len only while position_ <= capacity_ (no wrap yet)
+  std::vector<at::Tensor> k_, v_;   // per layer [H, capacity, dh]; undefined while capacity is 0 or pooled
+  std::shared_ptr<SlotPool> pool_;  // set while the slots live in a pool
+  std::vector<int64_t> slots_;      // pooled: the pool row of each ring slot (capacity_ of them)
+  void ReleaseSlots();
+};
+
+// Owns the weights on one device and the relative-position key table.
+// Not thread-safe: one thread (the engine's) drives it.
+class IncrementalModel {
+ public:
+  // How the model computes. float32 everywhere is exact; see precision.h.
+  struct Precision {
+    WeightDtype dtype = WeightDtype::kFloat32;
+    KvDtype kv_dtype = KvDtype::kFloat32;
+    // The decode kernels' instruction set (tests force the narrower ones).
+    KernelIsa isa = KernelIsa::kBest;
+    // Prefill products of bfloat16 / int8 weights run as bfloat16 matrix
+    // products (oneDNN: AMX tiles or AVX-512-BF16) where the CPU has them,
+    // and so do the several-session decode products of bfloat16 weights
+    // (vdpbf16ps); false, or a CPU without them, widens the weights to
+    // float32 per pass and keeps the activations float32.
+    bool bf16_products = true;
+    // kGeneric: libtorch's ops, as on a GPU, on a CPU too (precision.h).
+    Kernels kernels = Kernels::kAuto;
+  };
+  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
+  IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
+      : IncrementalModel(std::move(config), std::move(weights), device, Precision()) {}
+  // Names the kernels in use (LanguageModel::KernelPath).
+  std::string KernelPath() const;
+
+  // Advances every input's session (a SessionMemory of this model) by its
+  // tokens and returns the last layer's hidden states [sum of token counts,
+  // d_model], inputs in order; targets and distributions are the caller's
+  // (LanguageModel::Step). Long inputs run in
+  // passes of at most kPassTokens tokens (invisible: results are chunk
+  // invariant). Memories change only when the whole step succeeds; on an
+  // exception (c10::Error) every session is left as it was.
+  at::Tensor Step(absl::Span<const StepInput> inputs);
+
+  const ModelConfig& config() const { return config_; }
+  // The layers' product matrices are of the weight dtype (int8: see
+  // decode_); everything else is float32.
+  const TxlWeights& weights() const { return weights_; }
+  at::ScalarType kv_type() const { return kv_dtype_ == KvDtype::kBfloat16 ? at::kBFloat16 : at::kFloat; }
+  const at::Device& device() const { return device_; }
+  // The generic path's memory pool (null on the CPU kernels).
+  const SlotPool* pool() const { return pool_.get(); }
+  // Generic path: makes the pool hold `bytes` of session memory now (plus
+  // its padding row); a no-op on the CPU kernels. Throws c10::Error when the
+  // device cannot.
+  void ReserveSessionMemory(int64_t bytes);
+
+  static constexpr int64_t kPassTokens = 512;
+
+ private:
+  struct Pending;  // a session's memory being built during a step
+  at::Tensor Pass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  // One token per session, memories read and written in place (CPU, float).
+  at::Tensor DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  void Reserve(SessionMemory* memory, int64_t needed) const;
+  // Generic path: moves a memory's rings into the pool (no-op if it is there).
+  void Adopt(SessionMemory* memory) const;
+  // Positions [first, first + n) of a memory's layer-l keys (or values) as
+  // [n, H, dh] of the kv type, from its rings or its pool rows; and writes.
+  at::Tensor HeldRows(const SessionMemory& m, int64_t l, bool key, int64_t first, int64_t n) const;
+  void WriteRows(SessionMemory& m, int64_t l, bool key, int64_t first, const at::Tensor& rows) const;
+  // Pool rows of positions [first, first + n) of a pooled memory.
+  std::vector<int64_t> PoolRows(const SessionMemory& m, int64_t first, int64_t n) const;
+  // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
+  // transposed, plus bias (may be undefined), in the weight dtype's way.
+  at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
+  // a @ b for a prefill's attention: in bfloat16 (result bfloat16) where
+  // the products are, else float32.
+  // A prefill's attention products run in bfloat16 (reduced weights on a
+  // CPU or device with bfloat16 products).
+  bool Bf16Attention() const { return dtype_ != WeightDtype::kFloat32 && bf16_products_; }
+  // t in the type AttentionProduct multiplies in (bfloat16 or t itself): an
+  // operand used by several products is converted once.
+  at::Tensor AttentionOperand(const at::Tensor& t) const;
+  at::Tensor AttentionProduct(const at::Tensor& a, const at::Tensor& b) const;
+  void EnsureRelTable(int64_t distances);
+
+  ModelConfig config_;
+  TxlWeights weights_;
+  at::Device device_;
+  WeightDtype dtype_;
+  KvDtype kv_dtype_;
+  KernelIsa isa_;
+  // libtorch's ops compute the layers (a GPU, or --kernels generic): no
+  // decode_, and Pass takes its tensor-op branches.
+  bool generic_;
+  bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
+  // Per layer, what the CPU decode step reads: each product matrix as
+  // stored (row-major, of the weight dtype: the one-session products and
+  // the prefill read it) and packed in panels (decode_kernels.h: the
+  // several-session products), and the attention biases as contiguous
+  // [H, dh]. CPU models only (empty otherwise).
+  struct DecodeMatrix {
+    at::Tensor rows, packed;  // [rows, cols] and PackedSize, of elem
+    at::Tensor scale;         // int8: [rows] float
+    Elem elem = Elem::kF32;
+    bool bf16_products = false;  // PackedMatrix::bf16_products (bfloat16 with bf16_products_)
+    WeightMatrix Rows() const;
+    PackedMatrix Packed() const;
+  };
+  struct DecodeLayer {
+    DecodeMatrix m[4];  // qkv, o, ff1, ff2
+    at::Tensor u, v;
+  };
+  std::vector<DecodeLayer> decode_;
+  // The fused prefill attention's operands (prefill_attention.h), reused.
+  PrefillAttentionBuffers prefill_buffers_;
+  // Generic path: every session's memory (slot_pool.h).
+  std::shared_ptr<SlotPool> pool_;
+  std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
+  std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous: built only for the decode kernels
+  int64_t rel_size_ = 0;
+};
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_NET_INCREMENTAL_H_

@@ -1,0 +1,209 @@
+// IncrementalModel's weights as its kernels read them: converted to the
+// weight dtype (bfloat16, or int8 with per-row scales), packed in panels,
+// in huge pages; and the products whose form depends on the precision.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <cpuid.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/kernels/amx_product.h"
+#include "model/kernels/decode_kernels.h"
+#include "model/net/huge_pages.h"
+#include "model/net/incremental.h"
+
+namespace txl {
+namespace {
+
+at::ScalarType TypeOf(Elem e) { return e == Elem::kF32 ? at::kFloat : e == Elem::kBf16 ? at::kBFloat16 : at::kChar; }
+
+// Symmetric int8 with one scale per row: q = round(w / s), s = max|w| / 127
+// (a zero row keeps s = 0 and q = 0).
+std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& w) {
+  at::Tensor scale = w.abs().amax(1) / 127.0;
+  at::Tensor q = (w / scale.clamp_min(1e-30).unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+  return {q, scale.contiguous()};
+}
+
+// CPUs whose bfloat16 matrix products oneDNN runs fast (AMX tiles or
+// AVX-512-BF16); elsewhere bfloat16 products would run a slow reference
+// path, so the prefill widens the weights instead.
+// (From CPUID itself: clang 14, the sanitizer builds' compiler, cannot name
+// these features in __builtin_cpu_supports.)
+bool CpuHasAmx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1);  // AMX-BF16
+}
+bool CpuHasBf16Products() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
+  return avx512_bf16 || CpuHasAmx();
+}
+
+}  // namespace
+
+WeightMatrix IncrementalModel::DecodeMatrix::Rows() const {
+  WeightMatrix w;
+  w.data = rows.data_ptr();
+  w.elem = elem;
+  w.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
+  w.ld = rows.size(1);
+  return w;
+}
+
+PackedMatrix IncrementalModel::DecodeMatrix::Packed() const {
+  PackedMatrix p;
+  p.data = packed.data_ptr();
+  p.elem = elem;
+  p.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
+  p.rows = rows.size(0);
+  p.cols = rows.size(1);
+  p.bf16_products = bf16_products;
+  return p;
+}
+
+namespace {
+// Layer matrix `which`: 0 qkv, 1 o, 2 ff1, 3 ff2 (const or not).
+template <typename Layer>
+auto* MatrixOf(Layer& L, int which) {
+  switch (which) {
+    case 0: return &L.qkv_w;
+    case 1: return &L.o_w;
+    case 2: return &L.ff1_w;
+    default: return &L.ff2_w;
+  }
+}
+}  // namespace
+
+IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision)
+    : config_(std::move(config)),
+      weights_(weights.To(device)),
+      device_(device),
+      dtype_(precision.dtype),
+      kv_dtype_(precision.kv_dtype),
+      isa_(precision.isa),
+      generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
+      bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())) {
+  const Elem elem = dtype_ == WeightDtype::kBfloat16 ? Elem::kBf16
+                    : dtype_ == WeightDtype::kInt8   ? Elem::kI8
+                                                     : Elem::kF32;
+  TORCH_CHECK(!(generic_ && elem == Elem::kI8), "int8 weights run on the CPU kernels only");
+  if (generic_) {
+    // libtorch's own products: bfloat16 weights where asked (int8 is the
+    // CPU kernels' only: LanguageModel::Create refuses it here).
+    if (elem == Elem::kBf16) {
+      for (LayerWeights& L : weights_.layers) {
+        for (int which = 0; which < 4; ++which) *MatrixOf(L, which) = MatrixOf(L, which)->to(at::kBFloat16);
+      }
+    }
+    pool_ = std::make_shared<SlotPool>(config_.n_layer, config_.n_head, config_.d_head,
+                                       at::TensorOptions().dtype(kv_type()).device(device_));
+    return;
+  }
+  // The product matrices in the weight dtype (the float32 originals are
+  // dropped), then the biases; each group in one huge-page arena.
+  std::vector<at::Tensor> scales;
+  for (LayerWeights& L : weights_.layers) {
+    for (int which = 0; which < 4; ++which) {
+      at::Tensor* w = MatrixOf(L, which);
+      if (elem == Elem::kBf16) {
+        *w = w->to(at::kBFloat16);
+      } else if (elem == Elem::kI8) {
+        auto [q, scale] = QuantizeRows(*w);
+        *w = q;
+        scales.push_back(scale);
+      }
+    }
+  }
+  std::vector<at::Tensor*> matrices, biases;
+  for (LayerWeights& L : weights_.layers) {
+    for (int which = 0; which < 4; ++which) matrices.push_back(MatrixOf(L, which));
+    for (at::Tensor* t : {&L.ff1_b, &L.ff2_b}) biases.push_back(t);
+  }
+  InHugePages(matrices);  // contiguous from here on: the kernels read them as arrays
+  InHugePages(biases);
+  std::vector<std::vector<int64_t>> packed_shapes;
+  for (const at::Tensor* w : matrices) packed_shapes.push_back({PackedSize(w->size(0), w->size(1), elem)});
+  std::vector<at::Tensor> packed = HugePageTensors(packed_shapes, TypeOf(elem));
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    DecodeLayer layer;
+    for (int which = 0; which < 4; ++which) {
+      DecodeMatrix& m = layer.m[which];
+      m.rows = *matrices[4 * l + which];
+      m.packed = packed[4 * l + which];
+      m.elem = elem;
+      m.bf16_products = elem == Elem::kBf16 && bf16_products_;
+      if (elem == Elem::kI8) m.scale = scales[4 * l + which];
+      PackPanels(m.Rows(), m.rows.size(0), m.rows.size(1), m.packed.data_ptr());
+    }
+    layer.u = weights_.u(config_, l).contiguous();
+    layer.v = weights_.v(config_, l).contiguous();
+    decode_.push_back(std::move(layer));
+  }
+}
+
+std::string IncrementalModel::KernelPath() const {
+  std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
+  if (generic_) return absl::StrCat(path, "; generic: libtorch ops", device_.is_cpu() ? " (--kernels generic)" : "");
+  absl::StrAppend(&path, "; decode kernels ", BestIsaName());
+  if (dtype_ == WeightDtype::kFloat32) return absl::StrCat(path, "; prefill products float32");
+  absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
+  if (!bf16_products_)
+    return absl::StrCat(path, "; prefill products float32 (weights widened per pass: no AVX-512-BF16/AMX)");
+  const bool amx = CpuRunsAmx() && isa_ == KernelIsa::kBest;
+  if (dtype_ == WeightDtype::kBfloat16) {
+    absl::StrAppend(&path, amx ? "; several-session and prefill products bfloat16 on AMX tiles"
+                               : "; several-session products bfloat16 inputs, float32 sums (no AMX); prefill "
+                                 "products bfloat16 via AVX-512-BF16 (oneDNN)");
+  } else {
+    absl::StrAppend(&path, "; prefill products bfloat16 (oneDNN", CpuHasAmx() ? ", AMX)" : ", AVX-512-BF16)");
+  }
+  absl::StrAppend(&path, "; prefill attention ",
+                  amx && PrefillAttentionRuns(config_.d_head) ? "fused on AMX tiles" : "bfloat16 products (oneDNN)");
+  return path;
+}
+
+at::Tensor IncrementalModel::AttentionOperand(const at::Tensor& t) const {
+  // With reduced weights on a CPU with bfloat16 products, a prefill's score
+  // and value products run in bfloat16 too (AMX): in float32 they took most
+  // of a long pass once the layers' products were bfloat16.
+  return Bf16Attention() ? t.to(at::kBFloat16) : t;
+}
+
+at::Tensor IncrementalModel::AttentionProduct(const at::Tensor& a, const at::Tensor& b) const {
+  return at::matmul(AttentionOperand(a), AttentionOperand(b));
+}
+
+at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const {
+  const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
+  if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
+  at::Tensor y;
+  if (w.scalar_type() == at::kBFloat16 && bf16_products_ && !generic_ && isa_ == KernelIsa::kBest && CpuRunsAmx()) {
+    // On AMX through the decode step's packed panels (amx_product.h), each
+    // thread a range of x's rows: float32 in and out, the bias added in the
+    // same pass, where oneDNN's product needed conversions on both sides.
+    const PackedMatrix pm = decode_[layer].m[which].Packed();
+    const at::Tensor in = x.contiguous();
+    const int64_t T = in.size(0), panels = (pm.rows + kPanel - 1) / kPanel;
+    y = at::empty({T, pm.rows}, in.options());
+    const float* xp = in.data_ptr<float>();
+    const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, (T + 15) / 16, 1, [&](int64_t begin, int64_t end) {
+      const int64_t r0 = begin * 16, r1 = std::min(T, end * 16);
+      PackedProduct(pm, xp + r0 * pm.cols, r1 - r0, b, false, yp + r0 * pm.rows, 0, panels);
+    });
+    return y;
+  }
+  if (w.scalar_type() == at::kBFloat16) {
+    y = bf16_products_ ? at::linear(x.to(at::kBFloat16), w).to(at::kFloat) : at::linear(x, w.to(at::kFloat));
+  } else {  // int8: widened with its scales
+    at::Tensor wf = w.to(at::kFloat) * decode_[layer].m[which].scale.unsqueeze(1);
+    y = bf16_products_ ? at::linear(x.to(at::kBFloat16), wf.to(at::kBFloat16)).to(at::kFloat) : at::linear(x, wf);
+  }
+  return bias.defined() ? y.add_(bias) : y;
+}
+
+}  // namespace txl

@@ -1,0 +1,345 @@
+#include "model/net/language_model.h"
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/hash.h"
+#include "base/status_macros.h"
+#include "model/net/checkpoint.h"
+#include "model/net/incremental.h"
+#include "model/net/output_layer.h"
+#include "model/kernels/sampling_kernels.h"
+#include "model/net/txl_math.h"
+#include "model/net/weights.h"
+
+namespace txl {
+
+void SetThreads(int threads) { at::set_num_threads(threads); }
+
+int ParallelLoopThreads() {
+  std::atomic<uint64_t> seen{0};  // a bit per thread number
+  at::parallel_for(0, 64 * at::get_num_threads(), 1,
+                   [&](int64_t, int64_t) { seen |= uint64_t{1} << std::min(63, at::get_thread_num()); });
+  return __builtin_popcountll(seen.load());
+}
+
+absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::RestoreSession(const std::string& data) const {
+  try {
+    ASSIGN_OR_RETURN(SessionMemory memory, SessionMemory::Parse(data, config_, model_->device(), model_->kv_type()));
+    const int64_t full = FullMemoryBytes(memory.mem_len());
+    if (full == std::numeric_limits<int64_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("session state: mem_len ", memory.mem_len(), " is out of range"));
+    }
+    memory.set_full_memory_bytes(full);
+    return std::unique_ptr<SessionState>(new SessionMemory(std::move(memory)));
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("restoring a session's memory failed: ", e.what_without_backtrace()));
+  }
+}
+
+LanguageModel::LanguageModel(ModelConfig config, Tokenizer tokenizer, std::string device_name,
+                             std::unique_ptr<IncrementalModel> model)
+    : config_(std::move(config)),
+      tokenizer_(std::move(tokenizer)),
+      device_name_(std::move(device_name)),
+      model_(std::move(model)),
+      output_(std::make_unique<OutputLayer>(config_, model_->weights())) {}
+
+LanguageModel::~LanguageModel() = default;
+
+absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const LanguageModelOptions& options) {
+  std::optional<at::Device> device;
+  try {
+    device.emplace(options.device);
+  } catch (const c10::Error&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: unknown device '", options.device, "' (use cpu, cuda or cuda:N)"));
+  }
+  if (!device->is_cpu() && !device->is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: '", options.device, "' is not supported (use cpu, cuda or cuda:N)"));
+  }
+  if (device->is_cuda()) {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device: '", options.device, "' asked for, but this libtorch has no CUDA support or no GPU is visible"));
+    }
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    if (device->has_index() && device->index() >= count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device: '", options.device, "' but only ", count, " CUDA device(s) are visible"));
+    }
+  }
+  if (options.threads < 0)
+    return absl::InvalidArgumentError(absl::StrCat("threads: must be >= 0, got ", options.threads));
+  if (options.threads > 0) SetThreads(options.threads);
+
+  if (options.dtype == WeightDtype::kInt8 && !device->is_cpu()) {
+    return absl::FailedPreconditionError(absl::StrCat("dtype: int8 weights run on the CPU kernels only; on ",
+                                                      device->str(), " use bfloat16 or float32"));
+  }
+  if (options.dtype == WeightDtype::kInt8 && options.kernels == Kernels::kGeneric) {
+    return absl::FailedPreconditionError(
+        "dtype: int8 weights run on the CPU kernels only; with --kernels generic use bfloat16 or float32");
+  }
+  IncrementalModel::Precision precision;
+  precision.dtype = options.dtype;
+  precision.kv_dtype = options.kv_dtype;
+  precision.kernels = options.kernels;
+  ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
+  try {
+    // Fingerprint: the config, the tokenizer and every tensor's name, shape
+    // and bytes, hashed while the weights are still on the host.
+    const std::string config_json = ckpt.config.ToJson();
+    uint64_t h = Hash64(config_json.data(), config_json.size());
+    for (int64_t i = 0; i < ckpt.tokenizer.vocab_size(); ++i) {
+      auto text = ckpt.tokenizer.TokenText(static_cast<int>(i));
+      if (text.ok()) h = Hash64(text->data(), text->size(), h);
+    }
+    for (const auto& named : ckpt.weights->NamedTensors(ckpt.config)) {
+      const at::Tensor t = named.tensor.to(at::kCPU, at::kFloat).contiguous();
+      h = Hash64(named.name.data(), named.name.size(), h);
+      h = Hash64(t.sizes().data(), t.sizes().size() * sizeof(int64_t), h);
+      h = Hash64(t.data_ptr(), t.numel() * sizeof(float), h);
+    }
+    auto model = std::make_unique<IncrementalModel>(ckpt.config, *ckpt.weights, *device, precision);
+    std::unique_ptr<LanguageModel> lm(new LanguageModel(ckpt.config, ckpt.tokenizer, device->str(), std::move(model)));
+    lm->fingerprint_ = absl::StrFormat("%016x", h);
+    lm->dtype_ = options.dtype;
+    lm->kv_dtype_ = options.kv_dtype;
+    return lm;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("moving the model to ", device->str(), ": ", e.what_without_backtrace()));
+  }
+}
+
+std::string LanguageModel::KernelPath() const { return model_->KernelPath(); }
+
+absl::Status LanguageModel::ReserveSessionMemory(int64_t bytes) {
+  try {
+    model_->ReserveSessionMemory(bytes);
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("allocating ", bytes, " bytes of session memory on ", device_name_,
+                                                     ": ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {
+  if (mem_len < 1) return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
+  return std::unique_ptr<SessionState>(new SessionMemory(config_.n_layer, mem_len, FullMemoryBytes(mem_len)));
+}
+
+int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {
+  const int64_t element = c10::elementSize(model_->kv_type());
+  // A full ring: mem_len slots (the mem_len - 1 positions held plus the slot
+  // a step writes before it drops the oldest); a window of 1 holds nothing.
+  const int64_t slots = mem_len > 1 ? mem_len : 0;
+  const int64_t per_slot = config_.n_layer * 2 * config_.n_head * config_.d_head * element;
+  int64_t bytes = 0;
+  // Saturates: mem_len may come from client data (an imported image).
+  if (__builtin_mul_overflow(per_slot, slots, &bytes)) return std::numeric_limits<int64_t>::max();
+  return bytes;
+}
+
+namespace {
+
+// A draw at another temperature than 1, or a nucleus: sampled over the whole
+// row, inside the model.
+bool SamplesWholeRow(const StepInput& in) {
+  return (in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0;
+}
+
+// The rows of `hidden` belong, in order, to the inputs that SamplesWholeRow. Their whole log-prob rows stay in
+// the model; the sampling kernels run on the intra-op threads, a row each.
+std::vector<StepOutput> SampleWholeRows(const OutputLayer& output, int64_t V, absl::Span<const StepInput> inputs,
+                                        const at::Tensor& hidden) {
+  std::vector<const StepInput*> asks;
+  for (const StepInput& in : inputs) {
+    if (SamplesWholeRow(in)) asks.push_back(&in);
+  }
+  std::vector<StepOutput> out(asks.size());
+  if (asks.empty()) return out;
+  at::Tensor rows = output.LogProbs(hidden).to(at::kCPU, at::kFloat).contiguous();
+  at::parallel_for(0, static_cast<int64_t>(asks.size()), 1, [&](int64_t from, int64_t to) {
+    for (int64_t r = from; r < to; ++r) {
+      const StepInput& in = *asks[r];
+      const float* row = rows.data_ptr<float>() + r * V;
+      if (in.pick == StepInput::Pick::kDraw) {
+        out[r].picked = DrawTempered(row, V, in.draw_temperature, in.draw_uniform);
+        if (out[r].picked >= 0) out[r].picked_logprob = row[out[r].picked];
+      }
+      if (in.nucleus_p > 0) {
+        NucleusList nucleus = NucleusOf(row, V, in.nucleus_temperature, in.nucleus_p);
+        out[r].nucleus = std::move(nucleus.tokens);
+        out[r].nucleus_total = nucleus.total;
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {
+  // These are the engine's invariants, not checks of a client's input (the
+  // service validated that); a breach is a bug above, refused before anything runs.
+  const int64_t V = config_.n_token;
+  std::set<const SessionState*> seen;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const StepInput& in = inputs[i];
+    if (in.session == nullptr) return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": no session"));
+    if (!seen.insert(in.session).second)
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": session given twice"));
+    if (in.targets.size() > in.tokens.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": ", in.targets.size(), " targets for ", in.tokens.size(), " tokens"));
+    }
+    if (in.pick == StepInput::Pick::kDraw && !(in.draw_temperature > 0 && std::isfinite(in.draw_temperature))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": draw_temperature ", in.draw_temperature, " is not > 0"));
+    }
+    if (in.nucleus_p != 0 && !(in.nucleus_p > 0 && in.nucleus_p < 1 && in.nucleus_temperature > 0 &&
+                               std::isfinite(in.nucleus_temperature))) {
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": nucleus_p ", in.nucleus_p,
+                                                     " must be in (0, 1) and nucleus_temperature ",
+                                                     in.nucleus_temperature, " > 0"));
+    }
+    if (in.top_n < 0)
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": top_n ", in.top_n, " is negative"));
+    if ((in.want_last_distribution || in.pick != StepInput::Pick::kNone || in.top_n > 0 || in.nucleus_p > 0) &&
+        in.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": a distribution, a pick or top tokens need at least one token"));
+    }
+    if (in.pick == StepInput::Pick::kDraw && !(in.draw_uniform >= 0 && in.draw_uniform < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step input ", i, ": draw_uniform ", in.draw_uniform, " is outside [0, 1)"));
+    }
+    for (const std::vector<int>* list : {&in.tokens, &in.targets}) {
+      for (int t : *list) {
+        if (t < 0 || t >= V) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(list == &in.tokens ? "token" : "target", " id ", t, " is outside [0, ", V, ")"));
+        }
+      }
+    }
+  }
+
+  std::vector<StepOutput> out(inputs.size());
+  try {
+    c10::InferenceMode guard;
+    at::Tensor hidden = model_->Step(inputs);
+    // Rows by what is asked of them. Only distribution rows and rows
+    // sampled over the whole row build [rows, n_token] log-probs, and only
+    // the former copy them out.
+    std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows, top_rows;
+    std::vector<int64_t> whole_rows;  // SamplesWholeRow
+    std::vector<int> targets;
+    int top_n = 0;
+    std::vector<double> uniforms;
+    int64_t offset = 0;
+    for (const StepInput& in : inputs) {
+      for (size_t t = 0; t < in.targets.size(); ++t) {
+        target_rows.push_back(offset + static_cast<int64_t>(t));
+        targets.push_back(in.targets[t]);
+        if (in.want_target_argmax) argmax_rows.push_back(offset + static_cast<int64_t>(t));
+      }
+      const int64_t last = offset + static_cast<int64_t>(in.tokens.size()) - 1;
+      if (in.want_last_distribution) dist_rows.push_back(last);
+      if (in.pick == StepInput::Pick::kArgmax) best_rows.push_back(last);
+      if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
+        draw_rows.push_back(last);
+        uniforms.push_back(in.draw_uniform);
+      }
+      if (SamplesWholeRow(in)) whole_rows.push_back(last);
+      if (in.top_n > 0) {
+        top_rows.push_back(last);
+        top_n = std::max(top_n, in.top_n);
+      }
+      offset += static_cast<int64_t>(in.tokens.size());
+    }
+    auto rows_of = [&](const std::vector<int64_t>& rows, size_t from, size_t to) {
+      std::vector<int64_t> part(rows.begin() + from, rows.begin() + to);
+      return hidden.index_select(0, at::tensor(part, at::kLong).to(model_->device()));
+    };
+    // Blocks of rows bound the per-row buffers (the head's log-probs, or
+    // whole rows) for long inputs.
+    constexpr size_t kBlock = 1024;
+    std::vector<float> target_lp;
+    TokenPicks target_best, best, drawn;
+    for (size_t from = 0; from < target_rows.size(); from += kBlock) {
+      const size_t to = std::min(target_rows.size(), from + kBlock);
+      const std::vector<int> block(targets.begin() + from, targets.begin() + to);
+      const std::vector<float> lp = output_->TargetLogProbs(rows_of(target_rows, from, to), block);
+      target_lp.insert(target_lp.end(), lp.begin(), lp.end());
+    }
+    for (size_t from = 0; from < argmax_rows.size(); from += kBlock) {
+      TokenPicks p = output_->BestTokens(rows_of(argmax_rows, from, std::min(argmax_rows.size(), from + kBlock)));
+      target_best.ids.insert(target_best.ids.end(), p.ids.begin(), p.ids.end());
+    }
+    if (!best_rows.empty()) best = output_->BestTokens(rows_of(best_rows, 0, best_rows.size()));
+    if (!draw_rows.empty()) drawn = output_->DrawTokens(rows_of(draw_rows, 0, draw_rows.size()), uniforms);
+    // One selection for the batch at its largest n; each row keeps its own
+    // prefix (the first n of a longer list are the top n).
+    std::vector<TokenList> tops;
+    if (!top_rows.empty()) tops = output_->TopTokens(rows_of(top_rows, 0, top_rows.size()), top_n);
+    std::vector<StepOutput> sampled = SampleWholeRows(*output_, V, inputs, rows_of(whole_rows, 0, whole_rows.size()));
+    at::Tensor dist;
+    if (!dist_rows.empty())
+      dist = output_->LogProbs(rows_of(dist_rows, 0, dist_rows.size())).to(at::kCPU, at::kFloat).contiguous();
+
+    size_t t = 0, a = 0, d = 0, b = 0, w = 0, p = 0, x = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const StepInput& in = inputs[i];
+      out[i].target_logprobs.assign(target_lp.begin() + t, target_lp.begin() + t + in.targets.size());
+      t += in.targets.size();
+      if (in.want_target_argmax) {
+        out[i].target_argmax.assign(target_best.ids.begin() + a, target_best.ids.begin() + a + in.targets.size());
+        a += in.targets.size();
+      }
+      if (in.want_last_distribution) {
+        const float* row = dist.data_ptr<float>() + static_cast<int64_t>(d++) * V;
+        out[i].last_distribution.assign(row, row + V);
+      }
+      if (in.pick == StepInput::Pick::kArgmax) {
+        out[i].picked = best.ids[b];
+        out[i].picked_logprob = best.logprobs[b++];
+      } else if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
+        out[i].picked = drawn.ids[w];
+        out[i].picked_logprob = drawn.logprobs[w++];
+      }
+      if (SamplesWholeRow(in)) {
+        StepOutput& whole = sampled[x++];
+        if ((in.pick == StepInput::Pick::kDraw && whole.picked < 0) || (in.nucleus_p > 0 && whole.nucleus.empty()))
+          return absl::InternalError(absl::StrCat("model step: the log-probs of step input ", i, " are not finite"));
+        if (in.pick == StepInput::Pick::kDraw) {
+          out[i].picked = whole.picked;
+          out[i].picked_logprob = whole.picked_logprob;
+        }
+        out[i].nucleus = std::move(whole.nucleus);
+        out[i].nucleus_total = whole.nucleus_total;
+      }
+      if (in.top_n > 0) {
+        out[i].top = std::move(tops[p++]);
+        if (out[i].top.size() > static_cast<size_t>(in.top_n)) out[i].top.resize(in.top_n);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("model step failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+}  // namespace txl

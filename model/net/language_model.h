@@ -1,0 +1,98 @@
+// LanguageModel: the torch-free face of model/ for the engine and the tools.
+// It loads a checkpoint onto a device and advances batches of sessions with
+// the incremental form (incremental.h).
+//
+// Threading: a LanguageModel and its sessions are driven by one thread
+// at a time (the engine thread); nothing here locks.
+#ifndef TXL_MODEL_NET_LANGUAGE_MODEL_H_
+#define TXL_MODEL_NET_LANGUAGE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/model_config.h"
+#include "model/precision.h"
+#include "model/step.h"
+#include "model/tokenizer.h"
+
+namespace txl {
+
+class IncrementalModel;
+class OutputLayer;
+
+// Sets libtorch's intra-op thread count for the process (threads >= 1).
+void SetThreads(int threads);
+// The threads one of model/'s parallel loops (the decode kernels) runs on
+// now: the intra-op thread count when the build compiled them with OpenMP
+// (GCC), otherwise 1 (the clang sanitizer builds: serial, same results).
+int ParallelLoopThreads();
+struct LanguageModelOptions {
+  std::string path;                           // checkpoint file
+  std::string device = "cpu";                 // "cpu", "cuda" or "cuda:N"
+  int threads = 0;                            // intra-op threads; 0 keeps libtorch's default
+  WeightDtype dtype = WeightDtype::kFloat32;  // the layers' product weights
+  KvDtype kv_dtype = KvDtype::kFloat32;       // sessions' keys and values
+  Kernels kernels = Kernels::kAuto;           // kGeneric: libtorch's ops, as on a GPU, on a CPU too
+};
+
+class LanguageModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<LanguageModel>> Create(const LanguageModelOptions& options);
+  ~LanguageModel();
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const std::string& device() const { return device_name_; }
+  WeightDtype dtype() const { return dtype_; }
+  KvDtype kv_dtype() const { return kv_dtype_; }
+  // The kernels the decode step and the prefill products run on, for the
+  // start-up log line, e.g. "cpu: avx512 decode, bfloat16 weights via
+  // avx512_bf16, amx_bf16 prefill".
+  std::string KernelPath() const;
+
+  // mem_len: the session's attention window (>= 1).
+  absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) const;
+  // Bytes a session's memory takes once its window is full: keys and values
+  // of mem_len ring slots in every layer (mem_len - 1 positions held, one
+  // slot to write into). Admission control reserves it.
+  int64_t FullMemoryBytes(int64_t mem_len) const;
+  // A session from SessionState::AppendTo's bytes, on this model's device;
+  // INVALID_ARGUMENT when they are damaged or fit another model's shape.
+  absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) const;
+  // 16 hex digits identifying the weights, config and tokenizer (a hash of
+  // them): sessions exported from one model import only into the same one.
+  const std::string& fingerprint() const { return fingerprint_; }
+
+  // On the generic path (a GPU), allocates the session memory pool for
+  // `bytes` of sessions now, at start-up, so that no step has to grow it
+  // (growing needs the old pool and the new at once). RESOURCE_EXHAUSTED
+  // when the device cannot; a no-op on the CPU kernels.
+  absl::Status ReserveSessionMemory(int64_t bytes);
+
+  // Advances every input's session by its tokens, in one batched forward
+  // pass. Bad input (a token or target outside [0, n_token), a session
+  // given twice, more targets than tokens) fails before anything runs; any
+  // failure leaves every session as it was.
+  absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs);
+
+ private:
+  LanguageModel(ModelConfig config, Tokenizer tokenizer, std::string device_name,
+                std::unique_ptr<IncrementalModel> model);
+
+  ModelConfig config_;
+  Tokenizer tokenizer_;
+  std::string device_name_;
+  std::string fingerprint_;
+  WeightDtype dtype_ = WeightDtype::kFloat32;
+  KvDtype kv_dtype_ = KvDtype::kFloat32;
+  std::unique_ptr<IncrementalModel> model_;
+  std::unique_ptr<OutputLayer> output_;  // reads model_'s output weights
+};
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_NET_LANGUAGE_MODEL_H_

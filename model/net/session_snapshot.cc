@@ -1,0 +1,108 @@
+// SessionMemory's byte image: what ExportSession carries and ImportSession
+// restores. The raw ring buffers are copied as they are (slot p % mem_len
+// holds position p), so nothing is recomputed and a restored session is
+// bit-identical to the original.
+//
+// Layout, little-endian: "TXLMEM1\0", then int64 n_layer, n_head, d_head,
+// mem_len, position, length, capacity, element size; then for each layer the
+// keys and the values as [n_head, capacity, d_head] elements: float32 (element
+// size 4) or bfloat16 (2), as the session holds them. A pooled memory
+// (slot_pool.h) writes the same image, its rows gathered in slot order.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "model/net/incremental.h"
+
+namespace txl {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'X', 'L', 'M', 'E', 'M', '1', '\0'};
+constexpr int kFields = 8;
+
+}  // namespace
+
+void SessionMemory::WriteImage(std::string* out) const {
+  const int64_t n_layer = static_cast<int64_t>(k_.size());
+  const bool pooled = pool_ != nullptr && !slots_.empty();
+  const bool has = capacity_ > 0 && n_layer > 0 && (pooled || k_[0].defined());
+  const int64_t heads = !has ? 0 : pooled ? pool_->heads() : k_[0].size(0);
+  const int64_t d_head = !has ? 0 : pooled ? pool_->d_head() : k_[0].size(2);
+  const int64_t element = !has ? 4 : pooled ? pool_->keys(0).element_size() : k_[0].element_size();
+  const int64_t fields[kFields] = {n_layer, heads, d_head, mem_len_, position_, length_, has ? capacity_ : 0, element};
+  out->append(kMagic, sizeof(kMagic));
+  out->append(reinterpret_cast<const char*>(fields), sizeof(fields));
+  if (!has) return;
+  // A pooled memory's slots, gathered in ring order, in the rings' layout.
+  const at::Tensor rows =
+      pooled ? at::tensor(slots_, at::TensorOptions().dtype(at::kLong)).to(pool_->keys(0).device()) : at::Tensor();
+  for (int64_t l = 0; l < n_layer; ++l) {
+    for (const bool key : {true, false}) {
+      const at::Tensor ring = !pooled
+                                  ? (key ? k_[l] : v_[l])
+                                  : (key ? pool_->keys(l) : pool_->values(l)).index_select(0, rows).permute({1, 0, 2});
+      const at::Tensor host = ring.to(at::kCPU).contiguous();
+      out->append(static_cast<const char*>(host.data_ptr()), host.numel() * host.element_size());
+    }
+  }
+}
+
+absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, const ModelConfig& config,
+                                                   const at::Device& device, at::ScalarType kv_type) {
+  const size_t header = sizeof(kMagic) + kFields * sizeof(int64_t);
+  if (data.size() < header || std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0)
+    return absl::InvalidArgumentError("session state: not a txl session memory image");
+  int64_t f[kFields];
+  std::memcpy(f, data.data() + sizeof(kMagic), sizeof(f));
+  const int64_t n_layer = f[0], heads = f[1], d_head = f[2], mem_len = f[3], position = f[4], length = f[5],
+                capacity = f[6], element = f[7];
+  if (n_layer != config.n_layer || (capacity > 0 && (heads != config.n_head || d_head != config.d_head))) {
+    return absl::InvalidArgumentError(absl::StrCat("session state: made by a model with n_layer ", n_layer, ", n_head ",
+                                                   heads, ", d_head ", d_head, "; this one has ", config.n_layer, ", ",
+                                                   config.n_head, ", ", config.d_head));
+  }
+  // No session gets near 2^62 positions; past it, a step's arithmetic could overflow.
+  constexpr int64_t kMaxPosition = int64_t{1} << 62;
+  if ((element != 4 && element != 2) || mem_len < 1 || position < 0 || length < 0 || position > kMaxPosition ||
+      mem_len > kMaxPosition || length > mem_len - 1 || length > position || capacity < 0 || capacity > mem_len ||
+      (capacity < mem_len && position > capacity) || (length > 0 && capacity == 0)) {
+    return absl::InvalidArgumentError("session state: inconsistent header");
+  }
+  // The header is client data (ImportSession): sizes are computed with overflow checks.
+  int64_t per_tensor = 0, floats = 0;
+  uint64_t want = 0;
+  if (__builtin_mul_overflow(heads, capacity, &per_tensor) || __builtin_mul_overflow(per_tensor, d_head, &per_tensor) ||
+      __builtin_mul_overflow(per_tensor, 2 * n_layer, &floats) ||
+      __builtin_mul_overflow(static_cast<uint64_t>(floats), static_cast<uint64_t>(element), &want) ||
+      __builtin_add_overflow(want, static_cast<uint64_t>(header), &want)) {
+    return absl::InvalidArgumentError("session state: inconsistent header (sizes out of range)");
+  }
+  if (data.size() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session state: ", data.size(), " bytes where the header implies ", want));
+  }
+  SessionMemory m(n_layer, mem_len);
+  m.position_ = position;
+  m.length_ = length;
+  m.capacity_ = capacity;
+  if (capacity == 0) return m;
+  const char* p = data.data() + header;
+  // The image's type may differ from the server's (--kv_dtype): copied
+  // through a host tensor of the image's type and converted.
+  const at::ScalarType image_type = element == 4 ? at::kFloat : at::kBFloat16;
+  const bool direct = device.is_cpu() && image_type == kv_type;
+  std::vector<at::Tensor> rings =
+      NewRings(2 * n_layer, {heads, capacity, d_head}, at::TensorOptions().dtype(kv_type).device(device));
+  at::Tensor host = direct ? at::Tensor() : at::empty({heads, capacity, d_head}, image_type);
+  for (int64_t l = 0; l < n_layer; ++l) {
+    m.k_[l] = rings[2 * l];
+    m.v_[l] = rings[2 * l + 1];
+    for (at::Tensor* t : {&m.k_[l], &m.v_[l]}) {
+      std::memcpy(direct ? t->data_ptr() : host.data_ptr(), p, per_tensor * element);
+      p += per_tensor * element;
+      if (!direct) t->copy_(host);
+    }
+  }
+  return m;
+}
+
+}  // namespace txl

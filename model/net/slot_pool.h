@@ -1,0 +1,65 @@
+// The generic path's session memory (docs/DESIGN.md §3.2 "The generic
+// path"): one pool of rows per layer for keys and one for values, [rows, H,
+// dh] each, shared by every session of a model. A session holds row ids, one
+// per ring slot, the same in every layer, so a step gathers every session's
+// keys of a layer with one indexed op and writes the new ones with another.
+//
+// Threading: Take, Grow and the tensors belong to the engine thread (the one
+// that drives the model); Give may come from any thread (a session freed
+// where its last owner let go), so the free list has its own lock.
+#ifndef TXL_MODEL_NET_SLOT_POOL_H_
+#define TXL_MODEL_NET_SLOT_POOL_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+
+namespace txl {
+
+class SlotPool {
+ public:
+  // Row 0 is the padding row: zeros, never handed out, gathered where a
+  // padded score column reads a key that the mask then drops.
+  static constexpr int64_t kPadRow = 0;
+
+  SlotPool(int64_t n_layer, int64_t heads, int64_t d_head, const at::TensorOptions& options);
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+
+  // `n` rows, zeroed in every layer (a row may have held another session's
+  // keys: images copy every slot). Grows the pool, keeping its contents, when
+  // too few are free; throws c10::Error when the device is out of memory.
+  std::vector<int64_t> Take(int64_t n);
+  void Give(absl::Span<const int64_t> rows);
+  // Grows the pool to at least `rows` rows now (start-up, outside any step),
+  // so that steps within that many never grow it: a GPU sizes its pool from
+  // the session memory budget, and admission keeps sessions within it.
+  void Reserve(int64_t rows);
+
+  at::Tensor& keys(int64_t layer) { return k_[layer]; }  // [rows, H, dh]
+  at::Tensor& values(int64_t layer) { return v_[layer]; }
+  int64_t row_bytes() const { return heads_ * d_head_ * static_cast<int64_t>(options_.dtype().itemsize()); }
+  int64_t heads() const { return heads_; }
+  int64_t d_head() const { return d_head_; }
+  int64_t rows() const { return rows_; }  // allocated, free or not
+  int64_t free_rows() const;
+
+ private:
+  void Grow(int64_t rows);
+
+  const int64_t heads_, d_head_;
+  const at::TensorOptions options_;
+  int64_t rows_ = 0;
+  std::vector<at::Tensor> k_, v_;
+  mutable absl::Mutex mu_;
+  std::vector<int64_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_NET_SLOT_POOL_H_

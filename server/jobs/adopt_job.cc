@@ -1,0 +1,22 @@
+#include "base/status_macros.h"
+#include "server/jobs/job_runner.h"
+#include "server/jobs/session_jobs.h"
+#include "server/durability/recovery.h"
+
+namespace txl {
+
+AdoptJob::AdoptJob(std::string caller, std::string id, JobCallbacks cb)
+    : caller_(std::move(caller)), id_(std::move(id)) {
+  callbacks = std::move(cb);
+}
+
+void AdoptJob::Run(JobRunner& runner) {
+  auto adopted = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(JournalRecord record, runner.journal()->Adopt(id_, caller_));
+    absl::Status s = AddRecordedSession(record, runner.table());
+    return absl::IsAlreadyExists(s) ? absl::OkStatus() : s;  // a concurrent adoption got here first
+  }();
+  runner.Finish(*this, adopted);
+}
+
+}  // namespace txl

@@ -1,0 +1,123 @@
+#include "server/jobs/generate_job.h"
+
+#include <algorithm>
+#include <random>
+
+#include "server/jobs/job_runner.h"
+
+namespace txl {
+
+GenerateJob::GenerateJob(SessionLease lease, bool throwaway, GenerateSpec spec, JobCallbacks callbacks)
+    : FeedJob(std::move(lease), throwaway, spec.input, std::move(callbacks)),
+      spec_(std::move(spec)),
+      sampler_(spec_.sampling, std::random_device{}()),
+      text_(spec_.stop_sequences) {}
+
+void GenerateJob::Run(JobRunner& runner) {
+  // Request validation refuses a generation with nothing to continue from;
+  // without this check such a job would wait for a row forever.
+  if (feed.empty() && !decoding_) runner.Finish(*this, absl::InternalError("generate: nothing to feed"));
+}
+
+StepInput GenerateJob::Row(size_t n) {
+  StepInput in;
+  if (decoding_) {
+    in.tokens = {last_};
+  } else {
+    in = Slice(n);
+  }
+  in.session = state();
+  if (!decoding_ && n != prefill_left()) return in;  // mid-prefill: no output
+  // The model picks the token, or lists the tokens the draw and the
+  // alternatives need (docs/DESIGN.md, "Sampling paths"): no whole row
+  // leaves it.
+  in.top_n = spec_.top_logprobs;
+  const int candidates = sampler_.TopCandidates();
+  if (candidates > 0) {
+    in.top_n = std::max(candidates, spec_.top_logprobs);
+  } else if (sampler_.Greedy()) {
+    if (spec_.top_logprobs == 0) in.pick = StepInput::Pick::kArgmax;  // else the list's first
+  } else if (sampler_.NucleusOnly()) {
+    in.nucleus_p = sampler_.top_p();
+    in.nucleus_temperature = sampler_.temperature();
+  } else {
+    in.pick = StepInput::Pick::kDraw;
+    in.draw_uniform = sampler_.NextUniform();
+    in.draw_temperature = sampler_.temperature();
+  }
+  return in;
+}
+
+void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
+  if (!decoding_) fed += n;
+  // A pick, a list or a nucleus (Row asks for one) arrives after the prefill
+  // and after each decode.
+  const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
+  if (!picked && !listed && !nucleus) return;  // mid-prefill
+  GeneratedTokenEvent ev;
+  auto logprob_in = [&](const TokenList& list) {
+    return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
+  };
+  if (picked) {
+    ev.id = out.picked;
+    ev.logprob = out.picked_logprob;
+  } else if (nucleus) {
+    ev.id = sampler_.SampleFromNucleus(out.nucleus, out.nucleus_total);
+    ev.logprob = logprob_in(out.nucleus);
+  } else {
+    ev.id = sampler_.TopCandidates() > 0 ? sampler_.SampleFromTop(out.top) : out.top.front().first;
+    ev.logprob = logprob_in(out.top);
+  }
+  const int token = ev.id;
+  if (spec_.top_logprobs > 0)
+    ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
+  absl::StatusOr<std::string> bytes = runner.tokenizer().TokenText(token);
+  TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());
+  ev.text = std::move(text.text);
+  const absl::Time now = absl::Now();
+  if (SchedulerObserver* o = runner.observer()) {
+    o->OnTokensGenerated(1);
+    if (result.generated_tokens == 0) {
+      o->OnFirstToken(SecondsSince(submitted));
+    } else {
+      o->OnInterTokenGap(absl::ToDoubleSeconds(now - last_token_at_));
+    }
+  }
+  if (result.generated_tokens == 0) result.first_token_seconds = SecondsSince(submitted);
+  last_token_at_ = now;
+  decoding_ = true;
+  last_ = token;
+  ++result.generated_tokens;
+  const int64_t position = lease.state->position() + 1;  // the sampled token, pending
+  generated.push_back(token);
+  LogHistory(runner, position);
+  runner.SendTokens(*this, std::move(ev), position);
+
+  const bool stop_token =
+      std::find(spec_.stop_token_ids.begin(), spec_.stop_token_ids.end(), token) != spec_.stop_token_ids.end();
+  if (text.stopped) {
+    result.finish = Finish::kStopSequence;
+  } else if (stop_token) {
+    result.finish = Finish::kStopToken;
+  } else if (result.generated_tokens >= spec_.max_new_tokens) {
+    result.finish = Finish::kLength;
+  } else if (cancelled.load()) {
+    result.finish = Finish::kCancelled;
+  } else {
+    return;
+  }
+  runner.Finish(*this, absl::OkStatus());
+}
+
+void GenerateJob::Settle(const absl::Status& status) {
+  if (decoding_) {
+    lease.pending = {last_};  // the last sampled token is never fed by this job
+    if (result.finish != Finish::kStopSequence) result.trailing_text = text_.Finish();
+  } else if (fed > 0) {
+    KeepFedPrefix();
+  } else {
+    lease.pending.assign(feed.begin(), feed.begin() + pending_len);
+  }
+}
+
+}  // namespace txl

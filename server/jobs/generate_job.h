@@ -1,0 +1,41 @@
+// GenerateJob: prefills the session with its pending token and the input,
+// then samples one token a step and feeds it back, until a stop token, a
+// stop sequence, max_new_tokens or a cancel. Each token goes out as it is
+// sampled (once journaled, for a journaled session); the last one stays
+// pending in the session.
+#ifndef TXL_SERVER_JOBS_GENERATE_JOB_H_
+#define TXL_SERVER_JOBS_GENERATE_JOB_H_
+
+#include <memory>
+
+#include "server/jobs/generate_spec.h"
+#include "server/jobs/job.h"
+#include "server/sampling/sampler.h"
+#include "server/sampling/text_stream.h"
+
+namespace txl {
+
+class GenerateJob final : public FeedJob {
+ public:
+  GenerateJob(SessionLease lease, bool throwaway, GenerateSpec spec, JobCallbacks callbacks);
+
+  void Run(JobRunner& runner) override;
+  bool decoding() const override { return decoding_; }
+  size_t prefill_left() const override { return feed.size() - fed; }
+  StepInput Row(size_t n) override;
+  void TakeOutput(JobRunner& runner, StepOutput& out, size_t n) override;
+  void Settle(const absl::Status& status) override;
+  bool logs_history() const override { return true; }
+
+ private:
+  GenerateSpec spec_;
+  Sampler sampler_;
+  TextStream text_;
+  bool decoding_ = false;  // prefill done; feeding back sampled tokens
+  int last_ = -1;          // the last sampled token (unfed)
+  absl::Time last_token_at_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_JOBS_GENERATE_JOB_H_

@@ -1,0 +1,25 @@
+// GenerateSpec: one generation as request validation hands it to the
+// scheduler (the validated request; nothing of the session). Light on
+// purpose: request validation includes it, not the scheduler.
+#ifndef TXL_SERVER_JOBS_GENERATE_SPEC_H_
+#define TXL_SERVER_JOBS_GENERATE_SPEC_H_
+
+#include <string>
+#include <vector>
+
+#include "server/sampling/sampler.h"
+
+namespace txl {
+
+struct GenerateSpec {
+  std::vector<int> input;  // new tokens only
+  int max_new_tokens = 16;
+  SamplingConfig sampling;
+  std::vector<int> stop_token_ids;
+  std::vector<std::string> stop_sequences;
+  int top_logprobs = 0;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_JOBS_GENERATE_SPEC_H_

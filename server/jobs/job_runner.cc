@@ -1,0 +1,220 @@
+#include "server/jobs/job_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/echo_id.h"
+#include "base/status_macros.h"
+#include "server/durability/new_session.h"
+#include "server/durability/recovery.h"
+#include "server/sessions/session_export.h"
+
+namespace txl {
+
+double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
+
+bool JobRunner::Prepare(Job& job) {
+  if (job.cancelled.load()) {
+    job.result.finish = Finish::kCancelled;
+    // A generation stopped mid-stream succeeded with what it sent.
+    Finish(job, job.decoding() ? absl::OkStatus() : absl::CancelledError("the request was cancelled"));
+    return false;
+  }
+  if (const int64_t since = job.paused_since.load(); since != 0) {
+    const absl::Duration waited = absl::Now() - absl::FromUnixNanos(since);
+    if (waited >= config_.stall_timeout) {
+      job.result.finish = Finish::kCancelled;
+      Finish(job, StalledError(waited));
+      return false;
+    }
+  }
+  if (job.result.queue_seconds == 0) job.result.queue_seconds = SecondsSince(job.submitted);
+  if (journaled(job) && !job.lease.id.empty()) {
+    // Served from this replica's copy only while it holds the session: one
+    // that another replica took over (this one paused) is let go, and the
+    // client's retry adopts the one history from the store.
+    if (absl::Status held = journal_->CheckHold(job.lease.id); !held.ok()) {
+      if (journal_->Lost(job.lease.id)) job.throwaway = true;
+      Finish(job, held);
+      return false;
+    }
+  }
+  if (!job.lease.id.empty() && !job.lease.state) {  // offloaded: back into device memory first
+    if (absl::Status s = Materialize(job); !s.ok()) {
+      Finish(job, s);
+      return false;
+    }
+  }
+  return true;
+}
+
+void JobRunner::Finish(Job& job, absl::Status status) {
+  if (job.done) return;
+  job.done = true;
+  job.Settle(status);
+  job.result.session_id = job.lease.id;
+  if (job.lease.state) {
+    job.result.position = job.lease.position();
+    if (job.ExtendHistory(table_->config().history_tokens) && !job.throwaway) Checkpoint(job.lease);
+    job.LogHistory(*this, job.result.position);
+    if (journaled(job) && job.lease.since_snapshot >= config_.snapshot_tokens) {
+      if (auto image = ExportImage(job.lease); image.ok()) {
+        journal_->RecordSnapshot(job.lease.id, *std::move(image));
+        job.lease.since_snapshot = 0;
+      }
+    }
+  }
+  job.result.total_seconds = SecondsSince(job.submitted);
+  active.fetch_sub(1);
+  if (journaled(job) && !job.lease.id.empty() && job.logs_history()) {
+    // The session stays busy until the journal has its history: if the
+    // state store failed, it rolls back to what it holds before anyone
+    // (this client's retry included) sees it. Runs on the writer thread.
+    auto held = std::make_shared<SessionLease>(std::move(job.lease));
+    job.lease = SessionLease();
+    const int64_t position = job.result.position;
+    journal_->AfterDurable(held->id, position,
+                           [table = table_, held, done = std::move(job.callbacks.on_done), status = std::move(status),
+                            result = std::move(job.result)](absl::Status written, int64_t durable) mutable {
+                             if (!written.ok()) {
+                               // The history past `durable` never happened: the state is
+                               // rebuilt from the state store on the session's next request.
+                               held->state.reset();
+                               held->idle.reset();
+                               held->pending.clear();
+                               held->known_position = durable;
+                               held->since_snapshot = 0;
+                               held->history.Truncate(durable);
+                               table->checkpoints().DropAfter(held->id, durable);
+                               result.position = durable;
+                             }
+                             table->Release(std::move(*held), absl::Now());
+                             if (done) done(written.ok() ? std::move(status) : std::move(written), std::move(result));
+                           });
+    return;
+  }
+  const bool durable = job.acks_durably();
+  ReturnLease(job);
+  if (!job.callbacks.on_done) return;
+  auto answer = [done = std::move(job.callbacks.on_done), status = std::move(status),
+                 result = std::move(job.result)](absl::Status) mutable { done(std::move(status), std::move(result)); };
+  if (journal_ != nullptr && durable) {
+    journal_->After(std::move(answer));  // after what the journal was given before
+  } else {
+    answer(absl::OkStatus());
+  }
+}
+
+void JobRunner::ReturnLease(Job& job) {
+  if (job.lease.id.empty()) return;  // no session (import, adopt) or given back already
+  if (job.throwaway) {
+    table_->Discard(std::move(job.lease));
+  } else {
+    table_->Release(std::move(job.lease), absl::Now());
+  }
+  job.lease = SessionLease();
+}
+
+void JobRunner::Checkpoint(const SessionLease& lease) {
+  CheckpointStore& store = table_->checkpoints();
+  if (!store.WouldKeep(lease.state->memory_bytes())) return;
+  auto image = std::make_shared<std::string>();
+  if (!lease.state->AppendTo(image.get()).ok()) return;  // a cache: a failed copy only costs a replay later
+  store.Put(lease.id, lease.position(), std::move(image), lease.pending);
+}
+
+absl::StatusOr<std::string> JobRunner::ExportImage(const SessionLease& lease) const {
+  SessionExport image;
+  image.fingerprint = engine_->fingerprint();
+  image.position = lease.position();
+  image.pending = lease.pending;
+  RETURN_IF_ERROR(lease.state->AppendTo(&image.state));
+  return EncodeSessionExport(image);
+}
+
+void JobRunner::RecordNewSession(Job& job, const SessionInfo& info, SessionLease lease, std::string snapshot) {
+  // The job's answer waits for the creation: it may still find the id taken.
+  auto done = std::move(job.callbacks.on_done);
+  job.callbacks.on_done = nullptr;
+  txl::RecordNewSession(journal_, table_, info, std::move(lease), std::move(snapshot),
+                        [done = std::move(done)](absl::Status written, const SessionInfo& made) {
+                          if (!done) return;
+                          JobResult result;
+                          result.forked = made;
+                          result.session_id = made.id;
+                          done(written, std::move(result));
+                        });
+}
+
+void JobRunner::SendTokens(Job& job, GeneratedTokenEvent event, int64_t position) {
+  if (!job.callbacks.on_tokens) return;
+  if (!journaled(job)) {
+    job.callbacks.on_tokens({std::move(event)}, position);
+    return;
+  }
+  // Sent once written; if the state store failed, the job stops (its end rolls the session back).
+  journal_->AfterDurable(job.lease.id, position,
+                         [cb = job.callbacks.on_tokens, event = std::move(event), position,
+                          weak = job.weak_from_this()](absl::Status written, int64_t) mutable {
+                           if (written.ok()) {
+                             cb({std::move(event)}, position);
+                           } else if (auto j = weak.lock()) {
+                             j->cancelled.store(true);
+                           }
+                         });
+}
+
+absl::Status JobRunner::CheckWritable(const SessionLease& lease, bool throwaway) const {
+  if (journal_ == nullptr || !lease.durable || throwaway) return absl::OkStatus();
+  return journal_->Writable();
+}
+
+absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(const IdleSession& idle) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state,
+                   idle.state.empty() ? engine_->NewSession(idle.mem_len) : engine_->RestoreSession(idle.state));
+  for (size_t at = 0; at < idle.feed.size(); at += static_cast<size_t>(config_.prefill_chunk)) {
+    const size_t n = std::min(idle.feed.size() - at, static_cast<size_t>(config_.prefill_chunk));
+    StepInput in;
+    in.session = state.get();
+    in.tokens.assign(idle.feed.begin() + at, idle.feed.begin() + at + n);
+    RETURN_IF_ERROR(engine_->Step(absl::MakeSpan(&in, 1)).status());
+  }
+  return state;
+}
+
+absl::Status JobRunner::Materialize(Job& job) {
+  const absl::Time start = absl::Now();
+  const char* from = "host";
+  std::shared_ptr<const IdleSession> idle = job.lease.idle;
+  if (!idle) {  // acquired while being offloaded: the image is in the table's entry now
+    idle = table_->TakeIdle(job.lease.id);
+    job.lease.idle = idle;
+  }
+  if (!idle) {
+    from = "store";
+    if (journal_ == nullptr) return absl::InternalError("the session has no state");
+    (void)journal_->Flush();  // its last tokens may still be on their way
+    auto record = journal_->Load(job.lease.id);
+    if (!record.ok()) {
+      if (absl::IsDataLoss(record.status()) || absl::IsNotFound(record.status()))
+        job.throwaway = true;  // gone for good
+      if (absl::IsDataLoss(record.status()))
+        (void)journal_->TakeQuarantined(job.lease.id, job.lease.owner);  // told now
+      return record.status();
+    }
+    if (record->position() != job.lease.known_position) {
+      job.throwaway = true;
+      return absl::DataLossError(absl::StrCat("session ", EchoId(job.lease.id), ": the state store has position ",
+                                              record->position(), ", expected ", job.lease.known_position));
+    }
+    std::vector<int> pending;
+    idle = IdleFromRecord(*record, &pending);
+    if (job.lease.pending.empty() && !pending.empty()) job.RestorePending(std::move(pending));
+  }
+  ASSIGN_OR_RETURN(job.lease.state, Rebuild(*idle));
+  job.lease.idle.reset();
+  if (observer_) observer_->OnRestore(from, SecondsSince(start));
+  return absl::OkStatus();
+}
+
+}  // namespace txl

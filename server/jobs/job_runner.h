@@ -1,0 +1,87 @@
+// JobRunner: what a job may touch on the engine thread (the engine, the
+// session table, the journal, the observer) and the steps every kind shares:
+// bringing an offloaded session back before the job runs, and finishing it
+// (settling the session, logging its history, answering once the journal has
+// written what the answer promises). docs/DESIGN.md §7.
+//
+// Threading: engine thread only, except `active`, read by anyone.
+#ifndef TXL_SERVER_JOBS_JOB_RUNNER_H_
+#define TXL_SERVER_JOBS_JOB_RUNNER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/tokenizer.h"
+#include "server/jobs/job.h"
+#include "server/jobs/scheduler_config.h"
+#include "server/durability/session_journal.h"
+#include "server/engine/engine.h"
+#include "server/sessions/session_table.h"
+
+namespace txl {
+
+class JobRunner {
+ public:
+  JobRunner(const SchedulerConfig& config, Engine* engine, SessionTable* table, const Tokenizer* tokenizer,
+            SchedulerObserver* observer)
+      : config_(config), engine_(engine), table_(table), tokenizer_(tokenizer), observer_(observer) {}
+
+  void set_journal(SessionJournal* journal) { journal_ = journal; }
+
+  const SchedulerConfig& config() const { return config_; }
+  Engine* engine() const { return engine_; }
+  SessionTable* table() const { return table_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  SchedulerObserver* observer() const { return observer_; }  // may be null
+  SessionJournal* journal() const { return journal_; }       // null: no state store
+  // The job's session is journaled: its history goes to the state store.
+  bool journaled(const Job& job) const { return journaled_lease(job.lease) && !job.throwaway; }
+  bool journaled_lease(const SessionLease& lease) const { return journal_ != nullptr && lease.durable; }
+
+  // Ends a cancelled or stalled job, brings an offloaded session back into
+  // device memory; false when the job has finished.
+  bool Prepare(Job& job);
+  // Settles the session and answers (exactly once per job).
+  void Finish(Job& job, absl::Status status);
+  // Gives the job's session back (or drops a throw-away one).
+  void ReturnLease(Job& job);
+  // The session's ExportSession bytes (its state in device memory).
+  absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
+  // Keeps the session's state as a turn checkpoint (SessionTable::checkpoints).
+  void Checkpoint(const SessionLease& lease);
+  // A state from an engine image (empty: fresh) with `idle.feed` fed into it.
+  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(const IdleSession& idle);
+  // Journals a session made on the engine thread (fork, import), held busy
+  // in `lease` meanwhile, from its image; then releases it (or drops it if
+  // the state store refused) and answers the job with it.
+  void RecordNewSession(Job& job, const SessionInfo& info, SessionLease lease, std::string snapshot);
+  // Generate's tokens go out once the journal has them (journaled
+  // sessions; a failed write stops the job), or now.
+  void SendTokens(Job& job, GeneratedTokenEvent event, int64_t position);
+  // UNAVAILABLE when a change to a journaled session could not be written:
+  // refused before anything changes.
+  absl::Status CheckWritable(const SessionLease& lease, bool throwaway) const;
+
+  std::atomic<int64_t> active{0};  // jobs taken from the queue, not yet finished
+
+ private:
+  absl::Status Materialize(Job& job);
+
+  const SchedulerConfig config_;
+  Engine* const engine_;
+  SessionTable* const table_;
+  const Tokenizer* const tokenizer_;
+  SchedulerObserver* const observer_;
+  SessionJournal* journal_ = nullptr;
+};
+
+double SecondsSince(absl::Time t);
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_JOBS_JOB_RUNNER_H_

@@ -1,0 +1,38 @@
+// ScoreJob: the log-probability of each input token given everything before
+// it. It feeds the session's pending token and all but the last input token
+// (nothing predicts past the last, which stays pending). Without commit it
+// works on a copy and the session does not change.
+#ifndef TXL_SERVER_JOBS_SCORE_JOB_H_
+#define TXL_SERVER_JOBS_SCORE_JOB_H_
+
+#include <memory>
+#include <vector>
+
+#include "server/jobs/job.h"
+
+namespace txl {
+
+class ScoreJob final : public FeedJob {
+ public:
+  ScoreJob(SessionLease lease, bool throwaway, const std::vector<int>& input, bool commit, JobCallbacks callbacks)
+      : FeedJob(std::move(lease), throwaway, input, std::move(callbacks)), commit_(commit) {}
+
+  void Run(JobRunner& runner) override;
+  size_t prefill_left() const override {
+    const size_t total = feed.empty() ? 0 : feed.size() - 1;
+    return total > fed ? total - fed : 0;
+  }
+  StepInput Row(size_t n) override;
+  void TakeOutput(JobRunner& runner, StepOutput& out, size_t n) override;
+  void Settle(const absl::Status& status) override;
+  bool logs_history() const override { return commit_; }
+  SessionState* state() override { return scratch_ ? scratch_.get() : lease.state.get(); }
+
+ private:
+  const bool commit_;
+  std::unique_ptr<SessionState> scratch_;  // commit=false works on a copy
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_JOBS_SCORE_JOB_H_

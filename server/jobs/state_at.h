@@ -1,0 +1,35 @@
+// StateAt: a session's state as it was at an earlier position of its
+// history, for RewindJob and ForkJob (docs/DESIGN.md §4, "Rewind"). Because
+// the state is a function of the history (§3.3), it is rebuilt from the
+// nearest image at or before the position (a turn checkpoint, the state
+// store's snapshot, or a fresh session when the history is kept from 0) by
+// feeding the history tokens between the two.
+#ifndef TXL_SERVER_JOBS_STATE_AT_H_
+#define TXL_SERVER_JOBS_STATE_AT_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/jobs/job_runner.h"
+
+namespace txl {
+
+struct StateAt {
+  std::unique_ptr<SessionState> state;
+  std::vector<int> pending;  // the history's last token, unfed (docs/DESIGN.md §4)
+  TokenHistory history;      // up to the position
+  const char* served = "";   // "checkpoint", "replay" or "current" (SchedulerObserver::OnRewind)
+  int64_t replayed = 0;      // tokens fed
+};
+
+// `lease`'s session (in device memory) as it was at `position`.
+// INVALID_ARGUMENT outside [0, its position]; OUT_OF_RANGE when no image and
+// kept history reach it (the message names the earliest position that can
+// be reached). Engine thread (it may read the state store).
+absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, int64_t position);
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_JOBS_STATE_AT_H_

@@ -1,0 +1,175 @@
+#include "server/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "model/kernels/sampling_kernels.h"
+
+namespace txl {
+
+absl::Status ValidateSampling(const SamplingConfig& c) {
+  if (!(c.temperature >= 0.0f) || !std::isfinite(c.temperature))
+    return absl::InvalidArgumentError(absl::StrCat("sampling.temperature must be >= 0, got ", c.temperature));
+  if (c.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("sampling.top_k must be >= 0, got ", c.top_k));
+  if (!(c.top_p >= 0.0f && c.top_p <= 1.0f))
+    return absl::InvalidArgumentError(absl::StrCat("sampling.top_p must be in [0, 1], got ", c.top_p));
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingConfig& config, uint64_t seed)
+    : config_(config), rng_(config.seed != 0 ? config.seed : seed) {}
+
+bool Sampler::IdOrderDraw() const {
+  return config_.temperature > 0.0f && config_.top_k == 0 && !(config_.top_p > 0.0f && config_.top_p < 1.0f);
+}
+
+bool Sampler::NucleusOnly() const {
+  return config_.temperature > 0.0f && config_.top_k == 0 && config_.top_p > 0.0f && config_.top_p < 1.0f;
+}
+
+// One uniform per token keeps seeded streams reproducible.
+double Sampler::NextUniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+namespace {
+
+// Likelier (model/step.h), the order a nucleus and a top-k list are cut and
+// drawn in, for candidates.
+bool Better(float a_lp, int a_id, float b_lp, int b_id) { return Likelier({a_id, a_lp}, {b_id, b_lp}); }
+
+}  // namespace
+
+int DrawInIdOrder(absl::Span<const float> logprobs, double u, float temperature) {
+  const size_t V = logprobs.size();
+  const double shift = temperature == 1.0f ? 0.0 : *std::max_element(logprobs.begin(), logprobs.end());
+  std::vector<double> cumulative(V);
+  double acc = 0;
+  for (size_t i = 0; i < V; ++i) {
+    acc += temperature == 1.0f ? std::exp(static_cast<double>(logprobs[i]))
+                               : std::exp((logprobs[i] - shift) / temperature);
+    cumulative[i] = acc;
+  }
+  const double goal = u * acc;
+  // The first entry whose cumulative weight exceeds the goal.
+  const size_t i = std::upper_bound(cumulative.begin(), cumulative.end(), goal) - cumulative.begin();
+  return static_cast<int>(std::min(i, V - 1));
+}
+
+// The model's nucleus kernel (float weights, with slack over top_p) gives a
+// sorted prefix that holds the nucleus; the total, the weights and the cut
+// are then the whole-row path's own, in double and in id order, so the token
+// is what a full sort would give, to the bit.
+int Sampler::SampleNucleus(absl::Span<const float> logprobs, double best, double u) {
+  double total = 0;
+  for (float lp : logprobs) total += std::exp((lp - best) / config_.temperature);
+  const NucleusList prefix =
+      NucleusOf(logprobs.data(), static_cast<int64_t>(logprobs.size()), config_.temperature, config_.top_p);
+  if (prefix.tokens.empty()) return DrawInIdOrder(logprobs, u, config_.temperature);  // NaN or +inf
+  scratch_.resize(prefix.tokens.size());
+  for (size_t i = 0; i < prefix.tokens.size(); ++i) {
+    const auto& [id, lp] = prefix.tokens[i];
+    scratch_[i] = {lp, id, std::exp((lp - best) / config_.temperature)};
+  }
+  return CutAndDraw(scratch_.size(), total, u);
+}
+
+int Sampler::Sample(absl::Span<const float> logprobs) {
+  const size_t V = logprobs.size();
+  if (config_.temperature == 0.0f) {
+    return static_cast<int>(std::max_element(logprobs.begin(), logprobs.end()) - logprobs.begin());
+  }
+  const double u = NextUniform();
+  const bool top_k = config_.top_k > 0 && static_cast<size_t>(config_.top_k) < V;
+  const bool top_p = config_.top_p > 0.0f && config_.top_p < 1.0f;
+  if (!top_k && !top_p) return DrawInIdOrder(logprobs, u, config_.temperature);
+
+  // Tempered weights relative to the best, so exp never overflows.
+  const double best = *std::max_element(logprobs.begin(), logprobs.end());
+  if (!top_k) return SampleNucleus(logprobs, best, u);
+  scratch_.resize(V);
+  for (size_t i = 0; i < V; ++i) {
+    scratch_[i] = {logprobs[i], static_cast<int>(i), std::exp((logprobs[i] - best) / config_.temperature)};
+  }
+  const size_t keep = static_cast<size_t>(config_.top_k);
+  auto better = [](const Candidate& a, const Candidate& b) { return Better(a.logprob, a.id, b.logprob, b.id); };
+  std::nth_element(scratch_.begin(), scratch_.begin() + keep, scratch_.end(), better);
+  std::sort(scratch_.begin(), scratch_.begin() + keep, better);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += scratch_[i].weight;
+  return CutAndDraw(keep, total, u);
+}
+
+int Sampler::TopCandidates() const { return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0; }
+
+int Sampler::SampleFromTop(absl::Span<const std::pair<int, float>> top) {
+  const double u = NextUniform();
+  // The same weights Sample gives these candidates: the first is the row's
+  // best, so the shift is the same.
+  const size_t keep = std::min(top.size(), static_cast<size_t>(config_.top_k));
+  scratch_.resize(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    scratch_[i] = {top[i].second, top[i].first,
+                   std::exp((top[i].second - static_cast<double>(top[0].second)) / config_.temperature)};
+    total += scratch_[i].weight;
+  }
+  return CutAndDraw(keep, total, u);
+}
+
+int Sampler::SampleFromNucleus(absl::Span<const std::pair<int, float>> nucleus, double total) {
+  const double u = NextUniform();
+  scratch_.resize(nucleus.size());
+  for (size_t i = 0; i < nucleus.size(); ++i) {
+    scratch_[i] = {nucleus[i].second, nucleus[i].first,
+                   std::exp((nucleus[i].second - static_cast<double>(nucleus[0].second)) / config_.temperature)};
+  }
+  return CutAndDraw(nucleus.size(), total, u);
+}
+
+int Sampler::CutAndDraw(size_t keep, double total, double u) {
+  if (config_.top_p > 0.0f && config_.top_p < 1.0f) {
+    // Smallest prefix whose tempered mass reaches top_p (all of it, if
+    // rounding keeps the sum just short).
+    double mass = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      mass += scratch_[i].weight / total;
+      if (mass >= config_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += scratch_[i].weight;
+  const double goal = u * kept;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += scratch_[i].weight;
+    if (goal < acc) return scratch_[i].id;
+  }
+  return scratch_[keep - 1].id;
+}
+
+std::vector<std::pair<int, float>> TopN(absl::Span<const float> logprobs, int n) {
+  n = std::min<int>(n, static_cast<int>(logprobs.size()));
+  if (n <= 0) return {};
+  // A heap whose top is the worst of the n best so far.
+  auto better = Likelier;
+  std::vector<std::pair<int, float>> heap;
+  heap.reserve(n);
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    const std::pair<int, float> c = {static_cast<int>(i), logprobs[i]};
+    if (heap.size() < static_cast<size_t>(n)) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), better);
+  return heap;
+}
+
+}  // namespace txl

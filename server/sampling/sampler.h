@@ -1,0 +1,99 @@
+// Sampler: picks the next token from a log-prob vector, per request
+// parameters. Torch-free; the engine thread calls it for every row of a
+// batch. A seeded sampler is reproducible: the same seed and distributions
+// give the same tokens, whatever else runs in the batch. Nothing sorts the
+// whole vocabulary (docs/DESIGN.md, "Sampling paths"): plain temperature
+// walks the distribution in id order; top-k selects its k candidates
+// (nth_element) and sorts only them, or takes them from the model's list;
+// top-p takes a sorted prefix that holds its nucleus from the model's
+// nucleus kernel (model/kernels/sampling_kernels.h) and cuts it in double.
+#ifndef TXL_SERVER_SAMPLING_SAMPLER_H_
+#define TXL_SERVER_SAMPLING_SAMPLER_H_
+
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace txl {
+
+struct SamplingConfig {
+  float temperature = 0.0f;  // 0: greedy (argmax)
+  int top_k = 0;             // 0: no limit
+  float top_p = 0.0f;        // 0 or 1: no limit
+  uint64_t seed = 0;         // 0: the caller supplies a random seed
+};
+
+// INVALID_ARGUMENT naming the field and its range.
+absl::Status ValidateSampling(const SamplingConfig& config);
+
+// Not thread-safe: one request owns one Sampler.
+class Sampler {
+ public:
+  // `seed` is used when config.seed is 0.
+  Sampler(const SamplingConfig& config, uint64_t seed);
+
+  int Sample(absl::Span<const float> logprobs);
+
+  // True when a draw needs no more than DrawInIdOrder at temperature() (a
+  // temperature > 0, no top-k or top-p): the model can then draw itself
+  // (StepInput::Pick::kDraw) from NextUniform(), the same uniform Sample
+  // would have used.
+  bool IdOrderDraw() const;
+  bool Greedy() const { return config_.temperature == 0.0f; }
+  float temperature() const { return config_.temperature; }
+  float top_p() const { return config_.top_p; }
+  double NextUniform();
+
+  // k when the draw needs only the k most likely tokens (a temperature > 0
+  // with top-k, with or without top-p), else 0. The model can then list
+  // them (StepInput::top_n) instead of sending the whole row.
+  int TopCandidates() const;
+
+  // The token Sample would draw from the whole row, from that row's top
+  // candidates only: `top` holds its TopCandidates() most likely tokens,
+  // sorted as TopN sorts them. Uses one uniform, as Sample does.
+  int SampleFromTop(absl::Span<const std::pair<int, float>> top);
+
+  // True for top-p without top-k: the model can then list a prefix of the
+  // row that holds the nucleus, with the row's total weight
+  // (StepInput::nucleus_p), and SampleFromNucleus cuts and draws there.
+  bool NucleusOnly() const;
+  // The token Sample would draw from the whole row, up to the rounding of
+  // `total` (the model sums float weights): `nucleus` sorted as TopN sorts,
+  // holding the nucleus. Uses one uniform, as Sample does.
+  int SampleFromNucleus(absl::Span<const std::pair<int, float>> nucleus, double total);
+
+ private:
+  struct Candidate {
+    float logprob;
+    int id;
+    double weight;  // tempered, relative to the best
+  };
+  // Top-p without top-k, at u.
+  int SampleNucleus(absl::Span<const float> logprobs, double best, double u);
+  // scratch_[0, keep) sorted, `total` the weight the top-p cut is taken
+  // against: the cut (if any), then the draw at u in that order.
+  int CutAndDraw(size_t keep, double total, double u);
+
+  SamplingConfig config_;
+  std::mt19937_64 rng_;
+  std::vector<Candidate> scratch_;
+};
+
+// The first token in id order whose cumulative weight exceeds u * total,
+// weights exp(logprob / temperature) (at temperature 1 exactly exp(logprob),
+// as the model's own draw sums them; otherwise relative to the best, so they
+// neither overflow nor all underflow). u in [0, 1).
+int DrawInIdOrder(absl::Span<const float> logprobs, double u, float temperature);
+
+// The n most likely tokens, most likely first (ties: lower id first); a heap
+// of n, not a sort of the vocabulary.
+std::vector<std::pair<int, float>> TopN(absl::Span<const float> logprobs, int n);
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_SAMPLING_SAMPLER_H_

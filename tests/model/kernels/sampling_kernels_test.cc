@@ -1,0 +1,104 @@
+// The in-model sampling kernels against the sampler's arithmetic done
+// directly in double: the same nucleus prefix and total, the same draw
+// except within rounding of a boundary.
+#include "model/kernels/sampling_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "tests/model/model_fixture.h"
+
+namespace txl {
+namespace {
+
+// Log-probs with runs of equal values, a long tail and (long rows) some -inf.
+std::vector<float> Row(int64_t n, uint64_t seed, float spread) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, spread);
+  std::vector<double> logits(n);
+  for (int64_t i = 0; i < n; ++i) logits[i] = i % 11 == 5 ? logits[i - 1] : normal(rng);
+  double z = 0;
+  for (double x : logits) z += std::exp(x);
+  std::vector<float> out;
+  for (double x : logits) out.push_back(static_cast<float>(x - std::log(z)));
+  for (int k = 0; n > 100 && k < 20; ++k) out[rng() % n] = -std::numeric_limits<float>::infinity();
+  return out;
+}
+
+std::vector<double> Weights(const std::vector<float>& row, float t) {
+  const double best = *std::max_element(row.begin(), row.end());
+  std::vector<double> w;
+  for (float lp : row) w.push_back(std::exp((lp - best) / t));
+  return w;
+}
+
+TEST(SamplingKernelsTest, TheNucleusListIsASortedPrefixThatHoldsTheNucleus) {
+  for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{5003}}) {
+    for (float t : {0.4f, 1.0f, 2.5f}) {
+      for (float p : {0.3f, 0.9f, 0.999f}) {
+        const std::vector<float> row = Row(n, n * 7 + static_cast<uint64_t>(t * 10), 3.0f);
+        const NucleusList got = NucleusOf(row.data(), n, t, p);
+        const std::vector<double> w = Weights(row, t);
+        double total = 0;
+        for (double x : w) total += x;
+        EXPECT_NEAR(got.total / total, 1.0, 1e-6) << n << " " << t << " " << p;
+        const TokenList sorted = testing::SortedTokens(row.data(), n);
+        ASSERT_GE(got.tokens.size(), 1u);
+        ASSERT_LE(got.tokens.size(), sorted.size());
+        for (size_t i = 0; i < got.tokens.size(); ++i) ASSERT_EQ(got.tokens[i], sorted[i]) << "rank " << i;
+        double mass = 0;
+        size_t nucleus = 0;
+        while (nucleus < sorted.size() && mass < p) mass += w[sorted[nucleus++].first] / total;
+        EXPECT_GE(got.tokens.size(), nucleus) << "the list holds the nucleus";
+        if (n > 1000 && p < 0.5f) EXPECT_LT(got.tokens.size(), static_cast<size_t>(n) / 2) << "not the whole row";
+        for (const auto& [id, lp] : got.tokens) EXPECT_TRUE(std::isfinite(lp)) << "an impossible token listed";
+      }
+    }
+  }
+}
+
+TEST(SamplingKernelsTest, TheTemperedDrawWalksTheRowInIdOrder) {
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  int boundary = 0;
+  for (int64_t n : {int64_t{7}, int64_t{5003}}) {
+    for (float t : {0.3f, 0.8f, 2.0f}) {
+      const std::vector<float> row = Row(n, 100 + n, 2.0f);
+      const std::vector<double> w = Weights(row, t);
+      std::vector<double> cdf;
+      double acc = 0;
+      for (double x : w) cdf.push_back(acc += x);
+      for (int k = 0; k < 300; ++k) {
+        const double u = k == 0 ? 0.0 : k == 1 ? std::nextafter(1.0, 0.0) : uniform(rng);
+        const int got = DrawTempered(row.data(), n, t, u);
+        ASSERT_GE(got, 0);
+        ASSERT_LT(got, n);
+        EXPECT_TRUE(std::isfinite(row[got])) << "drew an impossible token";
+        const int64_t want = std::min<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), u * acc) - cdf.begin(), n - 1);
+        if (got != want && std::isfinite(row[want])) {
+          ++boundary;
+          EXPECT_NEAR(u * acc / acc, cdf[std::min<int64_t>(got, want)] / acc, 1e-6) << "u " << u;
+        }
+      }
+    }
+  }
+  EXPECT_LT(boundary, 5) << "float rounding moves only draws that land on a boundary";
+}
+
+TEST(SamplingKernelsTest, ARowWithNaNGivesNoAnswer) {
+  std::vector<float> row = Row(100, 1, 1.0f);
+  row[40] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(NucleusOf(row.data(), 100, 1.0f, 0.9f).tokens.empty());
+  EXPECT_EQ(DrawTempered(row.data(), 100, 0.7f, 0.5), -1);
+  row[40] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(NucleusOf(row.data(), 100, 1.0f, 0.9f).tokens.empty());
+  EXPECT_EQ(DrawTempered(row.data(), 100, 0.7f, 0.5), -1);
+}
+
+}  // namespace
+}  // namespace txl

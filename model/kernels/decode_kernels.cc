@@ -329,62 +329,27 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
   }
 }
 
+// The kernels' entry points, one body each for every instruction set
+// (cpu_isa.h). Attend reads head rows in pairs of vectors where dh allows.
 template <typename KT, typename RT>
-TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void AttendAvx512(const DecodeAttentionArgs& a, int64_t b,
-                                                                          int64_t e) {
-  if (a.dh % 32 == 0) return AttendBody<V16, KT, RT, 512, true>(a, b, e);
-  AttendBody<V16, KT, RT, 512, false>(a, b, e);
-}
-template <typename KT, typename RT>
-TXL_FLATTEN __attribute__((target("avx2,fma"))) void AttendAvx2(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  if (a.dh % 16 == 0) return AttendBody<V8, KT, RT, 256, true>(a, b, e);
-  AttendBody<V8, KT, RT, 256, false>(a, b, e);
-}
-template <typename KT, typename RT>
-void AttendPlain(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
-  if (a.dh % 16 == 0) return AttendBody<V8, KT, RT, 0, true>(a, b, e);
-  AttendBody<V8, KT, RT, 0, false>(a, b, e);
-}
-
-template <typename KT, typename RT>
-void Attend(const DecodeAttentionArgs& a, int64_t b, int64_t e, KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::kAvx512: return AttendAvx512<KT, RT>(a, b, e);
-    case KernelIsa::kAvx2: return AttendAvx2<KT, RT>(a, b, e);
-    default: return AttendPlain<KT, RT>(a, b, e);
+struct AttendKernel {
+  template <int kBits>
+  __attribute__((always_inline)) static void Run(const DecodeAttentionArgs& a, int64_t b, int64_t e) {
+    using V = std::conditional_t<kBits == 512, V16, V8>;
+    constexpr int64_t kPair = 2 * static_cast<int64_t>(sizeof(V) / sizeof(float));
+    if (a.dh % kPair == 0) return AttendBody<V, KT, RT, kBits, true>(a, b, e);
+    AttendBody<V, KT, RT, kBits, false>(a, b, e);
   }
-}
+};
 
 template <typename T>
-TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void GemvAvx512(const WeightMatrix& w, const float* x,
-                                                                        const float* bias, bool relu, float* y,
-                                                                        int64_t cols, int64_t b, int64_t e) {
-  GemvBody<V16, T, 512>(w, x, bias, relu, y, cols, b, e);
-}
-template <typename T>
-TXL_FLATTEN __attribute__((target("avx2,fma"))) void GemvAvx2(const WeightMatrix& w, const float* x, const float* bias,
-                                                              bool relu, float* y, int64_t cols, int64_t b, int64_t e) {
-  GemvBody<V8, T, 256>(w, x, bias, relu, y, cols, b, e);
-}
-template <typename T>
-void GemvPlain(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols, int64_t b,
-               int64_t e) {
-  GemvBody<V8, T, 0>(w, x, bias, relu, y, cols, b, e);
-}
-
-template <typename T>
-void Gemv(KernelIsa isa, const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
-          int64_t b, int64_t e) {
-  switch (isa) {
-    // float32 rows stay on AVX2: measured no faster on AVX-512 (bound by
-    // memory), and its summation order is the one the parity tests pin.
-    case KernelIsa::kAvx512:
-      if constexpr (!std::is_same_v<T, float>) return GemvAvx512<T>(w, x, bias, relu, y, cols, b, e);
-      [[fallthrough]];
-    case KernelIsa::kAvx2: return GemvAvx2<T>(w, x, bias, relu, y, cols, b, e);
-    default: return GemvPlain<T>(w, x, bias, relu, y, cols, b, e);
+struct GemvKernel {
+  template <int kBits>
+  __attribute__((always_inline)) static void Run(const WeightMatrix& w, const float* x, const float* bias, bool relu,
+                                                 float* y, int64_t cols, int64_t b, int64_t e) {
+    GemvBody<std::conditional_t<kBits == 512, V16, V8>, T, kBits>(w, x, bias, relu, y, cols, b, e);
   }
-}
+};
 
 // ---- Packed products. A tile is R input rows x NV vectors of W lanes; its
 // R * NV accumulators stay in registers over the whole dot product (AVX-512:
@@ -564,67 +529,19 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
 }
 
 template <typename T>
-TXL_FLATTEN __attribute__((target("avx512f,avx512bw"))) void ProductAvx512(const PackedMatrix& w, const float* x,
-                                                                           int64_t batch, const float* bias, bool relu,
-                                                                           float* y, int64_t b, int64_t e) {
-  ProductBody<V16, T, 512, 16, 4>(w, x, batch, bias, relu, y, b, e);
-}
-template <typename T>
-TXL_FLATTEN __attribute__((target("avx2,fma"))) void ProductAvx2(const PackedMatrix& w, const float* x, int64_t batch,
-                                                                 const float* bias, bool relu, float* y, int64_t b,
-                                                                 int64_t e) {
-  ProductBody<V8, T, 256, 8, 2>(w, x, batch, bias, relu, y, b, e);
-}
-template <typename T>
-void ProductPlain(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
-                  int64_t b, int64_t e) {
-  ProductBody<V8, T, 0, 8, 2>(w, x, batch, bias, relu, y, b, e);
-}
-
-template <typename T>
-void Product(KernelIsa isa, const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu,
-             float* y, int64_t b, int64_t e) {
-  switch (isa) {
-    case KernelIsa::kAvx512:
-      if constexpr (std::is_same_v<T, Bf16>) {
-        if (w.bf16_products && CpuRunsAmx()) {
-          return AmxProduct(static_cast<const uint16_t*>(w.data), w.rows, w.cols, PanelStride(w.cols, w.elem), x, batch,
-                            bias, relu, y, b, e);
-        }
-      }
-      return ProductAvx512<T>(w, x, batch, bias, relu, y, b, e);
-    case KernelIsa::kAvx2: return ProductAvx2<T>(w, x, batch, bias, relu, y, b, e);
-    default: return ProductPlain<T>(w, x, batch, bias, relu, y, b, e);
+struct ProductKernel {
+  template <int kBits>
+  __attribute__((always_inline)) static void Run(const PackedMatrix& w, const float* x, int64_t batch,
+                                                 const float* bias, bool relu, float* y, int64_t b, int64_t e) {
+    if constexpr (kBits == 512) {
+      ProductBody<V16, T, 512, 16, 4>(w, x, batch, bias, relu, y, b, e);
+    } else {
+      ProductBody<V8, T, kBits, 8, 2>(w, x, batch, bias, relu, y, b, e);
+    }
   }
-}
-
-// The widest of the given ones this CPU runs: kBest resolved once, and a
-// named set never above what the CPU has.
-KernelIsa Resolve(KernelIsa isa) {
-  static const KernelIsa best = CpuRuns(KernelIsa::kAvx512) ? KernelIsa::kAvx512
-                                : CpuRuns(KernelIsa::kAvx2) ? KernelIsa::kAvx2
-                                                            : KernelIsa::kPlain;
-  if (isa == KernelIsa::kBest || !CpuRuns(isa)) return best;
-  return isa;
-}
+};
 
 }  // namespace
-
-bool CpuRuns(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::kAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    case KernelIsa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    default: return true;
-  }
-}
-
-const char* BestIsaName() {
-  switch (Resolve(KernelIsa::kBest)) {
-    case KernelIsa::kAvx512: return "avx512";
-    case KernelIsa::kAvx2: return "avx2";
-    default: return "plain";
-  }
-}
 
 int64_t ElemBytes(Elem e) { return e == Elem::kF32 ? 4 : e == Elem::kBf16 ? 2 : 1; }
 
@@ -638,21 +555,23 @@ void RoundToBf16(float* x, int64_t n) {
 }
 
 void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa) {
-  const KernelIsa r = Resolve(isa);
   const bool kv16 = args.kv == Elem::kBf16, rel16 = args.rel_elem == Elem::kBf16;
-  if (kv16 && rel16) return Attend<Bf16, Bf16>(args, begin, end, r);
-  if (kv16) return Attend<Bf16, float>(args, begin, end, r);
-  if (rel16) return Attend<float, Bf16>(args, begin, end, r);
-  Attend<float, float>(args, begin, end, r);
+  if (kv16 && rel16) return DispatchIsa<AttendKernel<Bf16, Bf16>>(isa, args, begin, end);
+  if (kv16) return DispatchIsa<AttendKernel<Bf16, float>>(isa, args, begin, end);
+  if (rel16) return DispatchIsa<AttendKernel<float, Bf16>>(isa, args, begin, end);
+  DispatchIsa<AttendKernel<float, float>>(isa, args, begin, end);
 }
 
 void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
               int64_t begin, int64_t end, KernelIsa isa) {
-  const KernelIsa r = Resolve(isa);
   switch (w.elem) {
-    case Elem::kBf16: return Gemv<Bf16>(r, w, x, bias, relu, y, cols, begin, end);
-    case Elem::kI8: return Gemv<int8_t>(r, w, x, bias, relu, y, cols, begin, end);
-    default: return Gemv<float>(r, w, x, bias, relu, y, cols, begin, end);
+    case Elem::kBf16: return DispatchIsa<GemvKernel<Bf16>>(isa, w, x, bias, relu, y, cols, begin, end);
+    case Elem::kI8: return DispatchIsa<GemvKernel<int8_t>>(isa, w, x, bias, relu, y, cols, begin, end);
+    default:
+      // float32 rows stay on AVX2: measured no faster on AVX-512 (bound by
+      // memory), and its summation order is the one the parity tests pin.
+      if (ResolveIsa(isa) == KernelIsa::kAvx512) isa = KernelIsa::kAvx2;
+      return DispatchIsa<GemvKernel<float>>(isa, w, x, bias, relu, y, cols, begin, end);
   }
 }
 
@@ -692,11 +611,16 @@ void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed)
 
 void PackedProduct(const PackedMatrix& w, const float* x, int64_t batch, const float* bias, bool relu, float* y,
                    int64_t begin, int64_t end, KernelIsa isa) {
-  const KernelIsa r = Resolve(isa);
   switch (w.elem) {
-    case Elem::kBf16: return Product<Bf16>(r, w, x, batch, bias, relu, y, begin, end);
-    case Elem::kI8: return Product<int8_t>(r, w, x, batch, bias, relu, y, begin, end);
-    default: return Product<float>(r, w, x, batch, bias, relu, y, begin, end);
+    case Elem::kBf16:
+      // bfloat16 products run on AMX tiles where AVX-512 is asked for and the CPU has them.
+      if (w.bf16_products && ResolveIsa(isa) == KernelIsa::kAvx512 && CpuRunsAmx()) {
+        return AmxProduct(static_cast<const uint16_t*>(w.data), w.rows, w.cols, PanelStride(w.cols, w.elem), x, batch,
+                          bias, relu, y, begin, end);
+      }
+      return DispatchIsa<ProductKernel<Bf16>>(isa, w, x, batch, bias, relu, y, begin, end);
+    case Elem::kI8: return DispatchIsa<ProductKernel<int8_t>>(isa, w, x, batch, bias, relu, y, begin, end);
+    default: return DispatchIsa<ProductKernel<float>>(isa, w, x, batch, bias, relu, y, begin, end);
   }
 }
 

@@ -5,22 +5,20 @@
 // plain arrays of float32, bfloat16 or int8; the caller (incremental.cc) splits the work over
 // threads, each call covering a range of work items.
 //
-// Each is compiled for several instruction sets; kBest picks the widest this
-// CPU runs (tests name the others, so every variant is checked here).
+// Each is compiled for several instruction sets (cpu_isa.h).
 #ifndef TXL_MODEL_KERNELS_DECODE_KERNELS_H_
 #define TXL_MODEL_KERNELS_DECODE_KERNELS_H_
 
 #include <cstdint>
 
+#include "model/kernels/cpu_isa.h"
+
 namespace txl {
 
-// kAvx512 applies to PackedProduct, DecodeAttention and the reduced-precision GemvRows;
-// the others use AVX2 for it. PackedProduct's bfloat16 products run on AMX
-// tiles under kAvx512 (and kBest) where the CPU has them.
-enum class KernelIsa { kBest, kPlain, kAvx2, kAvx512 };
-bool CpuRuns(KernelIsa isa);
-// The widest of KernelIsa this CPU runs ("avx512", "avx2" or "plain").
-const char* BestIsaName();
+// KernelIsa (cpu_isa.h): kAvx512 applies to PackedProduct, DecodeAttention and
+// the reduced-precision GemvRows; float32 GemvRows use AVX2 for it.
+// PackedProduct's bfloat16 products run on AMX tiles under kAvx512 (and
+// kBest) where the CPU has them.
 
 // What the kernels read: float32, bfloat16 (the upper half of a float32's
 // bits, rounded to nearest even) or int8 (times a float scale per row). The

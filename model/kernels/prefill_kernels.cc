@@ -83,27 +83,23 @@ __attribute__((always_inline)) inline void Rows(const ScoreSoftmaxArgs& a, int64
 }
 
 template <typename T, typename P>
-TXL_FLATTEN __attribute__((target("avx2,fma"))) void RowsAvx2(const ScoreSoftmaxArgs& a, int64_t b, int64_t e) {
-  Rows<T, P, 256>(a, b, e);
-}
-template <typename T, typename P>
-void RowsPlain(const ScoreSoftmaxArgs& a, int64_t b, int64_t e) {
-  Rows<T, P, 0>(a, b, e);
-}
-template <typename T, typename P>
-void Dispatch(const ScoreSoftmaxArgs& a, int64_t b, int64_t e, bool plain) {
-  plain ? RowsPlain<T, P>(a, b, e) : RowsAvx2<T, P>(a, b, e);
-}
+struct RowsKernel {
+  template <int kBits>
+  __attribute__((always_inline)) static void Run(const ScoreSoftmaxArgs& a, int64_t b, int64_t e) {
+    Rows<T, P, kBits>(a, b, e);
+  }
+};
 
 }  // namespace
 
 void ScoreSoftmax(const ScoreSoftmaxArgs& a, int64_t begin, int64_t end, KernelIsa isa) {
-  const bool plain = isa == KernelIsa::kPlain || !CpuRuns(KernelIsa::kAvx2);
+  // Eight-lane rows: AVX-512 runs the AVX2 body.
+  if (ResolveIsa(isa) == KernelIsa::kAvx512) isa = KernelIsa::kAvx2;
   const bool in16 = a.elem == Elem::kBf16, out16 = a.prob_elem == Elem::kBf16;
-  if (in16 && out16) return Dispatch<Bf16, Bf16>(a, begin, end, plain);
-  if (in16) return Dispatch<Bf16, float>(a, begin, end, plain);
-  if (out16) return Dispatch<float, Bf16>(a, begin, end, plain);
-  Dispatch<float, float>(a, begin, end, plain);
+  if (in16 && out16) return DispatchIsa<RowsKernel<Bf16, Bf16>>(isa, a, begin, end);
+  if (in16) return DispatchIsa<RowsKernel<Bf16, float>>(isa, a, begin, end);
+  if (out16) return DispatchIsa<RowsKernel<float, Bf16>>(isa, a, begin, end);
+  DispatchIsa<RowsKernel<float, float>>(isa, a, begin, end);
 }
 
 }  // namespace txl

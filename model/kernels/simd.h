@@ -101,13 +101,11 @@ __attribute__((target("avx2"))) inline V8 WidenBf16x8(const void* p) {
   std::memcpy(&r, &w, sizeof(r));
   return r;
 }
-#define TXL_FLATTEN __attribute__((flatten))
 // Code that runs only on AVX-512 CPUs (the AMX kernels), compiled for it.
 // clang (the sanitizer builds) compiles it generically: it refuses vector
 // arguments between functions of different targets.
 #define TXL_AVX512 __attribute__((target("avx512f,avx512bw")))
 #else
-#define TXL_FLATTEN
 #define TXL_AVX512
 #endif
 

@@ -1,0 +1,60 @@
+// The instruction sets the CPU kernels are compiled for, and the one way a
+// kernel picks among them (after CTranslate2's cpu_isa.h): a kernel is a
+// struct with `template <int kBits> static void Run(args...)`, where kBits is
+// 512 (AVX-512), 256 (AVX2 + FMA) or 0 (plain C++), and DispatchIsa runs it
+// compiled for the set asked for. Kernel sources only (it needs no torch).
+#ifndef TXL_MODEL_KERNELS_CPU_ISA_H_
+#define TXL_MODEL_KERNELS_CPU_ISA_H_
+
+#include <utility>
+
+namespace txl {
+
+// kBest: the widest this CPU runs. Tests name the others, so every variant is
+// checked on a CPU that has it.
+enum class KernelIsa { kBest, kPlain, kAvx2, kAvx512 };
+bool CpuRuns(KernelIsa isa);
+// kBest resolved to the widest set this CPU runs; a named set the CPU lacks
+// falls back to that too.
+KernelIsa ResolveIsa(KernelIsa isa);
+// "avx512", "avx2" or "plain" (kBest resolved).
+const char* IsaName(KernelIsa isa);
+inline const char* BestIsaName() { return IsaName(KernelIsa::kBest); }
+
+namespace isa_internal {
+// The entry points, one per set: each is compiled for its set, and `flatten`
+// inlines the kernel's whole body into it (so the shared template bodies get
+// that set's code). clang (the sanitizer builds only) has no flatten here.
+#if defined(__clang__)
+#define TXL_ISA_FLATTEN
+#else
+#define TXL_ISA_FLATTEN __attribute__((flatten))
+#endif
+template <class Kernel, class... A>
+TXL_ISA_FLATTEN __attribute__((target("avx512f,avx512bw"))) void RunAvx512(A&&... a) {
+  Kernel::template Run<512>(std::forward<A>(a)...);
+}
+template <class Kernel, class... A>
+TXL_ISA_FLATTEN __attribute__((target("avx2,fma"))) void RunAvx2(A&&... a) {
+  Kernel::template Run<256>(std::forward<A>(a)...);
+}
+template <class Kernel, class... A>
+void RunPlain(A&&... a) {
+  Kernel::template Run<0>(std::forward<A>(a)...);
+}
+#undef TXL_ISA_FLATTEN
+}  // namespace isa_internal
+
+// Runs Kernel::Run<kBits>(a...) compiled for `isa` (resolved by ResolveIsa).
+template <class Kernel, class... A>
+void DispatchIsa(KernelIsa isa, A&&... a) {
+  switch (ResolveIsa(isa)) {
+    case KernelIsa::kAvx512: return isa_internal::RunAvx512<Kernel>(std::forward<A>(a)...);
+    case KernelIsa::kAvx2: return isa_internal::RunAvx2<Kernel>(std::forward<A>(a)...);
+    default: return isa_internal::RunPlain<Kernel>(std::forward<A>(a)...);
+  }
+}
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_KERNELS_CPU_ISA_H_

@@ -137,7 +137,7 @@ absl::StatusOr<json> ParseBody(const std::string& body, HttpError* error) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     *error = Bad("", absl::StrCat("the request body is not valid JSON (", e.what(), ")"));
     return absl::InvalidArgumentError(error->message);
   }
@@ -312,7 +312,7 @@ absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string&
       msg.content = content.get<std::string>();
     } else if (content.is_array()) {  // parts: only text
       for (const json& part : content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
           return fail(Bad(where, absl::StrCat(where, ".content: only parts of type 'text' are supported")));
         }

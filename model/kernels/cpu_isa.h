@@ -20,6 +20,12 @@ KernelIsa ResolveIsa(KernelIsa isa);
 // "avx512", "avx2" or "plain" (kBest resolved).
 const char* IsaName(KernelIsa isa);
 inline const char* BestIsaName() { return IsaName(KernelIsa::kBest); }
+// The CPU has AMX's bfloat16 tiles.
+bool CpuHasAmx();
+// The CPU has fast bfloat16 matrix products (AMX tiles or AVX-512-BF16), as
+// oneDNN runs them; elsewhere they would run a slow reference path, so the
+// prefill widens the weights instead.
+bool CpuHasBf16Products();
 
 namespace isa_internal {
 // The entry points, one per set: each is compiled for its set, and `flatten`

@@ -16,98 +16,6 @@
 
 namespace txl {
 
-SessionMemory::~SessionMemory() { ReleaseSlots(); }
-
-SessionMemory::SessionMemory(SessionMemory&& other) noexcept
-    : mem_len_(other.mem_len_),
-      full_bytes_(other.full_bytes_),
-      position_(other.position_),
-      length_(other.length_),
-      capacity_(other.capacity_),
-      k_(std::move(other.k_)),
-      v_(std::move(other.v_)),
-      pool_(std::move(other.pool_)),
-      slots_(std::move(other.slots_)) {
-  other.pool_.reset();
-  other.slots_.clear();
-  other.capacity_ = 0;
-}
-
-SessionMemory& SessionMemory::operator=(SessionMemory&& other) noexcept {
-  if (this == &other) return *this;
-  ReleaseSlots();
-  mem_len_ = other.mem_len_;
-  full_bytes_ = other.full_bytes_;
-  position_ = other.position_;
-  length_ = other.length_;
-  capacity_ = other.capacity_;
-  k_ = std::move(other.k_);
-  v_ = std::move(other.v_);
-  pool_ = std::move(other.pool_);
-  slots_ = std::move(other.slots_);
-  other.pool_.reset();
-  other.slots_.clear();
-  other.capacity_ = 0;
-  return *this;
-}
-
-void SessionMemory::ReleaseSlots() {
-  if (pool_ && !slots_.empty()) pool_->Give(slots_);
-  slots_.clear();
-  pool_.reset();
-}
-
-int64_t SessionMemory::bytes() const {
-  if (pool_) return 2 * static_cast<int64_t>(k_.size()) * static_cast<int64_t>(slots_.size()) * pool_->row_bytes();
-  if (k_.empty() || !k_[0].defined()) return 0;
-  const at::Tensor& t = k_[0];  // [H, capacity, dh]: what is allocated, not just what is held
-  return 2 * static_cast<int64_t>(k_.size()) * capacity_ * t.size(0) * t.size(2) * t.element_size();
-}
-
-absl::StatusOr<std::unique_ptr<SessionState>> SessionMemory::Clone() const {
-  try {
-    return std::unique_ptr<SessionState>(new SessionMemory(Copy()));
-  } catch (const c10::Error& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
-  }
-}
-
-absl::Status SessionMemory::AppendTo(std::string* out) const {
-  try {
-    WriteImage(out);
-    return absl::OkStatus();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("copying a session's memory out failed: ", e.what_without_backtrace()));
-  }
-}
-
-SessionMemory SessionMemory::Copy() const {
-  SessionMemory copy(static_cast<int64_t>(k_.size()), mem_len_, full_bytes_);
-  copy.position_ = position_;
-  copy.length_ = length_;
-  copy.capacity_ = capacity_;
-  if (pool_) {  // rows of the same pool, copied layer by layer
-    copy.pool_ = pool_;
-    copy.slots_ = pool_->Take(static_cast<int64_t>(slots_.size()));
-    const at::Device device = pool_->keys(0).device();
-    const auto lopt = at::TensorOptions().dtype(at::kLong);
-    const at::Tensor from = at::tensor(slots_, lopt).to(device), to = at::tensor(copy.slots_, lopt).to(device);
-    for (size_t l = 0; l < k_.size(); ++l) {
-      for (at::Tensor* t : {&pool_->keys(l), &pool_->values(l)}) t->index_copy_(0, to, t->index_select(0, from));
-    }
-    return copy;
-  }
-  if (k_.empty() || !k_[0].defined()) return copy;
-  const int64_t n = static_cast<int64_t>(k_.size());
-  std::vector<at::Tensor> rings = NewRings(2 * n, k_[0].sizes().vec(), k_[0].options());
-  for (int64_t l = 0; l < n; ++l) {
-    copy.k_[l] = rings[2 * l].copy_(k_[l]);
-    copy.v_[l] = rings[2 * l + 1].copy_(v_[l]);
-  }
-  return copy;
-}
-
 namespace {
 
 // Queries per block of a long one-session prefill (Pass): small enough that a
@@ -156,6 +64,18 @@ struct IncrementalModel::Pending {
   std::vector<at::Tensor> k, v;
   bool replaced() const { return !k.empty() && k[0].defined(); }
 };
+
+IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision)
+    : config_(std::move(config)),
+      weights_(weights.To(device)),
+      device_(device),
+      dtype_(precision.dtype),
+      kv_dtype_(precision.kv_dtype),
+      isa_(precision.isa),
+      generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
+      bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())) {
+  PrepareWeights();
+}
 
 void IncrementalModel::EnsureRelTable(int64_t distances) {
   if (distances <= rel_size_) return;

@@ -2,10 +2,9 @@
 // projected keys and values of every layer for its last mem_len - 1
 // positions; a step advances a batch of sessions, each by 0..n new tokens.
 //
-// Semantics (docs/DESIGN.md §3): every token attends to itself and the tokens
-// before it, at most mem_len keys in all (the original same_length mask).
-// Hidden states are therefore a pure function of the token history, and any
-// chunking or batching gives the same results up to float rounding.
+// Semantics (docs/DESIGN.md, "The model, and why serving it incrementally is exact"): every token attends to itself and
+// the tokens before it, at most mem_len keys in all (the original same_length mask). Hidden states are therefore a pure
+// function of the token history, and any chunking or batching gives the same results up to float rounding.
 #ifndef TXL_MODEL_NET_INCREMENTAL_H_
 #define TXL_MODEL_NET_INCREMENTAL_H_
 
@@ -18,80 +17,16 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/kernels/decode_kernels.h"
-#include "model/net/huge_pages.h"
-#include "model/model_config.h"
-#include "model/precision.h"
 #include "model/kernels/prefill_attention.h"
+#include "model/model_config.h"
+#include "model/net/huge_pages.h"
+#include "model/net/session_memory.h"
 #include "model/net/slot_pool.h"
-#include "model/step.h"
 #include "model/net/weights.h"
+#include "model/precision.h"
+#include "model/step.h"
 
 namespace txl {
-
-// One session's memory: the model's SessionState (model/step.h). Not
-// thread-safe; owned by whoever owns the session.
-//
-// Layout: per layer, keys and values live in ring buffers [H, capacity, dh]
-// where position p occupies slot p % mem_len. The capacity grows (with
-// copies) until it reaches mem_len, and then stays: a decode step writes its
-// new key and value in place into the slot of the position that just left the
-// window, so a full session never reallocates or copies its memory. (One slot
-// more than the mem_len - 1 held positions, so that a step's new key never
-// overwrites a key that step still attends.)
-//
-// On the generic path (a GPU, --kernels generic) the slots live in the
-// model's SlotPool instead: slots_[r] is the pool row of ring slot r, in
-// every layer, and k_ / v_ stay undefined. A memory made elsewhere (an
-// image) moves into the pool at its first step there (IncrementalModel::Adopt).
-class SessionMemory final : public SessionState {
- public:
-  // full_bytes: what the memory takes once its window is full (admission
-  // control reserves it; LanguageModel::FullMemoryBytes).
-  SessionMemory(int64_t n_layer, int64_t mem_len, int64_t full_bytes = 0)
-      : mem_len_(mem_len), full_bytes_(full_bytes), k_(n_layer), v_(n_layer) {}
-  ~SessionMemory() override;  // gives pool rows back
-  SessionMemory(SessionMemory&& other) noexcept;
-  SessionMemory& operator=(SessionMemory&& other) noexcept;
-  SessionMemory(const SessionMemory&) = delete;
-  SessionMemory& operator=(const SessionMemory&) = delete;
-
-  int64_t mem_len() const override { return mem_len_; }
-  int64_t position() const override { return position_; }  // tokens in the history
-  int64_t length() const { return length_; }               // positions held
-  int64_t bytes() const;                                   // allocated: capacity slots in every layer
-  int64_t capacity() const { return capacity_; }           // ring slots per layer
-  int64_t memory_tokens() const override { return length_; }
-  int64_t memory_bytes() const override { return bytes(); }
-  int64_t full_memory_bytes() const override { return full_bytes_; }
-  void set_full_memory_bytes(int64_t bytes) { full_bytes_ = bytes; }
-  bool pooled() const { return pool_ != nullptr; }  // its slots live in a model's SlotPool
-  SessionMemory Copy() const;                       // deep copy (fork); throws c10::Error when out of memory
-  absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override;
-
-  // A byte image of the memory (session_snapshot.cc), and its inverse for a
-  // model of the same shape on `device`: INVALID_ARGUMENT naming what does
-  // not fit (damaged data, another model's shape). Exact: a restored session
-  // continues bit for bit like the original.
-  void WriteImage(std::string* out) const;  // throws c10::Error when the device copy fails
-  absl::Status AppendTo(std::string* out) const override;
-  // An image of either kv dtype restores into `kv_type` rings (float32 or
-  // bfloat16), converted: widening is exact, narrowing rounds to nearest
-  // even, as the server's own steps store a new key.
-  static absl::StatusOr<SessionMemory> Parse(const std::string& data, const ModelConfig& config,
-                                             const at::Device& device, at::ScalarType kv_type = at::kFloat);
-
- private:
-  friend class IncrementalModel;
-  int64_t mem_len_;
-  int64_t full_bytes_;
-  int64_t position_ = 0;
-  int64_t length_ = 0;
-  int64_t capacity_ = 0;            // < mem_len only while position_ <= capacity_ (no wrap yet)
-  std::vector<at::Tensor> k_, v_;   // per layer [H, capacity, dh]; undefined while capacity is 0 or pooled
-  std::shared_ptr<SlotPool> pool_;  // set while the slots live in a pool
-  std::vector<int64_t> slots_;      // pooled: the pool row of each ring slot (capacity_ of them)
-  void ReleaseSlots();
-};
 
 // Owns the weights on one device and the relative-position key table.
 // Not thread-safe: one thread (the engine's) drives it.
@@ -169,6 +104,9 @@ class IncrementalModel {
   at::Tensor AttentionOperand(const at::Tensor& t) const;
   at::Tensor AttentionProduct(const at::Tensor& a, const at::Tensor& b) const;
   void EnsureRelTable(int64_t distances);
+  // The constructor's second half (incremental_weights.cc): the weights in
+  // the form the kernels read, or the generic path's pool.
+  void PrepareWeights();
 
   ModelConfig config_;
   TxlWeights weights_;

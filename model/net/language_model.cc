@@ -15,10 +15,10 @@
 #include "absl/strings/str_format.h"
 #include "base/hash.h"
 #include "base/status_macros.h"
+#include "model/kernels/sampling_kernels.h"
 #include "model/net/checkpoint.h"
 #include "model/net/incremental.h"
 #include "model/net/output_layer.h"
-#include "model/kernels/sampling_kernels.h"
 #include "model/net/txl_math.h"
 #include "model/net/weights.h"
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "model/model_config.h"
-#include "model/step.h"
 #include "model/net/weights.h"
+#include "model/step.h"
 
 namespace txl {
 

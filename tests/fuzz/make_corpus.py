@@ -163,7 +163,7 @@ def journal_seeds():
 
 
 def session_import_seeds():
-    # The memory image's header fields (model/net/session_snapshot.cc) at 8 + 8 * i:
+    # The memory image's header fields (model/net/session_memory.cc) at 8 + 8 * i:
     # n_layer, n_head, d_head, mem_len, position, length, capacity, element size.
     def patch(field, value):
         return struct.pack("<HB", 8 + 8 * field, 8) + struct.pack("<q", value)

@@ -62,7 +62,7 @@ std::unique_ptr<LanguageModel> g_model;
 std::string g_image;  // a real session's memory image
 
 // The memory image's header: magic, then int64 n_layer, n_head, d_head, mem_len,
-// position, length, capacity, element size (model/net/session_snapshot.cc).
+// position, length, capacity, element size (model/net/session_memory.cc).
 int64_t HeaderField(const std::string& image, int i) {
   int64_t v;
   std::memcpy(&v, image.data() + 8 + 8 * i, 8);

@@ -1,9 +1,9 @@
-// IncrementalModel's weights as its kernels read them: converted to the
-// weight dtype (bfloat16, or int8 with per-row scales), packed in panels,
-// in huge pages; and the products whose form depends on the precision.
+// IncrementalModel's weights as its kernels read them (PrepareWeights):
+// converted to the weight dtype (bfloat16, or int8 with per-row scales),
+// packed in panels, in huge pages; and the products whose form depends on the
+// precision.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <cpuid.h>
 
 #include <algorithm>
 #include <utility>
@@ -25,21 +25,6 @@ std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& w) {
   at::Tensor scale = w.abs().amax(1) / 127.0;
   at::Tensor q = (w / scale.clamp_min(1e-30).unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
   return {q, scale.contiguous()};
-}
-
-// CPUs whose bfloat16 matrix products oneDNN runs fast (AMX tiles or
-// AVX-512-BF16); elsewhere bfloat16 products would run a slow reference
-// path, so the prefill widens the weights instead.
-// (From CPUID itself: clang 14, the sanitizer builds' compiler, cannot name
-// these features in __builtin_cpu_supports.)
-bool CpuHasAmx() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1);  // AMX-BF16
-}
-bool CpuHasBf16Products() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
-  return avx512_bf16 || CpuHasAmx();
 }
 
 }  // namespace
@@ -77,15 +62,7 @@ auto* MatrixOf(Layer& L, int which) {
 }
 }  // namespace
 
-IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision)
-    : config_(std::move(config)),
-      weights_(weights.To(device)),
-      device_(device),
-      dtype_(precision.dtype),
-      kv_dtype_(precision.kv_dtype),
-      isa_(precision.isa),
-      generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
-      bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())) {
+void IncrementalModel::PrepareWeights() {
   const Elem elem = dtype_ == WeightDtype::kBfloat16 ? Elem::kBf16
                     : dtype_ == WeightDtype::kInt8   ? Elem::kI8
                                                      : Elem::kF32;

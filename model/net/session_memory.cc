@@ -1,5 +1,5 @@
-// SessionMemory's byte image: what ExportSession carries and ImportSession
-// restores. The raw ring buffers are copied as they are (slot p % mem_len
+// SessionMemory (session_memory.h): moves, copies, and its byte image (what
+// ExportSession carries and ImportSession restores). The raw ring buffers are copied as they are (slot p % mem_len
 // holds position p), so nothing is recomputed and a restored session is
 // bit-identical to the original.
 //
@@ -8,12 +8,107 @@
 // keys and the values as [n_head, capacity, d_head] elements: float32 (element
 // size 4) or bfloat16 (2), as the session holds them. A pooled memory
 // (slot_pool.h) writes the same image, its rows gathered in slot order.
+#include "model/net/session_memory.h"
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "model/net/incremental.h"
+#include "model/net/huge_pages.h"
 
 namespace txl {
+
+SessionMemory::~SessionMemory() { ReleaseSlots(); }
+
+SessionMemory::SessionMemory(SessionMemory&& other) noexcept
+    : mem_len_(other.mem_len_),
+      full_bytes_(other.full_bytes_),
+      position_(other.position_),
+      length_(other.length_),
+      capacity_(other.capacity_),
+      k_(std::move(other.k_)),
+      v_(std::move(other.v_)),
+      pool_(std::move(other.pool_)),
+      slots_(std::move(other.slots_)) {
+  other.pool_.reset();
+  other.slots_.clear();
+  other.capacity_ = 0;
+}
+
+SessionMemory& SessionMemory::operator=(SessionMemory&& other) noexcept {
+  if (this == &other) return *this;
+  ReleaseSlots();
+  mem_len_ = other.mem_len_;
+  full_bytes_ = other.full_bytes_;
+  position_ = other.position_;
+  length_ = other.length_;
+  capacity_ = other.capacity_;
+  k_ = std::move(other.k_);
+  v_ = std::move(other.v_);
+  pool_ = std::move(other.pool_);
+  slots_ = std::move(other.slots_);
+  other.pool_.reset();
+  other.slots_.clear();
+  other.capacity_ = 0;
+  return *this;
+}
+
+void SessionMemory::ReleaseSlots() {
+  if (pool_ && !slots_.empty()) pool_->Give(slots_);
+  slots_.clear();
+  pool_.reset();
+}
+
+int64_t SessionMemory::bytes() const {
+  if (pool_) return 2 * static_cast<int64_t>(k_.size()) * static_cast<int64_t>(slots_.size()) * pool_->row_bytes();
+  if (k_.empty() || !k_[0].defined()) return 0;
+  const at::Tensor& t = k_[0];  // [H, capacity, dh]: what is allocated, not just what is held
+  return 2 * static_cast<int64_t>(k_.size()) * capacity_ * t.size(0) * t.size(2) * t.element_size();
+}
+
+absl::StatusOr<std::unique_ptr<SessionState>> SessionMemory::Clone() const {
+  try {
+    return std::unique_ptr<SessionState>(new SessionMemory(Copy()));
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("copying a session's memory failed: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status SessionMemory::AppendTo(std::string* out) const {
+  try {
+    WriteImage(out);
+    return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("copying a session's memory out failed: ", e.what_without_backtrace()));
+  }
+}
+
+SessionMemory SessionMemory::Copy() const {
+  SessionMemory copy(static_cast<int64_t>(k_.size()), mem_len_, full_bytes_);
+  copy.position_ = position_;
+  copy.length_ = length_;
+  copy.capacity_ = capacity_;
+  if (pool_) {  // rows of the same pool, copied layer by layer
+    copy.pool_ = pool_;
+    copy.slots_ = pool_->Take(static_cast<int64_t>(slots_.size()));
+    const at::Device device = pool_->keys(0).device();
+    const auto lopt = at::TensorOptions().dtype(at::kLong);
+    const at::Tensor from = at::tensor(slots_, lopt).to(device), to = at::tensor(copy.slots_, lopt).to(device);
+    for (size_t l = 0; l < k_.size(); ++l) {
+      for (at::Tensor* t : {&pool_->keys(l), &pool_->values(l)}) t->index_copy_(0, to, t->index_select(0, from));
+    }
+    return copy;
+  }
+  if (k_.empty() || !k_[0].defined()) return copy;
+  const int64_t n = static_cast<int64_t>(k_.size());
+  std::vector<at::Tensor> rings = NewRings(2 * n, k_[0].sizes().vec(), k_[0].options());
+  for (int64_t l = 0; l < n; ++l) {
+    copy.k_[l] = rings[2 * l].copy_(k_[l]);
+    copy.v_[l] = rings[2 * l + 1].copy_(v_[l]);
+  }
+  return copy;
+}
+
 namespace {
 
 constexpr char kMagic[8] = {'T', 'X', 'L', 'M', 'E', 'M', '1', '\0'};

@@ -37,12 +37,27 @@ bool IntField(const json& body, const char* name, int64_t lo, int64_t hi, int64_
     *error = Bad(name, absl::StrCat("'", name, "' must be an integer"));
     return false;
   }
-  const double v = it->get<double>();
-  if (v < static_cast<double>(lo) || v > static_cast<double>(hi)) {
+  // Compared as integers: a double cannot hold every int64 (2^63 - 1 rounds
+  // up to 2^63, and a float past it does not convert).
+  bool in_range = false;
+  int64_t value = 0;
+  if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    value = in_range ? static_cast<int64_t>(u) : 0;
+  } else if (it->is_number_integer()) {
+    value = it->get<int64_t>();
+    in_range = true;
+  } else {
+    const double v = it->get<double>();
+    in_range = v >= -0x1p63 && v < 0x1p63;
+    value = in_range ? static_cast<int64_t>(v) : 0;
+  }
+  if (!in_range || value < lo || value > hi) {
     *error = Bad(name, absl::StrCat("'", name, "' must be in [", lo, ", ", hi, "], got ", JsonText(*it)));
     return false;
   }
-  *out = it->is_number_integer() ? it->get<int64_t>() : static_cast<int64_t>(v);
+  *out = value;
   return true;
 }
 

@@ -421,7 +421,8 @@ int Serve(ServerOptions o, sigset_t signals) {
   }
   if (model.device() != "cpu" && o.table.memory_budget_bytes > 0) {
     // The pool of session memory, allocated once for the whole budget:
-    // admission then keeps every step within it (docs/DESIGN.md §3.2).
+    // admission then keeps every step within it (docs/OPERATIONS.md, "Flags",
+    // --kernels).
     if (auto reserved = (*engine)->ReserveSessionMemory(o.table.memory_budget_bytes); !reserved.ok()) {
       return Fail(absl::StrCat(reserved.message(), " (lower --session_memory_budget or raise --gpu_headroom)"));
     }

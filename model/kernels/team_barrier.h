@@ -1,6 +1,7 @@
 // A barrier between the phases of one parallel region (a one-session decode
 // step runs all its layers in one region: waking the pool for every product
-// cost more than the products; docs/PERFORMANCE.md, step 11).
+// cost more than the products; docs/PERFORMANCE.md, "One parallel region per
+// one-session step").
 //
 // Deadlock-free whatever the region's size: the work is split into `parts`,
 // each thread arrives once for all the parts it runs (at::parallel_for may

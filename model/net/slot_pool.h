@@ -1,5 +1,5 @@
-// The generic path's session memory (docs/DESIGN.md §3.2 "The generic
-// path"): one pool of rows per layer for keys and one for values, [rows, H,
+// The generic path's session memory (docs/DESIGN.md, "The generic path"):
+// one pool of rows per layer for keys and one for values, [rows, H,
 // dh] each, shared by every session of a model. A session holds row ids, one
 // per ring slot, the same in every layer, so a step gathers every session's
 // keys of a layer with one indexed op and writes the new ones with another.

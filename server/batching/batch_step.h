@@ -1,8 +1,9 @@
-// One batched engine step (continuous batching, docs/DESIGN.md §7): up to
-// max_batch rows under max_batch_tokens, decoders first (taking turns when
-// there are more than max_batch of them), then prefill chunks of up to
-// prefill_chunk tokens in arrival order, so a long prefill cannot starve a
-// decoder. Each row's output goes back to its job (Job::TakeOutput).
+// One batched engine step (continuous batching, docs/DESIGN.md, "The
+// scheduler: one engine thread, continuous batching"): up to max_batch rows
+// under max_batch_tokens, decoders first (taking turns when there are more
+// than max_batch of them), then prefill chunks of up to prefill_chunk tokens
+// in arrival order, so a long prefill cannot starve a decoder. Each row's
+// output goes back to its job (Job::TakeOutput).
 #ifndef TXL_SERVER_BATCHING_BATCH_STEP_H_
 #define TXL_SERVER_BATCHING_BATCH_STEP_H_
 

@@ -1,7 +1,9 @@
 // Offload: between steps the engine thread moves idle sessions out of
 // device memory (to host images) and host memory (to the state store only)
 // per the table's budgets, lets go of sessions other replicas asked for
-// (hand-over), and at shutdown snapshots what is left. docs/DESIGN.md §7.
+// (hand-over), and at shutdown snapshots what is left. docs/DESIGN.md, "The
+// scheduler: one engine thread, continuous batching" (Offloader), and
+// "Tiers and expiry".
 #ifndef TXL_SERVER_BATCHING_OFFLOAD_H_
 #define TXL_SERVER_BATCHING_OFFLOAD_H_
 

@@ -1,4 +1,5 @@
-// Scheduler: the engine thread and its admission queue (docs/DESIGN.md §7).
+// Scheduler: the engine thread and its admission queue (docs/DESIGN.md, "The
+// scheduler: one engine thread, continuous batching").
 // It owns every running request's session lease and advances the jobs
 // together: each loop it admits queued jobs up to max_batch, lets each run
 // (job.h: one-shot kinds finish there), runs one batched step for the

@@ -1,4 +1,4 @@
-// Metrics: the server's Prometheus metrics (docs/DESIGN.md §8), kept with
+// Metrics: the server's Prometheus metrics (docs/DESIGN.md, "Metrics"), kept with
 // prometheus-cpp; Scrape() renders them for /metrics, which the HTTP
 // transport serves on its own port (server/api/http/metrics_route.h). Injected into the scheduler (as its
 // observer) and the service; never a singleton. No label ever carries a
@@ -76,7 +76,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Family<prometheus::Histogram>* restore_seconds_ = nullptr;
   prometheus::Family<prometheus::Gauge>* tier_sessions_ = nullptr;
   prometheus::Gauge* host_bytes_ = nullptr;
-  // Rewinds and forks at a position (docs/DESIGN.md §4, "Rewind").
+  // Rewinds and forks at a position (docs/DESIGN.md, "Rewind").
   prometheus::Family<prometheus::Counter>* rewinds_ = nullptr;
   prometheus::Counter* rewind_replayed_ = nullptr;
   prometheus::Histogram* rewind_seconds_ = nullptr;

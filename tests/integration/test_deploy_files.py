@@ -30,7 +30,7 @@ import txl_procs  # noqa: E402
 
 ARGS = None
 
-# docs/DESIGN.md §8, concept by concept, and the metric family that serves it.
+# docs/DESIGN.md, "Metrics", concept by concept, and the metric family that serves it.
 SECTION_8 = {
     "requests by method and status code": "txl_requests_total",
     "time to first token": "txl_time_to_first_token_seconds",

@@ -32,7 +32,7 @@
 #include "base/read_file.h"
 #include "base/status_macros.h"
 #include "model/device_memory.h"
-#include "server/api/auth.h"
+#include "server/core/auth.h"
 #include "server/api/http/http_server.h"
 #include "server/api/http/metrics_route.h"
 #include "server/api/http/openai_gateway.h"

@@ -32,12 +32,11 @@ void FillSession(const SessionInfo& info, v1::Session* out) {
 }
 
 absl::StatusOr<std::string> ServiceContext::Principal(grpc::CallbackServerContext* ctx) const {
-  if (tokens == nullptr) return std::string();
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   std::optional<absl::string_view> header;
   if (it != md.end()) header = absl::string_view(it->second.data(), it->second.size());
-  return tokens->Authenticate(header);
+  return Authenticate(header);
 }
 
 std::optional<std::string> ServiceContext::MetadataSessionId(grpc::CallbackServerContext* ctx) {
@@ -52,8 +51,7 @@ absl::StatusOr<CallTarget> ServiceContext::NamedSession(grpc::CallbackServerCont
   CallTarget target;
   ASSIGN_OR_RETURN(target.principal, Principal(ctx));
   const std::optional<std::string> md = MetadataSessionId(ctx);
-  ASSIGN_OR_RETURN(target.session_id, ResolveSessionId(field, md ? &*md : nullptr));
-  if (target.session_id.empty()) return absl::InvalidArgumentError("session_id: required");
+  ASSIGN_OR_RETURN(target.session_id, RequiredSession(field, md ? &*md : nullptr));
   return target;
 }
 
@@ -69,44 +67,6 @@ absl::StatusOr<ScoreArgs> ServiceContext::ValidScore(grpc::CallbackServerContext
   return validator.Score(req, md ? &*md : nullptr);
 }
 
-absl::StatusOr<SessionLease> ServiceContext::Lease(const std::string& principal, const std::string& id,
-                                                   bool* throwaway) const {
-  *throwaway = id.empty();
-  if (!id.empty()) return table->Acquire(principal, id, absl::Now());
-  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
-  return table->CreateAcquired(principal, std::move(state), absl::ZeroDuration(), {}, absl::Now());
-}
-
-void ServiceContext::GiveBack(SessionLease lease, bool throwaway) const {
-  if (throwaway) {
-    table->Discard(std::move(lease));
-  } else {
-    table->Release(std::move(lease), absl::Now());
-  }
-}
-
-void ServiceContext::WithAdoption(const std::string& principal, const std::string& id,
-                                  std::function<absl::Status()> attempt, std::function<void(absl::Status)> fail) const {
-  absl::Status s = attempt();
-  if (s.ok()) return;
-  if (!absl::IsNotFound(s) || id.empty() || journal == nullptr) {
-    fail(s);
-    return;
-  }
-  // Quarantined at start-up: DATA_LOSS once for its owner (then NOT_FOUND).
-  if (absl::Status lost = journal->TakeQuarantined(id, principal); !lost.ok()) {
-    fail(lost);
-    return;
-  }
-  JobCallbacks cb;
-  cb.on_done = [attempt, fail](absl::Status adopted, JobResult) {
-    absl::Status again = adopted.ok() ? attempt() : adopted;
-    if (!again.ok()) fail(again);
-  };
-  auto job = scheduler->SubmitAdopt(principal, id, std::move(cb));
-  if (!job.ok()) fail(job.status());
-}
-
 void ServiceContext::Count(const char* method, const grpc::Status& s) const {
   if (metrics == nullptr) return;
   // The metrics' code label: gRPC's codes are absl's, numbered alike.
@@ -120,9 +80,12 @@ void ServiceContext::Answer(grpc::ServerUnaryReactor* reactor, const char* metho
   reactor->Finish(g);
 }
 
-std::string ServiceContext::TokenText(int id) const {
-  auto t = tokenizer.TokenText(id);
-  return t.ok() ? *t : "";
+SessionDone ServiceContext::AnswerSession(grpc::ServerUnaryReactor* reactor, const char* method,
+                                          v1::Session* out) const {
+  return [this, reactor, method, out](absl::StatusOr<SessionInfo> info) {
+    if (info.ok()) FillSession(*info, out);
+    Answer(reactor, method, info.status());
+  };
 }
 
 grpc::ServerUnaryReactor* UnaryCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const char* method,

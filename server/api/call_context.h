@@ -1,8 +1,8 @@
-// ServiceContext: what every call of the gRPC service shares (the server's
-// parts, the request validator) and the steps every call opens with: who is
-// calling, which session it names, taking that session (adopting it from
-// the state store if a replica that is gone held it), and one way to answer
-// a unary call. The reactors of the call families (session_calls.cc,
+// ServiceContext: what every call of the gRPC service shares: the service
+// core (server/core/service_core.h: the parts, validation, leases, adoption,
+// the session operations) and the steps every call opens with, read from its
+// metadata: who is calling, which session it names, and one way to answer a
+// unary call. The reactors of the call families (session_calls.cc,
 // generate_calls.cc, score_call.cc, transfer_calls.cc) use only this.
 #ifndef TXL_SERVER_API_CALL_CONTEXT_H_
 #define TXL_SERVER_API_CALL_CONTEXT_H_
@@ -14,17 +14,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "model/model_config.h"
-#include "model/tokenizer.h"
 #include "proto/txl/v1/txl.pb.h"
-#include "server/api/auth.h"
-#include "server/api/request_validation.h"
-#include "server/api/service_config.h"
-#include "server/batching/scheduler.h"
-#include "server/durability/session_journal.h"
-#include "server/engine/engine.h"
-#include "server/metrics/service_metrics.h"
-#include "server/sessions/session_table.h"
+#include "server/core/service_core.h"
 
 namespace txl {
 
@@ -37,17 +28,10 @@ struct CallTarget {
   std::string session_id;  // may be empty where the call allows it
 };
 
-struct ServiceContext {
-  ServiceConfig config;
-  ModelConfig model;
-  Tokenizer tokenizer;
-  Engine* engine;
-  SessionTable* table;
-  Scheduler* scheduler;
-  ServiceMetrics* metrics;     // may be null
-  const BearerTokens* tokens;  // null: no authentication
-  RequestValidator validator;
-  SessionJournal* journal;  // null: no state store
+// The gRPC service's view of the core: the core (server/core/service_core.h)
+// and the steps every gRPC call opens with, read from the call's metadata.
+struct ServiceContext : public ServiceCore {
+  explicit ServiceContext(ServiceParts parts) : ServiceCore(std::move(parts)) {}
 
   // Who is calling: the principal of the call's bearer token, or the
   // anonymous principal "" when the server has no tokens.
@@ -63,24 +47,12 @@ struct ServiceContext {
   absl::StatusOr<GenerateArgs> ValidGenerate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) const;
   absl::StatusOr<ScoreArgs> ValidScore(grpc::CallbackServerContext* ctx, const v1::ScoreRequest& req) const;
 
-  // A throw-away session (empty id) or the named one, acquired for `principal`.
-  absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id, bool* throwaway) const;
-  // Gives a lease back unchanged (a throw-away session is dropped).
-  void GiveBack(SessionLease lease, bool throwaway) const;
-
-  // Runs `attempt`, which either fails or sees the request through. When it
-  // fails with NOT_FOUND for a named session and there is a state store, the
-  // session may be one a replica that is gone served: adopt it (on the
-  // engine thread; reactors never wait for the state store) and try once more.
-  // `fail` gets the error that ends the request.
-  void WithAdoption(const std::string& principal, const std::string& id, std::function<absl::Status()> attempt,
-                    std::function<void(absl::Status)> fail) const;
-
   // Finishes a unary call with `s` (OK included) and counts it: the one way
   // a unary call ends.
   void Answer(grpc::ServerUnaryReactor* reactor, const char* method, const absl::Status& s) const;
   void Count(const char* method, const grpc::Status& s) const;
-  std::string TokenText(int id) const;
+  // A callback that answers a unary call with a session (into `out`) or its error.
+  SessionDone AnswerSession(grpc::ServerUnaryReactor* reactor, const char* method, v1::Session* out) const;
 };
 
 // A unary call: `body` either fails (the call is answered with its error) or

@@ -1,4 +1,4 @@
-// libFuzzer target: the service's request checks (server/api/request_validation.h),
+// libFuzzer target: the service's request checks (server/core/request_validation.h),
 // which TxlService runs on every CreateSession, Generate, Converse turn and
 // Score before anything else. Bytes are parsed as the txl.v1 message of the
 // chosen RPC (unparsable bytes are skipped, as gRPC would refuse them), with
@@ -28,7 +28,7 @@
 
 #include "google/protobuf/stubs/logging.h"
 #include "model/tokenizer.h"
-#include "server/api/request_validation.h"
+#include "server/core/request_validation.h"
 #include "server/sampling/sampler.h"
 
 namespace {

@@ -1,5 +1,5 @@
-// The --auth_tokens file parser and the bearer-token check (server/api/auth.h).
-#include "server/api/auth.h"
+// The --auth_tokens file parser and the bearer-token check (server/core/auth.h).
+#include "server/core/auth.h"
 
 #include <gtest/gtest.h>
 

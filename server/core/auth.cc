@@ -1,4 +1,4 @@
-#include "server/api/auth.h"
+#include "server/core/auth.h"
 
 #include <cerrno>
 #include <cstring>

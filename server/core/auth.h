@@ -8,8 +8,8 @@
 // a token can be rotated without downtime); a token may appear only once.
 //
 // Threading: immutable after Create/Parse; Authenticate is thread-safe.
-#ifndef TXL_SERVER_API_AUTH_H_
-#define TXL_SERVER_API_AUTH_H_
+#ifndef TXL_SERVER_CORE_AUTH_H_
+#define TXL_SERVER_CORE_AUTH_H_
 
 #include <memory>
 #include <optional>
@@ -56,4 +56,4 @@ class BearerTokens {
 
 }  // namespace txl
 
-#endif  // TXL_SERVER_API_AUTH_H_
+#endif  // TXL_SERVER_CORE_AUTH_H_

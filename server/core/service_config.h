@@ -1,6 +1,6 @@
 // The service's settings (server/main.cc fills them from flags).
-#ifndef TXL_SERVER_API_SERVICE_CONFIG_H_
-#define TXL_SERVER_API_SERVICE_CONFIG_H_
+#ifndef TXL_SERVER_CORE_SERVICE_CONFIG_H_
+#define TXL_SERVER_CORE_SERVICE_CONFIG_H_
 
 #include <cstdint>
 #include <string>
@@ -27,4 +27,4 @@ struct ServiceConfig {
 
 }  // namespace txl
 
-#endif  // TXL_SERVER_API_SERVICE_CONFIG_H_
+#endif  // TXL_SERVER_CORE_SERVICE_CONFIG_H_

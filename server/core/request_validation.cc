@@ -1,4 +1,4 @@
-#include "server/api/request_validation.h"
+#include "server/core/request_validation.h"
 
 #include <utility>
 

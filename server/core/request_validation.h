@@ -9,8 +9,8 @@
 //
 // Threading: immutable after construction; const methods may be called from
 // any number of threads at once.
-#ifndef TXL_SERVER_API_REQUEST_VALIDATION_H_
-#define TXL_SERVER_API_REQUEST_VALIDATION_H_
+#ifndef TXL_SERVER_CORE_REQUEST_VALIDATION_H_
+#define TXL_SERVER_CORE_REQUEST_VALIDATION_H_
 
 #include <cstdint>
 #include <optional>
@@ -104,4 +104,4 @@ class RequestValidator {
 
 }  // namespace txl
 
-#endif  // TXL_SERVER_API_REQUEST_VALIDATION_H_
+#endif  // TXL_SERVER_CORE_REQUEST_VALIDATION_H_

@@ -1,6 +1,6 @@
 // Request validation owns the checks of a client's input (issue 14): the
 // ones the scheduler used to repeat are here, with the messages clients see.
-#include "server/api/request_validation.h"
+#include "server/core/request_validation.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,108 @@
+// ServiceCore: what both transports call. It knows no transport: callers
+// hand it a principal (from Authenticate), checked arguments
+// (request_validation.h) and a callback, and get absl statuses and plain C++
+// results back. It takes sessions out of the table (adopting one from the
+// state store when a replica that is gone held it), and runs the session
+// operations; the gRPC service (server/api/) and, next, the HTTP routes only
+// convert at their edge.
+//
+// Threading: const methods may be called from any number of threads at once;
+// they never block on the engine or the state store. A callback runs exactly
+// once: at once, on the calling thread, when the operation fails before it is
+// queued, else later on the engine thread or the journal's writer.
+#ifndef TXL_SERVER_CORE_SERVICE_CORE_H_
+#define TXL_SERVER_CORE_SERVICE_CORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+#include "server/batching/scheduler.h"
+#include "server/core/auth.h"
+#include "server/core/request_validation.h"
+#include "server/core/service_config.h"
+#include "server/durability/session_journal.h"
+#include "server/engine/engine.h"
+#include "server/metrics/service_metrics.h"
+#include "server/sessions/session_table.h"
+
+namespace txl {
+
+// The server's parts the core drives; all must outlive it.
+struct ServiceParts {
+  ServiceConfig config;
+  ModelConfig model;
+  Tokenizer tokenizer;
+  Engine* engine = nullptr;
+  SessionTable* table = nullptr;
+  Scheduler* scheduler = nullptr;
+  ServiceMetrics* metrics = nullptr;     // may be null
+  const BearerTokens* tokens = nullptr;  // null: no authentication
+  SessionJournal* journal = nullptr;     // null: no state store
+};
+
+using SessionDone = std::function<void(absl::StatusOr<SessionInfo>)>;
+using StatusDone = std::function<void(absl::Status)>;
+
+class ServiceCore {
+ public:
+  explicit ServiceCore(ServiceParts parts);
+
+  // Who is calling: the principal of the bearer token in `authorization`
+  // (an "Authorization" header's value), or the anonymous principal "" when
+  // the server has no tokens. UNAUTHENTICATED otherwise.
+  absl::StatusOr<std::string> Authenticate(std::optional<absl::string_view> authorization) const;
+  // The session a call names: `field`, else the txl-session-id header
+  // (`header`, may be null); INVALID_ARGUMENT "session_id: required" when
+  // neither names one.
+  absl::StatusOr<std::string> RequiredSession(const std::string& field, const std::string* header) const;
+
+  // The session operations, for `principal`.
+  void CreateSession(const std::string& principal, NewSessionArgs args, std::map<std::string, std::string> labels,
+                     SessionDone done) const;
+  void GetSession(const std::string& principal, const std::string& id, SessionDone done) const;
+  std::vector<SessionInfo> ListSessions(const std::string& principal) const;
+  void DeleteSession(const std::string& principal, const std::string& id, StatusDone done) const;
+  // A new session with `id`'s history up to `position` (-1: all of it).
+  void ForkSession(const std::string& principal, const std::string& id, int64_t position,
+                   std::map<std::string, std::string> labels, SessionDone done) const;
+  void RewindSession(const std::string& principal, const std::string& id, int64_t position, SessionDone done) const;
+
+  // A throw-away session (empty id) or the named one, acquired for `principal`.
+  absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id, bool* throwaway) const;
+  // Gives a lease back unchanged (a throw-away session is dropped).
+  void GiveBack(SessionLease lease, bool throwaway) const;
+  // Runs `attempt`, which either fails or sees the request through. When it
+  // fails with NOT_FOUND for a named session and there is a state store, the
+  // session may be one a replica that is gone served: adopt it (on the
+  // engine thread) and try once more. `fail` gets the error that ends the
+  // request.
+  void WithAdoption(const std::string& principal, const std::string& id, std::function<absl::Status()> attempt,
+                    std::function<void(absl::Status)> fail) const;
+
+  // A token's text ("" for an id the tokenizer does not know).
+  std::string TokenText(int id) const;
+
+  // The parts, as the transports' adapters read them.
+  const ServiceConfig config;
+  const ModelConfig model;
+  const Tokenizer tokenizer;
+  Engine* const engine;
+  SessionTable* const table;
+  Scheduler* const scheduler;
+  ServiceMetrics* const metrics;
+  const BearerTokens* const tokens;
+  SessionJournal* const journal;
+  const RequestValidator validator;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_CORE_SERVICE_CORE_H_

@@ -1,0 +1,156 @@
+// ServiceCore's session operations (service_core.h): create, get, list,
+// delete, fork and rewind, each answered through its callback once the
+// session table, the engine thread or the journal is done with it.
+#include <memory>
+#include <utility>
+
+#include "base/status_macros.h"
+#include "server/core/service_core.h"
+#include "server/durability/new_session.h"
+#include "server/sessions/session_export.h"
+
+namespace txl {
+namespace {
+
+// Runs `body`; an error it returns (before anything was queued) goes to `done`.
+template <typename Done>
+void Try(const Done& done, const std::function<absl::Status()>& body) {
+  if (absl::Status s = body(); !s.ok()) done(s);
+}
+
+}  // namespace
+
+void ServiceCore::CreateSession(const std::string& principal, NewSessionArgs args,
+                                std::map<std::string, std::string> labels, SessionDone done) const {
+  Try(done, [&]() -> absl::Status {
+    // A session made now would die with the process moments later.
+    if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
+    if (journal != nullptr) RETURN_IF_ERROR(journal->Writable());  // it could not be made durable
+    ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(args.mem_len));
+    if (journal == nullptr) {
+      ASSIGN_OR_RETURN(SessionInfo info, table->Create(principal, std::move(state), args.idle_ttl, std::move(labels),
+                                                       absl::Now(), args.session_id));
+      done(std::move(info));
+      return absl::OkStatus();
+    }
+    // Journaled: busy (requests on it get ABORTED) until its creation is
+    // written, and answered only then, so a crash after the answer keeps it.
+    ASSIGN_OR_RETURN(SessionLease lease, table->CreateAcquired(principal, std::move(state), args.idle_ttl,
+                                                               std::move(labels), absl::Now(), args.session_id,
+                                                               /*durable=*/true));
+    ASSIGN_OR_RETURN(SessionInfo info, table->Get(principal, lease.id));
+    SessionExport fresh;  // an empty state: the journal rebuilds it from mem_len
+    fresh.fingerprint = engine->fingerprint();
+    RecordNewSession(journal, table, info, std::move(lease), EncodeSessionExport(fresh),
+                     [done](absl::Status written, const SessionInfo& made) {
+                       if (written.ok()) {
+                         done(made);
+                       } else {
+                         done(written);
+                       }
+                     });
+    return absl::OkStatus();
+  });
+}
+
+void ServiceCore::GetSession(const std::string& principal, const std::string& id, SessionDone done) const {
+  WithAdoption(
+      principal, id,
+      [this, principal, id, done]() -> absl::Status {
+        ASSIGN_OR_RETURN(SessionInfo info, table->Get(principal, id));
+        done(std::move(info));
+        return absl::OkStatus();
+      },
+      done);
+}
+
+std::vector<SessionInfo> ServiceCore::ListSessions(const std::string& principal) const {
+  return table->List(principal);
+}
+
+void ServiceCore::DeleteSession(const std::string& principal, const std::string& id, StatusDone done) const {
+  WithAdoption(
+      principal, id,
+      [this, principal, id, done]() -> absl::Status {
+        if (journal == nullptr) {
+          RETURN_IF_ERROR(table->Delete(principal, id));
+          done(absl::OkStatus());
+          return absl::OkStatus();
+        }
+        // Journaled: busy until the state store has deleted it; if it
+        // fails, the session stays (here and there) and the client is told.
+        ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
+        if (!lease.durable) {  // not journaled (a Converse stream's own session)
+          table->Discard(std::move(lease));
+          done(absl::OkStatus());
+          return absl::OkStatus();
+        }
+        if (absl::Status w = journal->Writable(); !w.ok()) {
+          table->Release(std::move(lease), absl::Now());
+          return w;
+        }
+        auto held = std::make_shared<SessionLease>(std::move(lease));
+        journal->RecordDelete(id, [this, done, held](absl::Status written) {
+          if (written.ok()) {
+            table->Discard(std::move(*held));
+          } else {
+            table->Release(std::move(*held), absl::Now());
+          }
+          done(written);
+        });
+        return absl::OkStatus();
+      },
+      done);
+}
+
+void ServiceCore::ForkSession(const std::string& principal, const std::string& id, int64_t position,
+                              std::map<std::string, std::string> labels, SessionDone done) const {
+  Try(done, [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequestValidator::HistoryPosition(position));
+    WithAdoption(
+        principal, id,
+        [this, principal, id, labels, position, done]() -> absl::Status {
+          ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
+          auto source = table->Get(principal, id);  // the fork keeps its ttl
+          JobCallbacks cb;
+          cb.on_done = [done](absl::Status s, JobResult result) {
+            if (s.ok()) {
+              done(std::move(result.forked));
+            } else {
+              done(s);
+            }
+          };
+          return scheduler
+              ->SubmitFork(std::move(lease), source.ok() ? source->idle_ttl : absl::ZeroDuration(), labels, position,
+                           std::move(cb))
+              .status();
+        },
+        done);
+    return absl::OkStatus();
+  });
+}
+
+void ServiceCore::RewindSession(const std::string& principal, const std::string& id, int64_t position,
+                                SessionDone done) const {
+  Try(done, [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequestValidator::HistoryPosition(position));
+    WithAdoption(
+        principal, id,
+        [this, principal, id, position, done]() -> absl::Status {
+          ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
+          JobCallbacks cb;
+          cb.on_done = [this, principal, id, done](absl::Status s, JobResult) {
+            if (!s.ok()) {
+              done(s);
+              return;
+            }
+            done(table->Get(principal, id));
+          };
+          return scheduler->SubmitRewind(std::move(lease), position, std::move(cb)).status();
+        },
+        done);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace txl

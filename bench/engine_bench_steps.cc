@@ -1,0 +1,191 @@
+// engine_bench: Bench's timed engine steps: loading the model, sessions with
+// full windows, single-token steps with each readout a request can ask for
+// (distribution, argmax, draws, lists, nucleus, Score), and scored segments.
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/engine_bench.h"
+#include "model/net/checkpoint.h"
+#include "model/net/language_model.h"
+
+namespace engine_bench {
+
+Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, int threads, Sizes sizes)
+    : sizes_(std::move(sizes)), path_(path), device_(device), kernels_(kernels), cuda_(device != "cpu") {
+  txl::LanguageModelOptions o;
+  o.path = path;
+  o.device = device;
+  o.kernels = kernels;
+  o.threads = threads;
+  const auto start = Clock::now();
+  lm_ = Must(LanguageModel::Create(o), "loading " + path);
+  load_seconds_ = std::chrono::duration<double>(Clock::now() - start).count();
+  rss_after_load_ = RssBytes();
+  txl::Checkpoint ckpt = Must(txl::LoadCheckpoint(path), "loading " + path);
+  config_ = ckpt.config;
+  weights_ = ckpt.weights->To(at::Device(device));
+}
+
+void Bench::Sync() const {
+  if (cuda_) torch::cuda::synchronize();
+}
+
+std::vector<int> Bench::RandomTokens(int64_t n, uint64_t seed) const {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> d(0, static_cast<int>(config_.n_token) - 1);
+  std::vector<int> t(n);
+  for (int& x : t) x = d(rng);
+  return t;
+}
+
+std::unique_ptr<SessionState> Bench::FullSession(int64_t mem_len, uint64_t seed, LanguageModel* lm) {
+  if (lm == nullptr) lm = lm_.get();
+  auto s = Must(lm->NewSession(mem_len), "new session");
+  std::vector<StepInput> in(1);
+  in[0].session = s.get();
+  in[0].tokens = RandomTokens(mem_len - 1, seed);
+  Must(lm->Step(absl::MakeSpan(in)), "filling a session");
+  if (s->memory_tokens() != mem_len - 1) Fail("a filled session does not hold a full window");
+  return s;
+}
+
+// Seconds per step over `n` single-token steps of all `sessions` at once,
+// each asking for its next-token distribution.
+double Bench::EngineSteps(const std::vector<SessionState*>& sessions, int n, LanguageModel* lm) {
+  return ReadoutSteps(sessions, n, Readout::kDistribution, lm);
+}
+
+const char* Bench::ReadoutName(Readout r) {
+  switch (r) {
+    case Readout::kNone: return "layers only";
+    case Readout::kDistribution: return "whole distribution";
+    case Readout::kTopP: return "top-p 0.9 at temperature 0.8 (the model's nucleus list + the host's cut and draw)";
+    case Readout::kDrawTempered: return "temperature 0.8 (the model's draw over the whole row)";
+    case Readout::kArgmax: return "greedy (model argmax)";
+    case Readout::kDraw: return "temperature 1 (model draw)";
+    case Readout::kScore: return "Score (one target's log-prob, Zipf-ranked targets)";
+    case Readout::kTopK: return "top-k 40 at temperature 0.8 (the model's list + the host's draw)";
+    case Readout::kTopN: return "greedy with 5 alternatives (the model's list of 5)";
+  }
+  return "";
+}
+
+// A target as text has them: ids ranked by frequency (as word-level
+// vocabularies are), drawn with probability 1 / (rank + 1). With
+// WT103's cutoffs, 80% fall in the 20,000-word shortlist.
+int Bench::ZipfToken() {
+  if (zipf_cdf_.empty()) {
+    double acc = 0;
+    for (int64_t k = 0; k < config_.n_token; ++k) zipf_cdf_.push_back(acc += 1.0 / (k + 1));
+  }
+  const double u = std::uniform_real_distribution<double>(0.0, zipf_cdf_.back())(draw_rng_);
+  const size_t k = std::upper_bound(zipf_cdf_.begin(), zipf_cdf_.end(), u) - zipf_cdf_.begin();
+  return static_cast<int>(std::min<size_t>(k, zipf_cdf_.size() - 1));
+}
+
+// Mean entropy (nats) of the sessions' next-token distributions.
+double Bench::MeanEntropy(const std::vector<SessionState*>& sessions) {
+  std::vector<StepInput> in(sessions.size());
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    in[s].session = sessions[s];
+    in[s].tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
+    in[s].want_last_distribution = true;
+  }
+  double total = 0;
+  for (const StepOutput& o : Must(lm_->Step(absl::MakeSpan(in)), "engine step")) {
+    for (float lp : o.last_distribution) total -= std::exp(lp) * lp;
+  }
+  return total / sessions.size();
+}
+
+// Seconds per step over `n` steps of all `sessions` at once: fill(s, in)
+// sets session s's input beyond its session, read(out) consumes each output.
+double Bench::TimedSteps(const std::vector<SessionState*>& sessions, int n, LanguageModel* lm,
+                         const std::function<void(size_t, StepInput&)>& fill,
+                         const std::function<void(StepOutput&)>& read) {
+  std::vector<StepInput> in(sessions.size());
+  const auto start = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    for (size_t s = 0; s < sessions.size(); ++s) {
+      in[s] = StepInput();
+      in[s].session = sessions[s];
+      fill(s, in[s]);
+    }
+    for (StepOutput& o : Must(lm->Step(absl::MakeSpan(in)), "engine step")) read(o);
+  }
+  return std::chrono::duration<double>(Clock::now() - start).count() / n;
+}
+
+double Bench::ReadoutSteps(const std::vector<SessionState*>& sessions, int n, Readout readout, LanguageModel* lm) {
+  auto fill = [&](size_t, StepInput& x) {
+    x.tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
+    switch (readout) {
+      case Readout::kNone: break;
+      case Readout::kDistribution: x.want_last_distribution = true; break;
+      case Readout::kTopP:
+        x.nucleus_p = 0.9f;
+        x.nucleus_temperature = 0.8f;
+        break;
+      case Readout::kDrawTempered:
+        x.pick = StepInput::Pick::kDraw;
+        x.draw_temperature = 0.8f;
+        x.draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+        break;
+      case Readout::kArgmax: x.pick = StepInput::Pick::kArgmax; break;
+      case Readout::kDraw:
+        x.pick = StepInput::Pick::kDraw;
+        x.draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+        break;
+      case Readout::kScore: x.targets = {ZipfToken()}; break;
+      case Readout::kTopK: x.top_n = top_k_.TopCandidates(); break;
+      case Readout::kTopN: x.top_n = 5; break;
+    }
+  };
+  auto read = [&](StepOutput& o) {
+    if (readout == Readout::kTopP) sink_ += top_p_.SampleFromNucleus(o.nucleus, o.nucleus_total);
+    if (readout == Readout::kTopK) sink_ += top_k_.SampleFromTop(o.top);
+    if (readout == Readout::kTopN) sink_ += o.top[4].first;
+    if (readout == Readout::kDistribution) sink_ += o.last_distribution[0];
+    sink_ += o.picked + (o.target_logprobs.empty() ? 0 : o.target_logprobs[0]);
+  };
+  return TimedSteps(sessions, n, lm == nullptr ? lm_.get() : lm, fill, read);
+}
+
+// Seconds per step over `n` steps that each feed every session a segment of
+// `seg` tokens and score each position's next token (as Score does).
+double Bench::ScoreSteps(const std::vector<SessionState*>& sessions, int n, int64_t seg) {
+  std::vector<std::vector<int>> tokens, targets;
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    tokens.push_back(RandomTokens(seg, 100 + s));
+    targets.push_back(RandomTokens(seg, 200 + s));
+  }
+  return TimedSteps(
+      sessions, n, lm_.get(),
+      [&](size_t s, StepInput& x) {
+        x.tokens = tokens[s];
+        x.targets = targets[s];
+      },
+      [&](StepOutput& o) { sink_ += o.target_logprobs.back(); });
+}
+
+std::unique_ptr<LanguageModel> Bench::Load(txl::WeightDtype dtype, txl::KvDtype kv) const {
+  txl::LanguageModelOptions o;
+  o.path = path_;
+  o.device = device_;
+  o.kernels = kernels_;
+  o.dtype = dtype;
+  o.kv_dtype = kv;
+  return Must(LanguageModel::Create(o), "loading " + path_ + " as " + txl::DtypeName(dtype));
+}
+
+}  // namespace engine_bench

@@ -490,7 +490,7 @@ int Serve(ServerOptions o, sigset_t signals) {
     args.SetMaxReceiveMessageSize(-1);
     gateway = std::make_unique<txl::OpenAiGateway>(
         txl::OpenAiGatewayConfig{std::filesystem::path(o.model.path).stem().string(), o.chat_template},
-        server->InProcessChannel(args), metrics->get());
+        service.core(), server->InProcessChannel(args), metrics->get());
     auto started = txl::HttpServer::Create(
         o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
     if (!started.ok()) return Fail(absl::StrCat("--http_listen: ", started.status().message()));

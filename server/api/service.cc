@@ -12,4 +12,6 @@ TxlService::TxlService(const ServiceConfig& config, const ModelConfig& model, co
 
 TxlService::~TxlService() = default;
 
+const ServiceCore* TxlService::core() const { return ctx_.get(); }
+
 }  // namespace txl

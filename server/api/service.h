@@ -33,6 +33,7 @@
 namespace txl {
 
 struct ServiceContext;  // call_context.h
+class ServiceCore;      // server/core/service_core.h
 
 // Threading: all methods run on gRPC threads and are thread-safe; the
 // engine, table, scheduler and tokens must outlive the service.
@@ -69,6 +70,9 @@ class TxlService final : public v1::TransformerXL::CallbackService {
                                                                    v1::Session* resp) override;
 
   ~TxlService() override;
+
+  // The core the service adapts (the HTTP routes call it too).
+  const ServiceCore* core() const;
 
  private:
   std::unique_ptr<ServiceContext> ctx_;  // outlives every reactor: the server shuts down first

@@ -7,7 +7,7 @@ namespace txl {
 
 // POST /v1/chat/completions: the messages rendered by the chat template; with
 // a session, only those it has not seen (ChatSessions::Plan, which needs the
-// session's position: one GetSession first).
+// session's position: the core's GetSession first).
 void ChatRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, ChatParams p) {
   const std::string route = "/v1/chat/completions";
   const ChatTemplate& t = s->config.chat_template;
@@ -31,27 +31,16 @@ void ChatRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, ChatPar
     for (const ChatMessage& m : p.messages) feed += t.Render(m);
     return start(std::move(x), std::move(p), feed + t.generation_prompt);
   }
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::GetSessionRequest req;
-    v1::Session resp;
-    ChatParams p;
-  };
-  auto call = std::make_shared<Call>();
-  call->req.set_session_id(session);
-  call->p = std::move(p);
-  CopyAuth(x->request(), &call->ctx);
-  s->stub->async()->GetSession(&call->ctx, &call->req, &call->resp, [s, x, call, route, start](grpc::Status status) {
-    if (!status.ok()) {
-      const HttpError e = FromGrpc(status);
-      return s->Answer(*x, route, e.status, ErrorBody(e));
-    }
-    HttpError error;
-    auto feed = s->chats->Plan(call->req.session_id(), call->resp.position(), call->p.messages, s->config.chat_template,
-                               &error);
-    if (!feed.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
-    start(x, std::move(call->p), *std::move(feed));
-  });
+  auto principal = s->Principal(x->request());
+  if (!principal.ok()) return s->Fail(*x, route, principal.status());
+  s->core->GetSession(
+      *principal, session, [s, x, route, start, p = std::move(p)](absl::StatusOr<SessionInfo> info) mutable {
+        if (!info.ok()) return s->Fail(*x, route, info.status());
+        HttpError error;
+        auto feed = s->chats->Plan(info->id, info->position, p.messages, s->config.chat_template, &error);
+        if (!feed.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
+        start(x, std::move(p), *std::move(feed));
+      });
 }
 
 }  // namespace txl

@@ -7,6 +7,18 @@ void GatewayContext::Answer(HttpExchange& x, const std::string& route, int statu
   x.Respond(status, "application/json", json);
 }
 
+absl::StatusOr<std::string> GatewayContext::Principal(const HttpRequest& req) const {
+  const std::string auth = req.Header("authorization");
+  return core->Authenticate(auth.empty() ? std::nullopt : std::optional<absl::string_view>(auth));
+}
+
+void GatewayContext::Fail(HttpExchange& x, const std::string& route, const absl::Status& s) const {
+  const HttpError e = FromStatus(s);
+  Answer(x, route, e.status, ErrorBody(e));
+}
+
+HttpError FromStatus(const absl::Status& s) { return ErrorFromStatus(s.code(), std::string(s.message())); }
+
 HttpError FromGrpc(const grpc::Status& s) {
   return ErrorFromStatus(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }

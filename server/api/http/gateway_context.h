@@ -20,6 +20,7 @@
 #include "server/api/http/chat_template.h"
 #include "server/api/http/http_exchange.h"
 #include "server/api/http/openai_json.h"
+#include "server/core/service_core.h"
 #include "server/metrics/service_metrics.h"
 
 namespace txl {
@@ -31,18 +32,25 @@ struct OpenAiGatewayConfig {
 
 struct GatewayContext {
   OpenAiGatewayConfig config;
-  std::unique_ptr<v1::TransformerXL::Stub> stub;
-  ServiceMetrics* metrics = nullptr;   // may be null
-  std::atomic<int>* active = nullptr;  // generations in flight (the gateway's)
+  const ServiceCore* core = nullptr;              // the session operations, called directly
+  std::unique_ptr<v1::TransformerXL::Stub> stub;  // generation and scoring, still on the in-process channel
+  ServiceMetrics* metrics = nullptr;              // may be null
+  std::atomic<int>* active = nullptr;             // generations in flight (the gateway's)
   ChatSessions* chats = nullptr;
 
   // Answers and counts it in txl_http_requests_total{route, code}.
   void Answer(HttpExchange& x, const std::string& route, int status, const std::string& json) const;
+  // The caller, from its Authorization header (ServiceCore::Authenticate).
+  absl::StatusOr<std::string> Principal(const HttpRequest& req) const;
+  // Answers with `s`'s HTTP error (FromStatus).
+  void Fail(HttpExchange& x, const std::string& route, const absl::Status& s) const;
   void Count(const std::string& route, int status) const {
     if (metrics != nullptr) metrics->OnHttpRequest(route, status);
   }
 };
 
+// The one mapping of a status to an HTTP error (ErrorFromStatus's table).
+HttpError FromStatus(const absl::Status& s);
 HttpError FromGrpc(const grpc::Status& s);
 // The caller's credentials go on to the service as they came.
 void CopyAuth(const HttpRequest& req, grpc::ClientContext* ctx);

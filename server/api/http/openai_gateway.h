@@ -25,8 +25,10 @@ namespace txl {
 
 class OpenAiGateway {
  public:
-  // `channel`: to this process's TxlService; `metrics` may be null.
-  OpenAiGateway(const OpenAiGatewayConfig& config, std::shared_ptr<grpc::Channel> channel, ServiceMetrics* metrics);
+  // `core`: the service core the session routes call; `channel`: to this
+  // process's TxlService (completions and scoring); `metrics` may be null.
+  OpenAiGateway(const OpenAiGatewayConfig& config, const ServiceCore* core, std::shared_ptr<grpc::Channel> channel,
+                ServiceMetrics* metrics);
   // The HttpHandler: routes one exchange. Never blocks.
   void Handle(std::shared_ptr<HttpExchange> x);
   // /readyz and /v2/health/ready answer 503 from now on.

@@ -432,20 +432,20 @@ std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t p
   return absl::StrCat("data: ", JsonText(out), "\n\n");
 }
 
-json SessionJson(const v1::Session& s) {
+json SessionJson(const SessionInfo& s) {
   json labels = json::object();
-  for (const auto& [k, v] : s.labels()) labels[k] = v;
-  return json{{"id", s.session_id()},
+  for (const auto& [k, v] : s.labels) labels[k] = v;
+  return json{{"id", s.id},
               {"object", "session"},
-              {"position", s.position()},
-              {"mem_len", s.mem_len()},
-              {"memory_tokens", s.memory_tokens()},
-              {"memory_bytes", s.memory_bytes()},
-              {"created", s.created().seconds()},
-              {"last_used", s.last_used().seconds()},
-              {"idle_ttl_seconds", s.idle_ttl_seconds()},
+              {"position", s.position},
+              {"mem_len", s.mem_len},
+              {"memory_tokens", s.memory_tokens},
+              {"memory_bytes", s.memory_bytes},
+              {"created", absl::ToUnixSeconds(s.created)},
+              {"last_used", absl::ToUnixSeconds(s.last_used)},
+              {"idle_ttl_seconds", absl::ToInt64Seconds(s.idle_ttl)},
               {"labels", labels},
-              {"busy", s.busy()}};
+              {"busy", s.busy}};
 }
 
 absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& body, HttpError* error) {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/txl/v1/txl.pb.h"
+#include "server/sessions/session_table.h"
 
 namespace txl {
 
@@ -110,7 +111,7 @@ absl::StatusOr<nlohmann::json> ParseBody(const std::string& body, HttpError* err
 
 // A txl.v1.Session as JSON: the proto's field names, integers as numbers,
 // times as Unix seconds, "object": "session".
-nlohmann::json SessionJson(const v1::Session& s);
+nlohmann::json SessionJson(const SessionInfo& s);
 // POST /v1/sessions/ID/score: {"input": string or token ids, "commit": bool}.
 absl::StatusOr<v1::ScoreRequest> ParseScore(const std::string& body, const std::string& session, HttpError* error);
 nlohmann::json ScoreJson(const std::string& session, const v1::ScoreResponse& r);

@@ -8,7 +8,9 @@ namespace txl {
 
 using json = nlohmann::json;
 
-// /v1/sessions[/ID[/fork]]: the session calls of the gRPC API, same semantics.
+// /v1/sessions[/ID[/fork|rewind|score]]: the session operations of the service
+// core (the gRPC API's, same semantics), called directly; score still goes
+// through the in-process gRPC service.
 void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
   const HttpRequest& req = x->request();
   const std::string rest =
@@ -25,47 +27,42 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
               ErrorBody({405, absl::StrCat(req.method, " is not allowed on ", route, " (use ", allowed, ")"), "",
                          "method_not_allowed"}));
   };
-  auto session = [](const v1::Session& r) { return SessionJson(r); };
+  auto principal = s->Principal(req);
+  if (!principal.ok()) return s->Fail(*x, route, principal.status());
+  // Answers with the session, after `then` (the chat records' bookkeeping).
+  auto answer_session = [s, x, route](std::function<void(const SessionInfo&)> then = nullptr) -> SessionDone {
+    return [s, x, route, then](absl::StatusOr<SessionInfo> info) {
+      if (!info.ok()) return s->Fail(*x, route, info.status());
+      if (then) then(*info);
+      s->Answer(*x, route, 200, JsonText(SessionJson(*info)));
+    };
+  };
   HttpError error;
   if (parts.empty()) {
     if (req.method == "POST") {
       auto create = ParseCreateSession(req.body, &error);
       if (!create.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
-      return Unary<v1::CreateSessionRequest, v1::Session>(
-          s, std::move(x), route, *std::move(create),
-          [](auto* a, auto* c, auto* q, auto* o, auto f) { a->CreateSession(c, q, o, std::move(f)); }, session);
+      auto args = s->core->validator.CreateSession(*create, nullptr);
+      if (!args.ok()) return s->Fail(*x, route, args.status());
+      return s->core->CreateSession(*principal, *std::move(args), {create->labels().begin(), create->labels().end()},
+                                    answer_session());
     }
     if (req.method == "GET") {
-      return Unary<v1::ListSessionsRequest, v1::ListSessionsResponse>(
-          s, std::move(x), route, {},
-          [](auto* a, auto* c, auto* q, auto* o, auto f) { a->ListSessions(c, q, o, std::move(f)); },
-          [](const v1::ListSessionsResponse& r) {
-            json data = json::array();
-            for (const auto& one : r.sessions()) data.push_back(SessionJson(one));
-            return json{{"object", "list"}, {"data", data}};
-          });
+      json data = json::array();
+      for (const SessionInfo& one : s->core->ListSessions(*principal)) data.push_back(SessionJson(one));
+      return s->Answer(*x, route, 200, JsonText(json{{"object", "list"}, {"data", data}}));
     }
     return wrong_method("GET or POST");
   }
   const std::string& id = parts[0];
   if (parts.size() == 1) {
-    if (req.method == "GET") {
-      v1::GetSessionRequest q;
-      q.set_session_id(id);
-      return Unary<v1::GetSessionRequest, v1::Session>(
-          s, std::move(x), route, q,
-          [](auto* a, auto* c, auto* q, auto* o, auto f) { a->GetSession(c, q, o, std::move(f)); }, session);
-    }
+    if (req.method == "GET") return s->core->GetSession(*principal, id, answer_session());
     if (req.method == "DELETE") {
-      v1::DeleteSessionRequest q;
-      q.set_session_id(id);
-      return Unary<v1::DeleteSessionRequest, v1::DeleteSessionResponse>(
-          s, std::move(x), route, q,
-          [](auto* a, auto* c, auto* q, auto* o, auto f) { a->DeleteSession(c, q, o, std::move(f)); },
-          [s, id](const v1::DeleteSessionResponse&) {
-            s->chats->Forget(id);
-            return json{{"id", id}, {"object", "session"}, {"deleted", true}};
-          });
+      return s->core->DeleteSession(*principal, id, [s, x, route, id](absl::Status deleted) {
+        if (!deleted.ok()) return s->Fail(*x, route, deleted);
+        s->chats->Forget(id);
+        s->Answer(*x, route, 200, JsonText(json{{"id", id}, {"object", "session"}, {"deleted", true}}));
+      });
     }
     return wrong_method("GET or DELETE");
   }
@@ -75,33 +72,19 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     if (!body.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
     auto position = ParsePosition(req.body, /*required=*/false, &error);
     if (!position.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
-    v1::ForkSessionRequest q;
-    q.set_session_id(id);
-    *q.mutable_labels() = body->labels();
-    q.set_position(*position);
-    return Unary<v1::ForkSessionRequest, v1::Session>(
-        s, std::move(x), route, q,
-        [](auto* a, auto* c, auto* q, auto* o, auto f) { a->ForkSession(c, q, o, std::move(f)); },
-        [s, id, at = *position](const v1::Session& r) {
-          // A fork at an earlier position has not seen the source's later messages.
-          if (at == 0) s->chats->Copy(id, r.session_id());
-          return SessionJson(r);
-        });
+    return s->core->ForkSession(*principal, id, *position, {body->labels().begin(), body->labels().end()},
+                                answer_session([s, id, at = *position](const SessionInfo& fork) {
+                                  // A fork at an earlier position has not seen the source's later messages.
+                                  if (at == 0) s->chats->Copy(id, fork.id);
+                                }));
   }
   if (parts.size() == 2 && parts[1] == "rewind") {
     if (req.method != "POST") return wrong_method("POST");
     auto position = ParsePosition(req.body, /*required=*/true, &error);
     if (!position.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
-    v1::RewindSessionRequest q;
-    q.set_session_id(id);
-    q.set_position(*position);
-    return Unary<v1::RewindSessionRequest, v1::Session>(
-        s, std::move(x), route, q,
-        [](auto* a, auto* c, auto* q, auto* o, auto f) { a->RewindSession(c, q, o, std::move(f)); },
-        [s, id](const v1::Session& r) {
-          s->chats->Forget(id);  // the messages it saw may be gone: chat falls back to what it is sent
-          return SessionJson(r);
-        });
+    return s->core->RewindSession(*principal, id, *position, answer_session([s, id](const SessionInfo&) {
+      s->chats->Forget(id);  // the messages it saw may be gone: chat falls back to what it is sent
+    }));
   }
   if (parts.size() == 2 && parts[1] == "score") {
     if (req.method != "POST") return wrong_method("POST");

@@ -1,8 +1,9 @@
 // GatewayContext: what every HTTP route shares (the gateway's config, the
-// stub of the in-process gRPC service, metrics, the chat records) and the
-// few things each opens or ends with: passing the caller's credentials on,
-// mapping a gRPC status to an HTTP error, answering and counting, and one
-// unary gRPC call answered as JSON (Unary). Routes include only this.
+// service core, the stub of the in-process gRPC service, metrics, the chat
+// records) and the few things each opens or ends with: who is calling,
+// passing the caller's credentials on, mapping a status to an HTTP error,
+// answering and counting, and one unary gRPC call answered as JSON (Unary).
+// Routes include only this.
 #ifndef TXL_SERVER_API_HTTP_GATEWAY_CONTEXT_H_
 #define TXL_SERVER_API_HTTP_GATEWAY_CONTEXT_H_
 

@@ -1,10 +1,11 @@
-// OpenAiGateway: the HTTP routes (OpenAI's shapes, health, models). Each
-// route turns its JSON into the txl.v1 request and makes the call on the
-// gRPC service in this process (an in-process channel): HTTP then has the
-// same scheduler, sessions, validation, limits, bearer tokens and metrics as
-// gRPC, with no second path to keep in step. Calls use gRPC's callback
-// client API, so no thread waits on a generation. docs/HTTP.md lists the
-// routes; docs/DESIGN.md traces one.
+// OpenAiGateway: the HTTP routes (OpenAI's shapes, health, models). The
+// session routes call the service core (server/core/service_core.h)
+// directly; completions and scoring turn their JSON into the txl.v1 request
+// and make the call on the gRPC service in this process (an in-process
+// channel), with gRPC's callback client API, so no thread waits on a
+// generation. Either way HTTP has the same scheduler, sessions, validation,
+// limits and bearer tokens as gRPC. docs/HTTP.md lists the routes;
+// docs/DESIGN.md traces one.
 #ifndef TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
 #define TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
 

@@ -1,9 +1,10 @@
 // SessionJournal: the durable record of every session (--state_dir or
 // --state_store). A session's state is a pure function of its token history
-// (docs/DESIGN.md §3), so the journal keeps, per session, a snapshot (an
-// exact SessionExport image at some position) and an append-only log of the
-// history tokens after it; replaying the log onto the snapshot rebuilds the
-// state. Keys on the StateBackend:
+// (docs/DESIGN.md, "The model, and why serving it incrementally is exact"),
+// so the journal keeps, per session, a snapshot (an exact SessionExport image
+// at some position) and an append-only log of the history tokens after it;
+// replaying the log onto the snapshot rebuilds the state. Keys on the
+// StateBackend:
 //   sessions/<id>/meta    owner, mem_len, ttl, labels, created (immutable)
 //   sessions/<id>/snap    SessionExport bytes (an empty state: a fresh session)
 //   sessions/<id>/log     records: u32 n, i64 start, u64 Hash64 of those two,
@@ -248,31 +249,62 @@ class SessionJournal {
     bool create = false, remove = false, release = false;
     std::vector<Op> waiting;  // answers that wait for the outcome
   };
+  // What an op is written against (Apply): this replica's token, and the
+  // stored session as the journal knows it.
+  struct WriteBasis {
+    std::string token;
+    int64_t durable = 0, log_bytes = 0, snapshot_at = -1;
+  };
+
+  // --- Construction and queueing (session_journal.cc). ---
   SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend);
   void Enqueue(std::vector<Op> ops);
+  std::string NewToken();
+  // The session's durable position, or -1 when the journal has not seen it.
+  int64_t DurableLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- The writer thread (session_journal_writer.cc). ---
   void WriterLoop();
   absl::Status Apply(std::vector<Op>& batch);
+  // Apply's parts. BasisFor: what `op` is written against; false when it is
+  // not written (refused, its result set, or held back).
+  bool BasisFor(Op& op, WriteBasis* basis);
+  // OK when `op` continues the session's history, written up to `have`;
+  // else its refusal.
+  static absl::Status InStep(const Op& op, int64_t have);
+  // A rewind's mutations, added to `w` (*ready) from the stored log it
+  // reads; else the op is refused or held back. Returns the read's failure.
+  absl::Status AddRewindCut(Op& op, int64_t bytes, int64_t snapshot_at, StoreWrite* w, bool* ready);
   // The store write that makes `op`, guarded by this replica's `token` and
   // the log's length `bytes` (a rewind's mutations: Apply adds them).
   StoreWrite WriteOf(const Op& op, const std::string& token, int64_t bytes) const;
   // Sends `group` (ops of held sessions, their writes built) as one group commit.
   absl::Status Send(std::vector<std::pair<Op*, StoreWrite>>& group);
   void Answer(Op& op) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetHealth(const absl::Status& write) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- Unknown outcomes (session_journal_resolve.cc). ---
   // Writer thread: re-fences an unresolved session and reads what landed
   // (see the header); UNAVAILABLE while the store does not answer.
   absl::Status Resolve(const std::string& id);
+  // Resolve's parts. Refence: *held, whether this replica still holds the
+  // session (under *token, new where the store applies writes late).
+  absl::Status Refence(const std::string& id, const Tracked& t, std::string* token, bool* held);
+  // Answers an op that waited for the outcome, from what the store holds:
+  // its history up to `end` (`covered`: up to where it is this replica's).
+  void AnswerResolved(const std::string& id, Op& op, bool held, bool gone, int64_t end, int64_t covered);
   void ResolveAll();
+
+  // --- Holds between replicas (session_journal_holds.cc). ---
+  absl::Status Heartbeat();
   // Writer thread, after a heartbeat: reads the holder key of each session
   // whose hold is unverified (see CheckHold).
   void VerifyHolds();
-  std::string NewToken();
-  absl::StatusOr<JournalRecord> Claim(const std::string& id, const std::optional<std::string>& current);
-  absl::Status Heartbeat();
   void FindWanted();
+
+  // --- Loading and claiming (session_journal_load.cc). ---
+  absl::StatusOr<JournalRecord> Claim(const std::string& id, const std::optional<std::string>& current);
   absl::Status QuarantineSession(const std::string& id, const std::string& why, const std::string& owner = "");
-  // The session's durable position, or -1 when the journal has not seen it.
-  int64_t DurableLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetHealth(const absl::Status& write) ABSL_LOCKS_EXCLUDED(mu_);
 
   const SessionJournalConfig config_;
   const std::unique_ptr<StateBackend> backend_;

@@ -141,7 +141,7 @@ def checkpoint_seeds(bin_dir):
 
 
 def journal_seeds():
-    """server/durability/session_journal.cc's stored formats, valid, as mode-0 inputs."""
+    """server/durability/session_journal_format.cc's stored formats, valid, as mode-0 inputs."""
     def string(b):
         return struct.pack("<I", len(b)) + b
     meta = (b"TXLMETA1" + string(b"0123456789abcdef0123456789abcdef") + string(b"alice") +

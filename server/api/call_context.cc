@@ -2,33 +2,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "google/protobuf/util/time_util.h"
 
 namespace txl {
-namespace {
-
-google::protobuf::Timestamp ToProto(absl::Time t) {
-  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
-}
-
-}  // namespace
-
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-void FillSession(const SessionInfo& info, v1::Session* out) {
-  out->set_session_id(info.id);
-  out->set_position(info.position);
-  out->set_mem_len(info.mem_len);
-  out->set_memory_tokens(info.memory_tokens);
-  out->set_memory_bytes(info.memory_bytes);
-  *out->mutable_created() = ToProto(info.created);
-  *out->mutable_last_used() = ToProto(info.last_used);
-  out->set_idle_ttl_seconds(absl::ToInt64Seconds(info.idle_ttl));
-  for (const auto& [k, v] : info.labels) (*out->mutable_labels())[k] = v;
-  out->set_busy(info.busy);
 }
 
 absl::StatusOr<std::string> ServiceContext::Principal(grpc::CallbackServerContext* ctx) const {

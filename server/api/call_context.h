@@ -15,12 +15,12 @@
 
 #include "absl/status/statusor.h"
 #include "proto/txl/v1/txl.pb.h"
+#include "server/core/responses.h"
 #include "server/core/service_core.h"
 
 namespace txl {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
-void FillSession(const SessionInfo& info, v1::Session* out);
 
 // The caller and the session a call names.
 struct CallTarget {

@@ -8,35 +8,6 @@
 #include "server/api/streaming_call.h"
 
 namespace txl {
-namespace {
-
-v1::FinishReason ToProto(Finish f) {
-  switch (f) {
-    case Finish::kLength: return v1::FINISH_REASON_LENGTH;
-    case Finish::kStopToken: return v1::FINISH_REASON_STOP_TOKEN;
-    case Finish::kStopSequence: return v1::FINISH_REASON_STOP_SEQUENCE;
-    case Finish::kCancelled: return v1::FINISH_REASON_CANCELLED;
-  }
-  return v1::FINISH_REASON_UNSPECIFIED;
-}
-
-v1::GenerateResponse FinalResponse(const JobResult& result) {
-  v1::GenerateResponse r;
-  r.set_text(result.trailing_text);
-  r.set_position(result.position);
-  r.set_finish_reason(ToProto(result.finish));
-  r.set_session_id(result.session_id);
-  v1::Usage* u = r.mutable_usage();
-  u->set_input_tokens(result.input_tokens);
-  u->set_generated_tokens(result.generated_tokens);
-  u->set_queue_seconds(result.queue_seconds);
-  u->set_time_to_first_token_seconds(result.first_token_seconds);
-  u->set_total_seconds(result.total_seconds);
-  return r;
-}
-
-}  // namespace
-
 // Generate: one job, then the final response, then Finish.
 class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::GenerateResponse>> {
  public:
@@ -55,17 +26,10 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     ASSIGN_OR_RETURN(std::string principal, c_->Principal(ctx));
     ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx, req));
-    c_->WithAdoption(
-        principal, args.session_id,
-        [this, principal, session = args.session_id, spec = args.spec]() -> absl::Status {
-          bool throwaway = false;
-          ASSIGN_OR_RETURN(SessionLease lease, c_->Lease(principal, session, &throwaway));
-          return Submit(std::move(lease), throwaway, spec, [this](absl::Status status, JobResult result) {
-            if (status.ok()) Send(FinalResponse(result));
-            End(ToGrpcStatus(status));
-          });
-        },
-        [this](absl::Status s) { End(ToGrpcStatus(s)); });
+    Generate(principal, std::move(args), /*adopt=*/true, [this](absl::Status status, JobResult result) {
+      if (status.ok()) Send(FinalResponse(result));
+      End(ToGrpcStatus(status));
+    });
     return absl::OkStatus();
   }
 };
@@ -112,20 +76,16 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
       }
       session = stream_session_;
     }
-    c_->WithAdoption(
-        principal_, session == stream_session_ ? "" : session,
-        [this, session, spec = args.spec]() -> absl::Status {
-          ASSIGN_OR_RETURN(SessionLease lease, c_->table->Acquire(principal_, session, absl::Now()));
-          return Submit(std::move(lease), false, spec, [this](absl::Status status, JobResult result) {
-            if (status.ok()) {
-              Send(FinalResponse(result));
-              StartRead(&request_);  // the next turn
-            } else {
-              End(ToGrpcStatus(status));
-            }
-          });
-        },
-        [this](absl::Status s) { End(ToGrpcStatus(s)); });
+    const bool own = session == stream_session_;  // the stream's own session is never adopted
+    args.session_id = session;
+    Generate(principal_, std::move(args), /*adopt=*/!own, [this](absl::Status status, JobResult result) {
+      if (status.ok()) {
+        Send(FinalResponse(result));
+        StartRead(&request_);  // the next turn
+      } else {
+        End(ToGrpcStatus(status));
+      }
+    });
     return absl::OkStatus();
   }
 

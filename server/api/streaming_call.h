@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "server/api/call_context.h"
+#include "server/core/responses.h"
 #include "server/sampling/text_stream.h"
 
 namespace txl {
@@ -24,7 +25,7 @@ template <typename Base>
 class StreamingCall : public Base {
  protected:
   StreamingCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const char* method)
-      : c_(c), ctx_(ctx), method_(method) {}
+      : c_(c), ctx_(ctx), method_(method), control_(std::make_shared<JobControl>(c->scheduler)) {}
 
   void Ref() { refs_.fetch_add(1); }
   void Unref() {
@@ -43,9 +44,9 @@ class StreamingCall : public Base {
       const int64_t bytes = static_cast<int64_t>(response.SpaceUsedLong());
       buffered_ += bytes;
       queue_.push_back({std::move(response), bytes});
-      if (buffered_ > c_->config.max_stream_buffer_bytes && job_ && !paused_) {
+      if (buffered_ > c_->config.max_stream_buffer_bytes && !paused_) {
         paused_ = true;
-        c_->scheduler->Pause(job_);
+        control_->Pause();
       }
       a = Pump();
     }
@@ -73,65 +74,36 @@ class StreamingCall : public Base {
         cancelled_ = true;
         queue_.clear();  // the client is gone
         buffered_ = 0;
-        if (job_) c_->scheduler->Cancel(job_);
+        control_->Cancel();
       }
       if (paused_ && buffered_ <= c_->config.max_stream_buffer_bytes / 2) {
         paused_ = false;
-        if (job_) c_->scheduler->Resume(job_);
+        control_->Resume();
       }
       a = Pump();
     }
     Run(a);
   }
   void Cancelled() {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    if (job_) c_->scheduler->Cancel(job_);
-  }
-  void SetJob(std::shared_ptr<Job> job) {
-    absl::MutexLock lock(&mu_);
-    job_ = std::move(job);
-    if (cancelled_) c_->scheduler->Cancel(job_);  // the client left before the job was known
-    if (paused_) c_->scheduler->Pause(job_);      // a turn after one that filled the buffer
-  }
-  void ClearJob() {
-    absl::MutexLock lock(&mu_);
-    job_.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    control_->Cancel();
   }
 
-  // Hands one generation to the scheduler: its tokens become responses, and
-  // `after` runs (on the engine thread) when it ends.
-  absl::Status Submit(SessionLease lease, bool throwaway, GenerateSpec spec,
-                      std::function<void(absl::Status, JobResult)> after) {
-    if (absl::Status s = RequestValidator::Continuation(spec, lease.position()); !s.ok()) {
-      c_->GiveBack(std::move(lease), throwaway);
-      return s;
-    }
+  // Hands one generation to the service core: its tokens become responses,
+  // and `after` runs when it ends (on the engine thread, or at once when the
+  // core refused it).
+  void Generate(const std::string& principal, GenerateArgs args, bool adopt,
+                std::function<void(absl::Status, JobResult)> after) {
     Ref();  // for the job
     JobCallbacks cb;
     const ServiceContext* c = c_;
     cb.on_tokens = [this, c](std::vector<GeneratedTokenEvent> events, int64_t position) {
-      v1::GenerateResponse r;
-      for (auto& e : events) {
-        v1::GeneratedToken* t = r.add_tokens();
-        t->set_id(e.id);
-        t->set_text(e.text);
-        t->set_logprob(e.logprob);
-        r.mutable_text()->append(e.text);
-        for (const auto& [id, lp] : e.top) {
-          v1::TokenLogprob* alt = t->add_top();
-          alt->set_id(id);
-          alt->set_logprob(lp);
-          // An alternative's text may be a partial character: sent only when valid.
-          std::string text = c->TokenText(id);
-          if (IsValidUtf8(text)) alt->set_text(std::move(text));
-        }
-      }
-      r.set_position(position);
-      Send(std::move(r));
+      Send(TokensResponse(events, position, c->tokenizer));
     };
     cb.on_done = [this, after = std::move(after)](absl::Status status, JobResult result) {
-      ClearJob();
       // A client that stopped reading cannot take even the status: the
       // write in flight would never complete, so the call is cancelled.
       if (IsStalled(status)) {
@@ -141,13 +113,7 @@ class StreamingCall : public Base {
       after(std::move(status), std::move(result));
       Unref();
     };
-    auto job = c_->scheduler->SubmitGenerate(std::move(lease), throwaway, std::move(spec), std::move(cb));
-    if (!job.ok()) {
-      Unref();
-      return job.status();
-    }
-    SetJob(*std::move(job));
-    return absl::OkStatus();
+    c_->Generate(principal, std::move(args), adopt, control_, std::move(cb));
   }
 
   // Drops what is queued: the call ends as cancelled (a stalled client).
@@ -161,6 +127,7 @@ class StreamingCall : public Base {
   const ServiceContext* c_;
   grpc::CallbackServerContext* ctx_;
   const char* method_;
+  const std::shared_ptr<JobControl> control_;  // the call's jobs (a Converse stream: one turn at a time)
 
  private:
   enum class Action { kNone, kWrite, kFinish };
@@ -205,10 +172,9 @@ class StreamingCall : public Base {
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool paused_ ABSL_GUARDED_BY(mu_) = false;   // the job is paused for this client
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;   // the call's jobs are paused for this client
   int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;  // bytes queued or in the write in flight
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace txl

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "model/tokenizer.h"
 #include "server/batching/scheduler.h"
 #include "server/core/auth.h"
+#include "server/core/job_control.h"
 #include "server/core/request_validation.h"
 #include "server/core/service_config.h"
 #include "server/durability/session_journal.h"
@@ -74,6 +76,19 @@ class ServiceCore {
   void ForkSession(const std::string& principal, const std::string& id, int64_t position,
                    std::map<std::string, std::string> labels, SessionDone done) const;
   void RewindSession(const std::string& principal, const std::string& id, int64_t position, SessionDone done) const;
+
+  // A generation (generation.cc): leases the session `args` names (none: a
+  // throw-away one; a named one a replica that is gone held is adopted when
+  // `adopt`), checks that the request continues its history, and queues the
+  // job. `control` cancels, pauses and resumes it. `on_tokens` runs on the
+  // engine thread as tokens come; `on_done` exactly once: at once when the
+  // request is refused before it is queued, else when the job ends.
+  void Generate(const std::string& principal, GenerateArgs args, bool adopt, std::shared_ptr<JobControl> control,
+                JobCallbacks callbacks) const;
+  // A score of `args.input` after the session's history (committed to it when
+  // `commit`); `done` as Generate's `on_done`, with the scores in the result.
+  void Score(const std::string& principal, ScoreArgs args, bool commit, std::shared_ptr<JobControl> control,
+             std::function<void(absl::Status, JobResult)> done) const;
 
   // A throw-away session (empty id) or the named one, acquired for `principal`.
   absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id, bool* throwaway) const;

@@ -1,0 +1,42 @@
+#include "server/core/job_control.h"
+
+#include <utility>
+
+namespace txl {
+
+void JobControl::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (job_) scheduler_->Cancel(job_);
+}
+
+void JobControl::Pause() {
+  absl::MutexLock lock(&mu_);
+  paused_ = true;
+  if (job_) scheduler_->Pause(job_);
+}
+
+void JobControl::Resume() {
+  absl::MutexLock lock(&mu_);
+  paused_ = false;
+  if (job_) scheduler_->Resume(job_);
+}
+
+bool JobControl::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void JobControl::Attach(std::shared_ptr<Job> job) {
+  absl::MutexLock lock(&mu_);
+  job_ = std::move(job);
+  if (cancelled_) scheduler_->Cancel(job_);  // the client left before the job was known
+  if (paused_) scheduler_->Pause(job_);      // e.g. a turn after one that filled the buffer
+}
+
+void JobControl::Detach() {
+  absl::MutexLock lock(&mu_);
+  job_.reset();
+}
+
+}  // namespace txl

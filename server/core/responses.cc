@@ -1,0 +1,102 @@
+#include "server/core/responses.h"
+
+#include <string>
+#include <utility>
+
+#include "google/protobuf/util/time_util.h"
+#include "server/sampling/text_stream.h"
+
+namespace txl {
+namespace {
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+v1::FinishReason ToProto(Finish f) {
+  switch (f) {
+    case Finish::kLength: return v1::FINISH_REASON_LENGTH;
+    case Finish::kStopToken: return v1::FINISH_REASON_STOP_TOKEN;
+    case Finish::kStopSequence: return v1::FINISH_REASON_STOP_SEQUENCE;
+    case Finish::kCancelled: return v1::FINISH_REASON_CANCELLED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+// The token's text, when it is whole UTF-8.
+bool WholeText(const Tokenizer& tokenizer, int id, std::string* text) {
+  auto t = tokenizer.TokenText(id);
+  if (!t.ok() || !IsValidUtf8(*t)) return false;
+  *text = *std::move(t);
+  return true;
+}
+
+}  // namespace
+
+v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& events, int64_t position,
+                                    const Tokenizer& tokenizer) {
+  v1::GenerateResponse r;
+  for (const GeneratedTokenEvent& e : events) {
+    v1::GeneratedToken* t = r.add_tokens();
+    t->set_id(e.id);
+    t->set_text(e.text);
+    t->set_logprob(e.logprob);
+    r.mutable_text()->append(e.text);
+    for (const auto& [id, lp] : e.top) {
+      v1::TokenLogprob* alt = t->add_top();
+      alt->set_id(id);
+      alt->set_logprob(lp);
+      std::string text;
+      if (WholeText(tokenizer, id, &text)) alt->set_text(std::move(text));
+    }
+  }
+  r.set_position(position);
+  return r;
+}
+
+v1::GenerateResponse FinalResponse(const JobResult& result) {
+  v1::GenerateResponse r;
+  r.set_text(result.trailing_text);
+  r.set_position(result.position);
+  r.set_finish_reason(ToProto(result.finish));
+  r.set_session_id(result.session_id);
+  v1::Usage* u = r.mutable_usage();
+  u->set_input_tokens(result.input_tokens);
+  u->set_generated_tokens(result.generated_tokens);
+  u->set_queue_seconds(result.queue_seconds);
+  u->set_time_to_first_token_seconds(result.first_token_seconds);
+  u->set_total_seconds(result.total_seconds);
+  return r;
+}
+
+void FillScore(const JobResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out) {
+  double total = 0;
+  for (const ScoredTokenResult& t : result.scores) {
+    v1::ScoredToken* token = out->add_tokens();
+    token->set_id(t.id);
+    std::string text;
+    if (WholeText(tokenizer, t.id, &text)) token->set_text(std::move(text));
+    token->set_has_logprob(t.has_logprob);
+    if (t.has_logprob) {
+      token->set_logprob(t.logprob);
+      total += t.logprob;
+    }
+  }
+  out->set_total_logprob(total);
+  out->set_position(result.position);
+}
+
+void FillSession(const SessionInfo& info, v1::Session* out) {
+  out->set_session_id(info.id);
+  out->set_position(info.position);
+  out->set_mem_len(info.mem_len);
+  out->set_memory_tokens(info.memory_tokens);
+  out->set_memory_bytes(info.memory_bytes);
+  *out->mutable_created() = ToProto(info.created);
+  *out->mutable_last_used() = ToProto(info.last_used);
+  out->set_idle_ttl_seconds(absl::ToInt64Seconds(info.idle_ttl));
+  for (const auto& [k, v] : info.labels) (*out->mutable_labels())[k] = v;
+  out->set_busy(info.busy);
+}
+
+}  // namespace txl

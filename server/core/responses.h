@@ -1,0 +1,28 @@
+// The core's results as the API's messages (txl.v1): the one conversion both
+// transports use (the HTTP routes render these messages as OpenAI's JSON).
+#ifndef TXL_SERVER_CORE_RESPONSES_H_
+#define TXL_SERVER_CORE_RESPONSES_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "model/tokenizer.h"
+#include "proto/txl/v1/txl.pb.h"
+#include "server/jobs/job.h"
+#include "server/sessions/session_table.h"
+
+namespace txl {
+
+// Generated tokens, with the session's position after them. An alternative's
+// text is sent only when it is whole UTF-8 (it may be part of a character).
+v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& events, int64_t position,
+                                    const Tokenizer& tokenizer);
+// A generation's last response: trailing text, finish reason, usage.
+v1::GenerateResponse FinalResponse(const JobResult& result);
+// A score's per-token log-probs and their total.
+void FillScore(const JobResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out);
+void FillSession(const SessionInfo& info, v1::Session* out);
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_CORE_RESPONSES_H_

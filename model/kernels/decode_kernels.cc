@@ -97,17 +97,217 @@ void StoreQuery(const float* q, int64_t dh, float* out) {
   }
 }
 
+// ---- The decode attention (AttendBody), one item (session, head) at a time.
+// Its parts take the body's template parameters, all of them, so that each
+// instantiation of the body inlines its own copies, as one function did.
+
+// The query plus u and plus v (qu, qv) of head h, stored for Scores4: split
+// where the keys (or the position rows) are read split. `biased`: dh floats
+// of scratch.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void BiasedQueries(const DecodeAttentionArgs& a, const float* q, int64_t h,
+                                                         int64_t dh, float* biased, float* qu, float* qv) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  constexpr bool kSplitK = kPairs && std::is_same_v<KT, Bf16>, kSplitR = kPairs && std::is_same_v<RT, Bf16>;
+  for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.u[h * dh + i];
+  StoreQuery<kLanes, kSplitK>(biased, dh, qu);
+  for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.v[h * dh + i];
+  StoreQuery<kLanes, kSplitR>(biased, dh, qv);
+}
+
+// The new key and value (dh floats each, in qkv) in the rings' type: read
+// in place for float32 rings; for bfloat16 ones rounded into `fresh` (2 * dh),
+// and qkv's copies set to the rounded values.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void FreshKeyValue(float* knew_f, float* vnew_f, int64_t dh, KT* fresh,
+                                                         const KT** knew, const KT** vnew) {
+  if constexpr (std::is_same_v<KT, float>) {
+    *knew = knew_f;
+    *vnew = vnew_f;
+  } else {
+    for (int64_t i = 0; i < dh; ++i) {
+      fresh[i].bits = RoundBf16(knew_f[i]);
+      fresh[dh + i].bits = RoundBf16(vnew_f[i]);
+      knew_f[i] = ToFloat(fresh[i]);
+      vnew_f[i] = ToFloat(fresh[dh + i]);
+    }
+    *knew = fresh;
+    *vnew = fresh + dh;
+  }
+}
+
+// The score pass: row[c] for the L held keys (ring k from slot `first`, the
+// keys read once, in ring order) and row[L] for the new key knew. Column
+// c < L is the held position at distance L - c.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void ScoreRow(const DecodeAttentionArgs& a, const DecodeSession& s, int64_t dh,
+                                                    const float* qu, const float* qv, const KT* k, const KT* v,
+                                                    const RT* rel, const KT* knew, int64_t L, int64_t first,
+                                                    float* row) {
+  const int64_t n = L + 1;
+  constexpr int64_t kElemBytes = static_cast<int64_t>(sizeof(KT));
+  // Keys fetched this many rows ahead: 24 float32 rows (measured), the same
+  // bytes in narrower rows.
+  constexpr int64_t kAhead = 24 * 4 / kElemBytes;
+  const KT* kp[4];
+  const RT* rp[4];
+  int64_t slot = first, c = 0;
+  for (; c + 4 <= L; c += 4) {
+    for (int j = 0; j < 4; ++j) {
+      kp[j] = k + slot * dh;
+      rp[j] = rel + (L - c - j) * dh;
+      // The values pass reads these rows next: fetch them while the
+      // scores compute, so that pass runs from cache. And fetch the keys
+      // 24 rows ahead (measured: 2-4% off a 32-session step).
+      const char* vr = reinterpret_cast<const char*>(v + slot * dh);
+      for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(vr + off, 0, 1);
+      int64_t ahead = slot + kAhead;
+      if (ahead >= s.mem_len) ahead -= s.mem_len;
+      if (ahead < s.cap) {
+        const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
+        for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(kr + off);
+      }
+      if (++slot == s.mem_len) slot = 0;
+    }
+    Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, row + c);
+  }
+  // The rest (at most 3 held keys and the new one) as one padded group.
+  const int64_t rest = n - c;
+  float tail[4];
+  for (int j = 0; j < 4; ++j) {
+    if (c + j < L) {
+      kp[j] = k + slot * dh;
+      rp[j] = rel + (L - c - j) * dh;
+      if (++slot == s.mem_len) slot = 0;
+    } else {
+      kp[j] = knew;
+      rp[j] = rel;
+    }
+  }
+  Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, tail);
+  for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
+}
+
+// The softmax of the n scores in row: its numerators exp(score - max) in
+// place, and 1 / their sum returned. The row's padding lanes up to a
+// multiple of 8 are set to zero after the exponential.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline float SoftmaxNumerators(float* row, int64_t n) {
+  const int64_t padded = (n + 7) / 8 * 8;
+  float max = row[0];
+  {
+    int64_t c = 0;
+    V8 m8 = {row[0], row[0], row[0], row[0], row[0], row[0], row[0], row[0]};
+    for (; c + 8 <= n; c += 8) {
+      const V8 x = Load8(row + c);
+      m8 = x > m8 ? x : m8;
+    }
+    for (int i = 0; i < 8; ++i) max = std::max(max, m8[i]);
+    for (; c < n; ++c) max = std::max(max, row[c]);
+  }
+  for (int64_t c = n; c < padded; ++c) row[c] = max;
+  V8 sum8 = {};
+  for (int64_t c = 0; c < padded; c += 8) {
+    V8 e = Exp8(Load8(row + c) - max);
+    if (c + 8 > n) {
+      for (int64_t i = n - c; i < 8; ++i) e[i] = 0.0f;
+    }
+    std::memcpy(row + c, &e, sizeof(e));
+    sum8 += e;
+  }
+  return 1.0f / Sum8(sum8);
+}
+
+// The value pass for the common head size 64: out = inv * (sum of
+// numerator * value) over the L held values (ring v from slot `first`) and
+// the new one, the sum kept in registers.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void WeighValues64(const DecodeSession& s, const float* row, const KT* v,
+                                                         const KT* vnew, int64_t L, int64_t first, float inv,
+                                                         float* out) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  constexpr bool kSplitK = kPairs && std::is_same_v<KT, Bf16>;
+  int64_t slot = first;
+  constexpr int kParts = 64 / kLanes;
+  V acc[kParts] = {};  // split: even and odd elements of each block of 2 * lanes, alternately
+  // always_inline: as WeighValues' axpy.
+  auto add = [&](float p, const KT* x) __attribute__((always_inline)) {
+    V pv;
+    for (int l = 0; l < kLanes; ++l) pv[l] = p;
+    if constexpr (kSplitK) {
+#pragma GCC unroll 8
+      for (int i = 0; i < kParts; i += 2) {
+        V even, odd;
+        SplitBf16(x + kLanes * i, &even, &odd);
+        acc[i] += pv * even;
+        acc[i + 1] += pv * odd;
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int i = 0; i < kParts; ++i) acc[i] += pv * LoadAs<V, KT, kIsa>(x + kLanes * i);
+    }
+  };
+  for (int64_t c = 0; c < L; ++c) {
+    add(row[c], v + slot * 64);
+    if (++slot == s.mem_len) slot = 0;
+  }
+  add(row[L], vnew);
+  for (int i = 0; i < kParts; ++i) acc[i] *= inv;
+  if constexpr (kSplitK) {
+    for (int i = 0; i < kParts; i += 2) {
+      for (int m = 0; m < kLanes; ++m) {
+        out[kLanes * i + 2 * m] = acc[i][m];
+        out[kLanes * i + 2 * m + 1] = acc[i + 1][m];
+      }
+    }
+  } else {
+    std::memcpy(out, acc, sizeof(acc));
+  }
+}
+
+// The value pass for any head size dh: the same sum, accumulated in out.
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void WeighValues(const DecodeSession& s, int64_t dh, const float* row,
+                                                       const KT* v, const KT* vnew, int64_t L, int64_t first, float inv,
+                                                       float* out) {
+  int64_t slot = first;
+  std::fill(out, out + dh, 0.0f);
+  // always_inline: without it GCC's flatten left the bfloat16 loads
+  // (WidenBf16x8) out of line here.
+  auto axpy = [&](float p, const KT* x) __attribute__((always_inline)) {
+    int64_t i = 0;
+    const V8 pv = {p, p, p, p, p, p, p, p};
+    for (; i + 8 <= dh; i += 8) {
+      V8 r = Load8(out + i) + pv * LoadAs<V8, KT, kIsa>(x + i);
+      std::memcpy(out + i, &r, sizeof(r));
+    }
+    for (; i < dh; ++i) out[i] += p * ToFloat(x[i]);
+  };
+  for (int64_t c = 0; c < L; ++c) {
+    axpy(row[c], v + slot * dh);
+    if (++slot == s.mem_len) slot = 0;
+  }
+  axpy(row[L], vnew);
+  for (int64_t i = 0; i < dh; ++i) out[i] *= inv;
+}
+
+// The ring write: the new key and value of head h into the slot of the
+// session's position (a window of 1 keeps nothing).
+template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
+__attribute__((always_inline)) inline void WriteRingSlot(const DecodeSession& s, int64_t h, int64_t dh, const KT* knew,
+                                                         const KT* vnew) {
+  if (s.mem_len > 1) {
+    const int64_t at = h * s.cap * dh + (s.position % s.mem_len) * dh;
+    std::memcpy(static_cast<KT*>(s.k) + at, knew, dh * sizeof(KT));
+    std::memcpy(static_cast<KT*>(s.v) + at, vnew, dh * sizeof(KT));
+  }
+}
+
 // Per item: the scores of the held keys and the new one into a row buffer (the
 // keys read once, in ring order), softmax, then the values read once.
 template <typename V, typename KT, typename RT, int kIsa, bool kPairs>
 __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs& a, int64_t begin, int64_t end) {
   const int64_t H = a.H, dh = a.dh;
-  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
-  constexpr bool kSplitK = kPairs && std::is_same_v<KT, Bf16>, kSplitR = kPairs && std::is_same_v<RT, Bf16>;
-  constexpr int64_t kElemBytes = static_cast<int64_t>(sizeof(KT));
-  // Keys fetched this many rows ahead: 24 float32 rows (measured), the same
-  // bytes in narrower rows.
-  constexpr int64_t kAhead = 24 * 4 / kElemBytes;
   std::vector<float> buffer((a.width + 7) / 8 * 8 + 8 + 3 * dh);
   std::vector<KT> fresh(2 * dh);  // the new key and value, in the rings' type
   float* qu = buffer.data();      // query + u, query + v
@@ -119,159 +319,27 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
     const DecodeSession& s = a.sessions[b];
     const int64_t bh = b * H + h;
     const float* q = a.qkv + (b * 3 * H + h) * dh;
-    for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.u[h * dh + i];
-    StoreQuery<kLanes, kSplitK>(biased, dh, qu);
-    for (int64_t i = 0; i < dh; ++i) biased[i] = q[i] + a.v[h * dh + i];
-    StoreQuery<kLanes, kSplitR>(biased, dh, qv);
+    BiasedQueries<V, KT, RT, kIsa, kPairs>(a, q, h, dh, biased, qu, qv);
     const RT* rel = static_cast<const RT*>(a.rel) + h * a.rel_size * dh;
-    float* knew_f = a.qkv + ((b * 3 + 1) * H + h) * dh;
-    float* vnew_f = a.qkv + ((b * 3 + 2) * H + h) * dh;
     const KT* knew;
     const KT* vnew;
-    if constexpr (std::is_same_v<KT, float>) {
-      knew = knew_f;
-      vnew = vnew_f;
-    } else {
-      for (int64_t i = 0; i < dh; ++i) {
-        fresh[i].bits = RoundBf16(knew_f[i]);
-        fresh[dh + i].bits = RoundBf16(vnew_f[i]);
-        knew_f[i] = ToFloat(fresh[i]);
-        vnew_f[i] = ToFloat(fresh[dh + i]);
-      }
-      knew = fresh.data();
-      vnew = fresh.data() + dh;
-    }
+    FreshKeyValue<V, KT, RT, kIsa, kPairs>(a.qkv + ((b * 3 + 1) * H + h) * dh, a.qkv + ((b * 3 + 2) * H + h) * dh, dh,
+                                           fresh.data(), &knew, &vnew);
     const int64_t L = s.length, n = L + 1;  // keys: the held ones in order, then the new one
     const int64_t first = (s.position - L) % s.mem_len;
     const KT* k = static_cast<const KT*>(s.k) + h * s.cap * dh;
     const KT* v = static_cast<const KT*>(s.v) + h * s.cap * dh;
-    // Scores: column c < L is the held position at distance L - c; column L the new token.
-    {
-      const KT* kp[4];
-      const RT* rp[4];
-      int64_t slot = first, c = 0;
-      for (; c + 4 <= L; c += 4) {
-        for (int j = 0; j < 4; ++j) {
-          kp[j] = k + slot * dh;
-          rp[j] = rel + (L - c - j) * dh;
-          // The values pass reads these rows next: fetch them while the
-          // scores compute, so that pass runs from cache. And fetch the keys
-          // 24 rows ahead (measured: 2-4% off a 32-session step).
-          const char* vr = reinterpret_cast<const char*>(v + slot * dh);
-          for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(vr + off, 0, 1);
-          int64_t ahead = slot + kAhead;
-          if (ahead >= s.mem_len) ahead -= s.mem_len;
-          if (ahead < s.cap) {
-            const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
-            for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(kr + off);
-          }
-          if (++slot == s.mem_len) slot = 0;
-        }
-        Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, row + c);
-      }
-      // The rest (at most 3 held keys and the new one) as one padded group.
-      const int64_t rest = n - c;
-      float tail[4];
-      for (int j = 0; j < 4; ++j) {
-        if (c + j < L) {
-          kp[j] = k + slot * dh;
-          rp[j] = rel + (L - c - j) * dh;
-          if (++slot == s.mem_len) slot = 0;
-        } else {
-          kp[j] = knew;
-          rp[j] = rel;
-        }
-      }
-      Scores4<V, KT, RT, kIsa, kPairs>(qu, qv, kp, rp, dh, a.scale, tail);
-      for (int64_t j = 0; j < rest; ++j) row[c + j] = tail[j];
-    }
-    // Softmax numerators exp(score - max) and their sum; the padding lanes
-    // up to a multiple of 8 are set to zero after the exponential.
-    const int64_t padded = (n + 7) / 8 * 8;
-    float max = row[0];
-    {
-      int64_t c = 0;
-      V8 m8 = {row[0], row[0], row[0], row[0], row[0], row[0], row[0], row[0]};
-      for (; c + 8 <= n; c += 8) {
-        const V8 x = Load8(row + c);
-        m8 = x > m8 ? x : m8;
-      }
-      for (int i = 0; i < 8; ++i) max = std::max(max, m8[i]);
-      for (; c < n; ++c) max = std::max(max, row[c]);
-    }
-    for (int64_t c = n; c < padded; ++c) row[c] = max;
-    V8 sum8 = {};
-    for (int64_t c = 0; c < padded; c += 8) {
-      V8 e = Exp8(Load8(row + c) - max);
-      if (c + 8 > n) {
-        for (int64_t i = n - c; i < 8; ++i) e[i] = 0.0f;
-      }
-      std::memcpy(row + c, &e, sizeof(e));
-      sum8 += e;
-    }
-    const float inv = 1.0f / Sum8(sum8);
+    ScoreRow<V, KT, RT, kIsa, kPairs>(a, s, dh, qu, qv, k, v, rel, knew, L, first, row);
+    const float inv = SoftmaxNumerators<V, KT, RT, kIsa, kPairs>(row, n);
     // Values: sum of numerator * value, normalised at the end (the values
     // come from cache: fetched during the scores).
     float* out = a.out + bh * dh;
-    int64_t slot = first;
     if (dh == 64) {  // the common head size: the sum stays in registers
-      constexpr int kParts = 64 / kLanes;
-      V acc[kParts] = {};  // split: even and odd elements of each block of 2 * lanes, alternately
-      auto add = [&](float p, const KT* x) {
-        V pv;
-        for (int l = 0; l < kLanes; ++l) pv[l] = p;
-        if constexpr (kSplitK) {
-#pragma GCC unroll 8
-          for (int i = 0; i < kParts; i += 2) {
-            V even, odd;
-            SplitBf16(x + kLanes * i, &even, &odd);
-            acc[i] += pv * even;
-            acc[i + 1] += pv * odd;
-          }
-        } else {
-#pragma GCC unroll 8
-          for (int i = 0; i < kParts; ++i) acc[i] += pv * LoadAs<V, KT, kIsa>(x + kLanes * i);
-        }
-      };
-      for (int64_t c = 0; c < L; ++c) {
-        add(row[c], v + slot * 64);
-        if (++slot == s.mem_len) slot = 0;
-      }
-      add(row[L], vnew);
-      for (int i = 0; i < kParts; ++i) acc[i] *= inv;
-      if constexpr (kSplitK) {
-        for (int i = 0; i < kParts; i += 2) {
-          for (int m = 0; m < kLanes; ++m) {
-            out[kLanes * i + 2 * m] = acc[i][m];
-            out[kLanes * i + 2 * m + 1] = acc[i + 1][m];
-          }
-        }
-      } else {
-        std::memcpy(out, acc, sizeof(acc));
-      }
+      WeighValues64<V, KT, RT, kIsa, kPairs>(s, row, v, vnew, L, first, inv, out);
     } else {
-      std::fill(out, out + dh, 0.0f);
-      auto axpy = [&](float p, const KT* x) {
-        int64_t i = 0;
-        const V8 pv = {p, p, p, p, p, p, p, p};
-        for (; i + 8 <= dh; i += 8) {
-          V8 r = Load8(out + i) + pv * LoadAs<V8, KT, kIsa>(x + i);
-          std::memcpy(out + i, &r, sizeof(r));
-        }
-        for (; i < dh; ++i) out[i] += p * ToFloat(x[i]);
-      };
-      for (int64_t c = 0; c < L; ++c) {
-        axpy(row[c], v + slot * dh);
-        if (++slot == s.mem_len) slot = 0;
-      }
-      axpy(row[L], vnew);
-      for (int64_t i = 0; i < dh; ++i) out[i] *= inv;
+      WeighValues<V, KT, RT, kIsa, kPairs>(s, dh, row, v, vnew, L, first, inv, out);
     }
-    if (s.mem_len > 1) {
-      const int64_t at = h * s.cap * dh + (s.position % s.mem_len) * dh;
-      std::memcpy(static_cast<KT*>(s.k) + at, knew, dh * sizeof(KT));
-      std::memcpy(static_cast<KT*>(s.v) + at, vnew, dh * sizeof(KT));
-    }
+    WriteRingSlot<V, KT, RT, kIsa, kPairs>(s, h, dh, knew, vnew);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -78,8 +79,51 @@ class IncrementalModel {
   static constexpr int64_t kPassTokens = 512;
 
  private:
-  struct Pending;  // a session's memory being built during a step
+  // A session's memory as it evolves during one step; committed at the end.
+  // k[l] / v[l] are undefined until a pass replaces the memory (then
+  // [length, H, dh], the held positions in order); until then the memory is
+  // read from the session's ring.
+  struct Pending {
+    SessionMemory* memory;
+    int64_t length;
+    int64_t position;
+    std::vector<at::Tensor> k, v;
+    bool replaced() const { return !k.empty() && k[0].defined(); }
+  };
+  // Several tokens per session (incremental_pass.cc), in the parts below.
   at::Tensor Pass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  struct PassGeometry;  // the pass's shape: per session its tokens, held keys and window
+  struct PoolPlan;      // generic path: the pool rows each layer's keys go to and come from
+  struct PassMeta;      // the pass's metadata on the device, uploaded in one copy
+  PassGeometry Geometry(const std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) const;
+  PoolPlan PlanPool(const std::vector<Pending*>& batch, const PassGeometry& g) const;
+  PassMeta UploadMeta(const PassGeometry& g, const PoolPlan& plan) const;
+  // The held positions of a session in layer l, in order, [length, H, dh] float32.
+  at::Tensor Held(const Pending& p, int64_t l, bool key) const;
+  // Layer l's new keys and values [T, H, dh] that go in place into their
+  // sessions' rings or rows (without the pool plan).
+  void WriteInPlace(const std::vector<Pending*>& batch, const PassGeometry& g, int64_t l, const at::Tensor& k,
+                    const at::Tensor& v) const;
+  // Layer l's keys and values of every session, held then new, padded to
+  // [B, Kmax, H, dh] float32.
+  std::pair<at::Tensor, at::Tensor> GatherKeys(const std::vector<Pending*>& batch, const PassGeometry& g,
+                                               const PoolPlan& plan, const PassMeta& meta, int64_t l,
+                                               const at::Tensor& k, const at::Tensor& v,
+                                               const at::TensorOptions& fopt) const;
+  // Layer l's attention output [T, H * dh] of the queries in qkv [T, 3, H, dh]
+  // over the padded keys and values, by one of the three below.
+  at::Tensor PassAttention(const PassGeometry& g, const PassMeta& meta, int64_t l, const at::Tensor& qkv,
+                           const at::Tensor& Kp, const at::Tensor& Vp, const at::TensorOptions& fopt);
+  at::Tensor FusedAttention(const PassGeometry& g, int64_t l, const at::Tensor& qkv, const at::Tensor& Kp,
+                            const at::Tensor& Vp, const at::TensorOptions& fopt);
+  at::Tensor BlockedAttention(const PassGeometry& g, const at::Tensor& qu, const at::Tensor& Kq, const at::Tensor& Vq,
+                              const at::Tensor& bd_all) const;
+  at::Tensor TensorOpAttention(const PassMeta& meta, const at::Tensor& qu, const at::Tensor& Kq, const at::Tensor& Vq,
+                               const at::Tensor& bd_all) const;
+  // The last keys and values of layer l that the window needs next, for the
+  // sessions whose memory the pass replaces.
+  static void KeepWindow(const PassGeometry& g, int64_t l, const at::Tensor& Kp, const at::Tensor& Vp,
+                         std::vector<std::vector<at::Tensor>>& new_k, std::vector<std::vector<at::Tensor>>& new_v);
   // One token per session, memories read and written in place (CPU, float).
   at::Tensor DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
   void Reserve(SessionMemory* memory, int64_t needed) const;

@@ -1,0 +1,428 @@
+// IncrementalModel::Pass: several tokens per session (prefills), in parts.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "model/kernels/prefill_kernels.h"
+#include "model/net/incremental.h"
+#include "model/net/txl_math.h"
+
+namespace txl {
+
+namespace {
+
+// Queries per block of a long one-session prefill (BlockedAttention): small
+// enough that a block's score rows span little more than the window, large
+// enough for efficient products.
+constexpr int64_t kQueryBlock = 128;
+
+// The scores' scale, 1 / sqrt(dh).
+double ScoreScale(int64_t dh) { return 1.0 / std::sqrt(static_cast<double>(dh)); }
+
+// `values` on `device` in one copy: on a GPU from pinned host memory and
+// without waiting for it (the caching host allocator keeps the buffer until
+// the copy is done).
+at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device) {
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  const int64_t count = static_cast<int64_t>(values.size());
+  if (device.is_cpu()) return at::tensor(values, lopt);
+  at::Tensor host = at::empty({count}, lopt.pinned_memory(true));
+  if (count > 0) std::memcpy(host.data_ptr<int64_t>(), values.data(), count * sizeof(int64_t));
+  return host.to(device, /*non_blocking=*/true);
+}
+
+}  // namespace
+
+// Session b feeds n[b] tokens after its m[b] held positions, in a window of
+// M[b] keys: K[b] = m[b] + n[b] keys. Padded, the pass is a score block of
+// [B sessions, N queries, Kmax keys].
+struct IncrementalModel::PassGeometry {
+  int64_t B = 0, T = 0;     // sessions; tokens of all of them
+  int64_t N = 0, Kmax = 0;  // the most tokens, and keys, of a session
+  int64_t D = 0;            // distances that can be attended
+  std::vector<int64_t> n, m, M, K;
+  std::vector<int64_t> flat;  // the tokens, session by session
+  bool uniform = true;        // every session feeds N tokens
+  std::vector<int64_t> rows;  // token t's row of the padded [B * N] (empty when uniform)
+  // Where the new keys/values fit in free ring slots (the span from the
+  // oldest committed position to the newest new one is at most mem_len), they
+  // are written in place, never over a committed position; otherwise the
+  // pass builds the new held memory aside and the commit installs it.
+  std::vector<char> in_place;
+};
+
+// The generic path with every memory in the pool (all but the later passes
+// of an input longer than kPassTokens): per layer, the new keys go into
+// their pool rows with one indexed copy, every session's keys come out as
+// [B, Kmax] with one indexed gather (padding reads the pool's zero row), and
+// new keys that cannot go into the pool yet (the window would drop a held
+// one, or there is no memory) are laid over the gathered block with a
+// third. Without the pool (gather false) each session's keys are copied one
+// by one.
+struct IncrementalModel::PoolPlan {
+  bool gather = false;
+  std::vector<int64_t> gather_rows;            // [B * Kmax]: each padded key's pool row
+  std::vector<int64_t> write_rows, write_tok;  // the pool row of each new key that goes in, and its token
+  std::vector<int64_t> patch_rows, patch_tok;  // the padded row of each new key laid over, and its token
+};
+
+// The step's metadata (tokens, padded row indices, and for the tensor-op
+// softmax the sessions' lengths) on the device.
+struct IncrementalModel::PassMeta {
+  at::Tensor tokens;   // [T]
+  at::Tensor row_idx;  // PassGeometry::rows
+  // Generic path: the score block's mask [B, 1, N, Kmax] and each score's
+  // distance, [B, H, N, Kmax].
+  at::Tensor masked, gather_idx;
+  // PoolPlan's lists.
+  at::Tensor gather_rows, write_rows, write_tok, patch_rows, patch_tok;
+};
+
+IncrementalModel::PassGeometry IncrementalModel::Geometry(const std::vector<Pending*>& batch,
+                                                          const std::vector<std::vector<int64_t>>& tokens) const {
+  PassGeometry g;
+  const int64_t B = static_cast<int64_t>(batch.size());
+  g.B = B;
+  g.n.resize(B);
+  g.m.resize(B);
+  g.M.resize(B);
+  g.K.resize(B);
+  int64_t maxM = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    g.n[b] = static_cast<int64_t>(tokens[b].size());
+    g.m[b] = batch[b]->length;
+    g.M[b] = batch[b]->memory->mem_len();
+    g.K[b] = g.m[b] + g.n[b];
+    g.N = std::max(g.N, g.n[b]);
+    g.Kmax = std::max(g.Kmax, g.K[b]);
+    maxM = std::max(maxM, g.M[b]);
+    g.flat.insert(g.flat.end(), tokens[b].begin(), tokens[b].end());
+  }
+  g.T = static_cast<int64_t>(g.flat.size());
+  const int64_t N = g.N;
+  g.uniform = std::all_of(g.n.begin(), g.n.end(), [N](int64_t x) { return x == N; });
+  if (!g.uniform) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < g.n[b]; ++i) g.rows.push_back(b * N + i);
+  }
+  g.D = std::min(g.Kmax, maxM);
+  g.in_place.resize(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const Pending* p = batch[b];
+    const SessionMemory* s = p->memory;
+    g.in_place[b] = !p->replaced() && (p->position + g.n[b]) - (s->position_ - s->length_) <= g.M[b];
+  }
+  return g;
+}
+
+IncrementalModel::PoolPlan IncrementalModel::PlanPool(const std::vector<Pending*>& batch, const PassGeometry& g) const {
+  PoolPlan plan;
+  plan.gather =
+      pool_ != nullptr && std::none_of(batch.begin(), batch.end(), [](const Pending* p) { return p->replaced(); });
+  if (!plan.gather) return plan;
+  const int64_t Kmax = g.Kmax;
+  plan.gather_rows.assign(g.B * Kmax, SlotPool::kPadRow);
+  int64_t offset = 0;
+  for (int64_t b = 0; b < g.B; ++b) {
+    const Pending* p = batch[b];
+    const int64_t n = g.n[b], m = g.m[b];
+    const bool pooled = g.in_place[b] && g.M[b] > 1;
+    const std::vector<int64_t> old_rows = PoolRows(*p->memory, p->position - m, m);
+    std::copy(old_rows.begin(), old_rows.end(), plan.gather_rows.begin() + b * Kmax);
+    const std::vector<int64_t> new_rows = pooled ? PoolRows(*p->memory, p->position, n) : std::vector<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (pooled) {
+        plan.gather_rows[b * Kmax + m + i] = new_rows[i];
+        plan.write_rows.push_back(new_rows[i]);
+        plan.write_tok.push_back(offset + i);
+      } else {
+        plan.patch_rows.push_back(b * Kmax + m + i);
+        plan.patch_tok.push_back(offset + i);
+      }
+    }
+    offset += n;
+  }
+  return plan;
+}
+
+IncrementalModel::PassMeta IncrementalModel::UploadMeta(const PassGeometry& g, const PoolPlan& plan) const {
+  const int64_t B = g.B, N = g.N, Kmax = g.Kmax, H = config_.n_head;
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  std::vector<int64_t> meta = g.flat;
+  std::vector<const std::vector<int64_t>*> parts = {&g.rows};
+  if (generic_) parts.insert(parts.end(), {&g.n, &g.m, &g.M});
+  if (plan.gather) {
+    parts.insert(parts.end(),
+                 {&plan.gather_rows, &plan.write_rows, &plan.write_tok, &plan.patch_rows, &plan.patch_tok});
+  }
+  for (const std::vector<int64_t>* part : parts) meta.insert(meta.end(), part->begin(), part->end());
+  const at::Tensor on_device = Upload(meta, device_);
+  int64_t meta_at = 0;
+  auto next = [&](int64_t len) {
+    at::Tensor t = on_device.slice(0, meta_at, meta_at + len);
+    meta_at += len;
+    return t;
+  };
+  PassMeta d;
+  d.tokens = next(g.T);
+  d.row_idx = next(static_cast<int64_t>(g.rows.size()));  // empty when uniform
+  // Geometry of the padded [B, N queries, Kmax keys] score block: key j of
+  // session b is at distance m_b + i - j from its query i. The tensor-op
+  // softmax needs it as a mask and position indices; the CPU's fused kernel
+  // (prefill_kernels.h) derives both from m, n and M itself.
+  if (generic_) {
+    at::Tensor nt = next(B).view({B, 1, 1}), mt = next(B).view({B, 1, 1});
+    at::Tensor Mt = next(B).view({B, 1, 1});
+    at::Tensor qi = at::arange(N, lopt.device(device_)).view({1, N, 1});
+    at::Tensor kj = at::arange(Kmax, lopt.device(device_)).view({1, 1, Kmax});
+    at::Tensor dist = mt + qi - kj;
+    // Padded query rows stay unmasked so their softmax is finite; they are dropped.
+    d.masked = (((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt)).unsqueeze(1);  // [B, 1, N, Kmax]
+    d.gather_idx = dist.clamp(0, g.D - 1).unsqueeze(1).expand({B, H, N, Kmax});
+  }
+  if (plan.gather) {
+    d.gather_rows = next(B * Kmax);
+    d.write_rows = next(static_cast<int64_t>(plan.write_rows.size()));
+    d.write_tok = next(static_cast<int64_t>(plan.write_tok.size()));
+    d.patch_rows = next(static_cast<int64_t>(plan.patch_rows.size()));
+    d.patch_tok = next(static_cast<int64_t>(plan.patch_tok.size()));
+  }
+  return d;
+}
+
+at::Tensor IncrementalModel::Held(const Pending& p, int64_t l, bool key) const {
+  if (p.replaced()) return key ? p.k[l] : p.v[l];
+  return HeldRows(*p.memory, l, key, p.position - p.length, p.length).to(at::kFloat);
+}
+
+void IncrementalModel::WriteInPlace(const std::vector<Pending*>& batch, const PassGeometry& g, int64_t l,
+                                    const at::Tensor& k, const at::Tensor& v) const {
+  int64_t offset = 0;
+  for (int64_t b = 0; b < g.B; ++b) {
+    const int64_t n = g.n[b];
+    if (g.in_place[b] && g.M[b] > 1) {
+      WriteRows(*batch[b]->memory, l, true, batch[b]->position, k.slice(0, offset, offset + n));
+      WriteRows(*batch[b]->memory, l, false, batch[b]->position, v.slice(0, offset, offset + n));
+    }
+    offset += n;
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> IncrementalModel::GatherKeys(const std::vector<Pending*>& batch,
+                                                               const PassGeometry& g, const PoolPlan& plan,
+                                                               const PassMeta& meta, int64_t l, const at::Tensor& k,
+                                                               const at::Tensor& v,
+                                                               const at::TensorOptions& fopt) const {
+  const int64_t B = g.B, Kmax = g.Kmax, H = config_.n_head, dh = config_.d_head;
+  at::Tensor Kp, Vp;
+  if (plan.gather) {  // the pool plan: new keys in, every session's out, the rest laid over
+    for (const bool key : {true, false}) {
+      at::Tensor& pool = key ? pool_->keys(l) : pool_->values(l);
+      const at::Tensor& fresh = key ? k : v;
+      if (!plan.write_rows.empty())
+        pool.index_copy_(0, meta.write_rows, fresh.index_select(0, meta.write_tok).to(pool.scalar_type()));
+      at::Tensor block = pool.index_select(0, meta.gather_rows).to(at::kFloat);  // [B * Kmax, H, dh]
+      if (!plan.patch_rows.empty()) block.index_copy_(0, meta.patch_rows, fresh.index_select(0, meta.patch_tok));
+      (key ? Kp : Vp) = block.view({B, Kmax, H, dh});
+    }
+  } else if (B == 1) {
+    Kp = (g.m[0] > 0 ? at::cat({Held(*batch[0], l, true), k}, 0) : k.contiguous()).unsqueeze(0);
+    Vp = (g.m[0] > 0 ? at::cat({Held(*batch[0], l, false), v}, 0) : v.contiguous()).unsqueeze(0);
+  } else {
+    Kp = at::zeros({B, Kmax, H, dh}, fopt);
+    Vp = at::zeros({B, Kmax, H, dh}, fopt);
+    int64_t offset = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t n = g.n[b], m = g.m[b];
+      if (m > 0) {
+        Kp[b].slice(0, 0, m).copy_(Held(*batch[b], l, true));
+        Vp[b].slice(0, 0, m).copy_(Held(*batch[b], l, false));
+      }
+      Kp[b].slice(0, m, g.K[b]).copy_(k.slice(0, offset, offset + n));
+      Vp[b].slice(0, m, g.K[b]).copy_(v.slice(0, offset, offset + n));
+      offset += n;
+    }
+  }
+  return {Kp, Vp};
+}
+
+at::Tensor IncrementalModel::PassAttention(const PassGeometry& g, const PassMeta& meta, int64_t l,
+                                           const at::Tensor& qkv, const at::Tensor& Kp, const at::Tensor& Vp,
+                                           const at::TensorOptions& fopt) {
+  const ModelConfig& c = config_;
+  const int64_t B = g.B, N = g.N, H = c.n_head, dh = c.d_head;
+  if (!generic_ && Bf16Attention() && isa_ == KernelIsa::kBest && PrefillAttentionRuns(dh))
+    return FusedAttention(g, l, qkv, Kp, Vp, fopt);
+  const at::Tensor q = qkv.select(1, 0);
+  const at::Tensor Qp = g.uniform ? q.reshape({B, N, H, dh})
+                                  : at::zeros({B * N, H, dh}, fopt).index_copy_(0, meta.row_idx, q).view({B, N, H, dh});
+  // Converted once, read by every block's products.
+  const at::Tensor qu = AttentionOperand((Qp + weights_.u(c, l)).permute({0, 2, 1, 3}));  // [B, H, N, dh]
+  const at::Tensor Kq = AttentionOperand(Kp), Vq = AttentionOperand(Vp);
+  const at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
+                                             rel_k_[l].slice(0, 0, g.D).permute({1, 2, 0}));  // [B,H,N,D]
+  at::Tensor vec = generic_ ? TensorOpAttention(meta, qu, Kq, Vq, bd_all) : BlockedAttention(g, qu, Kq, Vq, bd_all);
+  vec = vec.to(at::kFloat).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
+  if (!g.uniform) vec = vec.index_select(0, meta.row_idx);
+  return vec;
+}
+
+// bfloat16 on AMX, fused (prefill_attention.h): each session's keys and
+// values as rows [K_b, H * dh], read in place.
+at::Tensor IncrementalModel::FusedAttention(const PassGeometry& g, int64_t l, const at::Tensor& qkv,
+                                            const at::Tensor& Kp, const at::Tensor& Vp, const at::TensorOptions& fopt) {
+  const ModelConfig& c = config_;
+  const int64_t T = g.T, H = c.n_head, dh = c.d_head;
+  at::Tensor vec = at::empty({T, H * dh}, fopt);
+  const at::Tensor qrows = qkv.view({T, 3 * H * dh});
+  const at::Tensor rel = rel_k_[l].contiguous();
+  const at::Tensor u = weights_.u(c, l).contiguous(), vb = weights_.v(c, l).contiguous();
+  int64_t offset = 0;
+  for (int64_t b = 0; b < g.B; ++b) {
+    const int64_t K = g.K[b];
+    const at::Tensor kb = Kp[b].slice(0, 0, K).contiguous(), vv = Vp[b].slice(0, 0, K).contiguous();
+    PrefillAttentionArgs pa;
+    pa.heads = H;
+    pa.dh = dh;
+    pa.n = g.n[b];
+    pa.held = g.m[b];
+    pa.window = g.M[b];
+    pa.q = qrows.data_ptr<float>() + offset * 3 * H * dh;
+    pa.q_stride = 3 * H * dh;
+    pa.u = u.data_ptr<float>();
+    pa.v = vb.data_ptr<float>();
+    pa.keys = kb.data_ptr<float>();
+    pa.values = vv.data_ptr<float>();
+    pa.kv_stride = H * dh;
+    pa.rel = rel.data_ptr<float>();
+    pa.rel_size = std::min({rel.size(0), K, g.M[b]});  // the distances its windows span
+    pa.scale = static_cast<float>(ScoreScale(dh));
+    pa.out = vec.data_ptr<float>() + offset * H * dh;
+    pa.out_stride = H * dh;
+    PrefillAttention attention(pa, &prefill_buffers_);
+    at::parallel_for(0, attention.pack_items(), 1, [&](int64_t begin, int64_t end) { attention.Pack(begin, end); });
+    at::parallel_for(0, attention.units(), 1, [&](int64_t begin, int64_t end) { attention.Run(begin, end); });
+    offset += g.n[b];
+  }
+  return vec;
+}
+
+// The CPU kernels' fused softmax (prefill_kernels.h), over blocks of queries
+// when one session feeds many: a block sees only the keys of its queries'
+// windows, not every key of the pass, so a long input's score blocks (and
+// their products) shrink from N x (m + N) to about N x (M + block). float32
+// products only: bfloat16 ones (oneDNN) lost more to the smaller products
+// than the blocks saved (measured). Returns [B, H, N, dh].
+at::Tensor IncrementalModel::BlockedAttention(const PassGeometry& g, const at::Tensor& qu, const at::Tensor& Kq,
+                                              const at::Tensor& Vq, const at::Tensor& bd_all) const {
+  const int64_t B = g.B, N = g.N, H = config_.n_head;
+  const std::vector<int64_t>&m = g.m, &n = g.n, &M = g.M;
+  const bool blocks = B == 1 && qu.scalar_type() == at::kFloat;
+  const int64_t block = blocks ? kQueryBlock : N;
+  std::vector<at::Tensor> parts;
+  for (int64_t i0 = 0; i0 < N; i0 += block) {
+    const int64_t i1 = std::min(N, i0 + block);
+    const int64_t j0 = blocks ? std::max<int64_t>(0, m[0] + i0 - M[0] + 1) : 0;
+    const int64_t j1 = blocks ? m[0] + i1 : g.Kmax;
+    std::vector<int64_t> held_here = m, fed_here = n;
+    if (blocks) {
+      held_here[0] = m[0] + i0 - j0;
+      fed_here[0] = i1 - i0;
+    }
+    const at::Tensor ac = AttentionProduct(qu.slice(2, i0, i1), Kq.slice(1, j0, j1).permute({0, 2, 3, 1})).contiguous();
+    const at::Tensor bd = bd_all.slice(2, i0, i1).contiguous();
+    at::Tensor prob = at::empty({B, H, i1 - i0, j1 - j0}, ac.options());
+    ScoreSoftmaxArgs sm;
+    sm.ac = ac.data_ptr();
+    sm.bd = bd.data_ptr();
+    sm.elem = ac.scalar_type() == at::kBFloat16 ? Elem::kBf16 : Elem::kF32;  // the softmax is float32 in every mode
+    sm.heads = H;
+    sm.N = i1 - i0;
+    sm.K = j1 - j0;
+    sm.D = g.D;
+    sm.held = held_here.data();
+    sm.fed = fed_here.data();
+    sm.window = M.data();
+    sm.scale = static_cast<float>(ScoreScale(config_.d_head));
+    sm.prob = prob.data_ptr();
+    sm.prob_elem = sm.elem;
+    const KernelIsa isa = isa_;
+    at::parallel_for(0, B * H * (i1 - i0), 16, [&](int64_t begin, int64_t end) { ScoreSoftmax(sm, begin, end, isa); });
+    parts.push_back(AttentionProduct(prob, Vq.slice(1, j0, j1).permute({0, 2, 1, 3})));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+}
+
+// The generic path's attention in tensor ops: scores, masked softmax, values.
+// Returns [B, H, N, dh].
+at::Tensor IncrementalModel::TensorOpAttention(const PassMeta& meta, const at::Tensor& qu, const at::Tensor& Kq,
+                                               const at::Tensor& Vq, const at::Tensor& bd_all) const {
+  const at::Tensor ac = AttentionProduct(qu, Kq.permute({0, 2, 3, 1}));
+  at::Tensor score = ac.to(at::kFloat).add_(bd_all.gather(3, meta.gather_idx)).mul_(ScoreScale(config_.d_head));
+  score.masked_fill_(meta.masked, -INFINITY);
+  return AttentionProduct(at::softmax(score, -1), Vq.permute({0, 2, 1, 3}));
+}
+
+// The window needs mem_len - 1 earlier keys; keep exactly those.
+void IncrementalModel::KeepWindow(const PassGeometry& g, int64_t l, const at::Tensor& Kp, const at::Tensor& Vp,
+                                  std::vector<std::vector<at::Tensor>>& new_k,
+                                  std::vector<std::vector<at::Tensor>>& new_v) {
+  for (int64_t b = 0; b < g.B; ++b) {
+    const int64_t K = g.K[b], keep = std::min(g.M[b] - 1, K);
+    if (keep > 0 && !g.in_place[b]) {
+      new_k[b][l] = Kp[b].slice(0, K - keep, K).clone();
+      new_v[b][l] = Vp[b].slice(0, K - keep, K).clone();
+    }
+  }
+}
+
+at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.n_head, dh = c.d_head;
+  const PassGeometry g = Geometry(batch, tokens);
+  const int64_t B = g.B, T = g.T;
+  const bool kv16 = kv_dtype_ == KvDtype::kBfloat16;
+  EnsureRelTable(g.D);
+  const PoolPlan plan = PlanPool(batch, g);
+  const PassMeta meta = UploadMeta(g, plan);
+  at::Tensor x = Embed(c, weights_, meta.tokens);  // [T, d]
+  const auto fopt = x.options();
+
+  // New layer memories; installed in the pending states after the last layer
+  // (Held reads the old ones until then).
+  std::vector<std::vector<at::Tensor>> new_k(B, std::vector<at::Tensor>(c.n_layer)),
+      new_v(B, std::vector<at::Tensor>(c.n_layer));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
+    at::Tensor qkv = Product(h, l, 0, at::Tensor()).view({T, 3, H, dh});
+    at::Tensor k = qkv.select(1, 1), v = qkv.select(1, 2);
+    if (kv16) {  // attend exactly what the memory will hold (as the decode kernel does)
+      k = k.to(at::kBFloat16).to(at::kFloat);
+      v = v.to(at::kBFloat16).to(at::kFloat);
+    }
+    if (!plan.gather) WriteInPlace(batch, g, l, k, v);
+    const auto [Kp, Vp] = GatherKeys(batch, g, plan, meta, l, k, v, fopt);
+    const at::Tensor vec = PassAttention(g, meta, l, qkv, Kp, Vp, fopt);  // [T, H * dh], in token order
+    at::Tensor out = Product(vec, l, 1, at::Tensor());
+    x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
+    // FeedForward (txl_math.h) with this precision's products (for float32,
+    // Product is the same at::linear).
+    auto core = [&](const at::Tensor& in) { return Product(at::relu(Product(in, l, 2, L.ff1_b)), l, 3, L.ff2_b); };
+    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
+    KeepWindow(g, l, Kp, Vp, new_k, new_v);
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t keep = std::max<int64_t>(0, std::min(g.M[b] - 1, g.K[b]));
+    batch[b]->length = keep;
+    batch[b]->k = std::move(new_k[b]);
+    batch[b]->v = std::move(new_v[b]);
+  }
+  return x;
+}
+
+}  // namespace txl

@@ -190,12 +190,9 @@ std::vector<StepOutput> SampleWholeRows(const OutputLayer& output, int64_t V, ab
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {
-  // These are the engine's invariants, not checks of a client's input (the
-  // service validated that); a breach is a bug above, refused before anything runs.
-  const int64_t V = config_.n_token;
+// The engine's invariants, not checks of a client's input (the service
+// validated that); a breach is a bug above, refused before anything runs.
+absl::Status CheckStepInputs(absl::Span<const StepInput> inputs, int64_t V) {
   std::set<const SessionState*> seen;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const StepInput& in = inputs[i];
@@ -236,106 +233,142 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
       }
     }
   }
+  return absl::OkStatus();
+}
 
+// The hidden rows of a step by what is asked of them (rows of the model's
+// output, in input order). Only distribution rows and rows sampled over the
+// whole row build [rows, n_token] log-probs, and only the former copy them
+// out.
+struct RowPlan {
+  std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows, top_rows;
+  std::vector<int64_t> whole_rows;  // SamplesWholeRow
+  std::vector<int> targets;
+  int top_n = 0;
+  std::vector<double> uniforms;
+};
+
+RowPlan PlanRows(absl::Span<const StepInput> inputs) {
+  RowPlan r;
+  int64_t offset = 0;
+  for (const StepInput& in : inputs) {
+    for (size_t t = 0; t < in.targets.size(); ++t) {
+      r.target_rows.push_back(offset + static_cast<int64_t>(t));
+      r.targets.push_back(in.targets[t]);
+      if (in.want_target_argmax) r.argmax_rows.push_back(offset + static_cast<int64_t>(t));
+    }
+    const int64_t last = offset + static_cast<int64_t>(in.tokens.size()) - 1;
+    if (in.want_last_distribution) r.dist_rows.push_back(last);
+    if (in.pick == StepInput::Pick::kArgmax) r.best_rows.push_back(last);
+    if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
+      r.draw_rows.push_back(last);
+      r.uniforms.push_back(in.draw_uniform);
+    }
+    if (SamplesWholeRow(in)) r.whole_rows.push_back(last);
+    if (in.top_n > 0) {
+      r.top_rows.push_back(last);
+      r.top_n = std::max(r.top_n, in.top_n);
+    }
+    offset += static_cast<int64_t>(in.tokens.size());
+  }
+  return r;
+}
+
+// What the output layer read from a step's rows (ReadRows), each list in
+// input order.
+struct RowReadouts {
+  std::vector<float> target_lp;
+  TokenPicks target_best, best, drawn;
+  std::vector<TokenList> tops;
+  std::vector<StepOutput> sampled;  // SampleWholeRows
+  at::Tensor dist;                  // [dist rows, n_token] float32 on the CPU
+};
+
+RowReadouts ReadRows(const OutputLayer& output, int64_t V, absl::Span<const StepInput> inputs, const RowPlan& plan,
+                     const at::Tensor& hidden, const at::Device& device) {
+  auto rows_of = [&](const std::vector<int64_t>& rows, size_t from, size_t to) {
+    std::vector<int64_t> part(rows.begin() + from, rows.begin() + to);
+    return hidden.index_select(0, at::tensor(part, at::kLong).to(device));
+  };
+  RowReadouts r;
+  // Blocks of rows bound the per-row buffers (the head's log-probs, or
+  // whole rows) for long inputs.
+  constexpr size_t kBlock = 1024;
+  for (size_t from = 0; from < plan.target_rows.size(); from += kBlock) {
+    const size_t to = std::min(plan.target_rows.size(), from + kBlock);
+    const std::vector<int> block(plan.targets.begin() + from, plan.targets.begin() + to);
+    const std::vector<float> lp = output.TargetLogProbs(rows_of(plan.target_rows, from, to), block);
+    r.target_lp.insert(r.target_lp.end(), lp.begin(), lp.end());
+  }
+  for (size_t from = 0; from < plan.argmax_rows.size(); from += kBlock) {
+    TokenPicks p = output.BestTokens(rows_of(plan.argmax_rows, from, std::min(plan.argmax_rows.size(), from + kBlock)));
+    r.target_best.ids.insert(r.target_best.ids.end(), p.ids.begin(), p.ids.end());
+  }
+  if (!plan.best_rows.empty()) r.best = output.BestTokens(rows_of(plan.best_rows, 0, plan.best_rows.size()));
+  if (!plan.draw_rows.empty())
+    r.drawn = output.DrawTokens(rows_of(plan.draw_rows, 0, plan.draw_rows.size()), plan.uniforms);
+  // One selection for the batch at its largest n; each row keeps its own
+  // prefix (the first n of a longer list are the top n).
+  if (!plan.top_rows.empty()) r.tops = output.TopTokens(rows_of(plan.top_rows, 0, plan.top_rows.size()), plan.top_n);
+  r.sampled = SampleWholeRows(output, V, inputs, rows_of(plan.whole_rows, 0, plan.whole_rows.size()));
+  if (!plan.dist_rows.empty())
+    r.dist = output.LogProbs(rows_of(plan.dist_rows, 0, plan.dist_rows.size())).to(at::kCPU, at::kFloat).contiguous();
+  return r;
+}
+
+// Deals the readouts out to the inputs' outputs; INTERNAL where a row
+// sampled whole had no finite log-probs.
+absl::Status FillOutputs(absl::Span<const StepInput> inputs, int64_t V, RowReadouts& r, std::vector<StepOutput>& out) {
+  size_t t = 0, a = 0, d = 0, b = 0, w = 0, p = 0, x = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const StepInput& in = inputs[i];
+    out[i].target_logprobs.assign(r.target_lp.begin() + t, r.target_lp.begin() + t + in.targets.size());
+    t += in.targets.size();
+    if (in.want_target_argmax) {
+      out[i].target_argmax.assign(r.target_best.ids.begin() + a, r.target_best.ids.begin() + a + in.targets.size());
+      a += in.targets.size();
+    }
+    if (in.want_last_distribution) {
+      const float* row = r.dist.data_ptr<float>() + static_cast<int64_t>(d++) * V;
+      out[i].last_distribution.assign(row, row + V);
+    }
+    if (in.pick == StepInput::Pick::kArgmax) {
+      out[i].picked = r.best.ids[b];
+      out[i].picked_logprob = r.best.logprobs[b++];
+    } else if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
+      out[i].picked = r.drawn.ids[w];
+      out[i].picked_logprob = r.drawn.logprobs[w++];
+    }
+    if (SamplesWholeRow(in)) {
+      StepOutput& whole = r.sampled[x++];
+      if ((in.pick == StepInput::Pick::kDraw && whole.picked < 0) || (in.nucleus_p > 0 && whole.nucleus.empty()))
+        return absl::InternalError(absl::StrCat("model step: the log-probs of step input ", i, " are not finite"));
+      if (in.pick == StepInput::Pick::kDraw) {
+        out[i].picked = whole.picked;
+        out[i].picked_logprob = whole.picked_logprob;
+      }
+      out[i].nucleus = std::move(whole.nucleus);
+      out[i].nucleus_total = whole.nucleus_total;
+    }
+    if (in.top_n > 0) {
+      out[i].top = std::move(r.tops[p++]);
+      if (out[i].top.size() > static_cast<size_t>(in.top_n)) out[i].top.resize(in.top_n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput> inputs) {
+  const int64_t V = config_.n_token;
+  RETURN_IF_ERROR(CheckStepInputs(inputs, V));
   std::vector<StepOutput> out(inputs.size());
   try {
     c10::InferenceMode guard;
-    at::Tensor hidden = model_->Step(inputs);
-    // Rows by what is asked of them. Only distribution rows and rows
-    // sampled over the whole row build [rows, n_token] log-probs, and only
-    // the former copy them out.
-    std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows, top_rows;
-    std::vector<int64_t> whole_rows;  // SamplesWholeRow
-    std::vector<int> targets;
-    int top_n = 0;
-    std::vector<double> uniforms;
-    int64_t offset = 0;
-    for (const StepInput& in : inputs) {
-      for (size_t t = 0; t < in.targets.size(); ++t) {
-        target_rows.push_back(offset + static_cast<int64_t>(t));
-        targets.push_back(in.targets[t]);
-        if (in.want_target_argmax) argmax_rows.push_back(offset + static_cast<int64_t>(t));
-      }
-      const int64_t last = offset + static_cast<int64_t>(in.tokens.size()) - 1;
-      if (in.want_last_distribution) dist_rows.push_back(last);
-      if (in.pick == StepInput::Pick::kArgmax) best_rows.push_back(last);
-      if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
-        draw_rows.push_back(last);
-        uniforms.push_back(in.draw_uniform);
-      }
-      if (SamplesWholeRow(in)) whole_rows.push_back(last);
-      if (in.top_n > 0) {
-        top_rows.push_back(last);
-        top_n = std::max(top_n, in.top_n);
-      }
-      offset += static_cast<int64_t>(in.tokens.size());
-    }
-    auto rows_of = [&](const std::vector<int64_t>& rows, size_t from, size_t to) {
-      std::vector<int64_t> part(rows.begin() + from, rows.begin() + to);
-      return hidden.index_select(0, at::tensor(part, at::kLong).to(model_->device()));
-    };
-    // Blocks of rows bound the per-row buffers (the head's log-probs, or
-    // whole rows) for long inputs.
-    constexpr size_t kBlock = 1024;
-    std::vector<float> target_lp;
-    TokenPicks target_best, best, drawn;
-    for (size_t from = 0; from < target_rows.size(); from += kBlock) {
-      const size_t to = std::min(target_rows.size(), from + kBlock);
-      const std::vector<int> block(targets.begin() + from, targets.begin() + to);
-      const std::vector<float> lp = output_->TargetLogProbs(rows_of(target_rows, from, to), block);
-      target_lp.insert(target_lp.end(), lp.begin(), lp.end());
-    }
-    for (size_t from = 0; from < argmax_rows.size(); from += kBlock) {
-      TokenPicks p = output_->BestTokens(rows_of(argmax_rows, from, std::min(argmax_rows.size(), from + kBlock)));
-      target_best.ids.insert(target_best.ids.end(), p.ids.begin(), p.ids.end());
-    }
-    if (!best_rows.empty()) best = output_->BestTokens(rows_of(best_rows, 0, best_rows.size()));
-    if (!draw_rows.empty()) drawn = output_->DrawTokens(rows_of(draw_rows, 0, draw_rows.size()), uniforms);
-    // One selection for the batch at its largest n; each row keeps its own
-    // prefix (the first n of a longer list are the top n).
-    std::vector<TokenList> tops;
-    if (!top_rows.empty()) tops = output_->TopTokens(rows_of(top_rows, 0, top_rows.size()), top_n);
-    std::vector<StepOutput> sampled = SampleWholeRows(*output_, V, inputs, rows_of(whole_rows, 0, whole_rows.size()));
-    at::Tensor dist;
-    if (!dist_rows.empty())
-      dist = output_->LogProbs(rows_of(dist_rows, 0, dist_rows.size())).to(at::kCPU, at::kFloat).contiguous();
-
-    size_t t = 0, a = 0, d = 0, b = 0, w = 0, p = 0, x = 0;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const StepInput& in = inputs[i];
-      out[i].target_logprobs.assign(target_lp.begin() + t, target_lp.begin() + t + in.targets.size());
-      t += in.targets.size();
-      if (in.want_target_argmax) {
-        out[i].target_argmax.assign(target_best.ids.begin() + a, target_best.ids.begin() + a + in.targets.size());
-        a += in.targets.size();
-      }
-      if (in.want_last_distribution) {
-        const float* row = dist.data_ptr<float>() + static_cast<int64_t>(d++) * V;
-        out[i].last_distribution.assign(row, row + V);
-      }
-      if (in.pick == StepInput::Pick::kArgmax) {
-        out[i].picked = best.ids[b];
-        out[i].picked_logprob = best.logprobs[b++];
-      } else if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
-        out[i].picked = drawn.ids[w];
-        out[i].picked_logprob = drawn.logprobs[w++];
-      }
-      if (SamplesWholeRow(in)) {
-        StepOutput& whole = sampled[x++];
-        if ((in.pick == StepInput::Pick::kDraw && whole.picked < 0) || (in.nucleus_p > 0 && whole.nucleus.empty()))
-          return absl::InternalError(absl::StrCat("model step: the log-probs of step input ", i, " are not finite"));
-        if (in.pick == StepInput::Pick::kDraw) {
-          out[i].picked = whole.picked;
-          out[i].picked_logprob = whole.picked_logprob;
-        }
-        out[i].nucleus = std::move(whole.nucleus);
-        out[i].nucleus_total = whole.nucleus_total;
-      }
-      if (in.top_n > 0) {
-        out[i].top = std::move(tops[p++]);
-        if (out[i].top.size() > static_cast<size_t>(in.top_n)) out[i].top.resize(in.top_n);
-      }
-    }
+    const at::Tensor hidden = model_->Step(inputs);
+    RowReadouts readouts = ReadRows(*output_, V, inputs, PlanRows(inputs), hidden, model_->device());
+    RETURN_IF_ERROR(FillOutputs(inputs, V, readouts, out));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("model step failed: ", e.what_without_backtrace()));
   }

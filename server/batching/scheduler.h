@@ -34,14 +34,14 @@
 #include "absl/time/time.h"
 #include "model/tokenizer.h"
 #include "server/batching/batch_step.h"
+#include "server/batching/offload.h"
+#include "server/durability/session_journal.h"
+#include "server/engine/engine.h"
 #include "server/jobs/generate_spec.h"
 #include "server/jobs/job.h"
 #include "server/jobs/job_runner.h"
-#include "server/batching/offload.h"
 #include "server/jobs/scheduler_config.h"
 #include "server/jobs/session_jobs.h"
-#include "server/durability/session_journal.h"
-#include "server/engine/engine.h"
 #include "server/sessions/session_table.h"
 
 namespace txl {

@@ -1,7 +1,7 @@
 #include "base/status_macros.h"
+#include "server/durability/recovery.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/session_jobs.h"
-#include "server/durability/recovery.h"
 
 namespace txl {
 

@@ -17,10 +17,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "model/tokenizer.h"
-#include "server/jobs/job.h"
-#include "server/jobs/scheduler_config.h"
 #include "server/durability/session_journal.h"
 #include "server/engine/engine.h"
+#include "server/jobs/job.h"
+#include "server/jobs/scheduler_config.h"
 #include "server/sessions/session_table.h"
 
 namespace txl {

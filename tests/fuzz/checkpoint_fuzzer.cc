@@ -42,9 +42,9 @@
 #include <utility>
 #include <vector>
 
+#include "model/model_config.h"
 #include "model/net/checkpoint.h"
 #include "model/net/language_model.h"
-#include "model/model_config.h"
 #include "model/tokenizer.h"
 
 namespace {

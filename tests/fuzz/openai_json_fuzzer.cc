@@ -60,12 +60,29 @@ enum Parser { kCompletion, kChat, kBody, kScore, kCreateSession, kPosition, kReq
 
 // The fields each parser reads: the params a refusal may name.
 const std::set<std::string>& ParamsOf(int parser) {
-  static const auto* common = new std::set<std::string>{
-      "model",     "max_tokens",       "max_completion_tokens", "n",          "seed",     "temperature",
-      "top_p",     "stop",             "user",                  "echo",       "suffix",   "tools",
-      "functions", "response_format",  "best_of",               "presence_penalty",     "frequency_penalty",
-      "logit_bias", "stream",          "stream_options",        "include_usage",        "session_id",
-      "logprobs"};
+  static const auto* common = new std::set<std::string>{"model",
+                                                        "max_tokens",
+                                                        "max_completion_tokens",
+                                                        "n",
+                                                        "seed",
+                                                        "temperature",
+                                                        "top_p",
+                                                        "stop",
+                                                        "user",
+                                                        "echo",
+                                                        "suffix",
+                                                        "tools",
+                                                        "functions",
+                                                        "response_format",
+                                                        "best_of",
+                                                        "presence_penalty",
+                                                        "frequency_penalty",
+                                                        "logit_bias",
+                                                        "stream",
+                                                        "stream_options",
+                                                        "include_usage",
+                                                        "session_id",
+                                                        "logprobs"};
   static const auto* completion = [] {
     auto* s = new std::set<std::string>(*common);
     s->insert("prompt");
@@ -383,8 +400,9 @@ Outcome Run(int parser, const std::string& body, bool header, const json& parsed
                     again->messages.size() == p->messages.size(),
                 "a chat parses the same twice");
           for (size_t i = 0; i < p->messages.size(); ++i) {
-            Check(again->messages[i].role == p->messages[i].role && again->messages[i].content == p->messages[i].content,
-                  "a chat's messages parse the same twice");
+            Check(
+                again->messages[i].role == p->messages[i].role && again->messages[i].content == p->messages[i].content,
+                "a chat's messages parse the same twice");
           }
         }
         break;

@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
+#include "model/model_config.h"
 #include "model/net/checkpoint.h"
 #include "model/net/language_model.h"
-#include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "server/durability/session_journal.h"
 #include "server/sessions/session_export.h"

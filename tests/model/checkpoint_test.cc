@@ -9,10 +9,10 @@
 #include <fstream>
 #include <limits>
 
+#include "model/kernels/sampling_kernels.h"
 #include "model/net/archive.h"
 #include "model/net/checkpoint.h"
 #include "model/net/language_model.h"
-#include "model/kernels/sampling_kernels.h"
 #include "tests/model/model_fixture.h"
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "model/net/incremental.h"
 #include "model/model_config.h"
-#include "model/step.h"
+#include "model/net/incremental.h"
 #include "model/net/txl_math.h"
 #include "model/net/weights.h"
+#include "model/step.h"
 
 namespace txl::testing {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "server/sampling/sampler.h"
 #include "server/engine/engine.h"
+#include "server/sampling/sampler.h"
 
 namespace txl::testing {
 

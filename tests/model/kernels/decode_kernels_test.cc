@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "model/kernels/amx_product.h"
-#include "model/net/language_model.h"
 #include "model/kernels/prefill_kernels.h"
+#include "model/net/language_model.h"
 
 namespace txl {
 namespace {

@@ -32,12 +32,12 @@
 #include "base/read_file.h"
 #include "base/status_macros.h"
 #include "model/device_memory.h"
-#include "server/core/auth.h"
 #include "server/api/http/http_server.h"
 #include "server/api/http/metrics_route.h"
 #include "server/api/http/openai_gateway.h"
 #include "server/api/service.h"
 #include "server/batching/scheduler.h"
+#include "server/core/auth.h"
 #include "server/durability/recovery.h"
 #include "server/durability/session_journal.h"
 #include "server/durability/state_backend.h"
@@ -481,16 +481,14 @@ int Serve(ServerOptions o, sigset_t signals) {
                                  ? " (address in use?)"
                                  : " (address in use, or --tls_cert/--tls_key not a matching certificate and key?)"));
   }
-  // The HTTP front end calls the service above through an in-process
-  // channel (server/api/http/openai_gateway.h).
+  // The HTTP front end calls the service core as the gRPC service does
+  // (server/api/http/openai_gateway.h).
   std::unique_ptr<txl::OpenAiGateway> gateway;
   std::unique_ptr<txl::HttpServer> http;
   if (!o.http.listen.empty()) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
     gateway = std::make_unique<txl::OpenAiGateway>(
-        txl::OpenAiGatewayConfig{std::filesystem::path(o.model.path).stem().string(), o.chat_template},
-        service.core(), server->InProcessChannel(args), metrics->get());
+        txl::OpenAiGatewayConfig{std::filesystem::path(o.model.path).stem().string(), o.chat_template}, service.core(),
+        metrics->get());
     auto started = txl::HttpServer::Create(
         o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
     if (!started.ok()) return Fail(absl::StrCat("--http_listen: ", started.status().message()));

@@ -99,4 +99,29 @@ void FillSession(const SessionInfo& info, v1::Session* out) {
   out->set_busy(info.busy);
 }
 
+void FillModelInfo(const ServiceCore& core, v1::ModelInfo* out) {
+  const ModelConfig& m = core.model;
+  out->set_n_token(m.n_token);
+  out->set_n_layer(m.n_layer);
+  out->set_n_head(m.n_head);
+  out->set_d_model(m.d_model);
+  out->set_d_head(m.d_head);
+  out->set_d_inner(m.d_inner);
+  out->set_d_embed(m.embed_dim());
+  out->set_div_val(m.div_val);
+  for (int64_t cutoff : m.cutoffs) out->add_cutoffs(cutoff);
+  out->set_pre_lnorm(m.pre_lnorm);
+  out->set_clamp_len(m.clamp_len);
+  const TokenizerKind k = core.tokenizer.kind();
+  out->set_tokenizer(k == TokenizerKind::kByte ? "byte" : k == TokenizerKind::kChar ? "char" : "word");
+  out->set_vocab_size(core.tokenizer.vocab_size());
+  out->set_default_mem_len(core.config.default_mem_len);
+  out->set_max_mem_len(core.config.max_mem_len);
+  out->set_device(core.config.device);
+  out->set_dtype(core.config.dtype);
+  out->set_kv_dtype(core.config.kv_dtype);
+  out->set_model_path(core.config.model_path);
+  out->set_fingerprint(core.engine->fingerprint());
+}
+
 }  // namespace txl

@@ -8,6 +8,7 @@
 
 #include "model/tokenizer.h"
 #include "proto/txl/v1/txl.pb.h"
+#include "server/core/service_core.h"
 #include "server/jobs/job.h"
 #include "server/sessions/session_table.h"
 
@@ -22,6 +23,8 @@ v1::GenerateResponse FinalResponse(const JobResult& result);
 // A score's per-token log-probs and their total.
 void FillScore(const JobResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out);
 void FillSession(const SessionInfo& info, v1::Session* out);
+// The model the core serves, and its limits (GetModelInfo, /v1/models).
+void FillModelInfo(const ServiceCore& core, v1::ModelInfo* out);
 
 }  // namespace txl
 

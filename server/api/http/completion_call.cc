@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "server/core/responses.h"
 
 namespace txl {
 namespace {
@@ -16,19 +17,30 @@ std::string NewCompletionId() {
   return absl::StrFormat("cmpl-%016x%08x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint32_t>(gen));
 }
 
-// One /v1/completions call: a Generate stream on the in-process channel.
-// Streaming, each GenerateResponse becomes one server-sent event, and the
-// next is read only once that event is on the wire (flow control reaches the
-// service's own buffer, which pauses the job: docs/ROBUSTNESS.md). A client
-// that leaves cancels the call.
-class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse>,
-                             public std::enable_shared_from_this<CompletionCall> {
+// One /v1/completions call: a generation on the service core. Streaming,
+// each batch of tokens becomes one server-sent event as the engine thread
+// produces it; past max_stream_buffer_bytes not yet on the wire the job is
+// paused until the client has taken half of it (the same flow control as a
+// gRPC stream: docs/ROBUSTNESS.md, "Slow readers"). A client that leaves
+// cancels the job.
+//
+// Threading: the token and end callbacks run on the engine thread (the end
+// at once, on the calling thread, when the core refuses the request before
+// it is queued), one at a time: they alone touch the result and the stream's
+// progress. `written` and the client-gone hook run on transport threads and
+// touch only what mu_ guards.
+class CompletionCall final : public std::enable_shared_from_this<CompletionCall> {
  public:
   // `chat`: the chat shapes; `on_success` runs with the whole result once
   // the call has succeeded (before the client is answered).
   CompletionCall(const GatewayContext* s, std::shared_ptr<HttpExchange> x, CompletionParams p, bool chat,
                  std::function<void(const CompletionResult&)> on_success = nullptr)
-      : s_(s), x_(std::move(x)), p_(std::move(p)), chat_(chat), on_success_(std::move(on_success)) {
+      : s_(s),
+        x_(std::move(x)),
+        p_(std::move(p)),
+        chat_(chat),
+        on_success_(std::move(on_success)),
+        control_(std::make_shared<JobControl>(s->core->scheduler)) {
     route_ = chat ? "/v1/chat/completions" : "/v1/completions";
     id_.id = (chat ? "chat" : "") + NewCompletionId();
     id_.created = absl::ToUnixSeconds(absl::Now());
@@ -37,51 +49,65 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   }
 
   void Start() {
-    self_ = shared_from_this();  // released in OnDone
+    auto principal = s_->Principal(x_->request());
+    if (!principal.ok()) return s_->Fail(*x_, route_, principal.status());
+    // ParseCompletion took the session id from the body, else the txl-session-id header.
+    auto args = s_->core->validator.Generate(p_.request, nullptr);
+    if (!args.ok()) return s_->Fail(*x_, route_, args.status());
     s_->active->fetch_add(1);
-    CopyAuth(x_->request(), &ctx_);
-    std::weak_ptr<CompletionCall> weak = self_;
+    std::shared_ptr<CompletionCall> self = shared_from_this();
+    std::weak_ptr<CompletionCall> weak = self;
     x_->OnClientGone([weak] {
-      if (auto self = weak.lock()) self->ClientGone();
+      if (auto call = weak.lock()) call->ClientGone();
     });
-    s_->stub->async()->Generate(&ctx_, &p_.request, this);
-    StartRead(&response_);
-    StartCall();
+    JobCallbacks cb;
+    cb.on_tokens = [self](std::vector<GeneratedTokenEvent> events, int64_t position) {
+      self->Response(TokensResponse(events, position, self->s_->core->tokenizer));
+    };
+    cb.on_done = [self](absl::Status status, JobResult result) { self->Done(std::move(status), result); };
+    s_->core->Generate(*principal, *std::move(args), /*adopt=*/true, control_, std::move(cb));
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream ended: OnDone follows
-    if (!p_.stream) {
-      result_.Add(response_);
-      StartRead(&response_);
-      return;
-    }
-    result_.Add(response_);  // for the usage event and the error path
+ private:
+  // One GenerateResponse: gathered, and streaming, sent as an event.
+  void Response(const v1::GenerateResponse& response) {
+    result_.Add(response);  // for the whole body, the usage event and the error path
+    if (!p_.stream) return;
     if (!started_) {
       started_ = true;
       s_->Count(route_, 200);
       x_->StartStream(200, "text/event-stream");
     }
     std::string event =
-        chat_ ? ChatChunk(id_, response_, p_.logprobs, offset_ == 0 && !role_sent_, p_.request.session_id())
-              : CompletionChunk(id_, response_, p_.logprobs, offset_, p_.request.session_id());
+        chat_ ? ChatChunk(id_, response, p_.logprobs, offset_ == 0 && !role_sent_, p_.request.session_id())
+              : CompletionChunk(id_, response, p_.logprobs, offset_, p_.request.session_id());
     role_sent_ = true;
-    offset_ += static_cast<int64_t>(response_.text().size());
+    offset_ += static_cast<int64_t>(response.text().size());
+    const int64_t bytes = static_cast<int64_t>(event.size());
     {
       absl::MutexLock lock(&mu_);
-      if (gone_) return;  // the cancel is under way; OnDone follows
-      waiting_ = true;
+      if (gone_) return;
+      buffered_ += bytes;
+      if (buffered_ > s_->core->config.max_stream_buffer_bytes && !paused_) {
+        paused_ = true;
+        control_->Pause();
+      }
     }
-    AddHold();  // OnDone waits until the read is restarted (or the client is gone)
-    std::weak_ptr<CompletionCall> weak = self_;
-    x_->Send(std::move(event), [weak] {
-      if (auto self = weak.lock()) self->Written();
+    std::weak_ptr<CompletionCall> weak = shared_from_this();
+    x_->Send(std::move(event), [weak, bytes] {
+      if (auto call = weak.lock()) call->Written(bytes);
     });
   }
 
-  void OnDone(const grpc::Status& status) override {
+  void Done(absl::Status status, const JobResult& result) {
+    if (status.ok()) Response(FinalResponse(result));
+    {
+      absl::MutexLock lock(&mu_);
+      // A client that left ended the call, whatever the job made of it.
+      if (gone_) status = absl::CancelledError("cancelled by the client");
+    }
     if (!status.ok()) {
-      const HttpError e = FromGrpc(status);
+      const HttpError e = FromStatus(status);
       if (!started_) {
         s_->Answer(*x_, route_, e.status, ErrorBody(e));
       } else {  // mid-stream: an error event, as OpenAI sends one
@@ -107,29 +133,22 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       x_->EndStream();
     }
     s_->active->fetch_sub(1);
-    self_.reset();  // may delete this: nothing after
   }
 
- private:
-  void Written() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!waiting_) return;
-      waiting_ = false;
+  void Written(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    buffered_ -= bytes;
+    if (paused_ && buffered_ <= s_->core->config.max_stream_buffer_bytes / 2) {
+      paused_ = false;
+      control_->Resume();
     }
-    StartRead(&response_);
-    RemoveHold();
   }
   void ClientGone() {
-    ctx_.TryCancel();
-    bool release = false;
     {
       absl::MutexLock lock(&mu_);
       gone_ = true;
-      release = waiting_;
-      waiting_ = false;
     }
-    if (release) RemoveHold();
+    control_->Cancel();
   }
 
   const GatewayContext* s_;
@@ -137,17 +156,17 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   CompletionParams p_;
   const bool chat_;
   std::function<void(const CompletionResult&)> on_success_;
+  const std::shared_ptr<JobControl> control_;
   std::string route_;
-  bool role_sent_ = false;
   CompletionId id_;
-  grpc::ClientContext ctx_;
-  v1::GenerateResponse response_;
-  CompletionResult result_;  // gRPC's callbacks for one call never overlap
+  // The engine thread's (see the class comment).
+  CompletionResult result_;
   bool started_ = false;
+  bool role_sent_ = false;
   int64_t offset_ = 0;
-  std::shared_ptr<CompletionCall> self_;
   absl::Mutex mu_;
-  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // a hold is taken until the event is written
+  int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;  // event bytes sent and not yet on the wire
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;   // the job is paused for this client
   bool gone_ ABSL_GUARDED_BY(mu_) = false;
 };
 

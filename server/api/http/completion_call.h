@@ -1,6 +1,6 @@
-// CompletionCall: one completion (text or chat) as a Generate stream on the
-// in-process gRPC service, answered whole or as server-sent events. The
-// flow control and disconnect handling of docs/DESIGN.md §6.0 live here.
+// CompletionCall: one completion (text or chat) as a generation on the
+// service core, answered whole or as server-sent events. The flow control
+// and disconnect handling of docs/DESIGN.md, "The HTTP front end" live here.
 #ifndef TXL_SERVER_API_HTTP_COMPLETION_CALL_H_
 #define TXL_SERVER_API_HTTP_COMPLETION_CALL_H_
 

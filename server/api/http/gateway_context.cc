@@ -19,13 +19,4 @@ void GatewayContext::Fail(HttpExchange& x, const std::string& route, const absl:
 
 HttpError FromStatus(const absl::Status& s) { return ErrorFromStatus(s.code(), std::string(s.message())); }
 
-HttpError FromGrpc(const grpc::Status& s) {
-  return ErrorFromStatus(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-void CopyAuth(const HttpRequest& req, grpc::ClientContext* ctx) {
-  const std::string auth = req.Header("authorization");
-  if (!auth.empty()) ctx->AddMetadata("authorization", auth);
-}
-
 }  // namespace txl

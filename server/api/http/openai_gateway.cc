@@ -9,11 +9,9 @@
 
 namespace txl {
 
-OpenAiGateway::OpenAiGateway(const OpenAiGatewayConfig& config, const ServiceCore* core,
-                             std::shared_ptr<grpc::Channel> channel, ServiceMetrics* metrics) {
+OpenAiGateway::OpenAiGateway(const OpenAiGatewayConfig& config, const ServiceCore* core, ServiceMetrics* metrics) {
   ctx_.config = config;
   ctx_.core = core;
-  ctx_.stub = v1::TransformerXL::NewStub(std::move(channel));
   ctx_.metrics = metrics;
   ctx_.active = &active_;
   ctx_.chats = &chats_;

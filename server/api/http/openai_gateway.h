@@ -1,22 +1,17 @@
-// OpenAiGateway: the HTTP routes (OpenAI's shapes, health, models). The
-// session routes call the service core (server/core/service_core.h)
-// directly; completions and scoring turn their JSON into the txl.v1 request
-// and make the call on the gRPC service in this process (an in-process
-// channel), with gRPC's callback client API, so no thread waits on a
-// generation. Either way HTTP has the same scheduler, sessions, validation,
-// limits and bearer tokens as gRPC. docs/HTTP.md lists the routes;
-// docs/DESIGN.md traces one.
+// OpenAiGateway: the HTTP routes (OpenAI's shapes, health, models). Each
+// route turns its JSON into the request the service core takes, calls the
+// core (server/core/service_core.h) with a callback, never waiting, and
+// renders what it answers: HTTP has the same scheduler, sessions,
+// validation, limits and bearer tokens as gRPC, with no second path to keep
+// in step. docs/HTTP.md lists the routes; docs/DESIGN.md traces one.
 #ifndef TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
 #define TXL_SERVER_API_HTTP_OPENAI_GATEWAY_H_
-
-#include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <memory>
 #include <string>
 
 #include "absl/time/time.h"
-#include "proto/txl/v1/txl.grpc.pb.h"
 #include "server/api/http/chat_sessions.h"
 #include "server/api/http/gateway_context.h"
 #include "server/api/http/http_exchange.h"
@@ -26,10 +21,8 @@ namespace txl {
 
 class OpenAiGateway {
  public:
-  // `core`: the service core the session routes call; `channel`: to this
-  // process's TxlService (completions and scoring); `metrics` may be null.
-  OpenAiGateway(const OpenAiGatewayConfig& config, const ServiceCore* core, std::shared_ptr<grpc::Channel> channel,
-                ServiceMetrics* metrics);
+  // `core`: the service core every route calls; `metrics` may be null.
+  OpenAiGateway(const OpenAiGatewayConfig& config, const ServiceCore* core, ServiceMetrics* metrics);
   // The HttpHandler: routes one exchange. Never blocks.
   void Handle(std::shared_ptr<HttpExchange> x);
   // /readyz and /v2/health/ready answer 503 from now on.

@@ -4,13 +4,14 @@
 #include "absl/strings/str_split.h"
 #include "server/api/http/routes.h"
 
+#include "server/core/responses.h"
+
 namespace txl {
 
 using json = nlohmann::json;
 
-// /v1/sessions[/ID[/fork|rewind|score]]: the session operations of the service
-// core (the gRPC API's, same semantics), called directly; score still goes
-// through the in-process gRPC service.
+// /v1/sessions[/ID[/fork|rewind|score]]: the session operations and scoring of
+// the service core (the gRPC API's, same semantics).
 void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
   const HttpRequest& req = x->request();
   const std::string rest =
@@ -90,10 +91,16 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     if (req.method != "POST") return wrong_method("POST");
     auto score = ParseScore(req.body, id, &error);
     if (!score.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
-    return Unary<v1::ScoreRequest, v1::ScoreResponse>(
-        s, std::move(x), route, *std::move(score),
-        [](auto* a, auto* c, auto* q, auto* o, auto f) { a->Score(c, q, o, std::move(f)); },
-        [id](const v1::ScoreResponse& r) { return ScoreJson(id, r); });
+    auto args = s->core->validator.Score(*score, nullptr);
+    if (!args.ok()) return s->Fail(*x, route, args.status());
+    return s->core->Score(*principal, *std::move(args), score->commit(),
+                          std::make_shared<JobControl>(s->core->scheduler),
+                          [s, x, route, id](absl::Status scored, JobResult result) {
+                            if (!scored.ok()) return s->Fail(*x, route, scored);
+                            v1::ScoreResponse r;
+                            FillScore(result, s->core->tokenizer, &r);
+                            s->Answer(*x, route, 200, JsonText(ScoreJson(id, r)));
+                          });
   }
   s->Answer(*x, "other", 404, ErrorBody({404, absl::StrCat("no route ", req.method, " ", req.path), "", "not_found"}));
 }

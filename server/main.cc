@@ -32,10 +32,10 @@
 #include "base/read_file.h"
 #include "base/status_macros.h"
 #include "model/device_memory.h"
-#include "server/api/http/http_server.h"
-#include "server/api/http/metrics_route.h"
-#include "server/api/http/openai_gateway.h"
-#include "server/api/service.h"
+#include "server/http/http_server.h"
+#include "server/http/metrics_route.h"
+#include "server/http/openai_gateway.h"
+#include "server/grpc/service.h"
 #include "server/batching/scheduler.h"
 #include "server/core/auth.h"
 #include "server/durability/recovery.h"
@@ -482,7 +482,7 @@ int Serve(ServerOptions o, sigset_t signals) {
                                  : " (address in use, or --tls_cert/--tls_key not a matching certificate and key?)"));
   }
   // The HTTP front end calls the service core as the gRPC service does
-  // (server/api/http/openai_gateway.h).
+  // (server/http/openai_gateway.h).
   std::unique_ptr<txl::OpenAiGateway> gateway;
   std::unique_ptr<txl::HttpServer> http;
   if (!o.http.listen.empty()) {

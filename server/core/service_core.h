@@ -3,8 +3,8 @@
 // (request_validation.h) and a callback, and get absl statuses and plain C++
 // results back. It takes sessions out of the table (adopting one from the
 // state store when a replica that is gone held it), and runs the session
-// operations; the gRPC service (server/api/) and, next, the HTTP routes only
-// convert at their edge.
+// operations, generation and scoring; the gRPC service (server/grpc/) and the
+// HTTP routes (server/http/) only convert at their edge.
 //
 // Threading: const methods may be called from any number of threads at once;
 // they never block on the engine or the state store. A callback runs exactly

@@ -1,6 +1,6 @@
 // Metrics: the server's Prometheus metrics (docs/DESIGN.md, "Metrics"), kept with
 // prometheus-cpp; Scrape() renders them for /metrics, which the HTTP
-// transport serves on its own port (server/api/http/metrics_route.h). Injected into the scheduler (as its
+// transport serves on its own port (server/http/metrics_route.h). Injected into the scheduler (as its
 // observer) and the service; never a singleton. No label ever carries a
 // session id.
 //

@@ -1,4 +1,4 @@
-// libFuzzer target: the HTTP front end's request bodies (server/api/http/openai_json.h), which
+// libFuzzer target: the HTTP front end's request bodies (server/http/openai_json.h), which
 // the OpenAI-style routes parse before any gRPC call: /v1/completions (ParseCompletion),
 // /v1/chat/completions (ParseChat), the sessions' create and fork (ParseCreateSession), fork and
 // rewind (ParsePosition), score (ParseScore), and ParseBody under them all.
@@ -36,7 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "google/protobuf/util/message_differencer.h"
-#include "server/api/http/openai_json.h"
+#include "server/http/openai_json.h"
 
 namespace {
 

@@ -268,7 +268,7 @@ TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 
 def make_certificates(directory):
     """ca.pem; server.{pem,key} for DNS:localhost and IP:127.0.0.1, signed by ca; client.{pem,key}
-    signed by ca; other_ca.pem, which signed neither (as tests/server/api/security_test.cc, with the IP added)."""
+    signed by ca; other_ca.pem, which signed neither (as tests/server/grpc/security_test.cc, with the IP added)."""
     if shutil.which("openssl") is None:
         raise RuntimeError("the openssl command-line tool is missing: install the 'openssl' package "
                            "(scripts/install-deps.sh)")

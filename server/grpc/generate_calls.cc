@@ -1,0 +1,107 @@
+// The streaming calls: Generate (one generation) and Converse (turns on one
+// stream). Both write through StreamingCall.
+#include <optional>
+#include <string>
+
+#include "base/status_macros.h"
+#include "server/grpc/service.h"
+#include "server/grpc/streaming_call.h"
+
+namespace txl {
+// Generate: one job, then the final response, then Finish.
+class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::GenerateResponse>> {
+ public:
+  GenerateCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req)
+      : StreamingCall(c, ctx, "Generate") {
+    Ref();  // the job may end (and drop its reference) before we return
+    absl::Status s = Start(ctx, *req);
+    if (!s.ok()) End(ToGrpcStatus(s));
+    Unref();
+  }
+  void OnWriteDone(bool ok) override { WriteDone(ok); }
+  void OnCancel() override { Cancelled(); }
+  void OnDone() override { Unref(); }
+
+ private:
+  absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+    ASSIGN_OR_RETURN(std::string principal, c_->Principal(ctx));
+    ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx, req));
+    Generate(principal, std::move(args), /*adopt=*/true, [this](absl::Status status, JobResult result) {
+      if (status.ok()) Send(FinalResponse(result));
+      End(ToGrpcStatus(status));
+    });
+    return absl::OkStatus();
+  }
+};
+
+// Converse: turns read one at a time; each runs like a Generate. A turn with
+// no session id uses a session that lives as long as the stream.
+class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>> {
+ public:
+  ConverseCall(const ServiceContext* c, grpc::CallbackServerContext* ctx) : StreamingCall(c, ctx, "Converse") {
+    // Once per stream: every turn runs as this principal.
+    auto principal = c_->Principal(ctx);
+    if (!principal.ok()) {
+      End(ToGrpcStatus(principal.status()));
+      return;
+    }
+    principal_ = *std::move(principal);
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client has no more turns
+      End(grpc::Status::OK);
+      return;
+    }
+    absl::Status s = Turn();
+    if (!s.ok()) End(ToGrpcStatus(s));
+  }
+  void OnWriteDone(bool ok) override { WriteDone(ok); }
+  void OnCancel() override { Cancelled(); }
+  void OnDone() override {
+    if (!stream_session_.empty()) (void)c_->table->Delete(principal_, stream_session_);
+    Unref();
+  }
+
+ private:
+  absl::Status Turn() {
+    ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx_, request_));
+    std::string session = args.session_id;
+    if (session.empty()) {
+      if (stream_session_.empty()) {
+        ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, c_->engine->NewSession(c_->config.default_mem_len));
+        ASSIGN_OR_RETURN(SessionInfo info,
+                         c_->table->Create(principal_, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
+        stream_session_ = info.id;
+      }
+      session = stream_session_;
+    }
+    const bool own = session == stream_session_;  // the stream's own session is never adopted
+    args.session_id = session;
+    Generate(principal_, std::move(args), /*adopt=*/!own, [this](absl::Status status, JobResult result) {
+      if (status.ok()) {
+        Send(FinalResponse(result));
+        StartRead(&request_);  // the next turn
+      } else {
+        End(ToGrpcStatus(status));
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  std::string principal_;  // set before the first read, then only read
+  v1::GenerateRequest request_;
+  std::string stream_session_;  // touched by one turn at a time
+};
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* TxlService::Generate(grpc::CallbackServerContext* ctx,
+                                                                     const v1::GenerateRequest* req) {
+  return new GenerateCall(ctx_.get(), ctx, req);
+}
+
+grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>* TxlService::Converse(
+    grpc::CallbackServerContext* ctx) {
+  return new ConverseCall(ctx_.get(), ctx);
+}
+
+}  // namespace txl

@@ -1,0 +1,619 @@
+#include "server/http/openai_json.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace txl {
+namespace {
+
+using json = nlohmann::json;
+
+const char* ErrorType(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 409: return "conflict_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+HttpError Bad(const std::string& param, const std::string& message) {
+  return HttpError{400, message, param, "invalid_argument"};
+}
+
+// Reads an optional number field that must hold an integer in [lo, hi].
+bool IntField(const json& body, const char* name, int64_t lo, int64_t hi, int64_t* out, HttpError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number_integer() && !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>())) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be an integer"));
+    return false;
+  }
+  // Compared as integers: a double cannot hold every int64 (2^63 - 1 rounds
+  // up to 2^63, and a float past it does not convert).
+  bool in_range = false;
+  int64_t value = 0;
+  if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    value = in_range ? static_cast<int64_t>(u) : 0;
+  } else if (it->is_number_integer()) {
+    value = it->get<int64_t>();
+    in_range = true;
+  } else {
+    const double v = it->get<double>();
+    in_range = v >= -0x1p63 && v < 0x1p63;
+    value = in_range ? static_cast<int64_t>(v) : 0;
+  }
+  if (!in_range || value < lo || value > hi) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be in [", lo, ", ", hi, "], got ", JsonText(*it)));
+    return false;
+  }
+  *out = value;
+  return true;
+}
+
+bool NumberField(const json& body, const char* name, double* out, HttpError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number()) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be a number"));
+    return false;
+  }
+  *out = it->get<double>();
+  return true;
+}
+
+bool BoolField(const json& body, const char* name, bool* out, HttpError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *error = Bad(name, absl::StrCat("'", name, "' must be true or false"));
+    return false;
+  }
+  *out = it->get<bool>();
+  return true;
+}
+
+json Identity(const CompletionId& id) {
+  return json{{"id", id.id}, {"object", "text_completion"}, {"created", id.created}, {"model", id.model}};
+}
+
+}  // namespace
+
+std::string JsonText(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string ErrorBody(const HttpError& e) {
+  json err{{"message", e.message},
+           {"type", ErrorType(e.status)},
+           {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+           {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return JsonText(json{{"error", err}});
+}
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted: return 409;  // e.g. a session busy with another request
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kCancelled: return 499;
+    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+// The request field a service refusal names first ("sampling.temperature must be >= 0, ...",
+// "max_new_tokens: must be in ...") as the OpenAI request field it came from; empty when it
+// names none, or one that has no single OpenAI name (the input is `prompt` or `messages`).
+namespace {
+std::string OpenAiParamOf(absl::string_view message) {
+  static constexpr std::pair<absl::string_view, absl::string_view> kNames[] = {
+      {"sampling.temperature", "temperature"},
+      {"sampling.top_p", "top_p"},
+      {"sampling.top_k", "top_k"},
+      {"sampling.seed", "seed"},
+      {"max_new_tokens", "max_tokens"},
+      {"stop_sequences", "stop"},
+      {"stop_token_ids", "stop"},
+      {"mem_len", "mem_len"},
+      {"session_id", "session_id"},
+  };
+  const absl::string_view field = message.substr(0, message.find_first_of(": ["));
+  for (const auto& [grpc_name, openai_name] : kNames)
+    if (field == grpc_name) return std::string(openai_name);
+  return "";
+}
+}  // namespace
+
+HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message) {
+  return HttpError{HttpStatusFor(code), message,
+                   code == absl::StatusCode::kInvalidArgument ? OpenAiParamOf(message) : "",
+                   absl::AsciiStrToLower(absl::StatusCodeToString(code))};
+}
+
+absl::StatusOr<json> ParseBody(const std::string& body, HttpError* error) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
+    *error = Bad("", absl::StrCat("the request body is not valid JSON (", e.what(), ")"));
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (!j.is_object()) {
+    *error = Bad("", "the request body must be a JSON object");
+    return absl::InvalidArgumentError(error->message);
+  }
+  return j;
+}
+
+namespace {
+
+// The fields /v1/completions and /v1/chat/completions share: the model,
+// sampling, stop, n, stream, the session, and the options refused.
+bool ParseCommon(const json& j, const std::string& session_header, const std::string& model_name,
+                 const char* max_tokens_field, CompletionParams* p, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return false;
+  };
+  v1::GenerateRequest& r = p->request;
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("model", "'model' must be a string"));
+    if (!it->get<std::string>().empty() && it->get<std::string>() != model_name) {
+      return fail(HttpError{404,
+                            absl::StrCat("model '", it->get<std::string>(),
+                                         "' is not served here (this server serves '", model_name, "')"),
+                            "model", "model_not_found"});
+    }
+  }
+  int64_t max_tokens = 16, n = 1, seed = 0;
+  if (j.contains("max_completion_tokens") && !j.contains(max_tokens_field)) max_tokens_field = "max_completion_tokens";
+  if (!IntField(j, max_tokens_field, 1, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
+      !IntField(j, "n", 1, std::numeric_limits<int32_t>::max(), &n, error) ||
+      !IntField(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed, error)) {
+    return false;
+  }
+  if (n != 1) return fail(Bad("n", "only n = 1 is supported: send one request per completion"));
+  r.set_max_new_tokens(static_cast<int32_t>(max_tokens));
+  double temperature = 1.0, top_p = 1.0;  // OpenAI's defaults
+  if (!NumberField(j, "temperature", &temperature, error) || !NumberField(j, "top_p", &top_p, error)) return false;
+  r.mutable_sampling()->set_temperature(static_cast<float>(temperature));
+  r.mutable_sampling()->set_top_p(static_cast<float>(top_p));
+  r.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
+
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r.add_stop_sequences(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) return fail(Bad("stop", "'stop' must be a string or an array of strings"));
+        r.add_stop_sequences(s.get<std::string>());
+      }
+    } else {
+      return fail(Bad("stop", "'stop' must be a string or an array of strings"));
+    }
+  }
+  if (auto it = j.find("user"); it != j.end() && !it->is_null() && !it->is_string()) {
+    return fail(Bad("user", "'user' must be a string"));
+  }
+  // Options this server does not implement: refused when they would change
+  // the result, rather than silently ignored.
+  if (auto it = j.find("echo"); it != j.end() && *it == true) return fail(Bad("echo", "'echo' is not supported"));
+  for (const char* field : {"suffix", "tools", "functions", "response_format"}) {
+    if (auto it = j.find(field); it != j.end() && !it->is_null()) {
+      return fail(Bad(field, absl::StrCat("'", field, "' is not supported")));
+    }
+  }
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
+    return fail(Bad("best_of", "only best_of = 1 is supported"));
+  }
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    if (auto it = j.find(penalty); it != j.end() && !it->is_null() && (!it->is_number() || it->get<double>() != 0)) {
+      return fail(Bad(penalty, absl::StrCat("'", penalty, "' is not supported (only 0)")));
+    }
+  }
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null() && !it->empty()) {
+    return fail(Bad("logit_bias", "'logit_bias' is not supported"));
+  }
+
+  if (!BoolField(j, "stream", &p->stream, error)) return false;
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return fail(Bad("stream_options", "'stream_options' must be an object"));
+    if (!p->stream) return fail(Bad("stream_options", "'stream_options' is only allowed with 'stream': true"));
+    if (!BoolField(*it, "include_usage", &p->include_usage, error)) return false;
+  }
+  // The stateful extension: a session this call continues.
+  if (auto it = j.find("session_id"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("session_id", "'session_id' must be a string"));
+    r.set_session_id(it->get<std::string>());
+  } else {
+    r.set_session_id(session_header);
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
+                                                 const std::string& model_name, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  ASSIGN_OR_RETURN(json j, ParseBody(body, error));
+  CompletionParams p;
+  v1::GenerateRequest& r = p.request;
+  if (!ParseCommon(j, session_header, model_name, "max_tokens", &p, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  // prompt: a string, one string in an array, or token ids.
+  auto prompt = j.find("prompt");
+  if (prompt == j.end() || prompt->is_null()) return fail(Bad("prompt", "'prompt' is required"));
+  if (prompt->is_string()) {
+    r.mutable_input()->set_text(prompt->get<std::string>());
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    r.mutable_input()->set_text((*prompt)[0].get<std::string>());
+  } else if (prompt->is_array() && (prompt->empty() || (*prompt)[0].is_number_integer())) {
+    auto* ids = r.mutable_input()->mutable_tokens();
+    for (const json& t : *prompt) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return fail(Bad("prompt", "'prompt' as an array holds token ids: non-negative integers"));
+      }
+      ids->add_ids(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    return fail(Bad("prompt",
+                    "'prompt' must be a string, or an array of token ids (batches of prompts are not "
+                    "supported: send one request each)"));
+  }
+  int64_t logprobs = -1;
+  if (!IntField(j, "logprobs", 0, std::numeric_limits<int32_t>::max(), &logprobs, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (logprobs >= 0) {
+    p.logprobs = true;
+    r.set_logprobs(static_cast<int32_t>(logprobs));
+  }
+  return p;
+}
+
+absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header,
+                                     const std::string& model_name, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  ASSIGN_OR_RETURN(json j, ParseBody(body, error));
+  ChatParams p;
+  if (!ParseCommon(j, session_header, model_name, "max_tokens", &p.completion, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  auto messages = j.find("messages");
+  if (messages == j.end() || !messages->is_array() || messages->empty()) {
+    return fail(Bad("messages", "'messages' must be a non-empty array of {\"role\", \"content\"}"));
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return fail(Bad(where, absl::StrCat(where, " must be an object with a string 'role'")));
+    }
+    ChatMessage msg;
+    msg.role = m["role"].get<std::string>();
+    if (msg.role != "system" && msg.role != "developer" && msg.role != "user" && msg.role != "assistant") {
+      return fail(
+          Bad(where, absl::StrCat(where, ".role '", msg.role, "' is not one of system, developer, user, assistant")));
+    }
+    if (msg.role == "developer") msg.role = "system";
+    const json content = m.value("content", json(nullptr));
+    if (content.is_string()) {
+      msg.content = content.get<std::string>();
+    } else if (content.is_array()) {  // parts: only text
+      for (const json& part : content) {
+        if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return fail(Bad(where, absl::StrCat(where, ".content: only parts of type 'text' are supported")));
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return fail(Bad(where, absl::StrCat(where, ".content must be a string or an array of text parts")));
+    }
+    p.messages.push_back(std::move(msg));
+  }
+  bool logprobs = false;
+  int64_t top = 0;
+  if (!BoolField(j, "logprobs", &logprobs, error) ||
+      !IntField(j, "top_logprobs", 0, std::numeric_limits<int32_t>::max(), &top, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (top > 0 && !logprobs) return fail(Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
+  if (logprobs) {
+    p.completion.logprobs = true;
+    p.completion.request.set_logprobs(static_cast<int32_t>(top));
+  }
+  return p;
+}
+
+void CompletionResult::Add(const v1::GenerateResponse& r) {
+  text += r.text();
+  for (const auto& t : r.tokens()) tokens.push_back(t);
+  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish = r.finish_reason();
+  if (r.has_usage()) usage = r.usage();
+  position = r.position();
+  if (!r.session_id().empty() && stateful) session_id = r.session_id();
+}
+
+json FinishReasonJson(v1::FinishReason f) {
+  switch (f) {
+    case v1::FINISH_REASON_LENGTH: return "length";
+    case v1::FINISH_REASON_STOP_TOKEN:
+    case v1::FINISH_REASON_STOP_SEQUENCE: return "stop";
+    case v1::FINISH_REASON_CANCELLED: return "cancelled";
+    default: return nullptr;
+  }
+}
+
+json LogprobsJson(const std::vector<v1::GeneratedToken>& tokens, int64_t offset) {
+  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& t : tokens) {
+    texts.push_back(t.text());
+    lps.push_back(t.logprob());
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(t.text().size());
+    json top = json::object();
+    for (const auto& alt : t.top())
+      top[alt.text().empty() ? absl::StrCat("<", alt.id(), ">") : alt.text()] = alt.logprob();
+    tops.push_back(t.top().empty() ? json(nullptr) : top);
+  }
+  return json{{"tokens", texts}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
+  json choice{{"text", r.text},
+              {"index", 0},
+              {"logprobs", logprobs ? LogprobsJson(r.tokens, 0) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish)}};
+  json out = Identity(id);
+  out["choices"] = json::array({choice});
+  out["usage"] = json{{"prompt_tokens", r.usage.input_tokens()},
+                      {"completion_tokens", r.usage.generated_tokens()},
+                      {"total_tokens", r.usage.input_tokens() + r.usage.generated_tokens()}};
+  if (!r.session_id.empty()) {
+    out["session_id"] = r.session_id;
+    out["position"] = r.position;
+  }
+  return JsonText(out);
+}
+
+std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, int64_t offset,
+                            const std::string& session) {
+  std::vector<v1::GeneratedToken> tokens(r.tokens().begin(), r.tokens().end());
+  json choice{{"text", r.text()},
+              {"index", 0},
+              {"logprobs", logprobs && !tokens.empty() ? LogprobsJson(tokens, offset) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish_reason())}};
+  json out = Identity(id);
+  out["choices"] = json::array({choice});
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = r.position();
+  }
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
+}
+
+std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position, const std::string& session) {
+  json out = Identity(id);
+  out["choices"] = json::array();
+  out["usage"] = json{{"prompt_tokens", usage.input_tokens()},
+                      {"completion_tokens", usage.generated_tokens()},
+                      {"total_tokens", usage.input_tokens() + usage.generated_tokens()}};
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = position;
+  }
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
+}
+
+json SessionJson(const SessionInfo& s) {
+  json labels = json::object();
+  for (const auto& [k, v] : s.labels) labels[k] = v;
+  return json{{"id", s.id},
+              {"object", "session"},
+              {"position", s.position},
+              {"mem_len", s.mem_len},
+              {"memory_tokens", s.memory_tokens},
+              {"memory_bytes", s.memory_bytes},
+              {"created", absl::ToUnixSeconds(s.created)},
+              {"last_used", absl::ToUnixSeconds(s.last_used)},
+              {"idle_ttl_seconds", absl::ToInt64Seconds(s.idle_ttl)},
+              {"labels", labels},
+              {"busy", s.busy}};
+}
+
+absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& body, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  v1::CreateSessionRequest r;
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return r;
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
+  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
+  int64_t mem_len = 0, ttl = 0;
+  if (!IntField(j, "mem_len", 0, std::numeric_limits<int64_t>::max(), &mem_len, error) ||
+      !IntField(j, "idle_ttl_seconds", 0, std::numeric_limits<int64_t>::max(), &ttl, error)) {
+    return absl::InvalidArgumentError(error->message);
+  }
+  r.set_mem_len(mem_len);
+  r.set_idle_ttl_seconds(ttl);
+  if (auto it = j.find("labels"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return fail(Bad("labels", "'labels' must be an object of strings"));
+    for (auto& [k, v] : it->items()) {
+      if (!v.is_string()) return fail(Bad("labels", "'labels' must be an object of strings"));
+      (*r.mutable_labels())[k] = v.get<std::string>();
+    }
+  }
+  if (auto it = j.find("session_id"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("session_id", "'session_id' must be a string"));
+    r.set_session_id(it->get<std::string>());
+  }
+  return r;
+}
+
+absl::StatusOr<int64_t> ParsePosition(const std::string& body, bool required, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  json j = body.find_first_not_of(" \t\r\n") == std::string::npos ? json::object() : json::parse(body, nullptr, false);
+  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
+  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
+  auto it = j.find("position");
+  if (required && (it == j.end() || it->is_null()))
+    return fail(Bad("position", "'position' is required: the history position to go back to"));
+  int64_t position = 0;
+  if (!IntField(j, "position", 0, std::numeric_limits<int64_t>::max(), &position, error))
+    return absl::InvalidArgumentError(error->message);
+  return position;
+}
+
+namespace {
+
+json Usage(const v1::Usage& usage) {
+  return json{{"prompt_tokens", usage.input_tokens()},
+              {"completion_tokens", usage.generated_tokens()},
+              {"total_tokens", usage.input_tokens() + usage.generated_tokens()}};
+}
+
+json ChatIdentity(const CompletionId& id, const char* object) {
+  return json{{"id", id.id}, {"object", object}, {"created", id.created}, {"model", id.model}};
+}
+
+// OpenAI's chat log-probs: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}.
+json ChatLogprobs(const std::vector<v1::GeneratedToken>& tokens) {
+  auto bytes = [](const std::string& t) {
+    json b = json::array();
+    for (unsigned char c : t) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  json content = json::array();
+  for (const auto& t : tokens) {
+    json top = json::array();
+    for (const auto& alt : t.top()) {
+      top.push_back({{"token", alt.text()}, {"logprob", alt.logprob()}, {"bytes", bytes(alt.text())}});
+    }
+    content.push_back(
+        {{"token", t.text()}, {"logprob", t.logprob()}, {"bytes", bytes(t.text())}, {"top_logprobs", top}});
+  }
+  return json{{"content", content}};
+}
+
+}  // namespace
+
+std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
+  json choice{{"index", 0},
+              {"message", {{"role", "assistant"}, {"content", r.text}}},
+              {"logprobs", logprobs ? ChatLogprobs(r.tokens) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish)}};
+  json out = ChatIdentity(id, "chat.completion");
+  out["choices"] = json::array({choice});
+  out["usage"] = Usage(r.usage);
+  if (!r.session_id.empty()) {
+    out["session_id"] = r.session_id;
+    out["position"] = r.position;
+  }
+  return JsonText(out);
+}
+
+std::string ChatChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, bool first,
+                      const std::string& session) {
+  std::vector<v1::GeneratedToken> tokens(r.tokens().begin(), r.tokens().end());
+  json delta = json::object();
+  if (first) delta["role"] = "assistant";
+  if (!r.text().empty() || first) delta["content"] = r.text();
+  json choice{{"index", 0},
+              {"delta", delta},
+              {"logprobs", logprobs && !tokens.empty() ? ChatLogprobs(tokens) : json(nullptr)},
+              {"finish_reason", FinishReasonJson(r.finish_reason())}};
+  json out = ChatIdentity(id, "chat.completion.chunk");
+  out["choices"] = json::array({choice});
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = r.position();
+  }
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
+}
+
+std::string ChatUsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position,
+                           const std::string& session) {
+  json out = ChatIdentity(id, "chat.completion.chunk");
+  out["choices"] = json::array();
+  out["usage"] = Usage(usage);
+  if (!session.empty()) {
+    out["session_id"] = session;
+    out["position"] = position;
+  }
+  return absl::StrCat("data: ", JsonText(out), "\n\n");
+}
+
+absl::StatusOr<v1::ScoreRequest> ParseScore(const std::string& body, const std::string& session, HttpError* error) {
+  auto fail = [&](HttpError e) {
+    *error = std::move(e);
+    return absl::InvalidArgumentError(error->message);
+  };
+  ASSIGN_OR_RETURN(json j, ParseBody(body, error));
+  v1::ScoreRequest r;
+  r.set_session_id(session);
+  auto input = j.find("input");
+  if (input == j.end() || input->is_null()) return fail(Bad("input", "'input' is required"));
+  if (input->is_string()) {
+    r.mutable_input()->set_text(input->get<std::string>());
+  } else if (input->is_array()) {
+    for (const json& t : *input) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return fail(Bad("input", "'input' as an array holds token ids: non-negative integers"));
+      }
+      r.mutable_input()->mutable_tokens()->add_ids(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    return fail(Bad("input", "'input' must be a string or an array of token ids"));
+  }
+  bool commit = false;
+  if (!BoolField(j, "commit", &commit, error)) return absl::InvalidArgumentError(error->message);
+  r.set_commit(commit);
+  return r;
+}
+
+json ScoreJson(const std::string& session, const v1::ScoreResponse& r) {
+  json tokens = json::array();
+  for (const auto& t : r.tokens()) {
+    tokens.push_back(
+        {{"id", t.id()}, {"text", t.text()}, {"logprob", t.has_logprob() ? json(t.logprob()) : json(nullptr)}});
+  }
+  return json{{"object", "session.score"},
+              {"session_id", session},
+              {"tokens", tokens},
+              {"total_logprob", r.total_logprob()},
+              {"position", r.position()}};
+}
+
+}  // namespace txl

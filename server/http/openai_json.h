@@ -1,0 +1,127 @@
+// OpenAI's JSON shapes <-> txl.v1 messages: the completions request, its
+// response and stream chunks, and the error body. Pure functions (no gRPC,
+// no sockets), so each shape is unit-tested on its own
+// (tests/server/http/openai_json_test.cc).
+#ifndef TXL_SERVER_HTTP_OPENAI_JSON_H_
+#define TXL_SERVER_HTTP_OPENAI_JSON_H_
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/txl/v1/txl.pb.h"
+#include "server/sessions/session_table.h"
+
+namespace txl {
+
+// A refused request: the HTTP status, and the `param` it names (may be empty).
+struct HttpError {
+  int status = 400;
+  std::string message;
+  std::string param;
+  std::string code;  // e.g. "invalid_argument", the gRPC code's name in lower case
+};
+
+// JSON text; bytes that are not UTF-8 (a client's, or a token's partial
+// character) become U+FFFD rather than an exception.
+std::string JsonText(const nlohmann::json& j);
+
+// {"error": {"message", "type", "param", "code"}}.
+std::string ErrorBody(const HttpError& e);
+// The HTTP status for a gRPC / absl status code (docs/API.md lists the map).
+int HttpStatusFor(absl::StatusCode code);
+HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message);
+
+struct CompletionParams {
+  v1::GenerateRequest request;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // "logprobs" given (0 included): each token's log-prob is returned
+};
+
+// Parses a /v1/completions body. The session id comes from the body's
+// "session_id", else from `session_header` (txl-session-id). `model_name`:
+// a "model" naming another model is refused (404).
+absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
+                                                 const std::string& model_name, HttpError* error);
+
+// What one completion has produced so far (the non-streaming response
+// gathers every GenerateResponse into it).
+struct CompletionResult {
+  std::string text;
+  std::vector<v1::GeneratedToken> tokens;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+  int64_t position = 0;
+  std::string session_id;  // only for a call that named a session (else a throw-away one's)
+  bool stateful = false;
+  void Add(const v1::GenerateResponse& r);
+};
+
+// The identity every chunk of one completion repeats.
+struct CompletionId {
+  std::string id;  // "cmpl-..."
+  int64_t created = 0;
+  std::string model;
+};
+
+// "length" or "stop" (a stop token or sequence); null while unfinished.
+nlohmann::json FinishReasonJson(v1::FinishReason f);
+// choices[0].logprobs for these tokens, `offset` bytes into the completion's text.
+nlohmann::json LogprobsJson(const std::vector<v1::GeneratedToken>& tokens, int64_t offset);
+// The non-streaming response.
+std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bool logprobs);
+// One "data: {...}\n\n" event for a GenerateResponse; `offset`: text bytes
+// sent before it. `session` (empty for a stateless call) and the position
+// are named in every event of a session's completion.
+std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, int64_t offset,
+                            const std::string& session);
+// The usage event (stream_options.include_usage): empty choices.
+std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position, const std::string& session);
+
+// One chat message: role is "system", "user" or "assistant" ("developer"
+// is read as "system"); content is its text (text parts joined).
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+struct ChatParams {
+  CompletionParams completion;  // request.input is set by the gateway (the rendered new messages)
+  std::vector<ChatMessage> messages;
+};
+// Parses a /v1/chat/completions body (as ParseCompletion; "logprobs" is a
+// boolean here, with "top_logprobs").
+absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header,
+                                     const std::string& model_name, HttpError* error);
+
+// The chat shapes: "chat.completion" and its "chat.completion.chunk"s.
+std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool logprobs);
+// `first`: the chunk that carries the assistant's role.
+std::string ChatChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, bool first,
+                      const std::string& session);
+std::string ChatUsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position,
+                           const std::string& session);
+
+// A body parsed as a JSON object, else 400 naming what is wrong.
+absl::StatusOr<nlohmann::json> ParseBody(const std::string& body, HttpError* error);
+
+// A txl.v1.Session as JSON: the proto's field names, integers as numbers,
+// times as Unix seconds, "object": "session".
+nlohmann::json SessionJson(const SessionInfo& s);
+// POST /v1/sessions/ID/score: {"input": string or token ids, "commit": bool}.
+absl::StatusOr<v1::ScoreRequest> ParseScore(const std::string& body, const std::string& session, HttpError* error);
+nlohmann::json ScoreJson(const std::string& session, const v1::ScoreResponse& r);
+// POST /v1/sessions and POST /v1/sessions/ID/fork bodies (may be empty):
+// mem_len, idle_ttl_seconds, labels, session_id (create only).
+absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& body, HttpError* error);
+// {"position": N}: a rewind's target (`required`), or where a fork branches
+// (optional: 0, the source's position). Other fields are ParseCreateSession's.
+absl::StatusOr<int64_t> ParsePosition(const std::string& body, bool required, HttpError* error);
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_HTTP_OPENAI_JSON_H_

@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
-#include "server/grpc/call_context.h"
 #include "server/core/responses.h"
+#include "server/grpc/call_context.h"
 #include "server/sampling/text_stream.h"
 
 namespace txl {

@@ -12,11 +12,11 @@
 #include <string>
 #include <utility>
 
+#include "server/core/service_core.h"
 #include "server/http/chat_sessions.h"
 #include "server/http/chat_template.h"
 #include "server/http/http_exchange.h"
 #include "server/http/openai_json.h"
-#include "server/core/service_core.h"
 #include "server/metrics/service_metrics.h"
 
 namespace txl {

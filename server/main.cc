@@ -221,6 +221,7 @@ struct ServerOptions {
   std::string listen, auth_tokens, tls_cert, tls_key, tls_client_ca;
   int max_message_bytes = 0;
   int64_t grpc_memory_quota = 0;
+  int64_t gpu_headroom = 0;  // 0: 10% of the device, at least 1 GiB
   int grpc_max_threads = 0;
   absl::Duration max_connection_idle, drain_timeout;
 };
@@ -278,7 +279,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   table.max_sessions_per_principal = absl::GetFlag(FLAGS_max_sessions_per_principal);
   if (table.max_sessions < 1 || table.memory_budget_bytes < -1)
     return absl::InvalidArgumentError("--max_sessions must be >= 1 and --session_memory_budget >= -1");
-  if (absl::GetFlag(FLAGS_gpu_headroom) < 0) return absl::InvalidArgumentError("--gpu_headroom must be >= 0");
+  o.gpu_headroom = absl::GetFlag(FLAGS_gpu_headroom);
+  if (o.gpu_headroom < 0) return absl::InvalidArgumentError("--gpu_headroom must be >= 0");
   if (table.max_sessions_per_principal < 0)
     return absl::InvalidArgumentError("--max_sessions_per_principal must be >= 0");
   table.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
@@ -372,107 +374,188 @@ std::unique_ptr<grpc::Server> StartGrpc(const ServerOptions& o, std::shared_ptr<
   return builder.BuildAndStart();
 }
 
+// Bearer tokens (--auth_tokens), or none.
+absl::StatusOr<std::unique_ptr<txl::BearerTokens>> LoadTokens(const ServerOptions& o) {
+  if (o.auth_tokens.empty()) return nullptr;
+  auto loaded = txl::BearerTokens::Create({o.auth_tokens});
+  if (!loaded.ok()) return absl::InvalidArgumentError(absl::StrCat("--auth_tokens: ", loaded.status().message()));
+  if (o.tls_cert.empty()) {
+    std::cerr << "txl-server: warning: --auth_tokens without --tls_cert: bearer tokens cross the network "
+                 "in clear text"
+              << std::endl;
+  }
+  return *std::move(loaded);
+}
+
+// The settings that depend on the loaded model: the default window, the
+// import limit, the device and number formats it runs in, and on a GPU the
+// session memory budget and its pool.
+absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
+  const txl::LanguageModel& model = engine->model();
+  const txl::ModelConfig& mc = model.config();
+  if (o->service.default_mem_len == 0) o->service.default_mem_len = std::max<int64_t>(1, mc.mem_len);
+  if (o->service.default_mem_len > o->service.max_mem_len) {
+    return absl::InvalidArgumentError(absl::StrCat("--default_mem_len ", o->service.default_mem_len,
+                                                   " exceeds --max_mem_len ", o->service.max_mem_len));
+  }
+  // An import carries one session: at most a full window of max_mem_len, plus headers.
+  o->service.max_import_bytes = model.FullMemoryBytes(o->service.max_mem_len) + (int64_t{1} << 20);
+  o->service.device = model.device();
+  if (o->table.memory_budget_bytes == -1) {
+    // A GPU's session memory: what is free once the weights are there, less
+    // headroom for a step's work, so a full device refuses new sessions
+    // (RESOURCE_EXHAUSTED) rather than failing a batch (INTERNAL).
+    o->table.memory_budget_bytes = 0;
+    if (model.device() != "cpu") {
+      auto memory = txl::CudaDeviceMemory();
+      if (!memory.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("sizing the session budget on ", model.device(), ": ",
+                                                          memory.status().message(),
+                                                          " (give --session_memory_budget)"));
+      }
+      int64_t headroom = o->gpu_headroom;
+      if (headroom == 0) headroom = std::max<int64_t>(int64_t{1} << 30, memory->total_bytes / 10);
+      o->table.memory_budget_bytes = std::max<int64_t>(1, memory->free_bytes - headroom);
+      std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes (" << model.device()
+                << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less " << headroom
+                << " headroom)" << std::endl;
+    }
+  }
+  if (model.device() != "cpu" && o->table.memory_budget_bytes > 0) {
+    // The pool of session memory, allocated once for the whole budget:
+    // admission then keeps every step within it (docs/OPERATIONS.md, "Flags",
+    // --kernels).
+    if (auto reserved = engine->ReserveSessionMemory(o->table.memory_budget_bytes); !reserved.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(reserved.message(), " (lower --session_memory_budget or raise --gpu_headroom)"));
+    }
+  }
+  o->metrics.session_memory_budget = o->table.memory_budget_bytes;
+  // What the model runs in, not what the flags asked for (GetModelInfo reports it).
+  o->service.dtype = txl::DtypeName(model.dtype());
+  o->service.kv_dtype = txl::DtypeName(model.kv_dtype());
+  o->metrics.info = {{"version", "0.1.0"},
+                     {"model", o->model.path},
+                     {"device", model.device()},
+                     {"n_layer", std::to_string(mc.n_layer)},
+                     {"d_model", std::to_string(mc.d_model)}};
+  return absl::OkStatus();
+}
+
+// The state store (--state_dir / --state_redis), or none.
+absl::StatusOr<std::unique_ptr<txl::SessionJournal>> OpenStateStore(const ServerOptions& o) {
+  if (!o.state_store) return nullptr;
+  auto backend = txl::OpenStateBackend(o.backend);
+  if (!backend.ok())
+    return absl::Status(backend.status().code(), absl::StrCat("state store: ", backend.status().message()));
+  auto opened = txl::SessionJournal::Create(o.journal, *std::move(backend));
+  if (!opened.ok())
+    return absl::Status(opened.status().code(), absl::StrCat("state store: ", opened.status().message()));
+  return *std::move(opened);
+}
+
+// /metrics on its own port, on the same HTTP transport as the API; null
+// without --metrics_listen.
+absl::StatusOr<std::unique_ptr<txl::HttpServer>> StartMetricsPort(const ServerOptions& o, txl::Metrics* metrics) {
+  if (o.metrics_listen.empty()) return nullptr;
+  txl::HttpServerConfig scrape;
+  scrape.listen = o.metrics_listen;
+  scrape.threads = 1;
+  scrape.max_body_bytes = 1 << 16;
+  scrape.max_connections = 64;
+  auto started = txl::HttpServer::Create(scrape, txl::MetricsRoute([metrics] { return metrics->Scrape(); }));
+  if (!started.ok()) {
+    return absl::Status(started.status().code(), absl::StrCat("--metrics_listen: ", started.status().message()));
+  }
+  return started;
+}
+
+// host:port with the port the server got (the flag may say 0).
+std::string BoundAddress(const std::string& listen, int port) {
+  return listen.substr(0, listen.rfind(':') + 1) + std::to_string(port);
+}
+
+// The five start-up lines (docs/OPERATIONS.md, "Startup, logs and exit codes").
+void PrintStarted(const ServerOptions& o, const txl::LanguageModel& model, int port,
+                  const txl::HttpServer* metrics_http, const txl::HttpServer* http, const std::string& transport,
+                  const txl::BearerTokens* tokens) {
+  const txl::ModelConfig& mc = model.config();
+  std::cout << "txl-server: listening on " << BoundAddress(o.listen, port)
+            << (metrics_http ? ", metrics on " + BoundAddress(o.metrics_listen, metrics_http->port()) : "")
+            << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
+            << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
+            << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype
+            << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath() << "\ntxl-server: http "
+            << (http ? "on " + BoundAddress(o.http.listen, http->port()) : std::string("off"))
+            << "\ntxl-server: " << transport << ", "
+            << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
+                       : std::string("no authentication"))
+            << std::endl;
+}
+
+// After SIGTERM/SIGINT: refuse new work, let what runs finish within
+// --drain_timeout, cancel the rest, and leave snapshots behind.
+void DrainAndStop(const ServerOptions& o, int sig, txl::Scheduler* scheduler, grpc::Server* server,
+                  txl::OpenAiGateway* gateway, txl::HttpServer* http) {
+  // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
+  scheduler->Drain();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  if (http) {
+    gateway->SetDraining();
+    http->StopAccepting();
+  }
+  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  const absl::Time deadline = absl::Now() + o.drain_timeout;
+  while (absl::Now() < deadline &&
+         (scheduler->active() > 0 || scheduler->queue_depth() > 0 || (gateway && gateway->active() > 0))) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // What is still running is cancelled; its sessions keep what was delivered.
+  scheduler->Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // The gateway's completions end with their jobs; then the transport's threads.
+  for (int i = 0; gateway && gateway->active() > 0 && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
+  if (http) http->Stop();
+  // A graceful stop leaves snapshots, so the next start (here or on another
+  // replica) replays nothing; the journal's destructor then retires this
+  // replica's heartbeat, which lets another replica take its sessions at once.
+  if (auto s = scheduler->SnapshotAll(); !s.ok())
+    std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
+}
+
 int Serve(ServerOptions o, sigset_t signals) {
   // Security first: a mistake there should not wait for the model to load.
   std::string transport;
   auto credentials = ServerCredentials(o.tls_cert, o.tls_key, o.tls_client_ca, &transport, &o.http);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
-  std::unique_ptr<txl::BearerTokens> tokens;
-  if (!o.auth_tokens.empty()) {
-    auto loaded = txl::BearerTokens::Create({o.auth_tokens});
-    if (!loaded.ok()) return Fail(absl::StrCat("--auth_tokens: ", loaded.status().message()));
-    tokens = *std::move(loaded);
-    if (o.tls_cert.empty()) {
-      std::cerr << "txl-server: warning: --auth_tokens without --tls_cert: bearer tokens cross the network "
-                   "in clear text"
-                << std::endl;
-    }
-  }
+  auto tokens = LoadTokens(o);
+  if (!tokens.ok()) return Fail(std::string(tokens.status().message()));
 
   auto engine = txl::ModelEngine::Create(o.model);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  if (absl::Status fit = FitToModel(engine->get(), &o); !fit.ok()) return Fail(std::string(fit.message()));
   const txl::LanguageModel& model = (*engine)->model();
-  const txl::ModelConfig& mc = model.config();
-  if (o.service.default_mem_len == 0) o.service.default_mem_len = std::max<int64_t>(1, mc.mem_len);
-  if (o.service.default_mem_len > o.service.max_mem_len) {
-    return Fail(absl::StrCat("--default_mem_len ", o.service.default_mem_len, " exceeds --max_mem_len ",
-                             o.service.max_mem_len));
-  }
-  // An import carries one session: at most a full window of max_mem_len, plus headers.
-  o.service.max_import_bytes = model.FullMemoryBytes(o.service.max_mem_len) + (int64_t{1} << 20);
-  o.service.device = model.device();
-  if (o.table.memory_budget_bytes == -1) {
-    // A GPU's session memory: what is free once the weights are there, less
-    // headroom for a step's work, so a full device refuses new sessions
-    // (RESOURCE_EXHAUSTED) rather than failing a batch (INTERNAL).
-    o.table.memory_budget_bytes = 0;
-    if (model.device() != "cpu") {
-      auto memory = txl::CudaDeviceMemory();
-      if (!memory.ok())
-        return Fail(absl::StrCat("sizing the session budget on ", model.device(), ": ", memory.status().message(),
-                                 " (give --session_memory_budget)"));
-      int64_t headroom = absl::GetFlag(FLAGS_gpu_headroom);
-      if (headroom == 0) headroom = std::max<int64_t>(int64_t{1} << 30, memory->total_bytes / 10);
-      o.table.memory_budget_bytes = std::max<int64_t>(1, memory->free_bytes - headroom);
-      std::cerr << "txl-server: session memory budget " << o.table.memory_budget_bytes << " bytes (" << model.device()
-                << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less " << headroom
-                << " headroom)" << std::endl;
-    }
-  }
-  if (model.device() != "cpu" && o.table.memory_budget_bytes > 0) {
-    // The pool of session memory, allocated once for the whole budget:
-    // admission then keeps every step within it (docs/OPERATIONS.md, "Flags",
-    // --kernels).
-    if (auto reserved = (*engine)->ReserveSessionMemory(o.table.memory_budget_bytes); !reserved.ok()) {
-      return Fail(absl::StrCat(reserved.message(), " (lower --session_memory_budget or raise --gpu_headroom)"));
-    }
-  }
-  o.metrics.session_memory_budget = o.table.memory_budget_bytes;
-  // What the model runs in, not what the flags asked for (GetModelInfo reports it).
-  o.service.dtype = txl::DtypeName(model.dtype());
-  o.service.kv_dtype = txl::DtypeName(model.kv_dtype());
 
   // The state store, before anything is served: a restart finds its sessions first.
-  std::unique_ptr<txl::SessionJournal> journal;
-  if (o.state_store) {
-    auto backend = txl::OpenStateBackend(o.backend);
-    if (!backend.ok()) return Fail(absl::StrCat("state store: ", backend.status().message()));
-    auto opened = txl::SessionJournal::Create(o.journal, *std::move(backend));
-    if (!opened.ok()) return Fail(absl::StrCat("state store: ", opened.status().message()));
-    journal = *std::move(opened);
-  }
+  auto journal = OpenStateStore(o);
+  if (!journal.ok()) return Fail(std::string(journal.status().message()));
   txl::SessionTable table(o.table);
-  if (journal) {
-    auto recovered = txl::RecoverSessions(journal.get(), &table, (*engine)->fingerprint());
+  if (*journal) {
+    auto recovered = txl::RecoverSessions(journal->get(), &table, (*engine)->fingerprint());
     if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
-    std::cout << "txl-server: state store " << journal->Describe() << " as replica " << journal->replica() << ": "
+    std::cout << "txl-server: state store " << (*journal)->Describe() << " as replica " << (*journal)->replica() << ": "
               << *recovered << " session(s) recovered" << std::endl;
   }
 
-  o.metrics.info = {{"version", "0.1.0"},
-                    {"model", o.model.path},
-                    {"device", model.device()},
-                    {"n_layer", std::to_string(mc.n_layer)},
-                    {"d_model", std::to_string(mc.d_model)}};
   auto metrics = txl::Metrics::Create(o.metrics, &table);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
-  // /metrics on its own port, on the same HTTP transport as the API.
-  std::unique_ptr<txl::HttpServer> metrics_http;
-  if (!o.metrics_listen.empty()) {
-    txl::HttpServerConfig scrape;
-    scrape.listen = o.metrics_listen;
-    scrape.threads = 1;
-    scrape.max_body_bytes = 1 << 16;
-    scrape.max_connections = 64;
-    auto started = txl::HttpServer::Create(scrape, txl::MetricsRoute([m = metrics->get()] { return m->Scrape(); }));
-    if (!started.ok()) return Fail(absl::StrCat("--metrics_listen: ", started.status().message()));
-    metrics_http = *std::move(started);
-  }
+  auto metrics_http = StartMetricsPort(o, metrics->get());
+  if (!metrics_http.ok()) return Fail(std::string(metrics_http.status().message()));
 
   txl::Scheduler scheduler(o.scheduler, engine->get(), &table, &model.tokenizer(), metrics->get());
-  scheduler.SetJournal(journal.get());
-  txl::TxlService service(o.service, mc, model.tokenizer(), engine->get(), &table, &scheduler, metrics->get(),
-                          tokens.get(), journal.get());
+  scheduler.SetJournal(journal->get());
+  txl::TxlService service(o.service, model.config(), model.tokenizer(), engine->get(), &table, &scheduler,
+                          metrics->get(), tokens->get(), journal->get());
   int port = 0;
   std::unique_ptr<grpc::Server> server = StartGrpc(o, *std::move(credentials), &service, &port);
   if (!server || port == 0) {
@@ -496,47 +579,11 @@ int Serve(ServerOptions o, sigset_t signals) {
   }
   scheduler.Start();
   server->GetHealthCheckService()->SetServingStatus(true);
-  std::cout << "txl-server: listening on " << o.listen.substr(0, o.listen.rfind(':') + 1) << port
-            << (metrics_http ? ", metrics on " + o.metrics_listen.substr(0, o.metrics_listen.rfind(':') + 1) +
-                                   std::to_string(metrics_http->port())
-                             : "")
-            << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
-            << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
-            << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype
-            << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath() << "\ntxl-server: http "
-            << (http ? "on " + o.http.listen.substr(0, o.http.listen.rfind(':') + 1) + std::to_string(http->port())
-                     : std::string("off"))
-            << "\ntxl-server: " << transport << ", "
-            << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
-                       : std::string("no authentication"))
-            << std::endl;
+  PrintStarted(o, model, port, metrics_http->get(), http.get(), transport, tokens->get());
 
   int sig = 0;
   sigwait(&signals, &sig);
-  // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
-  scheduler.Drain();
-  server->GetHealthCheckService()->SetServingStatus(false);
-  if (http) {
-    gateway->SetDraining();
-    http->StopAccepting();
-  }
-  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
-  const absl::Time deadline = absl::Now() + o.drain_timeout;
-  while (absl::Now() < deadline &&
-         (scheduler.active() > 0 || scheduler.queue_depth() > 0 || (gateway && gateway->active() > 0))) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  // What is still running is cancelled; its sessions keep what was delivered.
-  scheduler.Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  // The gateway's calls end with the service; then the transport's threads.
-  for (int i = 0; gateway && gateway->active() > 0 && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
-  if (http) http->Stop();
-  // A graceful stop leaves snapshots, so the next start (here or on another
-  // replica) replays nothing; the journal's destructor then retires this
-  // replica's heartbeat, which lets another replica take its sessions at once.
-  if (auto s = scheduler.SnapshotAll(); !s.ok())
-    std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
+  DrainAndStop(o, sig, &scheduler, server.get(), gateway.get(), http.get());
   std::cout << "txl-server: stopped" << std::endl;
   return 0;
 }

@@ -201,6 +201,9 @@ class ServerImpl final : public HttpServer {
         if (connections.load() >= config_.max_connections) {
           socket.close(ec);  // over the bound: the client sees a reset, not a hung connection
         } else {
+          // Events are small writes: with Nagle's algorithm each response's first one on a
+          // kept-alive connection waits for the client's delayed ACK (40 ms on Linux).
+          socket.set_option(tcp::no_delay(true), ec);
           if (config_.tls_cert_pem.empty()) {
             std::make_shared<Connection<PlainStream>>(PlainStream(std::move(socket)), this)->Start();
           } else {

@@ -430,6 +430,29 @@ class HttpTest(unittest.TestCase):
             threads_now = int([l for l in f if l.startswith("Threads:")][0].split()[1])
         self.assertLess(threads_now, 128)  # not a thread per stream
 
+    def test_a_reused_connection_streams_without_delay(self):
+        # Each event is a small write. With Nagle's algorithm on the server's socket, the first
+        # write of a response on a kept-alive connection waits for the client's delayed ACK of
+        # the previous one (40 ms or more on Linux), and the events then arrive together.
+        conn = http.client.HTTPConnection(*self.address.rsplit(":", 1), timeout=60)
+        body = json.dumps({"prompt": "ab", "max_tokens": 4, "stream": True})
+        firsts = []
+        for _ in range(6):
+            start = time.monotonic()
+            conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200)
+            line = r.readline()
+            while not line.startswith(b"data:"):
+                line = r.readline()
+            firsts.append(time.monotonic() - start)
+            rest = r.read().decode()
+            self.assertIn("data: [DONE]", rest)
+        conn.close()
+        reused = sorted(firsts[1:])
+        self.assertLess(reused[len(reused) // 2], 0.025,
+                        "first event on a reused connection after (s): %s" % ["%.4f" % f for f in firsts])
+
     def test_metrics_count_http_requests(self):
         self.http.json("GET", "/healthz")
         import urllib.request

@@ -73,22 +73,21 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::Enqueue(std::shared_ptr<Job> job
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::EnqueueWritable(std::shared_ptr<Job> job) {
-  if (absl::Status w = runner_.CheckWritable(job->lease, job->throwaway); !w.ok()) {
+  if (absl::Status w = runner_.CheckWritable(job->lease); !w.ok()) {
     runner_.ReturnLease(*job);
     return w;
   }
   return Enqueue(std::move(job));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease lease, bool throwaway, GenerateSpec spec,
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease lease, GenerateSpec spec,
                                                                JobCallbacks callbacks) {
-  return EnqueueWritable(
-      std::make_shared<GenerateJob>(std::move(lease), throwaway, std::move(spec), std::move(callbacks)));
+  return EnqueueWritable(std::make_shared<GenerateJob>(std::move(lease), std::move(spec), std::move(callbacks)));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, bool throwaway, std::vector<int> input,
-                                                            bool commit, JobCallbacks callbacks) {
-  auto job = std::make_shared<ScoreJob>(std::move(lease), throwaway, input, commit, std::move(callbacks));
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, std::vector<int> input, bool commit,
+                                                            JobCallbacks callbacks) {
+  auto job = std::make_shared<ScoreJob>(std::move(lease), input, commit, std::move(callbacks));
   // Scoring without commit changes nothing: a read-only session still answers it.
   return commit ? EnqueueWritable(std::move(job)) : Enqueue(std::move(job));
 }

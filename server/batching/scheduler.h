@@ -67,10 +67,9 @@ class Scheduler {
   // given back unchanged before the call returns. Refusals: RESOURCE_EXHAUSTED
   // (queue full), UNAVAILABLE (draining, or a journaled change the state
   // state store cannot take). The requests were validated (request_validation.h).
-  absl::StatusOr<std::shared_ptr<Job>> SubmitGenerate(SessionLease lease, bool throwaway, GenerateSpec spec,
-                                                      JobCallbacks callbacks);
-  absl::StatusOr<std::shared_ptr<Job>> SubmitScore(SessionLease lease, bool throwaway, std::vector<int> input,
-                                                   bool commit, JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitGenerate(SessionLease lease, GenerateSpec spec, JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitScore(SessionLease lease, std::vector<int> input, bool commit,
+                                                   JobCallbacks callbacks);
   // `position` 0: the source as it is; else as it was there (RewindJob's rules).
   absl::StatusOr<std::shared_ptr<Job>> SubmitFork(SessionLease source, absl::Duration idle_ttl,
                                                   std::map<std::string, std::string> labels, int64_t position,

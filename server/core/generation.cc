@@ -15,10 +15,9 @@ void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool
   WithAdoption(
       principal, adopt ? args.session_id : "",
       [this, principal, session = args.session_id, spec = std::move(args.spec), control, cb]() -> absl::Status {
-        bool throwaway = false;
-        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session, &throwaway));
+        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session));
         if (absl::Status s = RequestValidator::Continuation(spec, lease.position()); !s.ok()) {
-          GiveBack(std::move(lease), throwaway);
+          table->GiveBack(std::move(lease), absl::Now());
           return s;
         }
         JobCallbacks job_cb;
@@ -28,7 +27,7 @@ void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool
           on_done(std::move(status), std::move(result));
         };
         ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         scheduler->SubmitGenerate(std::move(lease), throwaway, spec, std::move(job_cb)));
+                         scheduler->SubmitGenerate(std::move(lease), spec, std::move(job_cb)));
         control->Attach(std::move(job));
         return absl::OkStatus();
       },
@@ -41,15 +40,14 @@ void ServiceCore::Score(const std::string& principal, ScoreArgs args, bool commi
       principal, args.session_id,
       [this, principal, session = args.session_id, input = std::move(args.input), commit, control,
        done]() -> absl::Status {
-        bool throwaway = false;
-        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session, &throwaway));
+        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session));
         JobCallbacks cb;
         cb.on_done = [control, done](absl::Status status, JobResult result) {
           control->Detach();
           done(std::move(status), std::move(result));
         };
         ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         scheduler->SubmitScore(std::move(lease), throwaway, input, commit, std::move(cb)));
+                         scheduler->SubmitScore(std::move(lease), input, commit, std::move(cb)));
         control->Attach(std::move(job));
         return absl::OkStatus();
       },

@@ -32,20 +32,13 @@ absl::StatusOr<std::string> ServiceCore::RequiredSession(const std::string& fiel
   return id;
 }
 
-absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, const std::string& id,
-                                                bool* throwaway) const {
-  *throwaway = id.empty();
+absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, const std::string& id) const {
   if (!id.empty()) return table->Acquire(principal, id, absl::Now());
   ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
-  return table->CreateAcquired(principal, std::move(state), absl::ZeroDuration(), {}, absl::Now());
-}
-
-void ServiceCore::GiveBack(SessionLease lease, bool throwaway) const {
-  if (throwaway) {
-    table->Discard(std::move(lease));
-  } else {
-    table->Release(std::move(lease), absl::Now());
-  }
+  ASSIGN_OR_RETURN(SessionLease lease,
+                   table->CreateAcquired(principal, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
+  lease.throwaway = true;
+  return lease;
 }
 
 void ServiceCore::WithAdoption(const std::string& principal, const std::string& id,

@@ -90,10 +90,9 @@ class ServiceCore {
   void Score(const std::string& principal, ScoreArgs args, bool commit, std::shared_ptr<JobControl> control,
              std::function<void(absl::Status, JobResult)> done) const;
 
-  // A throw-away session (empty id) or the named one, acquired for `principal`.
-  absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id, bool* throwaway) const;
-  // Gives a lease back unchanged (a throw-away session is dropped).
-  void GiveBack(SessionLease lease, bool throwaway) const;
+  // A throw-away session (empty id: SessionLease::throwaway) or the named
+  // one, acquired for `principal`; SessionTable::GiveBack ends either.
+  absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id) const;
   // Runs `attempt`, which either fails or sees the request through. When it
   // fails with NOT_FOUND for a named session and there is a state store, the
   // session may be one a replica that is gone served: adopt it (on the

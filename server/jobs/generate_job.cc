@@ -7,8 +7,8 @@
 
 namespace txl {
 
-GenerateJob::GenerateJob(SessionLease lease, bool throwaway, GenerateSpec spec, JobCallbacks callbacks)
-    : FeedJob(std::move(lease), throwaway, spec.input, std::move(callbacks)),
+GenerateJob::GenerateJob(SessionLease lease, GenerateSpec spec, JobCallbacks callbacks)
+    : FeedJob(std::move(lease), spec.input, std::move(callbacks)),
       spec_(std::move(spec)),
       sampler_(spec_.sampling, std::random_device{}()),
       text_(spec_.stop_sequences) {}

@@ -17,7 +17,7 @@ namespace txl {
 
 class GenerateJob final : public FeedJob {
  public:
-  GenerateJob(SessionLease lease, bool throwaway, GenerateSpec spec, JobCallbacks callbacks);
+  GenerateJob(SessionLease lease, GenerateSpec spec, JobCallbacks callbacks);
 
   void Run(JobRunner& runner) override;
   bool decoding() const override { return decoding_; }

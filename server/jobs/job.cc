@@ -21,9 +21,8 @@ absl::Status StalledError(absl::Duration waited) {
 
 bool IsStalled(const absl::Status& status) { return status.GetPayload(kStalledPayload).has_value(); }
 
-FeedJob::FeedJob(SessionLease session, bool throwaway_session, const std::vector<int>& input, JobCallbacks cb) {
+FeedJob::FeedJob(SessionLease session, const std::vector<int>& input, JobCallbacks cb) {
   lease = std::move(session);
-  throwaway = throwaway_session;
   callbacks = std::move(cb);
   start_position = logged_position = lease.position();
   // The pending token stays in the lease until the job ends (Settle): a job

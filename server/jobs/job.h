@@ -99,7 +99,6 @@ class Job : public std::enable_shared_from_this<Job> {
   virtual SessionState* state() { return lease.state.get(); }
 
   SessionLease lease;  // empty id: no session (import, adopt)
-  bool throwaway = false;
   JobCallbacks callbacks;
   std::atomic<bool> cancelled{false};
   // The client cannot take more output (0: not paused; else when it was
@@ -114,7 +113,7 @@ class Job : public std::enable_shared_from_this<Job> {
 // pending token, then the input) and the history they log.
 class FeedJob : public Job {
  public:
-  FeedJob(SessionLease session, bool throwaway_session, const std::vector<int>& input, JobCallbacks cb);
+  FeedJob(SessionLease session, const std::vector<int>& input, JobCallbacks cb);
 
   void LogHistory(JobRunner& runner, int64_t position) override;
   bool ExtendHistory(int64_t keep) override;

@@ -34,7 +34,7 @@ bool JobRunner::Prepare(Job& job) {
     // that another replica took over (this one paused) is let go, and the
     // client's retry adopts the one history from the store.
     if (absl::Status held = journal_->CheckHold(job.lease.id); !held.ok()) {
-      if (journal_->Lost(job.lease.id)) job.throwaway = true;
+      if (journal_->Lost(job.lease.id)) job.lease.throwaway = true;
       Finish(job, held);
       return false;
     }
@@ -55,7 +55,7 @@ void JobRunner::Finish(Job& job, absl::Status status) {
   job.result.session_id = job.lease.id;
   if (job.lease.state) {
     job.result.position = job.lease.position();
-    if (job.ExtendHistory(table_->config().history_tokens) && !job.throwaway) Checkpoint(job.lease);
+    if (job.ExtendHistory(table_->config().history_tokens) && !job.lease.throwaway) Checkpoint(job.lease);
     job.LogHistory(*this, job.result.position);
     if (journaled(job) && job.lease.since_snapshot >= config_.snapshot_tokens) {
       if (auto image = ExportImage(job.lease); image.ok()) {
@@ -76,19 +76,14 @@ void JobRunner::Finish(Job& job, absl::Status status) {
     journal_->AfterDurable(held->id, position,
                            [table = table_, held, done = std::move(job.callbacks.on_done), status = std::move(status),
                             result = std::move(job.result)](absl::Status written, int64_t durable) mutable {
-                             if (!written.ok()) {
+                             if (written.ok()) {
+                               table->Release(std::move(*held), absl::Now());
+                             } else {
                                // The history past `durable` never happened: the state is
                                // rebuilt from the state store on the session's next request.
-                               held->state.reset();
-                               held->idle.reset();
-                               held->pending.clear();
-                               held->known_position = durable;
-                               held->since_snapshot = 0;
-                               held->history.Truncate(durable);
-                               table->checkpoints().DropAfter(held->id, durable);
+                               table->GiveBackRolledBack(std::move(*held), durable, absl::Now());
                                result.position = durable;
                              }
-                             table->Release(std::move(*held), absl::Now());
                              if (done) done(written.ok() ? std::move(status) : std::move(written), std::move(result));
                            });
     return;
@@ -107,11 +102,7 @@ void JobRunner::Finish(Job& job, absl::Status status) {
 
 void JobRunner::ReturnLease(Job& job) {
   if (job.lease.id.empty()) return;  // no session (import, adopt) or given back already
-  if (job.throwaway) {
-    table_->Discard(std::move(job.lease));
-  } else {
-    table_->Release(std::move(job.lease), absl::Now());
-  }
+  table_->GiveBack(std::move(job.lease), absl::Now());
   job.lease = SessionLease();
 }
 
@@ -164,8 +155,8 @@ void JobRunner::SendTokens(Job& job, GeneratedTokenEvent event, int64_t position
                          });
 }
 
-absl::Status JobRunner::CheckWritable(const SessionLease& lease, bool throwaway) const {
-  if (journal_ == nullptr || !lease.durable || throwaway) return absl::OkStatus();
+absl::Status JobRunner::CheckWritable(const SessionLease& lease) const {
+  if (journal_ == nullptr || !lease.durable || lease.throwaway) return absl::OkStatus();
   return journal_->Writable();
 }
 
@@ -197,13 +188,13 @@ absl::Status JobRunner::Materialize(Job& job) {
     auto record = journal_->Load(job.lease.id);
     if (!record.ok()) {
       if (absl::IsDataLoss(record.status()) || absl::IsNotFound(record.status()))
-        job.throwaway = true;  // gone for good
+        job.lease.throwaway = true;  // gone for good
       if (absl::IsDataLoss(record.status()))
         (void)journal_->TakeQuarantined(job.lease.id, job.lease.owner);  // told now
       return record.status();
     }
     if (record->position() != job.lease.known_position) {
-      job.throwaway = true;
+      job.lease.throwaway = true;
       return absl::DataLossError(absl::StrCat("session ", EchoId(job.lease.id), ": the state store has position ",
                                               record->position(), ", expected ", job.lease.known_position));
     }

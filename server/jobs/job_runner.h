@@ -40,7 +40,7 @@ class JobRunner {
   SchedulerObserver* observer() const { return observer_; }  // may be null
   SessionJournal* journal() const { return journal_; }       // null: no state store
   // The job's session is journaled: its history goes to the state store.
-  bool journaled(const Job& job) const { return journaled_lease(job.lease) && !job.throwaway; }
+  bool journaled(const Job& job) const { return journaled_lease(job.lease) && !job.lease.throwaway; }
   bool journaled_lease(const SessionLease& lease) const { return journal_ != nullptr && lease.durable; }
 
   // Ends a cancelled or stalled job, brings an offloaded session back into
@@ -65,7 +65,7 @@ class JobRunner {
   void SendTokens(Job& job, GeneratedTokenEvent event, int64_t position);
   // UNAVAILABLE when a change to a journaled session could not be written:
   // refused before anything changes.
-  absl::Status CheckWritable(const SessionLease& lease, bool throwaway) const;
+  absl::Status CheckWritable(const SessionLease& lease) const;
 
   std::atomic<int64_t> active{0};  // jobs taken from the queue, not yet finished
 

@@ -14,8 +14,8 @@ namespace txl {
 
 class ScoreJob final : public FeedJob {
  public:
-  ScoreJob(SessionLease lease, bool throwaway, const std::vector<int>& input, bool commit, JobCallbacks callbacks)
-      : FeedJob(std::move(lease), throwaway, input, std::move(callbacks)), commit_(commit) {}
+  ScoreJob(SessionLease lease, const std::vector<int>& input, bool commit, JobCallbacks callbacks)
+      : FeedJob(std::move(lease), input, std::move(callbacks)), commit_(commit) {}
 
   void Run(JobRunner& runner) override;
   size_t prefill_left() const override {

@@ -192,6 +192,29 @@ void SessionTable::Release(SessionLease lease, absl::Time now) {
   Refresh(e);
 }
 
+void SessionLease::RollBack(int64_t durable) {
+  state.reset();
+  idle.reset();
+  pending.clear();
+  known_position = durable;
+  since_snapshot = 0;
+  history.Truncate(durable);
+}
+
+void SessionTable::GiveBack(SessionLease lease, absl::Time now) {
+  if (lease.throwaway) {
+    Discard(std::move(lease));
+  } else {
+    Release(std::move(lease), now);
+  }
+}
+
+void SessionTable::GiveBackRolledBack(SessionLease lease, int64_t durable, absl::Time now) {
+  lease.RollBack(durable);
+  checkpoints_.DropAfter(lease.id, durable);
+  Release(std::move(lease), now);
+}
+
 void SessionTable::Discard(SessionLease lease) {
   {
     absl::MutexLock lock(&mu_);

@@ -77,9 +77,16 @@ struct SessionLease {
   std::vector<int> pending;    // history tokens not yet fed (at most one)
   int64_t known_position = 0;  // the history length, whatever the tier
   bool durable = false;        // journaled in the state store
+  // Only this request uses it (no session named, or one the journal lost):
+  // never journaled, dropped when given back (SessionTable::GiveBack).
+  bool throwaway = false;
   int64_t since_snapshot = 0;  // tokens logged since its last snapshot
   TokenHistory history;        // its last tokens (rewind, fork at a position)
   int64_t position() const { return state ? state->position() + static_cast<int64_t>(pending.size()) : known_position; }
+  // Forgets the history past `durable` (what the state store holds): no
+  // state, no host image, no pending token, so the next request rebuilds the
+  // session from the store.
+  void RollBack(int64_t durable);
 };
 
 struct SessionTableConfig {
@@ -143,6 +150,12 @@ class SessionTable {
   void Release(SessionLease lease, absl::Time now);
   // Drops an acquired session for good (the end of a throw-away session).
   void Discard(SessionLease lease);
+  // The end of a request: a throw-away lease is discarded, any other released.
+  void GiveBack(SessionLease lease, absl::Time now);
+  // The end of a request whose history past `durable` the state store does
+  // not hold: the lease rolls back to it (SessionLease::RollBack), its turn
+  // checkpoints past it go, and it is released.
+  void GiveBackRolledBack(SessionLease lease, int64_t durable, absl::Time now);
 
   // Removes sessions idle past their ttl (busy ones are never expired) and
   // returns how many; `durable` gets the ids of the journaled ones.

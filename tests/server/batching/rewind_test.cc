@@ -67,7 +67,7 @@ class RewindTest : public SchedulerTest {
   }
   void Turn(const std::string& id, std::vector<int> input, int n) {
     Outcome o;
-    ASSERT_TRUE(scheduler_->SubmitGenerate(Take(id), false, Spec(std::move(input), n), o.Callbacks()).ok());
+    ASSERT_TRUE(scheduler_->SubmitGenerate(Take(id), Spec(std::move(input), n), o.Callbacks()).ok());
     o.Wait();
     ASSERT_TRUE(o.status.ok()) << o.status;
   }

@@ -62,7 +62,7 @@ class SchedulerTest : public ::testing::Test {
       inner(std::move(ev), pos);
       if (o.ids.size() == at) hook(job->lock());
     };
-    auto submitted = scheduler_->SubmitGenerate(Lease(id), false, std::move(spec), std::move(cb));
+    auto submitted = scheduler_->SubmitGenerate(Lease(id), std::move(spec), std::move(cb));
     EXPECT_TRUE(submitted.ok()) << submitted.status();
     if (!submitted.ok()) return nullptr;
     *job = *submitted;

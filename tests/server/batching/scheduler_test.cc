@@ -26,7 +26,7 @@ TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
   scheduler_->Start();
   const std::string id = NewSession();
   Outcome a;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({'a', 'b'}, 3), a.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({'a', 'b'}, 3), a.Callbacks()).ok());
   a.Wait();
   ASSERT_TRUE(a.status.ok()) << a.status;
   EXPECT_EQ(a.ids, (std::vector<int>{'c', 'd', 'e'}));
@@ -39,7 +39,7 @@ TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
 
   // No input: continue from the history (the pending 'e' is fed first).
   Outcome b;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), b.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({}, 2), b.Callbacks()).ok());
   b.Wait();
   EXPECT_EQ(b.ids, (std::vector<int>{'f', 'g'}));
   EXPECT_EQ(table_.Get("", id)->position, 7);
@@ -66,7 +66,7 @@ TEST_F(SchedulerTest, TheModelPicksOrListsTheTokensSoNoWholeRowLeavesIt) {
     spec.top_logprobs = top_logprobs;
     Outcome o;
     const int64_t picks = engine_.picks(), rows = engine_.distributions(), lists = engine_.lists();
-    EXPECT_TRUE(scheduler_->SubmitGenerate(Lease(NewSession()), false, std::move(spec), o.Callbacks()).ok());
+    EXPECT_TRUE(scheduler_->SubmitGenerate(Lease(NewSession()), std::move(spec), o.Callbacks()).ok());
     o.Wait();
     EXPECT_TRUE(o.status.ok()) << o.status;
     EXPECT_EQ(o.ids.size(), 30u);
@@ -142,7 +142,7 @@ TEST_F(SchedulerTest, AGenerationWithNothingToFeedEndsAndReturnsTheSession) {
   Make();
   const std::string id = NewSession();
   Outcome o;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({}, 2), o.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({}, 2), o.Callbacks()).ok());
   scheduler_->Start();
   o.Wait();
   EXPECT_EQ(o.status.code(), absl::StatusCode::kInternal);
@@ -157,7 +157,7 @@ TEST_F(SchedulerTest, DecodersShareOneStep) {
   for (int i = 0; i < 5; ++i) {
     ids.push_back(NewSession());
     outs.push_back(std::make_unique<Outcome>());
-    ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(ids.back()), false, Spec({10 * i}, 4), outs.back()->Callbacks()).ok());
+    ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(ids.back()), Spec({10 * i}, 4), outs.back()->Callbacks()).ok());
   }
   scheduler_->Start();  // all five are queued: they start together
   for (auto& o : outs) o->Wait();
@@ -176,9 +176,9 @@ TEST_F(SchedulerTest, LongPrefillIsChunkedAndDoesNotStarveADecoder) {
   Make(config);
   const std::string decoder = NewSession(), prefill = NewSession();
   Outcome d, p;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(decoder), false, Spec({1}, 6), d.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(decoder), Spec({1}, 6), d.Callbacks()).ok());
   std::vector<int> long_input(20, 7);
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(prefill), false, Spec(long_input, 1), p.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(prefill), Spec(long_input, 1), p.Callbacks()).ok());
   scheduler_->Start();
   d.Wait();
   p.Wait();
@@ -198,15 +198,15 @@ TEST_F(SchedulerTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {
   Make(config);  // not started: the queue fills
   const std::string a = NewSession(), b = NewSession();
   Outcome first;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, Spec({1}, 1), first.Callbacks()).ok());
-  auto full = scheduler_->SubmitGenerate(Lease(b), false, Spec({1}, 1), {});
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), Spec({1}, 1), first.Callbacks()).ok());
+  auto full = scheduler_->SubmitGenerate(Lease(b), Spec({1}, 1), {});
   ASSERT_FALSE(full.ok());
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(full.status().message().find("max_queue=1"), std::string::npos);
   EXPECT_FALSE(table_.Get("", b)->busy);  // the rejected lease went back
   EXPECT_EQ(table_.Get("", b)->position, 0);
   scheduler_->Drain();
-  auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({1}, 1), {});
+  auto drained = scheduler_->SubmitGenerate(Lease(b), Spec({1}, 1), {});
   EXPECT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
   scheduler_->Start();  // what was accepted still runs
   first.Wait();
@@ -223,7 +223,7 @@ TEST_F(SchedulerTest, ARefusedGenerateLeavesTheSessionExactlyAsItWas) {
   const std::string a = NewSession(), b = NewSession();
   scheduler_->Start();
   Outcome warm;  // b gets a history whose last token is pending
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), false, Spec({10, 11, 12}, 1), warm.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), Spec({10, 11, 12}, 1), warm.Callbacks()).ok());
   warm.Wait();
   ASSERT_TRUE(warm.status.ok());
   const std::vector<int> before = History(b);
@@ -231,13 +231,13 @@ TEST_F(SchedulerTest, ARefusedGenerateLeavesTheSessionExactlyAsItWas) {
   scheduler_->Stop();  // a scheduler that runs nothing: its queue fills
   Make(config);
   Outcome first;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, Spec({1}, 1), first.Callbacks()).ok());
-  auto full = scheduler_->SubmitGenerate(Lease(b), false, Spec({}, 1), {});
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), Spec({1}, 1), first.Callbacks()).ok());
+  auto full = scheduler_->SubmitGenerate(Lease(b), Spec({}, 1), {});
   ASSERT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(table_.Get("", b)->position, 4);
   EXPECT_EQ(History(b), before);
   scheduler_->Drain();
-  auto drained = scheduler_->SubmitGenerate(Lease(b), false, Spec({5}, 1), {});
+  auto drained = scheduler_->SubmitGenerate(Lease(b), Spec({5}, 1), {});
   ASSERT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(table_.Get("", b)->position, 4);
   EXPECT_EQ(History(b), before);
@@ -258,7 +258,7 @@ TEST_F(SchedulerTest, APausedJobWaitsWithoutHoldingUpTheOthers) {
   });
   scheduler_->Start();
   ASSERT_TRUE(first_token.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(fast), false, Spec({'x'}, 50), fast_outcome.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(fast), Spec({'x'}, 50), fast_outcome.Callbacks()).ok());
   fast_outcome.Wait();
   EXPECT_EQ(fast_outcome.ids.size(), 50u);
   EXPECT_FALSE(paused_outcome.done.HasBeenNotified());
@@ -314,7 +314,7 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   scheduler_->Start();
   const std::string id = NewSession();
   Outcome probe;
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {5, 6, 9}, false, probe.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {5, 6, 9}, false, probe.Callbacks()).ok());
   probe.Wait();
   ASSERT_TRUE(probe.status.ok()) << probe.status;
   ASSERT_EQ(probe.result.scores.size(), 3u);
@@ -325,12 +325,12 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   EXPECT_EQ(table_.Get("", id)->position, 0);
 
   Outcome commit;
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {5, 6}, true, commit.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {5, 6}, true, commit.Callbacks()).ok());
   commit.Wait();
   EXPECT_EQ(History(id), (std::vector<int>{5, 6}));
   // The next score is conditioned on that history: 7 follows 6.
   Outcome next;
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {7}, true, next.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {7}, true, next.Callbacks()).ok());
   next.Wait();
   ASSERT_EQ(next.result.scores.size(), 1u);
   EXPECT_TRUE(next.result.scores[0].has_logprob);
@@ -343,7 +343,7 @@ TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
   scheduler_->Start();
   const std::string id = NewSession();
   Outcome gen;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({1, 2}, 2), gen.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({1, 2}, 2), gen.Callbacks()).ok());
   gen.Wait();
   Outcome fork;
   ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {{"k", "v"}}, 0, fork.Callbacks()).ok());
@@ -354,7 +354,7 @@ TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
   EXPECT_EQ(fork.result.forked.labels.at("k"), "v");
   EXPECT_EQ(History(child), History(id));
   Outcome more;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(child), false, Spec({50}, 1), more.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(child), Spec({50}, 1), more.Callbacks()).ok());
   more.Wait();
   EXPECT_EQ(History(id), (std::vector<int>{1, 2, 3, 4}));
   EXPECT_EQ(History(child), (std::vector<int>{1, 2, 3, 4, 50, 51}));
@@ -387,7 +387,7 @@ TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
   scheduler_->Start();
   const std::string id = NewSession();
   Outcome gen;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({1, 2}, 2), gen.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({1, 2}, 2), gen.Callbacks()).ok());
   gen.Wait();
   {
     auto lease = Lease(id);
@@ -398,7 +398,7 @@ TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
   ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {}, 0, fork.Callbacks()).ok());
   fork.Wait();
   EXPECT_EQ(fork.status.code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), false, {9}, false, probe.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {9}, false, probe.Callbacks()).ok());
   probe.Wait();
   EXPECT_EQ(probe.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(table_.size(), 1);
@@ -413,7 +413,7 @@ TEST_F(SchedulerTest, StopTokenAndStopSequence) {
   GenerateSpec tok = Spec({'a'}, 10);
   tok.stop_token_ids = {'d'};
   Outcome ta;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), false, tok, ta.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a), tok, ta.Callbacks()).ok());
   ta.Wait();
   EXPECT_EQ(ta.result.finish, Finish::kStopToken);
   EXPECT_EQ(ta.text, "bcd");
@@ -421,7 +421,7 @@ TEST_F(SchedulerTest, StopTokenAndStopSequence) {
   GenerateSpec seq = Spec({'a'}, 10);
   seq.stop_sequences = {"def"};
   Outcome sb;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), false, seq, sb.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b), seq, sb.Callbacks()).ok());
   sb.Wait();
   EXPECT_EQ(sb.result.finish, Finish::kStopSequence);
   EXPECT_EQ(sb.text, "bc");                   // never a piece of the stop sequence
@@ -432,13 +432,13 @@ TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
   Make();
   const std::string id = NewSession();
   Outcome first;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({1, 2, 3}, 2), first.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({1, 2, 3}, 2), first.Callbacks()).ok());
   scheduler_->Start();
   first.Wait();
   const std::vector<int> before = History(id);
   engine_.FailNextStep();
   Outcome failed;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), false, Spec({9}, 2), failed.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({9}, 2), failed.Callbacks()).ok());
   failed.Wait();
   EXPECT_EQ(failed.status.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(History(id), before);
@@ -450,9 +450,10 @@ TEST_F(SchedulerTest, ThrowAwaySessionIsGoneAfterTheRequest) {
   scheduler_->Start();
   auto lease = table_.CreateAcquired("", *engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(lease.ok());
+  lease->throwaway = true;
   const std::string id = lease->id;
   Outcome o;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), true, Spec({1}, 2), o.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), Spec({1}, 2), o.Callbacks()).ok());
   o.Wait();
   EXPECT_EQ(o.ids.size(), 2u);
   EXPECT_EQ(table_.Get("", id).status().code(), absl::StatusCode::kNotFound);

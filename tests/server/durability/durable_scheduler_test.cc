@@ -77,7 +77,7 @@ class DurableSchedulerTest : public ::testing::Test {
     spec.input = std::move(input);
     spec.max_new_tokens = n;
     testing::Outcome o;
-    auto job = scheduler_->SubmitGenerate(*std::move(lease), false, std::move(spec), o.Callbacks());
+    auto job = scheduler_->SubmitGenerate(*std::move(lease), std::move(spec), o.Callbacks());
     if (!job.ok()) return job.status();
     o.Wait();
     if (out) out->insert(out->end(), o.ids.begin(), o.ids.end());

@@ -77,6 +77,22 @@ class ServiceCore {
                    std::map<std::string, std::string> labels, SessionDone done) const;
   void RewindSession(const std::string& principal, const std::string& id, int64_t position, SessionDone done) const;
 
+  // Moving sessions between servers (transfer_ops.cc). Export: the session's
+  // image (EncodeSessionExport's bytes). Import: a new session from such an
+  // image, with the id and ttl rules of CreateSession; FAILED_PRECONDITION for
+  // another model's image.
+  void ExportSession(const std::string& principal, const std::string& id,
+                     std::function<void(absl::StatusOr<std::string>)> done) const;
+  void ImportSession(const std::string& principal, NewSessionArgs args, std::map<std::string, std::string> labels,
+                     const std::string& data, SessionDone done) const;
+  // A session that lives as long as its caller keeps it (a Converse stream's
+  // own): no ttl, never journaled; DropStreamSession ends it.
+  absl::StatusOr<std::string> NewStreamSession(const std::string& principal) const;
+  void DropStreamSession(const std::string& principal, const std::string& id) const;
+
+  // A hold on a job a front end is about to start (Generate, Score).
+  std::shared_ptr<JobControl> NewJobControl() const { return std::make_shared<JobControl>(scheduler); }
+
   // A generation (generation.cc): leases the session `args` names (none: a
   // throw-away one; a named one a replica that is gone held is adopted when
   // `adopt`), checks that the request continues its history, and queues the

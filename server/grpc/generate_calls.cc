@@ -59,7 +59,7 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
   void OnWriteDone(bool ok) override { WriteDone(ok); }
   void OnCancel() override { Cancelled(); }
   void OnDone() override {
-    if (!stream_session_.empty()) (void)c_->table->Delete(principal_, stream_session_);
+    if (!stream_session_.empty()) c_->DropStreamSession(principal_, stream_session_);
     Unref();
   }
 
@@ -69,10 +69,7 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
     std::string session = args.session_id;
     if (session.empty()) {
       if (stream_session_.empty()) {
-        ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, c_->engine->NewSession(c_->config.default_mem_len));
-        ASSIGN_OR_RETURN(SessionInfo info,
-                         c_->table->Create(principal_, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
-        stream_session_ = info.id;
+        ASSIGN_OR_RETURN(stream_session_, c_->NewStreamSession(principal_));
       }
       session = stream_session_;
     }

@@ -19,7 +19,7 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
  public:
   ScoreCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
             v1::ScoreResponse* r)
-      : c_(c), ctx_(ctx), r_(r), control_(std::make_shared<JobControl>(c->scheduler)) {
+      : c_(c), ctx_(ctx), r_(r), control_(c->NewJobControl()) {
     Ref();  // the job may end before Start returns
     if (absl::Status s = Start(*req); !s.ok()) End(s);
     Unref();

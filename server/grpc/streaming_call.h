@@ -25,7 +25,7 @@ template <typename Base>
 class StreamingCall : public Base {
  protected:
   StreamingCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const char* method)
-      : c_(c), ctx_(ctx), method_(method), control_(std::make_shared<JobControl>(c->scheduler)) {}
+      : c_(c), ctx_(ctx), method_(method), control_(c->NewJobControl()) {}
 
   void Ref() { refs_.fetch_add(1); }
   void Unref() {

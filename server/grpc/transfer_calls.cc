@@ -7,7 +7,6 @@
 #include "base/status_macros.h"
 #include "server/grpc/call_context.h"
 #include "server/grpc/service.h"
-#include "server/sessions/session_export.h"
 
 namespace txl {
 
@@ -33,23 +32,15 @@ class ExportCall final : public grpc::ServerWriteReactor<v1::SessionChunk> {
 
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::ExportSessionRequest& req) {
     ASSIGN_OR_RETURN(CallTarget t, c_->NamedSession(ctx, req.session_id()));
-    c_->WithAdoption(
-        t.principal, t.session_id,
-        [this, t]() -> absl::Status {
-          ASSIGN_OR_RETURN(SessionLease lease, c_->table->Acquire(t.principal, t.session_id, absl::Now()));
-          JobCallbacks cb;
-          // Runs on the engine thread, after this constructor has returned.
-          cb.on_done = [this](absl::Status s, JobResult result) {
-            if (!s.ok()) {
-              End(ToGrpcStatus(s));
-              return;
-            }
-            data_ = std::move(result.exported);
-            Next();
-          };
-          return c_->scheduler->SubmitExport(std::move(lease), std::move(cb)).status();
-        },
-        [this](absl::Status s) { End(ToGrpcStatus(s)); });
+    // Runs on the engine thread, after this constructor has returned (or at once on a refusal).
+    c_->ExportSession(t.principal, t.session_id, [this](absl::StatusOr<std::string> exported) {
+      if (!exported.ok()) {
+        End(ToGrpcStatus(exported.status()));
+        return;
+      }
+      data_ = *std::move(exported);
+      Next();
+    });
     return absl::OkStatus();
   }
   void Next() {
@@ -116,26 +107,12 @@ class ImportCall final : public grpc::ServerReadReactor<v1::ImportSessionRequest
     as_create.set_idle_ttl_seconds(settings_.idle_ttl_seconds());
     const std::optional<std::string> md = ServiceContext::MetadataSessionId(ctx_);
     ASSIGN_OR_RETURN(NewSessionArgs args, c_->validator.CreateSession(as_create, md ? &*md : nullptr));
-    ASSIGN_OR_RETURN(SessionExport image, DecodeSessionExport(data_));
-    const std::string here = c_->engine->fingerprint();
-    if (image.fingerprint != here) {
-      return absl::FailedPreconditionError(absl::StrCat("import: the session was exported from model ",
-                                                        image.fingerprint, "; this server serves ", here));
-    }
-    if (c_->scheduler->draining()) return absl::UnavailableError("the server is shutting down");
-    JobCallbacks cb;
-    cb.on_done = [this](absl::Status s, JobResult result) {
-      if (s.ok()) FillSession(result.forked, response_);
-      End(ToGrpcStatus(s));
-    };
-    ImportSpec spec;
-    spec.owner = principal_;
-    spec.image = std::move(image);
-    spec.idle_ttl = args.idle_ttl;
-    spec.labels = {settings_.labels().begin(), settings_.labels().end()};
-    spec.id = args.session_id;
-    spec.max_mem_len = c_->config.max_mem_len;
-    return c_->scheduler->SubmitImport(std::move(spec), std::move(cb)).status();
+    c_->ImportSession(principal_, std::move(args), {settings_.labels().begin(), settings_.labels().end()}, data_,
+                      [this](absl::StatusOr<SessionInfo> made) {
+                        if (made.ok()) FillSession(*made, response_);
+                        End(ToGrpcStatus(made.status()));
+                      });
+    return absl::OkStatus();
   }
   void End(const grpc::Status& g) {
     c_->Count("ImportSession", g);

@@ -40,7 +40,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
         p_(std::move(p)),
         chat_(chat),
         on_success_(std::move(on_success)),
-        control_(std::make_shared<JobControl>(s->core->scheduler)) {
+        control_(s->core->NewJobControl()) {
     route_ = chat ? "/v1/chat/completions" : "/v1/completions";
     id_.id = (chat ? "chat" : "") + NewCompletionId();
     id_.created = absl::ToUnixSeconds(absl::Now());

@@ -93,8 +93,7 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     if (!score.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
     auto args = s->core->validator.Score(*score, nullptr);
     if (!args.ok()) return s->Fail(*x, route, args.status());
-    return s->core->Score(*principal, *std::move(args), score->commit(),
-                          std::make_shared<JobControl>(s->core->scheduler),
+    return s->core->Score(*principal, *std::move(args), score->commit(), s->core->NewJobControl(),
                           [s, x, route, id](absl::Status scored, JobResult result) {
                             if (!scored.ok()) return s->Fail(*x, route, scored);
                             v1::ScoreResponse r;

@@ -1,0 +1,73 @@
+// ServiceCore's transfers (service_core.h): a session's image out of this
+// server and into another, and the sessions a stream keeps for itself.
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "server/core/service_core.h"
+#include "server/sessions/session_export.h"
+
+namespace txl {
+
+void ServiceCore::ExportSession(const std::string& principal, const std::string& id,
+                                std::function<void(absl::StatusOr<std::string>)> done) const {
+  WithAdoption(
+      principal, id,
+      [this, principal, id, done]() -> absl::Status {
+        ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
+        JobCallbacks cb;
+        cb.on_done = [done](absl::Status s, JobResult result) {
+          if (s.ok()) {
+            done(std::move(result.exported));
+          } else {
+            done(s);
+          }
+        };
+        return scheduler->SubmitExport(std::move(lease), std::move(cb)).status();
+      },
+      [done](absl::Status s) { done(s); });
+}
+
+void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs args,
+                                std::map<std::string, std::string> labels, const std::string& data,
+                                SessionDone done) const {
+  absl::Status s = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(SessionExport image, DecodeSessionExport(data));
+    const std::string here = engine->fingerprint();
+    if (image.fingerprint != here) {
+      return absl::FailedPreconditionError(absl::StrCat("import: the session was exported from model ",
+                                                        image.fingerprint, "; this server serves ", here));
+    }
+    if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
+    JobCallbacks cb;
+    cb.on_done = [done](absl::Status s, JobResult result) {
+      if (s.ok()) {
+        done(std::move(result.forked));
+      } else {
+        done(s);
+      }
+    };
+    ImportSpec spec;
+    spec.owner = principal;
+    spec.image = std::move(image);
+    spec.idle_ttl = args.idle_ttl;
+    spec.labels = std::move(labels);
+    spec.id = args.session_id;
+    spec.max_mem_len = config.max_mem_len;
+    return scheduler->SubmitImport(std::move(spec), std::move(cb)).status();
+  }();
+  if (!s.ok()) done(s);
+}
+
+absl::StatusOr<std::string> ServiceCore::NewStreamSession(const std::string& principal) const {
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
+  ASSIGN_OR_RETURN(SessionInfo info, table->Create(principal, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
+  return info.id;
+}
+
+void ServiceCore::DropStreamSession(const std::string& principal, const std::string& id) const {
+  (void)table->Delete(principal, id);
+}
+
+}  // namespace txl

@@ -76,6 +76,12 @@ ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(int, sessions, 32, "concurrent sessions for P3 and P5");
 ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, S, Q, W)");
 
+using engine_bench::Bench;
+using engine_bench::Fail;
+using engine_bench::Must;
+using engine_bench::Row;
+using engine_bench::Sizes;
+
 namespace {
 
 std::string CpuModel() {
@@ -97,24 +103,161 @@ std::string Fmt(const std::string& unit, double v) {
   return absl::StrFormat("%.3f MB", v);
 }
 
-}  // namespace
-
-using engine_bench::Bench;
-using engine_bench::Fail;
-using engine_bench::Must;
-using engine_bench::Row;
-using engine_bench::Sizes;
-
-int main(int argc, char** argv) {
-  // libgomp reads its wait policy when it loads. Its default spins idle
-  // threads, which on shared cores stalls every parallel region behind a
-  // descheduled sibling (measured: an engine step ~10x slower on 2 busy
-  // cores). Unless the caller chose one, run again with PASSIVE.
+// libgomp reads its wait policy when it loads. Its default spins idle
+// threads, which on shared cores stalls every parallel region behind a
+// descheduled sibling (measured: an engine step ~10x slower on 2 busy
+// cores). Unless the caller chose one, run again with PASSIVE.
+void RerunWithPassiveWaitPolicy(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     execv("/proc/self/exe", argv);
     Fail("re-running with OMP_WAIT_POLICY=PASSIVE failed");
   }
+}
+
+// A word tokenizer over the symbols w0 .. w{n-1}.
+txl::Tokenizer NumberedWords(int64_t n) {
+  std::vector<std::string> symbols;
+  symbols.reserve(n);
+  for (int64_t i = 0; i < n; ++i) symbols.push_back("w" + std::to_string(i));
+  return Must(txl::Tokenizer::WordFromSymbols(symbols), "tokenizer");
+}
+
+// A fresh /tmp/engine_bench.XXXXXX for a random model's checkpoint.
+std::string TempDir() {
+  char dir[] = "/tmp/engine_bench.XXXXXX";
+  if (mkdtemp(dir) == nullptr) Fail("cannot make a temporary directory");
+  return dir;
+}
+
+// --shape base: enwik8 base geometry with a 204-symbol vocabulary, random
+// weights, written under a new temporary directory (`temp`); returns its path.
+std::string WriteBaseModel(std::string* temp) {
+  txl::ModelConfig c;
+  c.n_layer = 12;
+  c.d_model = 512;
+  c.n_head = 8;
+  c.d_head = 64;
+  c.d_inner = 2048;
+  c.n_token = 204;
+  c.mem_len = 800;
+  txl::Tokenizer tok = NumberedWords(204);
+  *temp = TempDir();
+  const std::string path = *temp + "/base.pt";
+  absl::Status s = txl::WriteInitialCheckpoint(path, c, tok, /*seed=*/1);
+  if (!s.ok()) Fail("writing the base checkpoint: " + s.ToString());
+  return path;
+}
+
+// --shape wt103: the WikiText-103 model's shape (the original
+// run_wt103_large.sh, the transfo-xl-wt103 config): 18 layers, 16 heads x
+// 64, d_model 1024, d_inner 4096, an adaptive softmax over 267,735 words
+// (div_val 4, cutoffs 20000 / 40000 / 200000, projections tied except the
+// head's), untied u/v biases, mem_len 1600, clamp_len 1000. Random weights,
+// written under a new temporary directory (`temp`); returns its path.
+std::string WriteWt103Model(bool quick, std::string* temp) {
+  txl::ModelConfig c;
+  c.n_layer = 18;
+  c.d_model = 1024;
+  c.n_head = 16;
+  c.d_head = 64;
+  c.d_inner = 4096;
+  c.n_token = 267735;
+  c.cutoffs = {20000, 40000, 200000};
+  c.div_val = 4;
+  c.tie_projs = {false, true, true, true};
+  c.untie_r = true;
+  c.mem_len = 1600;
+  c.clamp_len = 1000;
+  if (quick) {  // the vocabulary and clusters, on a small trunk
+    c.n_layer = 2;
+    c.d_model = 256;
+    c.n_head = 4;
+    c.d_inner = 512;
+  }
+  txl::Tokenizer tok = NumberedWords(c.n_token);
+  *temp = TempDir();
+  const std::string path = *temp + "/wt103.pt";
+  // Random weights give every row a flat distribution (entropy ln V, 12.5
+  // nats), the worst case for the readouts that adapt to the distribution
+  // (greedy's cluster skipping, top-p's nucleus). Scaling the head's
+  // projection peaks it as training does; W3 reports the entropy it got.
+  txl::TxlWeights w = txl::InitWeights(c, /*seed=*/1);
+  w.out_projs[0].mul_(absl::GetFlag(FLAGS_head_scale));
+  absl::Status s = txl::SaveCheckpoint(path, c, tok, w);
+  if (!s.ok()) Fail("writing the wt103 checkpoint: " + s.ToString());
+  return path;
+}
+
+// The checkpoint --shape measures; `temp`: the temporary directory written
+// for it (left empty for --shape small).
+std::string ModelPath(const std::string& shape, bool quick, std::string* temp) {
+  if (shape == "base") return WriteBaseModel(temp);
+  if (shape == "wt103") return WriteWt103Model(quick, temp);
+  if (shape == "small") {
+    const std::string path =
+        absl::GetFlag(FLAGS_model).empty() ? std::string(TXL_BUNDLED_MODEL) : absl::GetFlag(FLAGS_model);
+    if (path.empty()) Fail("--shape small needs --model (no bundled model compiled in)");
+    return path;
+  }
+  Fail("--shape must be base, wt103 or small");
+}
+
+// The sizes of the measurements: --reps, --sessions, or --quick's tiny ones.
+Sizes SizesFromFlags(bool quick) {
+  Sizes z;
+  z.reps = absl::GetFlag(FLAGS_reps);
+  z.sessions = absl::GetFlag(FLAGS_sessions);
+  if (z.sessions < 1) Fail("--sessions must be >= 1");
+  if (quick) {
+    z.mem = 32;
+    z.windows = {32, 128};
+    z.w_mems = {32, 64};
+    z.sessions = std::min(z.sessions, 4);
+    z.reps = 2;
+    z.engine_batch = 3;
+    z.baseline_batch = 1;
+    z.multi_batch = 2;
+  }
+  return z;
+}
+
+// The table: one line per row, then the note on how to read it.
+void PrintTable(const std::vector<Row>& rows) {
+  std::cout << "| id | measurement | A | B | ratio | target | met |\n|---|---|---|---|---|---|---|\n";
+  for (const Row& r : rows) {
+    const std::string ratio = r.at_least ? absl::StrFormat("%.1fx", r.ratio) : absl::StrFormat("%.3f", r.ratio);
+    const std::string target = r.at_least ? absl::StrFormat(">= %gx", r.target) : absl::StrFormat("<= %g", r.target);
+    std::cout << absl::StrFormat("| %s | %s | %s: %s | %s: %s | %s | %s | %s |\n", r.id, r.measurement, r.a_name,
+                                 Fmt(r.unit, r.a), r.b_name, Fmt(r.b_unit.empty() ? r.unit : r.b_unit, r.b), ratio,
+                                 target, r.met() ? "yes" : "NO");
+  }
+  std::cout << "\nA and B interleaved; medians of repetitions; absolute figures for reference only.\n";
+}
+
+// One row in --json (times in seconds, where the table shows ms).
+nlohmann::json RowJson(const Row& r) {
+  return {{"id", r.id},
+          {"measurement", r.measurement},
+          {"a_name", r.a_name},
+          {"b_name", r.b_name},
+          {"unit", r.unit == "ms/step" ? "seconds/step" : r.unit},
+          {"b_unit", r.b_unit.empty() ? (r.unit == "ms/step" ? "seconds/step" : r.unit) : r.b_unit},
+          {"a", r.a},
+          {"b", r.b},
+          {"ratio", r.ratio},
+          {"target", r.target},
+          {"target_is_lower_bound", r.at_least},
+          {"met", r.met()},
+          {"a_reps", r.a_reps},
+          {"b_reps", r.b_reps},
+          {"extra", r.extra}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  RerunWithPassiveWaitPolicy(argv);
   txl::ListOwnFlagsInHelp();
   absl::ParseCommandLine(argc, argv);
   const std::string shape = absl::GetFlag(FLAGS_shape);
@@ -131,93 +274,15 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_reps) < 1) Fail("--reps must be >= 1");
   txl::SetThreads(threads);
 
-  std::string path, temp;
-  if (shape == "base") {
-    // enwik8 base geometry with a 204-symbol vocabulary, random weights.
-    txl::ModelConfig c;
-    c.n_layer = 12;
-    c.d_model = 512;
-    c.n_head = 8;
-    c.d_head = 64;
-    c.d_inner = 2048;
-    c.n_token = 204;
-    c.mem_len = 800;
-    std::vector<std::string> symbols;
-    for (int i = 0; i < 204; ++i) symbols.push_back("w" + std::to_string(i));
-    txl::Tokenizer tok = Must(txl::Tokenizer::WordFromSymbols(symbols), "tokenizer");
-    char dir[] = "/tmp/engine_bench.XXXXXX";
-    if (mkdtemp(dir) == nullptr) Fail("cannot make a temporary directory");
-    temp = dir;
-    path = temp + "/base.pt";
-    absl::Status s = txl::WriteInitialCheckpoint(path, c, tok, /*seed=*/1);
-    if (!s.ok()) Fail("writing the base checkpoint: " + s.ToString());
-  } else if (shape == "wt103") {
-    // The WikiText-103 model's shape (the original run_wt103_large.sh, the
-    // transfo-xl-wt103 config): 18 layers, 16 heads x 64, d_model 1024,
-    // d_inner 4096, an adaptive softmax over 267,735 words (div_val 4,
-    // cutoffs 20000 / 40000 / 200000, projections tied except the head's),
-    // untied u/v biases, mem_len 1600, clamp_len 1000. Random weights.
-    txl::ModelConfig c;
-    c.n_layer = 18;
-    c.d_model = 1024;
-    c.n_head = 16;
-    c.d_head = 64;
-    c.d_inner = 4096;
-    c.n_token = 267735;
-    c.cutoffs = {20000, 40000, 200000};
-    c.div_val = 4;
-    c.tie_projs = {false, true, true, true};
-    c.untie_r = true;
-    c.mem_len = 1600;
-    c.clamp_len = 1000;
-    if (quick) {  // the vocabulary and clusters, on a small trunk
-      c.n_layer = 2;
-      c.d_model = 256;
-      c.n_head = 4;
-      c.d_inner = 512;
-    }
-    std::vector<std::string> symbols;
-    symbols.reserve(c.n_token);
-    for (int64_t i = 0; i < c.n_token; ++i) symbols.push_back("w" + std::to_string(i));
-    txl::Tokenizer tok = Must(txl::Tokenizer::WordFromSymbols(symbols), "tokenizer");
-    char dir[] = "/tmp/engine_bench.XXXXXX";
-    if (mkdtemp(dir) == nullptr) Fail("cannot make a temporary directory");
-    temp = dir;
-    path = temp + "/wt103.pt";
-    // Random weights give every row a flat distribution (entropy ln V, 12.5
-    // nats), the worst case for the readouts that adapt to the distribution
-    // (greedy's cluster skipping, top-p's nucleus). Scaling the head's
-    // projection peaks it as training does; W3 reports the entropy it got.
-    txl::TxlWeights w = txl::InitWeights(c, /*seed=*/1);
-    w.out_projs[0].mul_(absl::GetFlag(FLAGS_head_scale));
-    absl::Status s = txl::SaveCheckpoint(path, c, tok, w);
-    if (!s.ok()) Fail("writing the wt103 checkpoint: " + s.ToString());
-  } else if (shape == "small") {
-    path = absl::GetFlag(FLAGS_model).empty() ? std::string(TXL_BUNDLED_MODEL) : absl::GetFlag(FLAGS_model);
-    if (path.empty()) Fail("--shape small needs --model (no bundled model compiled in)");
-  } else {
-    Fail("--shape must be base, wt103 or small");
-  }
-
-  Sizes z;
-  z.reps = absl::GetFlag(FLAGS_reps);
-  z.sessions = absl::GetFlag(FLAGS_sessions);
-  if (z.sessions < 1) Fail("--sessions must be >= 1");
-  if (quick) {
-    z.mem = 32;
-    z.windows = {32, 128};
-    z.w_mems = {32, 64};
-    z.sessions = std::min(z.sessions, 4);
-    z.reps = 2;
-    z.engine_batch = 3;
-    z.baseline_batch = 1;
-    z.multi_batch = 2;
-  }
-
+  std::string temp;
+  const std::string path = ModelPath(shape, quick, &temp);
+  Sizes z = SizesFromFlags(quick);
   if (shape == "small" && !quick) {
     // The model's own memory length.
     z.mem = Must(txl::LoadCheckpoint(path), "loading " + path).config.mem_len;
   }
+
+  // The measurements.
   std::vector<Row> rows;
   auto b = std::make_unique<Bench>(path, device, kernels, threads, z);
   b->set_quick(quick);
@@ -232,39 +297,18 @@ int main(int argc, char** argv) {
     rmdir(temp.c_str());
   }
 
+  // The output: the table, and --json.
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   const std::string wait_policy = std::getenv("OMP_WAIT_POLICY");
   std::cout << absl::StrFormat(
       "\nengine_bench: shape %s, device %s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, %u cpus\n\n", shape, device,
       threads, wait_policy, z.reps, quick ? " (quick)" : "", CpuModel(), std::thread::hardware_concurrency());
-  std::cout << "| id | measurement | A | B | ratio | target | met |\n|---|---|---|---|---|---|---|\n";
-  nlohmann::json rows_json = nlohmann::json::array();
-  for (const Row& r : rows) {
-    const std::string ratio = r.at_least ? absl::StrFormat("%.1fx", r.ratio) : absl::StrFormat("%.3f", r.ratio);
-    const std::string target = r.at_least ? absl::StrFormat(">= %gx", r.target) : absl::StrFormat("<= %g", r.target);
-    std::cout << absl::StrFormat("| %s | %s | %s: %s | %s: %s | %s | %s | %s |\n", r.id, r.measurement, r.a_name,
-                                 Fmt(r.unit, r.a), r.b_name, Fmt(r.b_unit.empty() ? r.unit : r.b_unit, r.b), ratio,
-                                 target, r.met() ? "yes" : "NO");
-    rows_json.push_back({{"id", r.id},
-                         {"measurement", r.measurement},
-                         {"a_name", r.a_name},
-                         {"b_name", r.b_name},
-                         {"unit", r.unit == "ms/step" ? "seconds/step" : r.unit},
-                         {"b_unit", r.b_unit.empty() ? (r.unit == "ms/step" ? "seconds/step" : r.unit) : r.b_unit},
-                         {"a", r.a},
-                         {"b", r.b},
-                         {"ratio", r.ratio},
-                         {"target", r.target},
-                         {"target_is_lower_bound", r.at_least},
-                         {"met", r.met()},
-                         {"a_reps", r.a_reps},
-                         {"b_reps", r.b_reps},
-                         {"extra", r.extra}});
-  }
-  std::cout << "\nA and B interleaved; medians of repetitions; absolute figures for reference only.\n";
+  PrintTable(rows);
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {
+    nlohmann::json rows_json = nlohmann::json::array();
+    for (const Row& r : rows) rows_json.push_back(RowJson(r));
     nlohmann::json j = {
         {"benchmark", "engine_bench"},
         {"shape", shape},

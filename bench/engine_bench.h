@@ -164,6 +164,27 @@ class Bench {
   double sink() const { return sink_; }
 
  private:
+  // ---- Run's groups and their rows (engine_bench_groups.cc).
+  // P5 then P3 on the same N full sessions.
+  void SessionRows(std::vector<Row>* rows);
+  std::vector<std::unique_ptr<SessionState>> NewSessions(int n);
+  void FillByStepping(std::vector<std::unique_ptr<SessionState>>& sessions, int seed);
+  Row MemoryRow(std::vector<std::unique_ptr<SessionState>>* sessions, std::vector<SessionState*>* all);
+  Row BatchedDecodeRow(const std::vector<SessionState*>& all, const std::vector<SessionState*>& one);
+  // P1 then P1f on one session.
+  void OneSessionRows(std::vector<Row>* rows);
+  Row HiddenStateRow(const std::vector<SessionState*>& one, const std::vector<at::Tensor>& mems);
+  Row BandwidthFloorRow(const std::vector<SessionState*>& one);
+  Row ScoreRow();               // S
+  Row RecomputeRow(int64_t w);  // P2, one window
+  // ---- Group Q's parts after Q1 (engine_bench_precision.cc).
+  Row PrefillRow(LanguageModel* f32, LanguageModel* bf);  // Q4
+  std::vector<std::unique_ptr<SessionState>> FilledSessions(LanguageModel* lm);
+  void ManySessionRows(LanguageModel* f32, LanguageModel* bf, const at::Tensor& probe, int64_t probe_bytes,
+                       std::vector<Row>* rows);  // Q3, Q3f
+  void ManySessionFloorRows(const std::vector<double>& mbf, const std::vector<double>& m32,
+                            const std::vector<double>& mpass, int64_t probe_bytes, std::vector<Row>* rows);
+
   Sizes sizes_;
   std::string path_;
   std::string device_;

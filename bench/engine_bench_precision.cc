@@ -77,6 +77,16 @@ void Bench::QRows(std::vector<Row>* rows) {
   rows->back().extra = {{"float32_step_over_baseline", Median(base) / Median(t32)}};
 
   // Prefill: a 2048-token input into a fresh session (window mem + 1).
+  rows->push_back(PrefillRow(f32, bf.get()));
+
+  // 32 sessions per step, aggregate tokens/s.
+  ManySessionRows(f32, bf.get(), probe, probe_bytes, rows);
+}
+
+// Q4: prefill tokens/s of a 2048-token input (64 quick), bf16 vs float32.
+Row Bench::PrefillRow(LanguageModel* f32, LanguageModel* bf) {
+  const Sizes& z = sizes_;
+  const int64_t mem = z.mem;
   const int64_t prefill = quick_ ? 64 : 2048;
   const std::vector<int> input = RandomTokens(prefill, 77);
   auto Prefill = [&](LanguageModel* lm) {
@@ -91,56 +101,71 @@ void Bench::QRows(std::vector<Row>* rows) {
     return std::chrono::duration<double>(Clock::now() - start).count() / prefill;
   };
   Prefill(f32);
-  Prefill(bf.get());
+  Prefill(bf);
   Progress(absl::StrFormat("Q4: prefill of %d tokens", prefill));
   std::vector<double> p32, pbf;
   Interleave(
-      z.reps, [&] { return Prefill(f32); }, [&] { return Prefill(bf.get()); }, &p32, &pbf);
+      z.reps, [&] { return Prefill(f32); }, [&] { return Prefill(bf); }, &p32, &pbf);
   Row q4 = Throughput("Q4", absl::StrFormat("prefill of a %d-token input (window %d): bf16 vs float32", prefill, mem),
                       pbf, p32, 1, 3);
   q4.extra = {{"kernels", bf->KernelPath()}};
-  rows->push_back(q4);
+  return q4;
+}
 
-  // 32 sessions per step, aggregate tokens/s.
+// N sessions of `lm`, each window filled by stepping, 4 sessions per step.
+std::vector<std::unique_ptr<SessionState>> Bench::FilledSessions(LanguageModel* lm) {
+  const int N = sizes_.sessions;
+  const int64_t mem = sizes_.mem;
+  std::vector<std::unique_ptr<SessionState>> out;
+  for (int i = 0; i < N; i += 4) {
+    std::vector<StepInput> in;
+    for (int j = i; j < std::min(N, i + 4); ++j) {
+      out.push_back(Must(lm->NewSession(mem + 1), "new session"));
+      StepInput x;
+      x.session = out.back().get();
+      x.tokens = RandomTokens(mem, 300 + j);
+      in.push_back(std::move(x));
+    }
+    Must(lm->Step(absl::MakeSpan(in)), "filling sessions");
+  }
+  return out;
+}
+
+// Q3: N sessions per step, aggregate tokens/s, bf16 vs float32; then Q3f.
+void Bench::ManySessionRows(LanguageModel* f32, LanguageModel* bf, const at::Tensor& probe, int64_t probe_bytes,
+                            std::vector<Row>* rows) {
+  const Sizes& z = sizes_;
   const int N = z.sessions;
   Progress(absl::StrFormat("Q3: %d sessions per precision", N));
-  auto fill = [&](LanguageModel* lm) {
-    std::vector<std::unique_ptr<SessionState>> out;
-    for (int i = 0; i < N; i += 4) {
-      std::vector<StepInput> in;
-      for (int j = i; j < std::min(N, i + 4); ++j) {
-        out.push_back(Must(lm->NewSession(mem + 1), "new session"));
-        StepInput x;
-        x.session = out.back().get();
-        x.tokens = RandomTokens(mem, 300 + j);
-        in.push_back(std::move(x));
-      }
-      Must(lm->Step(absl::MakeSpan(in)), "filling sessions");
-    }
-    return out;
-  };
-  auto many32 = fill(f32), manybf = fill(bf.get());
+  auto many32 = FilledSessions(f32), manybf = FilledSessions(bf);
   std::vector<SessionState*> a32, abf;
   for (auto& s : many32) a32.push_back(s.get());
   for (auto& s : manybf) abf.push_back(s.get());
   EngineSteps(a32, 1, f32);
-  EngineSteps(abf, 1, bf.get());
+  EngineSteps(abf, 1, bf);
   // The probe pass interleaved too, for Q3f's floors below.
   std::vector<double> m32, mbf, mpass;
   for (int r = 0; r < z.reps; ++r) {
-    mbf.push_back(EngineSteps(abf, z.multi_batch, bf.get()));
+    mbf.push_back(EngineSteps(abf, z.multi_batch, bf));
     m32.push_back(EngineSteps(a32, z.multi_batch, f32));
     mpass.push_back(BandwidthPass(probe, 3));
   }
-  Row q3 =
-      Throughput("Q3", absl::StrFormat("aggregate tokens/s, %d sessions per step (memory %d): bf16 vs float32", N, mem),
-                 mbf, m32, N, 1.8);
+  Row q3 = Throughput(
+      "Q3", absl::StrFormat("aggregate tokens/s, %d sessions per step (memory %d): bf16 vs float32", N, z.mem), mbf,
+      m32, N, 1.8);
   q3.extra = {{"memory_bytes_per_session_bf16", manybf[0]->memory_bytes()},
               {"memory_bytes_per_session_float32", many32[0]->memory_bytes()}};
   rows->push_back(q3);
-  // Q3f: each 32-session step against the bytes it must read (the weights
-  // once, every session's keys and values), at the probe's DRAM rate. Both
-  // steps are bound by these bytes, so Q3 cannot exceed the floors' ratio.
+  ManySessionFloorRows(mbf, m32, mpass, probe_bytes, rows);
+}
+
+// Q3f: each N-session step against the bytes it must read (the weights
+// once, every session's keys and values), at the probe's DRAM rate. Both
+// steps are bound by these bytes, so Q3 cannot exceed the floors' ratio.
+void Bench::ManySessionFloorRows(const std::vector<double>& mbf, const std::vector<double>& m32,
+                                 const std::vector<double>& mpass, int64_t probe_bytes, std::vector<Row>* rows) {
+  const int N = sizes_.sessions;
+  const int64_t mem = sizes_.mem;
   const int64_t kv32 = config_.n_layer * 2 * mem * config_.n_head * config_.d_head * 4;
   const int64_t floor32 = FloorBytes(mem) + (N - 1) * kv32;
   const int64_t floorbf = ReducedFloorBytes(mem, 2, 2) + (N - 1) * kv32 / 2;

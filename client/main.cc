@@ -447,39 +447,26 @@ int Bench(const std::vector<std::string>& args, const txl::ClientOptions& option
   return report->errors_total() == 0 ? 0 : 1;
 }
 
-}  // namespace
+constexpr char kUsage[] =
+    "txl-client [--server H:P] [--session ID] [--token T] [--tls_ca PEM [--tls_cert PEM --tls_key PEM] "
+    "[--tls_server_name N]]\n  (generate TEXT | chat | score FILE | create | "
+    "sessions list|get|delete|fork [ID] | sessions fork|rewind ID POS | sessions export ID FILE |\n"
+    "  sessions import FILE | "
+    "info | health |\n"
+    "  bench [--sessions N=4] [--turns T=4] [--input-tokens I=32] [--new-tokens G=32] [--duration S] "
+    "[--json FILE])\n"
+    "bench: N sessions at once, each T greedy Generate turns of I random token ids in, G tokens out;\n"
+    "  stops after T turns or S seconds; prints tokens/s, TTFT and inter-token p50/p95/p99, errors by code;\n"
+    "  exit 0 when no call failed, 1 otherwise. Its flags follow the word bench.\n"
+    "chat: each line of stdin sends only that line (and a newline) to one session (--session, else a new\n"
+    "  one); a line's error is printed as 'error: CODE: message' and the REPL goes on. /help lists the\n"
+    "  commands: /undo takes back the last turn, /retry asks for a new reply to the last line (both rewind\n"
+    "  the session: RewindSession); /quit or /exit (or end of input) leaves, exit 0; a line starting with\n"
+    "  // sends it with\n"
+    "  one / removed; Ctrl-C cancels the reply in flight, the session keeping what it was fed.";
 
-int main(int argc, char** argv) {
-  txl::ListOwnFlagsInHelp();
-  absl::SetProgramUsageMessage(
-      "txl-client [--server H:P] [--session ID] [--token T] [--tls_ca PEM [--tls_cert PEM --tls_key PEM] "
-      "[--tls_server_name N]]\n  (generate TEXT | chat | score FILE | create | "
-      "sessions list|get|delete|fork [ID] | sessions fork|rewind ID POS | sessions export ID FILE |\n"
-      "  sessions import FILE | "
-      "info | health |\n"
-      "  bench [--sessions N=4] [--turns T=4] [--input-tokens I=32] [--new-tokens G=32] [--duration S] "
-      "[--json FILE])\n"
-      "bench: N sessions at once, each T greedy Generate turns of I random token ids in, G tokens out;\n"
-      "  stops after T turns or S seconds; prints tokens/s, TTFT and inter-token p50/p95/p99, errors by code;\n"
-      "  exit 0 when no call failed, 1 otherwise. Its flags follow the word bench.\n"
-      "chat: each line of stdin sends only that line (and a newline) to one session (--session, else a new\n"
-      "  one); a line's error is printed as 'error: CODE: message' and the REPL goes on. /help lists the\n"
-      "  commands: /undo takes back the last turn, /retry asks for a new reply to the last line (both rewind\n"
-      "  the session: RewindSession); /quit or /exit (or end of input) leaves, exit 0; a line starting with\n"
-      "  // sends it with\n"
-      "  one / removed; Ctrl-C cancels the reply in flight, the session keeping what it was fed.");
-  // `bench` has flags of its own after the command word: absl parses what precedes them.
-  int global_argc = argc;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "bench") == 0) {
-      global_argc = i + 1;
-      break;
-    }
-  }
-  const std::vector<std::string> bench_args(argv + global_argc, argv + argc);
-  std::vector<char*> args = absl::ParseCommandLine(global_argc, argv);
-  if (args.size() < 2) return Usage("no command");
-  const std::string cmd = args[1];
+// The connection flags (--server, --timeout, --token or TXL_TOKEN, --tls*).
+txl::ClientOptions OptionsFromFlags() {
   txl::ClientOptions options;
   options.server = absl::GetFlag(FLAGS_server);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
@@ -493,6 +480,151 @@ int main(int argc, char** argv) {
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  return options;
+}
+
+// The commands on a connected client. `args`: what absl left (args[1] is the
+// command word); each returns the exit code.
+using Args = std::vector<char*>;
+
+int Health(txl::TxlClient& client) {
+  auto h = client.Health();
+  if (!h.ok()) return Error(h.status());
+  std::cout << *h << std::endl;
+  return *h == "SERVING" ? 0 : 1;
+}
+
+int Info(txl::TxlClient& client) {
+  auto info = client.Info();
+  if (!info.ok()) return Error(info.status());
+  std::cout << info->DebugString();
+  return 0;
+}
+
+int Generate(txl::TxlClient& client, const Args& args) {
+  std::string text = args.size() > 2 ? args[2] : "";
+  absl::Status s = Stream(client, GenerateRequest(text));
+  return s.ok() ? 0 : Error(s);
+}
+
+int Create(txl::TxlClient& client) {
+  txl::v1::CreateSessionRequest req;
+  req.set_mem_len(absl::GetFlag(FLAGS_mem_len));
+  req.set_idle_ttl_seconds(absl::GetFlag(FLAGS_ttl));
+  auto s = client.CreateSession(req);
+  if (!s.ok()) return Error(s.status());
+  std::cout << s->session_id() << std::endl;
+  return 0;
+}
+
+// score FILE: one JSON line (tokens, predicted, nll, bpc, ppl, position).
+int Score(txl::TxlClient& client, const Args& args, const std::string& session) {
+  if (args.size() < 3) return Usage("score needs a FILE");
+  absl::StatusOr<std::string> text = txl::ReadFile(args[2]);
+  if (!text.ok()) return Usage(std::string(text.status().message()));
+  txl::v1::ScoreRequest req;
+  req.set_session_id(session);
+  req.mutable_input()->set_text(*std::move(text));
+  req.set_commit(!absl::GetFlag(FLAGS_no_commit));
+  auto r = client.Score(req);
+  if (!r.ok()) return Error(r.status());
+  int64_t n = 0;
+  for (const auto& t : r->tokens()) n += t.has_logprob() ? 1 : 0;
+  const double per_token = n > 0 ? -r->total_logprob() / static_cast<double>(n) : 0;
+  std::cout << "{\"tokens\":" << r->tokens_size() << ",\"predicted\":" << n << ",\"nll\":" << -r->total_logprob()
+            << ",\"bpc\":" << per_token / std::log(2.0) << ",\"ppl\":" << std::exp(per_token)
+            << ",\"position\":" << r->position() << "}" << std::endl;
+  return 0;
+}
+
+// sessions import FILE: a new session from exported bytes.
+int ImportSession(txl::TxlClient& client, const Args& args) {
+  if (args.size() < 4) return Usage("sessions import needs a FILE");
+  absl::StatusOr<std::string> data = txl::ReadFile(args[3]);
+  if (!data.ok()) return Usage(std::string(data.status().message()));
+  txl::v1::ImportSessionRequest settings;
+  settings.set_idle_ttl_seconds(absl::GetFlag(FLAGS_ttl));
+  auto s = client.ImportSession(settings, *data);
+  if (!s.ok()) return Error(s.status());
+  PrintSession(*s);
+  return 0;
+}
+
+// sessions export ID FILE
+int ExportSession(txl::TxlClient& client, const Args& args, const std::string& id) {
+  if (args.size() < 5) return Usage("sessions export needs an ID and a FILE");
+  auto data = client.ExportSession(id);
+  if (!data.ok()) return Error(data.status());
+  if (absl::Status w = txl::WriteFile(args[4], *data); !w.ok()) return Usage(std::string(w.message()));
+  std::cerr << "exported " << data->size() << " bytes to " << args[4] << std::endl;
+  return 0;
+}
+
+// sessions fork ID [POS] | sessions rewind ID POS (`sub`: fork or rewind)
+int ForkOrRewind(txl::TxlClient& client, const Args& args, const std::string& sub, const std::string& id) {
+  int64_t position = 0;
+  if (args.size() > 4 && !absl::SimpleAtoi(args[4], &position))
+    return Usage(absl::StrCat("sessions ", sub, ": POS must be an integer, got '", args[4], "'"));
+  if (sub == "rewind" && args.size() < 5) return Usage("sessions rewind needs an ID and a POS");
+  absl::StatusOr<txl::v1::Session> s;
+  if (sub == "fork") {
+    txl::v1::ForkSessionRequest req;
+    req.set_session_id(id);
+    req.set_position(position);
+    s = client.ForkSession(req);
+  } else {
+    s = client.RewindSession(id, position);
+  }
+  if (!s.ok()) return Error(s.status());
+  PrintSession(*s);
+  return 0;
+}
+
+// sessions list|get|delete|fork|rewind|export|import ...; the ID defaults to --session.
+int Sessions(txl::TxlClient& client, const Args& args, const std::string& session) {
+  const std::string sub = args.size() > 2 ? args[2] : "list";
+  const std::string id = args.size() > 3 ? args[3] : session;
+  if (sub == "list") {
+    auto l = client.ListSessions();
+    if (!l.ok()) return Error(l.status());
+    for (const auto& s : l->sessions()) PrintSession(s);
+    return 0;
+  }
+  if (sub == "import") return ImportSession(client, args);
+  if (id.empty()) return Usage(absl::StrCat("sessions ", sub, " needs an ID"));
+  if (sub == "get") {
+    auto s = client.GetSession(id);
+    if (!s.ok()) return Error(s.status());
+    PrintSession(*s);
+    return 0;
+  }
+  if (sub == "delete") {
+    absl::Status s = client.DeleteSession(id);
+    return s.ok() ? 0 : Error(s);
+  }
+  if (sub == "export") return ExportSession(client, args, id);
+  if (sub == "fork" || sub == "rewind") return ForkOrRewind(client, args, sub, id);
+  return Usage(absl::StrCat("unknown sessions command '", sub, "'"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
+  absl::SetProgramUsageMessage(kUsage);
+  // `bench` has flags of its own after the command word: absl parses what precedes them.
+  int global_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "bench") == 0) {
+      global_argc = i + 1;
+      break;
+    }
+  }
+  const std::vector<std::string> bench_args(argv + global_argc, argv + argc);
+  Args args = absl::ParseCommandLine(global_argc, argv);
+  if (args.size() < 2) return Usage("no command");
+  const std::string cmd = args[1];
+  const txl::ClientOptions options = OptionsFromFlags();
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return Usage("--tls_cert and --tls_key go together");
   }
@@ -506,109 +638,12 @@ int main(int argc, char** argv) {
   txl::TxlClient& client = **client_or;
   const std::string session = absl::GetFlag(FLAGS_session);
 
-  if (cmd == "health") {
-    auto h = client.Health();
-    if (!h.ok()) return Error(h.status());
-    std::cout << *h << std::endl;
-    return *h == "SERVING" ? 0 : 1;
-  }
-  if (cmd == "info") {
-    auto info = client.Info();
-    if (!info.ok()) return Error(info.status());
-    std::cout << info->DebugString();
-    return 0;
-  }
-  if (cmd == "generate") {
-    std::string text = args.size() > 2 ? args[2] : "";
-    absl::Status s = Stream(client, GenerateRequest(text));
-    return s.ok() ? 0 : Error(s);
-  }
-  if (cmd == "create") {
-    txl::v1::CreateSessionRequest req;
-    req.set_mem_len(absl::GetFlag(FLAGS_mem_len));
-    req.set_idle_ttl_seconds(absl::GetFlag(FLAGS_ttl));
-    auto s = client.CreateSession(req);
-    if (!s.ok()) return Error(s.status());
-    std::cout << s->session_id() << std::endl;
-    return 0;
-  }
+  if (cmd == "health") return Health(client);
+  if (cmd == "info") return Info(client);
+  if (cmd == "generate") return Generate(client, args);
+  if (cmd == "create") return Create(client);
   if (cmd == "chat") return Chat(client, session);
-  if (cmd == "score") {
-    if (args.size() < 3) return Usage("score needs a FILE");
-    absl::StatusOr<std::string> text = txl::ReadFile(args[2]);
-    if (!text.ok()) return Usage(std::string(text.status().message()));
-    txl::v1::ScoreRequest req;
-    req.set_session_id(session);
-    req.mutable_input()->set_text(*std::move(text));
-    req.set_commit(!absl::GetFlag(FLAGS_no_commit));
-    auto r = client.Score(req);
-    if (!r.ok()) return Error(r.status());
-    int64_t n = 0;
-    for (const auto& t : r->tokens()) n += t.has_logprob() ? 1 : 0;
-    const double per_token = n > 0 ? -r->total_logprob() / static_cast<double>(n) : 0;
-    std::cout << "{\"tokens\":" << r->tokens_size() << ",\"predicted\":" << n << ",\"nll\":" << -r->total_logprob()
-              << ",\"bpc\":" << per_token / std::log(2.0) << ",\"ppl\":" << std::exp(per_token)
-              << ",\"position\":" << r->position() << "}" << std::endl;
-    return 0;
-  }
-  if (cmd == "sessions") {
-    const std::string sub = args.size() > 2 ? args[2] : "list";
-    const std::string id = args.size() > 3 ? args[3] : session;
-    if (sub == "list") {
-      auto l = client.ListSessions();
-      if (!l.ok()) return Error(l.status());
-      for (const auto& s : l->sessions()) PrintSession(s);
-      return 0;
-    }
-    if (sub == "import") {  // sessions import FILE: a new session from exported bytes
-      if (args.size() < 4) return Usage("sessions import needs a FILE");
-      absl::StatusOr<std::string> data = txl::ReadFile(args[3]);
-      if (!data.ok()) return Usage(std::string(data.status().message()));
-      txl::v1::ImportSessionRequest settings;
-      settings.set_idle_ttl_seconds(absl::GetFlag(FLAGS_ttl));
-      auto s = client.ImportSession(settings, *data);
-      if (!s.ok()) return Error(s.status());
-      PrintSession(*s);
-      return 0;
-    }
-    if (id.empty()) return Usage(absl::StrCat("sessions ", sub, " needs an ID"));
-    if (sub == "get") {
-      auto s = client.GetSession(id);
-      if (!s.ok()) return Error(s.status());
-      PrintSession(*s);
-      return 0;
-    }
-    if (sub == "delete") {
-      absl::Status s = client.DeleteSession(id);
-      return s.ok() ? 0 : Error(s);
-    }
-    if (sub == "export") {  // sessions export ID FILE
-      if (args.size() < 5) return Usage("sessions export needs an ID and a FILE");
-      auto data = client.ExportSession(id);
-      if (!data.ok()) return Error(data.status());
-      if (absl::Status w = txl::WriteFile(args[4], *data); !w.ok()) return Usage(std::string(w.message()));
-      std::cerr << "exported " << data->size() << " bytes to " << args[4] << std::endl;
-      return 0;
-    }
-    if (sub == "fork" || sub == "rewind") {  // sessions fork ID [POS] | sessions rewind ID POS
-      int64_t position = 0;
-      if (args.size() > 4 && !absl::SimpleAtoi(args[4], &position))
-        return Usage(absl::StrCat("sessions ", sub, ": POS must be an integer, got '", args[4], "'"));
-      if (sub == "rewind" && args.size() < 5) return Usage("sessions rewind needs an ID and a POS");
-      absl::StatusOr<txl::v1::Session> s;
-      if (sub == "fork") {
-        txl::v1::ForkSessionRequest req;
-        req.set_session_id(id);
-        req.set_position(position);
-        s = client.ForkSession(req);
-      } else {
-        s = client.RewindSession(id, position);
-      }
-      if (!s.ok()) return Error(s.status());
-      PrintSession(*s);
-      return 0;
-    }
-    return Usage(absl::StrCat("unknown sessions command '", sub, "'"));
-  }
+  if (cmd == "score") return Score(client, args, session);
+  if (cmd == "sessions") return Sessions(client, args, session);
   return Usage(absl::StrCat("unknown command '", cmd, "'"));
 }

@@ -97,39 +97,27 @@ absl::StatusOr<std::string> ReadAll(const std::string& list) {
   return text;
 }
 
-}  // namespace
+// The steps of main below return 0, or the exit code after printing why.
 
-int main(int argc, char** argv) {
-  txl::ListOwnFlagsInHelp();
-  absl::SetProgramUsageMessage(
-      "txl-train --train FILES [--valid FILES] [--config CFG.json] [model and training flags] "
-      "[--device cpu|cuda|cuda:N] --out M.pt");
-  absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_train).empty()) return Fail(2, "--train is required");
-  if (absl::GetFlag(FLAGS_out).empty()) return Fail(2, "--out is required");
-  if (absl::GetFlag(FLAGS_threads) > 0) txl::SetThreads(absl::GetFlag(FLAGS_threads));
-  // Checked before anything is read or any process group joined.
-  auto device = txl::ParseTrainingDevice(absl::GetFlag(FLAGS_device), "--device");
-  if (!device.ok()) return Fail(2, std::string(device.status().message()));
-
-  auto train_text = ReadAll(absl::GetFlag(FLAGS_train));
-  if (!train_text.ok()) return Fail(1, std::string(train_text.status().message()));
-  if (train_text->empty())
-    return Fail(1, absl::StrCat("the training corpus ", absl::GetFlag(FLAGS_train), " is empty"));
-  std::string valid_text;
+// --train (required, not empty) and --valid (optional: empty when not given).
+int ReadCorpora(std::string* train_text, std::string* valid_text) {
+  auto train = ReadAll(absl::GetFlag(FLAGS_train));
+  if (!train.ok()) return Fail(1, std::string(train.status().message()));
+  if (train->empty()) return Fail(1, absl::StrCat("the training corpus ", absl::GetFlag(FLAGS_train), " is empty"));
+  *train_text = *std::move(train);
   if (!absl::GetFlag(FLAGS_valid).empty()) {
     auto v = ReadAll(absl::GetFlag(FLAGS_valid));
     if (!v.ok()) return Fail(1, std::string(v.status().message()));
     if (v->empty()) return Fail(1, absl::StrCat("the validation corpus ", absl::GetFlag(FLAGS_valid), " is empty"));
-    valid_text = *std::move(v);
+    *valid_text = *std::move(v);
   }
+  return 0;
+}
 
-  auto tokenizer =
-      txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), *train_text + valid_text, absl::GetFlag(FLAGS_vocab));
-  if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
-
-  // Built-in defaults, then the config file, then the flags given.
-  txl::ModelConfig config;
+// The model: built-in defaults, then the config file, then the flags given;
+// n_token from the tokenizer unless the config sets it.
+int ModelConfigFromFlags(int64_t vocab_size, txl::ModelConfig* config_out) {
+  txl::ModelConfig& config = *config_out;
   config.n_layer = 4;
   config.n_head = 4;
   config.d_model = 128;
@@ -166,28 +154,37 @@ int main(int argc, char** argv) {
       config.cutoffs.push_back(v);
     }
   }
-  if (config.n_token == 0) config.n_token = tokenizer->vocab_size();
+  if (config.n_token == 0) config.n_token = vocab_size;
   if (auto s = config.Validate(); !s.ok()) return Fail(1, std::string(s.message()));
+  return 0;
+}
 
+// Token ids of both splits; without --valid, --valid_fraction of the
+// training text is held out.
+int EncodeCorpora(const txl::Tokenizer& tokenizer, const std::string& train_text, const std::string& valid_text,
+                  txl::CorpusSplit* split) {
   auto encode = [&](const std::string& text, const char* what) -> absl::StatusOr<std::vector<int>> {
-    auto ids = tokenizer->Encode(text);
+    auto ids = tokenizer.Encode(text);
     if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", ids.status().message()));
     return ids;
   };
-  txl::CorpusSplit split;
-  auto train_ids = encode(*train_text, "training corpus");
+  auto train_ids = encode(train_text, "training corpus");
   if (!train_ids.ok()) return Fail(1, std::string(train_ids.status().message()));
   if (valid_text.empty()) {
     auto s = txl::SplitCorpus(*train_ids, absl::GetFlag(FLAGS_valid_fraction));
     if (!s.ok()) return Fail(1, std::string(s.status().message()));
-    split = *std::move(s);
+    *split = *std::move(s);
   } else {
     auto valid_ids = encode(valid_text, "validation corpus");
     if (!valid_ids.ok()) return Fail(1, std::string(valid_ids.status().message()));
-    split.train = *std::move(train_ids);
-    split.valid = *std::move(valid_ids);
+    split->train = *std::move(train_ids);
+    split->valid = *std::move(valid_ids);
   }
+  return 0;
+}
 
+// The training flags, as the trainer's options.
+txl::TrainOptions TrainOptionsFromFlags() {
   txl::TrainOptions opt;
   opt.tgt_len = absl::GetFlag(FLAGS_tgt_len);
   opt.mem_len = absl::GetFlag(FLAGS_mem_len);
@@ -212,8 +209,38 @@ int main(int argc, char** argv) {
   opt.loss_log = absl::GetFlag(FLAGS_loss_log);
   opt.progress_bar = isatty(STDOUT_FILENO) != 0;
   opt.device = absl::GetFlag(FLAGS_device);
-  if (opt.log_interval < 1) return Fail(2, "--log_interval must be >= 1");
+  return opt;
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  txl::ListOwnFlagsInHelp();
+  absl::SetProgramUsageMessage(
+      "txl-train --train FILES [--valid FILES] [--config CFG.json] [model and training flags] "
+      "[--device cpu|cuda|cuda:N] --out M.pt");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_train).empty()) return Fail(2, "--train is required");
+  if (absl::GetFlag(FLAGS_out).empty()) return Fail(2, "--out is required");
+  if (absl::GetFlag(FLAGS_threads) > 0) txl::SetThreads(absl::GetFlag(FLAGS_threads));
+  // Checked before anything is read or any process group joined.
+  auto device = txl::ParseTrainingDevice(absl::GetFlag(FLAGS_device), "--device");
+  if (!device.ok()) return Fail(2, std::string(device.status().message()));
+
+  // The corpora, the tokenizer and the model.
+  std::string train_text, valid_text;
+  if (int code = ReadCorpora(&train_text, &valid_text)) return code;
+  auto tokenizer =
+      txl::TokenizerFromFlags(absl::GetFlag(FLAGS_tokenizer), train_text + valid_text, absl::GetFlag(FLAGS_vocab));
+  if (!tokenizer.ok()) return Fail(1, std::string(tokenizer.status().message()));
+  txl::ModelConfig config;
+  if (int code = ModelConfigFromFlags(tokenizer->vocab_size(), &config)) return code;
+  txl::CorpusSplit split;
+  if (int code = EncodeCorpora(*tokenizer, train_text, valid_text, &split)) return code;
+
+  // The training.
+  const txl::TrainOptions opt = TrainOptionsFromFlags();
+  if (opt.log_interval < 1) return Fail(2, "--log_interval must be >= 1");
   auto parallel = txl::DataParallel::FromEnvironment(*device);
   if (!parallel.ok()) return Fail(1, std::string(parallel.status().message()));
   auto trainer = txl::Trainer::Create(opt, config, *tokenizer, std::move(split), parallel->get());

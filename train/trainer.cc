@@ -49,6 +49,54 @@ std::string StatePath(const std::string& out, int rank) {
   return rank == 0 ? out + ".trainstate" : absl::StrCat(out, ".trainstate.", rank);
 }
 
+// Clears the progress bar's line (before a log line), when there is one.
+void ClearBar(const TrainOptions& opt, std::ostream& log) {
+  if (opt.progress_bar) log << "\r\033[K";
+}
+
+// The progress bar at `step` of `max_steps`, redrawn in place; the log lines
+// clear it first.
+void DrawBar(std::ostream& log, int64_t step, int64_t max_steps, double loss) {
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(1, max_steps));
+  log << "\r[" << std::string(filled, '=') << std::string(kWidth - filled, ' ') << "] "
+      << absl::StrFormat("%d/%d loss %.4f", step, max_steps, loss) << std::flush;
+}
+
+// One log interval's figures: its tokens, summed loss and steps since it
+// started.
+struct Interval {
+  Clock::time_point start;
+  int64_t tokens = 0;
+  double loss = 0;
+  int64_t steps = 0;
+
+  explicit Interval(Clock::time_point t) : start(t) {}
+  void Add(double step_loss, int64_t step_tokens) {
+    loss += step_loss;
+    ++steps;
+    tokens += step_tokens;
+  }
+  // Logs the interval's line (mean loss, throughput, elapsed time, ETA) at
+  // `step`, then starts the next interval.
+  void LogAndRestart(std::ostream& log, const TrainOptions& opt, int64_t step, double lr, int64_t tokens_per_step,
+                     Clock::time_point run_start) {
+    const double secs = Seconds(start);
+    const double tps = tokens / std::max(secs, 1e-9);
+    const double mean = loss / steps;
+    double eta = (opt.max_steps - step) * tokens_per_step / std::max(tps, 1e-9);
+    if (opt.time_budget_s > 0) eta = std::min(eta, std::max(0.0, opt.time_budget_s - Seconds(run_start)));
+    log << absl::StrFormat("step %d/%d | loss %.4f | bpc %.4f | lr %.3g | %.0f tok/s | elapsed %s | ETA %s\n", step,
+                           opt.max_steps, mean, mean / std::log(2.0), lr, tps, Duration(Seconds(run_start)),
+                           Duration(eta))
+        << std::flush;
+    start = Clock::now();
+    tokens = 0;
+    loss = 0;
+    steps = 0;
+  }
+};
+
 }  // namespace
 
 EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const std::vector<int>& data, int64_t mem_len,
@@ -229,6 +277,74 @@ struct Trainer::State {
     return absl::OkStatus();
   }
 
+  // What one optimizer step leaves for the log: its learning rate, its loss
+  // (the mean over the processes, a one-element tensor) and the tokens it fed.
+  struct StepResult {
+    double lr = 0;
+    at::Tensor loss;
+    int64_t tokens = 0;
+  };
+
+  // One optimizer step on the next segment: forward and backward, the
+  // gradients and the loss averaged over the processes (one message), clip,
+  // Adam; the memories move on.
+  StepResult TrainStep(const ModelConfig& train_config) {
+    const int64_t k = step % batches.segments();
+    if (k == 0) mems.clear();  // a new pass over the data starts without memory
+    Segment seg = batches.Get(k);
+    SegmentOutput out =
+        TrainingForward(train_config, weights, LongTensor(seg.input, seg.len, opt.batch_size, device), mems, true);
+    at::Tensor logp = LogProbs(config, weights, out.hidden.reshape({-1, config.d_model}));
+    at::Tensor loss = -logp.gather(1, TargetColumn(seg.target, device)).mean();
+    for (at::Tensor& p : params) p.mutable_grad() = at::Tensor();
+    loss.backward();
+    std::vector<at::Tensor> grads;
+    for (at::Tensor& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+    at::Tensor loss_value = loss.detach().reshape({1}).clone();
+    grads.push_back(loss_value);
+    parallel->AllReduceMean(grads);  // gradients and the loss, one message
+    ClipGradients();
+    const double lr = LearningRate();
+    AdamStep(lr);
+    mems = out.mems;
+    ++step;
+    return {lr, loss_value, seg.len * opt.batch_size * parallel->world_size()};
+  }
+
+  // The run's first line: sizes, processes and streams, where it starts.
+  void LogStart(std::ostream& log) const {
+    int64_t n_params = 0;
+    for (const auto& p : params) n_params += p.numel();
+    log << absl::StrFormat(
+               "txl-train: %d params, %d train / %d valid tokens, %d process(es) x %d streams, "
+               "tgt_len %d, mem_len %d, %d segments per epoch, starting at step %d, on %s%s\n",
+               n_params, data.train.size(), data.valid.size(), parallel->world_size(), opt.batch_size, opt.tgt_len,
+               opt.mem_len, batches.segments(), step, device.str(),
+               parallel->world_size() > 1 ? absl::StrCat(" (rank 0), allreduce over ", parallel->backend())
+                                          : std::string())
+        << std::flush;
+  }
+
+  // Evaluates on the valid split with memory (eval_mem_len) and without;
+  // the results go in `report` and a line in the log.
+  void EvaluateAndLog(TrainReport* report, std::ostream& log) const {
+    ClearBar(opt, log);
+    report->eval_mem = Evaluate(config, weights, data.valid, opt.eval_mem_len, opt.eval_tgt_len, opt.eval_streams,
+                                opt.eval_max_tokens);
+    report->eval_no_mem =
+        Evaluate(config, weights, data.valid, 0, opt.eval_tgt_len, opt.eval_streams, opt.eval_max_tokens);
+    const double gain = 100.0 * (1.0 - report->eval_mem.bpc / report->eval_no_mem.bpc);
+    log << absl::StrFormat(
+               "eval step %d | valid bpc %.4f ppl %.3f (mem_len %d) | bpc %.4f (mem_len 0) | "
+               "memory gain %.1f%% | %d tokens\n",
+               step, report->eval_mem.bpc, report->eval_mem.ppl, opt.eval_mem_len, report->eval_no_mem.bpc, gain,
+               report->eval_mem.tokens)
+        << std::flush;
+  }
+
   absl::Status SaveAll() const {
     if (opt.out.empty()) return absl::OkStatus();
     RETURN_IF_ERROR(SaveState());
@@ -331,106 +447,36 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
 
   const int64_t tokens_per_step = opt.tgt_len * opt.batch_size * s.parallel->world_size();
   const auto start = Clock::now();
-  auto interval_start = start;
-  int64_t interval_tokens = 0, steps_this_run = 0;
-  double interval_loss = 0;
-  int64_t interval_steps = 0;
+  Interval interval(start);
+  int64_t steps_this_run = 0;
   TrainReport report;
-  if (lead) {
-    log << absl::StrFormat(
-               "txl-train: %d params, %d train / %d valid tokens, %d process(es) x %d streams, "
-               "tgt_len %d, mem_len %d, %d segments per epoch, starting at step %d, on %s%s\n",
-               [&] {
-                 int64_t n = 0;
-                 for (const auto& p : s.params) n += p.numel();
-                 return n;
-               }(),
-               s.data.train.size(), s.data.valid.size(), s.parallel->world_size(), opt.batch_size, opt.tgt_len,
-               opt.mem_len, s.batches.segments(), s.step, s.device.str(),
-               s.parallel->world_size() > 1 ? absl::StrCat(" (rank 0), allreduce over ", s.parallel->backend())
-                                            : std::string())
-        << std::flush;
-  }
-
-  auto clear_bar = [&]() {
-    if (opt.progress_bar) log << "\r\033[K";
-  };
-  auto evaluate = [&]() {
-    clear_bar();
-    report.eval_mem = Evaluate(s.config, s.weights, s.data.valid, opt.eval_mem_len, opt.eval_tgt_len, opt.eval_streams,
-                               opt.eval_max_tokens);
-    report.eval_no_mem =
-        Evaluate(s.config, s.weights, s.data.valid, 0, opt.eval_tgt_len, opt.eval_streams, opt.eval_max_tokens);
-    const double gain = 100.0 * (1.0 - report.eval_mem.bpc / report.eval_no_mem.bpc);
-    log << absl::StrFormat(
-               "eval step %d | valid bpc %.4f ppl %.3f (mem_len %d) | bpc %.4f (mem_len 0) | "
-               "memory gain %.1f%% | %d tokens\n",
-               s.step, report.eval_mem.bpc, report.eval_mem.ppl, opt.eval_mem_len, report.eval_no_mem.bpc, gain,
-               report.eval_mem.tokens)
-        << std::flush;
-  };
+  if (lead) s.LogStart(log);
 
   while (s.step < opt.max_steps) {
+    // Stop early: the time budget, or the steps this run may take.
     if (opt.time_budget_s > 0 && Seconds(start) >= opt.time_budget_s) {
-      if (lead) clear_bar();
+      if (lead) ClearBar(opt, log);
       if (lead) log << "time budget of " << opt.time_budget_s << " s reached at step " << s.step << "\n";
       break;
     }
     if (opt.steps_this_run > 0 && steps_this_run >= opt.steps_this_run) break;
-    const int64_t k = s.step % s.batches.segments();
-    if (k == 0) s.mems.clear();  // a new pass over the data starts without memory
-    Segment seg = s.batches.Get(k);
-    SegmentOutput out = TrainingForward(train_config, s.weights,
-                                        LongTensor(seg.input, seg.len, opt.batch_size, s.device), s.mems, true);
-    at::Tensor logp = LogProbs(s.config, s.weights, out.hidden.reshape({-1, s.config.d_model}));
-    at::Tensor loss = -logp.gather(1, TargetColumn(seg.target, s.device)).mean();
-    for (at::Tensor& p : s.params) p.mutable_grad() = at::Tensor();
-    loss.backward();
-    std::vector<at::Tensor> grads;
-    for (at::Tensor& p : s.params) {
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      grads.push_back(p.grad());
-    }
-    at::Tensor loss_value = loss.detach().reshape({1}).clone();
-    grads.push_back(loss_value);
-    s.parallel->AllReduceMean(grads);  // gradients and the loss, one message
-    s.ClipGradients();
-    const double lr = s.LearningRate();
-    s.AdamStep(lr);
-    s.mems = out.mems;
-    ++s.step;
+    const State::StepResult result = s.TrainStep(train_config);
     ++steps_this_run;
 
-    const double step_loss = loss_value.item<double>();
+    // The step's loss: the report, the interval, the loss log and the bar.
+    const double step_loss = result.loss.item<double>();
     report.last_loss = step_loss;
-    interval_loss += step_loss;
-    ++interval_steps;
-    interval_tokens += seg.len * opt.batch_size * s.parallel->world_size();
+    interval.Add(step_loss, result.tokens);
     if (loss_log.is_open()) loss_log << s.step << " " << absl::StrFormat("%.7f", step_loss) << "\n";
-    if (lead && opt.progress_bar) {
-      // Redrawn in place; the log lines below clear it first.
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(kWidth * s.step / std::max<int64_t>(1, opt.max_steps));
-      log << "\r[" << std::string(filled, '=') << std::string(kWidth - filled, ' ') << "] "
-          << absl::StrFormat("%d/%d loss %.4f", s.step, opt.max_steps, step_loss) << std::flush;
-    }
+    if (lead && opt.progress_bar) DrawBar(log, s.step, opt.max_steps, step_loss);
     if (lead && (s.step % opt.log_interval == 0 || s.step == opt.max_steps)) {
-      clear_bar();
-      const double secs = Seconds(interval_start);
-      const double tps = interval_tokens / std::max(secs, 1e-9);
-      const double mean = interval_loss / interval_steps;
-      double eta = (opt.max_steps - s.step) * tokens_per_step / std::max(tps, 1e-9);
-      if (opt.time_budget_s > 0) eta = std::min(eta, std::max(0.0, opt.time_budget_s - Seconds(start)));
-      log << absl::StrFormat("step %d/%d | loss %.4f | bpc %.4f | lr %.3g | %.0f tok/s | elapsed %s | ETA %s\n", s.step,
-                             opt.max_steps, mean, mean / std::log(2.0), lr, tps, Duration(Seconds(start)),
-                             Duration(eta))
-          << std::flush;
-      interval_start = Clock::now();
-      interval_tokens = 0;
-      interval_loss = 0;
-      interval_steps = 0;
+      ClearBar(opt, log);
+      interval.LogAndRestart(log, opt, s.step, result.lr, tokens_per_step, start);
     }
-    if (opt.eval_interval > 0 && s.step % opt.eval_interval == 0 && s.step < opt.max_steps && lead) evaluate();
+    // Evaluations and checkpoints along the way (the last ones follow the loop).
+    if (opt.eval_interval > 0 && s.step % opt.eval_interval == 0 && s.step < opt.max_steps && lead) {
+      s.EvaluateAndLog(&report, log);
+    }
     if (opt.checkpoint_interval > 0 && s.step % opt.checkpoint_interval == 0 && s.step < opt.max_steps) {
       RETURN_IF_ERROR(s.SaveAll());
     }
@@ -438,7 +484,7 @@ absl::StatusOr<TrainReport> Trainer::Run(std::ostream& log) {
   report.seconds = Seconds(start);
   report.steps = s.step;
   report.tokens_per_second = steps_this_run * tokens_per_step / std::max(report.seconds, 1e-9);
-  if (lead) evaluate();
+  if (lead) s.EvaluateAndLog(&report, log);
   RETURN_IF_ERROR(s.SaveAll());
   if (lead && !opt.out.empty()) log << "wrote " << opt.out << "\n";
   return report;

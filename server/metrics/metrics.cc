@@ -22,6 +22,9 @@ prometheus::Histogram::BucketBoundaries Exponential(double start, double factor,
 // Offload and restore times: 0.1 ms .. 13 s.
 prometheus::Histogram::BucketBoundaries MoveBuckets() { return Exponential(0.0001, 2, 18); }
 
+// Request and step times: 1 ms .. 33 s.
+prometheus::Histogram::BucketBoundaries Latency() { return Exponential(0.001, 2, 16); }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& config, const SessionTable* table) {
@@ -29,103 +32,145 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   m->table_ = table;
   m->registry_ = std::make_shared<prometheus::Registry>();
   auto& r = *m->registry_;
+  // The exposition lists families by kind (counters, gauges, histograms),
+  // each kind in the order registered here.
+  m->AddRequestFamilies(r);
+  m->AddStepFamilies(r);
+  m->AddSessionFamilies(r);
+  m->AddTierFamilies(r);
+  m->AddRewindFamilies(r, table);
+  AddLimitFamilies(r, config);
+  return m;
+}
+
+// Requests and tokens: RPCs, HTTP requests, tokens fed and generated,
+// sessions evicted; time to first token and between tokens.
+void Metrics::AddRequestFamilies(prometheus::Registry& r) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildHistogram;
+  requests_ = &BuildCounter().Name("txl_requests_total").Help("RPCs by method and status code").Register(r);
+  http_requests_ =
+      &BuildCounter().Name("txl_http_requests_total").Help("HTTP requests by route and status").Register(r);
+  tokens_fed_ = &BuildCounter().Name("txl_tokens_fed_total").Help("Tokens fed through the model").Register(r).Add({});
+  tokens_generated_ = &BuildCounter().Name("txl_tokens_generated_total").Help("Tokens generated").Register(r).Add({});
+  evicted_ttl_ = &BuildCounter()
+                      .Name("txl_session_evictions_total")
+                      .Help("Sessions removed by the server, by reason")
+                      .Register(r)
+                      .Add({{"reason", "idle_ttl"}});
+  ttft_ = &BuildHistogram()
+               .Name("txl_time_to_first_token_seconds")
+               .Help("Request start to first token")
+               .Register(r)
+               .Add({}, Latency());
+  itl_ = &BuildHistogram()
+              .Name("txl_inter_token_seconds")
+              .Help("Gap between a request's tokens")
+              .Register(r)
+              .Add({}, Latency());
+}
+
+// Engine steps: their time, requests and tokens per step, the queue.
+void Metrics::AddStepFamilies(prometheus::Registry& r) {
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  step_seconds_ =
+      &BuildHistogram().Name("txl_engine_step_seconds").Help("One batched forward pass").Register(r).Add({}, Latency());
+  batch_size_ = &BuildHistogram()
+                     .Name("txl_batch_size")
+                     .Help("Requests per engine step")
+                     .Register(r)
+                     .Add({}, Exponential(1, 2, 9));
+  step_tokens_ = &BuildHistogram()
+                      .Name("txl_step_tokens")
+                      .Help("Tokens fed per engine step")
+                      .Register(r)
+                      .Add({}, Exponential(1, 2, 14));
+  queue_depth_ = &BuildGauge().Name("txl_queue_depth").Help("Requests waiting for the engine").Register(r).Add({});
+}
+
+// Sessions: by state, and the bytes of their memories.
+void Metrics::AddSessionFamilies(prometheus::Registry& r) {
+  using prometheus::BuildGauge;
+  auto& sessions = BuildGauge().Name("txl_sessions").Help("Sessions by state").Register(r);
+  sessions_idle_ = &sessions.Add({{"state", "idle"}});
+  sessions_busy_ = &sessions.Add({{"state", "busy"}});
+  memory_bytes_ =
+      &BuildGauge().Name("txl_session_memory_bytes").Help("Bytes of all session memories").Register(r).Add({});
+  reserved_bytes_ = &BuildGauge()
+                         .Name("txl_session_memory_reserved_bytes")
+                         .Help("Full-window bytes of all sessions (what the memory budget counts)")
+                         .Register(r)
+                         .Add({});
+}
+
+// Offload (--host_memory_budget) and the state store: where sessions are, how they move.
+void Metrics::AddTierFamilies(prometheus::Registry& r) {
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
-  m->requests_ = &BuildCounter().Name("txl_requests_total").Help("RPCs by method and status code").Register(r);
-  m->http_requests_ =
-      &BuildCounter().Name("txl_http_requests_total").Help("HTTP requests by route and status").Register(r);
-  m->tokens_fed_ =
-      &BuildCounter().Name("txl_tokens_fed_total").Help("Tokens fed through the model").Register(r).Add({});
-  m->tokens_generated_ =
-      &BuildCounter().Name("txl_tokens_generated_total").Help("Tokens generated").Register(r).Add({});
-  m->evicted_ttl_ = &BuildCounter()
-                         .Name("txl_session_evictions_total")
-                         .Help("Sessions removed by the server, by reason")
-                         .Register(r)
-                         .Add({{"reason", "idle_ttl"}});
-  const auto latency = Exponential(0.001, 2, 16);  // 1 ms .. 33 s
-  m->ttft_ = &BuildHistogram()
-                  .Name("txl_time_to_first_token_seconds")
-                  .Help("Request start to first token")
-                  .Register(r)
-                  .Add({}, latency);
-  m->itl_ = &BuildHistogram()
-                 .Name("txl_inter_token_seconds")
-                 .Help("Gap between a request's tokens")
-                 .Register(r)
-                 .Add({}, latency);
-  m->step_seconds_ =
-      &BuildHistogram().Name("txl_engine_step_seconds").Help("One batched forward pass").Register(r).Add({}, latency);
-  m->batch_size_ = &BuildHistogram()
-                        .Name("txl_batch_size")
-                        .Help("Requests per engine step")
-                        .Register(r)
-                        .Add({}, Exponential(1, 2, 9));
-  m->step_tokens_ = &BuildHistogram()
-                         .Name("txl_step_tokens")
-                         .Help("Tokens fed per engine step")
-                         .Register(r)
-                         .Add({}, Exponential(1, 2, 14));
-  m->queue_depth_ = &BuildGauge().Name("txl_queue_depth").Help("Requests waiting for the engine").Register(r).Add({});
-  auto& sessions = BuildGauge().Name("txl_sessions").Help("Sessions by state").Register(r);
-  m->sessions_idle_ = &sessions.Add({{"state", "idle"}});
-  m->sessions_busy_ = &sessions.Add({{"state", "busy"}});
-  m->memory_bytes_ =
-      &BuildGauge().Name("txl_session_memory_bytes").Help("Bytes of all session memories").Register(r).Add({});
-  m->reserved_bytes_ = &BuildGauge()
-                            .Name("txl_session_memory_reserved_bytes")
-                            .Help("Full-window bytes of all sessions (what the memory budget counts)")
-                            .Register(r)
-                            .Add({});
-  // Offload (--host_memory_budget) and the state store: where sessions are, how they move.
-  m->offloads_ = &BuildCounter()
-                      .Name("txl_session_offloads_total")
-                      .Help("Idle sessions moved out of device memory (to=host) or host memory (to=store)")
-                      .Register(r);
-  m->restores_ = &BuildCounter()
-                      .Name("txl_session_restores_total")
-                      .Help("Sessions brought back into device memory, from=host or from=store")
-                      .Register(r);
-  m->offload_seconds_ =
+  offloads_ = &BuildCounter()
+                   .Name("txl_session_offloads_total")
+                   .Help("Idle sessions moved out of device memory (to=host) or host memory (to=store)")
+                   .Register(r);
+  restores_ = &BuildCounter()
+                   .Name("txl_session_restores_total")
+                   .Help("Sessions brought back into device memory, from=host or from=store")
+                   .Register(r);
+  offload_seconds_ =
       &BuildHistogram().Name("txl_session_offload_seconds").Help("Time to offload one session").Register(r);
-  m->restore_seconds_ = &BuildHistogram()
-                             .Name("txl_session_restore_seconds")
-                             .Help("Time to bring one session back (read, rebuild, replay)")
-                             .Register(r);
-  m->tier_sessions_ = &BuildGauge()
-                           .Name("txl_sessions_by_tier")
-                           .Help("Sessions by where their state is: device, host, store")
-                           .Register(r);
-  m->host_bytes_ = &BuildGauge()
-                        .Name("txl_session_host_bytes")
-                        .Help("Bytes of offloaded sessions held in host memory")
-                        .Register(r)
-                        .Add({});
-  m->rewinds_ = &BuildCounter()
-                     .Name("txl_rewinds_total")
-                     .Help(
-                         "Rewinds and forks at a position, by how they were served: checkpoint (an image, "
-                         "nothing replayed), replay, current (nothing to rebuild)")
-                     .Register(r);
-  for (const char* served : {"checkpoint", "replay", "current"}) m->rewinds_->Add({{"served", served}});
-  m->rewind_replayed_ = &BuildCounter()
-                             .Name("txl_rewind_replayed_tokens_total")
-                             .Help("History tokens fed again to rebuild a rewound or forked state")
-                             .Register(r)
-                             .Add({});
-  m->rewind_seconds_ = &BuildHistogram()
-                            .Name("txl_rewind_seconds")
-                            .Help("Time to rebuild a session's state at an earlier position")
-                            .Register(r)
-                            .Add({}, MoveBuckets());
-  m->checkpoint_bytes_ = &BuildGauge()
-                              .Name("txl_checkpoint_bytes")
-                              .Help("Bytes of turn checkpoints held (checkpoint_budget)")
-                              .Register(r)
-                              .Add({});
-  m->checkpoints_ =
-      &BuildGauge().Name("txl_checkpoints").Help("Turn checkpoints held, all sessions").Register(r).Add({});
+  restore_seconds_ = &BuildHistogram()
+                          .Name("txl_session_restore_seconds")
+                          .Help("Time to bring one session back (read, rebuild, replay)")
+                          .Register(r);
+  tier_sessions_ = &BuildGauge()
+                        .Name("txl_sessions_by_tier")
+                        .Help("Sessions by where their state is: device, host, store")
+                        .Register(r);
+  host_bytes_ = &BuildGauge()
+                     .Name("txl_session_host_bytes")
+                     .Help("Bytes of offloaded sessions held in host memory")
+                     .Register(r)
+                     .Add({});
+  // Every series exists from the start (at 0), so dashboards and rates see them before the first offload.
+  for (const char* to : {"host", "store"}) {
+    offloads_->Add({{"to", to}});
+    offload_seconds_->Add({{"to", to}}, MoveBuckets());
+    restores_->Add({{"from", to}});
+    restore_seconds_->Add({{"from", to}}, MoveBuckets());
+  }
+  for (const char* tier : {"device", "host", "store"}) tier_sessions_->Add({{"tier", tier}});
+}
+
+// Rewinds and forks at a position, and the turn checkpoints that serve them
+// (the budget only with a session table).
+void Metrics::AddRewindFamilies(prometheus::Registry& r, const SessionTable* table) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  rewinds_ = &BuildCounter()
+                  .Name("txl_rewinds_total")
+                  .Help(
+                      "Rewinds and forks at a position, by how they were served: checkpoint (an image, "
+                      "nothing replayed), replay, current (nothing to rebuild)")
+                  .Register(r);
+  for (const char* served : {"checkpoint", "replay", "current"}) rewinds_->Add({{"served", served}});
+  rewind_replayed_ = &BuildCounter()
+                          .Name("txl_rewind_replayed_tokens_total")
+                          .Help("History tokens fed again to rebuild a rewound or forked state")
+                          .Register(r)
+                          .Add({});
+  rewind_seconds_ = &BuildHistogram()
+                         .Name("txl_rewind_seconds")
+                         .Help("Time to rebuild a session's state at an earlier position")
+                         .Register(r)
+                         .Add({}, MoveBuckets());
+  checkpoint_bytes_ = &BuildGauge()
+                           .Name("txl_checkpoint_bytes")
+                           .Help("Bytes of turn checkpoints held (checkpoint_budget)")
+                           .Register(r)
+                           .Add({});
+  checkpoints_ = &BuildGauge().Name("txl_checkpoints").Help("Turn checkpoints held, all sessions").Register(r).Add({});
   if (table != nullptr) {
     BuildGauge()
         .Name("txl_checkpoint_budget_bytes")
@@ -134,15 +179,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
         .Add({})
         .Set(static_cast<double>(table->config().checkpoints.budget_bytes));
   }
-  // Every series exists from the start (at 0), so dashboards and rates see them before the first offload.
-  for (const char* to : {"host", "store"}) {
-    m->offloads_->Add({{"to", to}});
-    m->offload_seconds_->Add({{"to", to}}, MoveBuckets());
-    m->restores_->Add({{"from", to}});
-    m->restore_seconds_->Add({{"from", to}}, MoveBuckets());
-  }
-  for (const char* tier : {"device", "host", "store"}) m->tier_sessions_->Add({{"tier", tier}});
-  // Limits, so that rules can express saturation as a ratio.
+}
+
+// Limits, so that rules can express saturation as a ratio; and the build facts.
+void Metrics::AddLimitFamilies(prometheus::Registry& r, const MetricsConfig& config) {
+  using prometheus::BuildGauge;
   BuildGauge()
       .Name("txl_sessions_max")
       .Help("Session limit (max_sessions)")
@@ -167,7 +208,6 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
       .Register(r)
       .Add({config.info.begin(), config.info.end()})
       .Set(1);
-  return m;
 }
 
 Metrics::~Metrics() = default;

@@ -61,6 +61,14 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
 
  private:
   Metrics() = default;
+  // Create's parts: the families by concept, registered in this order.
+  void AddRequestFamilies(prometheus::Registry& r);
+  void AddStepFamilies(prometheus::Registry& r);
+  void AddSessionFamilies(prometheus::Registry& r);
+  void AddTierFamilies(prometheus::Registry& r);
+  void AddRewindFamilies(prometheus::Registry& r, const SessionTable* table);
+  static void AddLimitFamilies(prometheus::Registry& r, const MetricsConfig& config);
+
   const SessionTable* table_ = nullptr;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;

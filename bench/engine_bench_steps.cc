@@ -20,6 +20,8 @@
 
 namespace engine_bench {
 
+using txl::SamplingPlan;
+
 Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, int threads, Sizes sizes)
     : sizes_(std::move(sizes)), path_(path), device_(device), kernels_(kernels), cuda_(device != "cpu") {
   txl::LanguageModelOptions o;
@@ -133,22 +135,22 @@ double Bench::ReadoutSteps(const std::vector<SessionState*>& sessions, int n, Re
       case Readout::kNone: break;
       case Readout::kDistribution: x.want_last_distribution = true; break;
       case Readout::kTopP:
-        x.nucleus_p = 0.9f;
-        x.nucleus_temperature = 0.8f;
+        x.plan.nucleus_p = 0.9f;
+        x.plan.temperature = 0.8f;
         break;
       case Readout::kDrawTempered:
-        x.pick = StepInput::Pick::kDraw;
-        x.draw_temperature = 0.8f;
-        x.draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+        x.plan.pick = SamplingPlan::Pick::kDraw;
+        x.plan.temperature = 0.8f;
+        x.plan.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
         break;
-      case Readout::kArgmax: x.pick = StepInput::Pick::kArgmax; break;
+      case Readout::kArgmax: x.plan.pick = SamplingPlan::Pick::kArgmax; break;
       case Readout::kDraw:
-        x.pick = StepInput::Pick::kDraw;
-        x.draw_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+        x.plan.pick = SamplingPlan::Pick::kDraw;
+        x.plan.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
         break;
       case Readout::kScore: x.targets = {ZipfToken()}; break;
-      case Readout::kTopK: x.top_n = top_k_.TopCandidates(); break;
-      case Readout::kTopN: x.top_n = 5; break;
+      case Readout::kTopK: x.plan.top_n = top_k_.TopCandidates(); break;
+      case Readout::kTopN: x.plan.top_n = 5; break;
     }
   };
   auto read = [&](StepOutput& o) {

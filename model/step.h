@@ -35,6 +35,43 @@ class SessionState {
   virtual absl::Status AppendTo(std::string* out) const = 0;
 };
 
+// What leaves the model for the token after the last one, instead of the
+// whole distribution: nothing (kNone, no list), the model's own pick (argmax
+// or a draw), a nucleus listing, the top-n list. A list can come with a
+// pick. The request's sampler builds it (Sampler::Plan).
+struct SamplingPlan {
+  // The model picks the token after the last one itself and returns only
+  // its id and log-prob (n_token floats neither leave the device nor get
+  // copied). kArgmax: the most likely (ties: the lower id). kDraw: an exact
+  // draw at temperature 1 by inverse CDF in token-id order at `uniform`;
+  // through an adaptive softmax it draws the head entry first and computes
+  // only the drawn cluster's logits. The same u gives the token that walking
+  // the whole distribution in id order gives (Sampler's DrawInIdOrder).
+  enum class Pick { kNone, kArgmax, kDraw };
+  Pick pick = Pick::kNone;
+  double uniform = 0;  // kDraw: the draw's u, in [0, 1)
+  // kDraw and the nucleus listing. kDraw at another temperature than 1
+  // walks the whole row's tempered weights exp((lp - best) / T) in id
+  // order, inside the model (model/kernels/sampling_kernels.h); only the
+  // token leaves it. One field for both: a request's sampler asks for at
+  // most one of them, at the request's temperature.
+  float temperature = 1.0f;
+  // In (0, 1): top-p without top-k at `temperature`. The model lists a
+  // prefix of the row in the sampler's order that holds the nucleus, and
+  // the row's total weight (StepOutput::nucleus, nucleus_total); the
+  // request's sampler cuts and draws (Sampler::SampleFromNucleus).
+  float nucleus_p = 0.0f;
+  // > 0: the top_n most likely tokens after the last one, with their
+  // log-probs (StepOutput::top), found in the model without whole rows (an
+  // adaptive softmax computes a cluster only for rows where it can hold one
+  // of them). What logprobs > 0 and top-k sampling need; independent of
+  // `pick`.
+  int top_n = 0;
+
+  // Nothing leaves the model for the token after the last one.
+  bool empty() const { return pick == Pick::kNone && nucleus_p <= 0 && top_n <= 0; }
+};
+
 struct StepInput {
   SessionState* session = nullptr;
   std::vector<int> tokens;  // the new tokens (may be empty)
@@ -43,32 +80,9 @@ struct StepInput {
   std::vector<int> targets;
   bool want_target_argmax = false;      // also the most likely token at each target's position
   bool want_last_distribution = false;  // log-probs after the last token
-  // Instead of the whole distribution, the model picks the token after the
-  // last one itself and returns only its id and log-prob (n_token floats
-  // neither leave the device nor get copied). kArgmax: the most likely
-  // (ties: the lower id). kDraw: an exact draw at temperature 1 by inverse
-  // CDF in token-id order at `draw_uniform` (in [0, 1)); through an adaptive
-  // softmax it draws the head entry first and computes only the drawn
-  // cluster's logits. The same u gives the token that walking the whole
-  // distribution in id order gives (Sampler's DrawInIdOrder).
-  enum class Pick { kNone, kArgmax, kDraw };
-  Pick pick = Pick::kNone;
-  double draw_uniform = 0;
-  // kDraw at another temperature walks the whole row's tempered weights
-  // exp((lp - best) / T) in id order, inside the model
-  // (model/kernels/sampling_kernels.h); only the token leaves it.
-  float draw_temperature = 1.0f;
-  // In (0, 1): top-p without top-k at nucleus_temperature. The model lists
-  // a prefix of the row in the sampler's order that holds the nucleus, and
-  // the row's total weight (StepOutput::nucleus, nucleus_total); the
-  // request's sampler cuts and draws (Sampler::SampleFromNucleus).
-  float nucleus_p = 0.0f;
-  float nucleus_temperature = 1.0f;
-  // > 0: the top_n most likely tokens after the last one, with their
-  // log-probs, found in the model without whole rows (an adaptive softmax
-  // computes a cluster only for rows where it can hold one of them). What
-  // logprobs > 0 and top-k sampling need; independent of `pick`.
-  int top_n = 0;
+  // What else leaves the model for the token after the last one: a pick,
+  // a nucleus, a list (SamplingPlan; a request's Sampler::Plan builds it).
+  SamplingPlan plan;
 };
 
 // Tokens with their log-probs, most likely first (ties: the lower id).
@@ -82,10 +96,10 @@ struct StepOutput {
   std::vector<float> target_logprobs;    // one per target
   std::vector<int> target_argmax;        // when asked: the most likely token at each target's position
   std::vector<float> last_distribution;  // n_token log-probs, when asked
-  int picked = -1;                       // the token `pick` chose
+  int picked = -1;                       // the token plan.pick chose
   float picked_logprob = 0;              // its log-prob
-  TokenList top;                         // min(top_n, n_token) entries, when asked
-  TokenList nucleus;                     // when nucleus_p was set
+  TokenList top;                         // min(plan.top_n, n_token) entries, when asked
+  TokenList nucleus;                     // when plan.nucleus_p was set
   double nucleus_total = 0;
 };
 

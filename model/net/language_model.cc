@@ -158,7 +158,7 @@ namespace {
 // A draw at another temperature than 1, or a nucleus: sampled over the whole
 // row, inside the model.
 bool SamplesWholeRow(const StepInput& in) {
-  return (in.pick == StepInput::Pick::kDraw && in.draw_temperature != 1.0f) || in.nucleus_p > 0;
+  return (in.plan.pick == SamplingPlan::Pick::kDraw && in.plan.temperature != 1.0f) || in.plan.nucleus_p > 0;
 }
 
 // The rows of `hidden` belong, in order, to the inputs that SamplesWholeRow. Their whole log-prob rows stay in
@@ -174,14 +174,14 @@ std::vector<StepOutput> SampleWholeRows(const OutputLayer& output, int64_t V, ab
   at::Tensor rows = output.LogProbs(hidden).to(at::kCPU, at::kFloat).contiguous();
   at::parallel_for(0, static_cast<int64_t>(asks.size()), 1, [&](int64_t from, int64_t to) {
     for (int64_t r = from; r < to; ++r) {
-      const StepInput& in = *asks[r];
+      const SamplingPlan& plan = asks[r]->plan;
       const float* row = rows.data_ptr<float>() + r * V;
-      if (in.pick == StepInput::Pick::kDraw) {
-        out[r].picked = DrawTempered(row, V, in.draw_temperature, in.draw_uniform);
+      if (plan.pick == SamplingPlan::Pick::kDraw) {
+        out[r].picked = DrawTempered(row, V, plan.temperature, plan.uniform);
         if (out[r].picked >= 0) out[r].picked_logprob = row[out[r].picked];
       }
-      if (in.nucleus_p > 0) {
-        NucleusList nucleus = NucleusOf(row, V, in.nucleus_temperature, in.nucleus_p);
+      if (plan.nucleus_p > 0) {
+        NucleusList nucleus = NucleusOf(row, V, plan.temperature, plan.nucleus_p);
         out[r].nucleus = std::move(nucleus.tokens);
         out[r].nucleus_total = nucleus.total;
       }
@@ -203,26 +203,25 @@ absl::Status CheckStepInputs(absl::Span<const StepInput> inputs, int64_t V) {
       return absl::InvalidArgumentError(
           absl::StrCat("step input ", i, ": ", in.targets.size(), " targets for ", in.tokens.size(), " tokens"));
     }
-    if (in.pick == StepInput::Pick::kDraw && !(in.draw_temperature > 0 && std::isfinite(in.draw_temperature))) {
+    const SamplingPlan& plan = in.plan;
+    if (plan.pick == SamplingPlan::Pick::kDraw && !(plan.temperature > 0 && std::isfinite(plan.temperature))) {
       return absl::InvalidArgumentError(
-          absl::StrCat("step input ", i, ": draw_temperature ", in.draw_temperature, " is not > 0"));
+          absl::StrCat("step input ", i, ": draw temperature ", plan.temperature, " is not > 0"));
     }
-    if (in.nucleus_p != 0 && !(in.nucleus_p > 0 && in.nucleus_p < 1 && in.nucleus_temperature > 0 &&
-                               std::isfinite(in.nucleus_temperature))) {
-      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": nucleus_p ", in.nucleus_p,
-                                                     " must be in (0, 1) and nucleus_temperature ",
-                                                     in.nucleus_temperature, " > 0"));
+    if (plan.nucleus_p != 0 &&
+        !(plan.nucleus_p > 0 && plan.nucleus_p < 1 && plan.temperature > 0 && std::isfinite(plan.temperature))) {
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": nucleus_p ", plan.nucleus_p,
+                                                     " must be in (0, 1) and temperature ", plan.temperature, " > 0"));
     }
-    if (in.top_n < 0)
-      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": top_n ", in.top_n, " is negative"));
-    if ((in.want_last_distribution || in.pick != StepInput::Pick::kNone || in.top_n > 0 || in.nucleus_p > 0) &&
-        in.tokens.empty()) {
+    if (plan.top_n < 0)
+      return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": top_n ", plan.top_n, " is negative"));
+    if ((in.want_last_distribution || !plan.empty()) && in.tokens.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("step input ", i, ": a distribution, a pick or top tokens need at least one token"));
     }
-    if (in.pick == StepInput::Pick::kDraw && !(in.draw_uniform >= 0 && in.draw_uniform < 1)) {
+    if (plan.pick == SamplingPlan::Pick::kDraw && !(plan.uniform >= 0 && plan.uniform < 1)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("step input ", i, ": draw_uniform ", in.draw_uniform, " is outside [0, 1)"));
+          absl::StrCat("step input ", i, ": draw uniform ", plan.uniform, " is outside [0, 1)"));
     }
     for (const std::vector<int>* list : {&in.tokens, &in.targets}) {
       for (int t : *list) {
@@ -259,15 +258,15 @@ RowPlan PlanRows(absl::Span<const StepInput> inputs) {
     }
     const int64_t last = offset + static_cast<int64_t>(in.tokens.size()) - 1;
     if (in.want_last_distribution) r.dist_rows.push_back(last);
-    if (in.pick == StepInput::Pick::kArgmax) r.best_rows.push_back(last);
-    if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
+    if (in.plan.pick == SamplingPlan::Pick::kArgmax) r.best_rows.push_back(last);
+    if (in.plan.pick == SamplingPlan::Pick::kDraw && in.plan.temperature == 1.0f) {
       r.draw_rows.push_back(last);
-      r.uniforms.push_back(in.draw_uniform);
+      r.uniforms.push_back(in.plan.uniform);
     }
     if (SamplesWholeRow(in)) r.whole_rows.push_back(last);
-    if (in.top_n > 0) {
+    if (in.plan.top_n > 0) {
       r.top_rows.push_back(last);
-      r.top_n = std::max(r.top_n, in.top_n);
+      r.top_n = std::max(r.top_n, in.plan.top_n);
     }
     offset += static_cast<int64_t>(in.tokens.size());
   }
@@ -332,27 +331,28 @@ absl::Status FillOutputs(absl::Span<const StepInput> inputs, int64_t V, RowReado
       const float* row = r.dist.data_ptr<float>() + static_cast<int64_t>(d++) * V;
       out[i].last_distribution.assign(row, row + V);
     }
-    if (in.pick == StepInput::Pick::kArgmax) {
+    const SamplingPlan& plan = in.plan;
+    if (plan.pick == SamplingPlan::Pick::kArgmax) {
       out[i].picked = r.best.ids[b];
       out[i].picked_logprob = r.best.logprobs[b++];
-    } else if (in.pick == StepInput::Pick::kDraw && in.draw_temperature == 1.0f) {
+    } else if (plan.pick == SamplingPlan::Pick::kDraw && plan.temperature == 1.0f) {
       out[i].picked = r.drawn.ids[w];
       out[i].picked_logprob = r.drawn.logprobs[w++];
     }
     if (SamplesWholeRow(in)) {
       StepOutput& whole = r.sampled[x++];
-      if ((in.pick == StepInput::Pick::kDraw && whole.picked < 0) || (in.nucleus_p > 0 && whole.nucleus.empty()))
+      if ((plan.pick == SamplingPlan::Pick::kDraw && whole.picked < 0) || (plan.nucleus_p > 0 && whole.nucleus.empty()))
         return absl::InternalError(absl::StrCat("model step: the log-probs of step input ", i, " are not finite"));
-      if (in.pick == StepInput::Pick::kDraw) {
+      if (plan.pick == SamplingPlan::Pick::kDraw) {
         out[i].picked = whole.picked;
         out[i].picked_logprob = whole.picked_logprob;
       }
       out[i].nucleus = std::move(whole.nucleus);
       out[i].nucleus_total = whole.nucleus_total;
     }
-    if (in.top_n > 0) {
+    if (plan.top_n > 0) {
       out[i].top = std::move(r.tops[p++]);
-      if (out[i].top.size() > static_cast<size_t>(in.top_n)) out[i].top.resize(in.top_n);
+      if (out[i].top.size() > static_cast<size_t>(plan.top_n)) out[i].top.resize(plan.top_n);
     }
   }
   return absl::OkStatus();

@@ -31,20 +31,7 @@ StepInput GenerateJob::Row(size_t n) {
   // The model picks the token, or lists the tokens the draw and the
   // alternatives need (docs/DESIGN.md, "Sampling paths"): no whole row
   // leaves it.
-  in.top_n = spec_.top_logprobs;
-  const int candidates = sampler_.TopCandidates();
-  if (candidates > 0) {
-    in.top_n = std::max(candidates, spec_.top_logprobs);
-  } else if (sampler_.Greedy()) {
-    if (spec_.top_logprobs == 0) in.pick = StepInput::Pick::kArgmax;  // else the list's first
-  } else if (sampler_.NucleusOnly()) {
-    in.nucleus_p = sampler_.top_p();
-    in.nucleus_temperature = sampler_.temperature();
-  } else {
-    in.pick = StepInput::Pick::kDraw;
-    in.draw_uniform = sampler_.NextUniform();
-    in.draw_temperature = sampler_.temperature();
-  }
+  in.plan = sampler_.Plan(spec_.top_logprobs);
   return in;
 }
 

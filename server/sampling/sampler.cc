@@ -101,6 +101,25 @@ int Sampler::Sample(absl::Span<const float> logprobs) {
 
 int Sampler::TopCandidates() const { return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0; }
 
+SamplingPlan Sampler::Plan(int alternatives) {
+  SamplingPlan plan;
+  plan.top_n = alternatives;
+  const int candidates = TopCandidates();
+  if (candidates > 0) {
+    plan.top_n = std::max(candidates, alternatives);
+  } else if (Greedy()) {
+    if (alternatives == 0) plan.pick = SamplingPlan::Pick::kArgmax;  // else the list's first
+  } else if (NucleusOnly()) {
+    plan.nucleus_p = config_.top_p;
+    plan.temperature = config_.temperature;
+  } else {
+    plan.pick = SamplingPlan::Pick::kDraw;
+    plan.uniform = NextUniform();
+    plan.temperature = config_.temperature;
+  }
+  return plan;
+}
+
 int Sampler::SampleFromTop(absl::Span<const std::pair<int, float>> top) {
   const double u = NextUniform();
   // The same weights Sample gives these candidates: the first is the row's

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "model/step.h"
 
 namespace txl {
 
@@ -38,19 +39,17 @@ class Sampler {
 
   int Sample(absl::Span<const float> logprobs);
 
-  // True when a draw needs no more than DrawInIdOrder at temperature() (a
+  // True when a draw needs no more than DrawInIdOrder at the temperature (a
   // temperature > 0, no top-k or top-p): the model can then draw itself
-  // (StepInput::Pick::kDraw) from NextUniform(), the same uniform Sample
+  // (SamplingPlan::Pick::kDraw) from NextUniform(), the same uniform Sample
   // would have used.
   bool IdOrderDraw() const;
   bool Greedy() const { return config_.temperature == 0.0f; }
-  float temperature() const { return config_.temperature; }
-  float top_p() const { return config_.top_p; }
   double NextUniform();
 
   // k when the draw needs only the k most likely tokens (a temperature > 0
   // with top-k, with or without top-p), else 0. The model can then list
-  // them (StepInput::top_n) instead of sending the whole row.
+  // them (SamplingPlan::top_n) instead of sending the whole row.
   int TopCandidates() const;
 
   // The token Sample would draw from the whole row, from that row's top
@@ -60,12 +59,21 @@ class Sampler {
 
   // True for top-p without top-k: the model can then list a prefix of the
   // row that holds the nucleus, with the row's total weight
-  // (StepInput::nucleus_p), and SampleFromNucleus cuts and draws there.
+  // (SamplingPlan::nucleus_p), and SampleFromNucleus cuts and draws there.
   bool NucleusOnly() const;
   // The token Sample would draw from the whole row, up to the rounding of
   // `total` (the model sums float weights): `nucleus` sorted as TopN sorts,
   // holding the nucleus. Uses one uniform, as Sample does.
   int SampleFromNucleus(absl::Span<const std::pair<int, float>> nucleus, double total);
+
+  // What the model gives for the next token (docs/DESIGN.md, "Sampling
+  // paths"), so that no whole row leaves it: for top-k the list of
+  // max(TopCandidates(), alternatives); for greedy the argmax, or with
+  // alternatives the list (its first is the token); for top-p alone the
+  // nucleus; else the model's draw at NextUniform(), taken here
+  // (SampleFromTop and SampleFromNucleus take theirs when they draw).
+  // `alternatives` > 0 (a request's logprobs): that many are listed too.
+  SamplingPlan Plan(int alternatives);
 
  private:
   struct Candidate {

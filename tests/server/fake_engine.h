@@ -87,31 +87,31 @@ class FakeEngine : public Engine {
         ++distributions_;
       }
       // Picks as the model makes them (model/net/output_layer.h), from the same distribution.
-      if (inputs[i].pick != StepInput::Pick::kNone) {
+      if (inputs[i].plan.pick != SamplingPlan::Pick::kNone) {
         const std::vector<float> d = Distribution(s->history.back());
-        out[i].picked = inputs[i].pick == StepInput::Pick::kArgmax
+        out[i].picked = inputs[i].plan.pick == SamplingPlan::Pick::kArgmax
                             ? static_cast<int>(std::max_element(d.begin(), d.end()) - d.begin())
-                            : DrawInIdOrder(d, inputs[i].draw_uniform, inputs[i].draw_temperature);
+                            : DrawInIdOrder(d, inputs[i].plan.uniform, inputs[i].plan.temperature);
         out[i].picked_logprob = d[out[i].picked];
         ++picks_;
       }
-      if (inputs[i].nucleus_p > 0) {
+      if (inputs[i].plan.nucleus_p > 0) {
         // Exactly the nucleus, and the total as the sampler sums it.
         const std::vector<float> d = Distribution(s->history.back());
         const TokenList sorted = TopN(d, vocab_);
-        const double best = sorted[0].second, t = inputs[i].nucleus_temperature;
+        const double best = sorted[0].second, t = inputs[i].plan.temperature;
         double total = 0, mass = 0;
         for (float lp : d) total += std::exp((lp - best) / t);
         for (const auto& [id, lp] : sorted) {
           out[i].nucleus.emplace_back(id, lp);
           mass += std::exp((lp - best) / t) / total;
-          if (mass >= inputs[i].nucleus_p) break;
+          if (mass >= inputs[i].plan.nucleus_p) break;
         }
         out[i].nucleus_total = total;
         ++lists_;
       }
-      if (inputs[i].top_n > 0) {
-        out[i].top = TopN(Distribution(s->history.back()), inputs[i].top_n);
+      if (inputs[i].plan.top_n > 0) {
+        out[i].top = TopN(Distribution(s->history.back()), inputs[i].plan.top_n);
         ++lists_;
       }
       tokens += static_cast<int64_t>(inputs[i].tokens.size());

@@ -35,7 +35,7 @@ TEST(RequestValidationTest, AGenerationNeedsInputOrHistory) {
 }
 
 // A top-k of the vocabulary or more limits nothing; left as it is, it would
-// make the model list every word (StepInput::top_n) for a draw that walks
+// make the model list every word (SamplingPlan::top_n) for a draw that walks
 // whole rows anyway.
 TEST(RequestValidationTest, ATopKOfTheWholeVocabularyMeansNoLimit) {
   const RequestLimits limits;

@@ -181,7 +181,7 @@ TEST(SamplerTest, TopPChoosesAsAFullSortWouldAtTheBucketsEdges) {
   }
 }
 
-// What the model's list gives (TopN of the row; StepInput::top_n) draws the
+// What the model's list gives (TopN of the row; SamplingPlan::top_n) draws the
 // token the whole row draws, with or without top-p, at any temperature.
 TEST(SamplerTest, TopKFromTheListDrawsAsFromTheWholeRow) {
   for (float t : {0.3f, 1.0f, 1.6f}) {

@@ -31,7 +31,7 @@ import txl_procs  # noqa: E402
 ARGS = None
 
 # docs/DESIGN.md, "Metrics", concept by concept, and the metric family that serves it.
-SECTION_8 = {
+DESIGN_METRICS = {
     "requests by method and status code": "txl_requests_total",
     "time to first token": "txl_time_to_first_token_seconds",
     "inter-token latency": "txl_inter_token_seconds",
@@ -382,8 +382,8 @@ class ServedMetricsTest(unittest.TestCase):
         self.assertEqual(value("txl_session_memory_budget_bytes"), float(self.flags["session_memory_budget"]))
         self.assertGreaterEqual(value("txl_tokens_generated_total"), 8)
 
-    def test_design_section_8_metrics_are_served(self):
-        for concept, family in SECTION_8.items():
+    def test_design_metrics_are_served(self):
+        for concept, family in DESIGN_METRICS.items():
             self.assertIn(family, self.families, concept)
         self.assertEqual(self.families["txl_time_to_first_token_seconds"], "histogram")
 
@@ -428,7 +428,7 @@ class ServedMetricsTest(unittest.TestCase):
                     for family in self.families:
                         if n == family or (n.startswith(family) and n[len(family):] in HISTOGRAM_SUFFIXES):
                             used.setdefault(family, []).append((t.get("legendFormat", ""), p["type"]))
-        for family in sorted(set(self.families) | set(SECTION_8.values())):
+        for family in sorted(set(self.families) | set(DESIGN_METRICS.values())):
             with self.subTest(metric=family):
                 self.assertIn(family, used, "no panel shows it")
                 labels = set()

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/status_macros.h"
+#include "server/core/job_answer.h"
 #include "server/core/service_core.h"
 #include "server/durability/new_session.h"
 #include "server/sessions/session_export.h"
@@ -113,13 +114,7 @@ void ServiceCore::ForkSession(const std::string& principal, const std::string& i
           ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
           auto source = table->Get(principal, id);  // the fork keeps its ttl
           JobCallbacks cb;
-          cb.on_done = [done](absl::Status s, JobResult result) {
-            if (s.ok()) {
-              done(std::move(result.forked));
-            } else {
-              done(s);
-            }
-          };
+          cb.on_done = AnswerWith<SessionInfo>(done, &JobResult::forked);
           return scheduler
               ->SubmitFork(std::move(lease), source.ok() ? source->idle_ttl : absl::ZeroDuration(), labels, position,
                            std::move(cb))

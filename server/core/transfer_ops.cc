@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/core/job_answer.h"
 #include "server/core/service_core.h"
 #include "server/sessions/session_export.h"
 
@@ -17,13 +18,7 @@ void ServiceCore::ExportSession(const std::string& principal, const std::string&
       [this, principal, id, done]() -> absl::Status {
         ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
         JobCallbacks cb;
-        cb.on_done = [done](absl::Status s, JobResult result) {
-          if (s.ok()) {
-            done(std::move(result.exported));
-          } else {
-            done(s);
-          }
-        };
+        cb.on_done = AnswerWith<std::string>(done, &JobResult::exported);
         return scheduler->SubmitExport(std::move(lease), std::move(cb)).status();
       },
       [done](absl::Status s) { done(s); });
@@ -41,13 +36,7 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
     }
     if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     JobCallbacks cb;
-    cb.on_done = [done](absl::Status s, JobResult result) {
-      if (s.ok()) {
-        done(std::move(result.forked));
-      } else {
-        done(s);
-      }
-    };
+    cb.on_done = AnswerWith<SessionInfo>(done, &JobResult::forked);
     ImportSpec spec;
     spec.owner = principal;
     spec.image = std::move(image);

@@ -29,6 +29,10 @@ bool JobControl::cancelled() const {
 
 void JobControl::Attach(std::shared_ptr<Job> job) {
   absl::MutexLock lock(&mu_);
+  if (ended_unattached_ > 0) {  // it is over already
+    --ended_unattached_;
+    return;
+  }
   job_ = std::move(job);
   if (cancelled_) scheduler_->Cancel(job_);  // the client left before the job was known
   if (paused_) scheduler_->Pause(job_);      // e.g. a turn after one that filled the buffer
@@ -36,7 +40,16 @@ void JobControl::Attach(std::shared_ptr<Job> job) {
 
 void JobControl::Detach() {
   absl::MutexLock lock(&mu_);
-  job_.reset();
+  if (job_) {
+    job_.reset();
+  } else {
+    ++ended_unattached_;
+  }
+}
+
+bool JobControl::holds_job() const {
+  absl::MutexLock lock(&mu_);
+  return job_ != nullptr;
 }
 
 }  // namespace txl

@@ -27,9 +27,12 @@ class JobControl {
   void Resume();
   bool cancelled() const;
 
-  // The service core's side: the job once queued, and its end.
+  // The service core's side: the job once queued, and its end. A job can
+  // end (on the engine thread) before the core attaches it: such a job is
+  // not kept (a call would hold it, and what its callbacks hold, for nothing).
   void Attach(std::shared_ptr<Job> job);
   void Detach();
+  bool holds_job() const;
 
  private:
   Scheduler* const scheduler_;
@@ -37,6 +40,7 @@ class JobControl {
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  int ended_unattached_ ABSL_GUARDED_BY(mu_) = 0;  // jobs that ended before Attach
 };
 
 }  // namespace txl

@@ -61,8 +61,12 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
       if (auto call = weak.lock()) call->ClientGone();
     });
     JobCallbacks cb;
-    cb.on_tokens = [self](std::vector<GeneratedTokenEvent> events, int64_t position) {
-      self->Response(TokensResponse(events, position, self->s_->core->tokenizer));
+    // The end keeps the call alive until the job is done (the runner moves it
+    // out of the job then). The tokens hold it weakly: a job the runner has
+    // finished keeps its on_tokens, and this call's JobControl may keep the
+    // job (JobControl::Attach after the end), which would be a cycle.
+    cb.on_tokens = [weak](std::vector<GeneratedTokenEvent> events, int64_t position) {
+      if (auto call = weak.lock()) call->Response(TokensResponse(events, position, call->s_->core->tokenizer));
     };
     cb.on_done = [self](absl::Status status, JobResult result) { self->Done(std::move(status), result); };
     s_->core->Generate(*principal, *std::move(args), /*adopt=*/true, control_, std::move(cb));

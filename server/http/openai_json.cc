@@ -136,8 +136,8 @@ std::string OpenAiParamOf(absl::string_view message) {
       {"session_id", "session_id"},
   };
   const absl::string_view field = message.substr(0, message.find_first_of(": ["));
-  for (const auto& [grpc_name, openai_name] : kNames)
-    if (field == grpc_name) return std::string(openai_name);
+  for (const auto& [proto_name, openai_name] : kNames)
+    if (field == proto_name) return std::string(openai_name);
   return "";
 }
 }  // namespace

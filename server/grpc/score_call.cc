@@ -3,11 +3,9 @@
 #include <chrono>
 #include <memory>
 
-#include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "server/grpc/call_context.h"
 #include "server/grpc/service.h"
-#include "server/sampling/text_stream.h"
 
 namespace txl {
 

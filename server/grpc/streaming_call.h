@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/core/responses.h"
 #include "server/grpc/call_context.h"
-#include "server/sampling/text_stream.h"
+#include "server/jobs/job.h"
 
 namespace txl {
 

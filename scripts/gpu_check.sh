@@ -3,7 +3,9 @@
 #   device run:  scripts/gpu_check.sh            with carry ["gpu-bundle"]; report in $OUT
 #   here:        scripts/gpu_check.sh --dry-run  the same steps with --device cpu (below)
 # Options: --out DIR (default $OUT, else gpu-check/), --python PY (the Python that holds torch
-# 2.11.0+cu130; default python3), --only STEP,STEP (the steps below).
+# 2.11.0+cu130; default python3), --only STEP,STEP (the steps below), --budget SECONDS (each step
+# runs under what is left of it, and one that would start with none left is skipped, so that the
+# report is written before the device call's own limit).
 # It unpacks gpu-bundle/txl-gpu.tar.xz into an empty folder and runs everything from there: the
 # binaries load the GPU machine's own torch (its site-packages' torch/lib) and the bundle's lib/.
 # The tests and data come from this source tree. Steps (each PASS, FAIL or SKIP, with its time):
@@ -35,6 +37,7 @@ SRC=$PWD
 DRY=0
 PY=python3
 ONLY=""
+BUDGET=0
 OUTDIR=${OUT:-gpu-check}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -42,7 +45,8 @@ while [ $# -gt 0 ]; do
     --out) OUTDIR=$2; shift ;;
     --python) PY=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    *) echo "usage: $0 [--dry-run] [--out DIR] [--python PY] [--only STEP,...]" >&2; exit 2 ;;
+    --budget) BUDGET=$2; shift ;;
+    *) echo "usage: $0 [--dry-run] [--out DIR] [--python PY] [--only STEP,...] [--budget SECONDS]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -86,8 +90,9 @@ export PYTHONPATH=$SRC/tests/integration:$SRC/client/python:$W/client/python/gen
 export PYTHONUNBUFFERED=1
 MODEL=$SRC/model/bundled/shakespeare_char.pt
 CORPUS=$SRC/data/tinyshakespeare.txt
-BINARIES=(server/txl-server client/txl-client tools/txl-eval tools/txl-init tools/txl-train bench/engine_bench
-  tests/model_test tests/precision_test)
+# (A string, not an array: each step runs in a child bash, under timeout, and arrays are not exported.)
+BINARY_LIST="server/txl-server client/txl-client tools/txl-eval tools/txl-init tools/txl-train bench/engine_bench
+  tests/model_test tests/precision_test"
 echo "gpu_check: bundle $(head -1 "$W/MANIFEST"); torch $TORCH_VERSION from $TORCH_LIB; device $DEVICE" |
   tee "$LOGS/summary.log"
 
@@ -97,9 +102,21 @@ failed=0
 step() {  # step NAME FUNCTION: runs it, logs to LOGS/NAME.log, records status and seconds
   local name=$1 fn=$2 start=$SECONDS status secs
   if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$name,"* ]]; then return; fi
+  local limit=()
+  if [ "$BUDGET" -gt 0 ]; then
+    local left=$((BUDGET - SECONDS))
+    if [ $left -le 5 ]; then
+      echo "gpu_check: $name SKIP: the --budget of $BUDGET s is spent"
+      echo "not run: the --budget of $BUDGET s was spent" >"$LOGS/$name.log"
+      printf '%s\tSKIP\t0\n' "$name" >>"$RESULTS"
+      return
+    fi
+    limit=(timeout -k 10 $left)
+  fi
   echo "gpu_check: $name ..."
-  "$fn" >"$LOGS/$name.log" 2>&1
+  "${limit[@]}" bash -c "$fn" >"$LOGS/$name.log" 2>&1
   status=$?
+  if [ $status = 124 ] || [ $status = 137 ]; then echo "stopped: the --budget of $BUDGET s ran out" >>"$LOGS/$name.log"; fi
   secs=$((SECONDS - start))
   if [ $status = 0 ]; then
     echo "gpu_check: $name PASS ($secs s)"
@@ -116,10 +133,13 @@ step() {  # step NAME FUNCTION: runs it, logs to LOGS/NAME.log, records status a
 }
 
 preflight() {
+  local BINARIES
+  read -ra BINARIES -d '' <<<"$BINARY_LIST" || true
   echo "torch $TORCH_VERSION"
   case $TORCH_VERSION in 2.11.0+cu130) ;; *) echo "expected torch 2.11.0+cu130, which the bundle was built against"; return 1 ;; esac
   if [ "$DRY" = 0 ]; then
     nvidia-smi -L || return 1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || return 1
     "$PY" -c "import torch; assert torch.cuda.is_available(); print(torch.cuda.get_device_name(0))" || return 1
   fi
   "$PY" "$SRC/scripts/bundle_closure.py" --check "$W/lib" "${BINARIES[@]/#/$W/}" || return 1
@@ -251,6 +271,9 @@ bench() {
   "$W/bench/engine_bench" "${args[@]}"
 }
 
+# Each step runs in a child bash (so that --budget can stop it with everything it started).
+export SRC W PY DEVICE DRY OUTDIR MODEL CORPUS LOGS TORCH_VERSION TORCH_LIB BINARY_LIST
+export -f preflight unit eval_check servers transfer train admission bench
 step preflight preflight
 if grep -q "^preflight	FAIL" "$RESULTS"; then
   echo "gpu_check: preflight failed; nothing else can run" >&2

@@ -12,13 +12,16 @@
 #   preflight  torch's version; every binary's libraries are the bundle's, torch's or the
 #              runtime's (scripts/bundle_closure.py), and every binary starts (--help)
 #   unit       model_test and precision_test
-#   eval       txl-eval on the CPU against the device at chunks 1, 7 and 64: float32 within
-#              1e-4, bfloat16 weights and memories within 0.1 (docs/PERFORMANCE.md)
+#   eval       txl-eval on the CPU against the device at chunks 1, 7 and 64: float32 log-probs
+#              within 1e-4; bfloat16 weights and memories within the quality gate of
+#              docs/PERFORMANCE.md (bits per character within 0.5% of float32's)
 #   servers    python_client, rewind, refusals, offload and durability with every server on the
-#              device (TXL_TEST_SERVER_FLAGS)
+#              device (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the
+#              test gives its own (TXL_TEST_SERVER_DEFAULTS)
 #   transfer   a session exported on the device imports on the CPU, and back: the same greedy
 #              continuation
-#   train      300 txl-train steps on the device: the first loss equals the CPU's within 1e-3,
+#   train      300 txl-train steps on the device, dropout off: the first loss equals the CPU's
+#              within 1e-3,
 #              and the loss falls; then tests/integration/test_train.py
 #   admission  a --session_memory_budget the device cannot hold stops start-up, naming the flag;
 #              one it can hold starts and serves
@@ -161,30 +164,43 @@ unit() {
 
 eval_check() {
   head -c 3000 "$CORPUS" >"$W/eval.txt"
-  local chunk dtype flags tol
+  local chunk dtype flags bad=0
   for dtype in float32 bfloat16; do
-    if [ $dtype = float32 ]; then flags=(); tol=1e-4; else flags=(--dtype bfloat16 --kv_dtype bfloat16); tol=0.1; fi
+    if [ $dtype = float32 ]; then flags=(); else flags=(--dtype bfloat16 --kv_dtype bfloat16); fi
     for chunk in 1 7 64; do
-      "$W/tools/txl-eval" --model "$MODEL" --text "$W/eval.txt" --chunk $chunk --logprobs "$W/cpu.$chunk" || return 1
+      "$W/tools/txl-eval" --model "$MODEL" --text "$W/eval.txt" --chunk $chunk --logprobs "$W/cpu.$chunk" \
+        >"$W/cpu.$chunk.json" || return 1
       "$W/tools/txl-eval" --model "$MODEL" --text "$W/eval.txt" --chunk $chunk --device $DEVICE "${flags[@]}" \
-        --logprobs "$W/dev.$chunk" || return 1
-      "$PY" - "$W/cpu.$chunk" "$W/dev.$chunk" $tol "$dtype chunk $chunk" <<'EOF' || return 1
-import sys
+        --logprobs "$W/dev.$chunk" >"$W/dev.$chunk.json" || return 1
+      cat "$W/cpu.$chunk.json" "$W/dev.$chunk.json"
+      "$PY" - "$W/cpu.$chunk" "$W/dev.$chunk" "$W/cpu.$chunk.json" "$W/dev.$chunk.json" $dtype $chunk <<'EOF' || bad=1
+import json, sys
 a = [float(x) for x in open(sys.argv[1])]
 b = [float(x) for x in open(sys.argv[2])]
+bpc_cpu, bpc_dev = (json.loads(open(p).read().splitlines()[-1])["bpc"] for p in sys.argv[3:5])
+dtype, chunk = sys.argv[5], sys.argv[6]
 worst = max(abs(x - y) for x, y in zip(a, b))
-print("%s: %d log-probs, max |cpu float32 - device| = %.3g (tolerance %s)" % (sys.argv[4], len(a), worst, sys.argv[3]))
-sys.exit(0 if len(a) == len(b) > 2000 and worst <= float(sys.argv[3]) else 1)
+rel = (bpc_dev - bpc_cpu) / bpc_cpu
+# float32: every log-prob within 1e-4 of the CPU's. bfloat16 (weights and memories): the stated
+# gate of docs/PERFORMANCE.md ("Quality gates"), bits per character within 0.5% of float32's; the
+# largest per-token difference is reported beside it (the CPU's own bfloat16 kernels reach about
+# 0.09 on this text).
+ok = len(a) == len(b) > 2000 and (worst <= 1e-4 if dtype == "float32" else abs(rel) < 0.005)
+print("%s chunk %s: %d log-probs, max |cpu float32 - device| = %.3g; bpc %.6f vs %.6f (%+.4f%%): %s"
+      % (dtype, chunk, len(a), worst, bpc_dev, bpc_cpu, 100 * rel, "ok" if ok else "OUT OF TOLERANCE"))
+sys.exit(0 if ok else 1)
 EOF
     done
   done
+  return $bad
 }
 
 servers() {
   local suite bad=0
   for suite in python_client rewind refusals offload durability; do
     echo "== $suite"
-    TXL_TEST_SERVER_FLAGS="--device $DEVICE" timeout 300 "$PY" "$SRC/tests/integration/test_$suite.py" \
+    # Several servers share the GPU: each gets a 1 GiB pool unless its test sets a budget.
+    TXL_TEST_SERVER_FLAGS="--device $DEVICE" TXL_TEST_SERVER_DEFAULTS="--session_memory_budget=1073741824" timeout 300 "$PY" "$SRC/tests/integration/test_$suite.py" \
       --bin-dir "$W" --stubs "$W/client/python/gen" || bad=1
   done
   return $bad
@@ -220,7 +236,7 @@ EOF
 train() {
   local small=(--n_layer 2 --n_head 2 --d_model 64 --d_head 32 --d_inner 128 --tgt_len 32 --mem_len 32
     --batch_size 16 --warmup 20 --lr 3e-3 --eval_interval 0 --checkpoint_interval 0 --eval_max_tokens 2000
-    --log_interval 50 --seed 5)
+    --log_interval 50 --seed 5 --dropout 0 --dropatt 0)  # (dropout draws from each device's own generator)
   head -c 200000 "$CORPUS" >"$W/train.txt"
   "$W/tools/txl-train" --train "$W/train.txt" --device cpu --max_steps 300 --steps_this_run 1 \
     --out "$W/cpu.pt" --loss_log "$W/cpu.loss" "${small[@]}" || return 1

@@ -43,6 +43,7 @@
 #include "server/http/metrics_route.h"
 #include "server/http/openai_gateway.h"
 #include "server/metrics/metrics.h"
+#include "server/sessions/device_budget.h"
 #include "server/sessions/session_table.h"
 
 #ifndef TXL_BUNDLED_MODEL
@@ -413,12 +414,16 @@ absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
                                                           memory.status().message(),
                                                           " (give --session_memory_budget)"));
       }
-      int64_t headroom = o->gpu_headroom;
-      if (headroom == 0) headroom = std::max<int64_t>(int64_t{1} << 30, memory->total_bytes / 10);
-      o->table.memory_budget_bytes = std::max<int64_t>(1, memory->free_bytes - headroom);
+      txl::DeviceBudgetConfig budget;
+      budget.device = model.device();
+      budget.memory = *memory;
+      budget.headroom = o->gpu_headroom;
+      budget.window_bytes = model.FullMemoryBytes(o->service.default_mem_len);
+      budget.default_mem_len = o->service.default_mem_len;
+      ASSIGN_OR_RETURN(o->table.memory_budget_bytes, txl::DefaultDeviceBudget(budget));
       std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes (" << model.device()
-                << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less " << headroom
-                << " headroom)" << std::endl;
+                << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less "
+                << txl::DeviceHeadroom(budget) << " headroom)" << std::endl;
     }
   }
   if (model.device() != "cpu" && o->table.memory_budget_bytes > 0) {

@@ -81,7 +81,8 @@ class PythonClientTest(unittest.TestCase):
         turns = ["first\n", "second turn\n", "3rd\n"]
         r = self.example("--max-new-tokens", "6", *[a for t in turns for a in ("--turn", t)], *args)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertRegex(r.stdout, r"^server [^\n]*, device cpu, dtype float32, kv_dtype float32\n")
+        device = re.escape(txl_procs.requested_device())
+        self.assertRegex(r.stdout, r"^server [^\n]*, device %s, dtype float32, kv_dtype float32\n" % device)
         sid = re.search(r"^session ([0-9a-f]{32}) \(mem_len (\d+)\), position 0$", r.stdout, re.M)
         self.assertIsNotNone(sid, r.stdout)
         steps = re.findall(r"^--- position (\d+) = (\d+) \+ (\d+) fed \+ (\d+) generated \(finish LENGTH",

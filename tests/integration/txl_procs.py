@@ -30,6 +30,18 @@ TINY_CONFIG = {"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner"
 TINY_INIT_ARGS = ("--init_std", "0.3")  # weights large enough that the outputs differ by input
 
 
+def requested_device():
+    """The --device that TXL_TEST_SERVER_FLAGS gives every test server ("cpu" without one)."""
+    flags = shlex.split(os.environ.get("TXL_TEST_SERVER_FLAGS", ""))
+    device = "cpu"
+    for i, flag in enumerate(flags):
+        if flag == "--device" and i + 1 < len(flags):
+            device = flags[i + 1]
+        elif flag.startswith("--device="):
+            device = flag.split("=", 1)[1]
+    return device
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,12 +75,15 @@ class Server:
     def __init__(self, bin_dir, model, *flags, metrics=False, http=False, flagfile=None):
         # TXL_TEST_SERVER_FLAGS: flags for every server a test starts, after its own (so they win):
         # scripts/gpu_check.sh runs the server tests with "--device cuda" this way.
+        # TXL_TEST_SERVER_DEFAULTS: flags before the test's own (so a test's own win): on a GPU,
+        # where several servers share the device, a --session_memory_budget for each.
         extra = shlex.split(os.environ.get("TXL_TEST_SERVER_FLAGS", ""))
+        defaults = shlex.split(os.environ.get("TXL_TEST_SERVER_DEFAULTS", ""))
         self._start([os.path.join(bin_dir, "server", "txl-server")] +
                     ([f"--flagfile={flagfile}"] if flagfile else []) +
                     ["--model", model, "--listen", "127.0.0.1:0",
                      "--metrics_listen", "127.0.0.1:0" if metrics else "",
-                     "--http_listen", "127.0.0.1:0" if http else "", *flags, *extra])
+                     "--http_listen", "127.0.0.1:0" if http else "", *defaults, *flags, *extra])
         # The suites CTest runs again on the generic path must really be on it.
         if "--kernels=generic" in extra or "--kernels generic" in " ".join(extra):
             if "generic: libtorch ops" not in self.output:

@@ -32,6 +32,9 @@ std::vector<Row> Bench::Run() {
 
   if (Want("W")) WRows(&rows);
 
+  // ---- G: decode graphs against none.
+  if (Want("G")) GraphRows(&rows);
+
   // ---- S: scoring segments, NVIDIA's published setting (64 tokens, window 640).
   if (Want("S")) rows.push_back(ScoreRow());
 

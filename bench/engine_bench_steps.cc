@@ -22,12 +22,19 @@ namespace engine_bench {
 
 using txl::SamplingPlan;
 
-Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, int threads, Sizes sizes)
-    : sizes_(std::move(sizes)), path_(path), device_(device), kernels_(kernels), cuda_(device != "cpu") {
+Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, bool decode_graphs, int threads,
+             Sizes sizes)
+    : sizes_(std::move(sizes)),
+      path_(path),
+      device_(device),
+      kernels_(kernels),
+      decode_graphs_(decode_graphs),
+      cuda_(device != "cpu") {
   txl::LanguageModelOptions o;
   o.path = path;
   o.device = device;
   o.kernels = kernels;
+  o.decode_graphs = decode_graphs;
   o.threads = threads;
   const auto start = Clock::now();
   lm_ = Must(LanguageModel::Create(o), "loading " + path);
@@ -185,6 +192,7 @@ std::unique_ptr<LanguageModel> Bench::Load(txl::WeightDtype dtype, txl::KvDtype 
   o.path = path_;
   o.device = device_;
   o.kernels = kernels_;
+  o.decode_graphs = decode_graphs_;
   o.dtype = dtype;
   o.kv_dtype = kv;
   return Must(LanguageModel::Create(o), "loading " + path_ + " as " + txl::DtypeName(dtype));

@@ -15,6 +15,9 @@
 #   eval       txl-eval on the CPU against the device at chunks 1, 7 and 64: float32 log-probs
 #              within 1e-4; bfloat16 weights and memories within the quality gate of
 #              docs/PERFORMANCE.md (bits per character within 0.5% of float32's)
+#   graphs     --cuda_graphs (decode steps as CUDA graphs): txl-eval at chunk 1 against the CPU
+#              (float32 within 1e-4, bfloat16 within the gate); python_client and rewind with
+#              every server on graphs; engine_bench group G (graphs against none)
 #   servers    python_client, rewind, refusals, offload and durability with every server on the
 #              device (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the
 #              test gives its own (TXL_TEST_SERVER_DEFAULTS)
@@ -195,6 +198,45 @@ EOF
   return $bad
 }
 
+graphs() {
+  # Decode steps as CUDA graphs (--cuda_graphs): chunk 1 is one token per step, the captured path.
+  head -c 3000 "$CORPUS" >"$W/graphs.txt"
+  local dtype flags bad=0
+  for dtype in float32 bfloat16; do
+    if [ $dtype = float32 ]; then flags=(); else flags=(--dtype bfloat16 --kv_dtype bfloat16); fi
+    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --logprobs "$W/g.cpu" >"$W/g.cpu.json" ||
+      return 1
+    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --device $DEVICE "${flags[@]}" \
+      --logprobs "$W/g.plain" >"$W/g.plain.json" || return 1
+    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --device $DEVICE "${flags[@]}" \
+      $GRAPH_FLAG --logprobs "$W/g.dev" >"$W/g.dev.json" || return 1
+    cat "$W/g.cpu.json" "$W/g.plain.json" "$W/g.dev.json"
+    "$PY" - "$W/g.cpu" "$W/g.plain" "$W/g.dev" "$W/g.cpu.json" "$W/g.dev.json" $dtype <<'EOF' || bad=1
+import json, sys
+cpu, plain, dev = ([float(x) for x in open(p)] for p in sys.argv[1:4])
+bpc_cpu, bpc_dev = (json.loads(open(p).read().splitlines()[-1])["bpc"] for p in sys.argv[4:6])
+dtype = sys.argv[6]
+worst = max(abs(x - y) for x, y in zip(cpu, dev))
+same = max(abs(x - y) for x, y in zip(plain, dev))
+rel = (bpc_dev - bpc_cpu) / bpc_cpu
+ok = len(cpu) == len(dev) > 2000 and (worst <= 1e-4 if dtype == "float32" else abs(rel) < 0.005)
+print("%s chunk 1 with --cuda_graphs: max |cpu float32 - graphs| = %.3g, max |no graphs - graphs| = %.3g; "
+      "bpc %.6f vs %.6f (%+.4f%%): %s" % (dtype, worst, same, bpc_dev, bpc_cpu, 100 * rel, "ok" if ok else "OUT OF TOLERANCE"))
+sys.exit(0 if ok else 1)
+EOF
+  done
+  echo "== python_client and rewind with --cuda_graphs"
+  for suite in python_client rewind; do
+    TXL_TEST_SERVER_FLAGS="--device $DEVICE $GRAPH_FLAG" TXL_TEST_SERVER_DEFAULTS="--session_memory_budget=1073741824" \
+      timeout 300 "$PY" "$SRC/tests/integration/test_$suite.py" --bin-dir "$W" --stubs "$W/client/python/gen" || bad=1
+  done
+  echo "== engine_bench group G: graphs against none"
+  local args=(--device $DEVICE --only G --json "$OUTDIR/engine_bench_graphs.json")
+  if [ "$DRY" = 1 ]; then args+=(--quick --kernels generic); else args+=(--shape base --reps 3); fi
+  "$W/bench/engine_bench" "${args[@]}" || bad=1
+  return $bad
+}
+
 servers() {
   local suite bad=0
   for suite in python_client rewind refusals offload durability; do
@@ -288,14 +330,17 @@ bench() {
 }
 
 # Each step runs in a child bash (so that --budget can stop it with everything it started).
-export SRC W PY DEVICE DRY OUTDIR MODEL CORPUS LOGS TORCH_VERSION TORCH_LIB BINARY_LIST
-export -f preflight unit eval_check servers transfer train admission bench
+# (On the CPU, decode graphs need the generic kernels: they run the padded steps eagerly.)
+if [ "$DRY" = 1 ]; then GRAPH_FLAG="--cuda_graphs --kernels generic"; else GRAPH_FLAG="--cuda_graphs"; fi
+export SRC W PY DEVICE DRY OUTDIR MODEL CORPUS LOGS TORCH_VERSION TORCH_LIB BINARY_LIST GRAPH_FLAG
+export -f preflight unit eval_check graphs servers transfer train admission bench
 step preflight preflight
 if grep -q "^preflight	FAIL" "$RESULTS"; then
   echo "gpu_check: preflight failed; nothing else can run" >&2
 else
   step unit unit
   step eval eval_check
+  step graphs graphs
   step servers servers
   step transfer transfer
   step train train

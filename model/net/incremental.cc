@@ -42,7 +42,8 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       kv_dtype_(precision.kv_dtype),
       isa_(precision.isa),
       generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
-      bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())) {
+      bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())),
+      decode_graphs_(precision.decode_graphs && generic_) {
   PrepareWeights();
 }
 
@@ -112,7 +113,7 @@ void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
 void IncrementalModel::ReserveSessionMemory(int64_t bytes) {
   if (!pool_ || bytes <= 0) return;
   const int64_t per_row = 2 * config_.n_layer * pool_->row_bytes();  // a row: keys and values of every layer
-  pool_->Reserve(1 + bytes / per_row);
+  pool_->Reserve(SlotPool::kReservedRows + bytes / per_row);
 }
 
 void IncrementalModel::Adopt(SessionMemory* m) const {
@@ -198,7 +199,9 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
       which.push_back(i);
       decode = decode && tokens.back().size() == 1 && !pending[i].replaced();
     }
-    at::Tensor hidden = decode ? DecodePass(batch, tokens) : Pass(batch, tokens);
+    at::Tensor hidden = decode                         ? DecodePass(batch, tokens)
+                        : GraphEligible(batch, tokens) ? GraphDecodePass(batch, tokens)
+                                                       : Pass(batch, tokens);
     int64_t offset = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       const int64_t n = static_cast<int64_t>(tokens[b].size());

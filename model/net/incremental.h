@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +21,8 @@
 #include "model/kernels/decode_kernels.h"
 #include "model/kernels/prefill_attention.h"
 #include "model/model_config.h"
+#include "model/net/cuda_graph.h"
+#include "model/net/decode_buckets.h"
 #include "model/net/huge_pages.h"
 #include "model/net/session_memory.h"
 #include "model/net/slot_pool.h"
@@ -47,6 +50,11 @@ class IncrementalModel {
     bool bf16_products = true;
     // kGeneric: libtorch's ops, as on a GPU, on a CPU too (precision.h).
     Kernels kernels = Kernels::kAuto;
+    // Decode steps (one token per session, every memory in the pool) padded
+    // to a DecodeBucket and, on a GPU, captured once per bucket as a CUDA
+    // graph and replayed. On a CPU with kGeneric the same padded passes run
+    // eagerly (the tests' view of the graphs); ignored on the CPU kernels.
+    bool decode_graphs = false;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -78,6 +86,15 @@ class IncrementalModel {
 
   static constexpr int64_t kPassTokens = 512;
 
+  // What the decode graphs did so far: padded passes, and of those how many
+  // were captured and how many replayed (the rest ran eagerly).
+  struct GraphCounts {
+    int64_t padded = 0, captured = 0, replayed = 0;
+  };
+  const GraphCounts& graph_counts() const { return graph_counts_; }
+  // Why the decode graphs turned themselves off (a capture failed), or empty.
+  const std::string& graph_error() const { return graph_error_; }
+
  private:
   // A session's memory as it evolves during one step; committed at the end.
   // k[l] / v[l] are undefined until a pass replaces the memory (then
@@ -98,6 +115,19 @@ class IncrementalModel {
   PassGeometry Geometry(const std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) const;
   PoolPlan PlanPool(const std::vector<Pending*>& batch, const PassGeometry& g) const;
   PassMeta UploadMeta(const PassGeometry& g, const PoolPlan& plan) const;
+  // UploadMeta in its two halves: the host values in one vector, and the
+  // device tensors (masks among them) derived from their upload.
+  std::vector<int64_t> PackMeta(const PassGeometry& g, const PoolPlan& plan) const;
+  PassMeta DeriveMeta(const PassGeometry& g, const PoolPlan& plan, const at::Tensor& on_device) const;
+  // Every layer of a pass, from the embedding to the last hidden states
+  // [T, d]; the new memories of sessions not written in place go to new_k/v.
+  at::Tensor Layers(const std::vector<Pending*>& batch, const PassGeometry& g, const PoolPlan& plan,
+                    const PassMeta& meta, std::vector<std::vector<at::Tensor>>& new_k,
+                    std::vector<std::vector<at::Tensor>>& new_v);
+  // Decode graphs (incremental_graphs.cc): whether a pass can be padded to a
+  // bucket, and the padded pass, replayed from its capture where there is one.
+  bool GraphEligible(const std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) const;
+  at::Tensor GraphDecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
   // The held positions of a session in layer l, in order, [length, H, dh] float32.
   at::Tensor Held(const Pending& p, int64_t l, bool key) const;
   // Layer l's new keys and values [T, H, dh] that go in place into their
@@ -184,6 +214,20 @@ class IncrementalModel {
   PrefillAttentionBuffers prefill_buffers_;
   // Generic path: every session's memory (slot_pool.h).
   std::shared_ptr<SlotPool> pool_;
+  // Decode graphs: per bucket, the static metadata on the device that each
+  // step's values are copied into, and the capture that reads it. They hold
+  // the pool's and the position table's addresses: a pool that grew or a
+  // table that was rebuilt drops them all.
+  bool decode_graphs_;
+  struct DecodeGraph {
+    at::Tensor meta;
+    std::unique_ptr<CapturedPass> captured;
+  };
+  std::map<DecodeBucket, DecodeGraph> graphs_;
+  int64_t graphs_pool_generation_ = -1;
+  int64_t graphs_rel_size_ = -1;
+  GraphCounts graph_counts_;
+  std::string graph_error_;
   std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
   std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous: built only for the decode kernels
   int64_t rel_size_ = 0;

@@ -9,6 +9,7 @@
 
 #include "model/kernels/prefill_kernels.h"
 #include "model/net/incremental.h"
+#include "model/net/incremental_pass.h"
 #include "model/net/txl_math.h"
 
 namespace txl {
@@ -36,51 +37,6 @@ at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device) 
 }
 
 }  // namespace
-
-// Session b feeds n[b] tokens after its m[b] held positions, in a window of
-// M[b] keys: K[b] = m[b] + n[b] keys. Padded, the pass is a score block of
-// [B sessions, N queries, Kmax keys].
-struct IncrementalModel::PassGeometry {
-  int64_t B = 0, T = 0;     // sessions; tokens of all of them
-  int64_t N = 0, Kmax = 0;  // the most tokens, and keys, of a session
-  int64_t D = 0;            // distances that can be attended
-  std::vector<int64_t> n, m, M, K;
-  std::vector<int64_t> flat;  // the tokens, session by session
-  bool uniform = true;        // every session feeds N tokens
-  std::vector<int64_t> rows;  // token t's row of the padded [B * N] (empty when uniform)
-  // Where the new keys/values fit in free ring slots (the span from the
-  // oldest committed position to the newest new one is at most mem_len), they
-  // are written in place, never over a committed position; otherwise the
-  // pass builds the new held memory aside and the commit installs it.
-  std::vector<char> in_place;
-};
-
-// The generic path with every memory in the pool (all but the later passes
-// of an input longer than kPassTokens): per layer, the new keys go into
-// their pool rows with one indexed copy, every session's keys come out as
-// [B, Kmax] with one indexed gather (padding reads the pool's zero row), and
-// new keys that cannot go into the pool yet (the window would drop a held
-// one, or there is no memory) are laid over the gathered block with a
-// third. Without the pool (gather false) each session's keys are copied one
-// by one.
-struct IncrementalModel::PoolPlan {
-  bool gather = false;
-  std::vector<int64_t> gather_rows;            // [B * Kmax]: each padded key's pool row
-  std::vector<int64_t> write_rows, write_tok;  // the pool row of each new key that goes in, and its token
-  std::vector<int64_t> patch_rows, patch_tok;  // the padded row of each new key laid over, and its token
-};
-
-// The step's metadata (tokens, padded row indices, and for the tensor-op
-// softmax the sessions' lengths) on the device.
-struct IncrementalModel::PassMeta {
-  at::Tensor tokens;   // [T]
-  at::Tensor row_idx;  // PassGeometry::rows
-  // Generic path: the score block's mask [B, 1, N, Kmax] and each score's
-  // distance, [B, H, N, Kmax].
-  at::Tensor masked, gather_idx;
-  // PoolPlan's lists.
-  at::Tensor gather_rows, write_rows, write_tok, patch_rows, patch_tok;
-};
 
 IncrementalModel::PassGeometry IncrementalModel::Geometry(const std::vector<Pending*>& batch,
                                                           const std::vector<std::vector<int64_t>>& tokens) const {
@@ -149,9 +105,7 @@ IncrementalModel::PoolPlan IncrementalModel::PlanPool(const std::vector<Pending*
   return plan;
 }
 
-IncrementalModel::PassMeta IncrementalModel::UploadMeta(const PassGeometry& g, const PoolPlan& plan) const {
-  const int64_t B = g.B, N = g.N, Kmax = g.Kmax, H = config_.n_head;
-  const auto lopt = at::TensorOptions().dtype(at::kLong);
+std::vector<int64_t> IncrementalModel::PackMeta(const PassGeometry& g, const PoolPlan& plan) const {
   std::vector<int64_t> meta = g.flat;
   std::vector<const std::vector<int64_t>*> parts = {&g.rows};
   if (generic_) parts.insert(parts.end(), {&g.n, &g.m, &g.M});
@@ -160,7 +114,17 @@ IncrementalModel::PassMeta IncrementalModel::UploadMeta(const PassGeometry& g, c
                  {&plan.gather_rows, &plan.write_rows, &plan.write_tok, &plan.patch_rows, &plan.patch_tok});
   }
   for (const std::vector<int64_t>* part : parts) meta.insert(meta.end(), part->begin(), part->end());
-  const at::Tensor on_device = Upload(meta, device_);
+  return meta;
+}
+
+IncrementalModel::PassMeta IncrementalModel::UploadMeta(const PassGeometry& g, const PoolPlan& plan) const {
+  return DeriveMeta(g, plan, Upload(PackMeta(g, plan), device_));
+}
+
+IncrementalModel::PassMeta IncrementalModel::DeriveMeta(const PassGeometry& g, const PoolPlan& plan,
+                                                        const at::Tensor& on_device) const {
+  const int64_t B = g.B, N = g.N, Kmax = g.Kmax, H = config_.n_head;
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
   int64_t meta_at = 0;
   auto next = [&](int64_t len) {
     at::Tensor t = on_device.slice(0, meta_at, meta_at + len);
@@ -381,21 +345,33 @@ void IncrementalModel::KeepWindow(const PassGeometry& g, int64_t l, const at::Te
 }
 
 at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) {
-  const ModelConfig& c = config_;
-  const int64_t H = c.n_head, dh = c.d_head;
   const PassGeometry g = Geometry(batch, tokens);
-  const int64_t B = g.B, T = g.T;
-  const bool kv16 = kv_dtype_ == KvDtype::kBfloat16;
+  const int64_t B = g.B;
   EnsureRelTable(g.D);
   const PoolPlan plan = PlanPool(batch, g);
   const PassMeta meta = UploadMeta(g, plan);
-  at::Tensor x = Embed(c, weights_, meta.tokens);  // [T, d]
-  const auto fopt = x.options();
-
   // New layer memories; installed in the pending states after the last layer
   // (Held reads the old ones until then).
-  std::vector<std::vector<at::Tensor>> new_k(B, std::vector<at::Tensor>(c.n_layer)),
-      new_v(B, std::vector<at::Tensor>(c.n_layer));
+  std::vector<std::vector<at::Tensor>> new_k(B, std::vector<at::Tensor>(config_.n_layer)),
+      new_v(B, std::vector<at::Tensor>(config_.n_layer));
+  at::Tensor x = Layers(batch, g, plan, meta, new_k, new_v);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t keep = std::max<int64_t>(0, std::min(g.M[b] - 1, g.K[b]));
+    batch[b]->length = keep;
+    batch[b]->k = std::move(new_k[b]);
+    batch[b]->v = std::move(new_v[b]);
+  }
+  return x;
+}
+
+at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const PassGeometry& g, const PoolPlan& plan,
+                                    const PassMeta& meta, std::vector<std::vector<at::Tensor>>& new_k,
+                                    std::vector<std::vector<at::Tensor>>& new_v) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.n_head, dh = c.d_head, T = g.T;
+  const bool kv16 = kv_dtype_ == KvDtype::kBfloat16;
+  at::Tensor x = Embed(c, weights_, meta.tokens);  // [T, d]
+  const auto fopt = x.options();
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
@@ -415,12 +391,6 @@ at::Tensor IncrementalModel::Pass(std::vector<Pending*>& batch, const std::vecto
     auto core = [&](const at::Tensor& in) { return Product(at::relu(Product(in, l, 2, L.ff1_b)), l, 3, L.ff2_b); };
     x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
     KeepWindow(g, l, Kp, Vp, new_k, new_v);
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t keep = std::max<int64_t>(0, std::min(g.M[b] - 1, g.K[b]));
-    batch[b]->length = keep;
-    batch[b]->k = std::move(new_k[b]);
-    batch[b]->v = std::move(new_v[b]);
   }
   return x;
 }

@@ -123,7 +123,16 @@ void IncrementalModel::PrepareWeights() {
 
 std::string IncrementalModel::KernelPath() const {
   std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
-  if (generic_) return absl::StrCat(path, "; generic: libtorch ops", device_.is_cpu() ? " (--kernels generic)" : "");
+  if (generic_) {
+    absl::StrAppend(&path, "; generic: libtorch ops", device_.is_cpu() ? " (--kernels generic)" : "");
+    if (decode_graphs_) {
+      absl::StrAppend(&path, "; decode steps padded to buckets",
+                      CapturedPass::Capturable(device_) ? ", captured as CUDA graphs" : " (run eagerly: no CUDA)");
+    } else if (!graph_error_.empty()) {
+      absl::StrAppend(&path, "; decode graphs off after a failed capture: ", graph_error_);
+    }
+    return path;
+  }
   absl::StrAppend(&path, "; decode kernels ", BestIsaName());
   if (dtype_ == WeightDtype::kFloat32) return absl::StrCat(path, "; prefill products float32");
   absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");

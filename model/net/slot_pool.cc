@@ -10,7 +10,7 @@ SlotPool::SlotPool(int64_t n_layer, int64_t heads, int64_t d_head, const at::Ten
     : heads_(heads), d_head_(d_head), options_(options), k_(n_layer), v_(n_layer) {
   Grow(64);
   absl::MutexLock lock(&mu_);
-  free_.erase(std::remove(free_.begin(), free_.end(), kPadRow), free_.end());
+  free_.erase(std::remove_if(free_.begin(), free_.end(), [](int64_t r) { return r < kReservedRows; }), free_.end());
 }
 
 void SlotPool::Grow(int64_t rows) {
@@ -25,6 +25,7 @@ void SlotPool::Grow(int64_t rows) {
       t = grown;
     }
   }
+  ++generation_;
   absl::MutexLock lock(&mu_);
   // Handed out from the back: the lowest ids first.
   for (int64_t r = rows - 1; r >= rows_; --r) free_.push_back(r);

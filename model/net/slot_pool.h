@@ -24,8 +24,12 @@ namespace txl {
 class SlotPool {
  public:
   // Row 0 is the padding row: zeros, never handed out, gathered where a
-  // padded score column reads a key that the mask then drops.
+  // padded score column reads a key that the mask then drops. Row 1 is the
+  // discard row, never handed out either and never gathered: a bucketed
+  // decode step (decode_graphs.h) writes its padding sessions' keys there.
   static constexpr int64_t kPadRow = 0;
+  static constexpr int64_t kDiscardRow = 1;
+  static constexpr int64_t kReservedRows = 2;
 
   SlotPool(int64_t n_layer, int64_t heads, int64_t d_head, const at::TensorOptions& options);
   SlotPool(const SlotPool&) = delete;
@@ -47,6 +51,9 @@ class SlotPool {
   int64_t heads() const { return heads_; }
   int64_t d_head() const { return d_head_; }
   int64_t rows() const { return rows_; }  // allocated, free or not
+  // Counts the times the tensors were replaced by larger ones (a captured
+  // step that holds their addresses is stale once it changes).
+  int64_t generation() const { return generation_; }
   int64_t free_rows() const;
 
  private:
@@ -55,6 +62,7 @@ class SlotPool {
   const int64_t heads_, d_head_;
   const at::TensorOptions options_;
   int64_t rows_ = 0;
+  int64_t generation_ = 0;
   std::vector<at::Tensor> k_, v_;
   mutable absl::Mutex mu_;
   std::vector<int64_t> free_ ABSL_GUARDED_BY(mu_);

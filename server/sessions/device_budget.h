@@ -15,11 +15,11 @@
 namespace txl {
 
 struct DeviceBudgetConfig {
-  std::string device;            // for the messages, e.g. "cuda:0"
-  DeviceMemory memory;           // what the device reports once the weights are there
-  int64_t headroom = 0;          // --gpu_headroom; 0: 10% of the device, at least 1 GiB
-  int64_t window_bytes = 0;      // one session's full window at the default mem_len
-  int64_t default_mem_len = 0;   // for the messages
+  std::string device;           // for the messages, e.g. "cuda:0"
+  DeviceMemory memory;          // what the device reports once the weights are there
+  int64_t headroom = 0;         // --gpu_headroom; 0: 10% of the device, at least 1 GiB
+  int64_t window_bytes = 0;     // one session's full window at the default mem_len
+  int64_t default_mem_len = 0;  // for the messages
 };
 
 // The headroom to keep free: `headroom`, or 0's default.

@@ -283,6 +283,23 @@ TEST_F(LanguageModelTest, GenericKernelsRefuseInt8AndNameThemselves) {
   }
 }
 
+// Decode graphs are for a GPU: the CPU kernels refuse them, naming the flag;
+// the generic kernels run their padded steps eagerly and say so.
+TEST_F(LanguageModelTest, DecodeGraphsNeedAGpuOrTheGenericKernels) {
+  ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
+  LanguageModelOptions o = Options("cpu");
+  o.decode_graphs = true;
+  o.kernels = Kernels::kAuto;
+  auto refused = LanguageModel::Create(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("cuda_graphs"), std::string::npos) << refused.status();
+  o.kernels = Kernels::kGeneric;
+  auto generic = LanguageModel::Create(o);
+  ASSERT_TRUE(generic.ok()) << generic.status();
+  EXPECT_NE((*generic)->KernelPath().find("padded to buckets"), std::string::npos) << (*generic)->KernelPath();
+}
+
 TEST_F(LanguageModelTest, ReservingSessionMemoryTheDeviceCannotHoldIsResourceExhausted) {
   auto model = Load();
   ASSERT_NE(model, nullptr);

@@ -389,13 +389,18 @@ IncrementalModel GenericModel(const ModelConfig& c, const TxlWeights& w, KvDtype
 
 TEST(SlotPoolTest, TakeGiveAndGrowKeepRowsAndNeverHandOutThePadRow) {
   SlotPool pool(2, 3, 4, at::TensorOptions().dtype(at::kFloat));
+  const int64_t generation = pool.generation();
   std::vector<int64_t> a = pool.Take(10);
   EXPECT_EQ(std::count(a.begin(), a.end(), SlotPool::kPadRow), 0);
+  EXPECT_EQ(std::count(a.begin(), a.end(), SlotPool::kDiscardRow), 0);
+  EXPECT_EQ(pool.generation(), generation) << "taking free rows keeps the tensors";
   pool.keys(1).index_fill_(0, at::tensor(a), 7.0);
   const int64_t before = pool.rows();
   std::vector<int64_t> b = pool.Take(before);  // more than are free: the pool grows
   EXPECT_GT(pool.rows(), before);
+  EXPECT_GT(pool.generation(), generation) << "growth replaces the tensors";
   EXPECT_EQ(std::count(b.begin(), b.end(), SlotPool::kPadRow), 0);
+  EXPECT_EQ(std::count(b.begin(), b.end(), SlotPool::kDiscardRow), 0);
   EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(a)).eq(7).all().item<bool>());  // kept across the growth
   EXPECT_EQ(pool.keys(0)[SlotPool::kPadRow].abs().sum().item<float>(), 0);
   pool.Give(a);
@@ -425,7 +430,8 @@ TEST(SlotPoolTest, SessionsLiveInThePoolAndGiveTheirRowsBack) {
     EXPECT_TRUE(fork.pooled());
   }
   EXPECT_GT(model.pool()->rows(), free_at_start + 1) << "the sessions needed more rows than it began with";
-  EXPECT_EQ(model.pool()->free_rows(), model.pool()->rows() - 1) << "every row but the padding one given back";
+  EXPECT_EQ(model.pool()->free_rows(), model.pool()->rows() - SlotPool::kReservedRows)
+      << "every row but the padding and discard ones given back";
   // The CPU kernels keep rings.
   IncrementalModel native(c, TestWeights(c, 21), at::kCPU);
   EXPECT_EQ(native.pool(), nullptr);

@@ -1,0 +1,130 @@
+// Decode graphs on the CPU: with decode_graphs, the generic path pads each
+// decode step to a DecodeBucket and runs it through the bucket's static
+// metadata, eagerly (a GPU captures and replays the same pass). Every
+// result must equal the unpadded pass's, across buckets, pool growth and
+// sessions that cannot be padded.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "model/net/decode_buckets.h"
+#include "model/net/incremental.h"
+#include "tests/model/model_fixture.h"
+
+namespace txl {
+namespace {
+
+using testing::MaxAbsDiff;
+using testing::RandomTokens;
+using testing::Row;
+using testing::TestWeights;
+
+IncrementalModel Generic(const ModelConfig& c, const TxlWeights& w, bool graphs, WeightDtype dtype, KvDtype kv) {
+  IncrementalModel::Precision p;
+  p.kernels = Kernels::kGeneric;
+  p.decode_graphs = graphs;
+  p.dtype = dtype;
+  p.kv_dtype = kv;
+  return IncrementalModel(c, w, at::kCPU, p);
+}
+
+TEST(DecodeBucketTest, SessionsGoToPowersOfTwoAndKeysToMultiplesOf128) {
+  const int64_t K = DecodeBucket::kKeyBucket;
+  EXPECT_EQ(DecodeBucket::For(1, 1).sessions, 1);
+  EXPECT_EQ(DecodeBucket::For(1, 1).keys, K);
+  EXPECT_EQ(DecodeBucket::For(3, K).sessions, 4);
+  EXPECT_EQ(DecodeBucket::For(3, K).keys, K);
+  EXPECT_EQ(DecodeBucket::For(4, K + 1).keys, 2 * K);
+  EXPECT_EQ(DecodeBucket::For(32, 800).sessions, 32);
+  EXPECT_EQ(DecodeBucket::For(32, 800).keys, 896);
+  EXPECT_EQ(DecodeBucket::For(33, 800).sessions, 64);
+  EXPECT_TRUE(DecodeBucket::For(2, 10) < DecodeBucket::For(2, 200));
+  EXPECT_FALSE(DecodeBucket::For(2, 200) < DecodeBucket::For(2, 10));
+}
+
+// Sessions of several windows (two shorter than a bucket, three that cross
+// from the first key bucket into the second), decoded in changing subsets
+// (1 to 5 sessions: buckets of 1, 2, 4 and 8), with the pool growing half
+// way (captured passes hold its address).
+TEST(DecodeGraphsTest, PaddedDecodeStepsEqualTheUnpaddedPass) {
+  struct Mode {
+    WeightDtype dtype;
+    KvDtype kv;
+    double tolerance;
+  };
+  for (const Mode mode : {Mode{WeightDtype::kFloat32, KvDtype::kFloat32, 1e-5},
+                          Mode{WeightDtype::kBfloat16, KvDtype::kBfloat16, 1e-3}}) {
+    ModelConfig c = testing::SmallConfig();
+    c.mem_len = 160;
+    const TxlWeights w = TestWeights(c, 31);
+    IncrementalModel plain = Generic(c, w, false, mode.dtype, mode.kv);
+    IncrementalModel padded = Generic(c, w, true, mode.dtype, mode.kv);
+    const std::vector<int64_t> windows = {160, 5, 140, 2, 130};
+    std::vector<SessionMemory> a, b;
+    a.reserve(64);
+    b.reserve(64);
+    auto add = [&](int64_t window, int64_t prefill, uint32_t seed) {
+      a.emplace_back(c.n_layer, window);
+      b.emplace_back(c.n_layer, window);
+      const std::vector<int64_t> tokens = RandomTokens(prefill, c.n_token, seed);
+      const StepInput ia = Row(&a.back(), tokens), ib = Row(&b.back(), tokens);
+      EXPECT_LT(MaxAbsDiff(plain.Step(absl::MakeConstSpan(&ia, 1)), padded.Step(absl::MakeConstSpan(&ib, 1))),
+                mode.tolerance)
+          << "a prefill is not padded";
+    };
+    for (size_t i = 0; i < windows.size(); ++i) add(windows[i], 100 + 7 * static_cast<int64_t>(i), 50 + i);
+    const int64_t before = padded.graph_counts().padded;
+    double worst = 0;
+    for (int step = 0; step < 50; ++step) {
+      if (step == 25) {
+        const int64_t rows = padded.pool()->rows();
+        for (int i = 0; i < 40; ++i) add(160, 60, 900 + i);
+        EXPECT_GT(padded.pool()->rows(), rows) << "the pool grew";
+      }
+      std::vector<StepInput> ia, ib;
+      for (size_t s = 0; s < a.size(); ++s) {
+        const bool in = s < windows.size() ? (step + s) % 4 != 0 : s % 13 == static_cast<size_t>(step % 13);
+        if (!in) continue;
+        const int64_t token = (step * 7 + static_cast<int64_t>(s) * 5) % c.n_token;
+        ia.push_back(Row(&a[s], {token}));
+        ib.push_back(Row(&b[s], {token}));
+      }
+      worst = std::max(worst, MaxAbsDiff(plain.Step(absl::MakeSpan(ia)), padded.Step(absl::MakeSpan(ib))));
+    }
+    std::cout << DtypeName(mode.dtype) << ": padded decode steps vs unpadded, max |diff| " << worst << "\n";
+    EXPECT_LT(worst, mode.tolerance);
+    EXPECT_EQ(padded.graph_counts().padded - before, 50) << "every decode step was padded";
+    EXPECT_EQ(padded.graph_counts().captured, 0) << "nothing is captured on a CPU";
+    EXPECT_EQ(plain.graph_counts().padded, 0);
+    for (size_t s = 0; s < a.size(); ++s) {
+      EXPECT_EQ(a[s].position(), b[s].position());
+      EXPECT_EQ(a[s].length(), b[s].length());
+    }
+  }
+}
+
+// A window of one holds no memory, and a step of several tokens is a
+// prefill: such steps take the unpadded pass, with the same results.
+TEST(DecodeGraphsTest, StepsThatCannotBePaddedTakeTheUnpaddedPass) {
+  const ModelConfig c = testing::SmallConfig();
+  const TxlWeights w = TestWeights(c, 32);
+  IncrementalModel plain = Generic(c, w, false, WeightDtype::kFloat32, KvDtype::kFloat32);
+  IncrementalModel padded = Generic(c, w, true, WeightDtype::kFloat32, KvDtype::kFloat32);
+  SessionMemory a1(c.n_layer, 1), b1(c.n_layer, 1), a2(c.n_layer, c.mem_len), b2(c.n_layer, c.mem_len);
+  for (int step = 0; step < 6; ++step) {
+    const std::vector<int64_t> one = {step % c.n_token};
+    const std::vector<int64_t> two = {(step + 1) % c.n_token, (step + 2) % c.n_token};
+    std::vector<StepInput> ia = {Row(&a1, one), Row(&a2, step % 2 ? two : one)};
+    std::vector<StepInput> ib = {Row(&b1, one), Row(&b2, step % 2 ? two : one)};
+    EXPECT_LT(MaxAbsDiff(plain.Step(absl::MakeSpan(ia)), padded.Step(absl::MakeSpan(ib))), 1e-6);
+  }
+  EXPECT_EQ(padded.graph_counts().padded, 0);
+  // Without the window-of-one session, the one-token steps are padded.
+  const StepInput alone = Row(&b2, {3});
+  padded.Step(absl::MakeConstSpan(&alone, 1));
+  EXPECT_EQ(padded.graph_counts().padded, 1);
+}
+
+}  // namespace
+}  // namespace txl

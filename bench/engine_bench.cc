@@ -70,9 +70,9 @@ ABSL_FLAG(double, head_scale, 20,
 ABSL_FLAG(int, threads, 2, "intra-op threads (model and bandwidth probe alike)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, kernels, "auto", "auto or generic (libtorch ops, the GPU's code, on a CPU too)");
-ABSL_FLAG(bool, cuda_graphs, false,
-          "decode steps as CUDA graphs, one per bucket of sessions and keys, in every group but G (which "
-          "compares both); with --kernels generic on a CPU the same padded steps run eagerly");
+ABSL_FLAG(std::string, cuda_graphs, "auto",
+          "decode steps as CUDA graphs in every group but G (which compares on and off): auto (on a GPU), on "
+          "or off; on a CPU, 'on' needs --kernels generic (the same padded steps, eagerly)");
 ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
@@ -287,7 +287,9 @@ int main(int argc, char** argv) {
 
   // The measurements.
   std::vector<Row> rows;
-  auto b = std::make_unique<Bench>(path, device, kernels, absl::GetFlag(FLAGS_cuda_graphs), threads, z);
+  const auto graphs_or = txl::ParseDecodeGraphs(absl::GetFlag(FLAGS_cuda_graphs));
+  if (!graphs_or.ok()) Fail(std::string(graphs_or.status().message()));
+  auto b = std::make_unique<Bench>(path, device, kernels, *graphs_or, threads, z);
   b->set_quick(quick);
   b->set_only(absl::GetFlag(FLAGS_only));
   try {

@@ -106,8 +106,8 @@ inline void Interleave(int reps, const std::function<double()>& a, const std::fu
 class Bench {
  public:
   // decode_graphs: the model of every group but G (which loads both kinds).
-  Bench(const std::string& path, const std::string& device, txl::Kernels kernels, bool decode_graphs, int threads,
-        Sizes sizes);
+  Bench(const std::string& path, const std::string& device, txl::Kernels kernels, txl::DecodeGraphs decode_graphs,
+        int threads, Sizes sizes);
 
   const txl::ModelConfig& config() const { return config_; }
   void Sync() const;
@@ -180,7 +180,7 @@ class Bench {
   Row ScoreRow();  // S
   // G1 and G3: decode graphs against none (engine_bench_graphs.cc).
   void GraphRows(std::vector<Row>* rows);
-  std::unique_ptr<LanguageModel> LoadWith(bool decode_graphs) const;
+  std::unique_ptr<LanguageModel> LoadWith(txl::DecodeGraphs decode_graphs) const;
   Row RecomputeRow(int64_t w);  // P2, one window
   // ---- Group Q's parts after Q1 (engine_bench_precision.cc).
   Row PrefillRow(LanguageModel* f32, LanguageModel* bf);  // Q4
@@ -194,7 +194,7 @@ class Bench {
   std::string path_;
   std::string device_;
   txl::Kernels kernels_;
-  bool decode_graphs_;
+  txl::DecodeGraphs decode_graphs_;
   bool cuda_;
   bool quick_ = false;
   std::vector<std::string> only_;

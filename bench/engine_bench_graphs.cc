@@ -17,7 +17,7 @@ void Bench::GraphRows(std::vector<Row>* rows) {
     return;
   }
   Progress("G: loading the model with and without decode graphs");
-  auto with = LoadWith(/*decode_graphs=*/true), without = LoadWith(/*decode_graphs=*/false);
+  auto with = LoadWith(txl::DecodeGraphs::kOn), without = LoadWith(txl::DecodeGraphs::kOff);
   const Sizes& z = sizes_;
   for (const int n : {1, z.sessions}) {
     Progress(absl::StrFormat("G: %d session(s), memory %d", n, z.mem));
@@ -52,7 +52,7 @@ void Bench::GraphRows(std::vector<Row>* rows) {
   }
 }
 
-std::unique_ptr<LanguageModel> Bench::LoadWith(bool decode_graphs) const {
+std::unique_ptr<LanguageModel> Bench::LoadWith(txl::DecodeGraphs decode_graphs) const {
   txl::LanguageModelOptions o;
   o.path = path_;
   o.device = device_;

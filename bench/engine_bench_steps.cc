@@ -22,8 +22,8 @@ namespace engine_bench {
 
 using txl::SamplingPlan;
 
-Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, bool decode_graphs, int threads,
-             Sizes sizes)
+Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, txl::DecodeGraphs decode_graphs,
+             int threads, Sizes sizes)
     : sizes_(std::move(sizes)),
       path_(path),
       device_(device),

@@ -23,6 +23,21 @@ absl::StatusOr<Kernels> ParseKernels(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("kernels: unknown '", name, "' (use auto or generic)"));
 }
 
+absl::StatusOr<DecodeGraphs> ParseDecodeGraphs(absl::string_view name) {
+  if (name == "auto") return DecodeGraphs::kAuto;
+  if (name == "on") return DecodeGraphs::kOn;
+  if (name == "off") return DecodeGraphs::kOff;
+  return absl::InvalidArgumentError(absl::StrCat("cuda_graphs: unknown '", name, "' (use auto, on or off)"));
+}
+
+std::string DecodeGraphsName(DecodeGraphs graphs) {
+  switch (graphs) {
+    case DecodeGraphs::kOn: return "on";
+    case DecodeGraphs::kOff: return "off";
+    default: return "auto";
+  }
+}
+
 std::string DtypeName(WeightDtype dtype) {
   switch (dtype) {
     case WeightDtype::kBfloat16: return "bfloat16";

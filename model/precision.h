@@ -28,12 +28,20 @@ enum class KvDtype { kFloat32, kBfloat16 };
 // float rounding; the CPU kernels are the fast ones on a CPU.
 enum class Kernels { kAuto, kGeneric };
 
-absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name);  // "float32", "bfloat16", "int8"
-absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name);          // "float32", "bfloat16"
-absl::StatusOr<Kernels> ParseKernels(absl::string_view name);          // "auto", "generic"
+// Decode steps as CUDA graphs (--cuda_graphs; docs/DESIGN.md "Decode graphs").
+// kAuto: on a GPU, not on a CPU. kOn: on a GPU; on a CPU with the generic
+// kernels the same padded steps run eagerly (for tests); the CPU kernels
+// refuse it. kOff: never.
+enum class DecodeGraphs { kAuto, kOn, kOff };
+
+absl::StatusOr<WeightDtype> ParseWeightDtype(absl::string_view name);    // "float32", "bfloat16", "int8"
+absl::StatusOr<KvDtype> ParseKvDtype(absl::string_view name);            // "float32", "bfloat16"
+absl::StatusOr<Kernels> ParseKernels(absl::string_view name);            // "auto", "generic"
+absl::StatusOr<DecodeGraphs> ParseDecodeGraphs(absl::string_view name);  // "auto", "on", "off"
 std::string DtypeName(WeightDtype dtype);
 std::string DtypeName(KvDtype dtype);
 std::string KernelsName(Kernels kernels);
+std::string DecodeGraphsName(DecodeGraphs graphs);
 
 }  // namespace txl
 

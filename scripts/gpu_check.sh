@@ -15,9 +15,11 @@
 #   eval       txl-eval on the CPU against the device at chunks 1, 7 and 64: float32 log-probs
 #              within 1e-4; bfloat16 weights and memories within the quality gate of
 #              docs/PERFORMANCE.md (bits per character within 0.5% of float32's)
-#   graphs     --cuda_graphs (decode steps as CUDA graphs): txl-eval at chunk 1 against the CPU
-#              (float32 within 1e-4, bfloat16 within the gate); python_client and rewind with
-#              every server on graphs; engine_bench group G (graphs against none)
+#   graphs     --cuda_graphs=on (decode steps as CUDA graphs; on a GPU the default, auto, is on):
+#              txl-eval at chunk 1 against the CPU (float32 within 1e-4, bfloat16 within the
+#              gate) and against --cuda_graphs=off; python_client and rewind with every server
+#              on graphs; engine_bench group G (graphs against none). Every other step runs
+#              with the default, so on a GPU with graphs.
 #   servers    python_client, rewind, refusals, offload and durability with every server on the
 #              device (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the
 #              test gives its own (TXL_TEST_SERVER_DEFAULTS)
@@ -207,7 +209,7 @@ graphs() {
     "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --logprobs "$W/g.cpu" >"$W/g.cpu.json" ||
       return 1
     "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --device $DEVICE "${flags[@]}" \
-      --logprobs "$W/g.plain" >"$W/g.plain.json" || return 1
+      --cuda_graphs=off --logprobs "$W/g.plain" >"$W/g.plain.json" || return 1
     "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --device $DEVICE "${flags[@]}" \
       $GRAPH_FLAG --logprobs "$W/g.dev" >"$W/g.dev.json" || return 1
     cat "$W/g.cpu.json" "$W/g.plain.json" "$W/g.dev.json"
@@ -331,7 +333,7 @@ bench() {
 
 # Each step runs in a child bash (so that --budget can stop it with everything it started).
 # (On the CPU, decode graphs need the generic kernels: they run the padded steps eagerly.)
-if [ "$DRY" = 1 ]; then GRAPH_FLAG="--cuda_graphs --kernels generic"; else GRAPH_FLAG="--cuda_graphs"; fi
+if [ "$DRY" = 1 ]; then GRAPH_FLAG="--cuda_graphs=on --kernels generic"; else GRAPH_FLAG="--cuda_graphs=on"; fi
 export SRC W PY DEVICE DRY OUTDIR MODEL CORPUS LOGS TORCH_VERSION TORCH_LIB BINARY_LIST GRAPH_FLAG
 export -f preflight unit eval_check graphs servers transfer train admission bench
 step preflight preflight

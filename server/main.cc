@@ -73,10 +73,10 @@ ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 
 ABSL_FLAG(std::string, kernels, "auto",
           "auto (the CPU's own kernels on a CPU, libtorch ops on a GPU) or generic (libtorch ops everywhere: "
           "the GPU's code, on a CPU too; slower there)");
-ABSL_FLAG(bool, cuda_graphs, false,
+ABSL_FLAG(std::string, cuda_graphs, "auto",
           "decode steps (one token per session) as CUDA graphs, captured once per bucket of sessions and "
-          "keys and replayed; needs --device cuda (with --kernels generic on a CPU the same padded steps run "
-          "eagerly, for testing)");
+          "keys and replayed: auto (on a GPU), on or off. On a CPU, 'on' needs --kernels generic, where the "
+          "same padded steps run eagerly (for testing)");
 ABSL_FLAG(int, max_batch, 32, "requests advanced together per engine step");
 ABSL_FLAG(int, max_batch_tokens, 2048, "tokens fed per engine step");
 ABSL_FLAG(int, prefill_chunk, 256, "tokens one request feeds per step while prefilling");
@@ -240,7 +240,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ASSIGN_OR_RETURN(o.model.dtype, txl::ParseWeightDtype(absl::GetFlag(FLAGS_dtype)));
   ASSIGN_OR_RETURN(o.model.kv_dtype, txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype)));
   ASSIGN_OR_RETURN(o.model.kernels, txl::ParseKernels(absl::GetFlag(FLAGS_kernels)));
-  o.model.decode_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  ASSIGN_OR_RETURN(o.model.decode_graphs, txl::ParseDecodeGraphs(absl::GetFlag(FLAGS_cuda_graphs)));
 
   const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message_bytes < 1 || max_message_bytes > std::numeric_limits<int>::max()) {

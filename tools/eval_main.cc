@@ -34,10 +34,10 @@ ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 
 ABSL_FLAG(std::string, kernels, "auto",
           "auto (the CPU's own kernels on a CPU, libtorch ops on a GPU) or generic (libtorch ops everywhere: "
           "the GPU's code, on a CPU too; slower there)");
-ABSL_FLAG(bool, cuda_graphs, false,
+ABSL_FLAG(std::string, cuda_graphs, "auto",
           "decode steps (one token per session) as CUDA graphs, captured once per bucket of sessions and "
-          "keys and replayed; needs --device cuda (with --kernels generic on a CPU the same padded steps run "
-          "eagerly, for testing)");
+          "keys and replayed: auto (on a GPU), on or off. On a CPU, 'on' needs --kernels generic, where the "
+          "same padded steps run eagerly (for testing)");
 
 namespace {
 
@@ -90,7 +90,9 @@ int main(int argc, char** argv) {
   options.dtype = *dtype;
   options.kv_dtype = *kv_dtype;
   options.kernels = *kernels;
-  options.decode_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  auto graphs = txl::ParseDecodeGraphs(absl::GetFlag(FLAGS_cuda_graphs));
+  if (!graphs.ok()) return Fail(2, std::string(graphs.status().message()));
+  options.decode_graphs = *graphs;
   auto model = txl::LanguageModel::Create(options);
   if (!model.ok()) return Fail(1, std::string(model.status().message()));
 

@@ -22,9 +22,7 @@ struct DecodeBucket {
     if (b.keys == 0) b.keys = kKeyBucket;
     return b;
   }
-  bool operator<(const DecodeBucket& o) const {
-    return sessions != o.sessions ? sessions < o.sessions : keys < o.keys;
-  }
+  bool operator<(const DecodeBucket& o) const { return sessions != o.sessions ? sessions < o.sessions : keys < o.keys; }
 };
 
 }  // namespace txl

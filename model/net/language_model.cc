@@ -93,13 +93,14 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
     return absl::FailedPreconditionError(
         "dtype: int8 weights run on the CPU kernels only; with --kernels generic use bfloat16 or float32");
   }
-  if (options.decode_graphs && device->is_cpu() && options.kernels != Kernels::kGeneric) {
+  if (options.decode_graphs == DecodeGraphs::kOn && device->is_cpu() && options.kernels != Kernels::kGeneric) {
     return absl::InvalidArgumentError(
         "cuda_graphs: decode graphs are for a GPU (--device cuda); the CPU kernels decode without them "
         "(--kernels generic runs the same padded steps eagerly, for testing)");
   }
   IncrementalModel::Precision precision;
-  precision.decode_graphs = options.decode_graphs;
+  precision.decode_graphs =
+      options.decode_graphs == DecodeGraphs::kOn || (options.decode_graphs == DecodeGraphs::kAuto && device->is_cuda());
   precision.dtype = options.dtype;
   precision.kv_dtype = options.kv_dtype;
   precision.kernels = options.kernels;

@@ -38,9 +38,8 @@ struct LanguageModelOptions {
   KvDtype kv_dtype = KvDtype::kFloat32;       // sessions' keys and values
   Kernels kernels = Kernels::kAuto;           // kGeneric: libtorch's ops, as on a GPU, on a CPU too
   // Decode steps as CUDA graphs, one per bucket of sessions and keys
-  // (IncrementalModel::Precision::decode_graphs). With --kernels generic on
-  // a CPU the same padded steps run eagerly; the CPU kernels refuse it.
-  bool decode_graphs = false;
+  // (IncrementalModel::Precision::decode_graphs): kAuto on a GPU only.
+  DecodeGraphs decode_graphs = DecodeGraphs::kAuto;
 };
 
 class LanguageModel {

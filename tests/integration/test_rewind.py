@@ -37,10 +37,11 @@ ARGS = None
 grpc = txl_pb2 = txl_pb2_grpc = None  # set by run_stub_tests
 
 TOL = 1e-5
-# With --cuda_graphs, decode steps are padded to buckets of sessions and keys, and their products
-# have other shapes than the replayed control's prefill, so they sum in other orders: measured
-# 1.4e-5 at a log-prob near -6.8 (about 30 float32 ulps) with --kernels generic on 2 cores.
-if "--cuda_graphs" in os.environ.get("TXL_TEST_SERVER_FLAGS", ""):
+# With decode graphs (txl_procs.decode_graphs_on), decode steps are padded to buckets of sessions
+# and keys, and their products have other shapes than the replayed control's prefill, so they sum
+# in other orders: measured 1.4e-5 at a log-prob near -6.8 (about 30 float32 ulps) with
+# --kernels generic on 2 cores.
+if txl_procs.decode_graphs_on():
     TOL = 3e-5
 # Under load, the rewound session and its control are probed in whichever batches the scheduler
 # forms, whose products sum in other orders. Measured on 2 cores, before and after the CUDA build's

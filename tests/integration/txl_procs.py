@@ -42,6 +42,17 @@ def requested_device():
     return device
 
 
+def decode_graphs_on():
+    """Whether TXL_TEST_SERVER_FLAGS runs decode graphs: --cuda_graphs=on, or its default (auto) on a
+    GPU."""
+    flags = " ".join(shlex.split(os.environ.get("TXL_TEST_SERVER_FLAGS", "")))
+    if "--cuda_graphs=on" in flags or "--cuda_graphs on" in flags:
+        return True
+    if "--cuda_graphs=off" in flags or "--cuda_graphs off" in flags:
+        return False
+    return requested_device() != "cpu"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -288,7 +288,7 @@ TEST_F(LanguageModelTest, GenericKernelsRefuseInt8AndNameThemselves) {
 TEST_F(LanguageModelTest, DecodeGraphsNeedAGpuOrTheGenericKernels) {
   ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
   LanguageModelOptions o = Options("cpu");
-  o.decode_graphs = true;
+  o.decode_graphs = DecodeGraphs::kOn;
   o.kernels = Kernels::kAuto;
   auto refused = LanguageModel::Create(o);
   ASSERT_FALSE(refused.ok());
@@ -298,6 +298,14 @@ TEST_F(LanguageModelTest, DecodeGraphsNeedAGpuOrTheGenericKernels) {
   auto generic = LanguageModel::Create(o);
   ASSERT_TRUE(generic.ok()) << generic.status();
   EXPECT_NE((*generic)->KernelPath().find("padded to buckets"), std::string::npos) << (*generic)->KernelPath();
+  // auto: on a GPU only, so a CPU runs as before on either kernels.
+  o.decode_graphs = DecodeGraphs::kAuto;
+  for (const Kernels kernels : {Kernels::kAuto, Kernels::kGeneric}) {
+    o.kernels = kernels;
+    auto model = LanguageModel::Create(o);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->KernelPath().find("padded"), std::string::npos) << (*model)->KernelPath();
+  }
 }
 
 TEST_F(LanguageModelTest, ReservingSessionMemoryTheDeviceCannotHoldIsResourceExhausted) {

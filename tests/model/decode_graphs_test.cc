@@ -53,8 +53,8 @@ TEST(DecodeGraphsTest, PaddedDecodeStepsEqualTheUnpaddedPass) {
     KvDtype kv;
     double tolerance;
   };
-  for (const Mode mode : {Mode{WeightDtype::kFloat32, KvDtype::kFloat32, 1e-5},
-                          Mode{WeightDtype::kBfloat16, KvDtype::kBfloat16, 1e-3}}) {
+  for (const Mode mode :
+       {Mode{WeightDtype::kFloat32, KvDtype::kFloat32, 1e-5}, Mode{WeightDtype::kBfloat16, KvDtype::kBfloat16, 1e-3}}) {
     ModelConfig c = testing::SmallConfig();
     c.mem_len = 160;
     const TxlWeights w = TestWeights(c, 31);

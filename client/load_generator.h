@@ -92,7 +92,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadGeneratorConfig& config);
 
 // A table for people.
 std::string FormatLoadReportText(const LoadReport& report);
-// One JSON object; keys are listed in docs/serving.md ("txl-client bench").
+// One JSON object; keys are listed in docs/serving.md ("Load generator: txl-client bench").
 std::string FormatLoadReportJson(const LoadReport& report);
 
 }  // namespace txl

@@ -24,11 +24,11 @@ enum class KvDtype { kFloat32, kBfloat16 };
 // Which code computes the layers (--kernels). kAuto: the CPU's own kernels
 // (decode_kernels.h, prefill_kernels.h) on a CPU, libtorch's ops on a GPU.
 // kGeneric: libtorch's ops on every device, the code a GPU runs, so that the
-// CPU tests prove it (docs/DESIGN.md "The generic path"). Same results to
+// CPU tests prove it (docs/MODEL.md "The generic path"). Same results to
 // float rounding; the CPU kernels are the fast ones on a CPU.
 enum class Kernels { kAuto, kGeneric };
 
-// Decode steps as CUDA graphs (--cuda_graphs; docs/DESIGN.md "Decode graphs").
+// Decode steps as CUDA graphs (--cuda_graphs; docs/MODEL.md "Decode graphs").
 // kAuto: on a GPU, not on a CPU. kOn: on a GPU; on a CPU with the generic
 // kernels the same padded steps run eagerly (for tests); the CPU kernels
 // refuse it. kOff: never.

@@ -1,4 +1,4 @@
-"""The txl-serve checkpoint format, for the Python side (docs/DESIGN.md, "Checkpoint").
+"""The txl-serve checkpoint format, for the Python side (docs/FORMATS.md, "Checkpoint").
 
 A checkpoint is a TorchScript archive whose module tree holds every tensor of the
 original MemTransformerLM under its original name (`word_emb.emb_layers.0.weight`,

@@ -105,7 +105,7 @@ EvalResult Evaluate(const ModelConfig& config, const TxlWeights& weights, const 
   const at::Device device = weights.emb_layers.at(0).device();
   ModelConfig c = config;
   c.mem_len = mem_len;
-  c.same_length = true;  // the serving window (docs/DESIGN.md, "What is computed")
+  c.same_length = true;  // the serving window (docs/MODEL.md, "What is computed")
   std::vector<int> slice = data;
   if (max_tokens > 0 && static_cast<int64_t>(slice.size()) > max_tokens) slice.resize(max_tokens);
   // Fewer streams when the data is short, so that every stream holds a segment.

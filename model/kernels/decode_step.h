@@ -4,7 +4,7 @@
 // at::parallel_for over `parts`, and the phases meet at a TeamBarrier.
 // Waking the pool for each product, 24 to 60 times a step for the base
 // model, cost a sixth of a one-session bf16 step and more than a quarter of
-// a 32-session step's products (docs/PERFORMANCE.md, "One parallel region per
+// a 32-session step's products (docs/OPTIMISATIONS.md, "One parallel region per
 // one-session step" and "One parallel region for steps of several sessions
 // too").
 // Torch-free. The kernels and their partial sums are those of the

@@ -1,6 +1,6 @@
 // A barrier between the phases of one parallel region (a one-session decode
 // step runs all its layers in one region: waking the pool for every product
-// cost more than the products; docs/PERFORMANCE.md, "One parallel region per
+// cost more than the products; docs/OPTIMISATIONS.md, "One parallel region per
 // one-session step").
 //
 // Deadlock-free whatever the region's size: the work is split into `parts`,

@@ -1,4 +1,4 @@
-// The checkpoint file (docs/DESIGN.md, "Checkpoint"): one TorchScript archive whose
+// The checkpoint file (docs/FORMATS.md, "Checkpoint"): one TorchScript archive whose
 // module tree carries the weights under the original names, with the model
 // config (config.json) and tokenizer (tokenizer.json) as extra files.
 // Torch-free header: TxlWeights is only named here.

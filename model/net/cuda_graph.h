@@ -1,6 +1,6 @@
 // CapturedPass: one pass of the network recorded as a CUDA graph and
 // replayed, so that a decode step costs one launch instead of a few hundred
-// (docs/DESIGN.md, "Decode graphs"). Only a build against a CUDA libtorch
+// (docs/MODEL.md, "Decode graphs"). Only a build against a CUDA libtorch
 // captures (cuda_graph.cc); elsewhere (cuda_graph_stub.cc) Capturable() is
 // false and IncrementalModel runs the same bucketed passes eagerly, which is
 // how the CPU tests check everything but the capture itself.

@@ -1,5 +1,5 @@
 // The shapes decode steps are padded to, so that a CUDA graph captured once
-// per shape serves every step that fits (docs/DESIGN.md, "Decode graphs"):
+// per shape serves every step that fits (docs/MODEL.md, "Decode graphs"):
 // sessions up to the next power of two, keys (held positions plus the new
 // one) up to the next multiple of kKeyBucket.
 #ifndef TXL_MODEL_NET_DECODE_BUCKETS_H_

@@ -243,7 +243,7 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
 
   // Every layer in one parallel region (decode_step.h). One session's
   // products read the weights as stored (the fastest one-row read measured,
-  // docs/PERFORMANCE.md); several sessions' read the packed weights, streamed
+  // docs/OPTIMISATIONS.md); several sessions' read the packed weights, streamed
   // once and reused from cache for every session (at::linear would have the
   // BLAS pack the whole matrix on every call). For bfloat16 weights this
   // also beat oneDNN's AMX products at 16, 32 and 64 sessions (step 13

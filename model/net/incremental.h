@@ -2,7 +2,7 @@
 // projected keys and values of every layer for its last mem_len - 1
 // positions; a step advances a batch of sessions, each by 0..n new tokens.
 //
-// Semantics (docs/DESIGN.md, "The model, and why serving it incrementally is exact"): every token attends to itself and
+// Semantics (docs/MODEL.md, "The model, and why serving it incrementally is exact"): every token attends to itself and
 // the tokens before it, at most mem_len keys in all (the original same_length mask). Hidden states are therefore a pure
 // function of the token history, and any chunking or batching gives the same results up to float rounding.
 #ifndef TXL_MODEL_NET_INCREMENTAL_H_

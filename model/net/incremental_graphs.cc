@@ -1,6 +1,6 @@
 // IncrementalModel's decode graphs: a decode step padded to a DecodeBucket,
 // its metadata copied into the bucket's static buffer, and on a GPU the
-// pass captured once per bucket and replayed (docs/DESIGN.md, "Decode
+// pass captured once per bucket and replayed (docs/MODEL.md, "Decode
 // graphs"). Padding sessions feed token 0 with no memory: they gather only
 // the pool's padding row, write their keys to its discard row, and their
 // outputs are dropped.

@@ -3,7 +3,7 @@
 // log-prob, the most likely token, an exact draw. With clusters they work
 // bin by bin, so their compute and copies follow the rows' clusters rather
 // than the vocabulary, and only ids and log-probs leave the device. Each
-// agrees with LogProbs' rows to float rounding (docs/DESIGN.md, "Output
+// agrees with LogProbs' rows to float rounding (docs/MODEL.md, "Output
 // readouts"). The head's weight (shortlist + cluster rows) is joined once
 // here, not per step as txl_math.h's LogProbs (the trainer's) does.
 #ifndef TXL_MODEL_NET_OUTPUT_LAYER_H_

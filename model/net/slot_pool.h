@@ -1,4 +1,4 @@
-// The generic path's session memory (docs/DESIGN.md, "The generic path"):
+// The generic path's session memory (docs/MODEL.md, "The generic path"):
 // one pool of rows per layer for keys and one for values, [rows, H,
 // dh] each, shared by every session of a model. A session holds row ids, one
 // per ring slot, the same in every layer, so a step gathers every session's

@@ -3,7 +3,7 @@
 // per the table's budgets, lets go of sessions other replicas asked for
 // (hand-over), and at shutdown snapshots what is left. docs/DESIGN.md, "The
 // scheduler: one engine thread, continuous batching" (Offloader), and
-// "Tiers and expiry".
+// docs/SESSIONS.md, "Tiers and expiry".
 #ifndef TXL_SERVER_BATCHING_OFFLOAD_H_
 #define TXL_SERVER_BATCHING_OFFLOAD_H_
 

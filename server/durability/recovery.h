@@ -1,6 +1,6 @@
 // Recovery: sessions read back from the state store into the live table, at
 // start-up (the sessions this replica held) and on adoption (a session a
-// replica that is gone held). docs/DESIGN.md, "Session semantics", "Durability".
+// replica that is gone held). docs/SESSIONS.md, "Session semantics", "Durability".
 #ifndef TXL_SERVER_DURABILITY_RECOVERY_H_
 #define TXL_SERVER_DURABILITY_RECOVERY_H_
 

@@ -1,6 +1,6 @@
 // SessionJournal: the durable record of every session (--state_dir or
 // --state_store). A session's state is a pure function of its token history
-// (docs/DESIGN.md, "The model, and why serving it incrementally is exact"),
+// (docs/MODEL.md, "The model, and why serving it incrementally is exact"),
 // so the journal keeps, per session, a snapshot (an exact SessionExport image
 // at some position) and an append-only log of the history tokens after it;
 // replaying the log onto the snapshot rebuilds the state. Keys on the

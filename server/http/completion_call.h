@@ -1,6 +1,6 @@
 // CompletionCall: one completion (text or chat) as a generation on the
 // service core, answered whole or as server-sent events. The flow control
-// and disconnect handling of docs/DESIGN.md, "The HTTP front end" live here.
+// and disconnect handling of docs/API_LAYER.md, "The HTTP front end" live here.
 #ifndef TXL_SERVER_HTTP_COMPLETION_CALL_H_
 #define TXL_SERVER_HTTP_COMPLETION_CALL_H_
 

@@ -1,7 +1,7 @@
 // HttpServer: the HTTP/1.1 transport (Boost.Beast over Asio), asynchronous on
 // a few threads of its own. It parses requests (Beast's parser: none written
 // here), applies the transport's limits and CORS, and hands each request to
-// one HttpHandler as an HttpExchange. It knows no routes. docs/DESIGN.md,
+// one HttpHandler as an HttpExchange. It knows no routes. docs/API_LAYER.md,
 // "The HTTP front end", says why Beast and how a request flows.
 #ifndef TXL_SERVER_HTTP_HTTP_SERVER_H_
 #define TXL_SERVER_HTTP_HTTP_SERVER_H_

@@ -3,7 +3,7 @@
 // core (server/core/service_core.h) with a callback, never waiting, and
 // renders what it answers: HTTP has the same scheduler, sessions,
 // validation, limits and bearer tokens as gRPC, with no second path to keep
-// in step. docs/HTTP.md lists the routes; docs/DESIGN.md traces one.
+// in step. docs/HTTP.md lists the routes; docs/API_LAYER.md traces one.
 #ifndef TXL_SERVER_HTTP_OPENAI_GATEWAY_H_
 #define TXL_SERVER_HTTP_OPENAI_GATEWAY_H_
 

@@ -32,7 +32,7 @@ std::string JsonText(const nlohmann::json& j);
 
 // {"error": {"message", "type", "param", "code"}}.
 std::string ErrorBody(const HttpError& e);
-// The HTTP status for a gRPC / absl status code (docs/API.md lists the map).
+// The HTTP status for a gRPC / absl status code (docs/HTTP.md, "Errors", lists the map).
 int HttpStatusFor(absl::StatusCode code);
 HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message);
 

@@ -1,4 +1,4 @@
-// Job: one request as the engine thread runs it (docs/DESIGN.md §7). Each
+// Job: one request as the engine thread runs it (docs/DESIGN.md, "The scheduler"). Each
 // kind is its own type with its own Run (generate_job.h, score_job.h,
 // session_jobs.h); the scheduler loop only queues them, calls Run, and lets
 // the feeding kinds (Generate, Score) share batched steps (batch_step.h).

@@ -2,7 +2,7 @@
 // session table, the journal, the observer) and the steps every kind shares:
 // bringing an offloaded session back before the job runs, and finishing it
 // (settling the session, logging its history, answering once the journal has
-// written what the answer promises). docs/DESIGN.md §7.
+// written what the answer promises). docs/DESIGN.md, "The scheduler".
 //
 // Threading: engine thread only, except `active`, read by anyone.
 #ifndef TXL_SERVER_JOBS_JOB_RUNNER_H_

@@ -75,7 +75,7 @@ absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, 
     return out;
   }
   // Below it, even by just the pending token, the state is rebuilt: a
-  // session's last history token is always its pending one (docs/DESIGN.md, "Rewind").
+  // session's last history token is always its pending one (docs/SESSIONS.md, "Rewind").
 
   std::vector<Anchor> images;
   for (const TurnCheckpoint& c : runner.table()->checkpoints().Of(lease.id))

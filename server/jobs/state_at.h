@@ -1,6 +1,6 @@
 // StateAt: a session's state as it was at an earlier position of its
-// history, for RewindJob and ForkJob (docs/DESIGN.md, "Rewind"). Because the
-// state is a function of the history (docs/DESIGN.md, "Why it equals the
+// history, for RewindJob and ForkJob (docs/SESSIONS.md, "Rewind"). Because the
+// state is a function of the history (docs/MODEL.md, "Why it equals the
 // authors' computation", point 1), it is rebuilt from the
 // nearest image at or before the position (a turn checkpoint, the state
 // store's snapshot, or a fresh session when the history is kept from 0) by
@@ -19,7 +19,7 @@ namespace txl {
 
 struct StateAt {
   std::unique_ptr<SessionState> state;
-  std::vector<int> pending;  // the history's last token, unfed (docs/DESIGN.md, "History and position")
+  std::vector<int> pending;  // the history's last token, unfed (docs/SESSIONS.md, "History and position")
   TokenHistory history;      // up to the position
   const char* served = "";   // "checkpoint", "replay" or "current" (SchedulerObserver::OnRewind)
   int64_t replayed = 0;      // tokens fed

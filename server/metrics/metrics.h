@@ -84,7 +84,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Family<prometheus::Histogram>* restore_seconds_ = nullptr;
   prometheus::Family<prometheus::Gauge>* tier_sessions_ = nullptr;
   prometheus::Gauge* host_bytes_ = nullptr;
-  // Rewinds and forks at a position (docs/DESIGN.md, "Rewind").
+  // Rewinds and forks at a position (docs/SESSIONS.md, "Rewind").
   prometheus::Family<prometheus::Counter>* rewinds_ = nullptr;
   prometheus::Counter* rewind_replayed_ = nullptr;
   prometheus::Histogram* rewind_seconds_ = nullptr;

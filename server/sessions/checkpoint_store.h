@@ -1,6 +1,6 @@
 // CheckpointStore: engine images of sessions taken at turn boundaries (the
 // end of a Generate or a committing Score), so that going back a turn or two
-// restores an image instead of replaying the history (docs/DESIGN.md,
+// restores an image instead of replaying the history (docs/SESSIONS.md,
 // "Rewind"). All sessions share one byte budget (--checkpoint_budget); past
 // it, and past `per_session` images of one session, the least recently used
 // go first. Images are shared, immutable bytes: a fork takes its source's
@@ -25,7 +25,7 @@
 namespace txl {
 
 // A session as it was at `position`: its state (fed up to the pending
-// tokens) and the pending tokens (docs/DESIGN.md, "History and position").
+// tokens) and the pending tokens (docs/SESSIONS.md, "History and position").
 struct TurnCheckpoint {
   int64_t position = 0;                      // the session's position (pending tokens included)
   std::shared_ptr<const std::string> image;  // SessionState::AppendTo bytes

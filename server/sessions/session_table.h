@@ -10,7 +10,7 @@
 // output nobody needs.
 //
 // Ownership: every session belongs to the principal that created it
-// (docs/DESIGN.md §6; "" is the anonymous principal of a server without
+// (docs/API_LAYER.md, "Principals"; "" is the anonymous principal of a server without
 // --auth_tokens). Every lookup takes the caller's principal, and a session of
 // another principal answers exactly like an id that does not exist
 // (NOT_FOUND, same message), so no caller can learn that it exists.

@@ -1,6 +1,6 @@
 // TokenHistory: the last tokens of a session's history, by absolute
 // position, so that a rewind or a fork at a position can rebuild the state
-// there by replay (docs/DESIGN.md, "Rewind"). At most `keep` tokens are
+// there by replay (docs/SESSIONS.md, "Rewind"). At most `keep` tokens are
 // held (SessionTableConfig::history_tokens); older ones drop off the front,
 // and start() says where what is held begins.
 //

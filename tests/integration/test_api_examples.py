@@ -1,10 +1,12 @@
-"""docs/API.md's examples, run against real txl-servers (the bundled model), so that the page cannot drift.
+"""The examples of docs/API.md and docs/API_GENERATION.md (Generate, Converse and Score, split out of
+API.md), run against real txl-servers (the bundled model), so that the pages cannot drift.
 
 Run by CTest (api_examples):
-    /usr/bin/python3 test_api_examples.py --bin-dir BUILD --stubs BUILD/client/python/gen [--doc docs/API.md]
+    /usr/bin/python3 test_api_examples.py --bin-dir BUILD --stubs BUILD/client/python/gen [--doc PAGE ...]
 
-The convention in API.md: an example to check is a fenced block right after an HTML comment (invisible
-when the page is rendered)
+The pages are one story, read in the order given (API.md, then API_GENERATION.md): their blocks run as
+one page's would, and `after=` may name a block of either. The convention in them: an example to check
+is a fenced block right after an HTML comment (invisible when the page is rendered)
 
     <!-- check -->                                  run it on the shared server ADDR (bundled model, default flags)
     <!-- check: name=N; after=M,K; server=FLAGS; fresh -->
@@ -68,12 +70,12 @@ class Mismatch(AssertionError):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Reading API.md
+# Reading the pages
 
 class Block:
-    def __init__(self, index, line, options, text, answer):
-        self.index, self.line, self.text, self.answer = index, line, text, answer
-        self.name = options.get("name") or "block@%d" % line
+    def __init__(self, index, doc, line, options, text, answer):
+        self.index, self.doc, self.line, self.text, self.answer = index, doc, line, text, answer
+        self.name = options.get("name") or "block@%s:%d" % (doc, line)
         self.after = [a.strip() for a in options.get("after", "").split(",") if a.strip()]
         self.flags = tuple(shlex.split(options.get("server", "")))
         self.fresh = "fresh" in options
@@ -81,7 +83,7 @@ class Block:
         self.console = any(l.startswith("$ ") for l in text.splitlines())
 
     def __repr__(self):
-        return "API.md line %d (%s)" % (self.line, self.name)
+        return "%s line %d (%s)" % (self.doc, self.line, self.name)
 
 
 def parse_options(comment):
@@ -100,8 +102,10 @@ CHECK = re.compile(r"<!--\s*check(?::(.*?))?\s*-->\s*$")
 NOT_CHECKED = re.compile(r"<!--\s*not checked:.*?-->\s*$")
 
 
-def read_doc(path):
-    """(checked blocks, product sentences [(line, text, expression, N)], problems)."""
+def read_doc(path, first_index=0):
+    """(checked blocks, product sentences [(page, line, text, expression, N)], problems); the blocks are
+    numbered from first_index."""
+    page = os.path.basename(path)
     with open(path, encoding="utf-8") as f:
         doc = f.read()
     fences = [(m.start(), m.end(), m.group(1), m.group(2)) for m in FENCE.finditer(doc)]
@@ -117,16 +121,27 @@ def read_doc(path):
             if i + 1 < len(fences) and fences[i + 1][2] == "json" and not doc[end:fences[i + 1][0]].strip():
                 answer = fences[i + 1][3]
                 used_answers.add(i + 1)
-            blocks.append(Block(len(blocks), line_of(start), parse_options(m.group(1) or ""), body, answer))
+            blocks.append(Block(first_index + len(blocks), page, line_of(start), parse_options(m.group(1) or ""),
+                                body, answer))
         elif commands and not NOT_CHECKED.search(last_line):
-            problems.append("API.md line %d: an example with commands but no <!-- check --> "
-                            "(or <!-- not checked: reason -->) comment" % line_of(start))
+            problems.append("%s line %d: an example with commands but no <!-- check --> "
+                            "(or <!-- not checked: reason -->) comment" % (page, line_of(start)))
     for i, (start, end, lang, body) in enumerate(fences):
         if lang == "json" and i not in used_answers:
-            problems.append("API.md line %d: a json answer that follows no checked command block" % line_of(start))
+            problems.append("%s line %d: a json answer that follows no checked command block" %
+                            (page, line_of(start)))
     products = []
     for m in re.finditer(r"`memory_bytes`\s*=\s*([0-9][0-9a-z x]*?)\s*=\s*([0-9][0-9,]*)", doc):
-        products.append((line_of(m.start()), m.group(0), m.group(1), int(m.group(2).replace(",", ""))))
+        products.append((page, line_of(m.start()), m.group(0), m.group(1), int(m.group(2).replace(",", ""))))
+    return blocks, products, problems
+
+
+def read_docs(paths):
+    """read_doc of every page, in order: their blocks as one page's."""
+    blocks, products, problems = [], [], []
+    for path in paths:
+        b, p, q = read_doc(path, len(blocks))
+        blocks, products, problems = blocks + b, products + p, problems + q
     return blocks, products, problems
 
 
@@ -441,7 +456,7 @@ class ApiExamplesTest(unittest.TestCase):
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         os.environ["PATH"] = os.path.join(os.path.abspath(ARGS.bin_dir), "client") + os.pathsep + os.environ["PATH"]
         cls.tmp = tempfile.TemporaryDirectory(prefix="txl_api_examples_")
-        cls.blocks, cls.products, cls.problems = read_doc(ARGS.doc)
+        cls.blocks, cls.products, cls.problems = read_docs(ARGS.doc)
         cls.shared = {}
 
     @classmethod
@@ -590,7 +605,7 @@ class ApiExamplesTest(unittest.TestCase):
     # -- the page ----------------------------------------------------------------------------------------
     def test_api_md(self):
         self.assertFalse(self.problems, "\n".join(self.problems))
-        self.assertGreater(len(self.blocks), 10, "no checked examples found in %s" % ARGS.doc)
+        self.assertGreater(len(self.blocks), 10, "no checked examples found in %s" % ", ".join(ARGS.doc))
         names = [b.name for b in self.blocks]
         self.assertEqual(len(names), len(set(names)), "block names repeat: %s" % names)
         unknown = {a for b in self.blocks for a in b.after} - set(names)
@@ -628,7 +643,7 @@ class ApiExamplesTest(unittest.TestCase):
         return {"n_layer": info.n_layer, "n_head": info.n_head, "d_head": info.d_head}
 
     def check_formula(self, formula_blocks, records):
-        self.assertEqual(len(formula_blocks), 1, "API.md should mark one block <!-- check: formula -->")
+        self.assertEqual(len(formula_blocks), 1, "the pages should mark one block <!-- check: formula -->")
         exprs = {}
         for line in formula_blocks[0].text.splitlines():
             m = re.match(r"^(\w+)\s*=\s*(.*?)(?:\s{2,}\(.*\))?\s*$", line)
@@ -655,17 +670,19 @@ class ApiExamplesTest(unittest.TestCase):
 
     def check_products(self, results):
         self.assertTrue(self.products, "no `memory_bytes` = ... = N sentence found")
-        for line, text, expression, value in self.products:
-            with self.subTest(sentence=line):
+        for page, line, text, expression, value in self.products:
+            with self.subTest(sentence="%s:%d" % (page, line)):
                 factors = [int(x) for x in re.findall(r"\d+", expression)]
-                self.assertEqual(math.prod(factors), value, "API.md line %d: %s does not multiply out" % (line, text))
-                before = [b for b in self.blocks if b.line < line and not b.formula and results.get(b.index)]
-                self.assertTrue(before, "API.md line %d: no checked example before it" % line)
+                self.assertEqual(math.prod(factors), value, "%s line %d: %s does not multiply out" % (page, line, text))
+                before = [b for b in self.blocks
+                          if b.doc == page and b.line < line and not b.formula and results.get(b.index)]
+                self.assertTrue(before, "%s line %d: no checked example before it" % (page, line))
                 reported = [r[3] for r in results[before[-1].index]]
-                self.assertIn(value, reported, "API.md line %d: %s, but the example before it (%r) reported "
-                              "memory_bytes %s" % (line, text, before[-1], reported))
+                self.assertIn(value, reported, "%s line %d: %s, but the example before it (%r) reported "
+                              "memory_bytes %s" % (page, line, text, before[-1], reported))
 
 
 if __name__ == "__main__":
     txl_procs.run_stub_tests(globals(), __doc__, [
-        ("--doc", dict(default=os.path.join(REPO, "docs", "API.md"), help="the page to check"))])
+        ("--doc", dict(nargs="+", default=[os.path.join(REPO, "docs", p) for p in ("API.md", "API_GENERATION.md")],
+                       help="the pages to check, in story order"))])

@@ -44,7 +44,8 @@ LOG_HEADER = struct.calcsize("<IqQ")
 
 
 def snapshot_position(data):
-    """The position of a session export (docs/DESIGN.md, "Session export"): after the magic, version and fingerprint."""
+    """The position of a session export (docs/FORMATS.md, "Session export"): after the magic, version and
+    fingerprint."""
     (n,) = struct.unpack_from("<I", data, 12)
     (position,) = struct.unpack_from("<q", data, 16 + n)
     return position

@@ -5,7 +5,7 @@ Run by CTest: /usr/bin/python3 test_sampling_reference.py --bin-dir BUILD --stub
 The server streams tokens from a tiny random model with an adaptive softmax; this test computes
 each next-token distribution with the Python reference model (tests/python/txl_reference.py, in
 float64) and draws from it with its own sampler: mt19937_64 and libstdc++'s uniform in [0, 1),
-one per token, then docs/API.md's rules (greedy; a plain temperature in token-id order; top-k and
+one per token, then docs/API_GENERATION.md's rules (greedy; a plain temperature in token-id order; top-k and
 top-p in probability order, ties to the lower id). Every path of the server (the model's draw,
 its lists, its nucleus) must give these tokens, and their log-probs.
 """

@@ -1,4 +1,4 @@
-// Checkpoint I/O (docs/DESIGN.md, "Checkpoint") and the LanguageModel facade on top.
+// Checkpoint I/O (docs/FORMATS.md, "Checkpoint") and the LanguageModel facade on top.
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 

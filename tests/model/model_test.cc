@@ -1,5 +1,5 @@
 // The math of model/: the incremental form is chunk- and batch-invariant and
-// agrees with the training form (docs/DESIGN.md, "Why it equals the authors'
+// agrees with the training form (docs/MODEL.md, "Why it equals the authors'
 // computation").
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>

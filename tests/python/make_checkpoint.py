@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Random Transformer-XL checkpoints in txl-serve's format (docs/DESIGN.md, "Checkpoint").
+"""Random Transformer-XL checkpoints in txl-serve's format (docs/FORMATS.md, "Checkpoint").
 
 The format (tensor names and shapes, tied pairs, config.json and tokenizer.json in a
 TorchScript archive) is tools/txl_checkpoint_format.py's, the importer's writer; what

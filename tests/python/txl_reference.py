@@ -1,6 +1,6 @@
 """Independent functional reference of Transformer-XL (MemTransformerLM, attn_type 0).
 
-Written from the math in docs/DESIGN.md, "What is computed" (Dai et al. 2019, the authors' PyTorch
+Written from the math in docs/MODEL.md, "What is computed" (Dai et al. 2019, the authors' PyTorch
 code), with no dependency on the C++ model. It reads a config dict (original key
 names) and a dict of tensors under the original names, and computes the per-token
 log-probabilities the way the original evaluation does:

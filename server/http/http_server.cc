@@ -437,7 +437,9 @@ template <class Stream>
 void Connection<Stream>::OnWritten(beast::error_code ec) {
   writing_ = false;
   lowest().expires_never();
-  if (ec) {
+  // A write that completed after the client was found gone (the disconnect
+  // watch ran first and cleared the queue) has nothing left to report.
+  if (ec || gone_ || queue_.empty()) {
     Gone();
     return;
   }

@@ -87,7 +87,7 @@ NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_
   return out;
 }
 
-int DrawTempered(const float* row, int64_t n, float temperature, double u) {
+int DrawInIdOrder(const float* row, int64_t n, float temperature, double u) {
   if (n <= 0) return -1;
   const float best = Best(row, n), inv_t = 1.f / temperature;
   // Blocks of 8 summed the same way in both passes, so the walk meets the

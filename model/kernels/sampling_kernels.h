@@ -24,10 +24,12 @@ struct NucleusList {
 // Empty tokens if the row holds NaN or +inf.
 NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_p);
 
-// The first token in id order whose cumulative weight exceeds u * total
+// The one id-order draw, the model's (a whole-row draw, SamplingPlan's
+// kDraw) and the host's (Sampler) alike: the first token in id order whose
+// cumulative weight exp((logprob - best) / temperature) exceeds u * total
 // (u in [0, 1)); a token of log-prob -inf is never drawn. -1 if the row
 // holds NaN or +inf.
-int DrawTempered(const float* row, int64_t n, float temperature, double u);
+int DrawInIdOrder(const float* row, int64_t n, float temperature, double u);
 
 }  // namespace txl
 

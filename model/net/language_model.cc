@@ -184,7 +184,7 @@ std::vector<StepOutput> SampleWholeRows(const OutputLayer& output, int64_t V, ab
       const SamplingPlan& plan = asks[r]->plan;
       const float* row = rows.data_ptr<float>() + r * V;
       if (plan.pick == SamplingPlan::Pick::kDraw) {
-        out[r].picked = DrawTempered(row, V, plan.temperature, plan.uniform);
+        out[r].picked = DrawInIdOrder(row, V, plan.temperature, plan.uniform);
         if (out[r].picked >= 0) out[r].picked_logprob = row[out[r].picked];
       }
       if (plan.nucleus_p > 0) {

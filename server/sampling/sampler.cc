@@ -39,22 +39,6 @@ bool Better(float a_lp, int a_id, float b_lp, int b_id) { return Likelier({a_id,
 
 }  // namespace
 
-int DrawInIdOrder(absl::Span<const float> logprobs, double u, float temperature) {
-  const size_t V = logprobs.size();
-  const double shift = temperature == 1.0f ? 0.0 : *std::max_element(logprobs.begin(), logprobs.end());
-  std::vector<double> cumulative(V);
-  double acc = 0;
-  for (size_t i = 0; i < V; ++i) {
-    acc += temperature == 1.0f ? std::exp(static_cast<double>(logprobs[i]))
-                               : std::exp((logprobs[i] - shift) / temperature);
-    cumulative[i] = acc;
-  }
-  const double goal = u * acc;
-  // The first entry whose cumulative weight exceeds the goal.
-  const size_t i = std::upper_bound(cumulative.begin(), cumulative.end(), goal) - cumulative.begin();
-  return static_cast<int>(std::min(i, V - 1));
-}
-
 // The model's nucleus kernel (float weights, with slack over top_p) gives a
 // sorted prefix that holds the nucleus; the total, the weights and the cut
 // are then the whole-row path's own, in double and in id order, so the token
@@ -64,7 +48,7 @@ int Sampler::SampleNucleus(absl::Span<const float> logprobs, double best, double
   for (float lp : logprobs) total += std::exp((lp - best) / config_.temperature);
   const NucleusList prefix =
       NucleusOf(logprobs.data(), static_cast<int64_t>(logprobs.size()), config_.temperature, config_.top_p);
-  if (prefix.tokens.empty()) return DrawInIdOrder(logprobs, u, config_.temperature);  // NaN or +inf
+  if (prefix.tokens.empty()) return -1;  // NaN or +inf
   scratch_.resize(prefix.tokens.size());
   for (size_t i = 0; i < prefix.tokens.size(); ++i) {
     const auto& [id, lp] = prefix.tokens[i];
@@ -81,7 +65,9 @@ int Sampler::Sample(absl::Span<const float> logprobs) {
   const double u = NextUniform();
   const bool top_k = config_.top_k > 0 && static_cast<size_t>(config_.top_k) < V;
   const bool top_p = config_.top_p > 0.0f && config_.top_p < 1.0f;
-  if (!top_k && !top_p) return DrawInIdOrder(logprobs, u, config_.temperature);
+  if (!top_k && !top_p) {
+    return DrawInIdOrder(logprobs.data(), static_cast<int64_t>(logprobs.size()), config_.temperature, u);
+  }
 
   // Tempered weights relative to the best, so exp never overflows.
   const double best = *std::max_element(logprobs.begin(), logprobs.end());

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "model/kernels/sampling_kernels.h"
 #include "model/step.h"
 
 namespace txl {
@@ -37,9 +38,12 @@ class Sampler {
   // `seed` is used when config.seed is 0.
   Sampler(const SamplingConfig& config, uint64_t seed);
 
+  // A token drawn from a whole row, as the model's picks, lists and nuclei
+  // would give it; -1 if the row holds NaN or +inf.
   int Sample(absl::Span<const float> logprobs);
 
-  // True when a draw needs no more than DrawInIdOrder at the temperature (a
+  // True when a draw needs no more than the id-order draw at the temperature
+  // (DrawInIdOrder, model/kernels/sampling_kernels.h: a
   // temperature > 0, no top-k or top-p): the model can then draw itself
   // (SamplingPlan::Pick::kDraw) from NextUniform(), the same uniform Sample
   // would have used.
@@ -91,12 +95,6 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<Candidate> scratch_;
 };
-
-// The first token in id order whose cumulative weight exceeds u * total,
-// weights exp(logprob / temperature) (at temperature 1 exactly exp(logprob),
-// as the model's own draw sums them; otherwise relative to the best, so they
-// neither overflow nor all underflow). u in [0, 1).
-int DrawInIdOrder(absl::Span<const float> logprobs, double u, float temperature);
 
 // The n most likely tokens, most likely first (ties: lower id first); a heap
 // of n, not a sort of the vocabulary.

@@ -465,7 +465,7 @@ TEST_F(LanguageModelTest, TemperedDrawsAndNucleiStayInTheModel) {
   ASSERT_TRUE(out.ok()) << out.status();
   const std::vector<float>& d = (*out)[0].last_distribution;
   const int64_t V = static_cast<int64_t>(d.size());
-  EXPECT_EQ((*out)[1].picked, DrawTempered(d.data(), V, 0.6f, 0.37));
+  EXPECT_EQ((*out)[1].picked, DrawInIdOrder(d.data(), V, 0.6f, 0.37));
   EXPECT_NEAR((*out)[1].picked_logprob, d[(*out)[1].picked], 1e-5);
   EXPECT_TRUE((*out)[1].last_distribution.empty() && (*out)[2].last_distribution.empty()) << "no row left";
   const NucleusList want = NucleusOf(d.data(), V, 0.7f, 0.8f);

@@ -91,7 +91,8 @@ class FakeEngine : public Engine {
         const std::vector<float> d = Distribution(s->history.back());
         out[i].picked = inputs[i].plan.pick == SamplingPlan::Pick::kArgmax
                             ? static_cast<int>(std::max_element(d.begin(), d.end()) - d.begin())
-                            : DrawInIdOrder(d, inputs[i].plan.uniform, inputs[i].plan.temperature);
+                            : DrawInIdOrder(d.data(), static_cast<int64_t>(d.size()), inputs[i].plan.temperature,
+                                            inputs[i].plan.uniform);
         out[i].picked_logprob = d[out[i].picked];
         ++picks_;
       }

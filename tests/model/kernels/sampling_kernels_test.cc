@@ -62,7 +62,7 @@ TEST(SamplingKernelsTest, TheNucleusListIsASortedPrefixThatHoldsTheNucleus) {
   }
 }
 
-TEST(SamplingKernelsTest, TheTemperedDrawWalksTheRowInIdOrder) {
+TEST(SamplingKernelsTest, TheIdOrderDrawWalksTheRowInIdOrder) {
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   int boundary = 0;
@@ -75,7 +75,7 @@ TEST(SamplingKernelsTest, TheTemperedDrawWalksTheRowInIdOrder) {
       for (double x : w) cdf.push_back(acc += x);
       for (int k = 0; k < 300; ++k) {
         const double u = k == 0 ? 0.0 : k == 1 ? std::nextafter(1.0, 0.0) : uniform(rng);
-        const int got = DrawTempered(row.data(), n, t, u);
+        const int got = DrawInIdOrder(row.data(), n, t, u);
         ASSERT_GE(got, 0);
         ASSERT_LT(got, n);
         EXPECT_TRUE(std::isfinite(row[got])) << "drew an impossible token";
@@ -94,10 +94,10 @@ TEST(SamplingKernelsTest, ARowWithNaNGivesNoAnswer) {
   std::vector<float> row = Row(100, 1, 1.0f);
   row[40] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(NucleusOf(row.data(), 100, 1.0f, 0.9f).tokens.empty());
-  EXPECT_EQ(DrawTempered(row.data(), 100, 0.7f, 0.5), -1);
+  EXPECT_EQ(DrawInIdOrder(row.data(), 100, 0.7f, 0.5), -1);
   row[40] = std::numeric_limits<float>::infinity();
   EXPECT_TRUE(NucleusOf(row.data(), 100, 1.0f, 0.9f).tokens.empty());
-  EXPECT_EQ(DrawTempered(row.data(), 100, 0.7f, 0.5), -1);
+  EXPECT_EQ(DrawInIdOrder(row.data(), 100, 0.7f, 0.5), -1);
 }
 
 }  // namespace

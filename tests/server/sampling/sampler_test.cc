@@ -215,7 +215,8 @@ TEST(SamplerTest, PlainTemperatureWalksInIdOrderWithTheUniformAModelDrawWouldUse
   Sampler sampled(c, 1), drawn(c, 1);
   EXPECT_TRUE(drawn.IdOrderDraw());
   const std::vector<float> lp = BigDistribution(3);
-  for (int n = 0; n < 200; ++n) ASSERT_EQ(sampled.Sample(lp), DrawInIdOrder(lp, drawn.NextUniform(), 1.0f));
+  for (int n = 0; n < 200; ++n)
+    ASSERT_EQ(sampled.Sample(lp), DrawInIdOrder(lp.data(), static_cast<int64_t>(lp.size()), 1.0f, drawn.NextUniform()));
   c.top_p = 0.5f;
   EXPECT_FALSE(Sampler(c, 1).IdOrderDraw());
   EXPECT_TRUE(Sampler(c, 1).NucleusOnly());
@@ -232,15 +233,15 @@ TEST(SamplerTest, PlainTemperatureWalksInIdOrderWithTheUniformAModelDrawWouldUse
 
 TEST(SamplerTest, DrawInIdOrderIsTheInverseCdf) {
   const auto lp = LogProbs({0.25, 0.5, 0.25});
-  EXPECT_EQ(DrawInIdOrder(lp, 0.0, 1.0f), 0);
-  EXPECT_EQ(DrawInIdOrder(lp, 0.24, 1.0f), 0);
-  EXPECT_EQ(DrawInIdOrder(lp, 0.26, 1.0f), 1);
-  EXPECT_EQ(DrawInIdOrder(lp, 0.74, 1.0f), 1);
-  EXPECT_EQ(DrawInIdOrder(lp, 0.76, 1.0f), 2);
-  EXPECT_EQ(DrawInIdOrder(lp, std::nextafter(1.0, 0.0), 1.0f), 2);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 1.0f, 0.0), 0);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 1.0f, 0.24), 0);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 1.0f, 0.26), 1);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 1.0f, 0.74), 1);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 1.0f, 0.76), 2);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 1.0f, std::nextafter(1.0, 0.0)), 2);
   // At temperature 2 the weights are sqrt(p): 0.5, 0.707, 0.5 of 1.707.
-  EXPECT_EQ(DrawInIdOrder(lp, 0.28, 2.0f), 0);
-  EXPECT_EQ(DrawInIdOrder(lp, 0.30, 2.0f), 1);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 2.0f, 0.28), 0);
+  EXPECT_EQ(DrawInIdOrder(lp.data(), 3, 2.0f, 0.30), 1);
 }
 
 TEST(SamplerTest, TopNMatchesAFullSort) {

@@ -18,17 +18,18 @@ std::string NewCompletionId() {
 }
 
 // One /v1/completions call: a generation on the service core. Streaming,
-// each batch of tokens becomes one server-sent event as the engine thread
-// produces it; past max_stream_buffer_bytes not yet on the wire the job is
+// each batch of tokens the engine thread produces becomes one server-sent
+// event, formatted on the connection's thread; past max_stream_buffer_bytes not yet on the wire the job is
 // paused until the client has taken half of it (the same flow control as a
 // gRPC stream: docs/ROBUSTNESS.md, "Slow readers"). A client that leaves
 // cancels the job.
 //
-// Threading: the token and end callbacks run on the engine thread (the end
-// at once, on the calling thread, when the core refuses the request before
-// it is queued), one at a time: they alone touch the result and the stream's
-// progress. `written` and the client-gone hook run on transport threads and
-// touch only what mu_ guards.
+// Threading: the token and end callbacks come from the engine thread (the
+// end at once, on the calling thread, when the core refuses the request
+// before it is queued) and only hand their events to the exchange's thread
+// (HttpExchange::Run), where Response and Done run, one at a time, in order:
+// they alone touch the result and the stream's progress. `written` and the
+// client-gone hook run on transport threads and touch only what mu_ guards.
 class CompletionCall final : public std::enable_shared_from_this<CompletionCall> {
  public:
   // `chat`: the chat shapes; `on_success` runs with the whole result once
@@ -66,9 +67,15 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     // finished keeps its on_tokens, and this call's JobControl may keep the
     // job (JobControl::Attach after the end), which would be a cycle.
     cb.on_tokens = [weak](std::vector<GeneratedTokenEvent> events, int64_t position) {
-      if (auto call = weak.lock()) call->Response(TokensResponse(events, position, call->s_->core->tokenizer));
+      auto call = weak.lock();
+      if (call == nullptr) return;
+      call->x_->Run([weak, events = std::move(events), position] {
+        if (auto call = weak.lock()) call->Response(TokensResponse(events, position, call->s_->core->tokenizer));
+      });
     };
-    cb.on_done = [self](absl::Status status, JobResult result) { self->Done(std::move(status), result); };
+    cb.on_done = [self](absl::Status status, JobResult result) {
+      self->x_->Run([self, status = std::move(status), result = std::move(result)] { self->Done(status, result); });
+    };
     s_->core->Generate(*principal, *std::move(args), /*adopt=*/true, control_, std::move(cb));
   }
 
@@ -163,7 +170,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
   const std::shared_ptr<JobControl> control_;
   std::string route_;
   CompletionId id_;
-  // The engine thread's (see the class comment).
+  // The exchange thread's (see the class comment).
   CompletionResult result_;
   bool started_ = false;
   bool role_sent_ = false;

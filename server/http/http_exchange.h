@@ -43,6 +43,10 @@ class HttpExchange {
   // `closed` runs once if the client goes away before the response is
   // complete (a disconnect is a cancel); never after the response ended.
   virtual void OnClientGone(std::function<void()> closed) = 0;
+  // Runs `work` on the transport's thread for this exchange, in order with
+  // every call above: a route formats its answers there, not on the thread
+  // that produced them (the engine's).
+  virtual void Run(std::function<void()> work) = 0;
 
  protected:
   HttpRequest request_;

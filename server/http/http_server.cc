@@ -120,6 +120,7 @@ class ConnectionExchange final : public HttpExchange {
   void OnClientGone(std::function<void()> closed) override {
     Post([c = c_, closed = std::move(closed)]() mutable { c->OnClientGone(std::move(closed)); });
   }
+  void Run(std::function<void()> work) override { Post(std::move(work)); }
 
  private:
   void Post(std::function<void()> f) { asio::post(c_->stream_.get_executor(), std::move(f)); }

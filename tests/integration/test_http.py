@@ -340,22 +340,28 @@ class HttpTest(unittest.TestCase):
         self.assertEqual(blocks[-1], "data: [DONE]")
         self.assertEqual(json.loads(blocks[-2][6:])["choices"][0]["finish_reason"], "length")
 
+    def open_long_stream(self, extra):
+        """A streamed completion of 100000 tokens on a raw socket, read up to its first event:
+        (the socket, the bytes read)."""
+        host, port = self.address.rsplit(":", 1)
+        body = json.dumps(dict({"prompt": "abc", "max_tokens": 100000, "stream": True}, **extra)).encode()
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while b"data: " not in got:
+            chunk = sock.recv(4096)
+            self.assertTrue(chunk, got)
+            got += chunk
+        return sock, got
+
     def test_clients_that_hang_up_mid_stream_never_crash_the_server(self):
         """Regression: a chunk's write could complete after the disconnect watch had found the
         client gone and cleared the write queue; its handler then took the front of the empty
         queue and called a freed callback (ASan: heap-use-after-free; a plain build: SIGSEGV,
         within about 20 such hang-ups)."""
-        host, port = self.address.rsplit(":", 1)
-        body = json.dumps({"prompt": "abc", "max_tokens": 100000, "stream": True}).encode()
         for _ in range(60):
-            sock = socket.create_connection((host, int(port)))
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            got = b""
-            while b"data: " not in got:
-                chunk = sock.recv(4096)
-                self.assertTrue(chunk, got)
-                got += chunk
+            sock, _ = self.open_long_stream({})
             sock.close()
         self.assertIsNone(self.server.proc.poll(), "the server died")
         status, health, _ = self.http.json("GET", "/healthz")
@@ -365,15 +371,7 @@ class HttpTest(unittest.TestCase):
         status, s, _ = self.http.json("POST", "/v1/sessions")
         sid = s["id"]
         # A long stream: read its first event, then hang up.
-        sock = socket.create_connection(tuple([self.address.rsplit(":", 1)[0], int(self.address.rsplit(":", 1)[1])]))
-        body = json.dumps({"prompt": "abc", "max_tokens": 100000, "stream": True, "session_id": sid}).encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        got = b""
-        while b"data: " not in got:
-            chunk = sock.recv(4096)
-            self.assertTrue(chunk, got)
-            got += chunk
+        sock, got = self.open_long_stream({"session_id": sid})
         self.assertIn(b"200 OK", got)
         self.assertIn(b"text/event-stream", got)
         # While it runs, the session is busy: 409.

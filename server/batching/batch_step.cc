@@ -6,11 +6,11 @@ namespace txl {
 
 void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
   const SchedulerConfig& config = runner_->config();
-  std::vector<Job*> rows;
+  std::vector<FeedJob*> rows;
   std::vector<StepInput> inputs;
   std::vector<size_t> counts;  // tokens each row feeds
   int64_t budget = config.max_batch_tokens;
-  auto add = [&](Job* job, size_t n) {
+  auto add = [&](FeedJob* job, size_t n) {
     rows.push_back(job);
     inputs.push_back(job->Row(n));
     counts.push_back(n);
@@ -18,17 +18,20 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
   };
   // Resumed jobs may make more decoders than max_batch for a while: they
   // take turns (the start rotates), so none waits for the others to end.
-  std::vector<Job*> decoders;
+  std::vector<FeedJob*> decoders, feeders;  // feeders: every feeding kind still running, in arrival order
   for (const auto& job : active) {
-    if (!job->done && job->decoding() && job->paused_since.load() == 0) decoders.push_back(job.get());
+    FeedJob* feed = job->done ? nullptr : job->feeding();
+    if (feed == nullptr) continue;
+    feeders.push_back(feed);
+    if (feed->decoding() && feed->paused_since.load() == 0) decoders.push_back(feed);
   }
   const size_t max_batch = static_cast<size_t>(config.max_batch);
   const size_t first = decoders.size() > max_batch ? rotate_++ % decoders.size() : 0;
   for (size_t k = 0; k < decoders.size() && rows.size() < max_batch; ++k)
     add(decoders[(first + k) % decoders.size()], 1);
-  for (const auto& job : active) {
+  for (FeedJob* job : feeders) {
     if (rows.size() >= max_batch) break;
-    if (job->done || job->decoding()) continue;
+    if (job->decoding()) continue;
     const size_t left = job->prefill_left();
     if (left == 0) continue;
     int64_t n = std::min<int64_t>({static_cast<int64_t>(left), config.prefill_chunk, budget});
@@ -36,7 +39,7 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
       if (!rows.empty()) break;
       n = std::min<int64_t>(static_cast<int64_t>(left), config.prefill_chunk);  // always progress
     }
-    add(job.get(), static_cast<size_t>(n));
+    add(job, static_cast<size_t>(n));
   }
   if (rows.empty()) return;
 
@@ -49,7 +52,7 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
     o->OnTokensFed(total_tokens);
   }
   if (!out.ok()) {
-    for (Job* job : rows) runner_->Finish(*job, absl::InternalError(out.status().message()));
+    for (FeedJob* job : rows) runner_->Finish(*job, absl::InternalError(out.status().message()));
     return;
   }
   for (size_t r = 0; r < rows.size(); ++r) rows[r]->TakeOutput(*runner_, (*out)[r], counts[r]);

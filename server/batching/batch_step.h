@@ -3,7 +3,7 @@
 // under max_batch_tokens, decoders first (taking turns when there are more
 // than max_batch of them), then prefill chunks of up to prefill_chunk tokens
 // in arrival order, so a long prefill cannot starve a decoder. Each row's
-// output goes back to its job (Job::TakeOutput).
+// output goes back to its job (FeedJob::TakeOutput).
 #ifndef TXL_SERVER_BATCHING_BATCH_STEP_H_
 #define TXL_SERVER_BATCHING_BATCH_STEP_H_
 

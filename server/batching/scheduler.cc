@@ -81,45 +81,43 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::EnqueueWritable(std::shared_ptr<
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitGenerate(SessionLease lease, GenerateSpec spec,
-                                                               JobCallbacks callbacks) {
+                                                               GenerateCallbacks callbacks) {
   return EnqueueWritable(std::make_shared<GenerateJob>(std::move(lease), std::move(spec), std::move(callbacks)));
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, std::vector<int> input, bool commit,
-                                                            JobCallbacks callbacks) {
-  auto job = std::make_shared<ScoreJob>(std::move(lease), input, commit, std::move(callbacks));
+                                                            ScoreDone done) {
+  auto job = std::make_shared<ScoreJob>(std::move(lease), input, commit, std::move(done));
   // Scoring without commit changes nothing: a read-only session still answers it.
   return commit ? EnqueueWritable(std::move(job)) : Enqueue(std::move(job));
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, absl::Duration idle_ttl,
                                                            std::map<std::string, std::string> labels, int64_t position,
-                                                           JobCallbacks callbacks) {
+                                                           SessionMade done) {
   // The fork would be journaled.
   return EnqueueWritable(
-      std::make_shared<ForkJob>(std::move(source), idle_ttl, std::move(labels), position, std::move(callbacks)));
+      std::make_shared<ForkJob>(std::move(source), idle_ttl, std::move(labels), position, std::move(done)));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitRewind(SessionLease lease, int64_t position,
-                                                             JobCallbacks callbacks) {
-  return EnqueueWritable(std::make_shared<RewindJob>(std::move(lease), position, std::move(callbacks)));
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitRewind(SessionLease lease, int64_t position, JobDone done) {
+  return EnqueueWritable(std::make_shared<RewindJob>(std::move(lease), position, std::move(done)));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitExport(SessionLease lease, JobCallbacks callbacks) {
-  return Enqueue(std::make_shared<ExportJob>(std::move(lease), std::move(callbacks)));
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitExport(SessionLease lease, ExportDone done) {
+  return Enqueue(std::make_shared<ExportJob>(std::move(lease), std::move(done)));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(ImportSpec spec, JobCallbacks callbacks) {
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(ImportSpec spec, SessionMade done) {
   if (runner_.journal() != nullptr) {
     if (absl::Status w = runner_.journal()->Writable(); !w.ok()) return w;
   }
-  return Enqueue(std::make_shared<ImportJob>(std::move(spec), std::move(callbacks)));
+  return Enqueue(std::make_shared<ImportJob>(std::move(spec), std::move(done)));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitAdopt(std::string caller, std::string id,
-                                                            JobCallbacks callbacks) {
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitAdopt(std::string caller, std::string id, JobDone done) {
   if (runner_.journal() == nullptr) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
-  return Enqueue(std::make_shared<AdoptJob>(std::move(caller), std::move(id), std::move(callbacks)));
+  return Enqueue(std::make_shared<AdoptJob>(std::move(caller), std::move(id), std::move(done)));
 }
 
 void Scheduler::Cancel(const std::shared_ptr<Job>& job) {

@@ -67,20 +67,21 @@ class Scheduler {
   // given back unchanged before the call returns. Refusals: RESOURCE_EXHAUSTED
   // (queue full), UNAVAILABLE (draining, or a journaled change the state
   // state store cannot take). The requests were validated (request_validation.h).
-  absl::StatusOr<std::shared_ptr<Job>> SubmitGenerate(SessionLease lease, GenerateSpec spec, JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitGenerate(SessionLease lease, GenerateSpec spec,
+                                                      GenerateCallbacks callbacks);
   absl::StatusOr<std::shared_ptr<Job>> SubmitScore(SessionLease lease, std::vector<int> input, bool commit,
-                                                   JobCallbacks callbacks);
+                                                   ScoreDone done);
   // `position` 0: the source as it is; else as it was there (RewindJob's rules).
   absl::StatusOr<std::shared_ptr<Job>> SubmitFork(SessionLease source, absl::Duration idle_ttl,
                                                   std::map<std::string, std::string> labels, int64_t position,
-                                                  JobCallbacks callbacks);
-  absl::StatusOr<std::shared_ptr<Job>> SubmitRewind(SessionLease lease, int64_t position, JobCallbacks callbacks);
-  absl::StatusOr<std::shared_ptr<Job>> SubmitExport(SessionLease lease, JobCallbacks callbacks);
+                                                  SessionMade done);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitRewind(SessionLease lease, int64_t position, JobDone done);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitExport(SessionLease lease, ExportDone done);
   using ImportSpec = txl::ImportSpec;
-  absl::StatusOr<std::shared_ptr<Job>> SubmitImport(ImportSpec spec, JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitImport(ImportSpec spec, SessionMade done);
   // NOT_FOUND (none, or another principal's), UNAVAILABLE (a live replica
   // serves it), DATA_LOSS (damaged; quarantined). Needs a journal.
-  absl::StatusOr<std::shared_ptr<Job>> SubmitAdopt(std::string caller, std::string id, JobCallbacks callbacks);
+  absl::StatusOr<std::shared_ptr<Job>> SubmitAdopt(std::string caller, std::string id, JobDone done);
   // After Stop(), on the caller's thread (the only one left): Offloader::SnapshotAll.
   absl::Status SnapshotAll() { return offloader_.SnapshotAll(); }
   // The job leaves the batch at the next step and ends with Finish::kCancelled.

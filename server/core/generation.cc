@@ -10,8 +10,8 @@
 namespace txl {
 
 void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool adopt,
-                           std::shared_ptr<JobControl> control, JobCallbacks callbacks) const {
-  auto cb = std::make_shared<JobCallbacks>(std::move(callbacks));
+                           std::shared_ptr<JobControl> control, GenerateCallbacks callbacks) const {
+  auto cb = std::make_shared<GenerateCallbacks>(std::move(callbacks));
   WithAdoption(
       principal, adopt ? args.session_id : "",
       [this, principal, session = args.session_id, spec = std::move(args.spec), control, cb]() -> absl::Status {
@@ -20,9 +20,9 @@ void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool
           table->GiveBack(std::move(lease), absl::Now());
           return s;
         }
-        JobCallbacks job_cb;
+        GenerateCallbacks job_cb;
         job_cb.on_tokens = cb->on_tokens;
-        job_cb.on_done = [control, on_done = cb->on_done](absl::Status status, JobResult result) {
+        job_cb.on_done = [control, on_done = cb->on_done](absl::Status status, GenerateResult result) {
           control->Detach();
           on_done(std::move(status), std::move(result));
         };
@@ -31,27 +31,26 @@ void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool
         control->Attach(std::move(job));
         return absl::OkStatus();
       },
-      [cb](absl::Status s) { cb->on_done(std::move(s), JobResult()); });
+      [cb](absl::Status s) { cb->on_done(std::move(s), GenerateResult()); });
 }
 
 void ServiceCore::Score(const std::string& principal, ScoreArgs args, bool commit, std::shared_ptr<JobControl> control,
-                        std::function<void(absl::Status, JobResult)> done) const {
+                        ScoreDone done) const {
   WithAdoption(
       principal, args.session_id,
       [this, principal, session = args.session_id, input = std::move(args.input), commit, control,
        done]() -> absl::Status {
         ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session));
-        JobCallbacks cb;
-        cb.on_done = [control, done](absl::Status status, JobResult result) {
+        auto scored = [control, done](absl::Status status, ScoreResult result) {
           control->Detach();
           done(std::move(status), std::move(result));
         };
         ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         scheduler->SubmitScore(std::move(lease), input, commit, std::move(cb)));
+                         scheduler->SubmitScore(std::move(lease), input, commit, std::move(scored)));
         control->Attach(std::move(job));
         return absl::OkStatus();
       },
-      [done](absl::Status s) { done(std::move(s), JobResult()); });
+      [done](absl::Status s) { done(std::move(s), ScoreResult()); });
 }
 
 }  // namespace txl

@@ -54,7 +54,7 @@ v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& even
   return r;
 }
 
-v1::GenerateResponse FinalResponse(const JobResult& result) {
+v1::GenerateResponse FinalResponse(const GenerateResult& result) {
   v1::GenerateResponse r;
   r.set_text(result.trailing_text);
   r.set_position(result.position);
@@ -63,13 +63,13 @@ v1::GenerateResponse FinalResponse(const JobResult& result) {
   v1::Usage* u = r.mutable_usage();
   u->set_input_tokens(result.input_tokens);
   u->set_generated_tokens(result.generated_tokens);
-  u->set_queue_seconds(result.queue_seconds);
-  u->set_time_to_first_token_seconds(result.first_token_seconds);
-  u->set_total_seconds(result.total_seconds);
+  u->set_queue_seconds(result.times.queue_seconds);
+  u->set_time_to_first_token_seconds(result.times.first_token_seconds);
+  u->set_total_seconds(result.times.total_seconds);
   return r;
 }
 
-void FillScore(const JobResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out) {
+void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out) {
   double total = 0;
   for (const ScoredTokenResult& t : result.scores) {
     v1::ScoredToken* token = out->add_tokens();

@@ -19,9 +19,9 @@ namespace txl {
 v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& events, int64_t position,
                                     const Tokenizer& tokenizer);
 // A generation's last response: trailing text, finish reason, usage.
-v1::GenerateResponse FinalResponse(const JobResult& result);
+v1::GenerateResponse FinalResponse(const GenerateResult& result);
 // A score's per-token log-probs and their total.
-void FillScore(const JobResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out);
+void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out);
 void FillSession(const SessionInfo& info, v1::Session* out);
 // The model the core serves, and its limits (GetModelInfo, /v1/models).
 void FillModelInfo(const ServiceCore& core, v1::ModelInfo* out);

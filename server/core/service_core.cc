@@ -54,12 +54,11 @@ void ServiceCore::WithAdoption(const std::string& principal, const std::string& 
     fail(lost);
     return;
   }
-  JobCallbacks cb;
-  cb.on_done = [attempt, fail](absl::Status adopted, JobResult) {
-    absl::Status again = adopted.ok() ? attempt() : adopted;
+  auto adopted = [attempt, fail](absl::Status status) {
+    absl::Status again = status.ok() ? attempt() : status;
     if (!again.ok()) fail(again);
   };
-  auto job = scheduler->SubmitAdopt(principal, id, std::move(cb));
+  auto job = scheduler->SubmitAdopt(principal, id, std::move(adopted));
   if (!job.ok()) fail(job.status());
 }
 

@@ -100,11 +100,11 @@ class ServiceCore {
   // engine thread as tokens come; `on_done` exactly once: at once when the
   // request is refused before it is queued, else when the job ends.
   void Generate(const std::string& principal, GenerateArgs args, bool adopt, std::shared_ptr<JobControl> control,
-                JobCallbacks callbacks) const;
+                GenerateCallbacks callbacks) const;
   // A score of `args.input` after the session's history (committed to it when
   // `commit`); `done` as Generate's `on_done`, with the scores in the result.
   void Score(const std::string& principal, ScoreArgs args, bool commit, std::shared_ptr<JobControl> control,
-             std::function<void(absl::Status, JobResult)> done) const;
+             ScoreDone done) const;
 
   // A throw-away session (empty id: SessionLease::throwaway) or the named
   // one, acquired for `principal`; SessionTable::GiveBack ends either.

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "base/status_macros.h"
-#include "server/core/job_answer.h"
 #include "server/core/service_core.h"
 #include "server/durability/new_session.h"
 #include "server/sessions/session_export.h"
@@ -113,11 +112,9 @@ void ServiceCore::ForkSession(const std::string& principal, const std::string& i
         [this, principal, id, labels, position, done]() -> absl::Status {
           ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
           auto source = table->Get(principal, id);  // the fork keeps its ttl
-          JobCallbacks cb;
-          cb.on_done = AnswerWith<SessionInfo>(done, &JobResult::forked);
           return scheduler
               ->SubmitFork(std::move(lease), source.ok() ? source->idle_ttl : absl::ZeroDuration(), labels, position,
-                           std::move(cb))
+                           done)
               .status();
         },
         done);
@@ -133,15 +130,14 @@ void ServiceCore::RewindSession(const std::string& principal, const std::string&
         principal, id,
         [this, principal, id, position, done]() -> absl::Status {
           ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
-          JobCallbacks cb;
-          cb.on_done = [this, principal, id, done](absl::Status s, JobResult) {
+          auto rewound = [this, principal, id, done](absl::Status s) {
             if (!s.ok()) {
               done(s);
               return;
             }
             done(table->Get(principal, id));
           };
-          return scheduler->SubmitRewind(std::move(lease), position, std::move(cb)).status();
+          return scheduler->SubmitRewind(std::move(lease), position, std::move(rewound)).status();
         },
         done);
     return absl::OkStatus();

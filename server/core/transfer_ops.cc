@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "server/core/job_answer.h"
 #include "server/core/service_core.h"
 #include "server/sessions/session_export.h"
 
@@ -17,9 +16,7 @@ void ServiceCore::ExportSession(const std::string& principal, const std::string&
       principal, id,
       [this, principal, id, done]() -> absl::Status {
         ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
-        JobCallbacks cb;
-        cb.on_done = AnswerWith<std::string>(done, &JobResult::exported);
-        return scheduler->SubmitExport(std::move(lease), std::move(cb)).status();
+        return scheduler->SubmitExport(std::move(lease), done).status();
       },
       [done](absl::Status s) { done(s); });
 }
@@ -35,8 +32,6 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
                                                         image.fingerprint, "; this server serves ", here));
     }
     if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
-    JobCallbacks cb;
-    cb.on_done = AnswerWith<SessionInfo>(done, &JobResult::forked);
     ImportSpec spec;
     spec.owner = principal;
     spec.image = std::move(image);
@@ -44,7 +39,7 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
     spec.labels = std::move(labels);
     spec.id = args.session_id;
     spec.max_mem_len = config.max_mem_len;
-    return scheduler->SubmitImport(std::move(spec), std::move(cb)).status();
+    return scheduler->SubmitImport(std::move(spec), done).status();
   }();
   if (!s.ok()) done(s);
 }

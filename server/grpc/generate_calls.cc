@@ -26,7 +26,7 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     ASSIGN_OR_RETURN(std::string principal, c_->Principal(ctx));
     ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx, req));
-    Generate(principal, std::move(args), /*adopt=*/true, [this](absl::Status status, JobResult result) {
+    Generate(principal, std::move(args), /*adopt=*/true, [this](absl::Status status, GenerateResult result) {
       if (status.ok()) Send(FinalResponse(result));
       End(ToGrpcStatus(status));
     });
@@ -75,7 +75,7 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
     }
     const bool own = session == stream_session_;  // the stream's own session is never adopted
     args.session_id = session;
-    Generate(principal_, std::move(args), /*adopt=*/!own, [this](absl::Status status, JobResult result) {
+    Generate(principal_, std::move(args), /*adopt=*/!own, [this](absl::Status status, GenerateResult result) {
       if (status.ok()) {
         Send(FinalResponse(result));
         StartRead(&request_);  // the next turn

@@ -35,7 +35,7 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
     ASSIGN_OR_RETURN(std::string principal, c_->Principal(ctx_));
     ASSIGN_OR_RETURN(ScoreArgs args, c_->ValidScore(ctx_, req));
     Ref();  // for the job
-    c_->Score(principal, std::move(args), req.commit(), control_, [this](absl::Status s, JobResult result) {
+    c_->Score(principal, std::move(args), req.commit(), control_, [this](absl::Status s, ScoreResult result) {
       if (s.ok()) FillScore(result, c_->tokenizer, r_);
       End(s);
       Unref();

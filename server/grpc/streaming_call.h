@@ -96,14 +96,14 @@ class StreamingCall : public Base {
   // and `after` runs when it ends (on the engine thread, or at once when the
   // core refused it).
   void Generate(const std::string& principal, GenerateArgs args, bool adopt,
-                std::function<void(absl::Status, JobResult)> after) {
+                std::function<void(absl::Status, GenerateResult)> after) {
     Ref();  // for the job
-    JobCallbacks cb;
+    GenerateCallbacks cb;
     const ServiceContext* c = c_;
     cb.on_tokens = [this, c](std::vector<GeneratedTokenEvent> events, int64_t position) {
       Send(TokensResponse(events, position, c->tokenizer));
     };
-    cb.on_done = [this, after = std::move(after)](absl::Status status, JobResult result) {
+    cb.on_done = [this, after = std::move(after)](absl::Status status, GenerateResult result) {
       // A client that stopped reading cannot take even the status: the
       // write in flight would never complete, so the call is cancelled.
       if (IsStalled(status)) {

@@ -61,7 +61,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     x_->OnClientGone([weak] {
       if (auto call = weak.lock()) call->ClientGone();
     });
-    JobCallbacks cb;
+    GenerateCallbacks cb;
     // The end keeps the call alive until the job is done (the runner moves it
     // out of the job then). The tokens hold it weakly: a job the runner has
     // finished keeps its on_tokens, and this call's JobControl may keep the
@@ -73,7 +73,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
         if (auto call = weak.lock()) call->Response(TokensResponse(events, position, call->s_->core->tokenizer));
       });
     };
-    cb.on_done = [self](absl::Status status, JobResult result) {
+    cb.on_done = [self](absl::Status status, GenerateResult result) {
       self->x_->Run([self, status = std::move(status), result = std::move(result)] { self->Done(status, result); });
     };
     s_->core->Generate(*principal, *std::move(args), /*adopt=*/true, control_, std::move(cb));
@@ -110,7 +110,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     });
   }
 
-  void Done(absl::Status status, const JobResult& result) {
+  void Done(absl::Status status, const GenerateResult& result) {
     if (status.ok()) Response(FinalResponse(result));
     {
       absl::MutexLock lock(&mu_);

@@ -94,7 +94,7 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     auto args = s->core->validator.Score(*score, nullptr);
     if (!args.ok()) return s->Fail(*x, route, args.status());
     return s->core->Score(*principal, *std::move(args), score->commit(), s->core->NewJobControl(),
-                          [s, x, route, id](absl::Status scored, JobResult result) {
+                          [s, x, route, id](absl::Status scored, ScoreResult result) {
                             if (!scored.ok()) return s->Fail(*x, route, scored);
                             v1::ScoreResponse r;
                             FillScore(result, s->core->tokenizer, &r);

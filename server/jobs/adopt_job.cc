@@ -5,10 +5,8 @@
 
 namespace txl {
 
-AdoptJob::AdoptJob(std::string caller, std::string id, JobCallbacks cb)
-    : caller_(std::move(caller)), id_(std::move(id)) {
-  callbacks = std::move(cb);
-}
+AdoptJob::AdoptJob(std::string caller, std::string id, JobDone done)
+    : caller_(std::move(caller)), id_(std::move(id)), done_(std::move(done)) {}
 
 void AdoptJob::Run(JobRunner& runner) {
   auto adopted = [&]() -> absl::Status {

@@ -3,14 +3,11 @@
 
 namespace txl {
 
-ExportJob::ExportJob(SessionLease session, JobCallbacks cb) {
-  lease = std::move(session);
-  callbacks = std::move(cb);
-}
+ExportJob::ExportJob(SessionLease session, ExportDone done) : done_(std::move(done)) { lease = std::move(session); }
 
 void ExportJob::Run(JobRunner& runner) {
   auto image = runner.ExportImage(lease);
-  if (image.ok()) result.exported = *std::move(image);
+  if (image.ok()) bytes_ = *std::move(image);
   runner.Finish(*this, image.status());
 }
 

@@ -5,10 +5,9 @@
 namespace txl {
 
 ForkJob::ForkJob(SessionLease source, absl::Duration idle_ttl, std::map<std::string, std::string> labels,
-                 int64_t position, JobCallbacks cb)
-    : idle_ttl_(idle_ttl), labels_(std::move(labels)), position_(position) {
+                 int64_t position, SessionMade done)
+    : MakeSessionJob(std::move(done)), idle_ttl_(idle_ttl), labels_(std::move(labels)), position_(position) {
   lease = std::move(source);
-  callbacks = std::move(cb);
 }
 
 void ForkJob::Run(JobRunner& runner) {
@@ -44,13 +43,13 @@ void ForkJob::Run(JobRunner& runner) {
       runner.Finish(*this, image.ok() ? info.status() : image.status());
       return;
     }
-    runner.RecordNewSession(*this, *info, *std::move(fork), *std::move(image));
+    Record(runner, *info, *std::move(fork), *std::move(image));
     runner.Finish(*this, absl::OkStatus());
     return;
   }
   table->Release(*std::move(fork), absl::Now());
   auto info = table->Get(lease.owner, id);
-  if (info.ok()) result.forked = *info;
+  if (info.ok()) Made(*info);
   runner.Finish(*this, info.status());
 }
 

@@ -7,9 +7,10 @@
 
 namespace txl {
 
-GenerateJob::GenerateJob(SessionLease lease, GenerateSpec spec, JobCallbacks callbacks)
-    : FeedJob(std::move(lease), spec.input, std::move(callbacks)),
+GenerateJob::GenerateJob(SessionLease lease, GenerateSpec spec, GenerateCallbacks callbacks)
+    : FeedJob(std::move(lease), spec.input),
       spec_(std::move(spec)),
+      callbacks_(std::move(callbacks)),
       sampler_(spec_.sampling, std::random_device{}()),
       text_(spec_.stop_sequences) {}
 
@@ -64,32 +65,32 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   const absl::Time now = absl::Now();
   if (SchedulerObserver* o = runner.observer()) {
     o->OnTokensGenerated(1);
-    if (result.generated_tokens == 0) {
+    if (generated_tokens_ == 0) {
       o->OnFirstToken(SecondsSince(submitted));
     } else {
       o->OnInterTokenGap(absl::ToDoubleSeconds(now - last_token_at_));
     }
   }
-  if (result.generated_tokens == 0) result.first_token_seconds = SecondsSince(submitted);
+  if (generated_tokens_ == 0) times.first_token_seconds = SecondsSince(submitted);
   last_token_at_ = now;
   decoding_ = true;
   last_ = token;
-  ++result.generated_tokens;
+  ++generated_tokens_;
   const int64_t position = lease.state->position() + 1;  // the sampled token, pending
   generated.push_back(token);
   LogHistory(runner, position);
-  runner.SendTokens(*this, std::move(ev), position);
+  runner.SendTokens(*this, callbacks_.on_tokens, std::move(ev), position);
 
   const bool stop_token =
       std::find(spec_.stop_token_ids.begin(), spec_.stop_token_ids.end(), token) != spec_.stop_token_ids.end();
   if (text.stopped) {
-    result.finish = Finish::kStopSequence;
+    finish_ = Finish::kStopSequence;
   } else if (stop_token) {
-    result.finish = Finish::kStopToken;
-  } else if (result.generated_tokens >= spec_.max_new_tokens) {
-    result.finish = Finish::kLength;
+    finish_ = Finish::kStopToken;
+  } else if (generated_tokens_ >= spec_.max_new_tokens) {
+    finish_ = Finish::kLength;
   } else if (cancelled.load()) {
-    result.finish = Finish::kCancelled;
+    finish_ = Finish::kCancelled;
   } else {
     return;
   }
@@ -97,14 +98,31 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
 }
 
 void GenerateJob::Settle(const absl::Status& status) {
+  // A cancel (or a stall) that ended it before a step could.
+  if (!finish_) finish_ = cancelled.load() || IsStalled(status) ? Finish::kCancelled : Finish::kLength;
   if (decoding_) {
     lease.pending = {last_};  // the last sampled token is never fed by this job
-    if (result.finish != Finish::kStopSequence) result.trailing_text = text_.Finish();
+    if (finish_ != Finish::kStopSequence) trailing_text_ = text_.Finish();
   } else if (fed > 0) {
     KeepFedPrefix();
   } else {
     lease.pending.assign(feed.begin(), feed.begin() + pending_len);
   }
+}
+
+Job::Answer GenerateJob::TakeAnswer() {
+  if (!callbacks_.on_done) return nullptr;
+  GenerateResult r;
+  r.session_id = lease.id;
+  r.finish = finish_.value_or(Finish::kLength);
+  r.input_tokens = input_tokens();
+  r.generated_tokens = generated_tokens_;
+  r.times = times;
+  r.trailing_text = std::move(trailing_text_);
+  return [done = std::move(callbacks_.on_done), r = std::move(r)](absl::Status status, int64_t position) mutable {
+    r.position = position;
+    done(std::move(status), std::move(r));
+  };
 }
 
 }  // namespace txl

@@ -7,6 +7,8 @@
 #define TXL_SERVER_JOBS_GENERATE_JOB_H_
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "server/jobs/generate_spec.h"
 #include "server/jobs/job.h"
@@ -17,9 +19,10 @@ namespace txl {
 
 class GenerateJob final : public FeedJob {
  public:
-  GenerateJob(SessionLease lease, GenerateSpec spec, JobCallbacks callbacks);
+  GenerateJob(SessionLease lease, GenerateSpec spec, GenerateCallbacks callbacks);
 
   void Run(JobRunner& runner) override;
+  Answer TakeAnswer() override;
   bool decoding() const override { return decoding_; }
   size_t prefill_left() const override { return feed.size() - fed; }
   StepInput Row(size_t n) override;
@@ -29,6 +32,12 @@ class GenerateJob final : public FeedJob {
 
  private:
   GenerateSpec spec_;
+  GenerateCallbacks callbacks_;
+  // How it ended: set when a step ends it, else by Settle (a cancel, a
+  // stall, or an error before the end).
+  std::optional<Finish> finish_;
+  int64_t generated_tokens_ = 0;
+  std::string trailing_text_;
   Sampler sampler_;
   TextStream text_;
   bool decoding_ = false;  // prefill done; feeding back sampled tokens

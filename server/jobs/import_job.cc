@@ -5,7 +5,7 @@
 
 namespace txl {
 
-ImportJob::ImportJob(ImportSpec spec, JobCallbacks cb) : spec_(std::move(spec)) { callbacks = std::move(cb); }
+ImportJob::ImportJob(ImportSpec spec, SessionMade done) : MakeSessionJob(std::move(done)), spec_(std::move(spec)) {}
 
 void ImportJob::Run(JobRunner& runner) {
   absl::Status s = Import(runner);
@@ -40,11 +40,12 @@ absl::Status ImportJob::Import(JobRunner& runner) {
   const std::string id = made.id;
   if (durable) {
     ASSIGN_OR_RETURN(SessionInfo info, table->Get(spec_.owner, id));
-    runner.RecordNewSession(*this, info, std::move(made), EncodeSessionExport(spec_.image));
+    Record(runner, info, std::move(made), EncodeSessionExport(spec_.image));
     return absl::OkStatus();
   }
   table->Release(std::move(made), absl::Now());
-  ASSIGN_OR_RETURN(result.forked, table->Get(spec_.owner, id));
+  ASSIGN_OR_RETURN(SessionInfo info, table->Get(spec_.owner, id));
+  Made(std::move(info));
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/session_jobs.h"
 
 namespace txl {
 namespace {
@@ -21,16 +22,23 @@ absl::Status StalledError(absl::Duration waited) {
 
 bool IsStalled(const absl::Status& status) { return status.GetPayload(kStalledPayload).has_value(); }
 
-FeedJob::FeedJob(SessionLease session, const std::vector<int>& input, JobCallbacks cb) {
+Job::Answer AnswerStatus(JobDone done) {
+  if (!done) return nullptr;
+  return [done = std::move(done)](absl::Status status, int64_t) { done(std::move(status)); };
+}
+
+void MakeSessionJob::Record(JobRunner& runner, const SessionInfo& info, SessionLease lease, std::string snapshot) {
+  runner.RecordNewSession(info, std::move(lease), std::move(snapshot), std::exchange(done_, nullptr));
+}
+
+FeedJob::FeedJob(SessionLease session, const std::vector<int>& input) {
   lease = std::move(session);
-  callbacks = std::move(cb);
   start_position = logged_position = lease.position();
   // The pending token stays in the lease until the job ends (Settle): a job
   // the queue refuses hands the session back unchanged.
   feed = lease.pending;
   pending_len = feed.size();
   feed.insert(feed.end(), input.begin(), input.end());
-  result.input_tokens = static_cast<int64_t>(input.size());
 }
 
 void FeedJob::KeepFedPrefix() {
@@ -44,8 +52,7 @@ StepInput FeedJob::Slice(size_t n) const {
 }
 
 void FeedJob::RestorePending(std::vector<int> pending) {
-  // Rolled back after a store failure: the pending token is only in the
-  // store. It goes before what the job was given to feed.
+  // Rolled back after a store failure: the pending token is only in the store.
   feed.insert(feed.begin(), pending.begin(), pending.end());
   pending_len += pending.size();
   lease.pending = std::move(pending);

@@ -15,20 +15,19 @@ double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t
 
 bool JobRunner::Prepare(Job& job) {
   if (job.cancelled.load()) {
-    job.result.finish = Finish::kCancelled;
     // A generation stopped mid-stream succeeded with what it sent.
-    Finish(job, job.decoding() ? absl::OkStatus() : absl::CancelledError("the request was cancelled"));
+    const bool decoding = job.feeding() != nullptr && job.feeding()->decoding();
+    Finish(job, decoding ? absl::OkStatus() : absl::CancelledError("the request was cancelled"));
     return false;
   }
   if (const int64_t since = job.paused_since.load(); since != 0) {
     const absl::Duration waited = absl::Now() - absl::FromUnixNanos(since);
     if (waited >= config_.stall_timeout) {
-      job.result.finish = Finish::kCancelled;
       Finish(job, StalledError(waited));
       return false;
     }
   }
-  if (job.result.queue_seconds == 0) job.result.queue_seconds = SecondsSince(job.submitted);
+  if (job.times.queue_seconds == 0) job.times.queue_seconds = SecondsSince(job.submitted);
   if (journaled(job) && !job.lease.id.empty()) {
     // Served from this replica's copy only while it holds the session: one
     // that another replica took over (this one paused) is let go, and the
@@ -51,12 +50,15 @@ bool JobRunner::Prepare(Job& job) {
 void JobRunner::Finish(Job& job, absl::Status status) {
   if (job.done) return;
   job.done = true;
-  job.Settle(status);
-  job.result.session_id = job.lease.id;
+  FeedJob* feed = job.feeding();
+  if (feed != nullptr) feed->Settle(status);
+  int64_t position = 0;
   if (job.lease.state) {
-    job.result.position = job.lease.position();
-    if (job.ExtendHistory(table_->config().history_tokens) && !job.lease.throwaway) Checkpoint(job.lease);
-    job.LogHistory(*this, job.result.position);
+    position = job.lease.position();
+    if (feed != nullptr) {
+      if (feed->ExtendHistory(table_->config().history_tokens) && !job.lease.throwaway) Checkpoint(job.lease);
+      feed->LogHistory(*this, position);
+    }
     if (journaled(job) && job.lease.since_snapshot >= config_.snapshot_tokens) {
       if (auto image = ExportImage(job.lease); image.ok()) {
         journal_->RecordSnapshot(job.lease.id, *std::move(image));
@@ -64,39 +66,41 @@ void JobRunner::Finish(Job& job, absl::Status status) {
       }
     }
   }
-  job.result.total_seconds = SecondsSince(job.submitted);
+  job.times.total_seconds = SecondsSince(job.submitted);
   active.fetch_sub(1);
-  if (journaled(job) && !job.lease.id.empty() && job.logs_history()) {
+  Job::Answer answer = job.TakeAnswer();
+  if (journaled(job) && !job.lease.id.empty() && feed != nullptr && feed->logs_history()) {
     // The session stays busy until the journal has its history: if the
     // state store failed, it rolls back to what it holds before anyone
     // (this client's retry included) sees it. Runs on the writer thread.
     auto held = std::make_shared<SessionLease>(std::move(job.lease));
     job.lease = SessionLease();
-    const int64_t position = job.result.position;
     journal_->AfterDurable(held->id, position,
-                           [table = table_, held, done = std::move(job.callbacks.on_done), status = std::move(status),
-                            result = std::move(job.result)](absl::Status written, int64_t durable) mutable {
+                           [table = table_, held, answer = std::move(answer), status = std::move(status), position](
+                               absl::Status written, int64_t durable) mutable {
                              if (written.ok()) {
                                table->Release(std::move(*held), absl::Now());
                              } else {
                                // The history past `durable` never happened: the state is
                                // rebuilt from the state store on the session's next request.
                                table->GiveBackRolledBack(std::move(*held), durable, absl::Now());
-                               result.position = durable;
                              }
-                             if (done) done(written.ok() ? std::move(status) : std::move(written), std::move(result));
+                             if (answer)
+                               answer(written.ok() ? std::move(status) : std::move(written),
+                                      written.ok() ? position : durable);
                            });
     return;
   }
   const bool durable = job.acks_durably();
   ReturnLease(job);
-  if (!job.callbacks.on_done) return;
-  auto answer = [done = std::move(job.callbacks.on_done), status = std::move(status),
-                 result = std::move(job.result)](absl::Status) mutable { done(std::move(status), std::move(result)); };
+  if (!answer) return;
+  auto reply = [answer = std::move(answer), status = std::move(status), position](absl::Status) mutable {
+    answer(std::move(status), position);
+  };
   if (journal_ != nullptr && durable) {
-    journal_->After(std::move(answer));  // after what the journal was given before
+    journal_->After(std::move(reply));  // after what the journal was given before
   } else {
-    answer(absl::OkStatus());
+    reply(absl::OkStatus());
   }
 }
 
@@ -123,30 +127,29 @@ absl::StatusOr<std::string> JobRunner::ExportImage(const SessionLease& lease) co
   return EncodeSessionExport(image);
 }
 
-void JobRunner::RecordNewSession(Job& job, const SessionInfo& info, SessionLease lease, std::string snapshot) {
-  // The job's answer waits for the creation: it may still find the id taken.
-  auto done = std::move(job.callbacks.on_done);
-  job.callbacks.on_done = nullptr;
+void JobRunner::RecordNewSession(const SessionInfo& info, SessionLease lease, std::string snapshot, SessionMade done) {
+  // The answer waits for the creation: it may still find the id taken.
   txl::RecordNewSession(journal_, table_, info, std::move(lease), std::move(snapshot),
                         [done = std::move(done)](absl::Status written, const SessionInfo& made) {
                           if (!done) return;
-                          JobResult result;
-                          result.forked = made;
-                          result.session_id = made.id;
-                          done(written, std::move(result));
+                          if (written.ok()) {
+                            done(made);
+                          } else {
+                            done(std::move(written));
+                          }
                         });
 }
 
-void JobRunner::SendTokens(Job& job, GeneratedTokenEvent event, int64_t position) {
-  if (!job.callbacks.on_tokens) return;
+void JobRunner::SendTokens(Job& job, const TokensCallback& on_tokens, GeneratedTokenEvent event, int64_t position) {
+  if (!on_tokens) return;
   if (!journaled(job)) {
-    job.callbacks.on_tokens({std::move(event)}, position);
+    on_tokens({std::move(event)}, position);
     return;
   }
   // Sent once written; if the state store failed, the job stops (its end rolls the session back).
   journal_->AfterDurable(job.lease.id, position,
-                         [cb = job.callbacks.on_tokens, event = std::move(event), position,
-                          weak = job.weak_from_this()](absl::Status written, int64_t) mutable {
+                         [cb = on_tokens, event = std::move(event), position, weak = job.weak_from_this()](
+                             absl::Status written, int64_t) mutable {
                            if (written.ok()) {
                              cb({std::move(event)}, position);
                            } else if (auto j = weak.lock()) {
@@ -200,7 +203,13 @@ absl::Status JobRunner::Materialize(Job& job) {
     }
     std::vector<int> pending;
     idle = IdleFromRecord(*record, &pending);
-    if (job.lease.pending.empty() && !pending.empty()) job.RestorePending(std::move(pending));
+    if (job.lease.pending.empty() && !pending.empty()) {
+      if (FeedJob* feed = job.feeding()) {
+        feed->RestorePending(std::move(pending));
+      } else {
+        job.lease.pending = std::move(pending);
+      }
+    }
   }
   ASSIGN_OR_RETURN(job.lease.state, Rebuild(*idle));
   job.lease.idle.reset();

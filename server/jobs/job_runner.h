@@ -58,11 +58,11 @@ class JobRunner {
   absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(const IdleSession& idle);
   // Journals a session made on the engine thread (fork, import), held busy
   // in `lease` meanwhile, from its image; then releases it (or drops it if
-  // the state store refused) and answers the job with it.
-  void RecordNewSession(Job& job, const SessionInfo& info, SessionLease lease, std::string snapshot);
-  // Generate's tokens go out once the journal has them (journaled
+  // the state store refused) and gives `done` it.
+  void RecordNewSession(const SessionInfo& info, SessionLease lease, std::string snapshot, SessionMade done);
+  // Generate's tokens go to `on_tokens` once the journal has them (journaled
   // sessions; a failed write stops the job), or now.
-  void SendTokens(Job& job, GeneratedTokenEvent event, int64_t position);
+  void SendTokens(Job& job, const TokensCallback& on_tokens, GeneratedTokenEvent event, int64_t position);
   // UNAVAILABLE when a change to a journaled session could not be written:
   // refused before anything changes.
   absl::Status CheckWritable(const SessionLease& lease) const;

@@ -9,9 +9,9 @@
 
 namespace txl {
 
-RewindJob::RewindJob(SessionLease session, int64_t position, JobCallbacks cb) : position_(position) {
+RewindJob::RewindJob(SessionLease session, int64_t position, JobDone done)
+    : position_(position), done_(std::move(done)) {
   lease = std::move(session);
-  callbacks = std::move(cb);
 }
 
 void RewindJob::Run(JobRunner& runner) {
@@ -29,7 +29,6 @@ void RewindJob::Run(JobRunner& runner) {
     at = *std::move(rebuilt);
   }
   if (runner.observer()) runner.observer()->OnRewind(at.served, at.replayed, SecondsSince(start));
-  result.position = position_;
   if (position_ == before) {
     runner.Finish(*this, absl::OkStatus());
     return;
@@ -69,7 +68,7 @@ void RewindJob::Run(JobRunner& runner) {
   held->since_snapshot = std::max<int64_t>(0, held->since_snapshot - (before - position_));
   runner.journal()->RecordRewind(
       held->id, position_, *std::move(image),
-      [table = runner.table(), held, old, done = std::move(callbacks.on_done), result = result](absl::Status written) {
+      [table = runner.table(), held, old, done = std::exchange(done_, nullptr)](absl::Status written) {
         if (!written.ok()) {
           held->state = std::move(old->state);
           held->pending = std::move(old->pending);
@@ -80,9 +79,8 @@ void RewindJob::Run(JobRunner& runner) {
           }
         }
         table->Release(std::move(*held), absl::Now());
-        if (done) done(written, result);
+        if (done) done(written);
       });
-  callbacks.on_done = nullptr;
   runner.Finish(*this, absl::OkStatus());
 }
 

@@ -15,8 +15,8 @@ void ScoreJob::Run(JobRunner& runner) {
   }
   if (prefill_left() == 0) {
     // One token and nothing before it: nothing to predict.
-    if (result.scores.empty()) {
-      for (size_t i = pending_len; i < feed.size(); ++i) result.scores.push_back({feed[i], false, 0.0f});
+    if (scores_.empty()) {
+      for (size_t i = pending_len; i < feed.size(); ++i) scores_.push_back({feed[i], false, 0.0f});
     }
     runner.Finish(*this, absl::OkStatus());
   }
@@ -33,12 +33,12 @@ void ScoreJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   fed += n;
   // Scores come for feed positions fed-n+1 .. fed; report input tokens only.
   const size_t first_target = fed - n + 1;
-  if (result.scores.empty() && pending_len == 0) {
-    result.scores.push_back({feed[0], false, 0.0f});  // the session's first token
+  if (scores_.empty() && pending_len == 0) {
+    scores_.push_back({feed[0], false, 0.0f});  // the session's first token
   }
   for (size_t k = 0; k < out.target_logprobs.size(); ++k) {
     const size_t pos = first_target + k;
-    if (pos >= pending_len) result.scores.push_back({feed[pos], true, out.target_logprobs[k]});
+    if (pos >= pending_len) scores_.push_back({feed[pos], true, out.target_logprobs[k]});
   }
   if (prefill_left() == 0) runner.Finish(*this, absl::OkStatus());
 }
@@ -51,6 +51,16 @@ void ScoreJob::Settle(const absl::Status& status) {
   } else {
     KeepFedPrefix();
   }
+}
+
+Job::Answer ScoreJob::TakeAnswer() {
+  if (!done_) return nullptr;
+  return [done = std::move(done_), scores = std::move(scores_)](absl::Status status, int64_t position) mutable {
+    ScoreResult r;
+    r.position = position;
+    r.scores = std::move(scores);
+    done(std::move(status), std::move(r));
+  };
 }
 
 }  // namespace txl

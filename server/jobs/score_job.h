@@ -14,10 +14,11 @@ namespace txl {
 
 class ScoreJob final : public FeedJob {
  public:
-  ScoreJob(SessionLease lease, const std::vector<int>& input, bool commit, JobCallbacks callbacks)
-      : FeedJob(std::move(lease), input, std::move(callbacks)), commit_(commit) {}
+  ScoreJob(SessionLease lease, const std::vector<int>& input, bool commit, ScoreDone done)
+      : FeedJob(std::move(lease), input), commit_(commit), done_(std::move(done)) {}
 
   void Run(JobRunner& runner) override;
+  Answer TakeAnswer() override;
   size_t prefill_left() const override {
     const size_t total = feed.empty() ? 0 : feed.size() - 1;
     return total > fed ? total - fed : 0;
@@ -26,10 +27,13 @@ class ScoreJob final : public FeedJob {
   void TakeOutput(JobRunner& runner, StepOutput& out, size_t n) override;
   void Settle(const absl::Status& status) override;
   bool logs_history() const override { return commit_; }
-  SessionState* state() override { return scratch_ ? scratch_.get() : lease.state.get(); }
 
  private:
+  SessionState* state() override { return scratch_ ? scratch_.get() : lease.state.get(); }
+
   const bool commit_;
+  ScoreDone done_;
+  std::vector<ScoredTokenResult> scores_;
   std::unique_ptr<SessionState> scratch_;  // commit=false works on a copy
 };
 

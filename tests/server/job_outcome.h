@@ -10,23 +10,28 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "server/jobs/job.h"
+#include "server/jobs/job_results.h"
 
 namespace txl::testing {
 
+// One job's answer, whichever its kind: Callbacks() for a generation,
+// Scored() for a score, Made() for a fork or an import, Ended() for a rewind.
 struct Outcome {
   std::vector<int> ids;
   std::vector<std::vector<std::pair<int, float>>> top;  // each token's alternatives
   std::string text;
   std::vector<int64_t> positions;
   absl::Status status;
-  JobResult result;
+  GenerateResult result;
+  ScoreResult score;
+  SessionInfo made;
   absl::Notification done;
 
-  JobCallbacks Callbacks() {
-    JobCallbacks cb;
+  GenerateCallbacks Callbacks() {
+    GenerateCallbacks cb;
     cb.on_tokens = [this](std::vector<GeneratedTokenEvent> events, int64_t position) {
       for (auto& e : events) {
         ids.push_back(e.id);
@@ -35,14 +40,34 @@ struct Outcome {
       }
       positions.push_back(position);
     };
-    cb.on_done = [this](absl::Status s, JobResult r) {
-      status = std::move(s);
+    cb.on_done = [this](absl::Status s, GenerateResult r) {
       result = std::move(r);
-      done.Notify();
+      End(std::move(s));
     };
     return cb;
   }
+  ScoreDone Scored() {
+    return [this](absl::Status s, ScoreResult r) {
+      score = std::move(r);
+      End(std::move(s));
+    };
+  }
+  SessionMade Made() {
+    return [this](absl::StatusOr<SessionInfo> info) {
+      if (info.ok()) made = *info;
+      End(info.status());
+    };
+  }
+  JobDone Ended() {
+    return [this](absl::Status s) { End(std::move(s)); };
+  }
   void Wait() { ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30))); }
+
+ private:
+  void End(absl::Status s) {
+    status = std::move(s);
+    done.Notify();
+  }
 };
 
 }  // namespace txl::testing

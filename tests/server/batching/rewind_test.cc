@@ -73,18 +73,18 @@ class RewindTest : public SchedulerTest {
   }
   absl::Status Rewind(const std::string& id, int64_t position) {
     Outcome o;
-    auto job = scheduler_->SubmitRewind(Take(id), position, o.Callbacks());
+    auto job = scheduler_->SubmitRewind(Take(id), position, o.Ended());
     if (!job.ok()) return job.status();
     o.Wait();
     return o.status;
   }
   absl::StatusOr<std::string> ForkAt(const std::string& id, int64_t position) {
     Outcome o;
-    auto job = scheduler_->SubmitFork(Take(id), absl::ZeroDuration(), {}, position, o.Callbacks());
+    auto job = scheduler_->SubmitFork(Take(id), absl::ZeroDuration(), {}, position, o.Made());
     if (!job.ok()) return job.status();
     o.Wait();
     if (!o.status.ok()) return o.status;
-    return o.result.forked.id;
+    return o.made.id;
   }
   static std::vector<int> Prefix(const std::vector<int>& h, int64_t n) { return {h.begin(), h.begin() + n}; }
 

@@ -57,7 +57,7 @@ class SchedulerTest : public ::testing::Test {
                                       std::function<void(const std::shared_ptr<Job>&)> hook) {
     // Weak: the job holds this callback, so a strong reference would keep both alive forever.
     auto job = std::make_shared<std::weak_ptr<Job>>();
-    JobCallbacks cb = o.Callbacks();
+    GenerateCallbacks cb = o.Callbacks();
     cb.on_tokens = [&o, inner = cb.on_tokens, at, hook, job](std::vector<GeneratedTokenEvent> ev, int64_t pos) {
       inner(std::move(ev), pos);
       if (o.ids.size() == at) hook(job->lock());

@@ -314,27 +314,27 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   scheduler_->Start();
   const std::string id = NewSession();
   Outcome probe;
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {5, 6, 9}, false, probe.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {5, 6, 9}, false, probe.Scored()).ok());
   probe.Wait();
   ASSERT_TRUE(probe.status.ok()) << probe.status;
-  ASSERT_EQ(probe.result.scores.size(), 3u);
-  EXPECT_FALSE(probe.result.scores[0].has_logprob);  // nothing precedes it
-  EXPECT_TRUE(probe.result.scores[1].has_logprob);
-  EXPECT_NEAR(probe.result.scores[1].logprob, std::log(0.9f), 1e-6);  // 6 follows 5
-  EXPECT_LT(probe.result.scores[2].logprob, std::log(0.01f));         // 9 does not follow 6
+  ASSERT_EQ(probe.score.scores.size(), 3u);
+  EXPECT_FALSE(probe.score.scores[0].has_logprob);  // nothing precedes it
+  EXPECT_TRUE(probe.score.scores[1].has_logprob);
+  EXPECT_NEAR(probe.score.scores[1].logprob, std::log(0.9f), 1e-6);  // 6 follows 5
+  EXPECT_LT(probe.score.scores[2].logprob, std::log(0.01f));         // 9 does not follow 6
   EXPECT_EQ(table_.Get("", id)->position, 0);
 
   Outcome commit;
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {5, 6}, true, commit.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {5, 6}, true, commit.Scored()).ok());
   commit.Wait();
   EXPECT_EQ(History(id), (std::vector<int>{5, 6}));
   // The next score is conditioned on that history: 7 follows 6.
   Outcome next;
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {7}, true, next.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {7}, true, next.Scored()).ok());
   next.Wait();
-  ASSERT_EQ(next.result.scores.size(), 1u);
-  EXPECT_TRUE(next.result.scores[0].has_logprob);
-  EXPECT_NEAR(next.result.scores[0].logprob, std::log(0.9f), 1e-6);
+  ASSERT_EQ(next.score.scores.size(), 1u);
+  EXPECT_TRUE(next.score.scores[0].has_logprob);
+  EXPECT_NEAR(next.score.scores[0].logprob, std::log(0.9f), 1e-6);
   EXPECT_EQ(table_.Get("", id)->position, 3);
 }
 
@@ -346,12 +346,12 @@ TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
   ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({1, 2}, 2), gen.Callbacks()).ok());
   gen.Wait();
   Outcome fork;
-  ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {{"k", "v"}}, 0, fork.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {{"k", "v"}}, 0, fork.Made()).ok());
   fork.Wait();
   ASSERT_TRUE(fork.status.ok()) << fork.status;
-  const std::string child = fork.result.forked.id;
+  const std::string child = fork.made.id;
   EXPECT_NE(child, id);
-  EXPECT_EQ(fork.result.forked.labels.at("k"), "v");
+  EXPECT_EQ(fork.made.labels.at("k"), "v");
   EXPECT_EQ(History(child), History(id));
   Outcome more;
   ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(child), Spec({50}, 1), more.Callbacks()).ok());
@@ -370,12 +370,12 @@ TEST_F(SchedulerTest, ForkBelongsToTheSourcesOwner) {
   auto lease = table_.Acquire("alice", info->id, absl::Now());
   ASSERT_TRUE(lease.ok()) << lease.status();
   Outcome fork;
-  ASSERT_TRUE(scheduler_->SubmitFork(*std::move(lease), absl::ZeroDuration(), {}, 0, fork.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitFork(*std::move(lease), absl::ZeroDuration(), {}, 0, fork.Made()).ok());
   fork.Wait();
   ASSERT_TRUE(fork.status.ok()) << fork.status;
-  EXPECT_EQ(fork.result.forked.owner, "alice");
-  EXPECT_TRUE(table_.Get("alice", fork.result.forked.id).ok());
-  EXPECT_EQ(table_.Get("", fork.result.forked.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fork.made.owner, "alice");
+  EXPECT_TRUE(table_.Get("alice", fork.made.id).ok());
+  EXPECT_EQ(table_.Get("", fork.made.id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table_.List("alice").size(), 2u);
   EXPECT_TRUE(table_.List("").empty());
 }
@@ -395,10 +395,10 @@ TEST_F(SchedulerTest, FailedCopyFailsTheRequestAndKeepsTheSession) {
     table_.Release(std::move(lease), absl::Now());
   }
   Outcome fork, probe;
-  ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {}, 0, fork.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitFork(Lease(id), absl::ZeroDuration(), {}, 0, fork.Made()).ok());
   fork.Wait();
   EXPECT_EQ(fork.status.code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {9}, false, probe.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(id), {9}, false, probe.Scored()).ok());
   probe.Wait();
   EXPECT_EQ(probe.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(table_.size(), 1);

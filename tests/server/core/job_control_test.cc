@@ -11,6 +11,7 @@ namespace {
 class NoopJob : public Job {
  public:
   void Run(JobRunner&) override {}
+  Answer TakeAnswer() override { return nullptr; }
 };
 
 TEST(JobControlTest, AJobThatEndedBeforeItWasAttachedIsNotKept) {

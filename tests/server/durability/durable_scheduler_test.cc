@@ -87,7 +87,7 @@ class DurableSchedulerTest : public ::testing::Test {
     auto lease = table_->Acquire("", id, absl::Now());
     if (!lease.ok()) return lease.status();
     testing::Outcome o;
-    auto job = scheduler_->SubmitRewind(*std::move(lease), position, o.Callbacks());
+    auto job = scheduler_->SubmitRewind(*std::move(lease), position, o.Ended());
     if (!job.ok()) return job.status();
     o.Wait();
     return o.status;

@@ -1,0 +1,71 @@
+// What each job kind answers with, and the callbacks that take it. A kind's
+// answer is its own type: Generate and Score end with a status and their
+// result (a cancelled generation succeeds with what it sent); the session
+// kinds end with a StatusOr of the one thing they make, or a status alone.
+// JobRunner::Finish calls the answer exactly once per accepted job.
+#ifndef TXL_SERVER_JOBS_JOB_RESULTS_H_
+#define TXL_SERVER_JOBS_JOB_RESULTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/sessions/session_table.h"
+
+namespace txl {
+
+struct GeneratedTokenEvent {
+  int id = 0;
+  std::string text;  // whole UTF-8 characters only; may be empty
+  float logprob = 0;
+  std::vector<std::pair<int, float>> top;  // when top_logprobs > 0
+};
+
+enum class Finish { kLength, kStopToken, kStopSequence, kCancelled };
+
+// Seconds from submission, as every feeding kind reports them.
+struct JobTimes {
+  double queue_seconds = 0;        // until the engine thread took the job
+  double first_token_seconds = 0;  // Generate: until its first token
+  double total_seconds = 0;        // until its end
+};
+
+struct GenerateResult {
+  std::string session_id;  // empty: a throw-away session
+  Finish finish = Finish::kLength;
+  int64_t position = 0;  // the session's position afterwards
+  int64_t input_tokens = 0;
+  int64_t generated_tokens = 0;
+  JobTimes times;
+  std::string trailing_text;  // text held back until the end (e.g. a partial character)
+};
+
+struct ScoredTokenResult {
+  int id = 0;
+  bool has_logprob = false;  // false: no earlier token in the session
+  float logprob = 0;
+};
+
+struct ScoreResult {
+  int64_t position = 0;  // the session's position afterwards (unchanged without commit)
+  std::vector<ScoredTokenResult> scores;
+};
+
+// Generate's tokens as they are produced, with the session position after them.
+using TokensCallback = std::function<void(std::vector<GeneratedTokenEvent>, int64_t position)>;
+struct GenerateCallbacks {
+  TokensCallback on_tokens;
+  std::function<void(absl::Status, GenerateResult)> on_done;
+};
+using ScoreDone = std::function<void(absl::Status, ScoreResult)>;
+using SessionMade = std::function<void(absl::StatusOr<SessionInfo>)>;  // Fork, Import
+using ExportDone = std::function<void(absl::StatusOr<std::string>)>;   // EncodeSessionExport's bytes
+using JobDone = std::function<void(absl::Status)>;                     // Rewind, Adopt
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_JOBS_JOB_RESULTS_H_

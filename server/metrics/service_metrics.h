@@ -1,4 +1,4 @@
-// What the gRPC layer reports to metrics. Implemented by Metrics
+// What the front ends (gRPC and HTTP) report to metrics. Implemented by Metrics
 // (prometheus); tests may pass nothing.
 #ifndef TXL_SERVER_METRICS_SERVICE_METRICS_H_
 #define TXL_SERVER_METRICS_SERVICE_METRICS_H_
@@ -10,7 +10,7 @@ namespace txl {
 class ServiceMetrics {
  public:
   virtual ~ServiceMetrics() = default;
-  // `code` is the gRPC status code name, e.g. "OK", "NOT_FOUND".
+  // A gRPC call: `code` is its status code name, e.g. "OK", "NOT_FOUND".
   virtual void OnRequest(const std::string& method, const std::string& code) = 0;
   // An HTTP answer: `route` is the route's pattern (never the raw path, so
   // the label set stays bounded), `status` the HTTP status.

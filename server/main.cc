@@ -126,6 +126,9 @@ ABSL_FLAG(double, holder_timeout, 10, "seconds without a heartbeat before a repl
 ABSL_FLAG(int64_t, session_history_tokens, 65536,
           "history tokens each session keeps in memory, so that RewindSession and ForkSession at a position can "
           "rebuild its state by replay (4 bytes each; 0: all); with a state store its log keeps all of them");
+ABSL_FLAG(int64_t, state_cache_budget, 256ll << 20,
+          "bytes of host memory for the states of requests without a session (the state cache: a request "
+          "that repeats their tokens goes on from there; least recently used first out); 0: no cache");
 ABSL_FLAG(int64_t, checkpoint_budget, 256ll << 20,
           "bytes of host memory for turn checkpoints (a session's state kept at the end of each Generate or "
           "committing Score), so that going back a turn costs a copy, not a replay; least recently used go "
@@ -295,6 +298,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (table.history_tokens < 0) return absl::InvalidArgumentError("--session_history_tokens must be >= 0");
   table.checkpoints.budget_bytes = absl::GetFlag(FLAGS_checkpoint_budget);
   if (table.checkpoints.budget_bytes < 0) return absl::InvalidArgumentError("--checkpoint_budget must be >= 0");
+  table.state_cache.budget_bytes = absl::GetFlag(FLAGS_state_cache_budget);
+  if (table.state_cache.budget_bytes < 0) return absl::InvalidArgumentError("--state_cache_budget must be >= 0");
 
   if (!absl::GetFlag(FLAGS_state_dir).empty() && !absl::GetFlag(FLAGS_state_store).empty())
     return absl::InvalidArgumentError("--state_dir and --state_store: give one of them");

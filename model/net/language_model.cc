@@ -144,8 +144,20 @@ absl::Status LanguageModel::ReserveSessionMemory(int64_t bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {
+  return NewSessionAt(mem_len, 0);
+}
+
+absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSessionAt(int64_t mem_len, int64_t position) const {
   if (mem_len < 1) return absl::InvalidArgumentError(absl::StrCat("mem_len: must be >= 1, got ", mem_len));
-  return std::unique_ptr<SessionState>(new SessionMemory(config_.n_layer, mem_len, FullMemoryBytes(mem_len)));
+  if (position < 0) return absl::InvalidArgumentError(absl::StrCat("position: must be >= 0, got ", position));
+  // Nothing held yet: the first step reserves the ring for the positions it
+  // writes (IncrementalModel::Reserve), and a wrapped ring's slot is the
+  // position modulo mem_len wherever the history began.
+  return std::unique_ptr<SessionState>(new SessionMemory(config_.n_layer, mem_len, FullMemoryBytes(mem_len), position));
+}
+
+int64_t LanguageModel::ReceptiveField(int64_t mem_len) const {
+  return config_.n_layer * std::max<int64_t>(0, mem_len - 1);
 }
 
 int64_t LanguageModel::FullMemoryBytes(int64_t mem_len) const {

@@ -59,6 +59,14 @@ class LanguageModel {
 
   // mem_len: the session's attention window (>= 1).
   absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) const;
+  // An empty session whose history begins at `position` (>= 0), the tokens
+  // before it unknown. Fed a history's last ReceptiveField(mem_len) tokens
+  // (or more), it is the state of the whole history, up to float rounding:
+  // bounded replay (docs/SESSIONS.md, "Bounded replay").
+  absl::StatusOr<std::unique_ptr<SessionState>> NewSessionAt(int64_t mem_len, int64_t position) const;
+  // The history tokens a state of window `mem_len` depends on:
+  // n_layer x (mem_len - 1), each layer reaching mem_len - 1 further back.
+  int64_t ReceptiveField(int64_t mem_len) const;
   // Bytes a session's memory takes once its window is full: keys and values
   // of mem_len ring slots in every layer (mem_len - 1 positions held, one
   // slot to write into). Admission control reserves it.

@@ -156,10 +156,12 @@ absl::StatusOr<SessionMemory> SessionMemory::Parse(const std::string& data, cons
                                                    config.n_head, ", ", config.d_head));
   }
   // No session gets near 2^62 positions; past it, a step's arithmetic could overflow.
+  // A ring not wrapped yet holds position p in slot p, so it reaches the
+  // position; a window of 1 holds nothing and never has a ring, at any position.
   constexpr int64_t kMaxPosition = int64_t{1} << 62;
   if ((element != 4 && element != 2) || mem_len < 1 || position < 0 || length < 0 || position > kMaxPosition ||
       mem_len > kMaxPosition || length > mem_len - 1 || length > position || capacity < 0 || capacity > mem_len ||
-      (capacity < mem_len && position > capacity) || (length > 0 && capacity == 0)) {
+      (mem_len > 1 && capacity < mem_len && position > capacity) || (length > 0 && capacity == 0)) {
     return absl::InvalidArgumentError("session state: inconsistent header");
   }
   // The header is client data (ImportSession): sizes are computed with overflow checks.

@@ -34,9 +34,11 @@ namespace txl {
 class SessionMemory final : public SessionState {
  public:
   // full_bytes: what the memory takes once its window is full (admission
-  // control reserves it; LanguageModel::FullMemoryBytes).
-  SessionMemory(int64_t n_layer, int64_t mem_len, int64_t full_bytes = 0)
-      : mem_len_(mem_len), full_bytes_(full_bytes), k_(n_layer), v_(n_layer) {}
+  // control reserves it; LanguageModel::FullMemoryBytes). start: the
+  // position its history begins at, the tokens before it unknown (bounded
+  // replay, LanguageModel::NewSessionAt).
+  SessionMemory(int64_t n_layer, int64_t mem_len, int64_t full_bytes = 0, int64_t start = 0)
+      : mem_len_(mem_len), full_bytes_(full_bytes), position_(start), k_(n_layer), v_(n_layer) {}
   ~SessionMemory() override;  // gives pool rows back
   SessionMemory(SessionMemory&& other) noexcept;
   SessionMemory& operator=(SessionMemory&& other) noexcept;

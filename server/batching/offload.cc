@@ -18,6 +18,7 @@ void Offloader::Offload(bool tick) {
     if (!state) continue;
     auto idle = std::make_shared<IdleSession>();
     idle->mem_len = state->mem_len();
+    idle->start = state->position();
     if (!state->AppendTo(&idle->state).ok()) {  // no image: it stays in device memory
       table->AbortOffload(id, std::move(state));
       continue;

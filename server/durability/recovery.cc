@@ -9,6 +9,8 @@ std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::ve
   auto idle = std::make_shared<IdleSession>();
   idle->state = record.image.state;
   idle->mem_len = record.meta.mem_len;
+  // The snapshot's position counts its pending token, which is fed first.
+  idle->start = record.image.position - static_cast<int64_t>(record.image.pending.size());
   idle->feed = record.image.pending;
   idle->feed.insert(idle->feed.end(), record.tail.begin(), record.tail.end());
   pending->clear();

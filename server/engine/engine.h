@@ -22,6 +22,12 @@ class Engine {
   virtual ~Engine() = default;
   virtual int64_t vocab_size() const = 0;
   virtual absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) = 0;
+  // An empty session whose history begins at `position`: fed the last
+  // ReceptiveField(mem_len) tokens of a history, it is that history's state
+  // (LanguageModel::NewSessionAt).
+  virtual absl::StatusOr<std::unique_ptr<SessionState>> NewSessionAt(int64_t mem_len, int64_t position) = 0;
+  // How many of its last history tokens a state of window `mem_len` depends on.
+  virtual int64_t ReceptiveField(int64_t mem_len) const = 0;
   // A session from SessionState::AppendTo's bytes; INVALID_ARGUMENT when
   // they are damaged or fit another model. Engine thread only.
   virtual absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) = 0;

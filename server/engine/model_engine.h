@@ -20,6 +20,10 @@ class ModelEngine : public Engine {
   absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) override {
     return model_->NewSession(mem_len);
   }
+  absl::StatusOr<std::unique_ptr<SessionState>> NewSessionAt(int64_t mem_len, int64_t position) override {
+    return model_->NewSessionAt(mem_len, position);
+  }
+  int64_t ReceptiveField(int64_t mem_len) const override { return model_->ReceptiveField(mem_len); }
   absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) override {
     return model_->RestoreSession(data);
   }

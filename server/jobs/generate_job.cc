@@ -17,7 +17,13 @@ GenerateJob::GenerateJob(SessionLease lease, GenerateSpec spec, GenerateCallback
 void GenerateJob::Run(JobRunner& runner) {
   // Request validation refuses a generation with nothing to continue from;
   // without this check such a job would wait for a row forever.
-  if (feed.empty() && !decoding_) runner.Finish(*this, absl::InternalError("generate: nothing to feed"));
+  if (feed.empty() && !decoding_) {
+    runner.Finish(*this, absl::InternalError("generate: nothing to feed"));
+    return;
+  }
+  if (!decoding_ && fed == 0) {
+    if (absl::Status s = StartStateless(runner); !s.ok()) runner.Finish(*this, s);
+  }
 }
 
 StepInput GenerateJob::Row(size_t n) {
@@ -41,7 +47,8 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   // A pick, a list or a nucleus (Row asks for one) arrives after the prefill
   // and after each decode.
   const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
-  if (!picked && !listed && !nucleus) return;  // mid-prefill
+  if (!picked && !listed && !nucleus) return;                                   // mid-prefill
+  if (!decoding_ && lease.throwaway) runner.KeepInStateCache(lease, feed, {});  // the end of the prompt
   GeneratedTokenEvent ev;
   auto logprob_in = [&](const TokenList& list) {
     return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
@@ -93,6 +100,11 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     finish_ = Finish::kCancelled;
   } else {
     return;
+  }
+  if (lease.throwaway && finish_ != Finish::kCancelled) {  // the end of the generation, its last token pending
+    std::vector<int> all = feed;
+    all.insert(all.end(), generated.begin(), generated.end());
+    runner.KeepInStateCache(lease, all, {token});
   }
   runner.Finish(*this, absl::OkStatus());
 }

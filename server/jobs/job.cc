@@ -2,6 +2,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/session_jobs.h"
 
@@ -56,6 +57,22 @@ void FeedJob::RestorePending(std::vector<int> pending) {
   feed.insert(feed.begin(), pending.begin(), pending.end());
   pending_len += pending.size();
   lease.pending = std::move(pending);
+}
+
+absl::Status FeedJob::StartStateless(JobRunner& runner) {
+  if (!lease.throwaway || !lease.state || fed > 0 || pending_len > 0 || lease.state->position() != 0)
+    return absl::OkStatus();
+  const int64_t mem_len = lease.state->mem_len();
+  const size_t field = static_cast<size_t>(runner.engine()->ReceptiveField(mem_len));
+  const size_t skip = feed.size() > field ? feed.size() - field : 0;
+  if (auto hit = runner.FromStateCache(lease, feed, skip); hit.has_value()) {
+    fed = static_cast<size_t>(*hit);
+    return absl::OkStatus();
+  }
+  if (skip == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(lease.state, runner.engine()->NewSessionAt(mem_len, static_cast<int64_t>(skip)));
+  fed = skip;
+  return absl::OkStatus();
 }
 
 std::vector<int> FeedJob::Added(int64_t from, int64_t to) const {

@@ -95,6 +95,13 @@ class FeedJob : public Job {
   // Materialize found the session's pending token only in the state store:
   // it goes before what the job was given to feed.
   void RestorePending(std::vector<int> pending);
+  // A throw-away session that starts empty (a request without a session)
+  // feeds only what it must: from the state cache's longest prefix of its
+  // input (docs/SESSIONS.md, "The state cache"), or else, of an input longer
+  // than the model's receptive field, only its last tokens, into an empty
+  // state where they begin ("Bounded replay"). Engine thread, before the
+  // first step.
+  absl::Status StartStateless(JobRunner& runner);
 
  protected:
   int64_t input_tokens() const { return static_cast<int64_t>(feed.size() - pending_len); }

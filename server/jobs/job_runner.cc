@@ -158,20 +158,62 @@ void JobRunner::SendTokens(Job& job, const TokensCallback& on_tokens, GeneratedT
                          });
 }
 
+std::string JobRunner::CacheScope(const SessionLease& lease) const {
+  return absl::StrCat(lease.owner, "\n", engine_->fingerprint(), "\n", lease.state->mem_len());
+}
+
+std::optional<size_t> JobRunner::FromStateCache(SessionLease& lease, absl::Span<const int> tokens, size_t at_least) {
+  StateCache& cache = table_->state_cache();
+  if (!cache.enabled()) return std::nullopt;
+  std::optional<CachedState> hit = cache.Longest(CacheScope(lease), tokens);
+  if (!hit) return std::nullopt;
+  const size_t held = static_cast<size_t>(hit->position) - hit->pending.size();  // fed into the image
+  if (held <= at_least) return std::nullopt;                                     // bounded replay feeds no more
+  auto state = engine_->RestoreSession(*hit->image);
+  if (!state.ok() || (*state)->position() != static_cast<int64_t>(held)) return std::nullopt;
+  lease.state = *std::move(state);
+  cache.CountSaved(static_cast<int64_t>(held - at_least));
+  return held;
+}
+
+void JobRunner::KeepInStateCache(const SessionLease& lease, absl::Span<const int> tokens, std::vector<int> pending) {
+  StateCache& cache = table_->state_cache();
+  if (!cache.enabled() || !lease.throwaway || !lease.state ||
+      lease.state->position() + static_cast<int64_t>(pending.size()) != static_cast<int64_t>(tokens.size()))
+    return;
+  auto image = std::make_shared<std::string>();
+  if (!lease.state->AppendTo(image.get()).ok()) return;  // a cache: a failed copy only costs a replay later
+  CachedState state{static_cast<int64_t>(tokens.size()), std::move(image), std::move(pending)};
+  cache.Put(CacheScope(lease), tokens, std::move(state), engine_->ReceptiveField(lease.state->mem_len()));
+}
+
 absl::Status JobRunner::CheckWritable(const SessionLease& lease) const {
   if (journal_ == nullptr || !lease.durable || lease.throwaway) return absl::OkStatus();
   return journal_->Writable();
 }
 
-absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(const IdleSession& idle) {
-  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state,
-                   idle.state.empty() ? engine_->NewSession(idle.mem_len) : engine_->RestoreSession(idle.state));
-  for (size_t at = 0; at < idle.feed.size(); at += static_cast<size_t>(config_.prefill_chunk)) {
+absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(const IdleSession& idle, int64_t* fed) {
+  const size_t field = static_cast<size_t>(engine_->ReceptiveField(idle.mem_len));
+  const size_t skip = idle.feed.size() > field ? idle.feed.size() - field : 0;
+  std::unique_ptr<SessionState> state;
+  if (skip > 0 || idle.state.empty()) {  // the image, if any, is too far back to matter
+    ASSIGN_OR_RETURN(state, engine_->NewSessionAt(idle.mem_len, idle.start + static_cast<int64_t>(skip)));
+  } else {
+    ASSIGN_OR_RETURN(state, engine_->RestoreSession(idle.state));
+  }
+  if (fed != nullptr) *fed = static_cast<int64_t>(idle.feed.size() - skip);
+  for (size_t at = skip; at < idle.feed.size(); at += static_cast<size_t>(config_.prefill_chunk)) {
     const size_t n = std::min(idle.feed.size() - at, static_cast<size_t>(config_.prefill_chunk));
     StepInput in;
     in.session = state.get();
     in.tokens.assign(idle.feed.begin() + at, idle.feed.begin() + at + n);
     RETURN_IF_ERROR(engine_->Step(absl::MakeSpan(&in, 1)).status());
+  }
+  const int64_t end = idle.start + static_cast<int64_t>(idle.feed.size());
+  if (state->position() != end) {  // an image that is not where its history says
+    return absl::DataLossError(absl::StrCat("session state: the image is at position ",
+                                            state->position() - static_cast<int64_t>(idle.feed.size()),
+                                            " where its history has ", idle.start));
   }
   return state;
 }

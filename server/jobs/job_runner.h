@@ -12,10 +12,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "model/tokenizer.h"
 #include "server/durability/session_journal.h"
 #include "server/engine/engine.h"
@@ -54,8 +57,11 @@ class JobRunner {
   absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
   // Keeps the session's state as a turn checkpoint (SessionTable::checkpoints).
   void Checkpoint(const SessionLease& lease);
-  // A state from an engine image (empty: fresh) with `idle.feed` fed into it.
-  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(const IdleSession& idle);
+  // A state from an engine image (empty: fresh at `idle.start`) with
+  // `idle.feed` fed into it. A feed longer than the model's receptive field
+  // is cut to its last tokens, fed into an empty state where they begin
+  // (bounded replay, docs/SESSIONS.md). `fed`: the tokens it fed.
+  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(const IdleSession& idle, int64_t* fed = nullptr);
   // Journals a session made on the engine thread (fork, import), held busy
   // in `lease` meanwhile, from its image; then releases it (or drops it if
   // the state store refused) and gives `done` it.
@@ -63,6 +69,13 @@ class JobRunner {
   // Generate's tokens go to `on_tokens` once the journal has them (journaled
   // sessions; a failed write stops the job), or now.
   void SendTokens(Job& job, const TokensCallback& on_tokens, GeneratedTokenEvent event, int64_t position);
+  // A throw-away session's state (docs/SESSIONS.md, "The state cache"):
+  // FromStateCache restores into `lease` the cache's longest state along
+  // `tokens` that holds more than `at_least` of them, and returns how many it
+  // holds (the job feeds the rest); KeepInStateCache keeps the lease's state
+  // as the one `tokens` led to, the last `pending` of them unfed.
+  std::optional<size_t> FromStateCache(SessionLease& lease, absl::Span<const int> tokens, size_t at_least);
+  void KeepInStateCache(const SessionLease& lease, absl::Span<const int> tokens, std::vector<int> pending);
   // UNAVAILABLE when a change to a journaled session could not be written:
   // refused before anything changes.
   absl::Status CheckWritable(const SessionLease& lease) const;
@@ -71,6 +84,8 @@ class JobRunner {
 
  private:
   absl::Status Materialize(Job& job);
+  // The cache's scope for a lease: its principal and what makes states differ.
+  std::string CacheScope(const SessionLease& lease) const;
 
   const SchedulerConfig config_;
   Engine* const engine_;

@@ -10,8 +10,8 @@
 namespace txl {
 namespace {
 
-// The session as it was at `position` (no image: a fresh session at 0),
-// that history replay can start from.
+// The session as it was at `position` (no image: an empty state there,
+// NewSessionAt), that history replay can start from.
 struct Anchor {
   int64_t position = -1;  // -1: none
   std::shared_ptr<const std::string> image;
@@ -41,14 +41,17 @@ absl::StatusOr<StoredHistory> ReadStore(JobRunner& runner, const SessionLease& l
   return out;
 }
 
-// The best anchor for `position` among a fresh start (history kept from 0)
-// and `images`, and the earliest position any of them reaches.
-Anchor Pick(const TokenHistory& history, const std::vector<Anchor>& images, int64_t position, int64_t* earliest) {
+// The best anchor for `position` among `images` and an empty state that
+// starts `field` (the receptive field) tokens before the last one fed
+// (bounded replay: it needs only those tokens of the history), and the
+// earliest position any of them reaches.
+Anchor Pick(const TokenHistory& history, const std::vector<Anchor>& images, int64_t position, int64_t field,
+            int64_t* earliest) {
   Anchor best;
-  if (history.start() == 0) {
-    best.position = 0;
-    *earliest = 0;
-  }
+  // The history's last token stays pending: the tokens fed end at position - 1.
+  const int64_t from = std::max<int64_t>(0, position - 1 - field);
+  if (history.start() <= from) best.position = from;
+  *earliest = std::min(*earliest, history.start() == 0 ? 0 : history.start() + field + 1);
   for (const Anchor& a : images) {
     const bool reaches = a.position == position || history.Covers(a.position, position);
     if (a.position >= history.start()) *earliest = std::min(*earliest, a.position);
@@ -81,8 +84,9 @@ absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, 
   for (const TurnCheckpoint& c : runner.table()->checkpoints().Of(lease.id))
     images.push_back({c.position, c.image, c.pending, true});
   int64_t earliest = now;
+  const int64_t field = runner.engine()->ReceptiveField(current.mem_len());
   const TokenHistory* history = &lease.history;
-  Anchor anchor = Pick(*history, images, position, &earliest);
+  Anchor anchor = Pick(*history, images, position, field, &earliest);
   StoredHistory stored;
   if (anchor.position < 0 && runner.journaled_lease(lease)) {
     // Past what memory keeps: the state store has the whole history.
@@ -90,7 +94,7 @@ absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, 
       stored = *std::move(s);
       history = &stored.history;
       images.push_back(stored.snapshot);
-      anchor = Pick(*history, images, position, &earliest);
+      anchor = Pick(*history, images, position, field, &earliest);
     }
   }
   if (anchor.position < 0) {
@@ -112,14 +116,14 @@ absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, 
   IdleSession idle;
   if (anchor.image) idle.state = *anchor.image;
   idle.mem_len = current.mem_len();
+  idle.start = anchor.position - static_cast<int64_t>(anchor.pending.size());
   if (!tokens.empty()) {
     out.pending = {tokens.back()};
     tokens.pop_back();
   }
   idle.feed = std::move(tokens);
-  ASSIGN_OR_RETURN(out.state, runner.Rebuild(idle));
+  ASSIGN_OR_RETURN(out.state, runner.Rebuild(idle, &out.replayed));
   if (anchor.checkpoint) runner.table()->checkpoints().Touch(lease.id, anchor.position);
-  out.replayed = static_cast<int64_t>(idle.feed.size());
   out.served = anchor.image && out.replayed == 0 ? "checkpoint" : "replay";
   out.history = history->Prefix(position);
   if (history == &stored.history) {  // keep what memory would have kept

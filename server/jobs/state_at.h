@@ -3,8 +3,9 @@
 // state is a function of the history (docs/MODEL.md, "Why it equals the
 // authors' computation", point 1), it is rebuilt from the
 // nearest image at or before the position (a turn checkpoint, the state
-// store's snapshot, or a fresh session when the history is kept from 0) by
-// feeding the history tokens between the two.
+// store's snapshot) by feeding the history tokens between the two; or, when
+// the kept history reaches back the model's receptive field, from an empty
+// state fed only those tokens (docs/SESSIONS.md, "Bounded replay").
 #ifndef TXL_SERVER_JOBS_STATE_AT_H_
 #define TXL_SERVER_JOBS_STATE_AT_H_
 

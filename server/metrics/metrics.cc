@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   m->AddSessionFamilies(r);
   m->AddTierFamilies(r);
   m->AddRewindFamilies(r, table);
+  m->AddStateCacheFamilies(r, table);
   AddLimitFamilies(r, config);
   return m;
 }
@@ -181,6 +182,42 @@ void Metrics::AddRewindFamilies(prometheus::Registry& r, const SessionTable* tab
   }
 }
 
+// The state cache: lookups by result, tokens hits did not feed, evictions,
+// what it holds, and its budget (only with a session table).
+void Metrics::AddStateCacheFamilies(prometheus::Registry& r, const SessionTable* table) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  cache_lookups_ = &BuildCounter()
+                        .Name("txl_state_cache_lookups_total")
+                        .Help("State cache lookups of requests without a session, by result: hit, miss")
+                        .Register(r);
+  for (const char* result : {"hit", "miss"}) cache_lookups_->Add({{"result", result}});
+  cache_saved_ = &BuildCounter()
+                      .Name("txl_state_cache_saved_tokens_total")
+                      .Help("Input tokens that state cache hits did not feed (beyond what bounded replay skips)")
+                      .Register(r)
+                      .Add({});
+  cache_evictions_ = &BuildCounter()
+                          .Name("txl_state_cache_evictions_total")
+                          .Help("State cache entries evicted for the budget (least recently used first)")
+                          .Register(r)
+                          .Add({});
+  cache_bytes_ = &BuildGauge()
+                      .Name("txl_state_cache_bytes")
+                      .Help("Bytes the state cache holds (state_cache_budget)")
+                      .Register(r)
+                      .Add({});
+  cache_entries_ = &BuildGauge().Name("txl_state_cache_entries").Help("States the cache holds").Register(r).Add({});
+  if (table != nullptr) {
+    BuildGauge()
+        .Name("txl_state_cache_budget_bytes")
+        .Help("State cache budget in bytes (state_cache_budget; 0: no cache)")
+        .Register(r)
+        .Add({})
+        .Set(static_cast<double>(table->config().state_cache.budget_bytes));
+  }
+}
+
 // Limits, so that rules can express saturation as a ratio; and the build facts.
 void Metrics::AddLimitFamilies(prometheus::Registry& r, const MetricsConfig& config) {
   using prometheus::BuildGauge;
@@ -258,6 +295,19 @@ void Metrics::OnTick() {
   reserved_bytes_->Set(static_cast<double>(table_->reserved_bytes()));
   checkpoint_bytes_->Set(static_cast<double>(table_->checkpoints().bytes()));
   checkpoints_->Set(static_cast<double>(table_->checkpoints().count()));
+  TickStateCache();
+}
+
+void Metrics::TickStateCache() {
+  const StateCacheStats now = table_->state_cache().stats();
+  absl::MutexLock lock(&cache_mu_);
+  cache_lookups_->Add({{"result", "hit"}}).Increment(static_cast<double>(now.hits - cache_seen_.hits));
+  cache_lookups_->Add({{"result", "miss"}}).Increment(static_cast<double>(now.misses - cache_seen_.misses));
+  cache_saved_->Increment(static_cast<double>(now.tokens_saved - cache_seen_.tokens_saved));
+  cache_evictions_->Increment(static_cast<double>(now.evictions - cache_seen_.evictions));
+  cache_bytes_->Set(static_cast<double>(now.bytes));
+  cache_entries_->Set(static_cast<double>(now.entries));
+  cache_seen_ = now;
 }
 
 std::string Metrics::Scrape() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }

@@ -13,7 +13,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/jobs/scheduler_config.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
@@ -67,6 +69,8 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   void AddSessionFamilies(prometheus::Registry& r);
   void AddTierFamilies(prometheus::Registry& r);
   void AddRewindFamilies(prometheus::Registry& r, const SessionTable* table);
+  void AddStateCacheFamilies(prometheus::Registry& r, const SessionTable* table);
+  void TickStateCache();
   static void AddLimitFamilies(prometheus::Registry& r, const MetricsConfig& config);
 
   const SessionTable* table_ = nullptr;
@@ -89,6 +93,13 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Counter* rewind_replayed_ = nullptr;
   prometheus::Histogram* rewind_seconds_ = nullptr;
   prometheus::Gauge *checkpoint_bytes_ = nullptr, *checkpoints_ = nullptr;
+  // The state cache (docs/SESSIONS.md, "The state cache"): its counters
+  // follow StateCache::stats(), read at each tick.
+  prometheus::Family<prometheus::Counter>* cache_lookups_ = nullptr;
+  prometheus::Counter *cache_saved_ = nullptr, *cache_evictions_ = nullptr;
+  prometheus::Gauge *cache_bytes_ = nullptr, *cache_entries_ = nullptr;
+  absl::Mutex cache_mu_;
+  StateCacheStats cache_seen_ ABSL_GUARDED_BY(cache_mu_);
 };
 
 }  // namespace txl

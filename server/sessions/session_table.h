@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "server/engine/engine.h"
 #include "server/sessions/checkpoint_store.h"
+#include "server/sessions/state_cache.h"
 #include "server/sessions/token_history.h"
 
 namespace txl {
@@ -60,8 +61,9 @@ struct SessionInfo {
 // tokens to feed into it before it is current. The engine thread turns it
 // back into a state (Scheduler, on the session's next request).
 struct IdleSession {
-  std::string state;
+  std::string state;  // an engine image; empty: an empty state at `start`
   int64_t mem_len = 0;
+  int64_t start = 0;  // the state's position, where `feed` begins
   std::vector<int> feed;
   int64_t bytes() const { return static_cast<int64_t>(state.size() + feed.size() * sizeof(int)); }
 };
@@ -110,11 +112,13 @@ struct SessionTableConfig {
   // 0: all of them.
   int64_t history_tokens = 1 << 16;
   CheckpointStoreConfig checkpoints;  // --checkpoint_budget
+  StateCacheConfig state_cache;       // --state_cache_budget
 };
 
 class SessionTable {
  public:
-  explicit SessionTable(const SessionTableConfig& config) : config_(config), checkpoints_(config.checkpoints) {}
+  explicit SessionTable(const SessionTableConfig& config)
+      : config_(config), checkpoints_(config.checkpoints), state_cache_(config.state_cache) {}
 
   // Session ids are 32 lowercase hex characters from the OS entropy source.
   // A proxy routes on their first kRoutePrefixChars (deploy/nginx/nginx.conf),
@@ -206,6 +210,9 @@ class SessionTable {
   // Turn checkpoints; a session's go with it (Delete, Discard, expiry).
   CheckpointStore& checkpoints() { return checkpoints_; }
   const CheckpointStore& checkpoints() const { return checkpoints_; }
+  // The states requests without a session reached (state_cache.h).
+  StateCache& state_cache() { return state_cache_; }
+  const StateCache& state_cache() const { return state_cache_; }
 
  private:
   struct Entry {
@@ -235,6 +242,7 @@ class SessionTable {
 
   const SessionTableConfig config_;
   CheckpointStore checkpoints_;  // its own lock, taken inside mu_
+  StateCache state_cache_;       // its own lock, never with mu_
   mutable absl::Mutex mu_;
   Map sessions_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

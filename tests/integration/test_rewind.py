@@ -15,6 +15,9 @@ e) Bad input: negative and too-large positions (INVALID_ARGUMENT), unknown ids (
    each leaves the session exactly as it was.
 f) The HTTP route POST /v1/sessions/{id}/rewind and fork with a position, and txl-client's
    `sessions rewind` and chat /undo and /retry.
+g) Bounded replay: a Generate without a session feeds only the last n_layer x (mem_len - 1) tokens of
+   a 300-token prompt and answers as a session fed all of it; rewinds and forks past the kept history,
+   with no checkpoint, are rebuilt from those tokens alone.
 
 Run by CTest: /usr/bin/python3 test_rewind.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
@@ -404,6 +407,49 @@ class RewindTest(unittest.TestCase):
         self.assertEqual(positions, [10, 20, 10, 10, 0], out.stderr)
         self.assertIn("nothing to undo", out.stderr)
         self.assertEqual(self.c.position(chat_sid), 0)
+
+    def test_g_bounded_replay(self):
+        """Bounded replay: the state depends on the last n_layer x (mem_len - 1) = 62 tokens only.
+        A request without a session feeds only those of a long prompt and answers as a session fed
+        everything; a rewind past the kept history, with no checkpoint, is rebuilt from them."""
+        field = 2 * (32 - 1)
+        rng = random.Random(7)
+        prompt = [rng.randint(32, 126) for _ in range(300)]
+
+        def generate(sid):
+            req = txl_pb2.GenerateRequest(session_id=sid, input=tokens(prompt), max_new_tokens=8)
+            out = [(t.id, t.logprob) for r in self.c.stub.Generate(req, timeout=120) for t in r.tokens]
+            return [i for i, _ in out], [lp for _, lp in out]
+
+        fed_before = metric(self.scrape(), "txl_tokens_fed_total")
+        ids, logprobs = generate("")
+        fed = metric(self.scrape(), "txl_tokens_fed_total") - fed_before
+        self.assertEqual(fed, field + 7, "the prompt's last 62 tokens, then 7 sampled ones")
+        sid = self.c.create()
+        want_ids, want_logprobs = generate(sid)
+        self.assertEqual(ids, want_ids)
+        worst = max(abs(a - b) for a, b in zip(logprobs, want_logprobs))
+        self.assertLessEqual(worst, TOL, "stateless vs session log-probs differ by %g" % worst)
+
+        # No checkpoints, 100 tokens of history kept: 200 tokens in, the history starts at 100, and
+        # positions from 100 + 62 + 1 on are rebuilt from the kept tokens alone.
+        with txl_procs.Server(ARGS.bin_dir, self.model, "--session_history_tokens", "100",
+                              "--checkpoint_budget", "0") as server:
+            c = Client(server.address)
+            history = [rng.randint(32, 126) for _ in range(200)]
+            s2 = c.create()
+            c.feed(s2, history)
+            with self.assertRaises(grpc.RpcError) as e:
+                c.rewind(s2, 150)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
+            self.assertIn("earliest position it can go back to is %d" % (100 + field + 1), e.exception.details())
+            for p in (100 + field + 1, 180, 199):
+                copy = c.fork(s2)
+                self.assertEqual(c.rewind(copy, p).position, p)
+                self.assertSameState(copy, c.replay(history[:p]), "rewind to %d past the kept history" % p, c)
+                fork = c.fork(s2, p)
+                self.assertSameState(fork, c.replay(history[:p]), "fork at %d past the kept history" % p, c)
+            c.channel.close()
 
 
 if __name__ == "__main__":

@@ -262,6 +262,28 @@ class LanguageModelTest : public CheckpointTest {
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? *std::move(model) : nullptr;
   }
+  // Feeds `tokens` into `state` in one step.
+  static void Feed(LanguageModel& model, SessionState* state, std::vector<int> tokens) {
+    StepInput in;
+    in.session = state;
+    in.tokens = std::move(tokens);
+    ASSERT_TRUE(model.Step(absl::MakeSpan(&in, 1)).ok());
+  }
+  // The log-probs of the probe 2..6 after 1..5 fed on top of `state`.
+  static std::vector<float> ProbeScores(LanguageModel& model, SessionState* state) {
+    StepInput next;
+    next.session = state;
+    next.tokens = {1, 2, 3, 4, 5};
+    next.targets = {2, 3, 4, 5, 6};
+    auto out = model.Step(absl::MakeSpan(&next, 1));
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? (*out)[0].target_logprobs : std::vector<float>();
+  }
+  static std::string ImageOf(const SessionState& state) {
+    std::string image;
+    EXPECT_TRUE(state.AppendTo(&image).ok());
+    return image;
+  }
 };
 
 // int8 weights have no generic (libtorch-op) form: refused with the way out,
@@ -554,17 +576,7 @@ TEST_F(LanguageModelTest, RestoredSessionContinuesExactly) {
     EXPECT_EQ((*r)->position(), s->position());
     EXPECT_EQ((*r)->memory_bytes(), s->memory_bytes());
     // Each alone, so the same computation runs on both: bit-identical.
-    std::vector<std::vector<float>> logprobs;
-    for (SessionState* state : {s.get(), r->get()}) {
-      StepInput next;
-      next.session = state;
-      next.tokens = {1, 2, 3, 4, 5};
-      next.targets = {2, 3, 4, 5, 6};
-      auto out = model->Step(absl::MakeSpan(&next, 1));
-      ASSERT_TRUE(out.ok()) << out.status();
-      logprobs.push_back((*out)[0].target_logprobs);
-    }
-    EXPECT_EQ(logprobs[0], logprobs[1]) << "fed " << fed;
+    EXPECT_EQ(ProbeScores(*model, s.get()), ProbeScores(*model, r->get())) << "fed " << fed;
   }
   // Damaged or foreign images are refused with a reason, never loaded.
   auto s = *model->NewSession(8);
@@ -583,6 +595,49 @@ TEST_F(LanguageModelTest, RestoredSessionContinuesExactly) {
   EXPECT_NE(foreign.status().message().find("n_layer"), std::string::npos) << foreign.status();
   EXPECT_FALSE(model->RestoreSession("").ok());
   EXPECT_EQ(model->fingerprint().size(), 16u);
+}
+
+// Regression: a session with a window of 1 (it sees only the token itself)
+// past position 0 exported an image its own server refused as an
+// "inconsistent header": no ring ever reaches its position, since it holds nothing.
+TEST_F(LanguageModelTest, AWindowOfOneRestoresAtAnyPosition) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  auto s = *model->NewSession(1);
+  Feed(*model, s.get(), {1, 2, 3});
+  auto r = model->RestoreSession(ImageOf(*s));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->position(), 3);
+  EXPECT_EQ((*r)->memory_tokens(), 0);
+}
+
+// NewSessionAt is bounded replay's empty state: from the position it names,
+// fed the last ReceptiveField tokens, it answers as the whole history, and
+// its image restores and continues like any other.
+TEST_F(LanguageModelTest, ASessionStartedLaterContinuesAsTheWholeHistory) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  const int64_t window = 6, field = model->ReceptiveField(window);
+  EXPECT_EQ(field, config_.n_layer * (window - 1));
+  EXPECT_EQ(model->ReceptiveField(1), 0);
+  std::vector<int> history;
+  for (int i = 0; i < 3 * field + 5; ++i) history.push_back((i * 11 + 2) % static_cast<int>(config_.n_token));
+  const int64_t n = static_cast<int64_t>(history.size());
+  auto whole = *model->NewSession(window);
+  auto bounded = *model->NewSessionAt(window, n - field);
+  EXPECT_EQ(bounded->position(), n - field);
+  EXPECT_EQ(model->NewSessionAt(window, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  Feed(*model, whole.get(), history);
+  Feed(*model, bounded.get(), std::vector<int>(history.end() - field, history.end()));
+  EXPECT_EQ(bounded->position(), n);
+  auto restored = model->RestoreSession(ImageOf(*bounded));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  const std::vector<float> expected = ProbeScores(*model, whole.get());
+  for (SessionState* state : {bounded.get(), restored->get()}) {
+    const std::vector<float> got = ProbeScores(*model, state);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-5);
+  }
 }
 
 // Regression (found by tests/fuzz/session_import_fuzzer under UBSan): an image's header is

@@ -5,6 +5,8 @@
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "tests/model/model_fixture.h"
 #include "train/training_forward.h"
 
@@ -203,6 +205,45 @@ TEST(IncrementalTest, EmptyInputsAdvanceNothing) {
 // Memory layout (ring buffers, slot = position % mem_len, grown until
 // mem_len): decoding one token at a time writes keys in place; across every
 // growth and many wraps it must agree with feeding the history at once.
+// Bounded replay (docs/SESSIONS.md, "Bounded replay"): the state after a
+// history depends only on its last n_layer x (mem_len - 1) tokens, so an
+// empty memory that starts where they start, fed only them, continues as
+// the whole history does. Windows whose replay starts before the ring wraps
+// (partial), exactly at the receptive field (full), and far past it (wrapping).
+TEST_P(VariantTest, BoundedReplayContinuesAsTheWholeHistory) {
+  const ModelConfig& c = GetParam().config;
+  IncrementalModel model(c, TestWeights(c, 8), at::kCPU, testing::TestPrecision());
+  for (const int64_t window : {c.mem_len, int64_t{5}}) {
+    const int64_t field = c.n_layer * (window - 1);
+    for (const int64_t n : {field, field + 2, 3 * field + window + 1}) {
+      SCOPED_TRACE(::testing::Message() << "window " << window << ", history " << n);
+      const auto history = RandomTokens(n, c.n_token, static_cast<uint32_t>(n + window));
+      const auto next = RandomTokens(2 * window + 3, c.n_token, 5);
+      SessionMemory whole(c.n_layer, window);
+      FeedInChunks(model, whole, history, 7);
+      auto replay = [&](int64_t tokens) {
+        auto m = std::make_unique<SessionMemory>(c.n_layer, window, 0, n - tokens);
+        FeedInChunks(model, *m, std::vector<int64_t>(history.end() - tokens, history.end()), 4);
+        return m;
+      };
+      auto bounded = replay(field);
+      EXPECT_EQ(bounded->position(), n);
+      EXPECT_EQ(bounded->length(), whole.length());
+      // Continued one token at a time, then in a chunk: the same log-probs.
+      at::Tensor a = FeedInChunks(model, whole, next, 1), b = FeedInChunks(model, *bounded, next, 1);
+      EXPECT_LT(MaxAbsDiff(a, b), 1e-5);
+      EXPECT_LT(MaxAbsDiff(FeedInChunks(model, whole, next, 5), FeedInChunks(model, *bounded, next, 5)), 1e-5);
+      // The bound is tight: one layer's reach fewer tokens is another state.
+      if (c.n_layer > 1 && n > field) {
+        SessionMemory again(c.n_layer, window);
+        FeedInChunks(model, again, history, 7);
+        auto shorter = replay(field - (window - 1));
+        EXPECT_GT(MaxAbsDiff(FeedInChunks(model, again, next, 1), FeedInChunks(model, *shorter, next, 1)), 1e-4);
+      }
+    }
+  }
+}
+
 TEST(IncrementalTest, RingGrowthAndWrapsMatchOneShotFeed) {
   ModelConfig c = testing::SmallConfig();
   IncrementalModel model(c, TestWeights(c, 6), at::kCPU, testing::TestPrecision());

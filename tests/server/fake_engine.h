@@ -1,5 +1,8 @@
 // A fake Engine for scheduler tests: a "counting" language model whose most
 // likely next token is (last token + 1) mod V, with every fed token recorded.
+// Its states depend on their last token only, so any replay of at least one
+// token is exact; it reports the receptive field of a two-layer model, so
+// tests see how many tokens a replay feeds.
 #ifndef TXL_TESTS_SERVER_FAKE_ENGINE_H_
 #define TXL_TESTS_SERVER_FAKE_ENGINE_H_
 
@@ -17,25 +20,28 @@ namespace txl::testing {
 
 class FakeSession : public SessionState {
  public:
-  explicit FakeSession(int64_t mem_len) : mem_len_(mem_len) {}
-  int64_t position() const override { return static_cast<int64_t>(history.size()); }
+  explicit FakeSession(int64_t mem_len, int64_t start = 0) : start(start), mem_len_(mem_len) {}
+  int64_t position() const override { return start + static_cast<int64_t>(history.size()); }
   int64_t mem_len() const override { return mem_len_; }
-  int64_t memory_tokens() const override { return std::min<int64_t>(position(), mem_len_ - 1); }
+  int64_t memory_tokens() const override { return std::min<int64_t>(history.size(), mem_len_ - 1); }
   int64_t memory_bytes() const override { return memory_tokens() * 8; }
   int64_t full_memory_bytes() const override { return (mem_len_ - 1) * 8; }
   absl::StatusOr<std::unique_ptr<SessionState>> Clone() const override {
     if (fail_clone) return absl::ResourceExhaustedError("injected: no memory for a copy");
-    auto c = std::make_unique<FakeSession>(mem_len_);
+    auto c = std::make_unique<FakeSession>(mem_len_, start);
     c->history = history;
     return std::unique_ptr<SessionState>(std::move(c));
   }
-  // Image: mem_len, then the history, as text.
+  // Image: mem_len, "@start" when the history began later than 0, then the
+  // tokens fed, as text.
   absl::Status AppendTo(std::string* out) const override {
     out->append(std::to_string(mem_len_));
+    if (start > 0) out->append(" @" + std::to_string(start));
     for (int t : history) out->append(" " + std::to_string(t));
     return absl::OkStatus();
   }
-  std::vector<int> history;
+  int64_t start = 0;         // the position the first fed token had
+  std::vector<int> history;  // the tokens fed
   bool fail_clone = false;
 
  private:
@@ -49,12 +55,20 @@ class FakeEngine : public Engine {
   absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) override {
     return std::unique_ptr<SessionState>(new FakeSession(mem_len));
   }
+  absl::StatusOr<std::unique_ptr<SessionState>> NewSessionAt(int64_t mem_len, int64_t position) override {
+    return std::unique_ptr<SessionState>(new FakeSession(mem_len, position));
+  }
+  int64_t ReceptiveField(int64_t mem_len) const override { return 2 * (mem_len - 1); }
 
   absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) override {
     std::istringstream in(data);
     int64_t mem_len = 0;
     if (!(in >> mem_len) || mem_len < 1) return absl::InvalidArgumentError("fake state: bad image");
     auto s = std::make_unique<FakeSession>(mem_len);
+    if (in >> std::ws && in.peek() == '@') {
+      in.get();
+      if (!(in >> s->start) || s->start < 0) return absl::InvalidArgumentError("fake state: bad image");
+    }
     for (int t; in >> t;) s->history.push_back(t);
     return std::unique_ptr<SessionState>(std::move(s));
   }

@@ -48,8 +48,8 @@ class RewindTest : public SchedulerTest {
     scheduler_->Start();
   }
   SessionTable& table() { return table_ptr_ ? *table_ptr_ : table_; }
-  std::string New() {
-    auto info = table().Create("", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  std::string New(int64_t mem_len = 64) {
+    auto info = table().Create("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
     EXPECT_TRUE(info.ok()) << info.status();
     return info->id;
   }
@@ -199,6 +199,41 @@ TEST_F(RewindTest, CheckpointsReachPastTheKeptHistory) {
   ASSERT_TRUE(Rewind(id, 3).ok()) << "a checkpoint exactly there";
   EXPECT_EQ(Hist(id), Prefix(h, 3));
   EXPECT_EQ(counter_.count("checkpoint"), 1);
+}
+
+// Bounded replay (docs/SESSIONS.md, "Bounded replay"): with no image near,
+// a position whose last ReceptiveField tokens the kept history still holds
+// is rebuilt from an empty state fed only them. The fake's state is the
+// tokens it was fed and where they began.
+TEST_F(RewindTest, KeptHistoryAsLongAsTheReceptiveFieldReachesBackWithoutAnImage) {
+  SessionTableConfig tc;
+  tc.history_tokens = 10;
+  tc.checkpoints.budget_bytes = 0;
+  MakeWith(tc);
+  const int64_t field = engine_.ReceptiveField(4);  // 6
+  const std::string id = New(/*mem_len=*/4);
+  Turn(id, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, 4);  // 20 tokens; memory keeps 10..19
+  const std::vector<int> h = Hist(id);
+  ASSERT_EQ(h.size(), 20u);
+  absl::Status s = Rewind(id, 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("earliest position it can go back to is 17"), std::string::npos) << s;
+  EXPECT_EQ(Hist(id), h);
+
+  auto fork = ForkAt(id, 17);  // feeds h[10, 16), 16 pending
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  ASSERT_TRUE(Rewind(id, 18).ok());  // feeds h[11, 17), 17 pending
+  for (const auto& [session, position] : {std::pair{*fork, int64_t{17}}, std::pair{id, int64_t{18}}}) {
+    auto lease = Take(session);
+    const auto* state = static_cast<FakeSession*>(lease.state.get());
+    EXPECT_EQ(state->start, position - 1 - field);
+    EXPECT_EQ(state->history, std::vector<int>(h.begin() + (position - 1 - field), h.begin() + (position - 1)));
+    EXPECT_EQ(lease.pending, std::vector<int>{h[position - 1]});
+    EXPECT_EQ(lease.position(), position);
+    table().Release(std::move(lease), absl::Now());
+  }
+  absl::MutexLock lock(&counter_.mu);
+  EXPECT_EQ(counter_.replayed, 2 * field);
 }
 
 }  // namespace

@@ -460,5 +460,98 @@ TEST_F(SchedulerTest, ThrowAwaySessionIsGoneAfterTheRequest) {
   EXPECT_EQ(table_.size(), 0);
 }
 
+// Bounded replay (docs/SESSIONS.md, "Bounded replay"): a request without a
+// session feeds only the last ReceptiveField tokens of a long input, into an
+// empty state where they begin; it answers as if it had fed them all. A
+// named session's input is fed whole: its state continues.
+TEST_F(SchedulerTest, AStatelessGenerationFeedsOnlyTheReceptiveField) {
+  Make();
+  scheduler_->Start();
+  const int64_t mem_len = 4, field = engine_.ReceptiveField(mem_len);  // 6
+  std::vector<int> input;
+  for (int i = 0; i < 20; ++i) input.push_back(i * 3 % 50);
+  auto fed = [&] {
+    int64_t n = 0;
+    for (const auto& step : engine_.steps()) n += step.tokens;
+    return n;
+  };
+  auto lease = table_.CreateAcquired("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(lease.ok());
+  lease->throwaway = true;
+  Outcome o;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), Spec(input, 3), o.Callbacks()).ok());
+  o.Wait();
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(fed(), field + 2);  // the prefill's last 6 tokens, then two sampled ones
+  EXPECT_EQ(o.ids, (std::vector<int>{input.back() + 1, input.back() + 2, input.back() + 3}));
+  EXPECT_EQ(o.result.position, 23);
+  EXPECT_EQ(o.result.input_tokens, 20);
+  EXPECT_EQ(o.positions, (std::vector<int64_t>{21, 22, 23}));
+
+  const std::string id = NewSession(mem_len);
+  const int64_t before = fed();
+  Outcome named;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec(input, 1), named.Callbacks()).ok());
+  named.Wait();
+  EXPECT_EQ(fed() - before, 20);
+  EXPECT_EQ(History(id).size(), 21u);
+}
+
+// The state cache (docs/SESSIONS.md, "The state cache"): a request without a
+// session goes on from the state its principal's earlier request left at the
+// end of its prompt or of its generation, feeding only the rest, and answers
+// as if it had fed everything. Another principal's identical request misses.
+TEST_F(SchedulerTest, AStatelessRequestGoesOnFromItsPrincipalsCachedPrefix) {
+  Make();
+  scheduler_->Start();
+  auto fed = [&] {
+    int64_t n = 0;
+    for (const auto& step : engine_.steps()) n += step.tokens;
+    return n;
+  };
+  auto stateless = [&](const std::string& owner, const std::vector<int>& input, Outcome& o) {
+    auto lease = table_.CreateAcquired(owner, *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+    ASSERT_TRUE(lease.ok());
+    lease->throwaway = true;
+    const int64_t before = fed();
+    ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), Spec(input, 3), o.Callbacks()).ok());
+    o.Wait();
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    o.positions = {fed() - before};  // reused: the tokens this request fed
+  };
+  std::vector<int> turn1;
+  for (int i = 0; i < 20; ++i) turn1.push_back(10 + i);
+  Outcome first;
+  stateless("alice", turn1, first);
+  EXPECT_EQ(first.positions[0], 20 + 2);
+
+  std::vector<int> turn2 = turn1;  // the whole conversation again, and more
+  turn2.insert(turn2.end(), first.ids.begin(), first.ids.end());
+  for (int t : {40, 41, 42, 43, 44}) turn2.push_back(t);
+  Outcome second;
+  stateless("alice", turn2, second);
+  EXPECT_EQ(second.positions[0], 1 + 5 + 2);  // the cached generation's pending token, the new ones, two sampled
+  EXPECT_EQ(second.ids, (std::vector<int>{45, 46, 47}));
+  EXPECT_EQ(second.result.position, 28 + 3);
+  EXPECT_EQ(second.result.input_tokens, 28);
+
+  Outcome other;
+  stateless("bob", turn2, other);
+  EXPECT_EQ(other.positions[0], 28 + 2);
+  EXPECT_EQ(other.ids, second.ids);
+
+  std::vector<int> edited = turn1;  // the first prompt, then something else
+  edited.push_back(7);
+  Outcome third;
+  stateless("alice", edited, third);
+  EXPECT_EQ(third.positions[0], 1 + 2);  // from the end of the first prompt
+  EXPECT_EQ(third.ids, (std::vector<int>{8, 9, 10}));
+
+  const StateCacheStats stats = table_.state_cache().stats();
+  EXPECT_EQ(stats.hits, 2);
+  EXPECT_EQ(stats.misses, 2);
+  EXPECT_EQ(stats.tokens_saved, 22 + 20);
+}
+
 }  // namespace
 }  // namespace txl

@@ -53,15 +53,15 @@ class DurableSchedulerTest : public ::testing::Test {
     scheduler_->Start();
   }
   // As the service makes a durable session: busy until its creation is written.
-  std::string NewSession() {
-    auto lease = table_->CreateAcquired("", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now(), "",
+  std::string NewSession(int64_t mem_len = 64) {
+    auto lease = table_->CreateAcquired("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now(), "",
                                         /*durable=*/true);
     EXPECT_TRUE(lease.ok()) << lease.status();
     const std::string id = lease->id;
     auto info = table_->Get("", id);
     auto held = std::make_shared<SessionLease>(*std::move(lease));
     absl::Notification written;
-    journal_->RecordCreate(SessionMeta{id, "", 64, info->idle_ttl, info->created, {}}, Snapshot(0, {}, ""),
+    journal_->RecordCreate(SessionMeta{id, "", mem_len, info->idle_ttl, info->created, {}}, Snapshot(0, {}, ""),
                            [&, held](absl::Status s) {
                              EXPECT_TRUE(s.ok()) << s;
                              table_->Release(std::move(*held), absl::Now());
@@ -91,6 +91,18 @@ class DurableSchedulerTest : public ::testing::Test {
     if (!job.ok()) return job.status();
     o.Wait();
     return o.status;
+  }
+  // A new session table and scheduler that recover the journal's sessions, as
+  // a restart does; returns how many.
+  int RestartOnTheSameJournal(SchedulerConfig config) {
+    scheduler_.reset();
+    table_ = std::make_unique<SessionTable>(SessionTableConfig{});
+    auto recovered = RecoverSessions(journal_.get(), table_.get(), engine_.fingerprint());
+    EXPECT_TRUE(recovered.ok()) << recovered.status();
+    scheduler_ = std::make_unique<Scheduler>(config, &engine_, table_.get(), &tokenizer_, nullptr);
+    scheduler_->SetJournal(journal_.get());
+    scheduler_->Start();
+    return recovered.ok() ? *recovered : -1;
   }
   // Polls the store's tiers until `ok` holds (true) or 10 s pass (false).
   bool WaitForTiers(const std::function<bool(const SessionTable::TierCounts&)>& ok) {
@@ -323,20 +335,37 @@ TEST_F(DurableSchedulerTest, ARecoveredSessionCountsTheLogItWasRecoveredWith) {
   ASSERT_TRUE(Generate(id, {'a', 'b', 'c'}, 3).ok());  // 6 tokens logged, no snapshot yet
   ASSERT_TRUE(journal_->Flush().ok());
   ASSERT_EQ(journal_->Load(id)->image.position, 0);
-  // A restart: a new store recovers the session from the journal.
-  scheduler_.reset();
-  table_ = std::make_unique<SessionTable>(SessionTableConfig{});
-  ASSERT_EQ(*RecoverSessions(journal_.get(), table_.get(), engine_.fingerprint()), 1);
-  scheduler_ = std::make_unique<Scheduler>(config, &engine_, table_.get(), &tokenizer_, nullptr);
-  scheduler_->SetJournal(journal_.get());
-  scheduler_->Start();
-  ASSERT_TRUE(Generate(id, {}, 2).ok());  // 6 + 2 = 8 logged: the log is folded
+  ASSERT_EQ(RestartOnTheSameJournal(config), 1);  // a new store recovers the session from the journal
+  ASSERT_TRUE(Generate(id, {}, 2).ok());          // 6 + 2 = 8 logged: the log is folded
   ASSERT_TRUE(journal_->Flush().ok());
   auto r = journal_->Load(id);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->image.position, 8);
   EXPECT_TRUE(r->tail.empty());
   EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}));
+}
+
+// Bounded replay (docs/SESSIONS.md, "Bounded replay"): a session recovered
+// from a long log without a snapshot feeds only the log's last
+// ReceptiveField tokens when it comes back, and goes on as before.
+TEST_F(DurableSchedulerTest, ARecoveredSessionReplaysOnlyTheReceptiveField) {
+  SchedulerConfig config;
+  config.snapshot_tokens = 1000;  // no snapshot: the whole history is in the log
+  Make(SessionTableConfig{}, config);
+  const std::string id = NewSession(/*mem_len=*/4);
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, 4, &seen).ok());  // 20 tokens
+  ASSERT_TRUE(journal_->Flush().ok());
+  ASSERT_EQ(RestartOnTheSameJournal(config), 1);
+  int64_t before = 0;
+  for (const auto& step : engine_.steps()) before += step.tokens;
+  std::vector<int> next;
+  ASSERT_TRUE(Generate(id, {}, 1, &next).ok());
+  int64_t fed = -before;
+  for (const auto& step : engine_.steps()) fed += step.tokens;
+  EXPECT_EQ(fed, engine_.ReceptiveField(4) + 1);  // the replay, then the pending token
+  EXPECT_EQ(next, std::vector<int>{seen.back() + 1});
+  EXPECT_EQ(table_->Get("", id)->position, 21);
 }
 
 // Regression: the journal outlives the scheduler at shutdown, and its writer

@@ -8,6 +8,8 @@ Python's own http.client, as any OpenAI-style client would:
 - a client that disconnects cancels its generation, and the session stays usable;
 - 256 concurrent streams complete on the server's bounded threads; on the bundled model each
   equals gRPC's greedy output for the same input;
+- numbers beyond a double (1e999) or a float, and the service's refusals, are 400 naming the field
+  as the client sent it (max_tokens or max_completion_tokens, never gRPC's max_new_tokens);
 - SIGTERM drains: /readyz turns 503, new connections are refused, a running stream finishes.
 
 Run by CTest: /usr/bin/python3 test_http.py --bin-dir BUILD --stubs BUILD/client/python/gen --model M
@@ -247,6 +249,49 @@ class HttpTest(unittest.TestCase):
         # The session the refusals named is as it was.
         status, after, _ = self.http.json("GET", "/v1/sessions/" + sid)
         self.assertEqual((after["position"], after["busy"]), (0, False))
+
+    def test_refusals_name_the_field_the_client_sent(self):
+        """Regression: a number that JSON allows but a double cannot hold (1e999) was refused as "not
+        valid JSON" with no `param`, a double beyond a float reached the service as inf, and the
+        service's refusals spoke gRPC: max_new_tokens for max_tokens (and `param` max_tokens when
+        max_completion_tokens was sent), sampling.temperature, stop_sequences, logprobs without a
+        `param`."""
+        status, s, _ = self.http.json("POST", "/v1/sessions")
+        sid = s["id"]
+        msgs = '[{"role": "user", "content": "hi"}]'
+        cases = [  # (path, body, param)
+            ("/v1/completions", '{"prompt": "x", "temperature": 1e999}', "temperature"),
+            ("/v1/completions", '{"prompt": "x", "max_tokens": 1e999}', "max_tokens"),
+            ("/v1/completions", '{"prompt": "x", "seed": -1e999}', "seed"),
+            ("/v1/completions", '{"prompt": "x", "n": 1%s}' % ("0" * 400), "n"),
+            ("/v1/completions", '{"prompt": [1, 1e999]}', "prompt[1]"),
+            ("/v1/completions", '{"prompt": "x", "top_p": 1e300}', "top_p"),  # a double, not a float
+            ("/v1/chat/completions", '{"messages": %s, "max_completion_tokens": 1e400}' % msgs,
+             "max_completion_tokens"),
+            ("/v1/sessions", '{"mem_len": 1e999}', "mem_len"),
+            ("/v1/sessions/%s/rewind" % sid, '{"position": 1e999}', "position"),
+            ("/v1/sessions/%s/score" % sid, '{"input": [1e999]}', "input[0]"),
+            # The service's own checks (--max_new_tokens 100000 here), in the request's names.
+            ("/v1/completions", '{"prompt": "x", "max_tokens": 100001}', "max_tokens"),
+            ("/v1/chat/completions", '{"messages": %s, "max_tokens": 100001}' % msgs, "max_tokens"),
+            ("/v1/chat/completions", '{"messages": %s, "max_completion_tokens": 100001}' % msgs,
+             "max_completion_tokens"),
+            ("/v1/completions", '{"prompt": "x", "logprobs": 21}', "logprobs"),
+            ("/v1/chat/completions", '{"messages": %s, "logprobs": true, "top_logprobs": 21}' % msgs,
+             "top_logprobs"),
+            ("/v1/completions", '{"prompt": [1, 100000]}', "prompt"),  # outside the vocabulary
+            ("/v1/completions", '{"prompt": "x", "stop": [""]}', "stop"),
+            ("/v1/completions", '{"prompt": "x", "temperature": -1}', "temperature"),
+            ("/v1/sessions/%s/score" % sid, '{"input": [100000]}', "input"),
+        ]
+        for path, body, param in cases:
+            with self.subTest(path=path, body=body[:80]):
+                status, got, _ = self.http.json("POST", path, body)
+                self.assertError(status, got, 400, param)
+                message = got["error"]["message"]
+                self.assertIn(param.split("[")[0], message)
+                for grpc_only in ("max_new_tokens", "sampling.", "stop_sequences", "input.", "(0: 16)", "inf"):
+                    self.assertNotIn(grpc_only, message)
 
     def test_chat_feeds_only_unseen_messages(self):
         req = {"max_tokens": 6, "temperature": 0}

@@ -517,23 +517,25 @@ void PrintStarted(const ServerOptions& o, const txl::LanguageModel& model, int p
 void DrainAndStop(const ServerOptions& o, int sig, txl::Scheduler* scheduler, grpc::Server* server,
                   txl::OpenAiGateway* gateway, txl::HttpServer* http) {
   // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
+  // The HTTP port keeps accepting for the whole drain, so that a probe on a new connection reads
+  // /readyz's 503 "draining" rather than a refused connection (new work there gets 503 too).
   scheduler->Drain();
   server->GetHealthCheckService()->SetServingStatus(false);
-  if (http) {
-    gateway->SetDraining();
-    http->StopAccepting();
-  }
+  if (http) gateway->SetDraining();
   std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  // An HTTP answer is done when its last byte is written, which may be after its job ended.
+  auto http_busy = [&] { return http && (gateway->active() > 0 || http->requests_in_flight() > 0); };
   const absl::Time deadline = absl::Now() + o.drain_timeout;
-  while (absl::Now() < deadline &&
-         (scheduler->active() > 0 || scheduler->queue_depth() > 0 || (gateway && gateway->active() > 0))) {
+  while (absl::Now() < deadline && (scheduler->active() > 0 || scheduler->queue_depth() > 0 || http_busy())) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+  if (http) http->StopAccepting();
   // What is still running is cancelled; its sessions keep what was delivered.
   scheduler->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  // The gateway's completions end with their jobs; then the transport's threads.
-  for (int i = 0; gateway && gateway->active() > 0 && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
+  // The gateway's completions end with their jobs and write their last events; then the
+  // transport's threads.
+  for (int i = 0; http_busy() && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
   if (http) http->Stop();
   // A graceful stop leaves snapshots, so the next start (here or on another
   // replica) replays nothing; the journal's destructor then retires this

@@ -58,7 +58,12 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
           "HTTP address: OpenAI-style completions, health, models (empty: off; docs/API.md)");
 ABSL_FLAG(int, http_threads, 2, "threads of the HTTP transport (they never block)");
 ABSL_FLAG(int64_t, http_max_body_bytes, 4 << 20, "largest HTTP request body (bigger: 413)");
-ABSL_FLAG(int, http_max_connections, 1024, "open HTTP connections; past this new ones are closed at once");
+ABSL_FLAG(int, http_max_connections, 1024,
+          "open HTTP connections; at the bound a new one closes the connection that has waited longest with no "
+          "request in flight (idle, or still sending its request); with none, the new one is closed at once");
+ABSL_FLAG(int64_t, http_header_timeout_ms, 10000,
+          "milliseconds an HTTP request's head may take, from its first byte (on a new connection: from the "
+          "accept, TLS handshake included); slower, the connection is closed");
 ABSL_FLAG(std::string, chat_template, "",
           "JSON file of the chat template /v1/chat/completions renders messages with (empty: the built-in one; "
           "docs/HTTP.md)");
@@ -262,6 +267,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.http.threads = absl::GetFlag(FLAGS_http_threads);
   o.http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
   o.http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  const int64_t header_timeout_ms = absl::GetFlag(FLAGS_http_header_timeout_ms);
+  if (header_timeout_ms < 1)
+    return absl::InvalidArgumentError(absl::StrCat("--http_header_timeout_ms must be >= 1, got ", header_timeout_ms));
+  o.http.header_timeout = absl::Milliseconds(header_timeout_ms);
   o.http.write_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_stall_timeout));
   for (absl::string_view origin : absl::StrSplit(absl::GetFlag(FLAGS_http_allow_origin), ',', absl::SkipWhitespace())) {
     o.http.allow_origins.emplace_back(origin);
@@ -513,23 +522,25 @@ void PrintStarted(const ServerOptions& o, const txl::LanguageModel& model, int p
 void DrainAndStop(const ServerOptions& o, int sig, txl::Scheduler* scheduler, grpc::Server* server,
                   txl::OpenAiGateway* gateway, txl::HttpServer* http) {
   // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
+  // The HTTP port keeps accepting for the whole drain, so that a probe on a new connection reads
+  // /readyz's 503 "draining" rather than a refused connection (new work there gets 503 too).
   scheduler->Drain();
   server->GetHealthCheckService()->SetServingStatus(false);
-  if (http) {
-    gateway->SetDraining();
-    http->StopAccepting();
-  }
+  if (http) gateway->SetDraining();
   std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  // An HTTP answer is done when its last byte is written, which may be after its job ended.
+  auto http_busy = [&] { return http && (gateway->active() > 0 || http->requests_in_flight() > 0); };
   const absl::Time deadline = absl::Now() + o.drain_timeout;
-  while (absl::Now() < deadline &&
-         (scheduler->active() > 0 || scheduler->queue_depth() > 0 || (gateway && gateway->active() > 0))) {
+  while (absl::Now() < deadline && (scheduler->active() > 0 || scheduler->queue_depth() > 0 || http_busy())) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+  if (http) http->StopAccepting();
   // What is still running is cancelled; its sessions keep what was delivered.
   scheduler->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  // The gateway's completions end with their jobs; then the transport's threads.
-  for (int i = 0; gateway && gateway->active() > 0 && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
+  // The gateway's completions end with their jobs and write their last events; then the
+  // transport's threads.
+  for (int i = 0; http_busy() && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
   if (http) http->Stop();
   // A graceful stop leaves snapshots, so the next start (here or on another
   // replica) replays nothing; the journal's destructor then retires this

@@ -54,7 +54,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     if (!principal.ok()) return s_->Fail(*x_, route_, principal.status());
     // ParseCompletion took the session id from the body, else the txl-session-id header.
     auto args = s_->core->validator.Generate(p_.request, nullptr);
-    if (!args.ok()) return s_->Fail(*x_, route_, args.status());
+    if (!args.ok()) return s_->Fail(*x_, route_, args.status(), p_.fields);
     s_->active->fetch_add(1);
     std::shared_ptr<CompletionCall> self = shared_from_this();
     std::weak_ptr<CompletionCall> weak = self;
@@ -118,7 +118,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
       if (gone_) status = absl::CancelledError("cancelled by the client");
     }
     if (!status.ok()) {
-      const HttpError e = FromStatus(status);
+      const HttpError e = FromStatus(status, p_.fields);
       if (!started_) {
         s_->Answer(*x_, route_, e.status, ErrorBody(e));
       } else {  // mid-stream: an error event, as OpenAI sends one

@@ -12,11 +12,14 @@ absl::StatusOr<std::string> GatewayContext::Principal(const HttpRequest& req) co
   return core->Authenticate(auth.empty() ? std::nullopt : std::optional<absl::string_view>(auth));
 }
 
-void GatewayContext::Fail(HttpExchange& x, const std::string& route, const absl::Status& s) const {
-  const HttpError e = FromStatus(s);
+void GatewayContext::Fail(HttpExchange& x, const std::string& route, const absl::Status& s,
+                          const FieldNames& names) const {
+  const HttpError e = FromStatus(s, names);
   Answer(x, route, e.status, ErrorBody(e));
 }
 
-HttpError FromStatus(const absl::Status& s) { return ErrorFromStatus(s.code(), std::string(s.message())); }
+HttpError FromStatus(const absl::Status& s, const FieldNames& names) {
+  return ErrorFromStatus(s.code(), std::string(s.message()), names);
+}
 
 }  // namespace txl

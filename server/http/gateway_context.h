@@ -37,15 +37,17 @@ struct GatewayContext {
   void Answer(HttpExchange& x, const std::string& route, int status, const std::string& json) const;
   // The caller, from its Authorization header (ServiceCore::Authenticate).
   absl::StatusOr<std::string> Principal(const HttpRequest& req) const;
-  // Answers with `s`'s HTTP error (FromStatus).
-  void Fail(HttpExchange& x, const std::string& route, const absl::Status& s) const;
+  // Answers with `s`'s HTTP error (FromStatus); `names`: how the request names the fields a
+  // refusal may name.
+  void Fail(HttpExchange& x, const std::string& route, const absl::Status& s,
+            const FieldNames& names = SessionFieldNames()) const;
   void Count(const std::string& route, int status) const {
     if (metrics != nullptr) metrics->OnHttpRequest(route, status);
   }
 };
 
 // The one mapping of a status to an HTTP error (ErrorFromStatus's table).
-HttpError FromStatus(const absl::Status& s);
+HttpError FromStatus(const absl::Status& s, const FieldNames& names = SessionFieldNames());
 
 }  // namespace txl
 

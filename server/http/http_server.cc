@@ -2,6 +2,14 @@
 // strand: every step of it (read, the route's answers, writes) runs there in
 // order, so a connection needs no lock. The routes' calls arrive from other
 // threads and are posted onto the strand.
+//
+// A connection's life: it waits for a request (a new connection: its head
+// within header_timeout of the accept; a kept-alive one: idle up to
+// idle_timeout, then the head within header_timeout of its first byte; the
+// body within read_timeout), and while it waits it is on the server's
+// WaitingConnections, where a new connection past max_connections may evict
+// it. Its request is then in flight until the last byte of the answer is
+// written (or the client is gone), and it is never evicted.
 #include "server/http/http_server.h"
 
 #include <boost/asio.hpp>
@@ -19,6 +27,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/http/waiting_connections.h"
 
 namespace txl {
 namespace {
@@ -64,8 +73,15 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     std::function<void()> written;
   };
 
-  void ReadRequest();
+  void AwaitNext();  // between requests on a kept-alive connection
+  void ReadHead();
+  void OnHead(beast::error_code ec);
   void OnRequest(beast::error_code ec);
+  void Wait();  // on the server's WaitingConnections until Busy
+  void Busy();
+  void Evict(WaitingConnections::Key key);
+  void BeginRequest();
+  void EndRequest();
   void WatchForDisconnect();
   void Reply(http::response<http::string_body> res);  // a transport-level answer (413, 400, CORS preflight)
   void Push(Write w);
@@ -86,7 +102,9 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
   bool streaming_ = false;  // chunked
   bool complete_ = false;   // the last byte queued
   bool gone_ = false;
-  uint64_t serial_ = 0;  // of the request being read or answered
+  uint64_t serial_ = 0;                  // of the request being read or answered
+  WaitingConnections::Key waiting_ = 0;  // while waiting for a request; else 0
+  bool in_flight_ = false;               // a request read and not yet answered in full
   std::function<void()> on_gone_;
   std::deque<Write> queue_;
   bool writing_ = false;
@@ -176,6 +194,7 @@ class ServerImpl final : public HttpServer {
   }
 
   int port() const override { return port_; }
+  int requests_in_flight() const override { return in_flight.load(); }
   void StopAccepting() override {
     asio::post(io_, [this] {
       beast::error_code ec;
@@ -192,15 +211,20 @@ class ServerImpl final : public HttpServer {
   const HttpServerConfig& config() const { return config_; }
   asio::ssl::context& tls() { return tls_; }
   const HttpHandler& handler() const { return handler_; }
+  // Before io_: connections its destructor destroys still use them.
   std::atomic<int> connections{0};
+  std::atomic<int> in_flight{0};
+  WaitingConnections waiting;
 
  private:
   void Accept() {
     acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
       if (!ec) {
-        if (connections.load() >= config_.max_connections) {
-          socket.close(ec);  // over the bound: the client sees a reset, not a hung connection
+        // At the bound, the connection that has waited longest for a request makes room; when
+        // every one has a request in flight, the new one is closed (a reset, not a hang).
+        if (connections.load() >= config_.max_connections && !waiting.EvictOldest()) {
+          socket.close(ec);
         } else {
           // Events are small writes: with Nagle's algorithm each response's first one on a
           // kept-alive connection waits for the client's delayed ACK (40 ms on Linux).
@@ -236,33 +260,101 @@ Connection<Stream>::Connection(Stream stream, ServerImpl* server) : stream_(std:
 }
 template <class Stream>
 Connection<Stream>::~Connection() {
+  if (waiting_ != 0) server_->waiting.Remove(waiting_);
+  EndRequest();
   server_->connections.fetch_sub(1);
 }
 
 template <class Stream>
 void Connection<Stream>::Start() {
+  // One deadline for the TLS handshake and the first request's head.
+  lowest().expires_after(ToChrono(server_->config().header_timeout));
+  Wait();
   if constexpr (std::is_same_v<Stream, TlsStream>) {
-    lowest().expires_after(ToChrono(server_->config().read_timeout));
     stream_.async_handshake(asio::ssl::stream_base::server, [self = shared_from_this()](beast::error_code ec) {
       if (ec) return;  // not TLS, or refused (e.g. no client certificate): the connection just closes
-      self->ReadRequest();
+      self->ReadHead();
     });
   } else {
-    ReadRequest();
+    ReadHead();
   }
 }
 
 template <class Stream>
-void Connection<Stream>::ReadRequest() {
+void Connection<Stream>::AwaitNext() {
+  Wait();
+  if (buffer_.size() > 0) {  // the next request had begun (pipelined)
+    lowest().expires_after(ToChrono(server_->config().header_timeout));
+    ReadHead();
+    return;
+  }
+  lowest().expires_after(ToChrono(server_->config().idle_timeout));
+  stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    self->buffer_.commit(n);
+    if (ec) return self->OnRequest(ec);
+    self->lowest().expires_after(ToChrono(self->server_->config().header_timeout));
+    self->ReadHead();
+  });
+}
+
+template <class Stream>
+void Connection<Stream>::ReadHead() {
   ++serial_;
   answered_ = streaming_ = complete_ = gone_ = false;
   on_gone_ = nullptr;
   origin_.clear();
   parser_ = std::make_unique<http::request_parser<http::string_body>>();
   parser_->body_limit(static_cast<uint64_t>(server_->config().max_body_bytes));
+  http::async_read_header(stream_, buffer_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHead(ec); });
+}
+
+template <class Stream>
+void Connection<Stream>::OnHead(beast::error_code ec) {
+  if (ec || parser_->is_done()) return OnRequest(ec);
   lowest().expires_after(ToChrono(server_->config().read_timeout));
   http::async_read(stream_, buffer_, *parser_,
                    [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
+}
+
+template <class Stream>
+void Connection<Stream>::Wait() {
+  std::weak_ptr<Connection> weak = shared_from_this();
+  waiting_ = server_->waiting.Add([weak](WaitingConnections::Key key) {
+    if (auto self = weak.lock()) asio::post(self->stream_.get_executor(), [self, key] { self->Evict(key); });
+  });
+}
+
+template <class Stream>
+void Connection<Stream>::Busy() {
+  if (waiting_ == 0) return;
+  server_->waiting.Remove(waiting_);
+  waiting_ = 0;
+}
+
+// A newer connection needed the room: closed, unless it moved on (its
+// request went in flight, or it waits again under a newer key) meanwhile.
+template <class Stream>
+void Connection<Stream>::Evict(WaitingConnections::Key key) {
+  if (waiting_ != key) return;
+  waiting_ = 0;
+  beast::error_code ignored;
+  socket().shutdown(tcp::socket::shutdown_both, ignored);
+  lowest().close();  // the pending read ends with operation_aborted
+}
+
+template <class Stream>
+void Connection<Stream>::BeginRequest() {
+  Busy();
+  in_flight_ = true;
+  server_->in_flight.fetch_add(1);
+}
+
+template <class Stream>
+void Connection<Stream>::EndRequest() {
+  if (!in_flight_) return;
+  in_flight_ = false;
+  server_->in_flight.fetch_sub(1);
 }
 
 template <class Stream>
@@ -289,10 +381,12 @@ template <class Stream>
 void Connection<Stream>::OnRequest(beast::error_code ec) {
   if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == asio::error::connection_reset ||
       ec == asio::error::eof || ec == asio::error::operation_aborted) {
+    Busy();
     beast::error_code ignored;
     socket().shutdown(tcp::socket::shutdown_send, ignored);
     return;
   }
+  BeginRequest();
   if (ec) {
     // A request the parser refused: say why, then close (its framing is unknown).
     keep_alive_ = false;
@@ -457,6 +551,7 @@ void Connection<Stream>::OnWritten(beast::error_code ec) {
 
 template <class Stream>
 void Connection<Stream>::ResponseDone() {
+  EndRequest();
   on_gone_ = nullptr;  // drops the route's callbacks (and what they hold)
   beast::error_code ignored;
   socket().cancel(ignored);  // the disconnect watch
@@ -467,13 +562,14 @@ void Connection<Stream>::ResponseDone() {
     return;
   }
   // The watch's cancelled handler runs before the read starts (same strand).
-  asio::post(stream_.get_executor(), [self = shared_from_this()] { self->ReadRequest(); });
+  asio::post(stream_.get_executor(), [self = shared_from_this()] { self->AwaitNext(); });
 }
 
 template <class Stream>
 void Connection<Stream>::Gone() {
   if (gone_) return;
   gone_ = true;
+  EndRequest();
   queue_.clear();
   beast::error_code ignored;
   socket().close(ignored);

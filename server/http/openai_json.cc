@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -61,14 +62,20 @@ bool IntField(const json& body, const char* name, int64_t lo, int64_t hi, int64_
   return true;
 }
 
-bool NumberField(const json& body, const char* name, double* out, HttpError* error) {
+// An optional number field the request holds as a float.
+bool FloatField(const json& body, const char* name, float* out, HttpError* error) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return true;
   if (!it->is_number()) {
     *error = Bad(name, absl::StrCat("'", name, "' must be a number"));
     return false;
   }
-  *out = it->get<double>();
+  const double v = it->get<double>();
+  if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
+    *error = Bad(name, absl::StrCat("'", name, "' is out of range: ", JsonText(*it), " is beyond a float (3.4e38)"));
+    return false;
+  }
+  *out = static_cast<float>(v);
   return true;
 }
 
@@ -119,40 +126,111 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
-// The request field a service refusal names first ("sampling.temperature must be >= 0, ...",
-// "max_new_tokens: must be in ...") as the OpenAI request field it came from; empty when it
-// names none, or one that has no single OpenAI name (the input is `prompt` or `messages`).
-namespace {
-std::string OpenAiParamOf(absl::string_view message) {
-  static constexpr std::pair<absl::string_view, absl::string_view> kNames[] = {
-      {"sampling.temperature", "temperature"},
-      {"sampling.top_p", "top_p"},
-      {"sampling.top_k", "top_k"},
-      {"sampling.seed", "seed"},
-      {"max_new_tokens", "max_tokens"},
-      {"stop_sequences", "stop"},
-      {"stop_token_ids", "stop"},
-      {"mem_len", "mem_len"},
-      {"session_id", "session_id"},
-  };
-  const absl::string_view field = message.substr(0, message.find_first_of(": ["));
-  for (const auto& [proto_name, openai_name] : kNames)
-    if (field == proto_name) return std::string(openai_name);
-  return "";
+const FieldNames& SessionFieldNames() {
+  static const FieldNames* names =
+      new FieldNames{{"mem_len", "mem_len", ""},       {"idle_ttl_seconds", "idle_ttl_seconds", ""},
+                     {"session_id", "session_id", ""}, {"position", "position", ""},
+                     {"input", "input", ""},           {"input.text", "input", ""},
+                     {"input.tokens.ids", "input", ""}};
+  return *names;
 }
-}  // namespace
 
-HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message) {
-  return HttpError{HttpStatusFor(code), message,
-                   code == absl::StatusCode::kInvalidArgument ? OpenAiParamOf(message) : "",
-                   absl::AsciiStrToLower(absl::StatusCodeToString(code))};
+HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message, const FieldNames& names) {
+  HttpError e{HttpStatusFor(code), message, "", absl::AsciiStrToLower(absl::StatusCodeToString(code))};
+  if (code != absl::StatusCode::kInvalidArgument) return e;
+  // "max_new_tokens: must be in ...", "sampling.temperature must be ...", "input.tokens.ids[3]: ...".
+  const std::string field = message.substr(0, message.find_first_of(": ["));
+  for (const FieldName& name : names) {
+    if (name.service != field) continue;
+    std::string rest = message.substr(field.size());
+    if (const size_t at = name.drop.empty() ? std::string::npos : rest.find(name.drop); at != std::string::npos) {
+      rest.erase(at, name.drop.size());
+    }
+    e.message = name.client + rest;
+    e.param = name.client;
+    break;
+  }
+  return e;
 }
+
+namespace {
+
+// Where a parse stopped, as a field path ("temperature", "prompt[2]",
+// "stream_options.include_usage"): json::parse says that a number
+// overflowed a double, but not in which field.
+class FieldLocator final : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return Element(); }
+  bool boolean(bool) override { return Element(); }
+  bool number_integer(number_integer_t) override { return Element(); }
+  bool number_unsigned(number_unsigned_t) override { return Element(); }
+  bool number_float(number_float_t, const string_t&) override { return Element(); }
+  bool string(string_t&) override { return Element(); }
+  bool binary(binary_t&) override { return Element(); }
+  bool start_object(std::size_t) override { return Open(false); }
+  bool key(string_t& key) override {
+    frames_.back().key = key;
+    return true;
+  }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(true); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t, const std::string& token, const json::exception&) override {
+    token_ = token;
+    return false;
+  }
+
+  std::string Path() const {
+    std::string path;
+    for (const Frame& f : frames_) {
+      if (f.array) {
+        absl::StrAppend(&path, "[", f.index, "]");
+      } else {
+        absl::StrAppend(&path, path.empty() ? "" : ".", f.key);
+      }
+    }
+    return path;
+  }
+  // The token the parse stopped at, cut short.
+  std::string token() const { return token_.size() > 40 ? token_.substr(0, 40) + "..." : token_; }
+
+ private:
+  struct Frame {
+    bool array = false;
+    size_t index = 0;  // an array's elements before the current one
+    std::string key;   // an object's current key
+  };
+  bool Open(bool array) {
+    frames_.push_back(Frame{array, 0, ""});
+    return true;
+  }
+  bool Close() {
+    frames_.pop_back();
+    return Element();
+  }
+  bool Element() {  // a value ended: an array moves on to its next element
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  std::vector<Frame> frames_;
+  std::string token_;
+};
+
+}  // namespace
 
 absl::StatusOr<json> ParseBody(const std::string& body, HttpError* error) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
+  } catch (const json::out_of_range& e) {  // a number a double cannot hold (1e999): JSON allows it
+    FieldLocator where;
+    json::sax_parse(body, &where);
+    std::string path = where.Path();
+    if (!path.empty() && path[0] == '[') path.clear();  // not an object: no field to name
+    *error = Bad(path, absl::StrCat(path.empty() ? "the request body" : absl::StrCat("'", path, "'"),
+                                    " is out of range: ", where.token(), " is beyond a double (1.8e308)"));
+    return absl::InvalidArgumentError(error->message);
+  } catch (const json::exception& e) {
     *error = Bad("", absl::StrCat("the request body is not valid JSON (", e.what(), ")"));
     return absl::InvalidArgumentError(error->message);
   }
@@ -167,8 +245,8 @@ namespace {
 
 // The fields /v1/completions and /v1/chat/completions share: the model,
 // sampling, stop, n, stream, the session, and the options refused.
-bool ParseCommon(const json& j, const std::string& session_header, const std::string& model_name,
-                 const char* max_tokens_field, CompletionParams* p, HttpError* error) {
+bool ParseCommon(const json& j, const std::string& session_header, const std::string& model_name, bool chat,
+                 CompletionParams* p, HttpError* error) {
   auto fail = [&](HttpError e) {
     *error = std::move(e);
     return false;
@@ -184,7 +262,21 @@ bool ParseCommon(const json& j, const std::string& session_header, const std::st
     }
   }
   int64_t max_tokens = 16, n = 1, seed = 0;
+  // Chat's newer name for max_tokens; the older one wins when both are sent.
+  const char* max_tokens_field = "max_tokens";
   if (j.contains("max_completion_tokens") && !j.contains(max_tokens_field)) max_tokens_field = "max_completion_tokens";
+  // What the service's refusals name, as this request names it.
+  const std::string input_field = chat ? "messages" : "prompt";
+  p->fields = {{"max_new_tokens", max_tokens_field, " (0: 16)"},  // 0 is refused here
+               {"sampling.temperature", "temperature", ""},
+               {"sampling.top_p", "top_p", ""},
+               {"sampling.seed", "seed", ""},
+               {"stop_sequences", "stop", ""},
+               {"logprobs", chat ? "top_logprobs" : "logprobs", ""},
+               {"input", input_field, ""},
+               {"input.text", input_field, ""},
+               {"input.tokens.ids", input_field, ""},
+               {"session_id", "session_id", ""}};
   if (!IntField(j, max_tokens_field, 1, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
       !IntField(j, "n", 1, std::numeric_limits<int32_t>::max(), &n, error) ||
       !IntField(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed, error)) {
@@ -192,10 +284,10 @@ bool ParseCommon(const json& j, const std::string& session_header, const std::st
   }
   if (n != 1) return fail(Bad("n", "only n = 1 is supported: send one request per completion"));
   r.set_max_new_tokens(static_cast<int32_t>(max_tokens));
-  double temperature = 1.0, top_p = 1.0;  // OpenAI's defaults
-  if (!NumberField(j, "temperature", &temperature, error) || !NumberField(j, "top_p", &top_p, error)) return false;
-  r.mutable_sampling()->set_temperature(static_cast<float>(temperature));
-  r.mutable_sampling()->set_top_p(static_cast<float>(top_p));
+  float temperature = 1.0f, top_p = 1.0f;  // OpenAI's defaults
+  if (!FloatField(j, "temperature", &temperature, error) || !FloatField(j, "top_p", &top_p, error)) return false;
+  r.mutable_sampling()->set_temperature(temperature);
+  r.mutable_sampling()->set_top_p(top_p);
   r.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
 
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
@@ -260,7 +352,7 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
   ASSIGN_OR_RETURN(json j, ParseBody(body, error));
   CompletionParams p;
   v1::GenerateRequest& r = p.request;
-  if (!ParseCommon(j, session_header, model_name, "max_tokens", &p, error)) {
+  if (!ParseCommon(j, session_header, model_name, /*chat=*/false, &p, error)) {
     return absl::InvalidArgumentError(error->message);
   }
   // prompt: a string, one string in an array, or token ids.
@@ -302,7 +394,7 @@ absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string&
   };
   ASSIGN_OR_RETURN(json j, ParseBody(body, error));
   ChatParams p;
-  if (!ParseCommon(j, session_header, model_name, "max_tokens", &p.completion, error)) {
+  if (!ParseCommon(j, session_header, model_name, /*chat=*/true, &p.completion, error)) {
     return absl::InvalidArgumentError(error->message);
   }
   auto messages = j.find("messages");
@@ -455,9 +547,7 @@ absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& b
   };
   v1::CreateSessionRequest r;
   if (body.find_first_not_of(" \t\r\n") == std::string::npos) return r;
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
-  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
+  ASSIGN_OR_RETURN(json j, ParseBody(body, error));
   int64_t mem_len = 0, ttl = 0;
   if (!IntField(j, "mem_len", 0, std::numeric_limits<int64_t>::max(), &mem_len, error) ||
       !IntField(j, "idle_ttl_seconds", 0, std::numeric_limits<int64_t>::max(), &ttl, error)) {
@@ -484,9 +574,10 @@ absl::StatusOr<int64_t> ParsePosition(const std::string& body, bool required, Ht
     *error = std::move(e);
     return absl::InvalidArgumentError(error->message);
   };
-  json j = body.find_first_not_of(" \t\r\n") == std::string::npos ? json::object() : json::parse(body, nullptr, false);
-  if (j.is_discarded()) return fail(Bad("", "the request body is not valid JSON"));
-  if (!j.is_object()) return fail(Bad("", "the request body must be a JSON object"));
+  json j = json::object();
+  if (body.find_first_not_of(" \t\r\n") != std::string::npos) {
+    ASSIGN_OR_RETURN(j, ParseBody(body, error));
+  }
   auto it = j.find("position");
   if (required && (it == j.end() || it->is_null()))
     return fail(Bad("position", "'position' is required: the history position to go back to"));

@@ -34,13 +34,30 @@ std::string JsonText(const nlohmann::json& j);
 std::string ErrorBody(const HttpError& e);
 // The HTTP status for a gRPC / absl status code (docs/HTTP.md, "Errors", lists the map).
 int HttpStatusFor(absl::StatusCode code);
-HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message);
+
+// A field a service refusal names first (RequestValidator's messages start
+// with it), as the client named it: `service` is the txl.v1 field
+// ("max_new_tokens", "sampling.temperature", "input.tokens.ids"), `client`
+// the request's ("max_tokens", "temperature", "prompt"); `drop` is what the
+// service's message says that holds only on gRPC (max_new_tokens' "(0: 16)").
+struct FieldName {
+  std::string service, client, drop;
+};
+using FieldNames = std::vector<FieldName>;
+// The session routes' names (mem_len, idle_ttl_seconds, session_id,
+// position, and score's input).
+const FieldNames& SessionFieldNames();
+// The HTTP error for a refusal. An INVALID_ARGUMENT that names a field of
+// `names` names the client's field instead, in the message and as `param`.
+HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message,
+                          const FieldNames& names = SessionFieldNames());
 
 struct CompletionParams {
   v1::GenerateRequest request;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // "logprobs" given (0 included): each token's log-prob is returned
+  FieldNames fields;  // the request's names for the service's fields (max_tokens or max_completion_tokens, ...)
 };
 
 // Parses a /v1/completions body. The session id comes from the body's

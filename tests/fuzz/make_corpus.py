@@ -210,6 +210,8 @@ def openai_json_seeds():
         ("completion_unsupported", completion, b'{"prompt": "x", "tools": [], "best_of": 2, "echo": true}'),
         ("completion_stream_options", completion, b'{"prompt": "x", "stream_options": {"include_usage": 1}}'),
         ("completion_overflow", completion, b'{"prompt": "x", "temperature": 1e400}'),
+        ("completion_overflow_nested", completion, b'{"prompt": [1, 2e999], "x": {"y": [1e999]}}'),
+        ("completion_beyond_float", completion, b'{"prompt": "x", "top_p": 1e300, "temperature": -4e38}'),
         ("completion_unicode", completion, b'{"prompt": "caf\\u00e9 \\ud83d\\ude00 \\u0000", "stop": "\\u4e2d"}'),
         ("completion_bad_surrogate", completion, b'{"prompt": "\\ud83d"}'),
         ("completion_invalid_utf8", completion, b'{"prompt": "\xff\xfe\xc3"}'),
@@ -263,6 +265,7 @@ def openai_json_seeds():
         ("rewind_max", rewind, b'{"position": 9223372036854775807}'),
         ("rewind_string", rewind, b'{"position": "6"}'),
         ("rewind_fraction", rewind, b'{"position": 1.5e0}'),
+        ("rewind_overflow", rewind, b'{"position": -1e999}'),
     ]
     return [(name, bytes([parser]) + data) for name, parser, data in seeds]
 

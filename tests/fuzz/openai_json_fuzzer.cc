@@ -8,23 +8,26 @@
 //   - a refusal is an INVALID_ARGUMENT status whose message is the HttpError's, non-empty; the
 //     error is 400 `invalid_argument`, or 404 `model_not_found` for another model's name; its
 //     param is one of the fields the route reads, named in the message and present in the body
-//     (but for a required field that is missing); without a param it is about the body as a
-//     whole; ErrorBody turns it into JSON that reads back as the same error;
+//     (but for a required field that is missing), or, for a number beyond a double (which ends
+//     the parse), the path to it ("prompt[2]"), in a body that does not parse; without a param
+//     it is about the body as a whole; ErrorBody turns it into JSON that reads back as the same
+//     error;
 //   - a body that is not a JSON object is refused (ParseCreateSession and ParsePosition also
 //     take an empty body), and a JSON object's refusal names a param;
 //   - what is accepted is what the body says, within the documented ranges: max_tokens (or
 //     max_completion_tokens) in [1, 2^31 - 1], default 16; n = 1; seed, mem_len,
 //     idle_ttl_seconds and position >= 0; logprobs and top_logprobs in [0, 2^31 - 1];
-//     temperature and top_p the body's (default 1); the stop strings; stream_options only with
-//     stream; the refused options absent; the session id the body's, else the header's; the
-//     prompt, messages (roles system, user or assistant, content the text parts joined), score
-//     input (token ids in [0, 2^31 - 1]) and labels as given;
+//     temperature and top_p the body's, within a float's range (default 1); the stop strings;
+//     stream_options only with stream; the refused options absent; the session id the body's,
+//     else the header's; the prompt, messages (roles system, user or assistant, content the
+//     text parts joined), score input (token ids in [0, 2^31 - 1]) and labels as given;
 //   - parsing the same body twice gives the same outcome.
 // A broken property calls __builtin_trap(), which libFuzzer reports as a crash.
 //
 // Input: byte 0 picks the parser (% 7: completion, chat, body, score, create session, position,
 // required position) and, from its next bit, whether a txl-session-id header is sent; the rest is
 // the body.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -144,6 +147,7 @@ float FloatField(const json& doc, const char* name, float dflt) {
   const json* v = Field(doc, name);
   if (v == nullptr) return dflt;
   Check(v->is_number(), "a number field holds a number");
+  Check(std::fabs(v->get<double>()) <= std::numeric_limits<float>::max(), "a float field holds a float");
   return static_cast<float>(v->get<double>());
 }
 
@@ -164,6 +168,9 @@ void CheckRefusal(int parser, const absl::Status& s, const HttpError& e, const j
   if (e.param.empty()) {
     Check(e.message.rfind("the request body ", 0) == 0, "a refusal without a param is about the body");
     Check(!object, "a JSON object's refusal names a param");
+  } else if (!object) {  // a number beyond a double, in what parses as an object up to it
+    Check(e.message.rfind("'" + e.param + "' is out of range: ", 0) == 0, "an overflow names its path");
+    Check(e.param[0] != '[', "the path starts with a field");
   } else {
     Check(object, "a refusal naming a param read a JSON object");
     Check(e.message.find(e.param) != std::string::npos, "the message names the param");

@@ -15,7 +15,7 @@ ARGS = None
 EXPECTED = {
     "server/txl-server": ["--max_stream_buffer_bytes", "--state_dir", "--listen", "--max_connection_idle",
                           "--dtype", "--kv_dtype", "--session_memory_budget", "--gpu_headroom", "--malloc_arenas",
-                          "--kernels"],
+                          "--kernels", "--http_header_timeout_ms"],
     "client/txl-client": ["--server", "--session", "--max_new_tokens"],
     "tools/txl-train": ["--train", "--device", "--resume"],
     "tools/txl-eval": ["--model", "--dtype", "--kv_dtype", "--kernels"],
@@ -39,7 +39,8 @@ class HelpTest(unittest.TestCase):
         server = os.path.join(ARGS.bin_dir, "server", "txl-server")
         for flag, message in (("--session_memory_budget=-2", "--session_memory_budget >= -1"),
                               ("--gpu_headroom=-5", "--gpu_headroom must be >= 0"),
-                              ("--malloc_arenas=-1", "--malloc_arenas must be >= 0")):
+                              ("--malloc_arenas=-1", "--malloc_arenas must be >= 0"),
+                              ("--http_header_timeout_ms=0", "--http_header_timeout_ms must be >= 1, got 0")):
             proc = subprocess.run([server, flag, "--listen=127.0.0.1:0"], capture_output=True, text=True,
                                   timeout=60)
             self.assertNotEqual(proc.returncode, 0, flag)

@@ -8,7 +8,9 @@ Python's own http.client, as any OpenAI-style client would:
 - a client that disconnects cancels its generation, and the session stays usable;
 - 256 concurrent streams complete on the server's bounded threads; on the bundled model each
   equals gRPC's greedy output for the same input;
-- SIGTERM drains: /readyz turns 503, new connections are refused, a running stream finishes.
+- numbers beyond a double (1e999) or a float, and the service's refusals, are 400 naming the field
+  as the client sent it (max_tokens or max_completion_tokens, never gRPC's max_new_tokens);
+- SIGTERM drains: /readyz turns 503 on open and new connections alike, a running stream finishes.
 
 Run by CTest: /usr/bin/python3 test_http.py --bin-dir BUILD --stubs BUILD/client/python/gen --model M
 """
@@ -25,6 +27,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import http_raw  # noqa: E402
 import txl_procs  # noqa: E402
 
 ARGS = None
@@ -247,6 +250,49 @@ class HttpTest(unittest.TestCase):
         # The session the refusals named is as it was.
         status, after, _ = self.http.json("GET", "/v1/sessions/" + sid)
         self.assertEqual((after["position"], after["busy"]), (0, False))
+
+    def test_refusals_name_the_field_the_client_sent(self):
+        """Regression: a number that JSON allows but a double cannot hold (1e999) was refused as "not
+        valid JSON" with no `param`, a double beyond a float reached the service as inf, and the
+        service's refusals spoke gRPC: max_new_tokens for max_tokens (and `param` max_tokens when
+        max_completion_tokens was sent), sampling.temperature, stop_sequences, logprobs without a
+        `param`."""
+        status, s, _ = self.http.json("POST", "/v1/sessions")
+        sid = s["id"]
+        msgs = '[{"role": "user", "content": "hi"}]'
+        cases = [  # (path, body, param)
+            ("/v1/completions", '{"prompt": "x", "temperature": 1e999}', "temperature"),
+            ("/v1/completions", '{"prompt": "x", "max_tokens": 1e999}', "max_tokens"),
+            ("/v1/completions", '{"prompt": "x", "seed": -1e999}', "seed"),
+            ("/v1/completions", '{"prompt": "x", "n": 1%s}' % ("0" * 400), "n"),
+            ("/v1/completions", '{"prompt": [1, 1e999]}', "prompt[1]"),
+            ("/v1/completions", '{"prompt": "x", "top_p": 1e300}', "top_p"),  # a double, not a float
+            ("/v1/chat/completions", '{"messages": %s, "max_completion_tokens": 1e400}' % msgs,
+             "max_completion_tokens"),
+            ("/v1/sessions", '{"mem_len": 1e999}', "mem_len"),
+            ("/v1/sessions/%s/rewind" % sid, '{"position": 1e999}', "position"),
+            ("/v1/sessions/%s/score" % sid, '{"input": [1e999]}', "input[0]"),
+            # The service's own checks (--max_new_tokens 100000 here), in the request's names.
+            ("/v1/completions", '{"prompt": "x", "max_tokens": 100001}', "max_tokens"),
+            ("/v1/chat/completions", '{"messages": %s, "max_tokens": 100001}' % msgs, "max_tokens"),
+            ("/v1/chat/completions", '{"messages": %s, "max_completion_tokens": 100001}' % msgs,
+             "max_completion_tokens"),
+            ("/v1/completions", '{"prompt": "x", "logprobs": 21}', "logprobs"),
+            ("/v1/chat/completions", '{"messages": %s, "logprobs": true, "top_logprobs": 21}' % msgs,
+             "top_logprobs"),
+            ("/v1/completions", '{"prompt": [1, 100000]}', "prompt"),  # outside the vocabulary
+            ("/v1/completions", '{"prompt": "x", "stop": [""]}', "stop"),
+            ("/v1/completions", '{"prompt": "x", "temperature": -1}', "temperature"),
+            ("/v1/sessions/%s/score" % sid, '{"input": [100000]}', "input"),
+        ]
+        for path, body, param in cases:
+            with self.subTest(path=path, body=body[:80]):
+                status, got, _ = self.http.json("POST", path, body)
+                self.assertError(status, got, 400, param)
+                message = got["error"]["message"]
+                self.assertIn(param.split("[")[0], message)
+                for grpc_only in ("max_new_tokens", "sampling.", "stop_sequences", "input.", "(0: 16)", "inf"):
+                    self.assertNotIn(grpc_only, message)
 
     def test_chat_feeds_only_unseen_messages(self):
         req = {"max_tokens": 6, "temperature": 0}
@@ -526,52 +572,77 @@ class BundledStreamsTest(unittest.TestCase):
 
 
 class DrainTest(unittest.TestCase):
-    """SIGTERM: /readyz turns 503, new connections are refused, a running stream finishes."""
+    """SIGTERM: /readyz turns 503 on open and new connections for the whole drain, new work is refused,
+    and a running stream finishes; the drain lasts until its last byte is written."""
 
-    def test_sigterm_lets_a_stream_finish(self):
-        with tempfile.TemporaryDirectory() as d:
-            model = txl_procs.tiny_model(ARGS.bin_dir, d)
-            server = txl_procs.Server(ARGS.bin_dir, model, "--drain_timeout", "120", http=True)
-            keep = Http(server.http_address)
-            self.assertEqual(keep.json("GET", "/readyz")[0], 200)
-            host, port = server.http_address.rsplit(":", 1)
-            sock = socket.create_connection((host, int(port)))
-            body = json.dumps({"prompt": "abc", "max_tokens": 3000, "stream": True}).encode()
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(body), body))
-            got = b""
-            while b"data: " not in got:
-                chunk = sock.recv(4096)
-                self.assertTrue(chunk)
-                got += chunk
-            # Unread, the stream's job pauses at the server's buffer: it cannot finish on its own.
-            server.proc.send_signal(signal.SIGTERM)
-            deadline = time.time() + 60
-            while True:  # the drain begins asynchronously: wait for it to show
-                status, body_, _ = keep.json("GET", "/readyz")
-                if status == 503:
-                    break
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.05)
-            self.assertEqual(body_, {"status": "draining"})
-            while True:
-                try:
-                    socket.create_connection((host, int(port)), timeout=5).close()
-                except ConnectionRefusedError:
-                    break
-                self.assertLess(time.time(), deadline, "new connections are still accepted while draining")
-                time.sleep(0.05)
-            keep.close()
-            # The running stream completes: all 3000 tokens, then [DONE].
-            while not got.endswith(b"0\r\n\r\n"):
-                chunk = sock.recv(65536)
-                self.assertTrue(chunk, got[-300:])
-                got += chunk
-            sock.close()
-            text = got.decode("utf-8", "replace")
-            self.assertIn('"finish_reason":"length"', text)
-            self.assertIn("data: [DONE]", text)
-            self.assertEqual(server.stop(), 0)
+    def start(self, *flags):
+        """A server with --drain_timeout 120, a kept-alive connection that found it ready, and a
+        streamed completion of 50000 tokens in a session (about 9 MB, more than the socket buffers
+        of about 4 MB) through a small receive buffer, read up to its first event: (server, keep,
+        session id, stream socket, bytes read). Unread, the stream cannot be written out."""
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        model = txl_procs.tiny_model(ARGS.bin_dir, self.tmp.name)
+        server = txl_procs.Server(ARGS.bin_dir, model, "--drain_timeout", "120", "--max_new_tokens", "50000",
+                                  *flags, http=True)
+        self.addCleanup(server.stop, check=False)
+        keep = Http(server.http_address)
+        self.addCleanup(keep.close)
+        self.assertEqual(keep.json("GET", "/readyz")[:2], (200, {"status": "ready"}))
+        status, session, _ = keep.json("POST", "/v1/sessions")
+        request = {"prompt": "abc", "max_tokens": 50000, "stream": True, "session_id": session["id"]}
+        sock, got = http_raw.open_stream(server.http_address, request)
+        self.addCleanup(sock.close)
+        return server, keep, session["id"], sock, got
+
+    def sigterm_and_see_draining(self, server, keep):
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 60
+        while True:  # the drain begins asynchronously: wait for it to show
+            status, body, _ = keep.json("GET", "/readyz")
+            if status == 503:
+                break
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.05)
+        self.assertEqual(body, {"status": "draining"})
+
+    def read_to_the_end(self, server, sock, got):
+        """Reads the stream to its last chunk: all its tokens, then [DONE]; the drain then ends by
+        itself and the server exits 0."""
+        text = http_raw.read_to_end(sock, got)
+        self.assertIn('"finish_reason":"length"', text)
+        self.assertIn("data: [DONE]", text)
+        self.assertEqual(server.proc.wait(timeout=60), 0)
+
+    def test_sigterm_lets_a_stream_finish_and_readiness_says_draining(self):
+        """Regression: once SIGTERM came, new HTTP connections were refused, so a probe on one saw a
+        refused connection instead of 503 "draining"."""
+        server, keep, _, sock, got = self.start()
+        self.sigterm_and_see_draining(server, keep)
+        # A new connection is answered too: not ready, and no new work.
+        fresh = Http(server.http_address)
+        self.assertEqual(fresh.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
+        status, refused, _ = fresh.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+        self.assertEqual((status, refused["error"]["code"]), (503, "unavailable"), refused)
+        fresh.close()
+        self.assertEqual(keep.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
+        self.assertIsNone(server.proc.poll(), "the drain ended while the stream ran")
+        self.read_to_the_end(server, sock, got)
+
+    def test_the_drain_lasts_until_a_finished_streams_last_byte_is_written(self):
+        """Regression: the drain ended when the stream's job did, while megabytes of its events still
+        waited to be written: the kept-alive connection's next /readyz got no answer and the stream
+        was cut short. Here the stream buffer is large enough that the job ends before the client
+        reads anything."""
+        server, keep, sid, sock, got = self.start("--max_stream_buffer_bytes", str(64 << 20))
+        deadline = time.time() + 120
+        while keep.json("GET", "/v1/sessions/" + sid)[1]["busy"]:  # the job runs to its end
+            self.assertLess(time.time(), deadline, "the stream's job did not end")
+            time.sleep(0.1)
+        self.sigterm_and_see_draining(server, keep)
+        self.assertEqual(keep.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
+        self.assertIsNone(server.proc.poll(), "the drain ended before the stream was written")
+        self.read_to_the_end(server, sock, got)
 
 
 class HttpAuthTest(unittest.TestCase):

@@ -1,0 +1,131 @@
+// The HTTP front end's refusals name the field as the client sent it (issue
+// 31): a number beyond a double or a float, and the service's own checks
+// (RequestValidator's messages name txl.v1's fields) through ErrorFromStatus.
+#include "server/http/openai_json.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "server/core/request_validation.h"
+
+namespace txl {
+namespace {
+
+struct Refusal {
+  bool refused = false;
+  HttpError error;
+};
+
+Refusal Completion(const std::string& body) {
+  Refusal r;
+  r.refused = !ParseCompletion(body, "", "m", &r.error).ok();
+  return r;
+}
+
+TEST(OpenAiJsonTest, ANumberBeyondADoubleNamesItsField) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"prompt": "x", "temperature": 1e999})", "temperature"},
+      {R"({"prompt": "x", "seed": -1e999})", "seed"},
+      {R"({"prompt": "x", "max_tokens": 1e400})", "max_tokens"},
+      {R"({"prompt": [1, 2, 1e999]})", "prompt[2]"},
+      {R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1e999}})",
+       "stream_options.include_usage"},
+      {R"({"prompt": "x", "extra": [[1e999]]})", "extra[0][0]"},  // a field the server ignores, too
+      {R"({"prompt": "x", "a": [{}, {"b": [1, 2e999]}]})", "a[1].b[1]"},
+  };
+  for (const auto& [body, field] : cases) {
+    const Refusal r = Completion(body);
+    ASSERT_TRUE(r.refused) << body;
+    EXPECT_EQ(r.error.status, 400) << body;
+    EXPECT_EQ(r.error.param, field) << body;
+    EXPECT_NE(r.error.message.find("'" + field + "' is out of range"), std::string::npos) << r.error.message;
+  }
+  HttpError e;
+  EXPECT_FALSE(ParseCreateSession(R"({"mem_len": 1e999})", &e).ok());
+  EXPECT_EQ(e.param, "mem_len");
+  EXPECT_FALSE(ParsePosition(R"({"position": -1e999})", true, &e).ok());
+  EXPECT_EQ(e.param, "position");
+  EXPECT_FALSE(ParseScore(R"({"input": [1e999]})", "s", &e).ok());
+  EXPECT_EQ(e.param, "input[0]");
+  for (const char* body : {"1e999", "[1, 1e999]"}) {  // not an object: no field to name
+    EXPECT_FALSE(ParseBody(body, &e).ok());
+    EXPECT_EQ(e.param, "");
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.message, "the request body is out of range: 1e999 is beyond a double (1.8e308)");
+  }
+}
+
+TEST(OpenAiJsonTest, AFloatFieldRefusesADoubleBeyondAFloat) {
+  Refusal r = Completion(R"({"prompt": "x", "top_p": 1e300})");
+  ASSERT_TRUE(r.refused);
+  EXPECT_EQ(r.error.param, "top_p");
+  r = Completion(R"({"prompt": "x", "temperature": -3.5e38})");
+  ASSERT_TRUE(r.refused);
+  EXPECT_EQ(r.error.param, "temperature");
+  EXPECT_FALSE(Completion(R"({"prompt": "x", "temperature": 3.4e38})").refused);  // a float holds it
+}
+
+// The service's refusal of a parsed request, as the HTTP front end answers it.
+HttpError ServiceRefusal(const std::string& body, bool chat) {
+  RequestLimits limits;
+  limits.max_new_tokens = 50;
+  const RequestValidator validator(limits, Tokenizer::Byte());
+  HttpError error;
+  CompletionParams p;
+  if (chat) {
+    auto parsed = ParseChat(body, "", "m", &error);
+    EXPECT_TRUE(parsed.ok()) << error.message;
+    p = parsed->completion;
+    p.request.mutable_input()->set_text("rendered");
+  } else {
+    auto parsed = ParseCompletion(body, "", "m", &error);
+    EXPECT_TRUE(parsed.ok()) << error.message;
+    p = *parsed;
+  }
+  auto args = validator.Generate(p.request, nullptr);
+  EXPECT_FALSE(args.ok()) << body;
+  return ErrorFromStatus(args.status().code(), std::string(args.status().message()), p.fields);
+}
+
+TEST(OpenAiJsonTest, TheServicesRefusalsNameTheFieldTheClientSent) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  struct Case {
+    std::string body;
+    bool chat;
+    std::string param, message;
+  };
+  const Case cases[] = {
+      {R"({"prompt": "x", "max_tokens": 51})", false, "max_tokens", "max_tokens: must be in [1, 50], got 51"},
+      {"{" + msgs + R"(, "max_tokens": 51})", true, "max_tokens", "max_tokens: must be in [1, 50], got 51"},
+      {"{" + msgs + R"(, "max_completion_tokens": 51})", true, "max_completion_tokens",
+       "max_completion_tokens: must be in [1, 50], got 51"},
+      {R"({"prompt": "x", "temperature": -1})", false, "temperature", "temperature must be >= 0, got -1"},
+      {R"({"prompt": "x", "top_p": 2})", false, "top_p", "top_p must be in [0, 1], got 2"},
+      {R"({"prompt": "x", "logprobs": 21})", false, "logprobs", "logprobs: must be in [0, 20], got 21"},
+      {"{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})", true, "top_logprobs",
+       "top_logprobs: must be in [0, 20], got 21"},
+      {R"({"prompt": "x", "stop": ["a", ""]})", false, "stop", "stop[1]: must not be empty"},
+      {R"({"prompt": [1, 300]})", false, "prompt", "prompt[1]: 300 is outside [0, 256)"},
+  };
+  for (const Case& c : cases) {
+    const HttpError e = ServiceRefusal(c.body, c.chat);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_EQ(e.message, c.message) << c.body;
+  }
+}
+
+TEST(OpenAiJsonTest, OtherRefusalsKeepTheirMessageAndNameNoField) {
+  const HttpError e = ErrorFromStatus(absl::StatusCode::kNotFound, "max_new_tokens: not a refusal of a field");
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.param, "");
+  EXPECT_EQ(e.message, "max_new_tokens: not a refusal of a field");
+  // The session routes' fields are named as on gRPC.
+  const HttpError m = ErrorFromStatus(absl::StatusCode::kInvalidArgument, "mem_len: must be in [1, 8], got 9");
+  EXPECT_EQ(m.param, "mem_len");
+  EXPECT_EQ(m.message, "mem_len: must be in [1, 8], got 9");
+}
+
+}  // namespace
+}  // namespace txl

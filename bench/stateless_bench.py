@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5, help="repetitions; rows give the median")
     ap.add_argument("--threads", type=int, default=0, help="txl-server --threads (0: its default)")
     ap.add_argument("--only", default="S1,S2", help="which: S1, S2 or both")
+    ap.add_argument("--flag", action="append", default=[],
+                    help="one more txl-server flag, e.g. --flag=--state_cache_budget=0 (repeatable)")
     ap.add_argument("--json", default="", help="write the figures here")
     args = ap.parse_args()
     if min(args.short, args.long, args.turns, args.tokens, args.reps) < 1:
@@ -129,7 +131,7 @@ def main():
     tools.server = args.server
     result = {}
     server = Server(tools, args.model, args.threads, "cpu",
-                    flags=["--http_listen=127.0.0.1:0", "--max_input_tokens=%d" % (args.long + 1000)])
+                    flags=["--http_listen=127.0.0.1:0", "--max_input_tokens=%d" % (args.long + 1000)] + args.flag)
     try:
         server.wait_listening()
         host, port = wait_http(server)

@@ -47,8 +47,8 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   // A pick, a list or a nucleus (Row asks for one) arrives after the prefill
   // and after each decode.
   const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
-  if (!picked && !listed && !nucleus) return;                                   // mid-prefill
-  if (!decoding_ && lease.throwaway) runner.KeepInStateCache(lease, feed, {});  // the end of the prompt
+  if (!picked && !listed && !nucleus) return;  // mid-prefill
+  const bool first = !decoding_;
   GeneratedTokenEvent ev;
   auto logprob_in = [&](const TokenList& list) {
     return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
@@ -87,6 +87,8 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   generated.push_back(token);
   LogHistory(runner, position);
   runner.SendTokens(*this, callbacks_.on_tokens, std::move(ev), position);
+  // The end of the prompt, kept once its first token is on its way (the copy is not in its latency).
+  if (first && lease.throwaway) runner.KeepInStateCache(lease, feed, {});
 
   const bool stop_token =
       std::find(spec_.stop_token_ids.begin(), spec_.stop_token_ids.end(), token) != spec_.stop_token_ids.end();

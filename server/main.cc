@@ -36,6 +36,7 @@
 #include "server/core/auth.h"
 #include "server/durability/recovery.h"
 #include "server/durability/session_journal.h"
+#include "server/durability/shared_state_cache.h"
 #include "server/durability/state_backend.h"
 #include "server/engine/model_engine.h"
 #include "server/grpc/service.h"
@@ -478,6 +479,18 @@ absl::StatusOr<std::unique_ptr<txl::SessionJournal>> OpenStateStore(const Server
   return *std::move(opened);
 }
 
+// With a state store and a state cache, the cache's entries go to the store
+// too, through a connection of their own, so that replicas share them.
+absl::StatusOr<std::unique_ptr<txl::SharedStateCache>> OpenSharedStateCache(const ServerOptions& o) {
+  if (!o.state_store || o.table.state_cache.budget_bytes == 0) return nullptr;
+  txl::StateBackendConfig config = o.backend;
+  config.writer = o.backend.writer + "-cache";  // its temporary files are not the journal's
+  auto backend = txl::OpenStateBackend(config);
+  if (!backend.ok())
+    return absl::Status(backend.status().code(), absl::StrCat("state cache store: ", backend.status().message()));
+  return std::make_unique<txl::SharedStateCache>(*std::move(backend), txl::SharedStateCacheConfig{});
+}
+
 // /metrics on its own port, on the same HTTP transport as the API; null
 // without --metrics_listen.
 absl::StatusOr<std::unique_ptr<txl::HttpServer>> StartMetricsPort(const ServerOptions& o, txl::Metrics* metrics) {
@@ -578,8 +591,12 @@ int Serve(ServerOptions o, sigset_t signals) {
   auto metrics_http = StartMetricsPort(o, metrics->get());
   if (!metrics_http.ok()) return Fail(std::string(metrics_http.status().message()));
 
+  // Before the scheduler, so that it outlives the engine thread that offers it entries.
+  auto shared_cache = OpenSharedStateCache(o);
+  if (!shared_cache.ok()) return Fail(std::string(shared_cache.status().message()));
   txl::Scheduler scheduler(o.scheduler, engine->get(), &table, &model.tokenizer(), metrics->get());
   scheduler.SetJournal(journal->get());
+  scheduler.SetSharedStateCache(shared_cache->get());
   txl::TxlService service(o.service, model.config(), model.tokenizer(), engine->get(), &table, &scheduler,
                           metrics->get(), tokens->get(), journal->get());
   int port = 0;

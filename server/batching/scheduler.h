@@ -55,6 +55,8 @@ class Scheduler {
 
   // Makes every acknowledgement wait for the journal (before Start; may be null).
   void SetJournal(SessionJournal* journal);
+  // The state cache's shared tier (shared_state_cache.h); before Start.
+  void SetSharedStateCache(SharedStateCache* shared) { runner_.set_shared_cache(shared); }
   void Start();
   // Refuses new jobs (UNAVAILABLE); running ones go on.
   void Drain();

@@ -165,14 +165,26 @@ std::string JobRunner::CacheScope(const SessionLease& lease) const {
 std::optional<size_t> JobRunner::FromStateCache(SessionLease& lease, absl::Span<const int> tokens, size_t at_least) {
   StateCache& cache = table_->state_cache();
   if (!cache.enabled()) return std::nullopt;
-  std::optional<CachedState> hit = cache.Longest(CacheScope(lease), tokens);
-  if (!hit) return std::nullopt;
-  const size_t held = static_cast<size_t>(hit->position) - hit->pending.size();  // fed into the image
-  if (held <= at_least) return std::nullopt;                                     // bounded replay feeds no more
-  auto state = engine_->RestoreSession(*hit->image);
-  if (!state.ok() || (*state)->position() != static_cast<int64_t>(held)) return std::nullopt;
-  lease.state = *std::move(state);
-  cache.CountSaved(static_cast<int64_t>(held - at_least));
+  const std::string scope = CacheScope(lease);
+  CacheLookup how = CacheLookup::kHit;
+  std::optional<CachedState> hit = cache.Longest(scope, tokens);
+  if (!hit && shared_cache_ != nullptr) {  // kept by another replica (or by this one, before a restart)
+    hit = shared_cache_->Longest(scope, tokens);
+    how = CacheLookup::kStoreHit;
+    if (hit) cache.Put(scope, tokens.first(hit->position), *hit, engine_->ReceptiveField(lease.state->mem_len()));
+  }
+  const size_t held = hit ? static_cast<size_t>(hit->position) - hit->pending.size() : 0;  // fed into the image
+  std::unique_ptr<SessionState> state;
+  if (hit && held > at_least) {  // else bounded replay feeds no more
+    auto restored = engine_->RestoreSession(*hit->image);
+    if (restored.ok() && (*restored)->position() == static_cast<int64_t>(held)) state = *std::move(restored);
+  }
+  if (!state) {
+    cache.Count(CacheLookup::kMiss, 0);
+    return std::nullopt;
+  }
+  lease.state = std::move(state);
+  cache.Count(how, static_cast<int64_t>(held - at_least));
   return held;
 }
 
@@ -184,7 +196,10 @@ void JobRunner::KeepInStateCache(const SessionLease& lease, absl::Span<const int
   auto image = std::make_shared<std::string>();
   if (!lease.state->AppendTo(image.get()).ok()) return;  // a cache: a failed copy only costs a replay later
   CachedState state{static_cast<int64_t>(tokens.size()), std::move(image), std::move(pending)};
-  cache.Put(CacheScope(lease), tokens, std::move(state), engine_->ReceptiveField(lease.state->mem_len()));
+  const std::string scope = CacheScope(lease);
+  const int64_t check = engine_->ReceptiveField(lease.state->mem_len());
+  if (shared_cache_ != nullptr) shared_cache_->Offer(scope, tokens, state, check);
+  cache.Put(scope, tokens, std::move(state), check);
 }
 
 absl::Status JobRunner::CheckWritable(const SessionLease& lease) const {

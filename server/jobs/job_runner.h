@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "model/tokenizer.h"
 #include "server/durability/session_journal.h"
+#include "server/durability/shared_state_cache.h"
 #include "server/engine/engine.h"
 #include "server/jobs/job.h"
 #include "server/jobs/scheduler_config.h"
@@ -35,6 +36,8 @@ class JobRunner {
       : config_(config), engine_(engine), table_(table), tokenizer_(tokenizer), observer_(observer) {}
 
   void set_journal(SessionJournal* journal) { journal_ = journal; }
+  // The state cache's entries in the state store, shared by its replicas (may stay null).
+  void set_shared_cache(SharedStateCache* shared) { shared_cache_ = shared; }
 
   const SchedulerConfig& config() const { return config_; }
   Engine* engine() const { return engine_; }
@@ -93,6 +96,7 @@ class JobRunner {
   const Tokenizer* const tokenizer_;
   SchedulerObserver* const observer_;
   SessionJournal* journal_ = nullptr;
+  SharedStateCache* shared_cache_ = nullptr;
 };
 
 double SecondsSince(absl::Time t);

@@ -189,9 +189,11 @@ void Metrics::AddStateCacheFamilies(prometheus::Registry& r, const SessionTable*
   using prometheus::BuildGauge;
   cache_lookups_ = &BuildCounter()
                         .Name("txl_state_cache_lookups_total")
-                        .Help("State cache lookups of requests without a session, by result: hit, miss")
+                        .Help(
+                            "State cache lookups of requests without a session, by result: hit, store_hit (kept "
+                            "in the state store by a replica), miss")
                         .Register(r);
-  for (const char* result : {"hit", "miss"}) cache_lookups_->Add({{"result", result}});
+  for (const char* result : {"hit", "store_hit", "miss"}) cache_lookups_->Add({{"result", result}});
   cache_saved_ = &BuildCounter()
                       .Name("txl_state_cache_saved_tokens_total")
                       .Help("Input tokens that state cache hits did not feed (beyond what bounded replay skips)")
@@ -302,6 +304,8 @@ void Metrics::TickStateCache() {
   const StateCacheStats now = table_->state_cache().stats();
   absl::MutexLock lock(&cache_mu_);
   cache_lookups_->Add({{"result", "hit"}}).Increment(static_cast<double>(now.hits - cache_seen_.hits));
+  cache_lookups_->Add({{"result", "store_hit"}})
+      .Increment(static_cast<double>(now.store_hits - cache_seen_.store_hits));
   cache_lookups_->Add({{"result", "miss"}}).Increment(static_cast<double>(now.misses - cache_seen_.misses));
   cache_saved_->Increment(static_cast<double>(now.tokens_saved - cache_seen_.tokens_saved));
   cache_evictions_->Increment(static_cast<double>(now.evictions - cache_seen_.evictions));

@@ -6,17 +6,22 @@
 #include "base/hash.h"
 
 namespace txl {
-namespace {
 
-// The chain's value after each token: chain[i] stands for the scope and tokens[0, i).
-std::vector<uint64_t> Chain(const std::string& scope, absl::Span<const int> tokens) {
+std::vector<uint64_t> StateCache::Chain(const std::string& scope, absl::Span<const int> tokens) {
   std::vector<uint64_t> chain(tokens.size() + 1);
   chain[0] = Hash64(scope.data(), scope.size());
   for (size_t i = 0; i < tokens.size(); ++i) chain[i + 1] = Hash64(&tokens[i], sizeof(int), chain[i]);
   return chain;
 }
 
-}  // namespace
+bool StateCache::Usable(absl::Span<const int> tokens, int64_t length, absl::Span<const int> check, size_t pending) {
+  if (length <= 0 || length > static_cast<int64_t>(tokens.size()) || static_cast<int64_t>(check.size()) > length)
+    return false;
+  // At least one token left to feed: its pending one, or one after it.
+  if (length == static_cast<int64_t>(tokens.size()) && pending == 0) return false;
+  const auto tail = tokens.subspan(length - check.size(), check.size());
+  return std::equal(tail.begin(), tail.end(), check.begin(), check.end());
+}
 
 int64_t StateCache::Entry::bytes() const {
   return static_cast<int64_t>((state.image ? state.image->size() : 0) +
@@ -52,20 +57,21 @@ std::optional<CachedState> StateCache::Longest(const std::string& scope, absl::S
     auto found = index_.find(Key{chain[length], length});
     if (found == index_.end()) continue;
     const Entry& e = *found->second;
-    const bool leaves_one = length < static_cast<int64_t>(tokens.size()) || !e.state.pending.empty();
-    const auto tail = tokens.subspan(length - e.check.size(), e.check.size());
-    if (e.scope != scope || !leaves_one || !std::equal(tail.begin(), tail.end(), e.check.begin())) continue;
+    if (e.scope != scope || !Usable(tokens, length, e.check, e.state.pending.size())) continue;
     order_.splice(order_.end(), order_, found->second);  // just used: evicted last
-    ++stats_.hits;
     return e.state;
   }
-  ++stats_.misses;
   return std::nullopt;
 }
 
-void StateCache::CountSaved(int64_t tokens) {
+void StateCache::Count(CacheLookup result, int64_t tokens_saved) {
   absl::MutexLock lock(&mu_);
-  stats_.tokens_saved += tokens;
+  switch (result) {
+    case CacheLookup::kHit: ++stats_.hits; break;
+    case CacheLookup::kStoreHit: ++stats_.store_hits; break;
+    case CacheLookup::kMiss: ++stats_.misses; break;
+  }
+  stats_.tokens_saved += tokens_saved;
 }
 
 StateCacheStats StateCache::stats() const {

@@ -47,9 +47,13 @@ struct CachedState {
 
 struct StateCacheStats {
   int64_t entries = 0, bytes = 0;
-  int64_t hits = 0, misses = 0, evictions = 0;
+  int64_t hits = 0, store_hits = 0, misses = 0, evictions = 0;
   int64_t tokens_saved = 0;  // tokens hits did not feed
 };
+
+// How a request without a session found its state: here, in the state
+// store (shared_state_cache.h: kept by another replica), or not at all.
+enum class CacheLookup { kHit, kStoreHit, kMiss };
 
 class StateCache {
  public:
@@ -60,10 +64,16 @@ class StateCache {
   // `check`: how many of the last tokens a hit must match (the receptive field).
   void Put(const std::string& scope, absl::Span<const int> tokens, CachedState state, int64_t check);
   // The longest prefix of `tokens` with a kept state that leaves at least one
-  // token to feed (its pending one, or one after it); counts a hit or a miss.
+  // token to feed (its pending one, or one after it).
   std::optional<CachedState> Longest(const std::string& scope, absl::Span<const int> tokens);
-  // A hit that was used saved this many tokens of feeding (for the metrics).
-  void CountSaved(int64_t tokens);
+  // One request's lookup, and the tokens a hit saved it (for the metrics).
+  void Count(CacheLookup result, int64_t tokens_saved);
+
+  // The hash chain over `scope` and the tokens: chain[i] stands for tokens[0, i).
+  static std::vector<uint64_t> Chain(const std::string& scope, absl::Span<const int> tokens);
+  // A hit's conditions, for `tokens` against a state kept for tokens[0, length)
+  // with these last `check` tokens and `pending` count.
+  static bool Usable(absl::Span<const int> tokens, int64_t length, absl::Span<const int> check, size_t pending);
 
   StateCacheStats stats() const;
   const StateCacheConfig& config() const { return config_; }

@@ -9,9 +9,12 @@ b) HTTP chat completions without a session, the whole conversation re-sent each 
    replies as the same chat on a session, and every turn after the first is a hit.
 c) With --auth_tokens, another principal's identical request is a miss and feeds everything.
 d) --state_cache_budget 0: no cache, every request feeds its whole prompt.
+e) Two replicas sharing a state store: turn 1 on one, turn 2 on the other, which finds the first's
+   state in the store (a store_hit) and answers as one session would.
 
 Run by CTest: /usr/bin/python3 test_state_cache.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
+import glob
 import json
 import os
 import random
@@ -70,7 +73,8 @@ class Server:
         stats at each tick of the engine thread (about once a second)."""
         for _ in range(200):
             text = self.scrape()
-            counted = sum(metric(text, "txl_state_cache_lookups_total", '{result="%s"}' % r) for r in ("hit", "miss"))
+            counted = sum(metric(text, "txl_state_cache_lookups_total", '{result="%s"}' % r)
+                          for r in ("hit", "store_hit", "miss"))
             if counted >= lookups:
                 return text
             threading.Event().wait(0.05)
@@ -88,6 +92,7 @@ class Counters:
         text = server.metrics_after(lookups)
         self.fed = metric(text, "txl_tokens_fed_total")
         self.hits = metric(text, "txl_state_cache_lookups_total", '{result="hit"}')
+        self.store_hits = metric(text, "txl_state_cache_lookups_total", '{result="store_hit"}')
         self.misses = metric(text, "txl_state_cache_lookups_total", '{result="miss"}')
 
 
@@ -183,6 +188,38 @@ class StateCacheTest(unittest.TestCase):
             self.assertEqual(metric(text, "txl_state_cache_budget_bytes"), 0)
         finally:
             s.close()
+
+    def test_e_replicas_sharing_a_state_store_share_the_cache(self):
+        """A stateless call on replica a, its continuation on replica b: b finds a's state in the
+        store (a store_hit), feeds only what is new, and answers as one session would."""
+        state = os.path.join(self.tmp.name, "state")
+        a = Server(self.model, "--state_dir", state, "--replica_name", "a")
+        b = Server(self.model, "--state_dir", state, "--replica_name", "b")
+        try:
+            rng = random.Random(5)
+            turn1 = [rng.randint(32, 126) for _ in range(40)]
+            ids1, _ = a.generate(turn1, 6)
+            # a writes its two entries (prompt end, reply end) to the store after it answers: wait
+            # for the scope's index to list both.
+            for _ in range(200):
+                index = glob.glob(os.path.join(state, "statecache", "*", "index"))
+                if index and len(open(index[0]).read().split()) == 2:
+                    break
+                threading.Event().wait(0.05)
+            new = [rng.randint(32, 126) for _ in range(10)]
+            fed_before = Counters(b, 0).fed
+            ids2, lps2 = b.generate(turn1 + ids1 + new, 6)
+            c = Counters(b, 1)
+            self.assertEqual(c.store_hits, 1, "replica b never found replica a's state in the store")
+            self.assertEqual(c.fed - fed_before, 1 + 10 + 5)
+            sid = a.stub.CreateSession(txl_pb2.CreateSessionRequest(), timeout=60).session_id
+            a.generate(turn1, 6, session=sid)
+            want2, want_lps2 = a.generate(new, 6, session=sid)
+            self.assertEqual(ids2, want2)
+            self.assertClose(lps2, want_lps2, "turn 2 on another replica")
+        finally:
+            b.close()
+            a.close()
 
 
 if __name__ == "__main__":

@@ -33,12 +33,18 @@ TEST(StateCacheTest, TheLongestKeptPrefixThatLeavesATokenToFeedWins) {
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(hit->position, 5);
   EXPECT_EQ(hit->pending, std::vector<int>{5});
-  // Another history: a miss. Counted.
+  // Another history: a miss.
   EXPECT_FALSE(cache.Longest("alice", std::vector<int>{9, 2, 3, 4}).has_value());
+  EXPECT_EQ(cache.stats().entries, 3);
+  // What the requests made of their lookups is counted apart.
+  cache.Count(CacheLookup::kHit, 4);
+  cache.Count(CacheLookup::kStoreHit, 2);
+  cache.Count(CacheLookup::kMiss, 0);
   const StateCacheStats s = cache.stats();
-  EXPECT_EQ(s.hits, 3);
+  EXPECT_EQ(s.hits, 1);
+  EXPECT_EQ(s.store_hits, 1);
   EXPECT_EQ(s.misses, 1);
-  EXPECT_EQ(s.entries, 3);
+  EXPECT_EQ(s.tokens_saved, 6);
 }
 
 TEST(StateCacheTest, APrincipalNeverReadsAnothersEntries) {

@@ -190,7 +190,7 @@ std::optional<CachedState> SharedStateCache::Longest(const std::string& scope, a
     if (ParseName(name, &c, &length) && length <= static_cast<int64_t>(tokens.size()) && chain[length] == c)
       along.emplace_back(length, std::string(name));
   }
-  std::sort(along.rbegin(), along.rend());  // longest first
+  std::sort(along.rbegin(), along.rend());              // longest first
   for (size_t i = 0; i < along.size() && i < 2; ++i) {  // the longest may leave nothing to feed
     const auto& [length, name] = along[i];
     auto bytes = backend_->Get(dir + name);

@@ -33,6 +33,9 @@ class Engine {
   virtual absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) = 0;
   // Identifies the model: exported sessions import only where it matches.
   virtual std::string fingerprint() const = 0;
+  // The number formats its states are computed in (weights, memories): two
+  // engines whose fingerprint and numerics agree compute the same states.
+  virtual std::string numerics() const = 0;
   // One batched forward pass over sessions this engine made. On error no
   // session has changed.
   virtual absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) = 0;

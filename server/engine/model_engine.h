@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/net/language_model.h"
+#include "model/precision.h"
 #include "server/engine/engine.h"
 
 namespace txl {
@@ -28,6 +29,7 @@ class ModelEngine : public Engine {
     return model_->RestoreSession(data);
   }
   std::string fingerprint() const override { return model_->fingerprint(); }
+  std::string numerics() const override { return DtypeName(model_->dtype()) + "/" + DtypeName(model_->kv_dtype()); }
   absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) override { return model_->Step(inputs); }
 
   const LanguageModel& model() const { return *model_; }

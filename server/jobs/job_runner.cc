@@ -159,7 +159,8 @@ void JobRunner::SendTokens(Job& job, const TokensCallback& on_tokens, GeneratedT
 }
 
 std::string JobRunner::CacheScope(const SessionLease& lease) const {
-  return absl::StrCat(lease.owner, "\n", engine_->fingerprint(), "\n", lease.state->mem_len());
+  return absl::StrCat(lease.owner, "\n", engine_->fingerprint(), "\n", engine_->numerics(), "\n",
+                      lease.state->mem_len());
 }
 
 std::optional<size_t> JobRunner::FromStateCache(SessionLease& lease, absl::Span<const int> tokens, size_t at_least) {

@@ -87,7 +87,8 @@ class JobRunner {
 
  private:
   absl::Status Materialize(Job& job);
-  // The cache's scope for a lease: its principal and what makes states differ.
+  // The cache's scope for a lease: its principal and what makes states differ
+  // (the model, its number formats, the window).
   std::string CacheScope(const SessionLease& lease) const;
 
   const SchedulerConfig config_;

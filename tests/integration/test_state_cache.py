@@ -10,7 +10,8 @@ b) HTTP chat completions without a session, the whole conversation re-sent each 
 c) With --auth_tokens, another principal's identical request is a miss and feeds everything.
 d) --state_cache_budget 0: no cache, every request feeds its whole prompt.
 e) Two replicas sharing a state store: turn 1 on one, turn 2 on the other, which finds the first's
-   state in the store (a store_hit) and answers as one session would.
+   state in the store (a store_hit) and answers as one session would; a third replica with
+   --dtype bfloat16 misses it.
 
 Run by CTest: /usr/bin/python3 test_state_cache.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
@@ -217,6 +218,14 @@ class StateCacheTest(unittest.TestCase):
             want2, want_lps2 = a.generate(new, 6, session=sid)
             self.assertEqual(ids2, want2)
             self.assertClose(lps2, want_lps2, "turn 2 on another replica")
+            # A replica with other number formats computes other states: it never takes a's.
+            bf16 = Server(self.model, "--state_dir", state, "--replica_name", "c", "--dtype", "bfloat16")
+            try:
+                bf16.generate(turn1 + ids1 + new, 2)
+                c = Counters(bf16, 1)
+                self.assertEqual((c.hits, c.store_hits, c.misses), (0, 0, 1))
+            finally:
+                bf16.close()
         finally:
             b.close()
             a.close()

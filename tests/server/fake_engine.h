@@ -73,6 +73,7 @@ class FakeEngine : public Engine {
     return std::unique_ptr<SessionState>(std::move(s));
   }
   std::string fingerprint() const override { return "fake-" + std::to_string(vocab_); }
+  std::string numerics() const override { return "exact"; }
 
   // log p(next | last): 0.9 on last + 1, the rest spread evenly.
   std::vector<float> Distribution(int last) const {

@@ -1,7 +1,8 @@
 // OpenAI's JSON shapes <-> txl.v1 messages: the completions request, its
 // response and stream chunks, and the error body. Pure functions (no gRPC,
 // no sockets), so each shape is unit-tested on its own
-// (tests/server/http/openai_json_test.cc).
+// (tests/server/http/openai_json_test.cc). Requests are parsed in
+// openai_json.cc, responses rendered in openai_render.cc.
 #ifndef TXL_SERVER_HTTP_OPENAI_JSON_H_
 #define TXL_SERVER_HTTP_OPENAI_JSON_H_
 

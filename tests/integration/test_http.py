@@ -9,15 +9,14 @@ Python's own http.client, as any OpenAI-style client would:
 - 256 concurrent streams complete on the server's bounded threads; on the bundled model each
   equals gRPC's greedy output for the same input;
 - numbers beyond a double (1e999) or a float, and the service's refusals, are 400 naming the field
-  as the client sent it (max_tokens or max_completion_tokens, never gRPC's max_new_tokens);
-- SIGTERM drains: /readyz turns 503 on open and new connections alike, a running stream finishes.
+  as the client sent it (max_tokens or max_completion_tokens, never gRPC's max_new_tokens).
+The drain's connections are test_http_connections.py's.
 
 Run by CTest: /usr/bin/python3 test_http.py --bin-dir BUILD --stubs BUILD/client/python/gen --model M
 """
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,48 +26,11 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import http_raw  # noqa: E402
 import txl_procs  # noqa: E402
+from http_client import Http  # noqa: E402
 
 ARGS = None
 grpc = txl_pb2 = txl_pb2_grpc = None  # set by run_stub_tests
-
-
-class Http:
-    """One HTTP/1.1 connection to host:port."""
-
-    def __init__(self, address, token=None):
-        host, port = address.rsplit(":", 1)
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
-        self.token = token
-
-    def request(self, method, path, body=None, headers=None):
-        h = dict(headers or {})
-        if self.token:
-            h["Authorization"] = "Bearer " + self.token
-        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
-        if data is not None:
-            h.setdefault("Content-Type", "application/json")
-        self.conn.request(method, path, body=data, headers=h)
-        return self.conn.getresponse()
-
-    def json(self, method, path, body=None, headers=None):
-        r = self.request(method, path, body, headers)
-        return r.status, json.loads(r.read() or b"null"), r
-
-    def stream(self, path, body):
-        """POSTs a streaming request; returns (status, [parsed events], raw text)."""
-        r = self.request("POST", path, body)
-        raw = r.read().decode()
-        events = []
-        for block in raw.split("\n\n"):
-            if block.startswith("data: "):
-                payload = block[len("data: "):]
-                events.append(payload if payload == "[DONE]" else json.loads(payload))
-        return r.status, events, raw
-
-    def close(self):
-        self.conn.close()
 
 
 class HttpTest(unittest.TestCase):
@@ -569,80 +531,6 @@ class BundledStreamsTest(unittest.TestCase):
                     self.assertEqual(results[i], want, i)
         finally:
             self.assertEqual(server.stop(), 0)
-
-
-class DrainTest(unittest.TestCase):
-    """SIGTERM: /readyz turns 503 on open and new connections for the whole drain, new work is refused,
-    and a running stream finishes; the drain lasts until its last byte is written."""
-
-    def start(self, *flags):
-        """A server with --drain_timeout 120, a kept-alive connection that found it ready, and a
-        streamed completion of 50000 tokens in a session (about 9 MB, more than the socket buffers
-        of about 4 MB) through a small receive buffer, read up to its first event: (server, keep,
-        session id, stream socket, bytes read). Unread, the stream cannot be written out."""
-        self.tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(self.tmp.cleanup)
-        model = txl_procs.tiny_model(ARGS.bin_dir, self.tmp.name)
-        server = txl_procs.Server(ARGS.bin_dir, model, "--drain_timeout", "120", "--max_new_tokens", "50000",
-                                  *flags, http=True)
-        self.addCleanup(server.stop, check=False)
-        keep = Http(server.http_address)
-        self.addCleanup(keep.close)
-        self.assertEqual(keep.json("GET", "/readyz")[:2], (200, {"status": "ready"}))
-        status, session, _ = keep.json("POST", "/v1/sessions")
-        request = {"prompt": "abc", "max_tokens": 50000, "stream": True, "session_id": session["id"]}
-        sock, got = http_raw.open_stream(server.http_address, request)
-        self.addCleanup(sock.close)
-        return server, keep, session["id"], sock, got
-
-    def sigterm_and_see_draining(self, server, keep):
-        server.proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + 60
-        while True:  # the drain begins asynchronously: wait for it to show
-            status, body, _ = keep.json("GET", "/readyz")
-            if status == 503:
-                break
-            self.assertLess(time.time(), deadline)
-            time.sleep(0.05)
-        self.assertEqual(body, {"status": "draining"})
-
-    def read_to_the_end(self, server, sock, got):
-        """Reads the stream to its last chunk: all its tokens, then [DONE]; the drain then ends by
-        itself and the server exits 0."""
-        text = http_raw.read_to_end(sock, got)
-        self.assertIn('"finish_reason":"length"', text)
-        self.assertIn("data: [DONE]", text)
-        self.assertEqual(server.proc.wait(timeout=60), 0)
-
-    def test_sigterm_lets_a_stream_finish_and_readiness_says_draining(self):
-        """Regression: once SIGTERM came, new HTTP connections were refused, so a probe on one saw a
-        refused connection instead of 503 "draining"."""
-        server, keep, _, sock, got = self.start()
-        self.sigterm_and_see_draining(server, keep)
-        # A new connection is answered too: not ready, and no new work.
-        fresh = Http(server.http_address)
-        self.assertEqual(fresh.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
-        status, refused, _ = fresh.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
-        self.assertEqual((status, refused["error"]["code"]), (503, "unavailable"), refused)
-        fresh.close()
-        self.assertEqual(keep.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
-        self.assertIsNone(server.proc.poll(), "the drain ended while the stream ran")
-        self.read_to_the_end(server, sock, got)
-
-    def test_the_drain_lasts_until_a_finished_streams_last_byte_is_written(self):
-        """Regression: the drain ended when the stream's job did, while megabytes of its events still
-        waited to be written: the kept-alive connection's next /readyz got no answer and the stream
-        was cut short. Here the stream buffer is large enough that the job ends before the client
-        reads anything."""
-        server, keep, sid, sock, got = self.start("--max_stream_buffer_bytes", str(64 << 20))
-        deadline = time.time() + 120
-        while keep.json("GET", "/v1/sessions/" + sid)[1]["busy"]:  # the job runs to its end
-            self.assertLess(time.time(), deadline, "the stream's job did not end")
-            time.sleep(0.1)
-        self.sigterm_and_see_draining(server, keep)
-        self.assertEqual(keep.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
-        self.assertIsNone(server.proc.poll(), "the drain ended before the stream was written")
-        self.read_to_the_end(server, sock, got)
 
 
 class HttpAuthTest(unittest.TestCase):

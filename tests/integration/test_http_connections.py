@@ -8,7 +8,9 @@ real txl-server with a tiny random model:
   default 1024, so that filling it is cheap; the eviction does not depend on the bound's size;
 - a request's head that takes longer than --http_header_timeout_ms is closed after it, whether it
   trickles in or never starts, while a kept-alive connection may idle longer than that before
-  its next request (the timeout counts from the request's first byte).
+  its next request (the timeout counts from the request's first byte);
+- SIGTERM drains: /readyz turns 503 on open and new connections alike, new work is refused, and a
+  running stream finishes; the drain lasts until its last byte is written (DrainTest).
 
 Run by CTest: /usr/bin/python3 test_http_connections.py --bin-dir BUILD
 """
@@ -16,6 +18,7 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -26,6 +29,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import http_raw  # noqa: E402
 import txl_procs  # noqa: E402
+from http_client import Http  # noqa: E402
 
 ARGS = None
 BOUND = 64
@@ -231,6 +235,80 @@ class HeaderTimeoutTest(unittest.TestCase):
             self.assertEqual((r.status, json.loads(r.read())), (200, {"status": "ok"}))
             time.sleep(1.0)  # twice the header timeout, between requests
         conn.close()
+
+
+class DrainTest(unittest.TestCase):
+    """SIGTERM: /readyz turns 503 on open and new connections for the whole drain, new work is refused,
+    and a running stream finishes; the drain lasts until its last byte is written."""
+
+    def start(self, *flags):
+        """A server with --drain_timeout 120, a kept-alive connection that found it ready, and a
+        streamed completion of 50000 tokens in a session (about 9 MB, more than the socket buffers
+        of about 4 MB) through a small receive buffer, read up to its first event: (server, keep,
+        session id, stream socket, bytes read). Unread, the stream cannot be written out."""
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        model = txl_procs.tiny_model(ARGS.bin_dir, self.tmp.name)
+        server = txl_procs.Server(ARGS.bin_dir, model, "--drain_timeout", "120", "--max_new_tokens", "50000",
+                                  *flags, http=True)
+        self.addCleanup(server.stop, check=False)
+        keep = Http(server.http_address)
+        self.addCleanup(keep.close)
+        self.assertEqual(keep.json("GET", "/readyz")[:2], (200, {"status": "ready"}))
+        status, session, _ = keep.json("POST", "/v1/sessions")
+        request = {"prompt": "abc", "max_tokens": 50000, "stream": True, "session_id": session["id"]}
+        sock, got = http_raw.open_stream(server.http_address, request)
+        self.addCleanup(sock.close)
+        return server, keep, session["id"], sock, got
+
+    def sigterm_and_see_draining(self, server, keep):
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 60
+        while True:  # the drain begins asynchronously: wait for it to show
+            status, body, _ = keep.json("GET", "/readyz")
+            if status == 503:
+                break
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.05)
+        self.assertEqual(body, {"status": "draining"})
+
+    def read_to_the_end(self, server, sock, got):
+        """Reads the stream to its last chunk: all its tokens, then [DONE]; the drain then ends by
+        itself and the server exits 0."""
+        text = http_raw.read_to_end(sock, got)
+        self.assertIn('"finish_reason":"length"', text)
+        self.assertIn("data: [DONE]", text)
+        self.assertEqual(server.proc.wait(timeout=60), 0)
+
+    def test_sigterm_lets_a_stream_finish_and_readiness_says_draining(self):
+        """Regression: once SIGTERM came, new HTTP connections were refused, so a probe on one saw a
+        refused connection instead of 503 "draining"."""
+        server, keep, _, sock, got = self.start()
+        self.sigterm_and_see_draining(server, keep)
+        # A new connection is answered too: not ready, and no new work.
+        fresh = Http(server.http_address)
+        self.assertEqual(fresh.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
+        status, refused, _ = fresh.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+        self.assertEqual((status, refused["error"]["code"]), (503, "unavailable"), refused)
+        fresh.close()
+        self.assertEqual(keep.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
+        self.assertIsNone(server.proc.poll(), "the drain ended while the stream ran")
+        self.read_to_the_end(server, sock, got)
+
+    def test_the_drain_lasts_until_a_finished_streams_last_byte_is_written(self):
+        """Regression: the drain ended when the stream's job did, while megabytes of its events still
+        waited to be written: the kept-alive connection's next /readyz got no answer and the stream
+        was cut short. Here the stream buffer is large enough that the job ends before the client
+        reads anything."""
+        server, keep, sid, sock, got = self.start("--max_stream_buffer_bytes", str(64 << 20))
+        deadline = time.time() + 120
+        while keep.json("GET", "/v1/sessions/" + sid)[1]["busy"]:  # the job runs to its end
+            self.assertLess(time.time(), deadline, "the stream's job did not end")
+            time.sleep(0.1)
+        self.sigterm_and_see_draining(server, keep)
+        self.assertEqual(keep.json("GET", "/readyz")[:2], (503, {"status": "draining"}))
+        self.assertIsNone(server.proc.poll(), "the drain ended before the stream was written")
+        self.read_to_the_end(server, sock, got)
 
 
 if __name__ == "__main__":

@@ -142,18 +142,25 @@ def markdown(result):
     return "\n".join(lines)
 
 
+# The CPU flags that choose a kernel family (model/kernels/cpu_isa.h), as /proc/cpuinfo names them.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+                "amx_tile", "amx_int8")
+
+
 def machine_info():
-    cpu = "unknown"
+    cpu, flags = "unknown", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith("model name") and cpu == "unknown":
                     cpu = line.split(":", 1)[1].strip()
-                    break
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "loadavg_start": list(os.getloadavg())}
+    return {"host": platform.node(), "cpu": cpu, "cpu_flags": [f for f in KERNEL_FLAGS if f in flags],
+            "cpu_isa_cap": os.environ.get("TXL_CPU_ISA", ""), "cpus": os.cpu_count(),
+            "python": sys.version.split()[0], "loadavg_start": list(os.getloadavg())}
 
 
 def check_device(tools, device):
@@ -277,11 +284,13 @@ def main():
     result["machine"]["loadavg_end"] = list(os.getloadavg())
 
     table = markdown(result)
-    header = ("txl-serve benchmarks: device %s, %d threads%s, %s (%s cpus), load average %.1f -> %.1f, %.0f s. "
-              "A and B interleaved; medians of repetitions; absolute figures for reference only." %
-              (args.device, args.threads, ", quick" if args.quick else "", result["machine"]["cpu"],
-               result["machine"]["cpus"], result["machine"]["loadavg_start"][0], result["machine"]["loadavg_end"][0],
-               result["seconds"]))
+    m = result["machine"]
+    header = ("txl-serve benchmarks: device %s, %d threads%s, %s (%s cpus; flags %s%s), load average %.1f -> %.1f, "
+              "%.0f s. A and B interleaved; medians of repetitions; absolute figures for reference only." %
+              (args.device, args.threads, ", quick" if args.quick else "", m["cpu"], m["cpus"],
+               " ".join(m["cpu_flags"]) or "none of the kernels'",
+               ", TXL_CPU_ISA=" + m["cpu_isa_cap"] if m["cpu_isa_cap"] else "", m["loadavg_start"][0],
+               m["loadavg_end"][0], result["seconds"]))
     if warnings:
         header += "\n\nWARNING: " + "\nWARNING: ".join(warnings)
     print("\n" + header + "\n\n" + table + "\n")

@@ -458,6 +458,7 @@ absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
   o->metrics.session_memory_budget = o->table.memory_budget_bytes;
   // What the model runs in, not what the flags asked for (GetModelInfo reports it).
   o->service.dtype = txl::DtypeName(model.dtype());
+  o->service.cpu_family = model.CpuFamily();
   o->service.kv_dtype = txl::DtypeName(model.kv_dtype());
   o->metrics.info = {{"version", "0.1.0"},
                      {"model", o->model.path},

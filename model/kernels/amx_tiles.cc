@@ -4,6 +4,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "model/kernels/cpu_isa.h"
+
 namespace txl {
 
 namespace {
@@ -22,6 +24,7 @@ bool CpuRunsAmx() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     // CPUID.7.0:EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1) || !(d >> 24 & 1)) return false;
+    if (CpuFamilyInUse() != CpuFamily::kAmx) return false;  // TXL_CPU_ISA names a narrower family
     // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM
     // for XFEATURE_XTILEDATA); without it the first tile instruction traps.
     constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;

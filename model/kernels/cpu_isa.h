@@ -13,6 +13,18 @@ namespace txl {
 // kBest: the widest this CPU runs. Tests name the others, so every variant is
 // checked on a CPU that has it.
 enum class KernelIsa { kBest, kPlain, kAvx2, kAvx512 };
+
+// The CPU families the kernels tell apart, narrowest first: each adds
+// instructions to the one before. The environment variable TXL_CPU_ISA
+// (plain, avx2, avx512, avx512_bf16, amx) caps what the kernels use at the
+// family it names, so a wider CPU runs a narrower one's paths: the tests run
+// each family the CPU has. An unknown name is reported once and ignored.
+enum class CpuFamily { kPlain, kAvx2, kAvx512, kAvx512Bf16, kAmx };
+// The widest family this CPU has, capped by TXL_CPU_ISA.
+CpuFamily CpuFamilyInUse();
+// Whether the CPU has it (whatever TXL_CPU_ISA says), and its name.
+bool CpuHasFamily(CpuFamily family);
+const char* CpuFamilyName(CpuFamily family);
 bool CpuRuns(KernelIsa isa);
 // kBest resolved to the widest set this CPU runs; a named set the CPU lacks
 // falls back to that too.

@@ -61,6 +61,8 @@ class IncrementalModel {
       : IncrementalModel(std::move(config), std::move(weights), device, Precision()) {}
   // Names the kernels in use (LanguageModel::KernelPath).
   std::string KernelPath() const;
+  // The CPU kernel family in use (cpu_isa.h; TXL_CPU_ISA caps it); empty off the CPU kernels.
+  std::string CpuFamily() const;
 
   // Advances every input's session (a SessionMemory of this model) by its
   // tokens and returns the last layer's hidden states [sum of token counts,

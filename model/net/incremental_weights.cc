@@ -121,6 +121,10 @@ void IncrementalModel::PrepareWeights() {
   }
 }
 
+std::string IncrementalModel::CpuFamily() const {
+  return device_.is_cpu() && !generic_ ? CpuFamilyName(CpuFamilyInUse()) : "";
+}
+
 std::string IncrementalModel::KernelPath() const {
   std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
   if (generic_) {
@@ -133,7 +137,7 @@ std::string IncrementalModel::KernelPath() const {
     }
     return path;
   }
-  absl::StrAppend(&path, "; decode kernels ", BestIsaName());
+  absl::StrAppend(&path, "; decode kernels ", CpuFamily());
   if (dtype_ == WeightDtype::kFloat32) return absl::StrCat(path, "; prefill products float32");
   absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
   if (!bf16_products_)

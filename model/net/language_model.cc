@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
 }
 
 std::string LanguageModel::KernelPath() const { return model_->KernelPath(); }
+std::string LanguageModel::CpuFamily() const { return model_->CpuFamily(); }
 
 absl::Status LanguageModel::ReserveSessionMemory(int64_t bytes) {
   try {

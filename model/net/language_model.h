@@ -56,6 +56,9 @@ class LanguageModel {
   // start-up log line, e.g. "cpu: avx512 decode, bfloat16 weights via
   // avx512_bf16, amx_bf16 prefill".
   std::string KernelPath() const;
+  // The CPU kernel family the steps use ("avx512_bf16", ...; TXL_CPU_ISA
+  // caps it), for GetModelInfo; empty on a GPU and with --kernels generic.
+  std::string CpuFamily() const;
 
   // mem_len: the session's attention window (>= 1).
   absl::StatusOr<std::unique_ptr<SessionState>> NewSession(int64_t mem_len) const;

@@ -120,6 +120,7 @@ void FillModelInfo(const ServiceCore& core, v1::ModelInfo* out) {
   out->set_device(core.config.device);
   out->set_dtype(core.config.dtype);
   out->set_kv_dtype(core.config.kv_dtype);
+  out->set_cpu_family(core.config.cpu_family);
   out->set_model_path(core.config.model_path);
   out->set_fingerprint(core.engine->fingerprint());
 }

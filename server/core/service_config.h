@@ -19,6 +19,7 @@ struct ServiceConfig {
   // api layer reports them without reaching into model/.
   std::string dtype = "float32";
   std::string kv_dtype = "float32";
+  std::string cpu_family;                       // LanguageModel::CpuFamily
   int64_t max_import_bytes = int64_t{1} << 30;  // ImportSession's data, in all
   // Generate/Converse output a call may hold for a client that reads slower
   // than it is produced; past it the call's session waits (Scheduler::Pause).

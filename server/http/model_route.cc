@@ -27,6 +27,7 @@ void ModelsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, const
                           {"device", m.device()},
                           {"dtype", m.dtype()},
                           {"kv_dtype", m.kv_dtype()},
+                          {"cpu_family", m.cpu_family()},
                           {"fingerprint", m.fingerprint()}}}};
   if (!id.empty()) {
     if (id != s->config.model_name) {

@@ -61,7 +61,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUNDLED = os.path.join(REPO, "model", "bundled", "shakespeare_char.pt")
 HEX32 = re.compile(r"\b[0-9a-f]{32}\b")
 ELLIPSIS = "..."
-SKIP_KEYS = {"created", "lastUsed", "modelPath"}  # times and paths of the machine that wrote the page
+# Times, paths and the CPU kernel family of the machine that wrote the page.
+SKIP_KEYS = {"created", "lastUsed", "modelPath", "cpuFamily"}
 HEALTH = {b"": "UNKNOWN", b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING", b"\x08\x03": "SERVICE_UNKNOWN"}
 
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "model/kernels/amx_product.h"
@@ -171,6 +172,30 @@ TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
       }
     }
   }
+}
+
+// The family in use is the widest the CPU has, or the one TXL_CPU_ISA names
+// (CTest's cpu_* runs set it, only to families this CPU has): every query the
+// kernels make follows it.
+TEST(CpuFamilyTest, TheWidestTheCpuHasUnlessTxlCpuIsaNamesANarrowerOne) {
+  const char* forced = std::getenv("TXL_CPU_ISA");
+  if (forced != nullptr && *forced != '\0') {
+    EXPECT_STREQ(CpuFamilyName(CpuFamilyInUse()), forced);
+  } else {
+    CpuFamily widest = CpuFamily::kPlain;
+    for (CpuFamily f : {CpuFamily::kAvx2, CpuFamily::kAvx512, CpuFamily::kAvx512Bf16, CpuFamily::kAmx}) {
+      if (CpuHasFamily(f)) widest = f;
+    }
+    EXPECT_EQ(CpuFamilyInUse(), widest);
+  }
+  const int in_use = static_cast<int>(CpuFamilyInUse());
+  EXPECT_EQ(CpuRuns(KernelIsa::kAvx512), in_use >= static_cast<int>(CpuFamily::kAvx512));
+  EXPECT_EQ(CpuRuns(KernelIsa::kAvx2), in_use >= static_cast<int>(CpuFamily::kAvx2));
+  EXPECT_EQ(CpuHasAmx(), in_use >= static_cast<int>(CpuFamily::kAmx));
+  EXPECT_EQ(CpuHasBf16Products(), in_use >= static_cast<int>(CpuFamily::kAvx512Bf16));
+  EXPECT_STREQ(IsaName(KernelIsa::kBest), in_use >= static_cast<int>(CpuFamily::kAvx512) ? "avx512"
+                                          : in_use == static_cast<int>(CpuFamily::kAvx2) ? "avx2"
+                                                                                         : "plain");
 }
 
 TEST(DecodeKernelsTest, Bf16RoundsToNearestEvenAsLibtorch) {

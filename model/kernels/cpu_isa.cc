@@ -83,6 +83,16 @@ const char* IsaName(KernelIsa isa) {
   }
 }
 
+bool CpuRunsBf16Dot(KernelIsa isa) {
+#if defined(__clang__)
+  (void)isa;
+  return false;
+#else
+  return ResolveIsa(isa) == KernelIsa::kAvx512 &&
+         static_cast<int>(CpuFamilyInUse()) >= static_cast<int>(CpuFamily::kAvx512Bf16);
+#endif
+}
+
 bool CpuHasAmx() { return Allowed(CpuFamily::kAmx) && CpuHasFamily(CpuFamily::kAmx); }
 
 bool CpuHasBf16Products() {

@@ -39,6 +39,11 @@ bool CpuHasAmx();
 // prefill widens the weights instead.
 bool CpuHasBf16Products();
 
+// The kBits of AVX-512 kernels that also use its bfloat16 dot product
+// (VDPBF16PS, the avx512_bf16 family): wider than 512, so `kBits >= 512`
+// picks the 16-lane bodies.
+constexpr int kBitsAvx512Bf16 = 513;
+
 namespace isa_internal {
 // The entry points, one per set: each is compiled for its set, and `flatten`
 // inlines the kernel's whole body into it (so the shared template bodies get
@@ -56,6 +61,13 @@ template <class Kernel, class... A>
 TXL_ISA_FLATTEN __attribute__((target("avx2,fma"))) void RunAvx2(A&&... a) {
   Kernel::template Run<256>(std::forward<A>(a)...);
 }
+// AVX-512 with its bfloat16 dot product (VDPBF16PS): kBits is
+// kBitsAvx512Bf16. Only the kernels that use the dot product are dispatched
+// here (DispatchBf16Dot); the others take RunAvx512.
+template <class Kernel, class... A>
+TXL_ISA_FLATTEN __attribute__((target("avx512f,avx512bw,avx512bf16"))) void RunAvx512Bf16(A&&... a) {
+  Kernel::template Run<kBitsAvx512Bf16>(std::forward<A>(a)...);
+}
 template <class Kernel, class... A>
 void RunPlain(A&&... a) {
   Kernel::template Run<0>(std::forward<A>(a)...);
@@ -71,6 +83,21 @@ void DispatchIsa(KernelIsa isa, A&&... a) {
     case KernelIsa::kAvx2: return isa_internal::RunAvx2<Kernel>(std::forward<A>(a)...);
     default: return isa_internal::RunPlain<Kernel>(std::forward<A>(a)...);
   }
+}
+
+// Whether DispatchBf16Dot runs the dot product for `isa`: AVX-512 asked
+// for (or kBest), and the family in use has AVX-512-BF16. GCC builds only:
+// clang (the sanitizer builds) has no flatten to carry the target inward.
+bool CpuRunsBf16Dot(KernelIsa isa);
+
+// Runs Kernel::Run<kBitsAvx512Bf16>(a...) where CpuRunsBf16Dot(isa), else
+// as DispatchIsa does.
+template <class Kernel, class... A>
+void DispatchBf16Dot(KernelIsa isa, A&&... a) {
+#if !defined(__clang__)
+  if (CpuRunsBf16Dot(isa)) return isa_internal::RunAvx512Bf16<Kernel>(std::forward<A>(a)...);
+#endif
+  DispatchIsa<Kernel>(isa, std::forward<A>(a)...);
 }
 
 }  // namespace txl

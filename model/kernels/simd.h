@@ -170,6 +170,18 @@ __attribute__((always_inline)) inline void SplitBf16(const Bf16* p, V* even, V* 
   std::memcpy(odd, &o, sizeof(o));
 }
 
+#if !defined(__clang__)
+// VDPBF16PS: per lane, acc += w's bfloat16 pair times x's (one pair, the
+// same in every lane), each product exact in float32, the odd one added
+// first, denormals flushed (as the instruction is specified). Only inside
+// RunAvx512Bf16 (cpu_isa.h), which is compiled for it and inlines it (not
+// always_inline: its callers are not compiled for the target themselves).
+__attribute__((target("avx512f,avx512bf16"))) inline V16 DotBf16Pairs(V16 acc, V16 w, uint32_t x) {
+  const __m512i xs = _mm512_set1_epi32(static_cast<int>(x));
+  return (V16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)w, (__m512bh)xs);
+}
+#endif
+
 __attribute__((always_inline)) inline float Sum8(V8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }

@@ -49,6 +49,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "base/flags_help.h"
+#include "base/malloc_tuning.h"
 #include "bench/engine_bench.h"
 #include "model/net/checkpoint.h"
 #include "model/net/language_model.h"
@@ -67,6 +68,8 @@ ABSL_FLAG(std::string, model, "", "checkpoint for --shape small (default: the bu
 ABSL_FLAG(double, head_scale, 20,
           "--shape wt103: the head projection's scale (1: raw random weights, flat distributions; "
           "20: about the peakedness of a trained model)");
+ABSL_FLAG(int64_t, malloc_keep_bytes, int64_t{256} << 20,
+          "freed memory glibc keeps for reuse, as txl-server's flag of that name (0: glibc's defaults)");
 ABSL_FLAG(int, threads, 2, "intra-op threads (model and bandwidth probe alike)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, kernels, "auto", "auto or generic (libtorch ops, the GPU's code, on a CPU too)");
@@ -263,6 +266,10 @@ int main(int argc, char** argv) {
   RerunWithPassiveWaitPolicy(argv);
   txl::ListOwnFlagsInHelp();
   absl::ParseCommandLine(argc, argv);
+  // As txl-server sets it, so that the figures are the server's.
+  if (absl::Status m = txl::TuneMalloc({1, absl::GetFlag(FLAGS_malloc_keep_bytes)}); !m.ok()) {
+    std::cerr << "warning: " << m.message() << "\n";
+  }
   const std::string shape = absl::GetFlag(FLAGS_shape);
   const std::string device = absl::GetFlag(FLAGS_device);
   const int threads = absl::GetFlag(FLAGS_threads);

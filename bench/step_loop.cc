@@ -15,12 +15,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/flags_help.h"
+#include "base/malloc_tuning.h"
 #include "model/net/language_model.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint (e.g. the base model engine_bench writes; required)");
 ABSL_FLAG(int, sessions, 1, "sessions stepped together");
 ABSL_FLAG(int, mem, 800, "memory positions per session (window mem + 1)");
 ABSL_FLAG(int, steps, 300, "timed steps");
+ABSL_FLAG(int64_t, malloc_keep_bytes, int64_t{256} << 20,
+          "freed memory glibc keeps for reuse, as txl-server's flag of that name (0: glibc's defaults)");
 ABSL_FLAG(int, threads, 2, "intra-op threads");
 ABSL_FLAG(int, prefill, 0, "time prefills of this many tokens (one fresh session each) instead of steps");
 ABSL_FLAG(std::string, dtype, "float32",
@@ -30,6 +33,10 @@ ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 
 int main(int argc, char** argv) {
   txl::ListOwnFlagsInHelp();
   absl::ParseCommandLine(argc, argv);
+  // As txl-server sets it, so that the figures are the server's.
+  if (absl::Status m = txl::TuneMalloc({1, absl::GetFlag(FLAGS_malloc_keep_bytes)}); !m.ok()) {
+    std::cerr << "warning: " << m.message() << "\n";
+  }
   txl::LanguageModelOptions o;
   o.path = absl::GetFlag(FLAGS_model);
   o.threads = absl::GetFlag(FLAGS_threads);

@@ -170,7 +170,8 @@ at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int whi
   const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
   if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
   at::Tensor y;
-  if (w.scalar_type() == at::kBFloat16 && bf16_products_ && !generic_ && isa_ == KernelIsa::kBest && CpuRunsAmx()) {
+  if (w.scalar_type() == at::kBFloat16 && bf16_products_ && !generic_ && isa_ == KernelIsa::kBest &&
+      (CpuRunsAmx() || CpuRunsBf16Dot(isa_))) {
     // On AMX through the decode step's packed panels (amx_product.h), each
     // thread a range of x's rows: float32 in and out, the bias added in the
     // same pass, where oneDNN's product needed conversions on both sides.

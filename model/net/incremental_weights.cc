@@ -145,8 +145,10 @@ std::string IncrementalModel::KernelPath() const {
   const bool amx = CpuRunsAmx() && isa_ == KernelIsa::kBest;
   if (dtype_ == WeightDtype::kBfloat16) {
     absl::StrAppend(&path, amx ? "; several-session and prefill products bfloat16 on AMX tiles"
-                               : "; several-session products bfloat16 inputs, float32 sums (no AMX); prefill "
-                                 "products bfloat16 via AVX-512-BF16 (oneDNN)");
+                           : CpuRunsBf16Dot(isa_)
+                               ? "; several-session and prefill products bfloat16 with VDPBF16PS (AVX-512-BF16)"
+                               : "; several-session products bfloat16 inputs, float32 sums; prefill products "
+                                 "bfloat16 (oneDNN)");
   } else {
     absl::StrAppend(&path, "; prefill products bfloat16 (oneDNN", CpuHasAmx() ? ", AMX)" : ", AVX-512-BF16)");
   }

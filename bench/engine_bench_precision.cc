@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/engine_bench.h"
+#include "model/kernels/cpu_isa.h"
 
 namespace engine_bench {
 
@@ -106,8 +107,13 @@ Row Bench::PrefillRow(LanguageModel* f32, LanguageModel* bf) {
   std::vector<double> p32, pbf;
   Interleave(
       z.reps, [&] { return Prefill(f32); }, [&] { return Prefill(bf); }, &p32, &pbf);
-  Row q4 = Throughput("Q4", absl::StrFormat("prefill of a %d-token input (window %d): bf16 vs float32", prefill, mem),
-                      pbf, p32, 1, 3);
+  // The target: 3x where AMX's tiles run the bfloat16 products, 2.5x on
+  // AVX-512-BF16 (or less) alone.
+  const bool amx = txl::CpuHasAmx();
+  Row q4 = Throughput("Q4",
+                      absl::StrFormat("prefill of a %d-token input (window %d): bf16 vs float32 (%s)", prefill, mem,
+                                      amx ? "AMX" : "no AMX"),
+                      pbf, p32, 1, amx ? 3 : 2.5);
   q4.extra = {{"kernels", bf->KernelPath()}};
   return q4;
 }

@@ -564,7 +564,6 @@ __attribute__((always_inline)) inline void DotPairTile(const Bf16* panel, int64_
   }
   StoreTile<V16, Bf16, W, NV, R>(acc, y, ldy, valid, bias, nullptr, relu);
 }
-#endif
 
 // x's rows as bfloat16 pairs (even column in the low half), `pairs` per
 // row, padded with zeros.
@@ -579,6 +578,7 @@ inline void PairRows(const float* x, int64_t batch, int64_t cols, int64_t pairs,
     }
   }
 }
+#endif
 
 // A panel's first tile streams it from memory, the others find it in cache;
 // those others also fetch the next panel, a share each, so the memory keeps
@@ -608,7 +608,9 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
     thread_local std::vector<uint32_t> pairs;
     ldx = stride / 2;
     pairs.resize(batch * ldx);
+#if !defined(__clang__)
     PairRows(x, batch, cols, ldx, pairs.data());
+#endif
     xp = pairs.data();
   } else if constexpr (kPairs) {
     thread_local std::vector<float> padded;

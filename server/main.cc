@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -650,9 +651,12 @@ int main(int argc, char** argv) {
   // And freed memory kept for reuse: a 2048-token bfloat16 prefill took
   // 690 ms with glibc's defaults, 575 ms with 256 MiB kept (OPTIMISATIONS
   // step 16).
-  if (absl::GetFlag(FLAGS_malloc_arenas) < 0 || absl::GetFlag(FLAGS_malloc_keep_bytes) < 0) {
-    std::cerr << "txl-server: --malloc_arenas and --malloc_keep_bytes must be >= 0" << std::endl;
-    return 2;
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"--malloc_arenas", absl::GetFlag(FLAGS_malloc_arenas)},
+                             {"--malloc_keep_bytes", absl::GetFlag(FLAGS_malloc_keep_bytes)}}) {
+    if (value < 0) {
+      std::cerr << "txl-server: " << name << " must be >= 0, got " << value << std::endl;
+      return 2;
+    }
   }
   if (absl::Status s = txl::TuneMalloc({absl::GetFlag(FLAGS_malloc_arenas), absl::GetFlag(FLAGS_malloc_keep_bytes)});
       !s.ok()) {

@@ -40,6 +40,7 @@ class HelpTest(unittest.TestCase):
         for flag, message in (("--session_memory_budget=-2", "--session_memory_budget >= -1"),
                               ("--gpu_headroom=-5", "--gpu_headroom must be >= 0"),
                               ("--malloc_arenas=-1", "--malloc_arenas must be >= 0"),
+                              ("--malloc_keep_bytes=-1", "--malloc_keep_bytes must be >= 0, got -1"),
                               ("--http_header_timeout_ms=0", "--http_header_timeout_ms must be >= 1, got 0")):
             proc = subprocess.run([server, flag, "--listen=127.0.0.1:0"], capture_output=True, text=True,
                                   timeout=60)

@@ -2,6 +2,7 @@
 // float32 on the same weights and threads, every measurement interleaved:
 // one session (Q1, Q1f, Q5), a 2048-token prefill (Q4), 32 sessions (Q3, Q3f).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,8 +15,45 @@
 #include "absl/strings/str_format.h"
 #include "bench/engine_bench.h"
 #include "model/kernels/cpu_isa.h"
+#include "model/kernels/decode_kernels.h"
 
 namespace engine_bench {
+namespace {
+
+// Q4's ceiling: GFLOP/s of the products a prefill runs (PackedProduct over
+// every panel, each thread a range of x's rows, as IncrementalModel::Product
+// calls it), for a [T, cols] input against a [rows, cols] matrix of `elem`:
+// median of `reps`.
+double ProductGflops(txl::Elem elem, int64_t T, int64_t rows, int64_t cols, int reps) {
+  const at::Tensor x = at::randn({T, cols});
+  const at::Tensor w = elem == txl::Elem::kBf16 ? at::randn({rows, cols}).to(at::kBFloat16) : at::randn({rows, cols});
+  at::Tensor packed = at::empty({txl::PackedSize(rows, cols, elem)}, w.scalar_type());
+  txl::WeightMatrix m;
+  m.data = w.data_ptr();
+  m.elem = elem;
+  m.ld = cols;
+  txl::PackPanels(m, rows, cols, packed.data_ptr());
+  txl::PackedMatrix pm;
+  pm.data = packed.data_ptr();
+  pm.elem = elem;
+  pm.rows = rows;
+  pm.cols = cols;
+  pm.bf16_products = elem == txl::Elem::kBf16 && txl::CpuHasBf16Products();
+  at::Tensor y = at::empty({T, rows});
+  std::vector<double> seconds;
+  for (int r = 0; r <= reps; ++r) {  // the first is a warm-up
+    const auto start = Clock::now();
+    at::parallel_for(0, (T + 15) / 16, 1, [&](int64_t begin, int64_t end) {
+      const int64_t r0 = begin * 16, r1 = std::min(T, end * 16);
+      txl::PackedProduct(pm, x.data_ptr<float>() + r0 * cols, r1 - r0, nullptr, false,
+                         y.data_ptr<float>() + r0 * rows, 0, (rows + txl::kPanel - 1) / txl::kPanel);
+    });
+    if (r > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return 2.0 * T * rows * cols / Median(seconds) / 1e9;
+}
+
+}  // namespace
 
 void Bench::QRows(std::vector<Row>* rows) {
   const Sizes& z = sizes_;
@@ -114,7 +152,18 @@ Row Bench::PrefillRow(LanguageModel* f32, LanguageModel* bf) {
                       absl::StrFormat("prefill of a %d-token input (window %d): bf16 vs float32 (%s)", prefill, mem,
                                       amx ? "AMX" : "no AMX"),
                       pbf, p32, 1, amx ? 3 : 2.5);
-  q4.extra = {{"kernels", bf->KernelPath()}};
+  // The products alone, bfloat16 against float32 on the same kernels: what
+  // the instruction set allows the ratio (on AVX-512-BF16 one VDPBF16PS
+  // does twice the multiply-adds of an FMA; docs/PERFORMANCE.md, "The AMD
+  // EPYC table").
+  const double gbf = ProductGflops(txl::Elem::kBf16, prefill, config_.d_inner, config_.d_model, z.reps);
+  const double g32 = ProductGflops(txl::Elem::kF32, prefill, config_.d_inner, config_.d_model, z.reps);
+  q4.measurement += absl::StrFormat("; the products alone: bf16 %.0f vs float32 %.0f GFLOP/s (%.2fx)", gbf, g32,
+                                    gbf / g32);
+  q4.extra = {{"kernels", bf->KernelPath()},
+              {"product_gflops_bf16", gbf},
+              {"product_gflops_float32", g32},
+              {"product_ratio", gbf / g32}};
   return q4;
 }
 

@@ -410,6 +410,43 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
   }
 }
 
+// From float32 panels: each panel of 64 rows is [cols, 64], so a column
+// step reads one 64-row stripe into 64 / lanes accumulators, and each row's
+// sum runs over the columns in order (PackedProduct's Tile). Rows [begin,
+// end) need not be whole panels: a part-panel reads only the vectors that
+// hold its rows.
+template <typename V, int kIsa>
+__attribute__((always_inline)) inline void GemvPanelBody(const WeightMatrix& wm, const float* x, const float* bias,
+                                                         bool relu, float* y, int64_t cols, int64_t begin,
+                                                         int64_t end) {
+  constexpr int kLanes = sizeof(V) / sizeof(float);
+  constexpr int kVectors = kPanel / kLanes;
+  const float* w = static_cast<const float*>(wm.data);
+  for (int64_t p = begin / kPanel; p * kPanel < end; ++p) {
+    const float* panel = w + p * wm.ld * kPanel;
+    const int64_t lo = std::max(begin, p * kPanel) - p * kPanel, hi = std::min(end, (p + 1) * kPanel) - p * kPanel;
+    const int j0 = static_cast<int>(lo / kLanes), j1 = static_cast<int>((hi + kLanes - 1) / kLanes);
+    V acc[kVectors] = {};
+    if (j0 == 0 && j1 == kVectors) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xv = x[c];
+#pragma GCC unroll 8
+        for (int j = 0; j < kVectors; ++j) acc[j] += LoadAs<V, float, kIsa>(panel + c * kPanel + j * kLanes) * xv;
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xv = x[c];
+        for (int j = j0; j < j1; ++j) acc[j] += LoadAs<V, float, kIsa>(panel + c * kPanel + j * kLanes) * xv;
+      }
+    }
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t r = p * kPanel + i;
+      const float out = bias ? acc[i / kLanes][i % kLanes] + bias[r] : acc[i / kLanes][i % kLanes];
+      y[r] = relu && out < 0 ? 0.0f : out;
+    }
+  }
+}
+
 // The kernels' entry points, one body each for every instruction set
 // (cpu_isa.h). Attend reads head rows in pairs of vectors where dh allows.
 template <typename KT, typename RT>
@@ -428,13 +465,25 @@ struct GemvKernel {
   template <int kBits>
   __attribute__((always_inline)) static void Run(const WeightMatrix& w, const float* x, const float* bias, bool relu,
                                                  float* y, int64_t cols, int64_t b, int64_t e) {
-    GemvBody<std::conditional_t<kBits == 512, V16, V8>, T, kBits>(w, x, bias, relu, y, cols, b, e);
+    using V = std::conditional_t<kBits == 512, V16, V8>;
+    if constexpr (std::is_same_v<T, float>) {
+      if (w.panels) return GemvPanelBody<V, kBits>(w, x, bias, relu, y, cols, b, e);
+    }
+    GemvBody<V, T, kBits>(w, x, bias, relu, y, cols, b, e);
   }
 };
 
 }  // namespace
 
 int64_t ElemBytes(Elem e) { return e == Elem::kF32 ? 4 : e == Elem::kBf16 ? 2 : 1; }
+
+WeightMatrix WeightMatrix::Block(int64_t row, int64_t col) const {
+  WeightMatrix b = *this;
+  const int64_t at = panels ? row * ld + col * kPanel : row * ld + col;  // panels: row / kPanel panels of ld * kPanel
+  b.data = static_cast<const char*>(data) + at * ElemBytes(elem);
+  if (scale != nullptr) b.scale = scale + row;
+  return b;
+}
 
 uint16_t ToBf16(float f) { return RoundBf16(f); }
 
@@ -460,8 +509,8 @@ void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool rel
     case Elem::kI8: return DispatchIsa<GemvKernel<int8_t>>(isa, w, x, bias, relu, y, cols, begin, end);
     default:
       // float32 rows stay on AVX2: measured no faster on AVX-512 (bound by
-      // memory), and its summation order is the one the parity tests pin.
-      if (ResolveIsa(isa) == KernelIsa::kAvx512) isa = KernelIsa::kAvx2;
+      // memory). Panels sum each row in column order whatever the width.
+      if (!w.panels && ResolveIsa(isa) == KernelIsa::kAvx512) isa = KernelIsa::kAvx2;
       return DispatchIsa<GemvKernel<float>>(isa, w, x, bias, relu, y, cols, begin, end);
   }
 }

@@ -31,18 +31,16 @@ uint16_t ToBf16(float f);
 // Rounds n floats to the nearest bfloat16 value, in place.
 void RoundToBf16(float* x, int64_t n);
 
-// A row-major matrix (or the block of one starting at a row and column).
+// The matrix a one-session product reads (or the block of one starting at
+// a row and column): row-major, or float32 packed in panels (PackPanels
+// below), which float32 models keep instead of a second, row-major copy.
 struct WeightMatrix {
   const void* data = nullptr;
   Elem elem = Elem::kF32;
   const float* scale = nullptr;  // int8: one per row, else null
-  int64_t ld = 0;                // row stride, in elements
-  WeightMatrix Block(int64_t row, int64_t col) const {
-    WeightMatrix b = *this;
-    b.data = static_cast<const char*>(data) + (row * ld + col) * ElemBytes(elem);
-    if (scale != nullptr) b.scale = scale + row;
-    return b;
-  }
+  int64_t ld = 0;                // row stride, in elements; panels: the packed matrix's columns
+  bool panels = false;           // float32 only; a block's row is then a multiple of kPanel
+  WeightMatrix Block(int64_t row, int64_t col) const;
 };
 
 // One session's view of one layer's memory.
@@ -80,7 +78,9 @@ void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end
 
 // y[r] = w[r, :cols] . x (+ bias[r]) for rows [begin, end) of w, then
 // max(0, y[r]) when relu; bias may be null. Every weight is read once,
-// streaming: a one-token step is bound by reading its weights.
+// streaming: a one-token step is bound by reading its weights. From panels,
+// each output is summed over the columns in order, as PackedProduct sums it
+// (the same bits for the same columns), on any vector width.
 void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
               int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
 

@@ -242,8 +242,9 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
   at::Tensor x = Embed(c, weights_, at::tensor(flat, at::TensorOptions().dtype(at::kLong))).contiguous();  // [B, d]
 
   // Every layer in one parallel region (decode_step.h). One session's
-  // products read the weights as stored (the fastest one-row read measured,
-  // docs/OPTIMISATIONS.md); several sessions' read the packed weights, streamed
+  // products read bfloat16 and int8 weights row-major (the fastest one-row
+  // read measured, docs/OPTIMISATIONS.md) and float32 ones from the panels
+  // (as fast, and the only copy); several sessions' read the packed weights, streamed
   // once and reused from cache for every session (at::linear would have the
   // BLAS pack the whole matrix on every call). For bfloat16 weights this
   // also beat oneDNN's AMX products at 16, 32 and 64 sessions (step 13
@@ -264,10 +265,10 @@ at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std:
                           batch[b]->length};
     }
     DecodeStepLayer& S = layers[l];
-    S.qkv = P.m[0].Rows();
-    S.o = P.m[1].Rows();
-    S.ff1 = P.m[2].Rows();
-    S.ff2 = P.m[3].Rows();
+    S.qkv = P.m[0].Gemv();
+    S.o = P.m[1].Gemv();
+    S.ff1 = P.m[2].Gemv();
+    S.ff2 = P.m[3].Gemv();
     S.ff1_b = L.ff1_b.data_ptr<float>();
     S.ff2_b = L.ff2_b.data_ptr<float>();
     S.attn_ln_w = L.attn_ln_w.data_ptr<float>();

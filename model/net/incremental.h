@@ -194,19 +194,25 @@ class IncrementalModel {
   // decode_, and Pass takes its tensor-op branches.
   bool generic_;
   bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
-  // Per layer, what the CPU decode step reads: each product matrix as
-  // stored (row-major, of the weight dtype: the one-session products and
-  // the prefill read it) and packed in panels (decode_kernels.h: the
-  // several-session products), and the attention biases as contiguous
-  // [H, dh]. CPU models only (empty otherwise).
+  // Per layer, what the CPU kernels read: each product matrix packed in
+  // panels (decode_kernels.h: the several-session products, the prefill's
+  // where they run on them, and for float32 every product), for bfloat16 and
+  // int8 also row-major (the one-session products and the other prefills),
+  // and the attention biases as contiguous [H, dh]. float32 keeps no
+  // row-major copy: two would hold the weights twice (W5 in
+  // docs/PERFORMANCE.md). CPU models only (empty otherwise).
   struct DecodeMatrix {
-    at::Tensor rows, packed;  // [rows, cols] and PackedSize, of elem
+    at::Tensor rows, packed;  // [n_rows, n_cols] (undefined for float32) and PackedSize, of elem
     at::Tensor scale;         // int8: [rows] float
+    int64_t n_rows = 0, n_cols = 0;
     Elem elem = Elem::kF32;
     bool bf16_products = false;  // PackedMatrix::bf16_products (bfloat16 with bf16_products_)
-    WeightMatrix Rows() const;
+    // What GemvRows reads: the rows, or for float32 the panels.
+    WeightMatrix Gemv() const;
     PackedMatrix Packed() const;
   };
+  // Whether Product runs layer products from the panels (PackedProduct).
+  bool PanelProducts(Elem elem) const;
   struct DecodeLayer {
     DecodeMatrix m[4];  // qkv, o, ff1, ff2
     at::Tensor u, v;

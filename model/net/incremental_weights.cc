@@ -29,12 +29,13 @@ std::pair<at::Tensor, at::Tensor> QuantizeRows(const at::Tensor& w) {
 
 }  // namespace
 
-WeightMatrix IncrementalModel::DecodeMatrix::Rows() const {
+WeightMatrix IncrementalModel::DecodeMatrix::Gemv() const {
   WeightMatrix w;
-  w.data = rows.data_ptr();
+  w.panels = !rows.defined();
+  w.data = w.panels ? packed.data_ptr() : rows.data_ptr();
   w.elem = elem;
   w.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
-  w.ld = rows.size(1);
+  w.ld = n_cols;
   return w;
 }
 
@@ -43,8 +44,8 @@ PackedMatrix IncrementalModel::DecodeMatrix::Packed() const {
   p.data = packed.data_ptr();
   p.elem = elem;
   p.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
-  p.rows = rows.size(0);
-  p.cols = rows.size(1);
+  p.rows = n_rows;
+  p.cols = n_cols;
   p.bf16_products = bf16_products;
   return p;
 }
@@ -80,7 +81,9 @@ void IncrementalModel::PrepareWeights() {
     return;
   }
   // The product matrices in the weight dtype (the float32 originals are
-  // dropped), then the biases; each group in one huge-page arena.
+  // dropped), then the biases; each group in one huge-page arena. float32
+  // matrices are only packed: they stay where the checkpoint put them until
+  // then.
   std::vector<at::Tensor> scales;
   for (LayerWeights& L : weights_.layers) {
     for (int which = 0; which < 4; ++which) {
@@ -99,7 +102,11 @@ void IncrementalModel::PrepareWeights() {
     for (int which = 0; which < 4; ++which) matrices.push_back(MatrixOf(L, which));
     for (at::Tensor* t : {&L.ff1_b, &L.ff2_b}) biases.push_back(t);
   }
-  InHugePages(matrices);  // contiguous from here on: the kernels read them as arrays
+  if (elem != Elem::kF32) {
+    InHugePages(matrices);  // contiguous from here on: the kernels read them as arrays
+  } else {
+    for (at::Tensor* w : matrices) *w = w->contiguous();
+  }
   InHugePages(biases);
   std::vector<std::vector<int64_t>> packed_shapes;
   for (const at::Tensor* w : matrices) packed_shapes.push_back({PackedSize(w->size(0), w->size(1), elem)});
@@ -108,12 +115,16 @@ void IncrementalModel::PrepareWeights() {
     DecodeLayer layer;
     for (int which = 0; which < 4; ++which) {
       DecodeMatrix& m = layer.m[which];
-      m.rows = *matrices[4 * l + which];
+      at::Tensor& w = *matrices[4 * l + which];
+      m.rows = w;
+      m.n_rows = w.size(0);
+      m.n_cols = w.size(1);
       m.packed = packed[4 * l + which];
       m.elem = elem;
       m.bf16_products = elem == Elem::kBf16 && bf16_products_;
       if (elem == Elem::kI8) m.scale = scales[4 * l + which];
-      PackPanels(m.Rows(), m.rows.size(0), m.rows.size(1), m.packed.data_ptr());
+      PackPanels(m.Gemv(), m.n_rows, m.n_cols, m.packed.data_ptr());
+      if (elem == Elem::kF32) m.rows = w = at::Tensor();  // the panels are the only copy
     }
     layer.u = weights_.u(config_, l).contiguous();
     layer.v = weights_.v(config_, l).contiguous();
@@ -138,7 +149,8 @@ std::string IncrementalModel::KernelPath() const {
     return path;
   }
   absl::StrAppend(&path, "; decode kernels ", CpuFamily());
-  if (dtype_ == WeightDtype::kFloat32) return absl::StrCat(path, "; prefill products float32");
+  if (dtype_ == WeightDtype::kFloat32)
+    return absl::StrCat(path, "; weights packed in panels (one copy), every product float32");
   absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
   if (!bf16_products_)
     return absl::StrCat(path, "; prefill products float32 (weights widened per pass: no AVX-512-BF16/AMX)");
@@ -168,28 +180,36 @@ at::Tensor IncrementalModel::AttentionProduct(const at::Tensor& a, const at::Ten
   return at::matmul(AttentionOperand(a), AttentionOperand(b));
 }
 
+bool IncrementalModel::PanelProducts(Elem elem) const {
+  if (generic_) return false;
+  // float32: the panels are the only copy, and on the AMD EPYC they beat
+  // libtorch's product at every length measured (OPTIMISATIONS step 17).
+  // bfloat16: on AMX tiles or with VDPBF16PS, float32 in and out, the bias
+  // added in the same pass, where oneDNN's product needed conversions on
+  // both sides.
+  return elem == Elem::kF32 ||
+         (elem == Elem::kBf16 && bf16_products_ && isa_ == KernelIsa::kBest && (CpuRunsAmx() || CpuRunsBf16Dot(isa_)));
+}
+
 at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const {
-  const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
-  if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
-  at::Tensor y;
-  if (w.scalar_type() == at::kBFloat16 && bf16_products_ && !generic_ && isa_ == KernelIsa::kBest &&
-      (CpuRunsAmx() || CpuRunsBf16Dot(isa_))) {
-    // On AMX through the decode step's packed panels (amx_product.h), each
-    // thread a range of x's rows: float32 in and out, the bias added in the
-    // same pass, where oneDNN's product needed conversions on both sides.
+  if (!generic_ && PanelProducts(decode_[layer].m[which].elem)) {
+    // Each thread a range of x's rows against every panel.
     const PackedMatrix pm = decode_[layer].m[which].Packed();
     const at::Tensor in = x.contiguous();
     const int64_t T = in.size(0), panels = (pm.rows + kPanel - 1) / kPanel;
-    y = at::empty({T, pm.rows}, in.options());
+    at::Tensor y = at::empty({T, pm.rows}, in.options());
     const float* xp = in.data_ptr<float>();
     const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
     at::parallel_for(0, (T + 15) / 16, 1, [&](int64_t begin, int64_t end) {
       const int64_t r0 = begin * 16, r1 = std::min(T, end * 16);
-      PackedProduct(pm, xp + r0 * pm.cols, r1 - r0, b, false, yp + r0 * pm.rows, 0, panels);
+      PackedProduct(pm, xp + r0 * pm.cols, r1 - r0, b, false, yp + r0 * pm.rows, 0, panels, isa_);
     });
     return y;
   }
+  const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
+  if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
+  at::Tensor y;
   if (w.scalar_type() == at::kBFloat16) {
     y = bf16_products_ ? at::linear(x.to(at::kBFloat16), w).to(at::kFloat) : at::linear(x, w.to(at::kFloat));
   } else {  // int8: widened with its scales

@@ -5,6 +5,9 @@
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <fstream>
 #include <memory>
 
 #include "tests/model/model_fixture.h"
@@ -117,6 +120,38 @@ TEST(IncrementalTest, RunsOnTheKernelsTheTestRunAskedFor) {
   IncrementalModel model(c, TestWeights(c, 1), at::kCPU, testing::TestPrecision());
   const bool generic = model.KernelPath().find("generic") != std::string::npos;
   EXPECT_EQ(generic, testing::TestKernels() == Kernels::kGeneric) << model.KernelPath();
+}
+
+// Resident bytes of this process (/proc/self/statm's second field).
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// A float32 model on the CPU kernels keeps its product matrices once, in
+// the packed panels (incremental.h, DecodeMatrix): building it adds about
+// their bytes to the process (less where freed pages are reused), where a
+// row-major copy beside the panels added twice that (W5 in
+// docs/PERFORMANCE.md). The caller's weights stay alive, as the
+// checkpoint's do while the server loads.
+TEST(WeightMemoryTest, Float32ProductsAreHeldOnce) {
+  ModelConfig c = testing::SmallConfig();
+  c.n_layer = 4;
+  c.d_model = 256;
+  c.n_head = 4;
+  c.d_head = 64;
+  c.d_inner = 1024;
+  const TxlWeights w = TestWeights(c, 2);
+  int64_t products = 0;
+  for (const LayerWeights& L : w.layers) {
+    for (const at::Tensor* t : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff2_w}) products += t->numel() * 4;
+  }
+  const int64_t before = ResidentBytes();
+  IncrementalModel model(c, w, at::kCPU, IncrementalModel::Precision());
+  const int64_t added = ResidentBytes() - before;
+  EXPECT_LT(added, products * 3 / 2) << added << " bytes added for " << products << " bytes of product weights";
 }
 
 TEST(IncrementalTest, BatchingDoesNotChangeLogProbs) {

@@ -6,10 +6,14 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "model/kernels/amx_product.h"
 #include "model/kernels/prefill_kernels.h"
 #include "model/net/language_model.h"
@@ -171,6 +175,61 @@ TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
           const int64_t a = cols / 3;
           GemvRows(m.Block(0, a), x.data_ptr<float>() + a, nullptr, false, y.data_ptr<float>(), cols - a, 0, rows, isa);
           EXPECT_LT(MaxAbsDiff(y, at::mv(w.exact.slice(1, a), x.slice(0, a))), tol) << "block " << Name(elem);
+        }
+      }
+    }
+  }
+}
+
+// float32 models keep their weights only in panels (incremental.h,
+// DecodeMatrix): one session's products read them in row ranges that need
+// not be whole panels (a thread's heads) and in blocks of columns (its share
+// of the output projection). Each row sums its columns in order, as the
+// packed product does: the same bits.
+TEST(DecodeKernelsTest, GemvFromPanelsSumsAsThePackedProduct) {
+  at::manual_seed(6);
+  for (KernelIsa isa : IsasHere()) {
+    for (int64_t rows : {1, 5, 64, 130, 200}) {
+      for (int64_t cols : {1, 7, 64, 203}) {
+        const at::Tensor w = at::randn({rows, cols});
+        at::Tensor packed = at::zeros({PackedSize(rows, cols, Elem::kF32)});
+        WeightMatrix stored;
+        stored.data = w.data_ptr();
+        stored.ld = cols;
+        PackPanels(stored, rows, cols, packed.data_ptr());
+        WeightMatrix m;
+        m.data = packed.data_ptr();
+        m.ld = cols;
+        m.panels = true;
+        PackedMatrix pm;
+        pm.data = packed.data_ptr();
+        pm.rows = rows;
+        pm.cols = cols;
+        at::Tensor x = at::randn({cols}), bias = at::randn({rows});
+        const std::string where = absl::StrCat("isa ", static_cast<int>(isa), " rows ", rows, " cols ", cols);
+        for (bool relu : {false, true}) {
+          at::Tensor y = at::full({rows}, 1e9), want = at::full({rows}, 1e9);
+          const int64_t a = rows / 3, b = 2 * rows / 3 + 1;  // three ranges, ends inside panels
+          for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, a}, {a, std::min(b, rows)}, {std::min(b, rows), rows}}) {
+            GemvRows(m, x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(), cols, r0, r1, isa);
+          }
+          PackedProduct(pm, x.data_ptr<float>(), 1, bias.data_ptr<float>(), relu, want.data_ptr<float>(), 0,
+                        (rows + kPanel - 1) / kPanel, isa);
+          EXPECT_TRUE(at::equal(y, want)) << where << " relu " << relu;
+          const at::Tensor exact = at::addmv(bias, w, x);
+          EXPECT_LT(MaxAbsDiff(y, relu ? at::relu(exact) : exact), 1e-4 * (1 + std::sqrt(cols))) << where;
+        }
+        // Columns [c, cols) of every row, as a block (a thread's share).
+        const int64_t c = cols / 3;
+        at::Tensor y = at::full({rows}, 1e9);
+        GemvRows(m.Block(0, c), x.data_ptr<float>() + c, nullptr, false, y.data_ptr<float>(), cols - c, 0, rows, isa);
+        EXPECT_LT(MaxAbsDiff(y, at::mv(w.slice(1, c), x.slice(0, c))), 1e-4 * (1 + std::sqrt(cols))) << where;
+        if (rows > kPanel) {  // a block from the second panel on
+          at::Tensor z = at::full({rows - kPanel}, 1e9);
+          GemvRows(m.Block(kPanel, c), x.data_ptr<float>() + c, nullptr, false, z.data_ptr<float>(), cols - c, 0,
+                   rows - kPanel, isa);
+          EXPECT_LT(MaxAbsDiff(z, at::mv(w.slice(0, kPanel).slice(1, c), x.slice(0, c))), 1e-4 * (1 + std::sqrt(cols)))
+              << where;
         }
       }
     }

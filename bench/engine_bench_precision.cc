@@ -22,31 +22,37 @@ namespace {
 
 // Q4's ceiling: GFLOP/s of the products a prefill runs (PackedProduct over
 // every panel, each thread a range of x's rows, as IncrementalModel::Product
-// calls it), for a [T, cols] input against a [rows, cols] matrix of `elem`:
-// median of `reps`.
+// calls it), for a [T, cols] input against a [rows, cols] matrix of `elem`
+// (int8: as int8 products where the CPU runs them): median of `reps`.
 double ProductGflops(txl::Elem elem, int64_t T, int64_t rows, int64_t cols, int reps) {
   const at::Tensor x = at::randn({T, cols});
-  const at::Tensor w = elem == txl::Elem::kBf16 ? at::randn({rows, cols}).to(at::kBFloat16) : at::randn({rows, cols});
+  const at::Tensor w = elem == txl::Elem::kBf16 ? at::randn({rows, cols}).to(at::kBFloat16)
+                       : elem == txl::Elem::kI8 ? at::randint(-127, 128, {rows, cols}, at::kChar)
+                                                : at::randn({rows, cols});
+  const at::Tensor scale = at::full({rows}, 0.01f);
   at::Tensor packed = at::empty({txl::PackedSize(rows, cols, elem)}, w.scalar_type());
   txl::WeightMatrix m;
   m.data = w.data_ptr();
   m.elem = elem;
   m.ld = cols;
-  txl::PackPanels(m, rows, cols, packed.data_ptr());
+  const bool int8_products = elem == txl::Elem::kI8 && txl::CpuRunsInt8Dot(txl::KernelIsa::kBest);
+  txl::PackPanels(m, rows, cols, packed.data_ptr(), int8_products);
   txl::PackedMatrix pm;
   pm.data = packed.data_ptr();
   pm.elem = elem;
+  pm.scale = scale.data_ptr<float>();
   pm.rows = rows;
   pm.cols = cols;
   pm.bf16_products = elem == txl::Elem::kBf16 && txl::CpuHasBf16Products();
+  pm.int8_products = int8_products;
   at::Tensor y = at::empty({T, rows});
   std::vector<double> seconds;
   for (int r = 0; r <= reps; ++r) {  // the first is a warm-up
     const auto start = Clock::now();
     at::parallel_for(0, (T + 15) / 16, 1, [&](int64_t begin, int64_t end) {
       const int64_t r0 = begin * 16, r1 = std::min(T, end * 16);
-      txl::PackedProduct(pm, x.data_ptr<float>() + r0 * cols, r1 - r0, nullptr, false,
-                         y.data_ptr<float>() + r0 * rows, 0, (rows + txl::kPanel - 1) / txl::kPanel);
+      txl::PackedProduct(pm, x.data_ptr<float>() + r0 * cols, r1 - r0, nullptr, false, y.data_ptr<float>() + r0 * rows,
+                         0, (rows + txl::kPanel - 1) / txl::kPanel);
     });
     if (r > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
@@ -158,11 +164,14 @@ Row Bench::PrefillRow(LanguageModel* f32, LanguageModel* bf) {
   // EPYC table").
   const double gbf = ProductGflops(txl::Elem::kBf16, prefill, config_.d_inner, config_.d_model, z.reps);
   const double g32 = ProductGflops(txl::Elem::kF32, prefill, config_.d_inner, config_.d_model, z.reps);
-  q4.measurement += absl::StrFormat("; the products alone: bf16 %.0f vs float32 %.0f GFLOP/s (%.2fx)", gbf, g32,
-                                    gbf / g32);
+  const double gi8 = ProductGflops(txl::Elem::kI8, prefill, config_.d_inner, config_.d_model, z.reps);
+  q4.measurement += absl::StrFormat("; the products alone: bf16 %.0f vs float32 %.0f GFLOP/s (%.2fx; int8 %.0f)", gbf,
+                                    g32, gbf / g32, gi8);
   q4.extra = {{"kernels", bf->KernelPath()},
               {"product_gflops_bf16", gbf},
               {"product_gflops_float32", g32},
+              {"product_gflops_int8", gi8},
+              {"int8_products", txl::CpuRunsInt8Dot(txl::KernelIsa::kBest)},
               {"product_ratio", gbf / g32}};
   return q4;
 }

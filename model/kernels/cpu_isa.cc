@@ -93,6 +93,8 @@ bool CpuRunsBf16Dot(KernelIsa isa) {
 #endif
 }
 
+bool CpuRunsInt8Dot(KernelIsa isa) { return CpuRunsBf16Dot(isa) && Leaf7(0, 2, 11); }  // ECX 11: AVX512_VNNI
+
 bool CpuHasAmx() { return Allowed(CpuFamily::kAmx) && CpuHasFamily(CpuFamily::kAmx); }
 
 bool CpuHasBf16Products() {

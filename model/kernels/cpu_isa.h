@@ -43,6 +43,8 @@ bool CpuHasBf16Products();
 // (VDPBF16PS, the avx512_bf16 family): wider than 512, so `kBits >= 512`
 // picks the 16-lane bodies.
 constexpr int kBitsAvx512Bf16 = 513;
+// ... and of those that use VNNI's byte dot product (VPDPBUSD).
+constexpr int kBitsAvx512Vnni = 514;
 
 namespace isa_internal {
 // The entry points, one per set: each is compiled for its set, and `flatten`
@@ -67,6 +69,12 @@ TXL_ISA_FLATTEN __attribute__((target("avx2,fma"))) void RunAvx2(A&&... a) {
 template <class Kernel, class... A>
 TXL_ISA_FLATTEN __attribute__((target("avx512f,avx512bw,avx512bf16"))) void RunAvx512Bf16(A&&... a) {
   Kernel::template Run<kBitsAvx512Bf16>(std::forward<A>(a)...);
+}
+// AVX-512 with VNNI's byte dot product: kBits is kBitsAvx512Vnni
+// (DispatchInt8Dot).
+template <class Kernel, class... A>
+TXL_ISA_FLATTEN __attribute__((target("avx512f,avx512bw,avx512vnni"))) void RunAvx512Vnni(A&&... a) {
+  Kernel::template Run<kBitsAvx512Vnni>(std::forward<A>(a)...);
 }
 template <class Kernel, class... A>
 void RunPlain(A&&... a) {
@@ -99,6 +107,12 @@ void DispatchBf16Dot(KernelIsa isa, A&&... a) {
 #endif
   DispatchIsa<Kernel>(isa, std::forward<A>(a)...);
 }
+
+// Whether int8 products may run VPDPBUSD for `isa`: as CpuRunsBf16Dot,
+// and the CPU has AVX-512-VNNI. Every CPU with AVX-512-BF16 has it (Cooper
+// Lake, Sapphire Rapids, Zen 4 and 5); one with VNNI alone (Cascade Lake,
+// Ice Lake) is the avx512 family and widens int8 instead.
+bool CpuRunsInt8Dot(KernelIsa isa);
 
 }  // namespace txl
 

@@ -90,15 +90,21 @@ void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool rel
 // cache for every input row. (A BLAS packs the whole matrix on every call.)
 // bfloat16 panels hold columns in pairs, [stride / 2, kPanel, 2]: the weight
 // operand of AMX's bfloat16 tiles as it is, and on other CPUs one load
-// splits into the even and the odd column (SplitBf16).
+// splits into the even and the odd column (SplitBf16). int8 panels for
+// int8 products (VPDPBUSD) hold columns in quads, [stride / 4, kPanel, 4],
+// each weight plus 128 as an unsigned byte (the instruction's unsigned
+// operand).
 inline constexpr int64_t kPanel = 64;
-// Columns a panel holds: cols, and for bfloat16 rounded up to a multiple of
-// 32 (whole AMX tiles), the rest zero.
-inline int64_t PanelStride(int64_t cols, Elem elem) { return elem == Elem::kBf16 ? (cols + 31) / 32 * 32 : cols; }
+// Columns a panel holds: cols, rounded up to a multiple of 32 for bfloat16
+// (whole AMX tiles) and of 4 for int8 (whole quads), the rest zero.
+inline int64_t PanelStride(int64_t cols, Elem elem) {
+  return elem == Elem::kBf16 ? (cols + 31) / 32 * 32 : elem == Elem::kI8 ? (cols + 3) / 4 * 4 : cols;
+}
 // Elements of w [rows, cols] of elem packed: rows rounded up to whole panels.
 int64_t PackedSize(int64_t rows, int64_t cols, Elem elem);
-// Packs w (its elem; int8 keeps w.scale, which PackedMatrix shares).
-void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed);
+// Packs w (its elem; int8 keeps w.scale, which PackedMatrix shares), int8
+// in quads where int8_products (PackedMatrix::int8_products).
+void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed, bool int8_products = false);
 
 struct PackedMatrix {
   const void* data = nullptr;
@@ -111,6 +117,11 @@ struct PackedMatrix {
   // agree to summation order). False: x stays float32 and the weights are
   // widened (CPUs without bfloat16 products).
   bool bf16_products = false;
+  // int8 only, packed in quads (CpuRunsInt8Dot): x is quantized to int8 per
+  // row (scale max|x| / 127, rounded to nearest) and each row's products are
+  // integer dot products (VPDPBUSD), exact in int32, scaled once at the end.
+  // False: x stays float32 and the weights are widened.
+  bool int8_products = false;
 };
 // y[m, r] = x[m, :] . w[r, :] (+ bias[r]) for m < batch and the rows r of
 // panels [begin, end), then max(0, y) when relu; x is [batch, cols], y is

@@ -3,7 +3,9 @@
 // rows on AMX or AVX-512-BF16) against weights packed in panels, each
 // streamed once and reused from cache for every row.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -164,6 +166,123 @@ inline void PairRows(const float* x, int64_t batch, int64_t cols, int64_t pairs,
 }
 #endif
 
+// int8 products quantize x in blocks of this many columns, each with its
+// own scale: one per row let a single large activation (a ReLU's output
+// feeding ff2) coarsen the whole row, and a step of several sessions then
+// moved log-probabilities by up to 0.08 from each session stepped alone.
+constexpr int64_t kQuantBlock = 32;
+constexpr int64_t kBlockQuads = kQuantBlock / 4;
+
+#if !defined(__clang__)
+// The tile of an int8 panel of column quads with VPDPBUSD
+// (kBitsAvx512Vnni): x as signed bytes, `quads` words per row (ldx), its
+// scales and offsets per block (ldb per row). Each block's sums are exact
+// in int32; the weights are stored plus 128, so a block's sum holds 128
+// times the sum of its x bytes (the offset), taken off before its scale:
+// y = w_scale * sum over blocks of (sum - offset) * x_scale.
+template <int R>
+__attribute__((always_inline)) inline void QuadTile(const uint8_t* panel, int64_t quads, const uint32_t* x, int64_t ldx,
+                                                    const float* x_scale, const int32_t* offset, int64_t ldb, float* y,
+                                                    int64_t ldy, int64_t valid, const float* bias, const float* scale,
+                                                    bool relu, const char* prefetch, int64_t lines) {
+  constexpr int W = 16, NV = 4;
+  V16 acc[R][NV] = {};
+  const int64_t per_k = (lines + quads - 1) / quads;
+  int64_t line = 0;
+  for (int64_t k0 = 0, block = 0; k0 < quads; k0 += kBlockQuads, ++block) {
+    I32x16 sums[R][NV] = {};
+    for (int64_t k = k0; k < std::min(quads, k0 + kBlockQuads); ++k) {
+      FetchShare(prefetch, per_k, lines, line);
+      const uint8_t* w = panel + 4 * k * kPanel;
+      I32x16 wv[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) std::memcpy(&wv[j], w + 4 * j * W, sizeof(I32x16));
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        const uint32_t xi = x[i * ldx + k];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) sums[i][j] = DotU8S8Quads(sums[i][j], wv[j], xi);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const int32_t off = offset[i * ldb + block];
+      const float xs = x_scale[i * ldb + block];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] += __builtin_convertvector(sums[i][j] - off, V16) * xs;
+    }
+  }
+  StoreTile<V16, int8_t, W, NV, R>(acc, y, ldy, valid, bias, scale, relu);
+}
+#endif
+
+// x's rows quantized for QuadTile: per block of kQuantBlock columns the
+// scale max|x| / 127 (NaN where the block holds a NaN or an infinity, so
+// that the outputs are NaN as float32 sums would make them), the bytes
+// round(x / scale) in `quads` words per row (zeros past cols), and 128
+// times the block's bytes summed; `blocks` per row.
+inline void QuantizeRows(const float* x, int64_t batch, int64_t cols, int64_t quads, int64_t blocks, uint32_t* out,
+                         float* x_scale, int32_t* offset) {
+  for (int64_t m = 0; m < batch; ++m) {
+    const float* in = x + m * cols;
+    int8_t* bytes = reinterpret_cast<int8_t*>(out + m * quads);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = b * kQuantBlock, c1 = std::min(cols, c0 + kQuantBlock),
+                    c2 = std::min(4 * quads, c0 + kQuantBlock);
+      float most = 0;
+      bool finite = true;
+      for (int64_t c = c0; c < c1; ++c) {
+        finite = finite && std::isfinite(in[c]);
+        most = std::max(most, std::fabs(in[c]));
+      }
+      const float inverse = finite && most > 0 ? 127.0f / most : 0.0f;
+      int32_t sum = 0;
+      for (int64_t c = c0; c < c2; ++c) {
+        const int32_t q = c < c1 ? static_cast<int32_t>(std::nearbyint(in[c] * inverse)) : 0;
+        bytes[c] = static_cast<int8_t>(std::clamp(q, -127, 127));
+        sum += bytes[c];
+      }
+      x_scale[m * blocks + b] = finite ? most / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      offset[m * blocks + b] = 128 * sum;
+    }
+  }
+}
+
+// Int8 quads where VPDPBUSD does not run (a narrower isa asked for, or a
+// clang build): the same quantized x, the same exact integer sums per
+// block, one product at a time; only the float sums of the blocks may
+// round differently (a fused multiply-add there).
+void QuadsByBytes(const PackedMatrix& pm, const float* x, int64_t batch, const float* bias, bool relu, float* y,
+                  int64_t begin, int64_t end) {
+  const int64_t stride = PanelStride(pm.cols, pm.elem), quads = stride / 4;
+  const int64_t blocks = (quads + kBlockQuads - 1) / kBlockQuads;
+  std::vector<uint32_t> xq(batch * quads);
+  std::vector<float> x_scale(batch * blocks);
+  std::vector<int32_t> offset(batch * blocks);
+  QuantizeRows(x, batch, pm.cols, quads, blocks, xq.data(), x_scale.data(), offset.data());
+  const uint8_t* packed = static_cast<const uint8_t*>(pm.data);
+  for (int64_t p = begin; p < end; ++p) {
+    const uint8_t* panel = packed + p * stride * kPanel;
+    for (int64_t j = 0; j < kPanel && p * kPanel + j < pm.rows; ++j) {
+      const int64_t r = p * kPanel + j;
+      for (int64_t m = 0; m < batch; ++m) {
+        const int8_t* xb = reinterpret_cast<const int8_t*>(xq.data() + m * quads);
+        float acc = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          int32_t sum = 0;
+          for (int64_t k = b * kQuantBlock; k < std::min(stride, (b + 1) * kQuantBlock); ++k) {
+            sum += panel[(k / 4 * kPanel + j) * 4 + k % 4] * xb[k];
+          }
+          acc += static_cast<float>(sum - offset[m * blocks + b]) * x_scale[m * blocks + b];
+        }
+        float out = acc * pm.scale[r];
+        if (bias) out += bias[r];
+        y[m * pm.rows + r] = relu && out < 0 ? 0.0f : out;
+      }
+    }
+  }
+}
+
 // A panel's first tile streams it from memory, the others find it in cache;
 // those others also fetch the next panel, a share each, so the memory keeps
 // streaming while they compute.
@@ -185,10 +304,28 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
   // bfloat16 products.
   constexpr bool kDot = kIsa == kBitsAvx512Bf16;
   static_assert(!kDot || kPairs, "the dot product is for bfloat16 pairs");
+  constexpr bool kQuads = kIsa == kBitsAvx512Vnni;
+  static_assert(!kQuads || std::is_same_v<T, int8_t>, "the byte dot product is for int8 quads");
   const float* xs = x;
   int64_t ldx = cols;
-  [[maybe_unused]] const uint32_t* xp = nullptr;  // kDot: x as pairs
-  if constexpr (kDot) {
+  [[maybe_unused]] const uint32_t* xp = nullptr;  // kDot: x as pairs; kQuads: as quads of bytes
+  [[maybe_unused]] const float* x_scale = nullptr;
+  [[maybe_unused]] const int32_t* x_offset = nullptr;
+  [[maybe_unused]] int64_t blocks = 0;  // kQuads: x's scales per row
+  if constexpr (kQuads) {
+    thread_local std::vector<uint32_t> quads;
+    thread_local std::vector<float> scales;
+    thread_local std::vector<int32_t> offsets;
+    ldx = stride / 4;
+    blocks = (ldx + kBlockQuads - 1) / kBlockQuads;
+    quads.resize(batch * ldx);
+    scales.resize(batch * blocks);
+    offsets.resize(batch * blocks);
+    QuantizeRows(x, batch, cols, ldx, blocks, quads.data(), scales.data(), offsets.data());
+    xp = quads.data();
+    x_scale = scales.data();
+    x_offset = offsets.data();
+  } else if constexpr (kDot) {
     thread_local std::vector<uint32_t> pairs;
     ldx = stride / 2;
     pairs.resize(batch * ldx);
@@ -226,10 +363,15 @@ __attribute__((always_inline)) inline void ProductBody(const PackedMatrix& pm, c
           pf = next + 64 * from;
           lines = to - from;
         }
-        const T* ps = panel + (kPairs ? 2 * sub : sub);
+        const T* ps = panel + (kPairs ? 2 * sub : kQuads ? 4 * sub : sub);
         auto tile = [&](auto rows_here) {
           constexpr int kR = decltype(rows_here)::value;
-          if constexpr (kDot) {
+          if constexpr (kQuads) {
+#if !defined(__clang__)
+            QuadTile<kR>(reinterpret_cast<const uint8_t*>(ps), stride / 4, xp + m * ldx, ldx, x_scale + m * blocks,
+                         x_offset + m * blocks, blocks, ym, rows, valid, b, sc, relu, pf, lines);
+#endif
+          } else if constexpr (kDot) {
 #if !defined(__clang__)
             DotPairTile<kR>(ps, stride / 2, xp + m * ldx, ldx, ym, rows, valid, b, relu, pf, lines);
 #endif
@@ -276,31 +418,40 @@ int64_t PackedSize(int64_t rows, int64_t cols, Elem elem) {
 
 namespace {
 // Panel p holds rows [p * kPanel, +kPanel) of w; element (row r, column k)
-// at k * kPanel + j (j = r - p * kPanel), or for pairs at
-// (k / 2 * kPanel + j) * 2 + k % 2. Rows and columns past the end are zero.
-template <typename T, bool kPairs>
-void PackTyped(const WeightMatrix& w, int64_t rows, int64_t cols, void* out) {
+// at k * kPanel + j (j = r - p * kPanel), or in groups of G columns (pairs,
+// quads) at (k / G * kPanel + j) * G + k % G. Rows and columns past the end
+// are zero; `offset` is added to every element (int8 quads: 128, making the
+// bytes unsigned).
+template <typename T, int G>
+void PackTyped(const WeightMatrix& w, int64_t rows, int64_t cols, Elem elem, int offset, void* out) {
   const T* src = static_cast<const T*>(w.data);
   T* packed = static_cast<T*>(out);
-  const int64_t stride = PanelStride(cols, kPairs ? Elem::kBf16 : Elem::kF32);
+  const int64_t stride = PanelStride(cols, elem);
   for (int64_t p = 0; p * kPanel < rows; ++p) {
     T* panel = packed + p * stride * kPanel;
     for (int64_t k = 0; k < stride; ++k) {
       for (int64_t j = 0; j < kPanel; ++j) {
         const int64_t r = p * kPanel + j;
-        const int64_t at = kPairs ? (k / 2 * kPanel + j) * 2 + k % 2 : k * kPanel + j;
-        panel[at] = r < rows && k < cols ? src[r * w.ld + k] : T{};
+        const int64_t at = (k / G * kPanel + j) * G + k % G;
+        const T v = r < rows && k < cols ? src[r * w.ld + k] : T{};
+        if constexpr (std::is_same_v<T, int8_t>) {
+          panel[at] = static_cast<T>(static_cast<uint8_t>(v + offset));
+        } else {
+          panel[at] = v;
+        }
       }
     }
   }
 }
 }  // namespace
 
-void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed) {
+void PackPanels(const WeightMatrix& w, int64_t rows, int64_t cols, void* packed, bool int8_products) {
   switch (w.elem) {
-    case Elem::kBf16: return PackTyped<Bf16, true>(w, rows, cols, packed);
-    case Elem::kI8: return PackTyped<int8_t, false>(w, rows, cols, packed);
-    default: return PackTyped<float, false>(w, rows, cols, packed);
+    case Elem::kBf16: return PackTyped<Bf16, 2>(w, rows, cols, w.elem, 0, packed);
+    case Elem::kI8:
+      if (int8_products) return PackTyped<int8_t, 4>(w, rows, cols, w.elem, 128, packed);
+      return PackTyped<int8_t, 1>(w, rows, cols, w.elem, 0, packed);
+    default: return PackTyped<float, 1>(w, rows, cols, w.elem, 0, packed);
   }
 }
 
@@ -316,7 +467,16 @@ void PackedProduct(const PackedMatrix& w, const float* x, int64_t batch, const f
       // VDPBF16PS where the CPU has it and x is rounded anyway (bfloat16 products).
       if (w.bf16_products) return DispatchBf16Dot<ProductKernel<Bf16>>(isa, w, x, batch, bias, relu, y, begin, end);
       return DispatchIsa<ProductKernel<Bf16>>(isa, w, x, batch, bias, relu, y, begin, end);
-    case Elem::kI8: return DispatchIsa<ProductKernel<int8_t>>(isa, w, x, batch, bias, relu, y, begin, end);
+    case Elem::kI8:
+      if (w.int8_products) {
+#if !defined(__clang__)
+        if (CpuRunsInt8Dot(isa)) {
+          return isa_internal::RunAvx512Vnni<ProductKernel<int8_t>>(w, x, batch, bias, relu, y, begin, end);
+        }
+#endif
+        return QuadsByBytes(w, x, batch, bias, relu, y, begin, end);
+      }
+      return DispatchIsa<ProductKernel<int8_t>>(isa, w, x, batch, bias, relu, y, begin, end);
     default: return DispatchIsa<ProductKernel<float>>(isa, w, x, batch, bias, relu, y, begin, end);
   }
 }

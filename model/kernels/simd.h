@@ -180,6 +180,15 @@ __attribute__((target("avx512f,avx512bf16"))) inline V16 DotBf16Pairs(V16 acc, V
   const __m512i xs = _mm512_set1_epi32(static_cast<int>(x));
   return (V16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)w, (__m512bh)xs);
 }
+
+typedef int32_t I32x16 __attribute__((vector_size(64)));
+// VPDPBUSD: per lane, acc += the four unsigned bytes of w times the four
+// signed bytes of x (the same in every lane), exact in int32. Only inside
+// RunAvx512Vnni (cpu_isa.h), as DotBf16Pairs.
+__attribute__((target("avx512f,avx512vnni"))) inline I32x16 DotU8S8Quads(I32x16 acc, I32x16 w, uint32_t x) {
+  const __m512i xs = _mm512_set1_epi32(static_cast<int>(x));
+  return (I32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)w, xs);
+}
 #endif
 
 __attribute__((always_inline)) inline float Sum8(V8 v) {

@@ -45,8 +45,9 @@ class IncrementalModel {
     // Prefill products of bfloat16 / int8 weights run as bfloat16 matrix
     // products (oneDNN: AMX tiles or AVX-512-BF16) where the CPU has them,
     // and so do the several-session decode products of bfloat16 weights
-    // (vdpbf16ps); false, or a CPU without them, widens the weights to
-    // float32 per pass and keeps the activations float32.
+    // (vdpbf16ps), and int8 weights' as int8 products (VPDPBUSD, where the
+    // CPU runs CpuRunsInt8Dot); false, or a CPU without them, widens the
+    // weights to float32 per pass and keeps the activations float32.
     bool bf16_products = true;
     // kGeneric: libtorch's ops, as on a GPU, on a CPU too (precision.h).
     Kernels kernels = Kernels::kAuto;
@@ -207,6 +208,7 @@ class IncrementalModel {
     int64_t n_rows = 0, n_cols = 0;
     Elem elem = Elem::kF32;
     bool bf16_products = false;  // PackedMatrix::bf16_products (bfloat16 with bf16_products_)
+    bool int8_products = false;  // PackedMatrix::int8_products (int8 where CpuRunsInt8Dot(isa_))
     // What GemvRows reads: the rows, or for float32 the panels.
     WeightMatrix Gemv() const;
     PackedMatrix Packed() const;

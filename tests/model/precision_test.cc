@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/net/checkpoint.h"
@@ -33,15 +35,20 @@ struct Mode {
   WeightDtype dtype;
   KvDtype kv;
   // Largest |log-prob difference| from float32 on the random test models
-  // (init 0.15: sharper than trained models) and between chunkings.
-  double vs_float32, chunking;
+  // (init 0.15: sharper than trained models), between chunkings, and
+  // between a session stepped with others and alone. Where VPDPBUSD runs,
+  // int8's prefill and several-session products quantize their inputs
+  // (PackedMatrix::int8_products) and one session's step does not, which
+  // moved these models by up to 0.06; on the bundled model the bits per
+  // character moved by 0.02% (QualityGateTest).
+  double vs_float32, chunking, batching;
 };
 
 const Mode kModes[] = {
-    {"f32 weights, bf16 memories", WeightDtype::kFloat32, KvDtype::kBfloat16, 0.05, 0.02},
-    {"bf16 weights, f32 memories", WeightDtype::kBfloat16, KvDtype::kFloat32, 0.1, 0.05},
-    {"bf16 weights, bf16 memories", WeightDtype::kBfloat16, KvDtype::kBfloat16, 0.1, 0.05},
-    {"int8 weights, bf16 memories", WeightDtype::kInt8, KvDtype::kBfloat16, 0.2, 0.05},
+    {"f32 weights, bf16 memories", WeightDtype::kFloat32, KvDtype::kBfloat16, 0.05, 0.02, 0.02},
+    {"bf16 weights, f32 memories", WeightDtype::kBfloat16, KvDtype::kFloat32, 0.1, 0.05, 0.05},
+    {"bf16 weights, bf16 memories", WeightDtype::kBfloat16, KvDtype::kBfloat16, 0.1, 0.05, 0.05},
+    {"int8 weights, bf16 memories", WeightDtype::kInt8, KvDtype::kBfloat16, 0.2, 0.1, 0.1},
 };
 
 Precision PrecisionOf(const Mode& m) {
@@ -151,7 +158,7 @@ TEST_P(PrecisionTest, ManySessionsAgreeWithEachAlone) {
         worst = std::max(worst, MaxAbsDiff(batch.slice(0, i, i + 1), one));
       }
     }
-    EXPECT_LT(worst, mode.chunking) << mode.name;
+    EXPECT_LT(worst, mode.batching) << mode.name;
   }
 }
 
@@ -259,29 +266,41 @@ Quality Evaluate(IncrementalModel& model, const std::vector<int64_t>& tokens, co
   return q;
 }
 
-TEST(QualityGateTest, BundledModelValidationSplit) {
-  auto ckpt = LoadCheckpoint(TXL_BUNDLED_MODEL);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+// The gates: the relative change of bits per character from float32 that
+// each reduced mode (with bfloat16 memories) must stay under.
+struct Gate {
+  const char* name;
+  WeightDtype dtype;
+  double max_relative;
+};
+const Gate kGates[] = {{"bfloat16", WeightDtype::kBfloat16, 0.005}, {"int8", WeightDtype::kInt8, 0.015}};
+
+// The bundled model and the last 10% of its corpus, as token ids.
+void LoadValidation(std::optional<Checkpoint>* ckpt, std::vector<int64_t>* tokens) {
+  auto loaded = LoadCheckpoint(TXL_BUNDLED_MODEL);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
   std::ifstream f(TXL_CORPUS, std::ios::binary);
   std::stringstream text;
   text << f.rdbuf();
   const std::string corpus = text.str();
   ASSERT_GT(corpus.size(), 10000u);
-  auto ids = ckpt->tokenizer.Encode(std::string_view(corpus).substr(corpus.size() * 9 / 10));
+  auto ids = loaded->tokenizer.Encode(std::string_view(corpus).substr(corpus.size() * 9 / 10));
   ASSERT_TRUE(ids.ok()) << ids.status();
-  const std::vector<int64_t> tokens(ids->begin(), ids->end());
+  tokens->assign(ids->begin(), ids->end());
+  ckpt->emplace(*std::move(loaded));
+}
+
+TEST(QualityGateTest, BundledModelValidationSplit) {
+  std::optional<Checkpoint> ckpt;
+  std::vector<int64_t> tokens;
+  ASSERT_NO_FATAL_FAILURE(LoadValidation(&ckpt, &tokens));
 
   IncrementalModel exact(ckpt->config, *ckpt->weights, at::kCPU);
   std::vector<at::Tensor> reference;
   const Quality base = Evaluate(exact, tokens, nullptr, &reference);
   std::printf("quality float32: bpc %.4f over %zu tokens\n", base.bpc, tokens.size() - 1);
   ASSERT_LT(base.bpc, 3.0);  // a trained model, not noise (log2(65) = 6.0)
-  struct Gate {
-    const char* name;
-    WeightDtype dtype;
-    double max_relative;
-  };
-  for (const Gate& gate : {Gate{"bfloat16", WeightDtype::kBfloat16, 0.005}, Gate{"int8", WeightDtype::kInt8, 0.015}}) {
+  for (const Gate& gate : kGates) {
     Precision p;
     p.dtype = gate.dtype;
     p.kv_dtype = KvDtype::kBfloat16;
@@ -292,6 +311,45 @@ TEST(QualityGateTest, BundledModelValidationSplit) {
                 q.bpc, 100 * relative, q.kl_mean, q.kl_max);
     EXPECT_LT(std::abs(relative), gate.max_relative) << gate.name;
     EXPECT_GT(q.kl_mean, 0) << gate.name;
+  }
+}
+
+// The same gates for decode steps of several sessions (the packed
+// products: VDPBF16PS or AMX for bfloat16, VPDPBUSD for int8 where the CPU
+// has them): 8 streams of the validation split, each its own session,
+// stepped together one token at a time.
+TEST(QualityGateTest, SeveralSessionsStepTogether) {
+  std::optional<Checkpoint> ckpt;
+  std::vector<int64_t> ids;
+  ASSERT_NO_FATAL_FAILURE(LoadValidation(&ckpt, &ids));
+  constexpr int kStreams = 8;
+  constexpr int64_t kSteps = 600;
+  ASSERT_GT(static_cast<int64_t>(ids.size()), kStreams * (kSteps + 1));
+  const ModelConfig& c = ckpt->config;
+  auto bpc = [&](const Precision& p) {
+    IncrementalModel model(c, *ckpt->weights, at::kCPU, p);
+    std::vector<SessionMemory> sessions;
+    for (int i = 0; i < kStreams; ++i) sessions.emplace_back(c.n_layer, c.mem_len);
+    double nll = 0;
+    for (int64_t t = 0; t < kSteps; ++t) {
+      std::vector<StepInput> in;
+      for (int i = 0; i < kStreams; ++i) in.push_back(testing::Row(&sessions[i], {ids[i * (kSteps + 1) + t]}));
+      const at::Tensor lp = LogProbs(c, model.weights(), model.Step(in));
+      for (int i = 0; i < kStreams; ++i) nll -= lp[i][ids[i * (kSteps + 1) + t + 1]].item<double>();
+    }
+    return nll / (kStreams * kSteps) / std::log(2.0);
+  };
+  const double base = bpc(Precision());
+  std::printf("several sessions, float32: bpc %.4f over %d x %ld steps\n", base, kStreams, static_cast<long>(kSteps));
+  ASSERT_LT(base, 3.5);  // a trained model, not noise
+  for (const Gate& gate : kGates) {
+    Precision p;
+    p.dtype = gate.dtype;
+    p.kv_dtype = KvDtype::kBfloat16;
+    const double q = bpc(p);
+    const double relative = (q - base) / base;
+    std::printf("several sessions, %s weights, bfloat16 memories: bpc %.4f (%+.3f%%)\n", gate.name, q, 100 * relative);
+    EXPECT_LT(std::abs(relative), gate.max_relative) << gate.name;
   }
 }
 

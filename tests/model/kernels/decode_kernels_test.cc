@@ -181,6 +181,59 @@ TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
   }
 }
 
+// x quantized as int8 products do (PackedMatrix::int8_products): per block
+// of 32 columns, scale max|x| / 127, values round(x / scale).
+at::Tensor QuantizedInBlocks(const at::Tensor& x) {
+  at::Tensor out = x.clone();
+  for (int64_t c0 = 0; c0 < x.size(1); c0 += 32) {
+    at::Tensor block = x.slice(1, c0, std::min<int64_t>(x.size(1), c0 + 32));
+    at::Tensor scale = block.abs().amax(1, true) / 127.0;
+    out.slice(1, c0, c0 + block.size(1)).copy_((block / scale.clamp_min(1e-30)).round() * scale);
+  }
+  return out;
+}
+
+// int8 products: quads of weights against x quantized in blocks, the sums
+// exact in int32. Within float32 rounding of the product of the quantized x
+// and the weights, on the dot product where the CPU has it and on the
+// byte-by-byte path (a narrower isa asked for) alike; and a NaN in x makes
+// its row's outputs NaN, as float32 sums would.
+TEST(DecodeKernelsTest, Int8ProductsSumQuantizedInputsExactly) {
+  at::manual_seed(8);
+  for (KernelIsa isa : IsasHere()) {
+    for (int64_t rows : {1, 64, 65, 200}) {
+      for (int64_t cols : {1, 7, 32, 33, 130, 512}) {
+        const Typed w = MakeTyped(at::randn({rows, cols}), Elem::kI8);
+        std::vector<char> packed(PackedSize(rows, cols, Elem::kI8));
+        PackPanels(w.Matrix(), rows, cols, packed.data(), /*int8_products=*/true);
+        PackedMatrix pm{packed.data(), Elem::kI8, w.Matrix().scale, rows, cols};
+        pm.int8_products = true;
+        const int64_t panels = (rows + kPanel - 1) / kPanel;
+        const at::Tensor bias = at::randn({rows});
+        for (int64_t batch : {1, 5, 7, 8, 14}) {
+          at::Tensor x = at::randn({batch, cols}) * 3;
+          x.index_put_({0, 0}, 40.0f);  // one large input: its block's scale, not the others'
+          at::Tensor y = at::full({batch, rows}, 1e9);
+          PackedProduct(pm, x.data_ptr<float>(), batch, bias.data_ptr<float>(), true, y.data_ptr<float>(), 0,
+                        panels / 2, isa);
+          PackedProduct(pm, x.data_ptr<float>(), batch, bias.data_ptr<float>(), true, y.data_ptr<float>(), panels / 2,
+                        panels, isa);
+          const at::Tensor want =
+              at::relu(at::linear(QuantizedInBlocks(x).to(at::kDouble), w.exact.to(at::kDouble), bias.to(at::kDouble)));
+          EXPECT_LT(MaxAbsDiff(y.to(at::kDouble), want), 1e-5 * (1 + want.abs().max().item<double>()))
+              << "isa " << static_cast<int>(isa) << " rows " << rows << " cols " << cols << " batch " << batch;
+        }
+        at::Tensor x = at::randn({2, cols});
+        x.index_put_({1, cols - 1}, std::nanf(""));
+        at::Tensor y = at::zeros({2, rows});
+        PackedProduct(pm, x.data_ptr<float>(), 2, nullptr, false, y.data_ptr<float>(), 0, panels, isa);
+        EXPECT_FALSE(y[0].isnan().any().item<bool>());
+        EXPECT_TRUE(y[1].isnan().all().item<bool>()) << "a NaN input gave numbers";
+      }
+    }
+  }
+}
+
 // float32 models keep their weights only in panels (incremental.h,
 // DecodeMatrix): one session's products read them in row ranges that need
 // not be whole panels (a thread's heads) and in blocks of columns (its share

@@ -340,17 +340,12 @@ __attribute__((always_inline)) inline void AttendBody(const DecodeAttentionArgs&
   }
 }
 
-// How far ahead a one-session product fetches bfloat16 and int8 weights:
-// the same columns this many rows on. Their rows are short (1 KB or 512 B at
-// d_model 512), so the hardware's stream prefetch never got going; on the
-// AMD EPYC this took the int8 step from 2.25 to 1.70 ms and the bfloat16 one
-// from 3.07 to 2.83 (OPTIMISATIONS step 16). float32 rows are left to the
-// hardware: no gain was measured there.
-constexpr int64_t kGemvAheadRows = 16;
-
 // Four rows at a time: x is read from L1 once per four weight rows; four
 // accumulators, one horizontal sum per row. V: float vector type; T: the
-// weights' element type (int8 rows are scaled after the sum).
+// weights' element type (int8 rows are scaled after the sum). Narrow rows
+// are short (1 KB or 512 B at d_model 512), so the hardware's stream
+// prefetch may never get going: they fetch wm.ahead rows on (on the AMD
+// EPYC, 16 took the int8 step from 2.25 to 1.70 ms; OPTIMISATIONS step 16).
 template <typename V, typename T, int kIsa>
 __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, const float* x, const float* bias,
                                                     bool relu, float* y, int64_t cols, int64_t begin, int64_t end) {
@@ -371,9 +366,9 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
     const T* w3 = w2 + ld;
     V a0 = {}, a1 = {}, a2 = {}, a3 = {};
     int64_t c = 0;
-    const T* ahead = w0 + kGemvAheadRows * ld;
+    const T* ahead = w0 + wm.ahead * ld;
     for (; c + kLanes <= cols; c += kLanes) {
-      if (kNarrow && (c * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
+      if (kNarrow && wm.ahead > 0 && (c * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
         __builtin_prefetch(ahead + c);
         __builtin_prefetch(ahead + ld + c);
         __builtin_prefetch(ahead + 2 * ld + c);

@@ -40,6 +40,9 @@ struct WeightMatrix {
   const float* scale = nullptr;  // int8: one per row, else null
   int64_t ld = 0;                // row stride, in elements; panels: the packed matrix's columns
   bool panels = false;           // float32 only; a block's row is then a multiple of kPanel
+  // bfloat16 and int8 rows: GemvRows fetches the same columns this many rows
+  // ahead (0: leaves it to the hardware). Results do not depend on it.
+  int64_t ahead = 0;
   WeightMatrix Block(int64_t row, int64_t col) const;
 };
 

@@ -23,6 +23,7 @@
 #include "model/model_config.h"
 #include "model/net/cuda_graph.h"
 #include "model/net/decode_buckets.h"
+#include "model/net/gemv_calibration.h"
 #include "model/net/huge_pages.h"
 #include "model/net/session_memory.h"
 #include "model/net/slot_pool.h"
@@ -206,6 +207,7 @@ class IncrementalModel {
     at::Tensor rows, packed;  // [n_rows, n_cols] (undefined for float32) and PackedSize, of elem
     at::Tensor scale;         // int8: [rows] float
     int64_t n_rows = 0, n_cols = 0;
+    int64_t ahead = 0;  // WeightMatrix::ahead (gemv_calibration_)
     Elem elem = Elem::kF32;
     bool bf16_products = false;  // PackedMatrix::bf16_products (bfloat16 with bf16_products_)
     bool int8_products = false;  // PackedMatrix::int8_products (int8 where CpuRunsInt8Dot(isa_))
@@ -220,6 +222,9 @@ class IncrementalModel {
     at::Tensor u, v;
   };
   std::vector<DecodeLayer> decode_;
+  // bfloat16 and int8 on the CPU kernels: how far ahead one session's
+  // products fetch rows, timed at load (gemv_calibration.h).
+  GemvCalibration gemv_calibration_;
   // The fused prefill attention's operands (prefill_attention.h), reused.
   PrefillAttentionBuffers prefill_buffers_;
   // Generic path: every session's memory (slot_pool.h).

@@ -36,6 +36,7 @@ WeightMatrix IncrementalModel::DecodeMatrix::Gemv() const {
   w.elem = elem;
   w.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
   w.ld = n_cols;
+  w.ahead = ahead;
   return w;
 }
 
@@ -132,6 +133,16 @@ void IncrementalModel::PrepareWeights() {
     layer.v = weights_.v(config_, l).contiguous();
     decode_.push_back(std::move(layer));
   }
+  if (elem != Elem::kF32) {  // float32 reads panels, which stream in order
+    std::vector<GemvMatrix> all;
+    for (const DecodeLayer& layer : decode_) {
+      for (const DecodeMatrix& m : layer.m) all.push_back({m.Gemv(), m.n_rows, m.n_cols});
+    }
+    gemv_calibration_ = CalibrateGemvAhead(all, isa_);
+    for (DecodeLayer& layer : decode_) {
+      for (DecodeMatrix& m : layer.m) m.ahead = gemv_calibration_.ahead;
+    }
+  }
 }
 
 std::string IncrementalModel::CpuFamily() const {
@@ -153,7 +164,9 @@ std::string IncrementalModel::KernelPath() const {
   absl::StrAppend(&path, "; decode kernels ", CpuFamily());
   if (dtype_ == WeightDtype::kFloat32)
     return absl::StrCat(path, "; weights packed in panels (one copy), every product float32");
-  absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers)");
+  absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers; one session's rows fetched ",
+                  gemv_calibration_.ahead, " ahead, timed at load in ",
+                  static_cast<int>(gemv_calibration_.total_seconds * 1000 + 0.5), " ms)");
   if (dtype_ == WeightDtype::kInt8 && bf16_products_ && CpuRunsInt8Dot(isa_)) {
     absl::StrAppend(&path,
                     "; several-session and prefill products int8 with VPDPBUSD (inputs quantized in blocks of 32)");

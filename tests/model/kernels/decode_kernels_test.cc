@@ -171,6 +171,12 @@ TEST(DecodeKernelsTest, GemvRowsMatchesMv) {
           }
           GemvRows(m, x.data_ptr<float>(), nullptr, false, y.data_ptr<float>(), cols, 0, rows, isa);
           EXPECT_LT(MaxAbsDiff(y, at::mv(w.exact, x)), tol);
+          // Fetching rows ahead (WeightMatrix::ahead) changes no result.
+          WeightMatrix fetching = m;
+          fetching.ahead = 3;
+          at::Tensor z = at::full({rows}, 1e9);
+          GemvRows(fetching, x.data_ptr<float>(), nullptr, false, z.data_ptr<float>(), cols, 0, rows, isa);
+          EXPECT_TRUE(at::equal(y, z)) << Name(elem);
           // A block of columns [a, cols) of the same rows (row stride cols).
           const int64_t a = cols / 3;
           GemvRows(m.Block(0, a), x.data_ptr<float>() + a, nullptr, false, y.data_ptr<float>(), cols - a, 0, rows, isa);

@@ -405,34 +405,51 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
   }
 }
 
-// From float32 panels: each panel of 64 rows is [cols, 64], so a column
-// step reads one 64-row stripe into 64 / lanes accumulators, and each row's
-// sum runs over the columns in order (PackedProduct's Tile). Rows [begin,
-// end) need not be whole panels: a part-panel reads only the vectors that
-// hold its rows.
-template <typename V, int kIsa>
+// From panels (float32, or bfloat16 in column pairs): each panel of 64 rows
+// is [cols, 64], so a column step reads one 64-row stripe into 64 / lanes
+// accumulators, and each row's sum runs over the columns in order, a pair's
+// even column first (PackedProduct's Tile and PairTile, x kept float32).
+// Rows [begin, end) need not be whole panels: a part-panel reads only the
+// vectors that hold its rows. A bfloat16 block starts at an even column.
+template <typename V, typename T, int kIsa>
 __attribute__((always_inline)) inline void GemvPanelBody(const WeightMatrix& wm, const float* x, const float* bias,
                                                          bool relu, float* y, int64_t cols, int64_t begin,
                                                          int64_t end) {
   constexpr int kLanes = sizeof(V) / sizeof(float);
   constexpr int kVectors = kPanel / kLanes;
-  const float* w = static_cast<const float*>(wm.data);
+  constexpr bool kPairs = std::is_same_v<T, Bf16>;
+  const T* w = static_cast<const T*>(wm.data);
+  // acc[j] += column c's (kPairs: pair c's) vector j of the panel; `half`:
+  // a pair's even column only (the block's last column, when cols is odd).
+  auto step = [&](const T* panel, int64_t c, int j, V& acc, bool half) {
+    if constexpr (kPairs) {
+      V even, odd;
+      SplitBf16(panel + 2 * (c * kPanel + j * kLanes), &even, &odd);
+      acc += even * x[2 * c];
+      if (!half) acc += odd * x[2 * c + 1];
+    } else {
+      acc += LoadAs<V, float, kIsa>(panel + c * kPanel + j * kLanes) * x[c];
+    }
+  };
+  const int64_t steps = kPairs ? cols / 2 : cols;
+  const bool tail = kPairs && cols % 2 == 1;
   for (int64_t p = begin / kPanel; p * kPanel < end; ++p) {
-    const float* panel = w + p * wm.ld * kPanel;
+    const T* panel = w + p * wm.ld * kPanel;
     const int64_t lo = std::max(begin, p * kPanel) - p * kPanel, hi = std::min(end, (p + 1) * kPanel) - p * kPanel;
     const int j0 = static_cast<int>(lo / kLanes), j1 = static_cast<int>((hi + kLanes - 1) / kLanes);
     V acc[kVectors] = {};
     if (j0 == 0 && j1 == kVectors) {
-      for (int64_t c = 0; c < cols; ++c) {
-        const float xv = x[c];
+      for (int64_t c = 0; c < steps; ++c) {
 #pragma GCC unroll 8
-        for (int j = 0; j < kVectors; ++j) acc[j] += LoadAs<V, float, kIsa>(panel + c * kPanel + j * kLanes) * xv;
+        for (int j = 0; j < kVectors; ++j) step(panel, c, j, acc[j], false);
       }
     } else {
-      for (int64_t c = 0; c < cols; ++c) {
-        const float xv = x[c];
-        for (int j = j0; j < j1; ++j) acc[j] += LoadAs<V, float, kIsa>(panel + c * kPanel + j * kLanes) * xv;
+      for (int64_t c = 0; c < steps; ++c) {
+        for (int j = j0; j < j1; ++j) step(panel, c, j, acc[j], false);
       }
+    }
+    if (tail) {
+      for (int j = j0; j < j1; ++j) step(panel, steps, j, acc[j], true);
     }
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t r = p * kPanel + i;
@@ -461,8 +478,8 @@ struct GemvKernel {
   __attribute__((always_inline)) static void Run(const WeightMatrix& w, const float* x, const float* bias, bool relu,
                                                  float* y, int64_t cols, int64_t b, int64_t e) {
     using V = std::conditional_t<kBits == 512, V16, V8>;
-    if constexpr (std::is_same_v<T, float>) {
-      if (w.panels) return GemvPanelBody<V, kBits>(w, x, bias, relu, y, cols, b, e);
+    if constexpr (!std::is_same_v<T, int8_t>) {
+      if (w.panels) return GemvPanelBody<V, T, kBits>(w, x, bias, relu, y, cols, b, e);
     }
     GemvBody<V, T, kBits>(w, x, bias, relu, y, cols, b, e);
   }

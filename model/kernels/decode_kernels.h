@@ -32,14 +32,14 @@ uint16_t ToBf16(float f);
 void RoundToBf16(float* x, int64_t n);
 
 // The matrix a one-session product reads (or the block of one starting at
-// a row and column): row-major, or float32 packed in panels (PackPanels
-// below), which float32 models keep instead of a second, row-major copy.
+// a row and column): row-major, or float32 or bfloat16 packed in panels
+// (PackPanels below), which models keep instead of a second, row-major copy.
 struct WeightMatrix {
   const void* data = nullptr;
   Elem elem = Elem::kF32;
   const float* scale = nullptr;  // int8: one per row, else null
-  int64_t ld = 0;                // row stride, in elements; panels: the packed matrix's columns
-  bool panels = false;           // float32 only; a block's row is then a multiple of kPanel
+  int64_t ld = 0;                // row stride, in elements; panels: PanelStride of the matrix's columns
+  bool panels = false;           // not int8; a block's row is then a multiple of kPanel (bfloat16: its column even)
   // bfloat16 and int8 rows: GemvRows fetches the same columns this many rows
   // ahead (0: leaves it to the hardware). Results do not depend on it.
   int64_t ahead = 0;
@@ -83,7 +83,8 @@ void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end
 // max(0, y[r]) when relu; bias may be null. Every weight is read once,
 // streaming: a one-token step is bound by reading its weights. From panels,
 // each output is summed over the columns in order, as PackedProduct sums it
-// (the same bits for the same columns), on any vector width.
+// with x in float32 (the same bits for the same columns), on any vector
+// width.
 void GemvRows(const WeightMatrix& w, const float* x, const float* bias, bool relu, float* y, int64_t cols,
               int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);
 

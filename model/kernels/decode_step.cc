@@ -57,6 +57,12 @@ int64_t DecodeStepScratch(const DecodeStepArgs& a) {
   return a.d_model + 3 * hd + hd + a.d_inner + a.parts * a.d_model;
 }
 
+namespace {
+// Where part p's block of the inner layer starts: an even column, so that
+// ff2's bfloat16 panels (column pairs) split between parts.
+int64_t InnerSplit(int64_t p, int64_t inner, int64_t parts) { return p == parts ? inner : p * inner / parts / 2 * 2; }
+}  // namespace
+
 void DecodeStepLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamBarrier& barrier, KernelIsa isa) {
   const int64_t D = a.d_model, I = a.d_inner, H = a.attention.H, dh = a.attention.dh, parts = a.parts;
   const int64_t mine = end - begin;
@@ -93,7 +99,7 @@ void DecodeStepLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamB
     }
     barrier.Arrive(mine);
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t i0 = p * I / parts, i1 = (p + 1) * I / parts;
+      const int64_t i0 = InnerSplit(p, I, parts), i1 = InnerSplit(p + 1, I, parts);
       GemvRows(L.ff1, h, L.ff1_b, true, inner, D, i0, i1, isa);
       GemvRows(L.ff2.Block(0, i0), inner + i0, nullptr, false, shares + p * D, i1 - i0, 0, D, isa);
     }

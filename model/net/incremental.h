@@ -198,13 +198,13 @@ class IncrementalModel {
   bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
   // Per layer, what the CPU kernels read: each product matrix packed in
   // panels (decode_kernels.h: the several-session products, the prefill's
-  // where they run on them, and for float32 every product), for bfloat16 and
+  // where they run on them, and for float32 and bfloat16 every product), for
   // int8 also row-major (the one-session products and the other prefills),
-  // and the attention biases as contiguous [H, dh]. float32 keeps no
-  // row-major copy: two would hold the weights twice (W5 in
+  // and the attention biases as contiguous [H, dh]. float32 and bfloat16
+  // keep no row-major copy: two would hold the weights twice (W5 in
   // docs/PERFORMANCE.md). CPU models only (empty otherwise).
   struct DecodeMatrix {
-    at::Tensor rows, packed;  // [n_rows, n_cols] (undefined for float32) and PackedSize, of elem
+    at::Tensor rows, packed;  // [n_rows, n_cols] (int8 only, mostly) and PackedSize, of elem
     at::Tensor scale;         // int8: [rows] float
     int64_t n_rows = 0, n_cols = 0;
     int64_t ahead = 0;  // WeightMatrix::ahead (gemv_calibration_)
@@ -215,8 +215,9 @@ class IncrementalModel {
     WeightMatrix Gemv() const;
     PackedMatrix Packed() const;
   };
-  // Whether Product runs layer products from the panels (PackedProduct).
-  bool PanelProducts(Elem elem) const;
+  // Whether Product runs this CPU matrix's products from the panels
+  // (PackedProduct).
+  bool PanelProducts(const DecodeMatrix& m) const;
   struct DecodeLayer {
     DecodeMatrix m[4];  // qkv, o, ff1, ff2
     at::Tensor u, v;

@@ -35,7 +35,7 @@ WeightMatrix IncrementalModel::DecodeMatrix::Gemv() const {
   w.data = w.panels ? packed.data_ptr() : rows.data_ptr();
   w.elem = elem;
   w.scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
-  w.ld = n_cols;
+  w.ld = w.panels ? PanelStride(n_cols, elem) : n_cols;
   w.ahead = ahead;
   return w;
 }
@@ -84,13 +84,18 @@ void IncrementalModel::PrepareWeights() {
   }
   // The product matrices in the weight dtype (the float32 originals are
   // dropped), then the biases; each group in one huge-page arena. float32
-  // matrices are only packed: they stay where the checkpoint put them until
-  // then.
+  // and bfloat16 matrices are only packed (one session's products read the
+  // panels too): they stay where the checkpoint put them until then. A
+  // bfloat16 model whose heads or inner layer have an odd width keeps its
+  // rows, since one session's products split those at columns that must
+  // start a column pair.
+  const bool panels_only =
+      elem == Elem::kF32 || (elem == Elem::kBf16 && config_.d_head % 2 == 0 && config_.d_inner % 2 == 0);
   std::vector<at::Tensor> scales;
   for (LayerWeights& L : weights_.layers) {
     for (int which = 0; which < 4; ++which) {
       at::Tensor* w = MatrixOf(L, which);
-      if (elem == Elem::kBf16) {
+      if (elem == Elem::kBf16 && !panels_only) {
         *w = w->to(at::kBFloat16);
       } else if (elem == Elem::kI8) {
         auto [q, scale] = QuantizeRows(*w);
@@ -104,7 +109,7 @@ void IncrementalModel::PrepareWeights() {
     for (int which = 0; which < 4; ++which) matrices.push_back(MatrixOf(L, which));
     for (at::Tensor* t : {&L.ff1_b, &L.ff2_b}) biases.push_back(t);
   }
-  if (elem != Elem::kF32) {
+  if (!panels_only) {
     InHugePages(matrices);  // contiguous from here on: the kernels read them as arrays
   } else {
     for (at::Tensor* w : matrices) *w = w->contiguous();
@@ -118,7 +123,9 @@ void IncrementalModel::PrepareWeights() {
     for (int which = 0; which < 4; ++which) {
       DecodeMatrix& m = layer.m[which];
       at::Tensor& w = *matrices[4 * l + which];
-      m.rows = w;
+      // Panels only: each matrix narrowed just before it is packed, so that
+      // no more than one narrowed copy is alive at a time.
+      m.rows = w.scalar_type() == TypeOf(elem) ? w : w.to(TypeOf(elem)).contiguous();
       m.n_rows = w.size(0);
       m.n_cols = w.size(1);
       m.packed = packed[4 * l + which];
@@ -127,13 +134,13 @@ void IncrementalModel::PrepareWeights() {
       m.int8_products = elem == Elem::kI8 && bf16_products_ && CpuRunsInt8Dot(isa_);
       if (elem == Elem::kI8) m.scale = scales[4 * l + which];
       PackPanels(m.Gemv(), m.n_rows, m.n_cols, m.packed.data_ptr(), m.int8_products);
-      if (elem == Elem::kF32) m.rows = w = at::Tensor();  // the panels are the only copy
+      if (panels_only) m.rows = w = at::Tensor();  // the panels are the only copy
     }
     layer.u = weights_.u(config_, l).contiguous();
     layer.v = weights_.v(config_, l).contiguous();
     decode_.push_back(std::move(layer));
   }
-  if (elem != Elem::kF32) {  // float32 reads panels, which stream in order
+  if (!panels_only) {  // panels stream in order: nothing to choose
     std::vector<GemvMatrix> all;
     for (const DecodeLayer& layer : decode_) {
       for (const DecodeMatrix& m : layer.m) all.push_back({m.Gemv(), m.n_rows, m.n_cols});
@@ -164,23 +171,30 @@ std::string IncrementalModel::KernelPath() const {
   absl::StrAppend(&path, "; decode kernels ", CpuFamily());
   if (dtype_ == WeightDtype::kFloat32)
     return absl::StrCat(path, "; weights packed in panels (one copy), every product float32");
-  absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers; one session's rows fetched ",
-                  gemv_calibration_.ahead, " ahead, timed at load in ",
-                  static_cast<int>(gemv_calibration_.total_seconds * 1000 + 0.5), " ms)");
+  const bool rows = !decode_.empty() && decode_[0].m[0].rows.defined();
+  const bool panels = !decode_.empty() && PanelProducts(decode_[0].m[0]);
+  absl::StrAppend(&path, " (", DtypeName(dtype_), " widened in registers; ");
+  if (rows) {
+    absl::StrAppend(&path, "one session's rows fetched ", gemv_calibration_.ahead, " ahead, timed at load in ",
+                    static_cast<int>(gemv_calibration_.total_seconds * 1000 + 0.5), " ms)");
+  } else {
+    absl::StrAppend(&path, "weights packed in panels (one copy))");
+  }
   if (dtype_ == WeightDtype::kInt8 && bf16_products_ && CpuRunsInt8Dot(isa_)) {
     absl::StrAppend(&path,
                     "; several-session and prefill products int8 with VPDPBUSD (inputs quantized in blocks of 32)");
   }
-  if (!bf16_products_)
-    return absl::StrCat(path, "; prefill products float32 (weights widened per pass: no AVX-512-BF16/AMX)");
+  if (!bf16_products_) {
+    return absl::StrCat(path, panels ? "; prefill products from the panels, widened to float32 (no AVX-512-BF16/AMX)"
+                                     : "; prefill products float32 (weights widened per pass: no AVX-512-BF16/AMX)");
+  }
   const bool amx = CpuRunsAmx() && isa_ == KernelIsa::kBest;
   if (dtype_ == WeightDtype::kBfloat16) {
     absl::StrAppend(&path, amx ? "; several-session and prefill products bfloat16 on AMX tiles"
                            : CpuRunsBf16Dot(isa_)
                                ? "; several-session and prefill products bfloat16 with VDPBF16PS (AVX-512-BF16)"
-                               : "; several-session products bfloat16 inputs, float32 sums; prefill products "
-                                 "bfloat16 (oneDNN)");
-  } else if (!PanelProducts(Elem::kI8)) {
+                               : "; several-session and prefill products bfloat16 inputs, float32 sums");
+  } else if (!panels) {
     absl::StrAppend(&path, "; prefill products bfloat16 (oneDNN", CpuHasAmx() ? ", AMX)" : ", AVX-512-BF16)");
   }
   absl::StrAppend(&path, "; prefill attention ",
@@ -199,8 +213,9 @@ at::Tensor IncrementalModel::AttentionProduct(const at::Tensor& a, const at::Ten
   return at::matmul(AttentionOperand(a), AttentionOperand(b));
 }
 
-bool IncrementalModel::PanelProducts(Elem elem) const {
-  if (generic_) return false;
+bool IncrementalModel::PanelProducts(const DecodeMatrix& m) const {
+  if (!m.rows.defined()) return true;  // the panels are all there is
+  const Elem elem = m.elem;
   // float32: the panels are the only copy, and on the AMD EPYC they beat
   // libtorch's product at every length measured (OPTIMISATIONS step 17).
   // bfloat16: on AMX tiles or with VDPBF16PS, float32 in and out, the bias
@@ -212,7 +227,7 @@ bool IncrementalModel::PanelProducts(Elem elem) const {
 }
 
 at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const {
-  if (!generic_ && PanelProducts(decode_[layer].m[which].elem)) {
+  if (!generic_ && PanelProducts(decode_[layer].m[which])) {
     // Each thread a range of x's rows against every panel.
     const PackedMatrix pm = decode_[layer].m[which].Packed();
     const at::Tensor in = x.contiguous();

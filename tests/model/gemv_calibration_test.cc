@@ -35,16 +35,18 @@ TEST(GemvCalibrationTest, TimesEveryCandidateAndTakesTheFastest) {
   EXPECT_GE(c.total_seconds, c.seconds[0] + c.seconds[1] + c.seconds[2]);
 }
 
-// A bfloat16 model on the CPU kernels calibrates at load and says what it
-// chose; a float32 one reads panels and has nothing to choose.
-TEST(GemvCalibrationTest, ReducedModelsNameTheirDistance) {
+// An int8 model on the CPU kernels (which reads rows) calibrates at load
+// and says what it chose; float32 and bfloat16 ones read panels and have
+// nothing to choose.
+TEST(GemvCalibrationTest, ModelsThatReadRowsNameTheirDistance) {
   const ModelConfig c = testing::SmallConfig();
-  IncrementalModel::Precision bf16;
-  bf16.dtype = WeightDtype::kBfloat16;
-  const IncrementalModel reduced(c, testing::TestWeights(c, 1), at::kCPU, bf16);
-  EXPECT_NE(reduced.KernelPath().find(" ahead, timed at load in "), std::string::npos) << reduced.KernelPath();
-  const IncrementalModel exact(c, testing::TestWeights(c, 1), at::kCPU);
-  EXPECT_EQ(exact.KernelPath().find(" ahead"), std::string::npos) << exact.KernelPath();
+  for (WeightDtype dtype : {WeightDtype::kInt8, WeightDtype::kBfloat16, WeightDtype::kFloat32}) {
+    IncrementalModel::Precision p;
+    p.dtype = dtype;
+    const IncrementalModel model(c, testing::TestWeights(c, 1), at::kCPU, p);
+    const bool named = model.KernelPath().find(" ahead, timed at load in ") != std::string::npos;
+    EXPECT_EQ(named, dtype == WeightDtype::kInt8) << model.KernelPath();
+  }
 }
 
 }  // namespace

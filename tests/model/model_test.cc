@@ -130,13 +130,13 @@ int64_t ResidentBytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
-// A float32 model on the CPU kernels keeps its product matrices once, in
-// the packed panels (incremental.h, DecodeMatrix): building it adds about
-// their bytes to the process (less where freed pages are reused), where a
-// row-major copy beside the panels added twice that (W5 in
+// A float32 or bfloat16 model on the CPU kernels keeps its product matrices
+// once, in the packed panels (incremental.h, DecodeMatrix): building it adds
+// about their bytes to the process (less where freed pages are reused),
+// where a row-major copy beside the panels added twice that (W5 in
 // docs/PERFORMANCE.md). The caller's weights stay alive, as the
 // checkpoint's do while the server loads.
-TEST(WeightMemoryTest, Float32ProductsAreHeldOnce) {
+TEST(WeightMemoryTest, ProductsAreHeldOnce) {
   ModelConfig c = testing::SmallConfig();
   c.n_layer = 4;
   c.d_model = 256;
@@ -148,10 +148,15 @@ TEST(WeightMemoryTest, Float32ProductsAreHeldOnce) {
   for (const LayerWeights& L : w.layers) {
     for (const at::Tensor* t : {&L.qkv_w, &L.o_w, &L.ff1_w, &L.ff2_w}) products += t->numel() * 4;
   }
-  const int64_t before = ResidentBytes();
-  IncrementalModel model(c, w, at::kCPU, IncrementalModel::Precision());
-  const int64_t added = ResidentBytes() - before;
-  EXPECT_LT(added, products * 3 / 2) << added << " bytes added for " << products << " bytes of product weights";
+  for (const WeightDtype dtype : {WeightDtype::kFloat32, WeightDtype::kBfloat16}) {
+    IncrementalModel::Precision p;
+    p.dtype = dtype;
+    const int64_t bytes = dtype == WeightDtype::kFloat32 ? products : products / 2;
+    const int64_t before = ResidentBytes();
+    IncrementalModel model(c, w, at::kCPU, p);
+    const int64_t added = ResidentBytes() - before;
+    EXPECT_LT(added, bytes * 3 / 2) << added << " bytes added for " << bytes << " bytes of product weights";
+  }
 }
 
 TEST(IncrementalTest, BatchingDoesNotChangeLogProbs) {

@@ -240,7 +240,7 @@ TEST(DecodeKernelsTest, Int8ProductsSumQuantizedInputsExactly) {
   }
 }
 
-// float32 models keep their weights only in panels (incremental.h,
+// float32 and bfloat16 models keep their weights only in panels (incremental.h,
 // DecodeMatrix): one session's products read them in row ranges that need
 // not be whole panels (a thread's heads) and in blocks of columns (its share
 // of the output projection). Each row sums its columns in order, as the
@@ -248,47 +248,54 @@ TEST(DecodeKernelsTest, Int8ProductsSumQuantizedInputsExactly) {
 TEST(DecodeKernelsTest, GemvFromPanelsSumsAsThePackedProduct) {
   at::manual_seed(6);
   for (KernelIsa isa : IsasHere()) {
-    for (int64_t rows : {1, 5, 64, 130, 200}) {
-      for (int64_t cols : {1, 7, 64, 203}) {
-        const at::Tensor w = at::randn({rows, cols});
-        at::Tensor packed = at::zeros({PackedSize(rows, cols, Elem::kF32)});
-        WeightMatrix stored;
-        stored.data = w.data_ptr();
-        stored.ld = cols;
-        PackPanels(stored, rows, cols, packed.data_ptr());
-        WeightMatrix m;
-        m.data = packed.data_ptr();
-        m.ld = cols;
-        m.panels = true;
-        PackedMatrix pm;
-        pm.data = packed.data_ptr();
-        pm.rows = rows;
-        pm.cols = cols;
-        at::Tensor x = at::randn({cols}), bias = at::randn({rows});
-        const std::string where = absl::StrCat("isa ", static_cast<int>(isa), " rows ", rows, " cols ", cols);
-        for (bool relu : {false, true}) {
-          at::Tensor y = at::full({rows}, 1e9), want = at::full({rows}, 1e9);
-          const int64_t a = rows / 3, b = 2 * rows / 3 + 1;  // three ranges, ends inside panels
-          for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, a}, {a, std::min(b, rows)}, {std::min(b, rows), rows}}) {
-            GemvRows(m, x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(), cols, r0, r1, isa);
+    for (Elem elem : {Elem::kF32, Elem::kBf16}) {
+      for (int64_t rows : {1, 5, 64, 130, 200}) {
+        for (int64_t cols : {1, 7, 64, 203}) {
+          const Typed w = MakeTyped(at::randn({rows, cols}), elem);
+          std::vector<char> packed(PackedSize(rows, cols, elem) * ElemBytes(elem));
+          PackPanels(w.Matrix(), rows, cols, packed.data());
+          WeightMatrix m;
+          m.data = packed.data();
+          m.elem = elem;
+          m.ld = PanelStride(cols, elem);
+          m.panels = true;
+          PackedMatrix pm{packed.data(), elem, nullptr, rows, cols};  // bfloat16: x stays float32, as here
+          at::Tensor x = at::randn({cols}), bias = at::randn({rows});
+          const std::string where =
+              absl::StrCat("isa ", static_cast<int>(isa), " ", Name(elem), " rows ", rows, " cols ", cols);
+          const double tol = 1e-4 * (1 + std::sqrt(cols));
+          for (bool relu : {false, true}) {
+            at::Tensor y = at::full({rows}, 1e9), want = at::full({rows}, 1e9);
+            const int64_t a = rows / 3, b = 2 * rows / 3 + 1;  // three ranges, ends inside panels
+            for (auto [r0, r1] :
+                 {std::pair<int64_t, int64_t>{0, a}, {a, std::min(b, rows)}, {std::min(b, rows), rows}}) {
+              GemvRows(m, x.data_ptr<float>(), bias.data_ptr<float>(), relu, y.data_ptr<float>(), cols, r0, r1, isa);
+            }
+            PackedProduct(pm, x.data_ptr<float>(), 1, bias.data_ptr<float>(), relu, want.data_ptr<float>(), 0,
+                          (rows + kPanel - 1) / kPanel, isa);
+            EXPECT_TRUE(at::equal(y, want)) << where << " relu " << relu;
+            const at::Tensor exact = at::addmv(bias, w.exact, x);
+            EXPECT_LT(MaxAbsDiff(y, relu ? at::relu(exact) : exact), tol) << where;
           }
-          PackedProduct(pm, x.data_ptr<float>(), 1, bias.data_ptr<float>(), relu, want.data_ptr<float>(), 0,
-                        (rows + kPanel - 1) / kPanel, isa);
-          EXPECT_TRUE(at::equal(y, want)) << where << " relu " << relu;
-          const at::Tensor exact = at::addmv(bias, w, x);
-          EXPECT_LT(MaxAbsDiff(y, relu ? at::relu(exact) : exact), 1e-4 * (1 + std::sqrt(cols))) << where;
-        }
-        // Columns [c, cols) of every row, as a block (a thread's share).
-        const int64_t c = cols / 3;
-        at::Tensor y = at::full({rows}, 1e9);
-        GemvRows(m.Block(0, c), x.data_ptr<float>() + c, nullptr, false, y.data_ptr<float>(), cols - c, 0, rows, isa);
-        EXPECT_LT(MaxAbsDiff(y, at::mv(w.slice(1, c), x.slice(0, c))), 1e-4 * (1 + std::sqrt(cols))) << where;
-        if (rows > kPanel) {  // a block from the second panel on
-          at::Tensor z = at::full({rows - kPanel}, 1e9);
-          GemvRows(m.Block(kPanel, c), x.data_ptr<float>() + c, nullptr, false, z.data_ptr<float>(), cols - c, 0,
-                   rows - kPanel, isa);
-          EXPECT_LT(MaxAbsDiff(z, at::mv(w.slice(0, kPanel).slice(1, c), x.slice(0, c))), 1e-4 * (1 + std::sqrt(cols)))
-              << where;
+          // Columns [c, cols) of every row, as a block (a thread's share;
+          // bfloat16 blocks start at an even column).
+          const int64_t c = cols / 3 / 2 * 2;
+          at::Tensor y = at::full({rows}, 1e9);
+          GemvRows(m.Block(0, c), x.data_ptr<float>() + c, nullptr, false, y.data_ptr<float>(), cols - c, 0, rows, isa);
+          EXPECT_LT(MaxAbsDiff(y, at::mv(w.exact.slice(1, c), x.slice(0, c))), tol) << where;
+          // Columns [c, c + width) with an odd width: the block's last
+          // column is half of a pair whose other half is not its own.
+          if (cols - c >= 3) {
+            const int64_t width = (cols - c) % 2 == 1 ? cols - c : cols - c - 1;
+            GemvRows(m.Block(0, c), x.data_ptr<float>() + c, nullptr, false, y.data_ptr<float>(), width, 0, rows, isa);
+            EXPECT_LT(MaxAbsDiff(y, at::mv(w.exact.slice(1, c, c + width), x.slice(0, c, c + width))), tol) << where;
+          }
+          if (rows > kPanel) {  // a block from the second panel on
+            at::Tensor z = at::full({rows - kPanel}, 1e9);
+            GemvRows(m.Block(kPanel, c), x.data_ptr<float>() + c, nullptr, false, z.data_ptr<float>(), cols - c, 0,
+                     rows - kPanel, isa);
+            EXPECT_LT(MaxAbsDiff(z, at::mv(w.exact.slice(0, kPanel).slice(1, c), x.slice(0, c))), tol) << where;
+          }
         }
       }
     }

@@ -405,6 +405,24 @@ __attribute__((always_inline)) inline void GemvBody(const WeightMatrix& wm, cons
   }
 }
 
+// acc += column c's (pairs: pair c's) vector j of a panel, times x; `half`:
+// a pair's even column only (a block's last column, when its width is odd).
+// A function, not a lambda: clang (the sanitizer builds) would compile a
+// lambda for the base instruction set, without the caller's FMA.
+template <typename V, typename T, int kIsa>
+__attribute__((always_inline)) inline void PanelStep(const T* panel, const float* x, int64_t c, int j, V& acc,
+                                                     bool half) {
+  constexpr int kLanes = sizeof(V) / sizeof(float);
+  if constexpr (std::is_same_v<T, Bf16>) {
+    V even, odd;
+    SplitBf16(panel + 2 * (c * kPanel + j * kLanes), &even, &odd);
+    acc += even * x[2 * c];
+    if (!half) acc += odd * x[2 * c + 1];
+  } else {
+    acc += LoadAs<V, float, kIsa>(panel + c * kPanel + j * kLanes) * x[c];
+  }
+}
+
 // From panels (float32, or bfloat16 in column pairs): each panel of 64 rows
 // is [cols, 64], so a column step reads one 64-row stripe into 64 / lanes
 // accumulators, and each row's sum runs over the columns in order, a pair's
@@ -419,18 +437,6 @@ __attribute__((always_inline)) inline void GemvPanelBody(const WeightMatrix& wm,
   constexpr int kVectors = kPanel / kLanes;
   constexpr bool kPairs = std::is_same_v<T, Bf16>;
   const T* w = static_cast<const T*>(wm.data);
-  // acc[j] += column c's (kPairs: pair c's) vector j of the panel; `half`:
-  // a pair's even column only (the block's last column, when cols is odd).
-  auto step = [&](const T* panel, int64_t c, int j, V& acc, bool half) {
-    if constexpr (kPairs) {
-      V even, odd;
-      SplitBf16(panel + 2 * (c * kPanel + j * kLanes), &even, &odd);
-      acc += even * x[2 * c];
-      if (!half) acc += odd * x[2 * c + 1];
-    } else {
-      acc += LoadAs<V, float, kIsa>(panel + c * kPanel + j * kLanes) * x[c];
-    }
-  };
   const int64_t steps = kPairs ? cols / 2 : cols;
   const bool tail = kPairs && cols % 2 == 1;
   for (int64_t p = begin / kPanel; p * kPanel < end; ++p) {
@@ -441,15 +447,15 @@ __attribute__((always_inline)) inline void GemvPanelBody(const WeightMatrix& wm,
     if (j0 == 0 && j1 == kVectors) {
       for (int64_t c = 0; c < steps; ++c) {
 #pragma GCC unroll 8
-        for (int j = 0; j < kVectors; ++j) step(panel, c, j, acc[j], false);
+        for (int j = 0; j < kVectors; ++j) PanelStep<V, T, kIsa>(panel, x, c, j, acc[j], false);
       }
     } else {
       for (int64_t c = 0; c < steps; ++c) {
-        for (int j = j0; j < j1; ++j) step(panel, c, j, acc[j], false);
+        for (int j = j0; j < j1; ++j) PanelStep<V, T, kIsa>(panel, x, c, j, acc[j], false);
       }
     }
     if (tail) {
-      for (int j = j0; j < j1; ++j) step(panel, steps, j, acc[j], true);
+      for (int j = j0; j < j1; ++j) PanelStep<V, T, kIsa>(panel, x, steps, j, acc[j], true);
     }
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t r = p * kPanel + i;

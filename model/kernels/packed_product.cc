@@ -238,7 +238,7 @@ inline void QuantizeRows(const float* x, int64_t batch, int64_t cols, int64_t qu
       const float inverse = finite && most > 0 ? 127.0f / most : 0.0f;
       int32_t sum = 0;
       for (int64_t c = c0; c < c2; ++c) {
-        const int32_t q = c < c1 ? static_cast<int32_t>(std::nearbyint(in[c] * inverse)) : 0;
+        const int32_t q = c < c1 && finite ? static_cast<int32_t>(std::nearbyint(in[c] * inverse)) : 0;
         bytes[c] = static_cast<int8_t>(std::clamp(q, -127, 127));
         sum += bytes[c];
       }

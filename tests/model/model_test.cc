@@ -122,6 +122,14 @@ TEST(IncrementalTest, RunsOnTheKernelsTheTestRunAskedFor) {
   EXPECT_EQ(generic, testing::TestKernels() == Kernels::kGeneric) << model.KernelPath();
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TXL_ASAN_ALLOCATOR 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TXL_ASAN_ALLOCATOR 1
+#endif
+#endif
+
 // Resident bytes of this process (/proc/self/statm's second field).
 int64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");
@@ -137,6 +145,11 @@ int64_t ResidentBytes() {
 // docs/PERFORMANCE.md). The caller's weights stay alive, as the
 // checkpoint's do while the server loads.
 TEST(WeightMemoryTest, ProductsAreHeldOnce) {
+#ifdef TXL_ASAN_ALLOCATOR
+  // ASan's allocator keeps freed blocks in quarantine, so the load's
+  // temporaries (each matrix narrowed before it is packed) stay resident.
+  GTEST_SKIP() << "ASan's allocator keeps freed memory resident";
+#endif
   ModelConfig c = testing::SmallConfig();
   c.n_layer = 4;
   c.d_model = 256;

@@ -49,6 +49,10 @@ void BlockInput(const float* x, bool pre_lnorm, const float* ln_w, const float* 
   }
 }
 
+// Where part p's block of the inner layer starts: an even column, so that
+// ff2's bfloat16 panels (column pairs) split between parts.
+int64_t InnerSplit(int64_t p, int64_t inner, int64_t parts) { return p == parts ? inner : p * inner / parts / 2 * 2; }
+
 }  // namespace
 
 int64_t DecodeStepScratch(const DecodeStepArgs& a) {
@@ -56,12 +60,6 @@ int64_t DecodeStepScratch(const DecodeStepArgs& a) {
   if (a.batch > 1) return a.batch * (a.d_model + 3 * hd + hd + a.d_model + a.d_inner);
   return a.d_model + 3 * hd + hd + a.d_inner + a.parts * a.d_model;
 }
-
-namespace {
-// Where part p's block of the inner layer starts: an even column, so that
-// ff2's bfloat16 panels (column pairs) split between parts.
-int64_t InnerSplit(int64_t p, int64_t inner, int64_t parts) { return p == parts ? inner : p * inner / parts / 2 * 2; }
-}  // namespace
 
 void DecodeStepLayers(const DecodeStepArgs& a, int64_t begin, int64_t end, TeamBarrier& barrier, KernelIsa isa) {
   const int64_t D = a.d_model, I = a.d_inner, H = a.attention.H, dh = a.attention.dh, parts = a.parts;

@@ -180,7 +180,7 @@ std::string IncrementalModel::KernelPath() const {
   } else {
     absl::StrAppend(&path, "weights packed in panels (one copy))");
   }
-  if (dtype_ == WeightDtype::kInt8 && bf16_products_ && CpuRunsInt8Dot(isa_)) {
+  if (!decode_.empty() && decode_[0].m[0].int8_products) {
     absl::StrAppend(&path,
                     "; several-session and prefill products int8 with VPDPBUSD (inputs quantized in blocks of 32)");
   }
@@ -222,7 +222,7 @@ bool IncrementalModel::PanelProducts(const DecodeMatrix& m) const {
   // added in the same pass, where oneDNN's product needed conversions on
   // both sides. int8: with VPDPBUSD, where oneDNN needed the weights widened
   // on every pass (a 64-token prefill of the base model: 35 -> 18-22 ms).
-  return elem == Elem::kF32 || (elem == Elem::kI8 && bf16_products_ && CpuRunsInt8Dot(isa_)) ||
+  return elem == Elem::kF32 || m.int8_products ||
          (elem == Elem::kBf16 && bf16_products_ && isa_ == KernelIsa::kBest && (CpuRunsAmx() || CpuRunsBf16Dot(isa_)));
 }
 

@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/flags_help.h"
+#include "base/host_memory.h"
 #include "base/malloc_tuning.h"
 #include "base/read_file.h"
 #include "base/status_macros.h"
@@ -46,6 +47,7 @@
 #include "server/http/openai_gateway.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/device_budget.h"
+#include "server/sessions/host_budget.h"
 #include "server/sessions/session_table.h"
 
 #ifndef TXL_BUNDLED_MODEL
@@ -91,8 +93,9 @@ ABSL_FLAG(int, max_queue, 256, "waiting requests before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 1000, "live sessions before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, session_memory_budget, -1,
           "bytes of session memory (each session counted at its full window) before "
-          "RESOURCE_EXHAUSTED; 0: no limit; -1: no limit on the CPU, on a GPU what the device has free "
-          "once the model is loaded, less --gpu_headroom");
+          "RESOURCE_EXHAUSTED; 0: no limit; -1: what the host (or the container) has available once the model "
+          "is loaded, less --host_headroom and the other host budgets; on a GPU what the device has free, less "
+          "--gpu_headroom");
 ABSL_FLAG(int, malloc_arenas, 1,
           "glibc malloc arenas (M_ARENA_MAX; 0: glibc's default of 8 per core). One keeps the resident "
           "memory of a busy server from creeping up across per-thread arenas");
@@ -100,6 +103,9 @@ ABSL_FLAG(int64_t, malloc_keep_bytes, int64_t{256} << 20,
           "freed memory glibc keeps for reuse (M_TRIM_THRESHOLD; blocks up to 32 MiB then come from its heap, "
           "not mmap); 0: glibc's defaults, under which a long prefill's activations are faulted in anew on "
           "every pass");
+ABSL_FLAG(int64_t, host_headroom, 0,
+          "bytes of host memory the default --session_memory_budget leaves free on a CPU, for a step's work "
+          "and the process (0: 10% of the host's or the container's memory)");
 ABSL_FLAG(int64_t, gpu_headroom, 0,
           "bytes a GPU keeps free beyond the default --session_memory_budget, for a step's work "
           "(0: 10% of the device, at least 1 GiB)");
@@ -240,7 +246,8 @@ struct ServerOptions {
   std::string listen, auth_tokens, tls_cert, tls_key, tls_client_ca;
   int max_message_bytes = 0;
   int64_t grpc_memory_quota = 0;
-  int64_t gpu_headroom = 0;  // 0: 10% of the device, at least 1 GiB
+  int64_t gpu_headroom = 0;   // 0: 10% of the device, at least 1 GiB
+  int64_t host_headroom = 0;  // 0: 10% of the host
   int grpc_max_threads = 0;
   absl::Duration max_connection_idle, drain_timeout;
 };
@@ -304,7 +311,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (table.max_sessions < 1 || table.memory_budget_bytes < -1)
     return absl::InvalidArgumentError("--max_sessions must be >= 1 and --session_memory_budget >= -1");
   o.gpu_headroom = absl::GetFlag(FLAGS_gpu_headroom);
+  o.host_headroom = absl::GetFlag(FLAGS_host_headroom);
   if (o.gpu_headroom < 0) return absl::InvalidArgumentError("--gpu_headroom must be >= 0");
+  if (o.host_headroom < 0) return absl::InvalidArgumentError("--host_headroom must be >= 0");
   if (table.max_sessions_per_principal < 0)
     return absl::InvalidArgumentError("--max_sessions_per_principal must be >= 0");
   table.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget);
@@ -428,11 +437,17 @@ absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
   o->service.max_import_bytes = model.FullMemoryBytes(o->service.max_mem_len) + (int64_t{1} << 20);
   o->service.device = model.device();
   if (o->table.memory_budget_bytes == -1) {
-    // A GPU's session memory: what is free once the weights are there, less
-    // headroom for a step's work, so a full device refuses new sessions
-    // (RESOURCE_EXHAUSTED) rather than failing a batch (INTERNAL).
-    o->table.memory_budget_bytes = 0;
-    if (model.device() != "cpu") {
+    // What is free once the weights are there, less headroom (and on a CPU the other host budgets):
+    // a full machine refuses new sessions (RESOURCE_EXHAUSTED), not a batch or the OOM killer.
+    const int64_t window = model.FullMemoryBytes(o->service.default_mem_len);
+    if (model.device() == "cpu") {
+      ASSIGN_OR_RETURN(const txl::HostMemory host, txl::ReadHostMemory());
+      const txl::HostBudgetConfig budget =
+          txl::HostBudgetOf(o->table, host, o->host_headroom, window, o->service.default_mem_len);
+      ASSIGN_OR_RETURN(o->table.memory_budget_bytes, txl::DefaultHostBudget(budget));
+      std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes ("
+                << txl::DescribeHostBudget(budget) << ")" << std::endl;
+    } else {
       auto memory = txl::CudaDeviceMemory();
       if (!memory.ok()) {
         return absl::FailedPreconditionError(absl::StrCat("sizing the session budget on ", model.device(), ": ",
@@ -443,7 +458,7 @@ absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
       budget.device = model.device();
       budget.memory = *memory;
       budget.headroom = o->gpu_headroom;
-      budget.window_bytes = model.FullMemoryBytes(o->service.default_mem_len);
+      budget.window_bytes = window;
       budget.default_mem_len = o->service.default_mem_len;
       ASSIGN_OR_RETURN(o->table.memory_budget_bytes, txl::DefaultDeviceBudget(budget));
       std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes (" << model.device()

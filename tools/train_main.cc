@@ -5,6 +5,7 @@
 // has it, else Gloo through host copies).
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/flags_help.h"
+#include "base/model_repository_layout.h"
 #include "base/read_file.h"
 #include "base/status_macros.h"
 #include "model/net/language_model.h"
@@ -64,6 +66,9 @@ ABSL_FLAG(int64_t, eval_mem_len, 256, "evaluation (and serving default) mem_len"
 ABSL_FLAG(int64_t, eval_tgt_len, 128, "evaluation segment length");
 ABSL_FLAG(int64_t, eval_max_tokens, 0, "evaluate on at most this many valid tokens (0: all)");
 ABSL_FLAG(std::string, out, "", "checkpoint to write (training state goes to OUT.trainstate)");
+ABSL_FLAG(std::string, publish, "",
+          "after training, copy the final checkpoint (--out) into this model directory of a repository "
+          "(DIR/NAME) as its next version, whole and atomically (docs/OPERATIONS.md, \"Model repository\")");
 ABSL_FLAG(bool, resume, false, "continue from OUT.trainstate");
 ABSL_FLAG(std::string, loss_log, "", "write 'step loss' for every step to this file");
 ABSL_FLAG(int, threads, 0, "intra-op threads (0: libtorch default)");
@@ -218,10 +223,16 @@ int main(int argc, char** argv) {
   txl::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "txl-train --train FILES [--valid FILES] [--config CFG.json] [model and training flags] "
-      "[--device cpu|cuda|cuda:N] --out M.pt");
+      "[--device cpu|cuda|cuda:N] --out M.pt [--publish REPO/NAME]");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_train).empty()) return Fail(2, "--train is required");
   if (absl::GetFlag(FLAGS_out).empty()) return Fail(2, "--out is required");
+  const std::string publish = absl::GetFlag(FLAGS_publish);
+  if (!publish.empty() && !txl::IsModelName(std::filesystem::path(publish).lexically_normal().filename().string())) {
+    return Fail(2, "--publish " + publish +
+                       ": its last part must be a model name (1-64 of letters, digits, '_', "
+                       "'.' and '-', not starting with '.')");
+  }
   if (absl::GetFlag(FLAGS_threads) > 0) txl::SetThreads(absl::GetFlag(FLAGS_threads));
   // Checked before anything is read or any process group joined.
   auto device = txl::ParseTrainingDevice(absl::GetFlag(FLAGS_device), "--device");
@@ -247,5 +258,10 @@ int main(int argc, char** argv) {
   if (!trainer.ok()) return Fail(1, AsFlags(trainer.status().message()));
   auto report = (*trainer)->Run(std::cout);
   if (!report.ok()) return Fail(1, AsFlags(report.status().message()));
+  if (!publish.empty() && (*parallel)->rank() == 0) {
+    auto version = txl::PublishCheckpoint(opt.out, publish);
+    if (!version.ok()) return Fail(1, std::string(version.status().message()));
+    std::cout << "published " << publish << "/" << *version << "/" << txl::kModelFileName << std::endl;
+  }
   return 0;
 }

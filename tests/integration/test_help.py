@@ -39,6 +39,7 @@ class HelpTest(unittest.TestCase):
         server = os.path.join(ARGS.bin_dir, "server", "txl-server")
         for flag, message in (("--session_memory_budget=-2", "--session_memory_budget >= -1"),
                               ("--gpu_headroom=-5", "--gpu_headroom must be >= 0"),
+                              ("--host_headroom=-5", "--host_headroom must be >= 0"),
                               ("--malloc_arenas=-1", "--malloc_arenas must be >= 0"),
                               ("--malloc_keep_bytes=-1", "--malloc_keep_bytes must be >= 0, got -1"),
                               ("--http_header_timeout_ms=0", "--http_header_timeout_ms must be >= 1, got 0")):

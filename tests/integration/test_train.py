@@ -98,6 +98,21 @@ class TrainTest(unittest.TestCase):
         # The loss must actually move, or equality above proves little.
         self.assertLess(straight[-1][1], straight[0][1] - 0.3)
 
+    def test_publish_adds_the_next_version_to_a_repository(self):
+        common = ["--train", self.corpus, "--batch_size", "4", "--max_steps", "2"] + SMALL
+        model_dir = os.path.join(self.path("repo"), "char")
+        for version in (1, 2):
+            proc = train(common + ["--out", self.path("m.pt"), "--seed", str(version), "--publish", model_dir])
+            published = os.path.join(model_dir, str(version), "model.pt")
+            self.assertIn("published " + published, proc.stdout)
+            with open(self.path("m.pt"), "rb") as a, open(published, "rb") as b:
+                self.assertEqual(a.read(), b.read())
+        self.assertEqual(sorted(os.listdir(model_dir)), ["1", "2"])  # nothing staged left behind
+        # A bad name is refused before any training (exit 2), and nothing is written.
+        self.expect_failure(common + ["--out", self.path("n.pt"), "--publish", self.path(".hidden")],
+                            "must be a model name", code=2)
+        self.assertFalse(os.path.exists(self.path("n.pt")))
+
     def test_two_processes_match_one_with_twice_the_batch(self):
         common = ["--train", self.corpus, "--max_steps", "8", "--dropout", "0", "--seed", "3"] + SMALL
         train(common + ["--batch_size", "8", "--out", self.path("one.pt"),
@@ -108,7 +123,8 @@ class TrainTest(unittest.TestCase):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port))
             cmd = [os.path.join(ARGS.bin_dir, "txl-train")] + common + [
-                "--batch_size", "4", "--out", self.path("two.pt"), "--loss_log", self.path("two.log")]
+                "--batch_size", "4", "--out", self.path("two.pt"), "--loss_log", self.path("two.log"),
+                "--publish", self.path("repo/two")]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
         for p in procs:
@@ -122,6 +138,7 @@ class TrainTest(unittest.TestCase):
         print("data parallel: 2x4 vs 1x8 max |loss diff| over 8 steps = %.3g" % diff)
         self.assertLess(diff, 1e-4)
         self.assertTrue(os.path.exists(self.path("two.pt")))
+        self.assertEqual(os.listdir(self.path("repo/two")), ["1"])  # rank 0 alone publishes
 
     def test_device_cpu_is_the_default_bit_for_bit(self):
         # Dropout on, so that the random stream is part of what must agree.

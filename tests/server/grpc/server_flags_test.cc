@@ -10,10 +10,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "base/host_memory.h"
 #include "client/txl_client.h"
 #include "tests/server/grpc/server_process.h"
 #include "tests/server/grpc/tiny_server.h"
@@ -144,6 +146,40 @@ TEST(ServerLimitsTest, MemoryBudgetAdmitsFullWindowsOnly) {
   EXPECT_NE(text.find("txl_sessions_max 1000"), std::string::npos) << text;
   ASSERT_TRUE(c->DeleteSession(a).ok());
   EXPECT_TRUE(c->CreateSession(v1::CreateSessionRequest()).ok());
+}
+
+// Metric `name`'s value in a /metrics page (-1: absent).
+double MetricValue(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + name.size() + 2, nullptr);
+}
+
+// Regression: on a CPU the default budget was no limit, so 1,000 sessions of
+// mem_len 4096 could take a base-shaped model's server past the host's
+// memory. It now comes from what the host has available, less headroom and
+// the other host budgets; 0 still opts out.
+TEST(ServerLimitsTest, DefaultBudgetOnACpuComesFromTheHostsMemory) {
+  auto host = ReadHostMemory();
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const double budget =
+      MetricValue(testing::HttpGet(server->metrics_port, "/metrics"), "txl_session_memory_budget_bytes");
+  EXPECT_GT(budget, 0);
+  EXPECT_LT(budget, static_cast<double>(host->total_bytes) * 0.9);
+  EXPECT_NE(server->output().find("session memory budget"), std::string::npos) << server->output();
+  EXPECT_NE(server->output().find("--host_headroom"), std::string::npos) << server->output();
+
+  auto unlimited = StartServer({"--session_memory_budget=0"});
+  ASSERT_NE(unlimited, nullptr);
+  EXPECT_EQ(MetricValue(testing::HttpGet(unlimited->metrics_port, "/metrics"), "txl_session_memory_budget_bytes"), 0);
+
+  std::string output;
+  auto none =
+      ServerProcess::Start(TXL_SERVER_BINARY, {"--model=" + ModelPath(), "--host_headroom=1000000000000000"}, &output);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_NE(output.find("no host memory left for sessions"), std::string::npos) << output;
+  EXPECT_NE(output.find("Give --session_memory_budget"), std::string::npos) << output;
 }
 
 TEST(ServerLimitsTest, IdleSessionsExpire) {

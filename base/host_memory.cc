@@ -73,8 +73,8 @@ void ApplyLimits(const Hierarchy& h, HostMemory* m) {
     if (limit > 0 && limit < kNoLimit) {
       // Usage counts the page cache; what the kernel can drop without
       // pressure (inactive file pages) is not taken.
-      const int64_t usage = std::max<int64_t>(0, ReadNumber(dir + "/" + h.usage)) -
-                            ReadStat(dir + "/memory.stat", h.inactive_file);
+      const int64_t usage =
+          std::max<int64_t>(0, ReadNumber(dir + "/" + h.usage)) - ReadStat(dir + "/memory.stat", h.inactive_file);
       const int64_t available = std::max<int64_t>(0, limit - std::max<int64_t>(0, usage));
       if (limit < m->total_bytes) m->total_bytes = limit;
       if (available < m->available_bytes) {

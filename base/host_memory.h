@@ -22,7 +22,7 @@ struct HostMemory {
 
 // Where to read from; tests point these at files of their own.
 struct HostMemorySources {
-  std::string proc = "/proc";           // PROC/meminfo, PROC/self/cgroup
+  std::string proc = "/proc";             // PROC/meminfo, PROC/self/cgroup
   std::string cgroup = "/sys/fs/cgroup";  // v2 mounted here; v1's memory controller at CGROUP/memory
 };
 

@@ -24,10 +24,10 @@ HostBudgetConfig HostBudgetOf(const SessionTableConfig& table, const HostMemory&
 int64_t HostHeadroom(const HostBudgetConfig& c) { return c.headroom > 0 ? c.headroom : c.memory.total_bytes / 10; }
 
 std::string DescribeHostBudget(const HostBudgetConfig& c) {
-  return absl::StrCat(c.memory.available_bytes, " bytes available of ", c.memory.total_bytes, " (",
-                      c.memory.limited_by, ") once the model is loaded, less ", HostHeadroom(c),
-                      " headroom (--host_headroom), ", c.checkpoints, " turn checkpoints (--checkpoint_budget), ",
-                      c.state_cache, " state cache (--state_cache_budget), ", c.offload,
+  return absl::StrCat(c.memory.available_bytes, " bytes available of ", c.memory.total_bytes, " (", c.memory.limited_by,
+                      ") once the model is loaded, less ", HostHeadroom(c), " headroom (--host_headroom), ",
+                      c.checkpoints, " turn checkpoints (--checkpoint_budget), ", c.state_cache,
+                      " state cache (--state_cache_budget), ", c.offload,
                       " offloaded sessions (--host_memory_budget) and ", c.history,
                       " rewind history (--max_sessions x --session_history_tokens x 4)");
 }

@@ -43,7 +43,8 @@ TEST(RepositoryNamesTest, ModelNamesAndVersions) {
     EXPECT_FALSE(IsModelName(bad)) << bad;
   EXPECT_EQ(VersionOf("1"), 1);
   EXPECT_EQ(VersionOf("42"), 42);
-  for (const char* bad : {"", "0", "007", "-1", "1a", "v2", "99999999999999999999"}) EXPECT_EQ(VersionOf(bad), 0) << bad;
+  for (const char* bad : {"", "0", "007", "-1", "1a", "v2", "99999999999999999999"})
+    EXPECT_EQ(VersionOf(bad), 0) << bad;
 }
 
 TEST_F(RepositoryLayoutTest, ScanListsModelsAndVersionsInOrderAndSkipsTheRest) {

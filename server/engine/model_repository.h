@@ -1,0 +1,116 @@
+// ModelRepository: the versions of the models under a repository directory
+// (DIR/NAME/VERSION/model.pt, base/model_repository_layout.h) that a server
+// holds loaded, and each one's state. Poll() rescans and applies the version
+// policy; Find() gives a request the version it names (or the newest ready
+// one). Transport-free and torch-free: what a loaded version is (its engine,
+// its scheduler) is the loader's business, behind ServedVersion.
+//
+// Promises:
+// - A version is ready only once the loader accepted it (the loader runs the
+//   checks: the checkpoint's fingerprint, config against tensors, a warm-up
+//   step). A half-copied or damaged file is FAILED with the loader's reason,
+//   retried when the file changes, and the versions already serving go on.
+// - A version the policy no longer wants retires only once a newer wanted
+//   version is ready, or at once when its directory is removed. A retiring
+//   version takes no new requests (Find skips it); whoever still holds it
+//   (a session bound to it) keeps it alive, and it is UNLOADED when the last
+//   holder lets go.
+//
+// Threading: thread-safe. mu_ guards the table; loads run outside it (Find
+// keeps answering during a slow load); poll_mu_ keeps polls one at a time.
+#ifndef TXL_SERVER_ENGINE_MODEL_REPOSITORY_H_
+#define TXL_SERVER_ENGINE_MODEL_REPOSITORY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "base/model_repository_layout.h"
+#include "server/engine/version_policy.h"
+
+namespace txl {
+
+// A loaded version, as the server serves it; the repository holds and counts it.
+class ServedVersion {
+ public:
+  virtual ~ServedVersion() = default;
+};
+
+enum class VersionState { kLoading, kReady, kFailed, kRetiring, kUnloaded };
+const char* VersionStateName(VersionState state);
+
+struct VersionStatus {
+  std::string model;
+  int64_t version = 0;
+  VersionState state = VersionState::kLoading;
+  std::string reason;  // FAILED: the loader's error; RETIRING/UNLOADED: why
+  std::string path;
+};
+
+struct ModelRepositoryConfig {
+  std::string dir;
+  VersionPolicy policy;
+};
+
+// Loads and checks one version; its error becomes the FAILED reason.
+using VersionLoader =
+    std::function<absl::StatusOr<std::shared_ptr<ServedVersion>>(const std::string& model, const RepositoryVersion& v)>;
+
+class ModelRepository {
+ public:
+  // Scans once (Poll). NOT_FOUND naming the directory when it is missing.
+  static absl::StatusOr<std::unique_ptr<ModelRepository>> Create(const ModelRepositoryConfig& config,
+                                                                 VersionLoader loader);
+
+  // Rescans the directory: loads the wanted versions not yet loaded (and
+  // failed ones whose file changed), retires what the policy dropped.
+  absl::Status Poll() ABSL_LOCKS_EXCLUDED(poll_mu_, mu_);
+
+  struct Found {
+    int64_t version = 0;
+    std::shared_ptr<ServedVersion> served;
+  };
+  // `version` 0: the newest ready version. NOT_FOUND naming the model (and
+  // the version, with its state) when nothing ready matches.
+  absl::StatusOr<Found> Find(const std::string& model, int64_t version = 0) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every version seen, by model then version.
+  std::vector<VersionStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Stamp {
+    int64_t size = -1, mtime_ns = -1;
+    bool operator==(const Stamp& o) const { return size == o.size && mtime_ns == o.mtime_ns; }
+  };
+  struct Entry {
+    VersionState state = VersionState::kLoading;
+    std::string reason, path;
+    Stamp stamp;                             // of model.pt when last tried
+    std::shared_ptr<ServedVersion> served;   // READY
+    std::weak_ptr<ServedVersion> retiring;   // RETIRING: held by others only
+  };
+  using Versions = std::map<int64_t, Entry>;
+
+  ModelRepository(const ModelRepositoryConfig& config, VersionLoader loader)
+      : config_(config), loader_(std::move(loader)) {}
+  static Stamp StampOf(const std::string& path);
+  // Retires `e` (READY) for `why`.
+  static void Retire(Entry& e, const std::string& why);
+  static VersionState StateOf(const Entry& e);
+
+  const ModelRepositoryConfig config_;
+  const VersionLoader loader_;
+  absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  std::map<std::string, Versions> models_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_ENGINE_MODEL_REPOSITORY_H_

@@ -1,0 +1,194 @@
+// ModelRepository and the version policy against a fake loader: which
+// versions load, what a damaged file does, when a version retires and
+// unloads, and that Find answers during a slow load.
+#include "server/engine/model_repository.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "base/read_file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace txl {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct FakeVersion : ServedVersion {
+  explicit FakeVersion(int64_t v) : version(v) {}
+  int64_t version;
+};
+
+TEST(VersionPolicyTest, ParsesTheThreeFormsAndNamesABadOne) {
+  EXPECT_EQ(ParseVersionPolicy("latest")->latest, 1);
+  EXPECT_EQ(ParseVersionPolicy("latest:3")->latest, 3);
+  EXPECT_EQ(ParseVersionPolicy("all")->latest, 0);
+  for (const char* bad : {"", "newest", "latest:0", "latest:x", "latest:-2", "ALL"}) {
+    auto p = ParseVersionPolicy(bad);
+    ASSERT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(p.status().message(), HasSubstr(absl::StrCat("\"", bad, "\"")));
+  }
+}
+
+TEST(VersionPolicyTest, WantsTheNewestCompleteVersions) {
+  std::vector<RepositoryVersion> v = {{1, "", true}, {2, "", true}, {3, "", false}, {4, "", true}};
+  EXPECT_EQ(WantedVersions(*ParseVersionPolicy("latest"), v), (std::vector<int64_t>{4}));
+  EXPECT_EQ(WantedVersions(*ParseVersionPolicy("latest:2"), v), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(WantedVersions(*ParseVersionPolicy("all"), v), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_TRUE(WantedVersions(*ParseVersionPolicy("all"), {}).empty());
+}
+
+class ModelRepositoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/model_repository_test_", getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // Writes NAME/VERSION/model.pt; the fake loader accepts "good" only.
+  void Put(const std::string& model, int64_t version, const std::string& bytes = "good") {
+    const std::string d = absl::StrCat(dir_, "/", model, "/", version);
+    std::filesystem::create_directories(d);
+    ASSERT_TRUE(WriteFile(d + "/model.pt", bytes).ok());
+  }
+  VersionLoader Loader() {
+    return [this](const std::string&, const RepositoryVersion& v) -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
+      ++loads_;
+      auto bytes = ReadFile(v.path);
+      if (!bytes.ok()) return bytes.status();
+      if (*bytes != "good") return absl::InvalidArgumentError(absl::StrCat(v.path, ": damaged checkpoint"));
+      return std::make_shared<FakeVersion>(v.version);
+    };
+  }
+  std::unique_ptr<ModelRepository> Open(const std::string& policy = "latest") {
+    auto r = ModelRepository::Create({dir_, *ParseVersionPolicy(policy)}, Loader());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+  VersionState StateOf(const ModelRepository& r, const std::string& model, int64_t version) {
+    for (const VersionStatus& s : r.List()) {
+      if (s.model == model && s.version == version) return s.state;
+    }
+    ADD_FAILURE() << model << " " << version << " not listed";
+    return VersionState::kLoading;
+  }
+  int64_t Newest(const ModelRepository& r, const std::string& model) {
+    auto f = r.Find(model);
+    return f.ok() ? f->version : -1;
+  }
+  std::string dir_;
+  std::atomic<int> loads_{0};
+};
+
+TEST_F(ModelRepositoryTest, AMissingDirectoryIsNotFoundNamingIt) {
+  auto r = ModelRepository::Create({dir_ + "/nope", {}}, Loader());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr(dir_ + "/nope"));
+}
+
+TEST_F(ModelRepositoryTest, ANewVersionTakesOverAndTheOldOneUnloadsWhenItsLastHolderLetsGo) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  auto held = r->Find("char");  // a session bound to version 1
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->version, 1);
+  Put("char", 2);
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kRetiring);
+  auto pinned = r->Find("char", 1);  // takes no new requests
+  EXPECT_EQ(pinned.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(pinned.status().message(), HasSubstr("RETIRING: replaced by version 2"));
+  EXPECT_EQ(static_cast<FakeVersion*>(held->served.get())->version, 1);  // the holder's is intact
+  held->served.reset();
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kUnloaded);
+  EXPECT_EQ(loads_, 2);
+}
+
+TEST_F(ModelRepositoryTest, ADamagedVersionFailsWithItsReasonAndTheServingOneGoesOn) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  Put("char", 2, "half a file");
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kFailed);
+  EXPECT_EQ(Newest(*r, "char"), 1);  // still serving
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kReady);
+  auto two = r->Find("char", 2);
+  EXPECT_THAT(two.status().message(), HasSubstr("FAILED"));
+  EXPECT_THAT(two.status().message(), HasSubstr("damaged checkpoint"));
+  // Polling again does not retry an unchanged file; a changed one is.
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(loads_, 2);
+  Put("char", 2, "good");
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(loads_, 3);
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kUnloaded);  // nobody held it
+}
+
+TEST_F(ModelRepositoryTest, RemovingTheServingVersionBringsBackTheOneBefore) {
+  Put("char", 1);
+  Put("char", 2);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  EXPECT_EQ(loads_, 1);  // latest: version 1 was never loaded
+  std::filesystem::remove_all(dir_ + "/char/2");
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(Newest(*r, "char"), 1);
+  EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kUnloaded);
+}
+
+TEST_F(ModelRepositoryTest, PoliciesAndModelsAreSeparate) {
+  Put("char", 1);
+  Put("char", 2);
+  Put("word", 5);
+  auto r = Open("all");
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->Find("char", 1).ok());
+  EXPECT_TRUE(r->Find("char", 2).ok());
+  EXPECT_EQ(Newest(*r, "word"), 5);
+  auto none = r->Find("byte");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("\"byte\" is not served (served: char, word)"));
+  EXPECT_THAT(r->Find("char", 9).status().message(), HasSubstr("has no version 9"));
+}
+
+TEST_F(ModelRepositoryTest, FindAnswersWhileAVersionLoads) {
+  Put("char", 1);
+  absl::Notification loading, release;
+  VersionLoader slow = [&](const std::string&, const RepositoryVersion& v)
+      -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
+    if (v.version == 2) {
+      loading.Notify();
+      release.WaitForNotification();
+    }
+    return std::make_shared<FakeVersion>(v.version);
+  };
+  auto r = ModelRepository::Create({dir_, {}}, slow);
+  ASSERT_TRUE(r.ok());
+  Put("char", 2);
+  std::thread poll([&] { EXPECT_TRUE((*r)->Poll().ok()); });
+  loading.WaitForNotification();
+  EXPECT_EQ(Newest(**r, "char"), 1);  // served while version 2 loads
+  EXPECT_EQ(StateOf(**r, "char", 2), VersionState::kLoading);
+  release.Notify();
+  poll.join();
+  EXPECT_EQ(Newest(**r, "char"), 2);
+}
+
+}  // namespace
+}  // namespace txl

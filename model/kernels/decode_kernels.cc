@@ -146,6 +146,7 @@ __attribute__((always_inline)) inline void ScoreRow(const DecodeAttentionArgs& a
   // Keys fetched this many rows ahead: 24 float32 rows (measured), the same
   // bytes in narrower rows.
   constexpr int64_t kAhead = 24 * 4 / kElemBytes;
+  constexpr int64_t kRelAhead = 24 * 4 / static_cast<int64_t>(sizeof(RT));
   const KT* kp[4];
   const RT* rp[4];
   int64_t slot = first, c = 0;
@@ -163,6 +164,11 @@ __attribute__((always_inline)) inline void ScoreRow(const DecodeAttentionArgs& a
       if (ahead < s.cap) {
         const char* kr = reinterpret_cast<const char*>(k + ahead * dh);
         for (int64_t off = 0; off < dh * kElemBytes; off += 64) __builtin_prefetch(kr + off);
+      }
+      // The position table is read backwards (distance L - c down to 1).
+      if (L - c - j - kRelAhead >= 0) {
+        const char* rr = reinterpret_cast<const char*>(rel + (L - c - j - kRelAhead) * dh);
+        for (int64_t off = 0; off < dh * static_cast<int64_t>(sizeof(RT)); off += 64) __builtin_prefetch(rr + off);
       }
       if (++slot == s.mem_len) slot = 0;
     }

@@ -122,11 +122,13 @@ absl::StatusOr<int64_t> PublishCheckpoint(const std::string& checkpoint, const s
   if (auto s = SyncPath(staged, O_RDONLY); !s.ok()) return fail(s);
   if (auto s = SyncPath(staging, O_RDONLY | O_DIRECTORY); !s.ok()) return fail(s);
   // Renamed to the next free version; never over one that exists (another
-  // publisher may take a number between the listing and the rename).
+  // publisher may take a number between the listing and the rename: then
+  // list again). Adding the attempt to the number instead left gaps, as a
+  // listing during another's rename can miss that entry.
   for (int attempt = 0; attempt < 100; ++attempt) {
     auto versions = ListVersions(model_dir);
     if (!versions.ok()) return fail(versions.status());
-    const int64_t next = (versions->empty() ? 0 : versions->back().version) + 1 + attempt;
+    const int64_t next = versions->empty() ? 1 : versions->back().version + 1;
     const std::string target = absl::StrCat(model_dir, "/", next);
     if (renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
       if (auto s = SyncPath(model_dir, O_RDONLY | O_DIRECTORY); !s.ok()) return s;

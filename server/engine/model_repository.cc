@@ -26,16 +26,11 @@ const RepositoryVersion* FindVersion(const std::vector<RepositoryVersion>& versi
 
 const char* VersionStateName(VersionState state) {
   switch (state) {
-    case VersionState::kLoading:
-      return "LOADING";
-    case VersionState::kReady:
-      return "READY";
-    case VersionState::kFailed:
-      return "FAILED";
-    case VersionState::kRetiring:
-      return "RETIRING";
-    case VersionState::kUnloaded:
-      return "UNLOADED";
+    case VersionState::kLoading: return "LOADING";
+    case VersionState::kReady: return "READY";
+    case VersionState::kFailed: return "FAILED";
+    case VersionState::kRetiring: return "RETIRING";
+    case VersionState::kUnloaded: return "UNLOADED";
   }
   return "UNKNOWN";
 }
@@ -147,8 +142,8 @@ absl::StatusOr<ModelRepository::Found> ModelRepository::Find(const std::string& 
   if (m == models_.end()) {
     std::vector<std::string> names;
     for (const auto& [name, versions] : models_) names.push_back(name);
-    return absl::NotFoundError(absl::StrCat("model \"", model, "\" is not served (served: ",
-                                            names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "model \"", model, "\" is not served (served: ", names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
   }
   if (version == 0) {
     for (auto it = m->second.rbegin(); it != m->second.rend(); ++it) {

@@ -91,9 +91,9 @@ class ModelRepository {
   struct Entry {
     VersionState state = VersionState::kLoading;
     std::string reason, path;
-    Stamp stamp;                             // of model.pt when last tried
-    std::shared_ptr<ServedVersion> served;   // READY
-    std::weak_ptr<ServedVersion> retiring;   // RETIRING: held by others only
+    Stamp stamp;                            // of model.pt when last tried
+    std::shared_ptr<ServedVersion> served;  // READY
+    std::weak_ptr<ServedVersion> retiring;  // RETIRING: held by others only
   };
   using Versions = std::map<int64_t, Entry>;
 

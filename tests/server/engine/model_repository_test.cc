@@ -170,8 +170,8 @@ TEST_F(ModelRepositoryTest, PoliciesAndModelsAreSeparate) {
 TEST_F(ModelRepositoryTest, FindAnswersWhileAVersionLoads) {
   Put("char", 1);
   absl::Notification loading, release;
-  VersionLoader slow = [&](const std::string&, const RepositoryVersion& v)
-      -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
+  VersionLoader slow = [&](const std::string&,
+                           const RepositoryVersion& v) -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
     if (v.version == 2) {
       loading.Notify();
       release.WaitForNotification();

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 FORMAT=${CLANG_FORMAT:-clang-format-14}
 command -v "$FORMAT" >/dev/null || { echo "check_format: $FORMAT not found (scripts/install-deps.sh installs it)" >&2; exit 2; }
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  mapfile -t files < <(git ls-files '*.cc' '*.h')
+  # Tracked files and new ones not ignored yet, so that --fix formats a file before its first commit.
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h')
 else  # an exported tree without git
   mapfile -t files < <(find base model train tools server client bench tests -name '*.cc' -o -name '*.h')
 fi

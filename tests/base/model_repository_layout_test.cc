@@ -39,8 +39,10 @@ class RepositoryLayoutTest : public ::testing::Test {
 
 TEST(RepositoryNamesTest, ModelNamesAndVersions) {
   for (const char* ok : {"char", "wt103-base", "m_1.2"}) EXPECT_TRUE(IsModelName(ok)) << ok;
-  for (const char* bad : {"", ".hidden", "a/b", "a b", "é", std::string(65, 'a').c_str()})
+  const std::string too_long(65, 'a');
+  for (const std::string bad : {"", ".hidden", "a/b", "a b", "é", too_long.c_str()}) {
     EXPECT_FALSE(IsModelName(bad)) << bad;
+  }
   EXPECT_EQ(VersionOf("1"), 1);
   EXPECT_EQ(VersionOf("42"), 42);
   for (const char* bad : {"", "0", "007", "-1", "1a", "v2", "99999999999999999999"})

@@ -92,7 +92,7 @@ absl::Status ModelRepository::Poll() {
             e.state = VersionState::kReady;
             e.reason.clear();
           }
-          const bool retry = e.state == VersionState::kUnloaded || StateOf(e) == VersionState::kUnloaded ||
+          const bool retry = StateOf(e) == VersionState::kUnloaded ||
                              (e.state == VersionState::kFailed && !(e.stamp == StampOf(rv.path)));
           if (!retry) continue;
         }

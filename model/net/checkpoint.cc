@@ -1,6 +1,7 @@
 #include "model/net/checkpoint.h"
 
 #include <caffe2/serialize/file_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/script.h>
 
@@ -155,6 +156,33 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   ckpt.tokenizer = *std::move(tokenizer);
   ckpt.weights = std::make_shared<TxlWeights>(std::move(weights));
   return ckpt;
+}
+
+absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": no such file"));
+  }
+  const std::string record = absl::StrCat("extra/", kConfigFile);
+  std::string json;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (!reader.hasRecord(record)) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": has no ", kConfigFile));
+    }
+    auto [data, size] = reader.getRecord(record);
+    json.assign(static_cast<const char*>(data.get()), size);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, ": not a readable TorchScript archive: ", Brief(e)));
+  }
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(json);
+  if (!config.ok())
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", config.status().message()));
+  if (auto s = config->Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", s.message()));
+  }
+  return config;
 }
 
 absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config, const Tokenizer& tokenizer,

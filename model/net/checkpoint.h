@@ -34,6 +34,10 @@ absl::Status SaveCheckpoint(const std::string& path, const ModelConfig& config, 
 // that contradicts the tensors or the tokenizer, non-finite weights.
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
 
+// The config alone, read from the archive's config.json without loading a
+// tensor (sizing a version before loading it). Errors as LoadCheckpoint's.
+absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& path);
+
 // A freshly initialised model: normal(0, init_std) as the original init
 // (0.02); tests use larger values so that the distributions are peaked.
 absl::Status WriteInitialCheckpoint(const std::string& path, const ModelConfig& config, const Tokenizer& tokenizer,

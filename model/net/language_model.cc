@@ -157,6 +157,23 @@ absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSessionAt(int64_
   return std::unique_ptr<SessionState>(new SessionMemory(config_.n_layer, mem_len, FullMemoryBytes(mem_len), position));
 }
 
+int64_t LanguageModel::EstimateWeightBytes(const ModelConfig& config, const LanguageModelOptions& options,
+                                           int64_t checkpoint_bytes) {
+  // Per layer: qkv, o and the two feed-forward matrices (the products --dtype
+  // converts); r_net, the embeddings and the output layer stay float32.
+  const int64_t inner = config.n_head * config.d_head;
+  const int64_t products =
+      config.n_layer * (config.d_model * 3 * inner + inner * config.d_model + 2 * config.d_model * config.d_inner);
+  int64_t per_product = 4;
+  if (options.dtype == WeightDtype::kBfloat16) per_product = 2;
+  if (options.dtype == WeightDtype::kInt8) per_product = 2;  // rows and panels, a byte each
+  const int64_t rest = std::max<int64_t>(0, checkpoint_bytes - products * 4);
+  // Plus 5%: a load also keeps working buffers (the output layer's grow with
+  // the vocabulary), measured at up to 4% beyond the weights with 32,000 tokens.
+  const int64_t weights = rest + products * per_product;
+  return weights + weights / 20;
+}
+
 int64_t LanguageModel::ReceptiveField(int64_t mem_len) const {
   return config_.n_layer * std::max<int64_t>(0, mem_len - 1);
 }

@@ -45,6 +45,15 @@ struct LanguageModelOptions {
 class LanguageModel {
  public:
   static absl::StatusOr<std::unique_ptr<LanguageModel>> Create(const LanguageModelOptions& options);
+  // The bytes a model of `config`, whose float32 checkpoint takes
+  // `checkpoint_bytes`, holds once loaded with `options`: the layers' product
+  // weights in the weight format (int8 twice: rows and panels), everything
+  // else as float32, and 5% for the working buffers a load keeps. An
+  // estimate from before loading it (a repository's memory budget), a few
+  // percent above what a load adds (docs/CAPACITY.md, "The memory a loaded
+  // version holds").
+  static int64_t EstimateWeightBytes(const ModelConfig& config, const LanguageModelOptions& options,
+                                     int64_t checkpoint_bytes);
   ~LanguageModel();
 
   const ModelConfig& config() const { return config_; }

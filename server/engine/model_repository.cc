@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace txl {
 
@@ -36,8 +37,15 @@ const char* VersionStateName(VersionState state) {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Create(const ModelRepositoryConfig& config,
-                                                                         VersionLoader loader) {
-  std::unique_ptr<ModelRepository> r(new ModelRepository(config, std::move(loader)));
+                                                                         VersionLoader loader, VersionSizer sizer) {
+  if (config.memory_budget_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model_memory_budget: must be >= 0 (0: no limit), got ", config.memory_budget_bytes));
+  }
+  if (config.memory_budget_bytes > 0 && sizer == nullptr) {
+    return absl::InvalidArgumentError("a model memory budget needs a sizer");
+  }
+  std::unique_ptr<ModelRepository> r(new ModelRepository(config, std::move(loader), std::move(sizer)));
   if (absl::Status s = r->Poll(); !s.ok()) return s;
   return r;
 }
@@ -82,9 +90,14 @@ absl::Status ModelRepository::Poll() {
     // What the policy wants and is not loaded: loaded below, outside the lock.
     for (const auto& [name, versions] : *scan) {
       Versions& known = models_[name];
+      const bool unloaded = unloaded_.count(name) != 0;  // listed, not loaded, until Load
       for (int64_t v : WantedVersions(config_.policy, versions)) {
         const RepositoryVersion& rv = *FindVersion(versions, v);
         auto k = known.find(v);
+        if (unloaded) {
+          if (k == known.end()) known[v] = Entry{VersionState::kUnloaded, "unloaded by request", rv.path};
+          continue;
+        }
         if (k != known.end()) {
           Entry& e = k->second;
           if (e.state == VersionState::kRetiring && !e.retiring.expired()) {  // wanted again while still held
@@ -93,7 +106,7 @@ absl::Status ModelRepository::Poll() {
             e.reason.clear();
           }
           const bool retry = StateOf(e) == VersionState::kUnloaded ||
-                             (e.state == VersionState::kFailed && !(e.stamp == StampOf(rv.path)));
+                             (e.state == VersionState::kFailed && (e.over_budget || !(e.stamp == StampOf(rv.path))));
           if (!retry) continue;
         }
         Entry& e = known[v];
@@ -104,18 +117,7 @@ absl::Status ModelRepository::Poll() {
       }
     }
   }
-  for (const Todo& t : todo) {
-    auto loaded = loader_(t.model, t.version);
-    absl::MutexLock l(&mu_);
-    Entry& e = models_[t.model][t.version.version];
-    if (loaded.ok() && *loaded != nullptr) {
-      e.state = VersionState::kReady;
-      e.served = std::move(*loaded);
-    } else {
-      e.state = VersionState::kFailed;
-      e.reason = loaded.ok() ? "the loader returned nothing" : std::string(loaded.status().message());
-    }
-  }
+  for (const Todo& t : todo) LoadOne(t.model, t.version);
   // A version the policy dropped retires once a newer wanted one is ready.
   absl::MutexLock l(&mu_);
   for (const auto& [name, versions] : *scan) {
@@ -134,6 +136,100 @@ absl::Status ModelRepository::Poll() {
     }
   }
   return absl::OkStatus();
+}
+
+int64_t ModelRepository::BytesInUse(const std::string& model, int64_t version, std::string* holders) const {
+  int64_t used = 0;
+  for (const auto& [name, versions] : models_) {
+    for (const auto& [v, e] : versions) {
+      if (name == model && v == version) continue;
+      const VersionState state = StateOf(e);
+      if (e.bytes == 0 ||
+          !(state == VersionState::kLoading || state == VersionState::kReady || state == VersionState::kRetiring)) {
+        continue;
+      }
+      used += e.bytes;
+      absl::StrAppend(holders, holders->empty() ? "" : ", ", name, " version ", v, " ", VersionStateName(state), " ",
+                      e.bytes);
+    }
+  }
+  return used;
+}
+
+void ModelRepository::LoadOne(const std::string& model, const RepositoryVersion& v) {
+  if (config_.memory_budget_bytes > 0) {
+    absl::StatusOr<int64_t> need = sizer_(v);
+    absl::MutexLock l(&mu_);
+    Entry& e = models_[model][v.version];
+    if (!need.ok()) {
+      e.state = VersionState::kFailed;
+      e.reason = std::string(need.status().message());
+      return;
+    }
+    std::string holders;
+    const int64_t used = BytesInUse(model, v.version, &holders);
+    if (used + *need > config_.memory_budget_bytes) {
+      e.state = VersionState::kFailed;
+      e.over_budget = true;
+      e.reason = absl::StrCat("needs ", *need, " bytes, and --model_memory_budget ", config_.memory_budget_bytes,
+                              " has ", std::max<int64_t>(0, config_.memory_budget_bytes - used), " left (",
+                              holders.empty() ? "nothing" : holders, " held)");
+      return;
+    }
+    e.bytes = *need;  // counted from now, so that a load beside this one sees it
+  }
+  absl::StatusOr<std::shared_ptr<ServedVersion>> loaded = loader_(model, v);
+  absl::MutexLock l(&mu_);  // released before `loaded` (an engine) is destroyed
+  Entry& e = models_[model][v.version];
+  if (unloaded_.count(model) != 0) {  // Unload ran during the load
+    e.state = VersionState::kUnloaded;
+    e.reason = "unloaded by request";
+    e.bytes = 0;
+  } else if (loaded.ok() && *loaded != nullptr) {
+    e.state = VersionState::kReady;
+    e.served = std::move(*loaded);
+  } else {
+    e.state = VersionState::kFailed;
+    e.reason = loaded.ok() ? "the loader returned nothing" : std::string(loaded.status().message());
+    e.bytes = 0;
+  }
+}
+
+absl::Status ModelRepository::Unload(const std::string& model) {
+  absl::MutexLock l(&mu_);
+  auto m = models_.find(model);
+  if (m == models_.end()) return absl::NotFoundError(absl::StrCat("model \"", model, "\" is not in the repository"));
+  unloaded_.insert(model);
+  for (auto& [v, e] : m->second) {
+    if (e.state == VersionState::kReady) {
+      Retire(e, "unloaded by request");
+    } else if (e.state == VersionState::kFailed) {
+      e.state = VersionState::kUnloaded;
+      e.reason = "unloaded by request";
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::Load(const std::string& model) {
+  ASSIGN_OR_RETURN(const auto scan, ScanRepository(config_.dir));
+  if (scan.count(model) == 0) {
+    return absl::NotFoundError(absl::StrCat("model \"", model, "\" is not in ", config_.dir));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    unloaded_.erase(model);
+  }
+  RETURN_IF_ERROR(Poll());
+  absl::MutexLock l(&mu_);
+  std::vector<std::string> why;
+  for (const auto& [v, e] : models_[model]) {
+    if (e.state == VersionState::kReady) return absl::OkStatus();
+    if (e.state == VersionState::kFailed) why.push_back(absl::StrCat("version ", v, ": ", e.reason));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("model \"", model, "\" has no ready version",
+                                                    why.empty() ? "" : " (", absl::StrJoin(why, "; "),
+                                                    why.empty() ? "" : ")"));
 }
 
 absl::StatusOr<ModelRepository::Found> ModelRepository::Find(const std::string& model, int64_t version) const {

@@ -11,10 +11,14 @@
 //   step). A half-copied or damaged file is FAILED with the loader's reason,
 //   retried when the file changes, and the versions already serving go on.
 // - A version the policy no longer wants retires only once a newer wanted
-//   version is ready, or at once when its directory is removed. A retiring
+//   version is ready, at once when its directory is removed, or on Unload. A retiring
 //   version takes no new requests (Find skips it); whoever still holds it
 //   (a session bound to it) keeps it alive, and it is UNLOADED when the last
 //   holder lets go.
+// - With a memory budget, a version is loaded only when the sizer's estimate
+//   fits beside the versions that hold memory (LOADING, READY, and RETIRING
+//   ones still held); otherwise it is FAILED with the figures, before any
+//   load, and tried again on the next poll.
 //
 // Threading: thread-safe. mu_ guards the table; loads run outside it (Find
 // keeps answering during a slow load); poll_mu_ keeps polls one at a time.
@@ -25,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,21 +61,36 @@ struct VersionStatus {
 struct ModelRepositoryConfig {
   std::string dir;
   VersionPolicy policy;
+  // Bytes the versions' weights may hold together (--model_memory_budget),
+  // as the VersionSizer estimates them; 0: no limit.
+  int64_t memory_budget_bytes = 0;
 };
 
 // Loads and checks one version; its error becomes the FAILED reason.
 using VersionLoader =
     std::function<absl::StatusOr<std::shared_ptr<ServedVersion>>(const std::string& model, const RepositoryVersion& v)>;
+// The bytes a version will hold once loaded, from its files alone (before
+// loading it); its error becomes the FAILED reason.
+using VersionSizer = std::function<absl::StatusOr<int64_t>(const RepositoryVersion& v)>;
 
 class ModelRepository {
  public:
   // Scans once (Poll). NOT_FOUND naming the directory when it is missing.
+  // `sizer` may be null when there is no memory budget (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<std::unique_ptr<ModelRepository>> Create(const ModelRepositoryConfig& config,
-                                                                 VersionLoader loader);
+                                                                 VersionLoader loader, VersionSizer sizer = nullptr);
 
   // Rescans the directory: loads the wanted versions not yet loaded (and
   // failed ones whose file changed), retires what the policy dropped.
   absl::Status Poll() ABSL_LOCKS_EXCLUDED(poll_mu_, mu_);
+
+  // Explicit control. Unload: every version of `model` stops taking new
+  // requests now (RETIRING until its holders let go) and polls leave the
+  // model alone until Load; NOT_FOUND for a model never seen. Load: clears
+  // that and polls; NOT_FOUND when the directory has no such model,
+  // FAILED_PRECONDITION with the reasons when no version of it is ready after.
+  absl::Status Unload(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Load(const std::string& model) ABSL_LOCKS_EXCLUDED(poll_mu_, mu_);
 
   struct Found {
     int64_t version = 0;
@@ -92,23 +112,32 @@ class ModelRepository {
     VersionState state = VersionState::kLoading;
     std::string reason, path;
     Stamp stamp;                            // of model.pt when last tried
+    int64_t bytes = 0;                      // the sizer's estimate, once admitted
+    bool over_budget = false;               // FAILED for the budget: tried again on each poll
     std::shared_ptr<ServedVersion> served;  // READY
     std::weak_ptr<ServedVersion> retiring;  // RETIRING: held by others only
   };
   using Versions = std::map<int64_t, Entry>;
 
-  ModelRepository(const ModelRepositoryConfig& config, VersionLoader loader)
-      : config_(config), loader_(std::move(loader)) {}
+  ModelRepository(const ModelRepositoryConfig& config, VersionLoader loader, VersionSizer sizer)
+      : config_(config), loader_(std::move(loader)), sizer_(std::move(sizer)) {}
   static Stamp StampOf(const std::string& path);
   // Retires `e` (READY) for `why`.
   static void Retire(Entry& e, const std::string& why);
   static VersionState StateOf(const Entry& e);
+  // Loads one version the poll chose (budget, loader), outside mu_.
+  void LoadOne(const std::string& model, const RepositoryVersion& v) ABSL_LOCKS_EXCLUDED(mu_);
+  // Bytes held by the versions other than (model, version), and who holds them.
+  int64_t BytesInUse(const std::string& model, int64_t version, std::string* holders) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelRepositoryConfig config_;
   const VersionLoader loader_;
+  const VersionSizer sizer_;
   absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<std::string, Versions> models_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> unloaded_ ABSL_GUARDED_BY(mu_);  // by Unload, until Load
 };
 
 }  // namespace txl

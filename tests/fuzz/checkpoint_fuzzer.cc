@@ -3,6 +3,7 @@
 // input becomes a file; Create must either fail with a status or give a
 // model that runs one step. An exception escaping, a crash or a sanitizer
 // report is a finding. Every refusal must name the file (checkpoint.h).
+// ReadCheckpointConfig takes each input too, and must agree with a load.
 //
 // Random bytes rarely get past the zip reader, so most modes start from a
 // real checkpoint written at start-up by WriteInitialCheckpoint (a plain one
@@ -204,7 +205,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   LanguageModelOptions options;
   options.path = g_input;
+  // The config alone (sizing a repository's version before its load): a
+  // status or a config, and the config of any file that loads.
+  absl::StatusOr<ModelConfig> config_only = ReadCheckpointConfig(g_input);
+  Check(config_only.ok() || std::string(config_only.status().message()).find(g_input) != std::string::npos,
+        "a config refusal names the file: " + std::string(config_only.status().message()));
   absl::StatusOr<std::unique_ptr<LanguageModel>> model = LanguageModel::Create(options);
+  if (model.ok()) {
+    Check(config_only.ok() && config_only->ToJson() == (*model)->config().ToJson(),
+          "ReadCheckpointConfig gives the config of a checkpoint that loads");
+  }
   if (!model.ok()) {
     Check(std::string(model.status().message()).find(g_input) != std::string::npos,
           "a refusal names the file: " + std::string(model.status().message()));

@@ -82,12 +82,33 @@ class ModelRepositoryTest : public ::testing::Test {
     ADD_FAILURE() << model << " " << version << " not listed";
     return VersionState::kLoading;
   }
+  // Loads version 2 only once release_ is notified (loading_ says it started).
+  VersionLoader SlowLoader() {
+    return [this](const std::string&, const RepositoryVersion& v) -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
+      if (v.version == 2) {
+        loading_.Notify();
+        release_.WaitForNotification();
+      }
+      return std::make_shared<FakeVersion>(v.version);
+    };
+  }
+  // char version 1 served, and a poll (`poll`, to be joined) loading version 2 until release_.
+  std::unique_ptr<ModelRepository> OpenWhileVersion2Loads(std::thread* poll) {
+    Put("char", 1);
+    auto r = ModelRepository::Create({dir_, {}}, SlowLoader());
+    if (!r.ok()) return nullptr;
+    Put("char", 2);
+    *poll = std::thread([repository = r->get()] { EXPECT_TRUE(repository->Poll().ok()); });
+    loading_.WaitForNotification();
+    return *std::move(r);
+  }
   int64_t Newest(const ModelRepository& r, const std::string& model) {
     auto f = r.Find(model);
     return f.ok() ? f->version : -1;
   }
   std::string dir_;
   std::atomic<int> loads_{0};
+  absl::Notification loading_, release_;
 };
 
 TEST_F(ModelRepositoryTest, AMissingDirectoryIsNotFoundNamingIt) {
@@ -168,26 +189,105 @@ TEST_F(ModelRepositoryTest, PoliciesAndModelsAreSeparate) {
 }
 
 TEST_F(ModelRepositoryTest, FindAnswersWhileAVersionLoads) {
-  Put("char", 1);
-  absl::Notification loading, release;
-  VersionLoader slow = [&](const std::string&,
-                           const RepositoryVersion& v) -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
-    if (v.version == 2) {
-      loading.Notify();
-      release.WaitForNotification();
-    }
-    return std::make_shared<FakeVersion>(v.version);
-  };
-  auto r = ModelRepository::Create({dir_, {}}, slow);
-  ASSERT_TRUE(r.ok());
-  Put("char", 2);
-  std::thread poll([&] { EXPECT_TRUE((*r)->Poll().ok()); });
-  loading.WaitForNotification();
-  EXPECT_EQ(Newest(**r, "char"), 1);  // served while version 2 loads
-  EXPECT_EQ(StateOf(**r, "char", 2), VersionState::kLoading);
-  release.Notify();
+  std::thread poll;
+  auto r = OpenWhileVersion2Loads(&poll);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(Newest(*r, "char"), 1);  // served while version 2 loads
+  EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kLoading);
+  release_.Notify();
   poll.join();
-  EXPECT_EQ(Newest(**r, "char"), 2);
+  EXPECT_EQ(Newest(*r, "char"), 2);
+}
+
+// Every version needs 600 bytes of a 1000-byte budget: one fits at a time.
+TEST_F(ModelRepositoryTest, AVersionOverTheMemoryBudgetIsRefusedWithTheFiguresUntilTheHolderLetsGo) {
+  Put("char", 1);
+  auto created = ModelRepository::Create({dir_, *ParseVersionPolicy("latest"), 1000}, Loader(),
+                                         [](const RepositoryVersion&) -> absl::StatusOr<int64_t> { return 600; });
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ModelRepository> r = *std::move(created);
+  auto held = r->Find("char");  // a session on version 1
+  ASSERT_TRUE(held.ok());
+  Put("char", 2);
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(loads_, 1);  // refused before loading
+  EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kFailed);
+  EXPECT_THAT(
+      r->Find("char", 2).status().message(),
+      HasSubstr("needs 600 bytes, and --model_memory_budget 1000 has 400 left (char version 1 READY 600 held)"));
+  EXPECT_EQ(Newest(*r, "char"), 1);
+  // Removed, version 1 stops taking requests but its holder keeps its memory.
+  std::filesystem::remove_all(dir_ + "/char/1");
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kRetiring);
+  EXPECT_THAT(r->Find("char", 2).status().message(), HasSubstr("char version 1 RETIRING 600 held"));
+  EXPECT_EQ(loads_, 1);
+  held->served.reset();
+  ASSERT_TRUE(r->Poll().ok());  // an unchanged file refused for the budget is tried again
+  EXPECT_EQ(loads_, 2);
+  EXPECT_EQ(Newest(*r, "char"), 2);
+}
+
+TEST_F(ModelRepositoryTest, ABudgetNeedsASizerAndCannotBeNegative) {
+  Put("char", 1);
+  auto no_sizer = ModelRepository::Create({dir_, {}, 1000}, Loader());
+  EXPECT_EQ(no_sizer.status().code(), absl::StatusCode::kInvalidArgument);
+  auto negative = ModelRepository::Create({dir_, {}, -1}, Loader());
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.status().message(), HasSubstr("--model_memory_budget: must be >= 0"));
+  auto sizer_fails = ModelRepository::Create({dir_, {}, 1000}, Loader(), [](const RepositoryVersion& v) {
+    return absl::StatusOr<int64_t>(absl::DataLossError(v.path + ": cannot read its size"));
+  });
+  ASSERT_TRUE(sizer_fails.ok());
+  EXPECT_THAT((*sizer_fails)->Find("char", 1).status().message(), HasSubstr("FAILED: "));
+  EXPECT_THAT((*sizer_fails)->Find("char", 1).status().message(), HasSubstr("cannot read its size"));
+  EXPECT_EQ(loads_, 0);
+}
+
+TEST_F(ModelRepositoryTest, UnloadStopsNewRequestsAndPollsLeaveTheModelAloneUntilLoad) {
+  Put("char", 1);
+  Put("word", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  auto held = r->Find("char");
+  ASSERT_TRUE(r->Unload("char").ok());
+  EXPECT_EQ(r->Find("char").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r->Find("char", 1).status().message(), HasSubstr("RETIRING: unloaded by request"));
+  EXPECT_EQ(Newest(*r, "word"), 1);  // the other model goes on
+  held->served.reset();
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kUnloaded);
+  Put("char", 2);
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(loads_, 2);  // neither version loaded again
+  EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kUnloaded);
+  ASSERT_TRUE(r->Load("char").ok());
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  EXPECT_EQ(loads_, 3);
+  EXPECT_EQ(r->Unload("nope").code(), absl::StatusCode::kNotFound);
+  absl::Status missing = r->Load("nope");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("\"nope\" is not in " + dir_));
+}
+
+TEST_F(ModelRepositoryTest, LoadNamesWhyNoVersionIsReady) {
+  Put("char", 1, "half a file");
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  absl::Status s = r->Load("char");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("\"char\" has no ready version (version 1: "));
+  EXPECT_THAT(s.message(), HasSubstr("damaged checkpoint"));
+}
+
+TEST_F(ModelRepositoryTest, AnUnloadDuringALoadDropsTheLoadedVersion) {
+  std::thread poll;
+  auto r = OpenWhileVersion2Loads(&poll);
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(r->Unload("char").ok());
+  release_.Notify();
+  poll.join();
+  EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kUnloaded);
+  EXPECT_EQ(r->Find("char").status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

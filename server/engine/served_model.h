@@ -1,0 +1,48 @@
+// ServedModel: one loaded version of a model as the server serves it: its
+// engine, config and tokenizer, under the repository's model name and
+// version. Torch-free (the engine is behind Engine); model_loader.h makes
+// them from checkpoints. Whoever holds one (a session bound to the version)
+// keeps it loaded: ModelRepository unloads a retiring version when its last
+// holder lets go.
+#ifndef TXL_SERVER_ENGINE_SERVED_MODEL_H_
+#define TXL_SERVER_ENGINE_SERVED_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+#include "server/engine/engine.h"
+#include "server/engine/model_repository.h"
+
+namespace txl {
+
+class ServedModel : public ServedVersion {
+ public:
+  ServedModel(std::string name, int64_t version, std::unique_ptr<Engine> engine, ModelConfig config,
+              Tokenizer tokenizer)
+      : name_(std::move(name)),
+        version_(version),
+        engine_(std::move(engine)),
+        config_(std::move(config)),
+        tokenizer_(std::move(tokenizer)) {}
+
+  const std::string& name() const { return name_; }
+  int64_t version() const { return version_; }
+  Engine* engine() const { return engine_.get(); }
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  const std::string name_;
+  const int64_t version_;
+  const std::unique_ptr<Engine> engine_;
+  const ModelConfig config_;
+  const Tokenizer tokenizer_;
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_ENGINE_SERVED_MODEL_H_

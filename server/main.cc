@@ -41,6 +41,7 @@
 #include "server/durability/shared_state_cache.h"
 #include "server/durability/state_backend.h"
 #include "server/engine/model_engine.h"
+#include "server/engine/served_model.h"
 #include "server/grpc/service.h"
 #include "server/http/http_server.h"
 #include "server/http/metrics_route.h"
@@ -595,6 +596,9 @@ int Serve(ServerOptions o, sigset_t signals) {
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   if (absl::Status fit = FitToModel(engine->get(), &o); !fit.ok()) return Fail(std::string(fit.message()));
   const txl::LanguageModel& model = (*engine)->model();
+  // A repository of one: the file's stem, version 1 (docs/OPERATIONS.md, "Model repository").
+  auto served = std::make_shared<txl::ServedModel>(std::filesystem::path(o.model.path).stem().string(), 1,
+                                                   *std::move(engine), model.config(), model.tokenizer());
   txl::ReleaseFreedMemory();  // the load's temporaries: --malloc_keep_bytes would keep them resident
 
   // The state store, before anything is served: a restart finds its sessions first.
@@ -602,7 +606,7 @@ int Serve(ServerOptions o, sigset_t signals) {
   if (!journal.ok()) return Fail(std::string(journal.status().message()));
   txl::SessionTable table(o.table);
   if (*journal) {
-    auto recovered = txl::RecoverSessions(journal->get(), &table, (*engine)->fingerprint());
+    auto recovered = txl::RecoverSessions(journal->get(), &table, txl::OnlyModel(served));
     if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
     std::cout << "txl-server: state store " << (*journal)->Describe() << " as replica " << (*journal)->replica() << ": "
               << *recovered << " session(s) recovered" << std::endl;
@@ -616,11 +620,10 @@ int Serve(ServerOptions o, sigset_t signals) {
   // Before the scheduler, so that it outlives the engine thread that offers it entries.
   auto shared_cache = OpenSharedStateCache(o);
   if (!shared_cache.ok()) return Fail(std::string(shared_cache.status().message()));
-  txl::Scheduler scheduler(o.scheduler, engine->get(), &table, &model.tokenizer(), metrics->get());
+  txl::Scheduler scheduler(o.scheduler, &table, metrics->get());
   scheduler.SetJournal(journal->get());
   scheduler.SetSharedStateCache(shared_cache->get());
-  txl::TxlService service(o.service, model.config(), model.tokenizer(), engine->get(), &table, &scheduler,
-                          metrics->get(), tokens->get(), journal->get());
+  txl::TxlService service(o.service, served, &table, &scheduler, metrics->get(), tokens->get(), journal->get());
   int port = 0;
   std::unique_ptr<grpc::Server> server = StartGrpc(o, *std::move(credentials), &service, &port);
   if (!server || port == 0) {
@@ -634,9 +637,8 @@ int Serve(ServerOptions o, sigset_t signals) {
   std::unique_ptr<txl::OpenAiGateway> gateway;
   std::unique_ptr<txl::HttpServer> http;
   if (!o.http.listen.empty()) {
-    gateway = std::make_unique<txl::OpenAiGateway>(
-        txl::OpenAiGatewayConfig{std::filesystem::path(o.model.path).stem().string(), o.chat_template}, service.core(),
-        metrics->get());
+    gateway = std::make_unique<txl::OpenAiGateway>(txl::OpenAiGatewayConfig{served->name(), o.chat_template},
+                                                   service.core(), metrics->get());
     auto started = txl::HttpServer::Create(
         o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
     if (!started.ok()) return Fail(absl::StrCat("--http_listen: ", started.status().message()));

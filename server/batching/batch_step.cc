@@ -1,6 +1,7 @@
 #include "server/batching/batch_step.h"
 
 #include <algorithm>
+#include <functional>
 
 namespace txl {
 
@@ -16,12 +17,24 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
     counts.push_back(n);
     budget -= static_cast<int64_t>(n);
   };
+  // One step runs one engine (one model version): the engines with work
+  // take turns, in the order of their addresses after the last one stepped.
+  std::vector<Engine*> engines;
+  for (const auto& job : active) {
+    FeedJob* feed = job->done ? nullptr : job->feeding();
+    if (feed != nullptr) engines.push_back(&JobRunner::EngineOf(feed->lease));
+  }
+  if (engines.empty()) return;
+  std::sort(engines.begin(), engines.end(), std::less<Engine*>());
+  auto next = std::upper_bound(engines.begin(), engines.end(), last_engine_, std::less<Engine*>());
+  Engine* const engine = next == engines.end() ? engines.front() : *next;
+  last_engine_ = engine;
   // Resumed jobs may make more decoders than max_batch for a while: they
   // take turns (the start rotates), so none waits for the others to end.
   std::vector<FeedJob*> decoders, feeders;  // feeders: every feeding kind still running, in arrival order
   for (const auto& job : active) {
     FeedJob* feed = job->done ? nullptr : job->feeding();
-    if (feed == nullptr) continue;
+    if (feed == nullptr || &JobRunner::EngineOf(feed->lease) != engine) continue;
     feeders.push_back(feed);
     if (feed->decoding() && feed->paused_since.load() == 0) decoders.push_back(feed);
   }
@@ -46,7 +59,7 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
   int64_t total_tokens = 0;
   for (size_t n : counts) total_tokens += static_cast<int64_t>(n);
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<StepOutput>> out = runner_->engine()->Step(absl::MakeSpan(inputs));
+  absl::StatusOr<std::vector<StepOutput>> out = engine->Step(absl::MakeSpan(inputs));
   if (SchedulerObserver* o = runner_->observer()) {
     o->OnStep(static_cast<int>(rows.size()), total_tokens, SecondsSince(start));
     o->OnTokensFed(total_tokens);

@@ -3,7 +3,9 @@
 // under max_batch_tokens, decoders first (taking turns when there are more
 // than max_batch of them), then prefill chunks of up to prefill_chunk tokens
 // in arrival order, so a long prefill cannot starve a decoder. Each row's
-// output goes back to its job (FeedJob::TakeOutput).
+// output goes back to its job (FeedJob::TakeOutput). A step runs the
+// sessions of one model version (one engine); versions with work take turns,
+// a step each.
 #ifndef TXL_SERVER_BATCHING_BATCH_STEP_H_
 #define TXL_SERVER_BATCHING_BATCH_STEP_H_
 
@@ -24,7 +26,8 @@ class BatchStep {
 
  private:
   JobRunner* const runner_;
-  size_t rotate_ = 0;  // where the decoders' turn starts when they exceed max_batch
+  size_t rotate_ = 0;              // where the decoders' turn starts when they exceed max_batch
+  Engine* last_engine_ = nullptr;  // the engine the last step ran
 };
 
 }  // namespace txl

@@ -9,9 +9,8 @@
 
 namespace txl {
 
-Scheduler::Scheduler(const SchedulerConfig& config, Engine* engine, SessionTable* table, const Tokenizer* tokenizer,
-                     SchedulerObserver* observer)
-    : runner_(config, engine, table, tokenizer, observer), batch_(&runner_), offloader_(&runner_) {}
+Scheduler::Scheduler(const SchedulerConfig& config, SessionTable* table, SchedulerObserver* observer)
+    : runner_(config, table, observer), batch_(&runner_), offloader_(&runner_) {}
 
 Scheduler::~Scheduler() {
   Stop();
@@ -115,9 +114,10 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitImport(ImportSpec spec, Se
   return Enqueue(std::make_shared<ImportJob>(std::move(spec), std::move(done)));
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitAdopt(std::string caller, std::string id, JobDone done) {
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitAdopt(std::string caller, std::string id, RecordModel model_of,
+                                                            JobDone done) {
   if (runner_.journal() == nullptr) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
-  return Enqueue(std::make_shared<AdoptJob>(std::move(caller), std::move(id), std::move(done)));
+  return Enqueue(std::make_shared<AdoptJob>(std::move(caller), std::move(id), std::move(model_of), std::move(done)));
 }
 
 void Scheduler::Cancel(const std::shared_ptr<Job>& job) {

@@ -32,7 +32,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "model/tokenizer.h"
 #include "server/batching/batch_step.h"
 #include "server/batching/offload.h"
 #include "server/durability/session_journal.h"
@@ -48,9 +47,9 @@ namespace txl {
 
 class Scheduler {
  public:
-  // engine, table and tokenizer must outlive the scheduler; observer may be null.
-  Scheduler(const SchedulerConfig& config, Engine* engine, SessionTable* table, const Tokenizer* tokenizer,
-            SchedulerObserver* observer);
+  // table must outlive the scheduler; observer may be null. Each session
+  // runs on its own model version's engine (SessionLease::model).
+  Scheduler(const SchedulerConfig& config, SessionTable* table, SchedulerObserver* observer);
   ~Scheduler();  // Stop()s
 
   // Makes every acknowledgement wait for the journal (before Start; may be null).
@@ -83,7 +82,9 @@ class Scheduler {
   absl::StatusOr<std::shared_ptr<Job>> SubmitImport(ImportSpec spec, SessionMade done);
   // NOT_FOUND (none, or another principal's), UNAVAILABLE (a live replica
   // serves it), DATA_LOSS (damaged; quarantined). Needs a journal.
-  absl::StatusOr<std::shared_ptr<Job>> SubmitAdopt(std::string caller, std::string id, JobDone done);
+  // The session comes back on the version `model_of` gives its record.
+  absl::StatusOr<std::shared_ptr<Job>> SubmitAdopt(std::string caller, std::string id, RecordModel model_of,
+                                                   JobDone done);
   // After Stop(), on the caller's thread (the only one left): Offloader::SnapshotAll.
   absl::Status SnapshotAll() { return offloader_.SnapshotAll(); }
   // The job leaves the batch at the next step and ends with Finish::kCancelled.

@@ -9,9 +9,10 @@ namespace txl {
 
 ServiceCore::ServiceCore(ServiceParts parts)
     : config(std::move(parts.config)),
-      model(std::move(parts.model)),
-      tokenizer(std::move(parts.tokenizer)),
-      engine(parts.engine),
+      served(std::move(parts.served)),
+      model(served->config()),
+      tokenizer(served->tokenizer()),
+      engine(served->engine()),
       table(parts.table),
       scheduler(parts.scheduler),
       metrics(parts.metrics),
@@ -36,7 +37,7 @@ absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, co
   if (!id.empty()) return table->Acquire(principal, id, absl::Now());
   ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
   ASSIGN_OR_RETURN(SessionLease lease,
-                   table->CreateAcquired(principal, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
+                   table->CreateAcquired(principal, served, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
   lease.throwaway = true;
   return lease;
 }
@@ -58,7 +59,7 @@ void ServiceCore::WithAdoption(const std::string& principal, const std::string& 
     absl::Status again = status.ok() ? attempt() : status;
     if (!again.ok()) fail(again);
   };
-  auto job = scheduler->SubmitAdopt(principal, id, std::move(adopted));
+  auto job = scheduler->SubmitAdopt(principal, id, OnlyModel(served), std::move(adopted));
   if (!job.ok()) fail(job.status());
 }
 

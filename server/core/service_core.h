@@ -32,6 +32,7 @@
 #include "server/core/service_config.h"
 #include "server/durability/session_journal.h"
 #include "server/engine/engine.h"
+#include "server/engine/served_model.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
 
@@ -40,9 +41,7 @@ namespace txl {
 // The server's parts the core drives; all must outlive it.
 struct ServiceParts {
   ServiceConfig config;
-  ModelConfig model;
-  Tokenizer tokenizer;
-  Engine* engine = nullptr;
+  std::shared_ptr<ServedModel> served;  // the model version new sessions are made of
   SessionTable* table = nullptr;
   Scheduler* scheduler = nullptr;
   ServiceMetrics* metrics = nullptr;     // may be null
@@ -122,9 +121,10 @@ class ServiceCore {
 
   // The parts, as the transports' adapters read them.
   const ServiceConfig config;
-  const ModelConfig model;
-  const Tokenizer tokenizer;
-  Engine* const engine;
+  const std::shared_ptr<ServedModel> served;
+  const ModelConfig model;    // served's
+  const Tokenizer tokenizer;  // served's
+  Engine* const engine;       // served's
   SessionTable* const table;
   Scheduler* const scheduler;
   ServiceMetrics* const metrics;

@@ -28,14 +28,14 @@ void ServiceCore::CreateSession(const std::string& principal, NewSessionArgs arg
     if (journal != nullptr) RETURN_IF_ERROR(journal->Writable());  // it could not be made durable
     ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(args.mem_len));
     if (journal == nullptr) {
-      ASSIGN_OR_RETURN(SessionInfo info, table->Create(principal, std::move(state), args.idle_ttl, std::move(labels),
-                                                       absl::Now(), args.session_id));
+      ASSIGN_OR_RETURN(SessionInfo info, table->Create(principal, served, std::move(state), args.idle_ttl,
+                                                       std::move(labels), absl::Now(), args.session_id));
       done(std::move(info));
       return absl::OkStatus();
     }
     // Journaled: busy (requests on it get ABORTED) until its creation is
     // written, and answered only then, so a crash after the answer keeps it.
-    ASSIGN_OR_RETURN(SessionLease lease, table->CreateAcquired(principal, std::move(state), args.idle_ttl,
+    ASSIGN_OR_RETURN(SessionLease lease, table->CreateAcquired(principal, served, std::move(state), args.idle_ttl,
                                                                std::move(labels), absl::Now(), args.session_id,
                                                                /*durable=*/true));
     ASSIGN_OR_RETURN(SessionInfo info, table->Get(principal, lease.id));

@@ -34,6 +34,7 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
     if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     ImportSpec spec;
     spec.owner = principal;
+    spec.model = served;
     spec.image = std::move(image);
     spec.idle_ttl = args.idle_ttl;
     spec.labels = std::move(labels);
@@ -46,7 +47,8 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
 
 absl::StatusOr<std::string> ServiceCore::NewStreamSession(const std::string& principal) const {
   ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
-  ASSIGN_OR_RETURN(SessionInfo info, table->Create(principal, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
+  ASSIGN_OR_RETURN(SessionInfo info,
+                   table->Create(principal, served, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
   return info.id;
 }
 

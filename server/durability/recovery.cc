@@ -27,26 +27,38 @@ TokenHistory HistoryFromRecord(const JournalRecord& record, const SessionTableCo
   return history;
 }
 
-absl::Status AddRecordedSession(const JournalRecord& record, SessionTable* table) {
+RecordModel OnlyModel(std::shared_ptr<ServedModel> model) {
+  return [model](const JournalRecord& record) -> absl::StatusOr<std::shared_ptr<ServedModel>> {
+    const std::string served = model->engine()->fingerprint();
+    if (record.image.fingerprint != served) {
+      return absl::FailedPreconditionError(absl::StrCat("session ", record.meta.id, " belongs to model ",
+                                                        record.image.fingerprint, ", this server serves ", served));
+    }
+    return model;
+  };
+}
+
+absl::Status AddRecordedSession(const JournalRecord& record, const RecordModel& model_of, SessionTable* table) {
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> model, model_of(record));
   std::vector<int> pending;
   std::shared_ptr<IdleSession> idle = IdleFromRecord(record, &pending);
-  return table->AddIdle(record.meta.id, record.meta.owner, record.meta.idle_ttl, record.meta.labels,
+  return table->AddIdle(record.meta.id, record.meta.owner, std::move(model), record.meta.idle_ttl, record.meta.labels,
                         record.meta.created, std::move(idle), std::move(pending), record.position(),
                         static_cast<int64_t>(record.tail.size()), HistoryFromRecord(record, table->config()));
 }
 
-absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table, const std::string& fingerprint) {
+absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table, const RecordModel& model_of) {
   ASSIGN_OR_RETURN(std::vector<std::string> held, journal->Held());
   int recovered = 0;
   for (const std::string& id : held) {
     auto record = journal->Recover(id);  // DATA_LOSS: reported and quarantined by Load
     if (!record.ok()) continue;
-    if (record->image.fingerprint != fingerprint) {
-      TXL_LOG(WARNING) << "session " << id << " not recovered: it belongs to model " << record->image.fingerprint
-                       << ", this server serves " << fingerprint;
+    if (auto model = model_of(*record); !model.ok()) {
+      TXL_LOG(WARNING) << "session " << id << " not recovered: " << model.status().message();
+      journal->RecordRelease(id);  // a replica that serves its model may adopt it
       continue;
     }
-    if (AddRecordedSession(*record, table).ok()) ++recovered;
+    if (AddRecordedSession(*record, model_of, table).ok()) ++recovered;
   }
   return recovered;
 }

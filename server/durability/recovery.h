@@ -4,6 +4,7 @@
 #ifndef TXL_SERVER_DURABILITY_RECOVERY_H_
 #define TXL_SERVER_DURABILITY_RECOVERY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,15 +19,24 @@ namespace txl {
 // but the last, which stays pending (returned in `pending`).
 std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::vector<int>* pending);
 
-// Registers a record's session in `table`, out of device memory; it comes
-// back on its first request. ALREADY_EXISTS if the id is live here.
-absl::Status AddRecordedSession(const JournalRecord& record, SessionTable* table);
+// The served model version a record's session belongs to (its image's
+// fingerprint names it); FAILED_PRECONDITION naming both when this server
+// does not serve it.
+using RecordModel = std::function<absl::StatusOr<std::shared_ptr<ServedModel>>(const JournalRecord& record)>;
+// A server of one model version.
+RecordModel OnlyModel(std::shared_ptr<ServedModel> model);
+
+// Registers a record's session in `table`, out of device memory, bound to
+// its version (`model_of`); it comes back on its first request.
+// ALREADY_EXISTS if the id is live here.
+absl::Status AddRecordedSession(const JournalRecord& record, const RecordModel& model_of, SessionTable* table);
 
 // Start-up: registers the sessions this replica held when it last ran (a
 // restart, or a crash). A damaged one is reported and quarantined, one of
-// another model is reported and left alone, and the rest still load.
+// a model not served is reported and let go (another replica may adopt it),
+// and the rest still load.
 // Returns how many were registered.
-absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table, const std::string& fingerprint);
+absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table, const RecordModel& model_of);
 
 }  // namespace txl
 

@@ -4,11 +4,11 @@
 
 namespace txl {
 
-TxlService::TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer,
-                       Engine* engine, SessionTable* table, Scheduler* scheduler, ServiceMetrics* metrics,
-                       const BearerTokens* tokens, SessionJournal* journal)
+TxlService::TxlService(const ServiceConfig& config, std::shared_ptr<ServedModel> served, SessionTable* table,
+                       Scheduler* scheduler, ServiceMetrics* metrics, const BearerTokens* tokens,
+                       SessionJournal* journal)
     : ctx_(std::make_unique<ServiceContext>(
-          ServiceParts{config, model, tokenizer, engine, table, scheduler, metrics, tokens, journal})) {}
+          ServiceParts{config, std::move(served), table, scheduler, metrics, tokens, journal})) {}
 
 TxlService::~TxlService() = default;
 

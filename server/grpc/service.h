@@ -40,8 +40,8 @@ class ServiceCore;      // server/core/service_core.h
 class TxlService final : public v1::TransformerXL::CallbackService {
  public:
   // `tokens` null: no authentication.
-  TxlService(const ServiceConfig& config, const ModelConfig& model, const Tokenizer& tokenizer, Engine* engine,
-             SessionTable* table, Scheduler* scheduler, ServiceMetrics* metrics, const BearerTokens* tokens = nullptr,
+  TxlService(const ServiceConfig& config, std::shared_ptr<ServedModel> served, SessionTable* table,
+             Scheduler* scheduler, ServiceMetrics* metrics, const BearerTokens* tokens = nullptr,
              SessionJournal* journal = nullptr);
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* req,

@@ -23,7 +23,7 @@ void ForkJob::Run(JobRunner& runner) {
     runner.observer()->OnRewind(copy->served, copy->replayed, SecondsSince(start));
   // The fork belongs to whoever may use the source (its owner, the caller).
   const bool durable = runner.journal() != nullptr && lease.durable;
-  auto fork = table->CreateAcquired(lease.owner, std::move(copy->state), idle_ttl_, labels_, absl::Now(),
+  auto fork = table->CreateAcquired(lease.owner, lease.model, std::move(copy->state), idle_ttl_, labels_, absl::Now(),
                                     SessionTable::NewId(lease.id), durable);
   if (!fork.ok()) {
     runner.Finish(*this, fork.status());

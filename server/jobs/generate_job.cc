@@ -66,7 +66,7 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   const int token = ev.id;
   if (spec_.top_logprobs > 0)
     ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
-  absl::StatusOr<std::string> bytes = runner.tokenizer().TokenText(token);
+  absl::StatusOr<std::string> bytes = lease.model->tokenizer().TokenText(token);
   TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());
   ev.text = std::move(text.text);
   const absl::Time now = absl::Now();

@@ -13,7 +13,7 @@ void ImportJob::Run(JobRunner& runner) {
 }
 
 absl::Status ImportJob::Import(JobRunner& runner) {
-  Engine* engine = runner.engine();
+  Engine* engine = spec_.model->engine();
   SessionTable* table = runner.table();
   // The bytes' own consistency is the engine's to check (RestoreSession);
   // these are the facts only the image and this server's limits tell.
@@ -31,8 +31,8 @@ absl::Status ImportJob::Import(JobRunner& runner) {
       return absl::InvalidArgumentError("session export: a pending token is outside the vocabulary");
   }
   const bool durable = runner.journal() != nullptr;
-  ASSIGN_OR_RETURN(SessionLease made, table->CreateAcquired(spec_.owner, std::move(state), spec_.idle_ttl, spec_.labels,
-                                                            absl::Now(), spec_.id, durable));
+  ASSIGN_OR_RETURN(SessionLease made, table->CreateAcquired(spec_.owner, spec_.model, std::move(state), spec_.idle_ttl,
+                                                            spec_.labels, absl::Now(), spec_.id, durable));
   made.pending = spec_.image.pending;
   // Nothing before the image is known: the image itself is where rewinds can start.
   made.history = TokenHistory(made.state->position(), made.pending);

@@ -63,14 +63,14 @@ absl::Status FeedJob::StartStateless(JobRunner& runner) {
   if (!lease.throwaway || !lease.state || fed > 0 || pending_len > 0 || lease.state->position() != 0)
     return absl::OkStatus();
   const int64_t mem_len = lease.state->mem_len();
-  const size_t field = static_cast<size_t>(runner.engine()->ReceptiveField(mem_len));
+  const size_t field = static_cast<size_t>(JobRunner::EngineOf(lease).ReceptiveField(mem_len));
   const size_t skip = feed.size() > field ? feed.size() - field : 0;
   if (auto hit = runner.FromStateCache(lease, feed, skip); hit.has_value()) {
     fed = static_cast<size_t>(*hit);
     return absl::OkStatus();
   }
   if (skip == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(lease.state, runner.engine()->NewSessionAt(mem_len, static_cast<int64_t>(skip)));
+  ASSIGN_OR_RETURN(lease.state, JobRunner::EngineOf(lease).NewSessionAt(mem_len, static_cast<int64_t>(skip)));
   fed = skip;
   return absl::OkStatus();
 }

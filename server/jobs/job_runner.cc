@@ -120,7 +120,7 @@ void JobRunner::Checkpoint(const SessionLease& lease) {
 
 absl::StatusOr<std::string> JobRunner::ExportImage(const SessionLease& lease) const {
   SessionExport image;
-  image.fingerprint = engine_->fingerprint();
+  image.fingerprint = EngineOf(lease).fingerprint();
   image.position = lease.position();
   image.pending = lease.pending;
   RETURN_IF_ERROR(lease.state->AppendTo(&image.state));
@@ -159,8 +159,8 @@ void JobRunner::SendTokens(Job& job, const TokensCallback& on_tokens, GeneratedT
 }
 
 std::string JobRunner::CacheScope(const SessionLease& lease) const {
-  return absl::StrCat(lease.owner, "\n", engine_->fingerprint(), "\n", engine_->numerics(), "\n",
-                      lease.state->mem_len());
+  const Engine& engine = EngineOf(lease);
+  return absl::StrCat(lease.owner, "\n", engine.fingerprint(), "\n", engine.numerics(), "\n", lease.state->mem_len());
 }
 
 std::optional<size_t> JobRunner::FromStateCache(SessionLease& lease, absl::Span<const int> tokens, size_t at_least) {
@@ -172,12 +172,13 @@ std::optional<size_t> JobRunner::FromStateCache(SessionLease& lease, absl::Span<
   if (!hit && shared_cache_ != nullptr) {  // kept by another replica (or by this one, before a restart)
     hit = shared_cache_->Longest(scope, tokens);
     how = CacheLookup::kStoreHit;
-    if (hit) cache.Put(scope, tokens.first(hit->position), *hit, engine_->ReceptiveField(lease.state->mem_len()));
+    if (hit)
+      cache.Put(scope, tokens.first(hit->position), *hit, EngineOf(lease).ReceptiveField(lease.state->mem_len()));
   }
   const size_t held = hit ? static_cast<size_t>(hit->position) - hit->pending.size() : 0;  // fed into the image
   std::unique_ptr<SessionState> state;
   if (hit && held > at_least) {  // else bounded replay feeds no more
-    auto restored = engine_->RestoreSession(*hit->image);
+    auto restored = EngineOf(lease).RestoreSession(*hit->image);
     if (restored.ok() && (*restored)->position() == static_cast<int64_t>(held)) state = *std::move(restored);
   }
   if (!state) {
@@ -198,7 +199,7 @@ void JobRunner::KeepInStateCache(const SessionLease& lease, absl::Span<const int
   if (!lease.state->AppendTo(image.get()).ok()) return;  // a cache: a failed copy only costs a replay later
   CachedState state{static_cast<int64_t>(tokens.size()), std::move(image), std::move(pending)};
   const std::string scope = CacheScope(lease);
-  const int64_t check = engine_->ReceptiveField(lease.state->mem_len());
+  const int64_t check = EngineOf(lease).ReceptiveField(lease.state->mem_len());
   if (shared_cache_ != nullptr) shared_cache_->Offer(scope, tokens, state, check);
   cache.Put(scope, tokens, std::move(state), check);
 }
@@ -208,14 +209,15 @@ absl::Status JobRunner::CheckWritable(const SessionLease& lease) const {
   return journal_->Writable();
 }
 
-absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(const IdleSession& idle, int64_t* fed) {
-  const size_t field = static_cast<size_t>(engine_->ReceptiveField(idle.mem_len));
+absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(Engine& engine, const IdleSession& idle,
+                                                                 int64_t* fed) {
+  const size_t field = static_cast<size_t>(engine.ReceptiveField(idle.mem_len));
   const size_t skip = idle.feed.size() > field ? idle.feed.size() - field : 0;
   std::unique_ptr<SessionState> state;
   if (skip > 0 || idle.state.empty()) {  // the image, if any, is too far back to matter
-    ASSIGN_OR_RETURN(state, engine_->NewSessionAt(idle.mem_len, idle.start + static_cast<int64_t>(skip)));
+    ASSIGN_OR_RETURN(state, engine.NewSessionAt(idle.mem_len, idle.start + static_cast<int64_t>(skip)));
   } else {
-    ASSIGN_OR_RETURN(state, engine_->RestoreSession(idle.state));
+    ASSIGN_OR_RETURN(state, engine.RestoreSession(idle.state));
   }
   if (fed != nullptr) *fed = static_cast<int64_t>(idle.feed.size() - skip);
   for (size_t at = skip; at < idle.feed.size(); at += static_cast<size_t>(config_.prefill_chunk)) {
@@ -223,7 +225,7 @@ absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(const IdleSessi
     StepInput in;
     in.session = state.get();
     in.tokens.assign(idle.feed.begin() + at, idle.feed.begin() + at + n);
-    RETURN_IF_ERROR(engine_->Step(absl::MakeSpan(&in, 1)).status());
+    RETURN_IF_ERROR(engine.Step(absl::MakeSpan(&in, 1)).status());
   }
   const int64_t end = idle.start + static_cast<int64_t>(idle.feed.size());
   if (state->position() != end) {  // an image that is not where its history says
@@ -269,7 +271,7 @@ absl::Status JobRunner::Materialize(Job& job) {
       }
     }
   }
-  ASSIGN_OR_RETURN(job.lease.state, Rebuild(*idle));
+  ASSIGN_OR_RETURN(job.lease.state, Rebuild(EngineOf(job.lease), *idle));
   job.lease.idle.reset();
   if (observer_) observer_->OnRestore(from, SecondsSince(start));
   return absl::OkStatus();

@@ -1,5 +1,5 @@
-// JobRunner: what a job may touch on the engine thread (the engine, the
-// session table, the journal, the observer) and the steps every kind shares:
+// JobRunner: what a job may touch on the engine thread (the session table,
+// each session's engine, the journal, the observer) and the steps every kind shares:
 // bringing an offloaded session back before the job runs, and finishing it
 // (settling the session, logging its history, answering once the journal has
 // written what the answer promises). docs/DESIGN.md, "The scheduler".
@@ -19,7 +19,6 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "model/tokenizer.h"
 #include "server/durability/session_journal.h"
 #include "server/durability/shared_state_cache.h"
 #include "server/engine/engine.h"
@@ -31,18 +30,17 @@ namespace txl {
 
 class JobRunner {
  public:
-  JobRunner(const SchedulerConfig& config, Engine* engine, SessionTable* table, const Tokenizer* tokenizer,
-            SchedulerObserver* observer)
-      : config_(config), engine_(engine), table_(table), tokenizer_(tokenizer), observer_(observer) {}
+  JobRunner(const SchedulerConfig& config, SessionTable* table, SchedulerObserver* observer)
+      : config_(config), table_(table), observer_(observer) {}
 
   void set_journal(SessionJournal* journal) { journal_ = journal; }
   // The state cache's entries in the state store, shared by its replicas (may stay null).
   void set_shared_cache(SharedStateCache* shared) { shared_cache_ = shared; }
 
   const SchedulerConfig& config() const { return config_; }
-  Engine* engine() const { return engine_; }
+  // The engine of the model version that made the lease's session.
+  static Engine& EngineOf(const SessionLease& lease) { return *lease.model->engine(); }
   SessionTable* table() const { return table_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
   SchedulerObserver* observer() const { return observer_; }  // may be null
   SessionJournal* journal() const { return journal_; }       // null: no state store
   // The job's session is journaled: its history goes to the state store.
@@ -60,11 +58,12 @@ class JobRunner {
   absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
   // Keeps the session's state as a turn checkpoint (SessionTable::checkpoints).
   void Checkpoint(const SessionLease& lease);
-  // A state from an engine image (empty: fresh at `idle.start`) with
+  // A state of `engine` from its image (empty: fresh at `idle.start`) with
   // `idle.feed` fed into it. A feed longer than the model's receptive field
   // is cut to its last tokens, fed into an empty state where they begin
   // (bounded replay, docs/SESSIONS.md). `fed`: the tokens it fed.
-  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(const IdleSession& idle, int64_t* fed = nullptr);
+  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(Engine& engine, const IdleSession& idle,
+                                                        int64_t* fed = nullptr);
   // Journals a session made on the engine thread (fork, import), held busy
   // in `lease` meanwhile, from its image; then releases it (or drops it if
   // the state store refused) and gives `done` it.
@@ -92,9 +91,7 @@ class JobRunner {
   std::string CacheScope(const SessionLease& lease) const;
 
   const SchedulerConfig config_;
-  Engine* const engine_;
   SessionTable* const table_;
-  const Tokenizer* const tokenizer_;
   SchedulerObserver* const observer_;
   SessionJournal* journal_ = nullptr;
   SharedStateCache* shared_cache_ = nullptr;

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/durability/recovery.h"
 #include "server/jobs/job.h"
 #include "server/sessions/session_export.h"
 
@@ -96,6 +97,7 @@ class ExportJob final : public Job {
 // A new session from a decoded export whose fingerprint the caller checked.
 struct ImportSpec {
   std::string owner;
+  std::shared_ptr<ServedModel> model;  // the version the image is of (its fingerprint checked)
   SessionExport image;
   absl::Duration idle_ttl;
   std::map<std::string, std::string> labels;
@@ -117,13 +119,14 @@ class ImportJob final : public MakeSessionJob {
 // here, out of device memory, for `caller`, its owner.
 class AdoptJob final : public Job {
  public:
-  AdoptJob(std::string caller, std::string id, JobDone done);
+  AdoptJob(std::string caller, std::string id, RecordModel model_of, JobDone done);
   void Run(JobRunner& runner) override;
   bool acks_durably() const override { return true; }
   Answer TakeAnswer() override { return AnswerStatus(std::move(done_)); }
 
  private:
   const std::string caller_, id_;
+  const RecordModel model_of_;
   JobDone done_;
 };
 

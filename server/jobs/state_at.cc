@@ -84,7 +84,7 @@ absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, 
   for (const TurnCheckpoint& c : runner.table()->checkpoints().Of(lease.id))
     images.push_back({c.position, c.image, c.pending, true});
   int64_t earliest = now;
-  const int64_t field = runner.engine()->ReceptiveField(current.mem_len());
+  const int64_t field = JobRunner::EngineOf(lease).ReceptiveField(current.mem_len());
   const TokenHistory* history = &lease.history;
   Anchor anchor = Pick(*history, images, position, field, &earliest);
   StoredHistory stored;
@@ -122,7 +122,7 @@ absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, 
     tokens.pop_back();
   }
   idle.feed = std::move(tokens);
-  ASSIGN_OR_RETURN(out.state, runner.Rebuild(idle, &out.replayed));
+  ASSIGN_OR_RETURN(out.state, runner.Rebuild(JobRunner::EngineOf(lease), idle, &out.replayed));
   if (anchor.checkpoint) runner.table()->checkpoints().Touch(lease.id, anchor.position);
   out.served = anchor.image && out.replayed == 0 ? "checkpoint" : "replay";
   out.history = history->Prefix(position);

@@ -40,17 +40,19 @@ void SessionTable::Refresh(Entry& e) {
   e.info.memory_bytes = e.state->memory_bytes();
 }
 
-absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::unique_ptr<SessionState> state,
-                                                 absl::Duration idle_ttl, std::map<std::string, std::string> labels,
-                                                 absl::Time now, const std::string& id) {
-  ASSIGN_OR_RETURN(SessionLease lease, CreateAcquired(owner, std::move(state), idle_ttl, std::move(labels), now, id));
+absl::StatusOr<SessionInfo> SessionTable::Create(const std::string& owner, std::shared_ptr<ServedModel> model,
+                                                 std::unique_ptr<SessionState> state, absl::Duration idle_ttl,
+                                                 std::map<std::string, std::string> labels, absl::Time now,
+                                                 const std::string& id) {
+  ASSIGN_OR_RETURN(SessionLease lease,
+                   CreateAcquired(owner, std::move(model), std::move(state), idle_ttl, std::move(labels), now, id));
   const std::string created = lease.id;
   Release(std::move(lease), now);
   return Get(owner, created);
 }
 
-absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& owner, std::unique_ptr<SessionState> state,
-                                                          absl::Duration idle_ttl,
+absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& owner, std::shared_ptr<ServedModel> model,
+                                                          std::unique_ptr<SessionState> state, absl::Duration idle_ttl,
                                                           std::map<std::string, std::string> labels, absl::Time now,
                                                           const std::string& requested, bool durable) {
   ASSIGN_OR_RETURN(const absl::Duration ttl, ResolveTtl(idle_ttl));
@@ -81,6 +83,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   Entry& e = sessions_[id];
   e.info.id = id;
   e.info.owner = owner;
+  e.model = model;
   ++sessions_of_[owner];
   e.info.created = e.info.last_used = now;
   e.info.idle_ttl = ttl;
@@ -93,6 +96,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   SessionLease lease;
   lease.id = id;
   lease.owner = owner;
+  lease.model = std::move(model);
   lease.history = TokenHistory(state->position());
   lease.state = std::move(state);
   lease.durable = durable;
@@ -104,6 +108,7 @@ SessionLease SessionTable::CheckOut(const std::string& id, Entry& e) {
   SessionLease lease;
   lease.id = id;
   lease.owner = e.info.owner;
+  lease.model = e.model;
   lease.state = std::move(e.state);
   lease.pending = std::move(e.pending);
   lease.idle = std::move(e.idle);
@@ -272,16 +277,18 @@ int64_t SessionTable::busy_count() const {
   return n;
 }
 
-absl::Status SessionTable::AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
-                                   std::map<std::string, std::string> labels, absl::Time created,
-                                   std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position,
-                                   int64_t since_snapshot, TokenHistory history) {
+absl::Status SessionTable::AddIdle(const std::string& id, const std::string& owner, std::shared_ptr<ServedModel> model,
+                                   absl::Duration idle_ttl, std::map<std::string, std::string> labels,
+                                   absl::Time created, std::shared_ptr<const IdleSession> idle,
+                                   std::vector<int> pending, int64_t position, int64_t since_snapshot,
+                                   TokenHistory history) {
   absl::MutexLock lock(&mu_);
   if (sessions_.contains(id))
     return absl::AlreadyExistsError(absl::StrCat("session ", EchoId(id), " is already live here"));
   Entry& e = sessions_[id];
   e.info.id = id;
   e.info.owner = owner;
+  e.model = std::move(model);
   ++sessions_of_[owner];
   e.info.created = created;
   e.info.last_used = absl::Now();

@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/engine/engine.h"
+#include "server/engine/served_model.h"
 #include "server/sessions/checkpoint_store.h"
 #include "server/sessions/state_cache.h"
 #include "server/sessions/token_history.h"
@@ -72,6 +73,9 @@ struct IdleSession {
 struct SessionLease {
   std::string id;
   std::string owner;  // a fork of this lease's session gets the same owner
+  // The model version that made its memory, for as long as it lives: its
+  // engine runs it, its tokenizer reads it (a session never changes version).
+  std::shared_ptr<ServedModel> model;
   // Null while the session is out of device memory: then `idle` holds it,
   // or, if that is null too, only the state store (the journal) does.
   std::unique_ptr<SessionState> state;
@@ -131,15 +135,18 @@ class SessionTable {
   // `owner`, or past the memory budget; INVALID_ARGUMENT for a ttl outside
   // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
   // taken one is ALREADY_EXISTS (the caller validates its form).
-  absl::StatusOr<SessionInfo> Create(const std::string& owner, std::unique_ptr<SessionState> state,
-                                     absl::Duration idle_ttl, std::map<std::string, std::string> labels, absl::Time now,
+  // `model` made `state` (and holds it from then on).
+  absl::StatusOr<SessionInfo> Create(const std::string& owner, std::shared_ptr<ServedModel> model,
+                                     std::unique_ptr<SessionState> state, absl::Duration idle_ttl,
+                                     std::map<std::string, std::string> labels, absl::Time now,
                                      const std::string& id = "");
   // Creates the session already acquired (throw-away sessions, forks, and
   // journaled sessions until their creation is written). `durable`: its
   // history goes to the journal.
-  absl::StatusOr<SessionLease> CreateAcquired(const std::string& owner, std::unique_ptr<SessionState> state,
-                                              absl::Duration idle_ttl, std::map<std::string, std::string> labels,
-                                              absl::Time now, const std::string& id = "", bool durable = false);
+  absl::StatusOr<SessionLease> CreateAcquired(const std::string& owner, std::shared_ptr<ServedModel> model,
+                                              std::unique_ptr<SessionState> state, absl::Duration idle_ttl,
+                                              std::map<std::string, std::string> labels, absl::Time now,
+                                              const std::string& id = "", bool durable = false);
 
   // `caller`: the principal asking. NOT_FOUND for a session of another one.
   absl::StatusOr<SessionInfo> Get(const std::string& caller, const std::string& id) const;
@@ -168,8 +175,8 @@ class SessionTable {
   // --- Durability and offload (the engine thread drives these). ---
   // Registers a session read back from the state store (restart, adoption),
   // out of device memory. ALREADY_EXISTS if the id is live here.
-  absl::Status AddIdle(const std::string& id, const std::string& owner, absl::Duration idle_ttl,
-                       std::map<std::string, std::string> labels, absl::Time created,
+  absl::Status AddIdle(const std::string& id, const std::string& owner, std::shared_ptr<ServedModel> model,
+                       absl::Duration idle_ttl, std::map<std::string, std::string> labels, absl::Time created,
                        std::shared_ptr<const IdleSession> idle, std::vector<int> pending, int64_t position,
                        int64_t since_snapshot, TokenHistory history);
   // Idle sessions in device memory to offload, least recently used first,
@@ -217,6 +224,7 @@ class SessionTable {
  private:
   struct Entry {
     SessionInfo info;
+    std::shared_ptr<ServedModel> model;
     std::unique_ptr<SessionState> state;      // null while busy or offloaded
     std::shared_ptr<const IdleSession> idle;  // the host tier
     std::vector<int> pending;

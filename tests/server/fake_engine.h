@@ -10,10 +10,12 @@
 #include <cmath>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "server/engine/engine.h"
+#include "server/engine/served_model.h"
 #include "server/sampling/sampler.h"
 
 namespace txl::testing {
@@ -172,6 +174,16 @@ class FakeEngine : public Engine {
   int64_t picks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lists_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// A model version served by a FakeEngine of `vocab` tokens (its fingerprint
+// "fake-<vocab>"), with the byte tokenizer.
+inline std::shared_ptr<ServedModel> FakeServed(const std::string& name = "fake", int64_t version = 1,
+                                               int64_t vocab = 256) {
+  ModelConfig config;
+  config.n_token = vocab;
+  return std::make_shared<ServedModel>(name, version, std::make_unique<FakeEngine>(vocab), config, Tokenizer::Byte());
+}
+inline FakeEngine& FakeOf(const ServedModel& served) { return static_cast<FakeEngine&>(*served.engine()); }
 
 }  // namespace txl::testing
 

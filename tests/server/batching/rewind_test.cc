@@ -44,12 +44,12 @@ class RewindTest : public SchedulerTest {
   void TearDown() override { scheduler_.reset(); }
   void MakeWith(SessionTableConfig tc) {
     table_ptr_ = std::make_unique<SessionTable>(tc);
-    scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{}, &engine_, table_ptr_.get(), &tokenizer_, &counter_);
+    scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{}, table_ptr_.get(), &counter_);
     scheduler_->Start();
   }
   SessionTable& table() { return table_ptr_ ? *table_ptr_ : table_; }
   std::string New(int64_t mem_len = 64) {
-    auto info = table().Create("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+    auto info = table().Create("", served_, *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
     EXPECT_TRUE(info.ok()) << info.status();
     return info->id;
   }

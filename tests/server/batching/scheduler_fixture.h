@@ -23,11 +23,9 @@ namespace txl::testing {
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  void Make(SchedulerConfig config = {}) {
-    scheduler_ = std::make_unique<Scheduler>(config, &engine_, &table_, &tokenizer_, nullptr);
-  }
+  void Make(SchedulerConfig config = {}) { scheduler_ = std::make_unique<Scheduler>(config, &table_, nullptr); }
   std::string NewSession(int64_t mem_len = 64) {
-    auto info = table_.Create("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+    auto info = table_.Create("", served_, *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
     EXPECT_TRUE(info.ok()) << info.status();
     return info->id;
   }
@@ -69,9 +67,9 @@ class SchedulerTest : public ::testing::Test {
     return *submitted;
   }
 
-  FakeEngine engine_;
+  std::shared_ptr<ServedModel> served_ = FakeServed();
+  FakeEngine& engine_ = FakeOf(*served_);
   SessionTable table_{SessionTableConfig{}};
-  Tokenizer tokenizer_ = Tokenizer::Byte();
   std::unique_ptr<Scheduler> scheduler_;
 };
 

@@ -169,6 +169,46 @@ TEST_F(SchedulerTest, DecodersShareOneStep) {
   for (const auto& s : steps) EXPECT_EQ(s.rows, 5);
 }
 
+// Two model versions at once (ServedModel per session): a step runs one
+// version's sessions, and the versions take turns, a step each.
+TEST_F(SchedulerTest, AStepRunsOneVersionAndVersionsTakeTurns) {
+  Make();
+  std::shared_ptr<ServedModel> other = testing::FakeServed("other", 2);
+  const std::string a1 = NewSession(), a2 = NewSession();
+  auto b1 = table_.Create("", other, *testing::FakeOf(*other).NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  Outcome oa1, oa2, ob1;
+  std::vector<size_t> a_steps_at_b_token;  // engine thread, then read after Wait
+  GenerateCallbacks cb = ob1.Callbacks();
+  cb.on_tokens = [this, &ob1, inner = cb.on_tokens, &a_steps_at_b_token](std::vector<GeneratedTokenEvent> ev,
+                                                                         int64_t pos) {
+    inner(std::move(ev), pos);
+    a_steps_at_b_token.push_back(engine_.steps().size());
+  };
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a1), Spec({10}, 8), oa1.Callbacks()).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(b1->id), Spec({50}, 8), std::move(cb)).ok());
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(a2), Spec({30}, 8), oa2.Callbacks()).ok());
+  scheduler_->Start();
+  oa1.Wait();
+  oa2.Wait();
+  ob1.Wait();
+  EXPECT_EQ(oa1.ids, (std::vector<int>{11, 12, 13, 14, 15, 16, 17, 18}));
+  EXPECT_EQ(oa2.ids, (std::vector<int>{31, 32, 33, 34, 35, 36, 37, 38}));
+  EXPECT_EQ(ob1.ids, (std::vector<int>{51, 52, 53, 54, 55, 56, 57, 58}));
+  // Each engine stepped its own sessions only: both of version 1's in each of its steps, one in the other's.
+  const auto a_steps = engine_.steps(), b_steps = testing::FakeOf(*other).steps();
+  ASSERT_EQ(a_steps.size(), 8u);
+  ASSERT_EQ(b_steps.size(), 8u);
+  for (const auto& step : a_steps) EXPECT_EQ(step.rows, 2);
+  for (const auto& step : b_steps) EXPECT_EQ(step.rows, 1);
+  // Turns: when version 2 had made its k-th token, version 1 had stepped k - 1 to k + 1 times.
+  ASSERT_EQ(a_steps_at_b_token.size(), 8u);
+  for (size_t k = 1; k <= 8; ++k) {
+    EXPECT_GE(a_steps_at_b_token[k - 1] + 1, k) << "token " << k;
+    EXPECT_LE(a_steps_at_b_token[k - 1], k + 1) << "token " << k;
+  }
+}
+
 TEST_F(SchedulerTest, LongPrefillIsChunkedAndDoesNotStarveADecoder) {
   SchedulerConfig config;
   config.prefill_chunk = 4;
@@ -365,7 +405,7 @@ TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {
 TEST_F(SchedulerTest, ForkBelongsToTheSourcesOwner) {
   Make();
   scheduler_->Start();
-  auto info = table_.Create("alice", *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  auto info = table_.Create("alice", served_, *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(info.ok()) << info.status();
   auto lease = table_.Acquire("alice", info->id, absl::Now());
   ASSERT_TRUE(lease.ok()) << lease.status();
@@ -448,7 +488,7 @@ TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
 TEST_F(SchedulerTest, ThrowAwaySessionIsGoneAfterTheRequest) {
   Make();
   scheduler_->Start();
-  auto lease = table_.CreateAcquired("", *engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
+  auto lease = table_.CreateAcquired("", served_, *engine_.NewSession(16), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(lease.ok());
   lease->throwaway = true;
   const std::string id = lease->id;
@@ -475,7 +515,7 @@ TEST_F(SchedulerTest, AStatelessGenerationFeedsOnlyTheReceptiveField) {
     for (const auto& step : engine_.steps()) n += step.tokens;
     return n;
   };
-  auto lease = table_.CreateAcquired("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+  auto lease = table_.CreateAcquired("", served_, *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(lease.ok());
   lease->throwaway = true;
   Outcome o;
@@ -510,7 +550,7 @@ TEST_F(SchedulerTest, AStatelessRequestGoesOnFromItsPrincipalsCachedPrefix) {
     return n;
   };
   auto stateless = [&](const std::string& owner, const std::vector<int>& input, Outcome& o) {
-    auto lease = table_.CreateAcquired(owner, *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+    auto lease = table_.CreateAcquired(owner, served_, *engine_.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
     ASSERT_TRUE(lease.ok());
     lease->throwaway = true;
     const int64_t before = fed();

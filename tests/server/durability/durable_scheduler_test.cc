@@ -48,14 +48,15 @@ class DurableSchedulerTest : public ::testing::Test {
     journal_ = Open(dir_, "r1", journal_holder_timeout_, flaky_journal_ ? &flaky_ : nullptr);
     table_config.has_state_store = true;
     table_ = std::make_unique<SessionTable>(table_config);
-    scheduler_ = std::make_unique<Scheduler>(config, &engine_, table_.get(), &tokenizer_, nullptr);
+    scheduler_ = std::make_unique<Scheduler>(config, table_.get(), nullptr);
     scheduler_->SetJournal(journal_.get());
     scheduler_->Start();
   }
   // As the service makes a durable session: busy until its creation is written.
   std::string NewSession(int64_t mem_len = 64) {
-    auto lease = table_->CreateAcquired("", *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now(), "",
-                                        /*durable=*/true);
+    auto lease =
+        table_->CreateAcquired("", served_, *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now(), "",
+                               /*durable=*/true);
     EXPECT_TRUE(lease.ok()) << lease.status();
     const std::string id = lease->id;
     auto info = table_->Get("", id);
@@ -94,12 +95,12 @@ class DurableSchedulerTest : public ::testing::Test {
   }
   // A new session table and scheduler that recover the journal's sessions, as
   // a restart does; returns how many.
-  int RestartOnTheSameJournal(SchedulerConfig config) {
+  int RestartOnTheSameJournal(SchedulerConfig config, std::shared_ptr<ServedModel> served = nullptr) {
     scheduler_.reset();
     table_ = std::make_unique<SessionTable>(SessionTableConfig{});
-    auto recovered = RecoverSessions(journal_.get(), table_.get(), engine_.fingerprint());
+    auto recovered = RecoverSessions(journal_.get(), table_.get(), OnlyModel(served ? served : served_));
     EXPECT_TRUE(recovered.ok()) << recovered.status();
-    scheduler_ = std::make_unique<Scheduler>(config, &engine_, table_.get(), &tokenizer_, nullptr);
+    scheduler_ = std::make_unique<Scheduler>(config, table_.get(), nullptr);
     scheduler_->SetJournal(journal_.get());
     scheduler_->Start();
     return recovered.ok() ? *recovered : -1;
@@ -131,8 +132,8 @@ class DurableSchedulerTest : public ::testing::Test {
   absl::Duration journal_holder_timeout_ = absl::Seconds(10);
   bool flaky_journal_ = false;  // Make() opens the journal on a FlakyBackend (flaky_)
   FlakyBackend* flaky_ = nullptr;
-  FakeEngine engine_;
-  Tokenizer tokenizer_ = Tokenizer::Byte();
+  std::shared_ptr<ServedModel> served_ = testing::FakeServed();
+  FakeEngine& engine_ = testing::FakeOf(*served_);
   std::unique_ptr<SessionJournal> journal_;
   std::unique_ptr<SessionTable> table_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -179,7 +180,7 @@ TEST_F(DurableSchedulerTest, ARewindIsJournaledAndSurvivesARestartWithTheWholeHi
   journal_.reset();
   table_.reset();
   Make(tc, config);
-  auto recovered = RecoverSessions(journal_.get(), table_.get(), engine_.fingerprint());
+  auto recovered = RecoverSessions(journal_.get(), table_.get(), OnlyModel(served_));
   ASSERT_TRUE(recovered.ok()) << recovered.status();
   ASSERT_EQ(*recovered, 1);
   EXPECT_EQ(table_->Get("", id)->position, 4);
@@ -329,6 +330,45 @@ TEST_F(DurableSchedulerTest, ASessionAnotherReplicaAsksForIsHandedOverExactly) {
   EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e'}));
 }
 
+// Regression: adoption claimed a session of a model this replica does not
+// serve and kept the claim, so no replica could adopt it. Now it is refused
+// naming both models and let go.
+TEST_F(DurableSchedulerTest, ASessionOfAModelNotServedIsNotAdoptedAndIsLetGo) {
+  auto gone = Open(dir_, "gone");
+  gone->RecordCreate(SessionMeta{"s1", "", 16, absl::Seconds(60), absl::Now(), {}}, Snapshot(0, {}, ""), nullptr);
+  gone->RecordTokens("s1", 0, {4, 5});
+  ASSERT_TRUE(gone->Flush().ok());
+  gone.reset();  // a clean stop: its sessions may be adopted at once
+  Make({});
+  std::shared_ptr<ServedModel> other = testing::FakeServed("other", 1, 128);
+  testing::Outcome o;
+  ASSERT_TRUE(scheduler_->SubmitAdopt("", "s1", OnlyModel(other), o.Ended()).ok());
+  o.Wait();
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+  EXPECT_NE(o.status.message().find("belongs to model fake-256, this server serves fake-128"), std::string::npos)
+      << o.status;
+  EXPECT_FALSE(table_->Get("", "s1").ok());
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto serving = Open(dir_, "serving");
+  auto won = serving->Adopt("s1", "");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(won->tail, (std::vector<int>{4, 5}));
+}
+
+// Regression: a restart with another model claimed its sessions and kept
+// them, so no replica serving their model could adopt them.
+TEST_F(DurableSchedulerTest, ARestartWithAnotherModelLetsItsSessionsGo) {
+  Make({});
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 2).ok());
+  EXPECT_EQ(RestartOnTheSameJournal({}, testing::FakeServed("other", 1, 128)), 0);
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto serving = Open(dir_, "serving");
+  auto won = serving->Adopt(id, "");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(won->position(), 4);
+}
+
 // Regression: a recovered session's count of logged tokens started at 0, so
 // a server that crashed more often than every snapshot_tokens never folded
 // its logs.
@@ -401,12 +441,13 @@ TEST_F(DurableSchedulerTest, TheJournalNoLongerCallsASchedulerThatIsGone) {
 // Regression: a request on a session the engine thread was offloading at
 // that moment got ABORTED (busy), as if another request held it.
 TEST(SessionTableOffloadTest, ARequestDuringAnOffloadGetsTheSessionNotAborted) {
-  FakeEngine engine;
+  std::shared_ptr<ServedModel> served = testing::FakeServed();
+  FakeEngine& engine = testing::FakeOf(*served);
   SessionTableConfig config;
   config.memory_budget_bytes = 63 * 8;
   config.host_memory_budget_bytes = 1 << 20;
   SessionTable table(config);
-  auto info = table.Create("", *engine.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  auto info = table.Create("", served, *engine.NewSession(64), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(info.ok());
   std::unique_ptr<SessionState> state = table.BeginOffload(info->id);
   ASSERT_NE(state, nullptr);

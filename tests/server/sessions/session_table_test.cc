@@ -10,12 +10,17 @@ namespace txl {
 namespace {
 
 std::unique_ptr<SessionState> State(int64_t mem_len = 32) { return std::make_unique<testing::FakeSession>(mem_len); }
+// The model version every session here is bound to.
+const std::shared_ptr<ServedModel>& Model() {
+  static const auto* model = new std::shared_ptr<ServedModel>(testing::FakeServed());
+  return *model;
+}
 
 TEST(SessionTableTest, IdsAreLongRandomAndUnique) {
   SessionTable table({});
   std::set<std::string> ids;
   for (int i = 0; i < 200; ++i) {
-    auto info = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
+    auto info = table.Create("", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
     ASSERT_TRUE(info.ok());
     EXPECT_EQ(info->id.size(), 32u);  // 128 bits, hex
     ids.insert(info->id);
@@ -26,17 +31,17 @@ TEST(SessionTableTest, IdsAreLongRandomAndUnique) {
 TEST(SessionTableTest, ClientChosenIdIsKeptAndCannotBeTakenTwice) {
   SessionTable table({});
   const std::string id = "0123456789abcdef0123456789abcdef";
-  auto first = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  auto first = table.Create("", Model(), State(), absl::ZeroDuration(), {}, absl::Now(), id);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->id, id);
-  auto again = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now(), id);
+  auto again = table.Create("", Model(), State(), absl::ZeroDuration(), {}, absl::Now(), id);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(table.size(), 1);
 }
 
 TEST(SessionTableTest, BusySessionIsAbortedAndUnchanged) {
   SessionTable table({});
-  auto info = table.Create("", State(), absl::ZeroDuration(), {{"team", "a"}}, absl::Now());
+  auto info = table.Create("", Model(), State(), absl::ZeroDuration(), {{"team", "a"}}, absl::Now());
   auto lease = table.Acquire("", info->id, absl::Now());
   ASSERT_TRUE(lease.ok());
   EXPECT_TRUE(table.Get("", info->id)->busy);
@@ -58,9 +63,9 @@ TEST(SessionTableTest, MaxSessionsIsResourceExhausted) {
   SessionTableConfig config;
   config.max_sessions = 2;
   SessionTable table(config);
-  ASSERT_TRUE(table.Create("", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
-  ASSERT_TRUE(table.Create("", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
-  auto third = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(table.Create("", Model(), State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  ASSERT_TRUE(table.Create("", Model(), State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  auto third = table.Create("", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(third.status().message().find("max_sessions=2"), std::string::npos);
 }
@@ -69,13 +74,13 @@ TEST(SessionTableTest, MemoryBudgetReservesFullWindowsAndFreesThem) {
   SessionTableConfig config;
   config.memory_budget_bytes = 2 * (9 - 1) * 8;  // two fake sessions of mem_len 9
   SessionTable table(config);
-  auto a = table.Create("", State(9), absl::ZeroDuration(), {}, absl::Now());
+  auto a = table.Create("", Model(), State(9), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(table.reserved_bytes(), 64);
   EXPECT_EQ(table.memory_bytes(), 0);  // reserved, not yet filled
-  auto b = table.CreateAcquired("", State(9), absl::ZeroDuration(), {}, absl::Now());
+  auto b = table.CreateAcquired("", Model(), State(9), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(b.ok());
-  auto third = table.Create("", State(2), absl::ZeroDuration(), {}, absl::Now());
+  auto third = table.Create("", Model(), State(2), absl::ZeroDuration(), {}, absl::Now());
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(third.status().message().find("session_memory_budget=128"), std::string::npos) << third.status();
   EXPECT_EQ(table.size(), 2);
@@ -85,11 +90,11 @@ TEST(SessionTableTest, MemoryBudgetReservesFullWindowsAndFreesThem) {
   ASSERT_TRUE(table.Delete("", a->id).ok());
   EXPECT_EQ(table.reserved_bytes(), 0);
   const absl::Time t0 = absl::Now();
-  ASSERT_TRUE(table.Create("", State(9), absl::Seconds(1), {}, t0).ok());
-  ASSERT_TRUE(table.Create("", State(9), absl::Seconds(1), {}, t0).ok());
+  ASSERT_TRUE(table.Create("", Model(), State(9), absl::Seconds(1), {}, t0).ok());
+  ASSERT_TRUE(table.Create("", Model(), State(9), absl::Seconds(1), {}, t0).ok());
   EXPECT_EQ(table.ExpireIdle(t0 + absl::Seconds(2)), 2);
   EXPECT_EQ(table.reserved_bytes(), 0);
-  EXPECT_TRUE(table.Create("", State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
+  EXPECT_TRUE(table.Create("", Model(), State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
 }
 
 TEST(SessionTableTest, TtlIsBoundedAndIdleSessionsExpire) {
@@ -97,12 +102,12 @@ TEST(SessionTableTest, TtlIsBoundedAndIdleSessionsExpire) {
   config.default_ttl = absl::Seconds(10);
   config.max_ttl = absl::Seconds(60);
   SessionTable table(config);
-  EXPECT_EQ(table.Create("", State(), absl::Seconds(61), {}, absl::Now()).status().code(),
+  EXPECT_EQ(table.Create("", Model(), State(), absl::Seconds(61), {}, absl::Now()).status().code(),
             absl::StatusCode::kInvalidArgument);
   const absl::Time t0 = absl::Now();
-  auto short_lived = table.Create("", State(), absl::Seconds(5), {}, t0);
-  auto defaulted = table.Create("", State(), absl::ZeroDuration(), {}, t0);
-  auto busy = table.Create("", State(), absl::Seconds(5), {}, t0);
+  auto short_lived = table.Create("", Model(), State(), absl::Seconds(5), {}, t0);
+  auto defaulted = table.Create("", Model(), State(), absl::ZeroDuration(), {}, t0);
+  auto busy = table.Create("", Model(), State(), absl::Seconds(5), {}, t0);
   EXPECT_EQ(defaulted->idle_ttl, absl::Seconds(10));
   auto lease = table.Acquire("", busy->id, t0);
   EXPECT_EQ(table.ExpireIdle(t0 + absl::Seconds(4)), 0);
@@ -119,7 +124,7 @@ TEST(SessionTableTest, TtlIsBoundedAndIdleSessionsExpire) {
 TEST(SessionTableTest, OtherPrincipalsSessionIsNotFoundEverywhere) {
   SessionTable table({});
   const absl::Time t0 = absl::Now();
-  auto mine = table.Create("alice", State(), absl::ZeroDuration(), {{"team", "a"}}, t0);
+  auto mine = table.Create("alice", Model(), State(), absl::ZeroDuration(), {{"team", "a"}}, t0);
   ASSERT_TRUE(mine.ok()) << mine.status();
   EXPECT_EQ(mine->owner, "alice");
   {  // give it some history
@@ -165,10 +170,10 @@ TEST(SessionTableTest, OtherPrincipalsSessionIsNotFoundEverywhere) {
 
 TEST(SessionTableTest, ListShowsEachPrincipalItsOwnSessions) {
   SessionTable table({});
-  auto a1 = table.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
-  auto a2 = table.CreateAcquired("alice", State(), absl::ZeroDuration(), {}, absl::Now());
-  auto b1 = table.Create("bob", State(), absl::ZeroDuration(), {}, absl::Now());
-  auto anon = table.Create("", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a1 = table.Create("alice", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a2 = table.CreateAcquired("alice", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
+  auto b1 = table.Create("bob", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
+  auto anon = table.Create("", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(a1.ok() && a2.ok() && b1.ok() && anon.ok());
   std::set<std::string> alice;
   for (const SessionInfo& s : table.List("alice")) alice.insert(s.id);
@@ -185,25 +190,25 @@ TEST(SessionTableTest, PerPrincipalLimitCountsEachPrincipalApart) {
   SessionTableConfig config;
   config.max_sessions_per_principal = 2;
   SessionTable table(config);
-  auto a1 = table.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
-  auto a2 = table.CreateAcquired("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a1 = table.Create("alice", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a2 = table.CreateAcquired("alice", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
   ASSERT_TRUE(a1.ok() && a2.ok());
-  auto a3 = table.Create("alice", State(), absl::ZeroDuration(), {}, absl::Now());
+  auto a3 = table.Create("alice", Model(), State(), absl::ZeroDuration(), {}, absl::Now());
   EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(a3.status().message().find("max_sessions_per_principal=2"), std::string::npos) << a3.status();
-  EXPECT_TRUE(table.Create("bob", State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  EXPECT_TRUE(table.Create("bob", Model(), State(), absl::ZeroDuration(), {}, absl::Now()).ok());
   // Every way out gives the slot back: discard, delete, expiry.
   table.Discard(*std::move(a2));
-  auto a4 = table.Create("alice", State(), absl::Seconds(1), {}, absl::Now());
+  auto a4 = table.Create("alice", Model(), State(), absl::Seconds(1), {}, absl::Now());
   ASSERT_TRUE(a4.ok()) << a4.status();
   ASSERT_TRUE(table.Delete("alice", a1->id).ok());
   const absl::Time t0 = absl::Now();
-  ASSERT_TRUE(table.Create("alice", State(), absl::Seconds(1), {}, t0).ok());
-  EXPECT_EQ(table.Create("alice", State(), absl::ZeroDuration(), {}, t0).status().code(),
+  ASSERT_TRUE(table.Create("alice", Model(), State(), absl::Seconds(1), {}, t0).ok());
+  EXPECT_EQ(table.Create("alice", Model(), State(), absl::ZeroDuration(), {}, t0).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(table.ExpireIdle(t0 + absl::Hours(1)), 3);  // alice's two, and bob's (default ttl 10 min)
-  EXPECT_TRUE(table.Create("alice", State(), absl::ZeroDuration(), {}, t0).ok());
-  EXPECT_TRUE(table.Create("alice", State(), absl::ZeroDuration(), {}, t0).ok());
+  EXPECT_TRUE(table.Create("alice", Model(), State(), absl::ZeroDuration(), {}, t0).ok());
+  EXPECT_TRUE(table.Create("alice", Model(), State(), absl::ZeroDuration(), {}, t0).ok());
 }
 
 }  // namespace

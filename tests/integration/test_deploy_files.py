@@ -202,7 +202,7 @@ class KubernetesManifestTest(unittest.TestCase):
         self.assertEqual(pre_stop[:-1], ["/bin/sleep"])
         sleep = float(pre_stop[-1])
         self.assertGreater(sleep, 0)
-        # server/main.cc: after the drain, gRPC Shutdown gets 2 s; then a margin.
+        # server/serve.cc: after the drain, gRPC Shutdown gets 2 s; then a margin.
         self.assertGreaterEqual(grace, sleep + drain + 2 + 5, (grace, sleep, drain))
         # A draining server answers NOT_SERVING: the liveness probe must not restart it meanwhile.
         live = self.container["livenessProbe"]

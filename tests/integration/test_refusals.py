@@ -204,7 +204,7 @@ class RefusalTest(unittest.TestCase):
         running, started = n.throwaway()
         self.assertTrue(started.wait(60))
         n.server.proc.send_signal(15)  # SIGTERM: the server drains while `running` goes on
-        while True:  # server/main.cc says "draining" once it refuses new work
+        while True:  # server/serve.cc says "draining" once it refuses new work
             line = n.server.proc.stdout.readline()
             self.assertTrue(line, "the server exited before draining")
             n.server.lines.append(line)

@@ -114,7 +114,7 @@ class Server:
         self.lines = []
         self._stopped = False
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        # server/main.cc reports "listening on ADDR[, metrics on ADDR]", "model PATH (...)", ...
+        # server/serve.cc reports "listening on ADDR[, metrics on ADDR]", "model PATH (...)", ...
         # and "http on ADDR" (or "http off...") in one write, once it serves.
         while not self.lines or not self.lines[-1].startswith("txl-server: http "):
             line = self.proc.stdout.readline()

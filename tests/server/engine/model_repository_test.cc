@@ -3,10 +3,13 @@
 // unloads, and that Find answers during a slow load.
 #include "server/engine/model_repository.h"
 
+#include "server/engine/repository_poller.h"
+
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -288,6 +291,42 @@ TEST_F(ModelRepositoryTest, AnUnloadDuringALoadDropsTheLoadedVersion) {
   poll.join();
   EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kUnloaded);
   EXPECT_EQ(r->Find("char").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Waits (at most 30 s) until `done` holds; false if it never did.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+TEST_F(ModelRepositoryTest, APollerPicksUpAPublishedVersionAndOutlivesAMissingDirectory) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  RepositoryPoller poller(r.get(), absl::Milliseconds(5));
+  Put("char", 2);
+  ASSERT_TRUE(Eventually([&] { return Newest(*r, "char") == 2; }));
+  // The directory gone for a while: polls fail, and the loaded version goes on serving.
+  std::filesystem::rename(dir_, dir_ + ".away");
+  const int64_t before = poller.polls();
+  ASSERT_TRUE(Eventually([&] { return poller.polls() >= before + 2; }));
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  std::filesystem::rename(dir_ + ".away", dir_);
+  Put("char", 3);
+  ASSERT_TRUE(Eventually([&] { return Newest(*r, "char") == 3; }));
+}
+
+TEST_F(ModelRepositoryTest, StoppingAPollerDoesNotWaitOutItsInterval) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  RepositoryPoller poller(r.get(), absl::Hours(1));
+  poller.Stop();  // would hang the test for an hour
+  EXPECT_EQ(poller.polls(), 0);
 }
 
 }  // namespace

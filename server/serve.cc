@@ -1,0 +1,371 @@
+// Wiring only: the parts of txl-server built from ServerOptions, bottom up.
+#include "server/serve.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/host_memory.h"
+#include "base/malloc_tuning.h"
+#include "base/read_file.h"
+#include "base/status_macros.h"
+#include "model/device_memory.h"
+#include "server/batching/scheduler.h"
+#include "server/core/auth.h"
+#include "server/durability/recovery.h"
+#include "server/durability/session_journal.h"
+#include "server/durability/shared_state_cache.h"
+#include "server/durability/state_backend.h"
+#include "server/engine/model_engine.h"
+#include "server/engine/served_model.h"
+#include "server/grpc/service.h"
+#include "server/http/http_server.h"
+#include "server/http/metrics_route.h"
+#include "server/http/openai_gateway.h"
+#include "server/metrics/metrics.h"
+#include "server/sessions/device_budget.h"
+#include "server/sessions/host_budget.h"
+#include "server/sessions/session_table.h"
+
+namespace txl {
+namespace {
+
+int Fail(const std::string& msg) {
+  std::cerr << "txl-server: " << msg << std::endl;
+  return 1;
+}
+
+// The bundled model: installed next to the binary (P/bin/txl-server and
+
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* marker, const char* what) {
+  auto text = txl::ReadFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", text.status().message()));
+  if (text->find(marker) == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " holds no PEM ", what));
+  }
+  return text;
+}
+
+// The gRPC port's credentials from the --tls_* flags; a description for the startup log in `mode`.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const std::string& cert_path,
+                                                                           const std::string& key_path,
+                                                                           const std::string& ca_path,
+                                                                           std::string* mode,
+                                                                           txl::HttpServerConfig* http) {
+  if (cert_path.empty() != key_path.empty()) {
+    return absl::InvalidArgumentError(cert_path.empty() ? "--tls_key needs --tls_cert" : "--tls_cert needs --tls_key");
+  }
+  if (cert_path.empty()) {
+    if (!ca_path.empty()) return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    *mode = "plaintext (no TLS)";
+    return grpc::InsecureServerCredentials();
+  }
+  ASSIGN_OR_RETURN(std::string cert, ReadPem("tls_cert", cert_path, "-----BEGIN CERTIFICATE-----", "certificate"));
+  ASSIGN_OR_RETURN(std::string key, ReadPem("tls_key", key_path, "PRIVATE KEY-----", "private key"));
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  *mode = "TLS";
+  if (!ca_path.empty()) {
+    ASSIGN_OR_RETURN(std::string ca, ReadPem("tls_client_ca", ca_path, "-----BEGIN CERTIFICATE-----", "certificate"));
+    options = grpc::SslServerCredentialsOptions(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    options.pem_root_certs = std::move(ca);
+    *mode = "TLS, client certificates required (mutual TLS)";
+  }
+  // The HTTP port uses the same certificate, key and client CA.
+  http->tls_cert_pem = cert;
+  http->tls_key_pem = key;
+  http->tls_client_ca_pem = options.pem_root_certs;
+  options.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+  return grpc::SslServerCredentials(options);
+}
+
+// The gRPC server: the service, health and reflection on one port, with the
+// transport's bounds.
+std::unique_ptr<grpc::Server> StartGrpc(const ServerOptions& o, std::shared_ptr<grpc::ServerCredentials> credentials,
+                                        txl::TxlService* service, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
+  // silently shares it instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // gRPC answers a bigger request with RESOURCE_EXHAUSTED before any handler runs.
+  builder.SetMaxReceiveMessageSize(o.max_message_bytes);
+  // The whole transport's memory and threads are bounded, whatever clients do.
+  grpc::ResourceQuota quota("txl-server");
+  if (o.grpc_memory_quota > 0) quota.Resize(static_cast<size_t>(o.grpc_memory_quota));
+  if (o.grpc_max_threads > 0) quota.SetMaxThreads(o.grpc_max_threads);
+  builder.SetResourceQuota(quota);
+  // Idle connections cost a socket and buffers each: closed after a while
+  // (clients reconnect on their next call).
+  if (o.max_connection_idle > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(std::min(absl::ToDoubleMilliseconds(o.max_connection_idle), 2e9)));
+  }
+  // Health and reflection share this port and its TLS; they need no token (service.h).
+  builder.AddListeningPort(o.listen, std::move(credentials), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+// Bearer tokens (--auth_tokens), or none.
+absl::StatusOr<std::unique_ptr<txl::BearerTokens>> LoadTokens(const ServerOptions& o) {
+  if (o.auth_tokens.empty()) return nullptr;
+  auto loaded = txl::BearerTokens::Create({o.auth_tokens});
+  if (!loaded.ok()) return absl::InvalidArgumentError(absl::StrCat("--auth_tokens: ", loaded.status().message()));
+  if (o.tls_cert.empty()) {
+    std::cerr << "txl-server: warning: --auth_tokens without --tls_cert: bearer tokens cross the network "
+                 "in clear text"
+              << std::endl;
+  }
+  return *std::move(loaded);
+}
+
+// The settings that depend on the loaded model: the default window, the
+// import limit, the device and number formats it runs in, and on a GPU the
+// session memory budget and its pool.
+absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
+  const txl::LanguageModel& model = engine->model();
+  const txl::ModelConfig& mc = model.config();
+  if (o->service.default_mem_len == 0) o->service.default_mem_len = std::max<int64_t>(1, mc.mem_len);
+  if (o->service.default_mem_len > o->service.max_mem_len) {
+    return absl::InvalidArgumentError(absl::StrCat("--default_mem_len ", o->service.default_mem_len,
+                                                   " exceeds --max_mem_len ", o->service.max_mem_len));
+  }
+  // An import carries one session: at most a full window of max_mem_len, plus headers.
+  o->service.max_import_bytes = model.FullMemoryBytes(o->service.max_mem_len) + (int64_t{1} << 20);
+  o->service.device = model.device();
+  if (o->table.memory_budget_bytes == -1) {
+    // What is free once the weights are there, less headroom (and on a CPU the other host budgets):
+    // a full machine refuses new sessions (RESOURCE_EXHAUSTED), not a batch or the OOM killer.
+    const int64_t window = model.FullMemoryBytes(o->service.default_mem_len);
+    if (model.device() == "cpu") {
+      ASSIGN_OR_RETURN(const txl::HostMemory host, txl::ReadHostMemory());
+      const txl::HostBudgetConfig budget =
+          txl::HostBudgetOf(o->table, host, o->host_headroom, window, o->service.default_mem_len);
+      ASSIGN_OR_RETURN(o->table.memory_budget_bytes, txl::DefaultHostBudget(budget));
+      std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes ("
+                << txl::DescribeHostBudget(budget) << ")" << std::endl;
+    } else {
+      auto memory = txl::CudaDeviceMemory();
+      if (!memory.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("sizing the session budget on ", model.device(), ": ",
+                                                          memory.status().message(),
+                                                          " (give --session_memory_budget)"));
+      }
+      txl::DeviceBudgetConfig budget;
+      budget.device = model.device();
+      budget.memory = *memory;
+      budget.headroom = o->gpu_headroom;
+      budget.window_bytes = window;
+      budget.default_mem_len = o->service.default_mem_len;
+      ASSIGN_OR_RETURN(o->table.memory_budget_bytes, txl::DefaultDeviceBudget(budget));
+      std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes (" << model.device()
+                << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less "
+                << txl::DeviceHeadroom(budget) << " headroom)" << std::endl;
+    }
+  }
+  if (model.device() != "cpu" && o->table.memory_budget_bytes > 0) {
+    // The pool of session memory, allocated once for the whole budget:
+    // admission then keeps every step within it (docs/OPERATIONS.md, "Flags",
+    // --kernels).
+    if (auto reserved = engine->ReserveSessionMemory(o->table.memory_budget_bytes); !reserved.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(reserved.message(), " (lower --session_memory_budget or raise --gpu_headroom)"));
+    }
+  }
+  o->metrics.session_memory_budget = o->table.memory_budget_bytes;
+  // What the model runs in, not what the flags asked for (GetModelInfo reports it).
+  o->service.dtype = txl::DtypeName(model.dtype());
+  o->service.cpu_family = model.CpuFamily();
+  o->service.kv_dtype = txl::DtypeName(model.kv_dtype());
+  o->metrics.info = {{"version", "0.1.0"},
+                     {"model", o->model.path},
+                     {"device", model.device()},
+                     {"n_layer", std::to_string(mc.n_layer)},
+                     {"d_model", std::to_string(mc.d_model)}};
+  return absl::OkStatus();
+}
+
+// The state store (--state_dir / --state_redis), or none.
+absl::StatusOr<std::unique_ptr<txl::SessionJournal>> OpenStateStore(const ServerOptions& o) {
+  if (!o.state_store) return nullptr;
+  auto backend = txl::OpenStateBackend(o.backend);
+  if (!backend.ok())
+    return absl::Status(backend.status().code(), absl::StrCat("state store: ", backend.status().message()));
+  auto opened = txl::SessionJournal::Create(o.journal, *std::move(backend));
+  if (!opened.ok())
+    return absl::Status(opened.status().code(), absl::StrCat("state store: ", opened.status().message()));
+  return *std::move(opened);
+}
+
+// With a state store and a state cache, the cache's entries go to the store
+// too, through a connection of their own, so that replicas share them.
+absl::StatusOr<std::unique_ptr<txl::SharedStateCache>> OpenSharedStateCache(const ServerOptions& o) {
+  if (!o.state_store || o.table.state_cache.budget_bytes == 0) return nullptr;
+  txl::StateBackendConfig config = o.backend;
+  config.writer = o.backend.writer + "-cache";  // its temporary files are not the journal's
+  auto backend = txl::OpenStateBackend(config);
+  if (!backend.ok())
+    return absl::Status(backend.status().code(), absl::StrCat("state cache store: ", backend.status().message()));
+  return std::make_unique<txl::SharedStateCache>(*std::move(backend), txl::SharedStateCacheConfig{});
+}
+
+// /metrics on its own port, on the same HTTP transport as the API; null
+// without --metrics_listen.
+absl::StatusOr<std::unique_ptr<txl::HttpServer>> StartMetricsPort(const ServerOptions& o, txl::Metrics* metrics) {
+  if (o.metrics_listen.empty()) return nullptr;
+  txl::HttpServerConfig scrape;
+  scrape.listen = o.metrics_listen;
+  scrape.threads = 1;
+  scrape.max_body_bytes = 1 << 16;
+  scrape.max_connections = 64;
+  auto started = txl::HttpServer::Create(scrape, txl::MetricsRoute([metrics] { return metrics->Scrape(); }));
+  if (!started.ok()) {
+    return absl::Status(started.status().code(), absl::StrCat("--metrics_listen: ", started.status().message()));
+  }
+  return started;
+}
+
+// host:port with the port the server got (the flag may say 0).
+std::string BoundAddress(const std::string& listen, int port) {
+  return listen.substr(0, listen.rfind(':') + 1) + std::to_string(port);
+}
+
+// The five start-up lines (docs/OPERATIONS.md, "Startup, logs and exit codes").
+void PrintStarted(const ServerOptions& o, const txl::LanguageModel& model, int port,
+                  const txl::HttpServer* metrics_http, const txl::HttpServer* http, const std::string& transport,
+                  const txl::BearerTokens* tokens) {
+  const txl::ModelConfig& mc = model.config();
+  std::cout << "txl-server: listening on " << BoundAddress(o.listen, port)
+            << (metrics_http ? ", metrics on " + BoundAddress(o.metrics_listen, metrics_http->port()) : "")
+            << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
+            << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
+            << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype
+            << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath() << "\ntxl-server: http "
+            << (http ? "on " + BoundAddress(o.http.listen, http->port()) : std::string("off"))
+            << "\ntxl-server: " << transport << ", "
+            << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
+                       : std::string("no authentication"))
+            << std::endl;
+}
+
+// After SIGTERM/SIGINT: refuse new work, let what runs finish within
+// --drain_timeout, cancel the rest, and leave snapshots behind.
+void DrainAndStop(const ServerOptions& o, int sig, txl::Scheduler* scheduler, grpc::Server* server,
+                  txl::OpenAiGateway* gateway, txl::HttpServer* http) {
+  // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
+  // The HTTP port keeps accepting for the whole drain, so that a probe on a new connection reads
+  // /readyz's 503 "draining" rather than a refused connection (new work there gets 503 too).
+  scheduler->Drain();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  if (http) gateway->SetDraining();
+  std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  // An HTTP answer is done when its last byte is written, which may be after its job ended.
+  auto http_busy = [&] { return http && (gateway->active() > 0 || http->requests_in_flight() > 0); };
+  const absl::Time deadline = absl::Now() + o.drain_timeout;
+  while (absl::Now() < deadline && (scheduler->active() > 0 || scheduler->queue_depth() > 0 || http_busy())) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (http) http->StopAccepting();
+  // What is still running is cancelled; its sessions keep what was delivered.
+  scheduler->Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // The gateway's completions end with their jobs and write their last events; then the
+  // transport's threads.
+  for (int i = 0; http_busy() && i < 100; ++i) absl::SleepFor(absl::Milliseconds(20));
+  if (http) http->Stop();
+  // A graceful stop leaves snapshots, so the next start (here or on another
+  // replica) replays nothing; the journal's destructor then retires this
+  // replica's heartbeat, which lets another replica take its sessions at once.
+  if (auto s = scheduler->SnapshotAll(); !s.ok())
+    std::cerr << "txl-server: final snapshots: " << s.message() << std::endl;
+}
+
+}  // namespace
+
+int Serve(ServerOptions o, sigset_t signals) {
+  // Security first: a mistake there should not wait for the model to load.
+  std::string transport;
+  auto credentials = ServerCredentials(o.tls_cert, o.tls_key, o.tls_client_ca, &transport, &o.http);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  auto tokens = LoadTokens(o);
+  if (!tokens.ok()) return Fail(std::string(tokens.status().message()));
+
+  auto engine = txl::ModelEngine::Create(o.model);
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  if (absl::Status fit = FitToModel(engine->get(), &o); !fit.ok()) return Fail(std::string(fit.message()));
+  const txl::LanguageModel& model = (*engine)->model();
+  // A repository of one: the file's stem, version 1 (docs/OPERATIONS.md, "Model repository").
+  auto served = std::make_shared<txl::ServedModel>(std::filesystem::path(o.model.path).stem().string(), 1,
+                                                   *std::move(engine), model.config(), model.tokenizer());
+  txl::ReleaseFreedMemory();  // the load's temporaries: --malloc_keep_bytes would keep them resident
+
+  // The state store, before anything is served: a restart finds its sessions first.
+  auto journal = OpenStateStore(o);
+  if (!journal.ok()) return Fail(std::string(journal.status().message()));
+  txl::SessionTable table(o.table);
+  if (*journal) {
+    auto recovered = txl::RecoverSessions(journal->get(), &table, txl::OnlyModel(served));
+    if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
+    std::cout << "txl-server: state store " << (*journal)->Describe() << " as replica " << (*journal)->replica() << ": "
+              << *recovered << " session(s) recovered" << std::endl;
+  }
+
+  auto metrics = txl::Metrics::Create(o.metrics, &table);
+  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+  auto metrics_http = StartMetricsPort(o, metrics->get());
+  if (!metrics_http.ok()) return Fail(std::string(metrics_http.status().message()));
+
+  // Before the scheduler, so that it outlives the engine thread that offers it entries.
+  auto shared_cache = OpenSharedStateCache(o);
+  if (!shared_cache.ok()) return Fail(std::string(shared_cache.status().message()));
+  txl::Scheduler scheduler(o.scheduler, &table, metrics->get());
+  scheduler.SetJournal(journal->get());
+  scheduler.SetSharedStateCache(shared_cache->get());
+  txl::TxlService service(o.service, served, &table, &scheduler, metrics->get(), tokens->get(), journal->get());
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = StartGrpc(o, *std::move(credentials), &service, &port);
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", o.listen,
+                             o.tls_cert.empty()
+                                 ? " (address in use?)"
+                                 : " (address in use, or --tls_cert/--tls_key not a matching certificate and key?)"));
+  }
+  // The HTTP front end calls the service core as the gRPC service does
+  // (server/http/openai_gateway.h).
+  std::unique_ptr<txl::OpenAiGateway> gateway;
+  std::unique_ptr<txl::HttpServer> http;
+  if (!o.http.listen.empty()) {
+    gateway = std::make_unique<txl::OpenAiGateway>(txl::OpenAiGatewayConfig{served->name(), o.chat_template},
+                                                   service.core(), metrics->get());
+    auto started = txl::HttpServer::Create(
+        o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
+    if (!started.ok()) return Fail(absl::StrCat("--http_listen: ", started.status().message()));
+    http = *std::move(started);
+  }
+  scheduler.Start();
+  server->GetHealthCheckService()->SetServingStatus(true);
+  PrintStarted(o, model, port, metrics_http->get(), http.get(), transport, tokens->get());
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  DrainAndStop(o, sig, &scheduler, server.get(), gateway.get(), http.get());
+  std::cout << "txl-server: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace txl

@@ -148,7 +148,7 @@ int Fail(const std::string& msg) {
 }
 
 // The bundled model: installed next to the binary (P/bin/txl-server and
-
+// P/model/, see the top-level CMakeLists.txt), else the source tree's.
 std::string BundledModel() {
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -159,9 +159,8 @@ std::string BundledModel() {
   return TXL_BUNDLED_MODEL;
 }
 
-// The content of the PEM file named by --`flag`, which must hold `marker`
-// (e.g. "-----BEGIN CERTIFICATE-----"): gRPC's own error for a bad file only
-
+// Every flag into the config structs of the parts it sets: the one place
+// flags are read.
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions o;
   o.model.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);

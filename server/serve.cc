@@ -31,6 +31,7 @@
 #include "server/durability/shared_state_cache.h"
 #include "server/durability/state_backend.h"
 #include "server/engine/model_engine.h"
+#include "server/engine/model_source.h"
 #include "server/engine/served_model.h"
 #include "server/grpc/service.h"
 #include "server/http/http_server.h"
@@ -49,8 +50,9 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
-// The bundled model: installed next to the binary (P/bin/txl-server and
-
+// The content of the PEM file named by --`flag`, which must hold `marker`
+// (e.g. "-----BEGIN CERTIFICATE-----"): gRPC's own error for a bad file only
+// says that the port could not be opened.
 absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path, const char* marker, const char* what) {
   auto text = txl::ReadFile(path);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", text.status().message()));
@@ -312,6 +314,7 @@ int Serve(ServerOptions o, sigset_t signals) {
   // A repository of one: the file's stem, version 1 (docs/OPERATIONS.md, "Model repository").
   auto served = std::make_shared<txl::ServedModel>(std::filesystem::path(o.model.path).stem().string(), 1,
                                                    *std::move(engine), model.config(), model.tokenizer());
+  const std::unique_ptr<txl::ModelSource> service_models = txl::SingleModel(served);
   txl::ReleaseFreedMemory();  // the load's temporaries: --malloc_keep_bytes would keep them resident
 
   // The state store, before anything is served: a restart finds its sessions first.
@@ -319,7 +322,7 @@ int Serve(ServerOptions o, sigset_t signals) {
   if (!journal.ok()) return Fail(std::string(journal.status().message()));
   txl::SessionTable table(o.table);
   if (*journal) {
-    auto recovered = txl::RecoverSessions(journal->get(), &table, txl::OnlyModel(served));
+    auto recovered = txl::RecoverSessions(journal->get(), &table, txl::RecordsOf(service_models.get()));
     if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
     std::cout << "txl-server: state store " << (*journal)->Describe() << " as replica " << (*journal)->replica() << ": "
               << *recovered << " session(s) recovered" << std::endl;

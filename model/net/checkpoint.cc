@@ -175,6 +175,10 @@ absl::StatusOr<ModelConfig> ReadCheckpointConfig(const std::string& path) {
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint ", path, ": not a readable TorchScript archive: ", Brief(e)));
+  } catch (const std::exception& e) {  // the zip reader's own errors, and allocation failures
+    std::string msg = e.what();
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, ": not a readable TorchScript archive: ", msg.substr(0, msg.find('\n'))));
   }
   absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(json);
   if (!config.ok())

@@ -17,12 +17,14 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
     counts.push_back(n);
     budget -= static_cast<int64_t>(n);
   };
-  // One step runs one engine (one model version): the engines with work
-  // take turns, in the order of their addresses after the last one stepped.
+  // One step runs one engine (one model version): the engines with a row to
+  // run take turns, in the order of their addresses after the last one stepped.
   std::vector<Engine*> engines;
   for (const auto& job : active) {
     FeedJob* feed = job->done ? nullptr : job->feeding();
-    if (feed != nullptr) engines.push_back(&JobRunner::EngineOf(feed->lease));
+    if (feed == nullptr) continue;
+    const bool has_row = feed->decoding() ? feed->paused_since.load() == 0 : feed->prefill_left() > 0;
+    if (has_row) engines.push_back(&JobRunner::EngineOf(feed->lease));
   }
   if (engines.empty()) return;
   std::sort(engines.begin(), engines.end(), std::less<Engine*>());

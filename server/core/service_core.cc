@@ -10,6 +10,7 @@ namespace txl {
 ServiceCore::ServiceCore(ServiceParts parts)
     : config(std::move(parts.config)),
       served(std::move(parts.served)),
+      models(SingleModel(served)),
       model(served->config()),
       tokenizer(served->tokenizer()),
       engine(served->engine()),
@@ -59,7 +60,7 @@ void ServiceCore::WithAdoption(const std::string& principal, const std::string& 
     absl::Status again = status.ok() ? attempt() : status;
     if (!again.ok()) fail(again);
   };
-  auto job = scheduler->SubmitAdopt(principal, id, OnlyModel(served), std::move(adopted));
+  auto job = scheduler->SubmitAdopt(principal, id, RecordsOf(models.get()), std::move(adopted));
   if (!job.ok()) fail(job.status());
 }
 

@@ -32,6 +32,7 @@
 #include "server/core/service_config.h"
 #include "server/durability/session_journal.h"
 #include "server/engine/engine.h"
+#include "server/engine/model_source.h"
 #include "server/engine/served_model.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
@@ -122,9 +123,10 @@ class ServiceCore {
   // The parts, as the transports' adapters read them.
   const ServiceConfig config;
   const std::shared_ptr<ServedModel> served;
-  const ModelConfig model;    // served's
-  const Tokenizer tokenizer;  // served's
-  Engine* const engine;       // served's
+  const std::unique_ptr<ModelSource> models;  // served alone (journal records find their version in it)
+  const ModelConfig model;                    // served's
+  const Tokenizer tokenizer;                  // served's
+  Engine* const engine;                       // served's
   SessionTable* const table;
   Scheduler* const scheduler;
   ServiceMetrics* const metrics;

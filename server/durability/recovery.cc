@@ -27,13 +27,12 @@ TokenHistory HistoryFromRecord(const JournalRecord& record, const SessionTableCo
   return history;
 }
 
-RecordModel OnlyModel(std::shared_ptr<ServedModel> model) {
-  return [model](const JournalRecord& record) -> absl::StatusOr<std::shared_ptr<ServedModel>> {
-    const std::string served = model->engine()->fingerprint();
-    if (record.image.fingerprint != served) {
-      return absl::FailedPreconditionError(absl::StrCat("session ", record.meta.id, " belongs to model ",
-                                                        record.image.fingerprint, ", this server serves ", served));
-    }
+RecordModel RecordsOf(const ModelSource* models) {
+  return [models](const JournalRecord& record) -> absl::StatusOr<std::shared_ptr<ServedModel>> {
+    auto model = models->WithFingerprint(record.image.fingerprint);
+    if (!model.ok())
+      return absl::Status(model.status().code(),
+                          absl::StrCat("session ", record.meta.id, ": ", model.status().message()));
     return model;
   };
 }

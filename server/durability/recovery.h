@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/durability/session_journal.h"
+#include "server/engine/model_source.h"
 #include "server/sessions/session_table.h"
 
 namespace txl {
@@ -20,11 +21,11 @@ namespace txl {
 std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::vector<int>* pending);
 
 // The served model version a record's session belongs to (its image's
-// fingerprint names it); FAILED_PRECONDITION naming both when this server
-// does not serve it.
+// fingerprint names it); FAILED_PRECONDITION naming the session, its model
+// and what is served when this server does not serve it.
 using RecordModel = std::function<absl::StatusOr<std::shared_ptr<ServedModel>>(const JournalRecord& record)>;
-// A server of one model version.
-RecordModel OnlyModel(std::shared_ptr<ServedModel> model);
+// The records' versions among `models`' ready ones (which must outlive it).
+RecordModel RecordsOf(const ModelSource* models);
 
 // Registers a record's session in `table`, out of device memory, bound to
 // its version (`model_of`); it comes back on its first request.

@@ -56,8 +56,9 @@ ModelRepository::Stamp ModelRepository::StampOf(const std::string& path) {
   return {static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
-void ModelRepository::Retire(Entry& e, const std::string& why) {
+void ModelRepository::Retire(Entry& e, const std::string& why, Dropped* dropped) {
   e.retiring = e.served;
+  dropped->push_back(std::move(e.served));
   e.served.reset();
   e.state = VersionState::kRetiring;
   e.reason = why;
@@ -68,6 +69,7 @@ VersionState ModelRepository::StateOf(const Entry& e) {
 }
 
 absl::Status ModelRepository::Poll() {
+  Dropped dropped;  // released after the locks: the last reference frees a version's weights
   absl::MutexLock poll(&poll_mu_);
   auto scan = ScanRepository(config_.dir);
   if (!scan.ok()) return scan.status();
@@ -83,7 +85,7 @@ absl::Status ModelRepository::Poll() {
       auto on_disk = scan->find(name);
       for (auto& [v, e] : versions) {
         if (on_disk != scan->end() && FindVersion(on_disk->second, v) != nullptr) continue;
-        if (e.state == VersionState::kReady) Retire(e, "removed from the repository");
+        if (e.state == VersionState::kReady) Retire(e, "removed from the repository", &dropped);
         if (e.state == VersionState::kFailed) e.state = VersionState::kUnloaded;
       }
     }
@@ -100,10 +102,12 @@ absl::Status ModelRepository::Poll() {
         }
         if (k != known.end()) {
           Entry& e = k->second;
-          if (e.state == VersionState::kRetiring && !e.retiring.expired()) {  // wanted again while still held
-            e.served = e.retiring.lock();
-            e.state = VersionState::kReady;
-            e.reason.clear();
+          if (e.state == VersionState::kRetiring) {  // wanted again while still held
+            if (std::shared_ptr<ServedVersion> held = e.retiring.lock()) {
+              e.served = std::move(held);
+              e.state = VersionState::kReady;
+              e.reason.clear();
+            }
           }
           const bool retry = StateOf(e) == VersionState::kUnloaded ||
                              (e.state == VersionState::kFailed && (e.over_budget || !(e.stamp == StampOf(rv.path))));
@@ -130,8 +134,10 @@ absl::Status ModelRepository::Poll() {
     }
     for (auto& [v, e] : known) {
       if (e.state == VersionState::kReady && !Contains(wanted, v) && v < newest_ready) {
-        Retire(e, absl::StrCat("replaced by version ", newest_ready, " (version policy ",
-                               VersionPolicyName(config_.policy), ")"));
+        Retire(e,
+               absl::StrCat("replaced by version ", newest_ready, " (version policy ",
+                            VersionPolicyName(config_.policy), ")"),
+               &dropped);
       }
     }
   }
@@ -157,6 +163,15 @@ int64_t ModelRepository::BytesInUse(const std::string& model, int64_t version, s
 }
 
 void ModelRepository::LoadOne(const std::string& model, const RepositoryVersion& v) {
+  {
+    absl::MutexLock l(&mu_);
+    if (unloaded_.count(model) != 0) {  // Unload ran since the poll chose it
+      Entry& e = models_[model][v.version];
+      e.state = VersionState::kUnloaded;
+      e.reason = "unloaded by request";
+      return;
+    }
+  }
   if (config_.memory_budget_bytes > 0) {
     absl::StatusOr<int64_t> need = sizer_(v);
     absl::MutexLock l(&mu_);
@@ -196,13 +211,14 @@ void ModelRepository::LoadOne(const std::string& model, const RepositoryVersion&
 }
 
 absl::Status ModelRepository::Unload(const std::string& model) {
+  Dropped dropped;  // released after the lock
   absl::MutexLock l(&mu_);
   auto m = models_.find(model);
   if (m == models_.end()) return absl::NotFoundError(absl::StrCat("model \"", model, "\" is not in the repository"));
   unloaded_.insert(model);
   for (auto& [v, e] : m->second) {
     if (e.state == VersionState::kReady) {
-      Retire(e, "unloaded by request");
+      Retire(e, "unloaded by request", &dropped);
     } else if (e.state == VersionState::kFailed) {
       e.state = VersionState::kUnloaded;
       e.reason = "unloaded by request";
@@ -257,6 +273,17 @@ absl::StatusOr<ModelRepository::Found> ModelRepository::Find(const std::string& 
                                             VersionStateName(StateOf(e)), e.reason.empty() ? "" : ": ", e.reason));
   }
   return Found{version, v->second.served};
+}
+
+std::vector<std::shared_ptr<ServedVersion>> ModelRepository::Ready() const {
+  absl::MutexLock l(&mu_);
+  std::vector<std::shared_ptr<ServedVersion>> out;
+  for (const auto& [name, versions] : models_) {
+    for (const auto& [v, e] : versions) {
+      if (e.state == VersionState::kReady) out.push_back(e.served);
+    }
+  }
+  return out;
 }
 
 std::vector<VersionStatus> ModelRepository::List() const {

@@ -102,6 +102,8 @@ class ModelRepository {
 
   // Every version seen, by model then version.
   std::vector<VersionStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The READY versions' served objects, by model then version.
+  std::vector<std::shared_ptr<ServedVersion>> Ready() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Stamp {
@@ -122,8 +124,10 @@ class ModelRepository {
   ModelRepository(const ModelRepositoryConfig& config, VersionLoader loader, VersionSizer sizer)
       : config_(config), loader_(std::move(loader)), sizer_(std::move(sizer)) {}
   static Stamp StampOf(const std::string& path);
-  // Retires `e` (READY) for `why`.
-  static void Retire(Entry& e, const std::string& why);
+  // Versions let go of under a lock, freed once it is released.
+  using Dropped = std::vector<std::shared_ptr<ServedVersion>>;
+  // Retires `e` (READY) for `why`; its reference goes to `dropped`.
+  static void Retire(Entry& e, const std::string& why, Dropped* dropped);
   static VersionState StateOf(const Entry& e);
   // Loads one version the poll chose (budget, loader), outside mu_.
   void LoadOne(const std::string& model, const RepositoryVersion& v) ABSL_LOCKS_EXCLUDED(mu_);

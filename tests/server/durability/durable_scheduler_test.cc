@@ -98,7 +98,8 @@ class DurableSchedulerTest : public ::testing::Test {
   int RestartOnTheSameJournal(SchedulerConfig config, std::shared_ptr<ServedModel> served = nullptr) {
     scheduler_.reset();
     table_ = std::make_unique<SessionTable>(SessionTableConfig{});
-    auto recovered = RecoverSessions(journal_.get(), table_.get(), OnlyModel(served ? served : served_));
+    const std::unique_ptr<ModelSource> models = SingleModel(served ? served : served_);
+    auto recovered = RecoverSessions(journal_.get(), table_.get(), RecordsOf(models.get()));
     EXPECT_TRUE(recovered.ok()) << recovered.status();
     scheduler_ = std::make_unique<Scheduler>(config, table_.get(), nullptr);
     scheduler_->SetJournal(journal_.get());
@@ -180,7 +181,8 @@ TEST_F(DurableSchedulerTest, ARewindIsJournaledAndSurvivesARestartWithTheWholeHi
   journal_.reset();
   table_.reset();
   Make(tc, config);
-  auto recovered = RecoverSessions(journal_.get(), table_.get(), OnlyModel(served_));
+  const std::unique_ptr<ModelSource> models = SingleModel(served_);
+  auto recovered = RecoverSessions(journal_.get(), table_.get(), RecordsOf(models.get()));
   ASSERT_TRUE(recovered.ok()) << recovered.status();
   ASSERT_EQ(*recovered, 1);
   EXPECT_EQ(table_->Get("", id)->position, 4);
@@ -340,12 +342,13 @@ TEST_F(DurableSchedulerTest, ASessionOfAModelNotServedIsNotAdoptedAndIsLetGo) {
   ASSERT_TRUE(gone->Flush().ok());
   gone.reset();  // a clean stop: its sessions may be adopted at once
   Make({});
-  std::shared_ptr<ServedModel> other = testing::FakeServed("other", 1, 128);
+  const std::unique_ptr<ModelSource> other = SingleModel(testing::FakeServed("other", 1, 128));
   testing::Outcome o;
-  ASSERT_TRUE(scheduler_->SubmitAdopt("", "s1", OnlyModel(other), o.Ended()).ok());
+  ASSERT_TRUE(scheduler_->SubmitAdopt("", "s1", RecordsOf(other.get()), o.Ended()).ok());
   o.Wait();
   EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
-  EXPECT_NE(o.status.message().find("belongs to model fake-256, this server serves fake-128"), std::string::npos)
+  EXPECT_NE(o.status.message().find("session s1: model fake-256 is not served here (serving other@1 fake-128)"),
+            std::string::npos)
       << o.status;
   EXPECT_FALSE(table_->Get("", "s1").ok());
   ASSERT_TRUE(journal_->Flush().ok());

@@ -37,8 +37,7 @@ RecordModel RecordsOf(const ModelSource* models) {
   };
 }
 
-absl::Status AddRecordedSession(const JournalRecord& record, const RecordModel& model_of, SessionTable* table) {
-  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> model, model_of(record));
+absl::Status AddRecordedSession(const JournalRecord& record, std::shared_ptr<ServedModel> model, SessionTable* table) {
   std::vector<int> pending;
   std::shared_ptr<IdleSession> idle = IdleFromRecord(record, &pending);
   return table->AddIdle(record.meta.id, record.meta.owner, std::move(model), record.meta.idle_ttl, record.meta.labels,
@@ -52,12 +51,13 @@ absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table
   for (const std::string& id : held) {
     auto record = journal->Recover(id);  // DATA_LOSS: reported and quarantined by Load
     if (!record.ok()) continue;
-    if (auto model = model_of(*record); !model.ok()) {
+    auto model = model_of(*record);
+    if (!model.ok()) {
       TXL_LOG(WARNING) << "session " << id << " not recovered: " << model.status().message();
       journal->RecordRelease(id);  // a replica that serves its model may adopt it
       continue;
     }
-    if (AddRecordedSession(*record, model_of, table).ok()) ++recovered;
+    if (AddRecordedSession(*record, *std::move(model), table).ok()) ++recovered;
   }
   return recovered;
 }

@@ -28,9 +28,10 @@ using RecordModel = std::function<absl::StatusOr<std::shared_ptr<ServedModel>>(c
 RecordModel RecordsOf(const ModelSource* models);
 
 // Registers a record's session in `table`, out of device memory, bound to
-// its version (`model_of`); it comes back on its first request.
+// `model` (its version, as a RecordModel found it); it comes back on its
+// first request.
 // ALREADY_EXISTS if the id is live here.
-absl::Status AddRecordedSession(const JournalRecord& record, const RecordModel& model_of, SessionTable* table);
+absl::Status AddRecordedSession(const JournalRecord& record, std::shared_ptr<ServedModel> model, SessionTable* table);
 
 // Start-up: registers the sessions this replica held when it last ran (a
 // restart, or a crash). A damaged one is reported and quarantined, one of

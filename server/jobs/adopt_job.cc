@@ -11,11 +11,12 @@ AdoptJob::AdoptJob(std::string caller, std::string id, RecordModel model_of, Job
 void AdoptJob::Run(JobRunner& runner) {
   auto adopted = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(JournalRecord record, runner.journal()->Adopt(id_, caller_));
-    if (auto model = model_of_(record); !model.ok()) {
+    auto model = model_of_(record);
+    if (!model.ok()) {
       runner.journal()->RecordRelease(id_);  // claimed, but for a replica that serves its model
       return model.status();
     }
-    absl::Status s = AddRecordedSession(record, model_of_, runner.table());
+    absl::Status s = AddRecordedSession(record, *std::move(model), runner.table());
     return absl::IsAlreadyExists(s) ? absl::OkStatus() : s;  // a concurrent adoption got here first
   }();
   runner.Finish(*this, adopted);

@@ -62,11 +62,44 @@ void TxlClient::Prepare(grpc::ClientContext* ctx, const std::string& session_id)
   if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
-absl::StatusOr<v1::ModelInfo> TxlClient::Info() {
+absl::StatusOr<v1::ModelInfo> TxlClient::Info(const std::string& model) {
   grpc::ClientContext ctx;
   Prepare(&ctx, "");
+  v1::GetModelInfoRequest req;
+  req.set_model(model);
   v1::ModelInfo out;
-  grpc::Status s = stub_->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &out);
+  grpc::Status s = stub_->GetModelInfo(&ctx, req, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::StatusOr<v1::ListModelsResponse> TxlClient::ListModels() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, "");
+  v1::ListModelsResponse out;
+  grpc::Status s = stub_->ListModels(&ctx, v1::ListModelsRequest(), &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::StatusOr<v1::ListModelsResponse> TxlClient::LoadModel(const std::string& name) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, "");
+  v1::LoadModelRequest req;
+  req.set_name(name);
+  v1::ListModelsResponse out;
+  grpc::Status s = stub_->LoadModel(&ctx, req, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
+absl::StatusOr<v1::ListModelsResponse> TxlClient::UnloadModel(const std::string& name) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, "");
+  v1::UnloadModelRequest req;
+  req.set_name(name);
+  v1::ListModelsResponse out;
+  grpc::Status s = stub_->UnloadModel(&ctx, req, &out);
   if (!s.ok()) return FromGrpc(s);
   return out;
 }

@@ -51,7 +51,12 @@ class TxlClient {
   // shows as UNAVAILABLE on the first call.
   static absl::StatusOr<std::unique_ptr<TxlClient>> Create(const ClientOptions& options);
 
-  absl::StatusOr<v1::ModelInfo> Info();
+  // `model`: NAME or NAME@VERSION ("": the server's only model).
+  absl::StatusOr<v1::ModelInfo> Info(const std::string& model = "");
+  // The model repository: every version and its state; explicit load and unload.
+  absl::StatusOr<v1::ListModelsResponse> ListModels();
+  absl::StatusOr<v1::ListModelsResponse> LoadModel(const std::string& name);
+  absl::StatusOr<v1::ListModelsResponse> UnloadModel(const std::string& name);
   // Picks a random session id when the request has none (see the proto).
   absl::StatusOr<v1::Session> CreateSession(const v1::CreateSessionRequest& request);
   absl::StatusOr<v1::Session> GetSession(const std::string& id);

@@ -20,6 +20,7 @@
 #include "base/malloc_tuning.h"
 #include "base/status_macros.h"
 #include "model/precision.h"
+#include "server/engine/version_policy.h"
 #include "server/serve.h"
 #include "server/server_options.h"
 
@@ -30,6 +31,17 @@
 ABSL_FLAG(std::string, model, "",
           "checkpoint to serve (empty: the bundled model, beside an installed binary in ../model/, "
           "else in the source tree)");
+ABSL_FLAG(std::string, model_repository, "",
+          "instead of --model: a directory of models, DIR/NAME/VERSION/model.pt; requests name one by their "
+          "model field (NAME or NAME@VERSION)");
+ABSL_FLAG(std::string, version_policy, "latest",
+          "which versions of each repository model are served: latest, latest:N or all");
+ABSL_FLAG(double, repository_poll_seconds, 0,
+          "rescan --model_repository this often, loading new versions and retiring removed ones (0: never; "
+          "LoadModel and UnloadModel still work)");
+ABSL_FLAG(int64_t, model_memory_budget, 0,
+          "bytes the repository's loaded weights may hold together (0: no limit); a version that does not fit "
+          "is refused with the figures");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
           "HTTP address: OpenAI-style completions, health, models (empty: off; docs/API.md)");
@@ -163,7 +175,22 @@ std::string BundledModel() {
 // flags are read.
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions o;
-  o.model.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
+  o.repository.dir = absl::GetFlag(FLAGS_model_repository);
+  if (!o.repository.dir.empty() && !absl::GetFlag(FLAGS_model).empty())
+    return absl::InvalidArgumentError("--model and --model_repository: give one of them");
+  auto policy = txl::ParseVersionPolicy(absl::GetFlag(FLAGS_version_policy));
+  if (!policy.ok()) return absl::InvalidArgumentError(absl::StrCat("--version_policy: ", policy.status().message()));
+  o.repository.policy = *policy;
+  o.repository.memory_budget_bytes = absl::GetFlag(FLAGS_model_memory_budget);
+  if (o.repository.memory_budget_bytes < 0)
+    return absl::InvalidArgumentError("--model_memory_budget must be >= 0 (0: no limit)");
+  const double poll = absl::GetFlag(FLAGS_repository_poll_seconds);
+  if (!(poll >= 0) || poll > 86400)
+    return absl::InvalidArgumentError(absl::StrCat("--repository_poll_seconds must be in [0, 86400], got ", poll));
+  o.repository_poll = poll == 0 ? absl::InfiniteDuration() : absl::Seconds(poll);
+  if (o.repository.dir.empty()) {
+    o.model.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
+  }
   o.model.device = absl::GetFlag(FLAGS_device);
   o.model.threads = absl::GetFlag(FLAGS_threads);
   // The parsers' messages name the flag and the allowed values.

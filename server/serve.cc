@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/host_memory.h"
 #include "base/malloc_tuning.h"
@@ -31,7 +32,10 @@
 #include "server/durability/shared_state_cache.h"
 #include "server/durability/state_backend.h"
 #include "server/engine/model_engine.h"
+#include "server/engine/model_loader.h"
+#include "server/engine/model_repository.h"
 #include "server/engine/model_source.h"
+#include "server/engine/repository_poller.h"
 #include "server/engine/served_model.h"
 #include "server/grpc/service.h"
 #include "server/http/http_server.h"
@@ -202,6 +206,56 @@ absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
   return absl::OkStatus();
 }
 
+// What a server serves: --model's one version, or --model_repository's
+// ready versions and the poller that keeps them current.
+struct ServedModels {
+  std::unique_ptr<txl::ModelRepository> repository;
+  std::unique_ptr<txl::RepositoryPoller> poller;
+  std::unique_ptr<txl::ModelSource> source;
+  // The settings that follow a model follow this one (FitToModel); held
+  // only until the server has started.
+  std::shared_ptr<txl::ServedModel> first;
+  std::string what;  // for the start-up lines
+};
+
+absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
+  ServedModels m;
+  if (o.repository.dir.empty()) {
+    auto engine = txl::ModelEngine::Create(o.model);
+    if (!engine.ok()) return engine.status();
+    const txl::LanguageModel& model = (*engine)->model();
+    // A repository of one: the file's stem, version 1 (docs/OPERATIONS.md, "Model repository").
+    m.first = std::make_shared<txl::ServedModel>(std::filesystem::path(o.model.path).stem().string(), 1,
+                                                 *std::move(engine), model.config(), model.tokenizer(), o.model.path);
+    m.source = txl::SingleModel(m.first);
+    m.what = o.model.path;
+    return m;
+  }
+  auto repository =
+      txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(o.model), txl::ServedModelSizer(o.model));
+  if (!repository.ok()) {
+    return absl::Status(repository.status().code(),
+                        absl::StrCat("--model_repository: ", repository.status().message()));
+  }
+  m.repository = *std::move(repository);
+  m.source = txl::RepositoryModels(m.repository.get());
+  const std::vector<std::shared_ptr<txl::ServedModel>> ready = m.source->Ready();
+  std::vector<std::string> states;
+  for (const txl::VersionStatus& v : m.repository->List()) {
+    states.push_back(absl::StrCat(v.model, "@", v.version, " ", txl::VersionStateName(v.state),
+                                  v.reason.empty() ? "" : ": " + v.reason));
+  }
+  if (ready.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--model_repository ", o.repository.dir, ": no version is ready (",
+                     states.empty() ? "none found" : absl::StrJoin(states, "; "), ")"));
+  }
+  m.first = ready.front();
+  m.poller = std::make_unique<txl::RepositoryPoller>(m.repository.get(), o.repository_poll);
+  m.what = absl::StrCat("repository ", o.repository.dir, " (", absl::StrJoin(states, ", "), ")");
+  return m;
+}
+
 // The state store (--state_dir / --state_redis), or none.
 absl::StatusOr<std::unique_ptr<txl::SessionJournal>> OpenStateStore(const ServerOptions& o) {
   if (!o.state_store) return nullptr;
@@ -248,16 +302,16 @@ std::string BoundAddress(const std::string& listen, int port) {
 }
 
 // The five start-up lines (docs/OPERATIONS.md, "Startup, logs and exit codes").
-void PrintStarted(const ServerOptions& o, const txl::LanguageModel& model, int port,
+void PrintStarted(const ServerOptions& o, const txl::LanguageModel& model, const std::string& what, int port,
                   const txl::HttpServer* metrics_http, const txl::HttpServer* http, const std::string& transport,
                   const txl::BearerTokens* tokens) {
   const txl::ModelConfig& mc = model.config();
   std::cout << "txl-server: listening on " << BoundAddress(o.listen, port)
             << (metrics_http ? ", metrics on " + BoundAddress(o.metrics_listen, metrics_http->port()) : "")
-            << "\ntxl-server: model " << o.model.path << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model
-            << ", " << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on "
-            << model.device() << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype
-            << ", kv_dtype " << o.service.kv_dtype << ", kernels " << model.KernelPath() << "\ntxl-server: http "
+            << "\ntxl-server: model " << what << " (n_layer " << mc.n_layer << ", d_model " << mc.d_model << ", "
+            << mc.n_token << " tokens, default mem_len " << o.service.default_mem_len << ") on " << model.device()
+            << "\ntxl-server: device " << model.device() << ", dtype " << o.service.dtype << ", kv_dtype "
+            << o.service.kv_dtype << ", kernels " << model.KernelPath() << "\ntxl-server: http "
             << (http ? "on " + BoundAddress(o.http.listen, http->port()) : std::string("off"))
             << "\ntxl-server: " << transport << ", "
             << (tokens ? absl::StrCat(tokens->size(), " bearer token(s) from ", o.auth_tokens)
@@ -307,14 +361,13 @@ int Serve(ServerOptions o, sigset_t signals) {
   auto tokens = LoadTokens(o);
   if (!tokens.ok()) return Fail(std::string(tokens.status().message()));
 
-  auto engine = txl::ModelEngine::Create(o.model);
-  if (!engine.ok()) return Fail(std::string(engine.status().message()));
-  if (absl::Status fit = FitToModel(engine->get(), &o); !fit.ok()) return Fail(std::string(fit.message()));
-  const txl::LanguageModel& model = (*engine)->model();
-  // A repository of one: the file's stem, version 1 (docs/OPERATIONS.md, "Model repository").
-  auto served = std::make_shared<txl::ServedModel>(std::filesystem::path(o.model.path).stem().string(), 1,
-                                                   *std::move(engine), model.config(), model.tokenizer());
-  const std::unique_ptr<txl::ModelSource> service_models = txl::SingleModel(served);
+  auto models = OpenModels(o);
+  if (!models.ok()) return Fail(std::string(models.status().message()));
+  auto* first_engine = dynamic_cast<txl::ModelEngine*>(models->first->engine());
+  if (first_engine == nullptr) return Fail("the model's engine is not a ModelEngine");
+  if (absl::Status fit = FitToModel(first_engine, &o); !fit.ok()) return Fail(std::string(fit.message()));
+  const txl::LanguageModel& model = first_engine->model();
+  const txl::ModelSource* service_models = models->source.get();
   txl::ReleaseFreedMemory();  // the load's temporaries: --malloc_keep_bytes would keep them resident
 
   // The state store, before anything is served: a restart finds its sessions first.
@@ -322,7 +375,7 @@ int Serve(ServerOptions o, sigset_t signals) {
   if (!journal.ok()) return Fail(std::string(journal.status().message()));
   txl::SessionTable table(o.table);
   if (*journal) {
-    auto recovered = txl::RecoverSessions(journal->get(), &table, txl::RecordsOf(service_models.get()));
+    auto recovered = txl::RecoverSessions(journal->get(), &table, txl::RecordsOf(service_models));
     if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
     std::cout << "txl-server: state store " << (*journal)->Describe() << " as replica " << (*journal)->replica() << ": "
               << *recovered << " session(s) recovered" << std::endl;
@@ -339,7 +392,8 @@ int Serve(ServerOptions o, sigset_t signals) {
   txl::Scheduler scheduler(o.scheduler, &table, metrics->get());
   scheduler.SetJournal(journal->get());
   scheduler.SetSharedStateCache(shared_cache->get());
-  txl::TxlService service(o.service, served, &table, &scheduler, metrics->get(), tokens->get(), journal->get());
+  txl::TxlService service(txl::ServiceParts{o.service, service_models, models->repository.get(), models->poller.get(),
+                                            &table, &scheduler, metrics->get(), tokens->get(), journal->get()});
   int port = 0;
   std::unique_ptr<grpc::Server> server = StartGrpc(o, *std::move(credentials), &service, &port);
   if (!server || port == 0) {
@@ -353,8 +407,8 @@ int Serve(ServerOptions o, sigset_t signals) {
   std::unique_ptr<txl::OpenAiGateway> gateway;
   std::unique_ptr<txl::HttpServer> http;
   if (!o.http.listen.empty()) {
-    gateway = std::make_unique<txl::OpenAiGateway>(txl::OpenAiGatewayConfig{served->name(), o.chat_template},
-                                                   service.core(), metrics->get());
+    gateway =
+        std::make_unique<txl::OpenAiGateway>(txl::OpenAiGatewayConfig{o.chat_template}, service.core(), metrics->get());
     auto started = txl::HttpServer::Create(
         o.http, [g = gateway.get()](std::shared_ptr<txl::HttpExchange> x) { g->Handle(std::move(x)); });
     if (!started.ok()) return Fail(absl::StrCat("--http_listen: ", started.status().message()));
@@ -362,7 +416,9 @@ int Serve(ServerOptions o, sigset_t signals) {
   }
   scheduler.Start();
   server->GetHealthCheckService()->SetServingStatus(true);
-  PrintStarted(o, model, port, metrics_http->get(), http.get(), transport, tokens->get());
+  PrintStarted(o, model, models->what, port, metrics_http->get(), http.get(), transport, tokens->get());
+  // Held no longer: a repository version is freed when its last holder lets go.
+  models->first.reset();
 
   int sig = 0;
   sigwait(&signals, &sig);

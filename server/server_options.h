@@ -12,6 +12,7 @@
 #include "server/core/service_config.h"
 #include "server/durability/session_journal.h"
 #include "server/durability/state_backend.h"
+#include "server/engine/model_repository.h"
 #include "server/http/chat_template.h"
 #include "server/http/http_server.h"
 #include "server/jobs/scheduler_config.h"
@@ -21,8 +22,11 @@
 namespace txl {
 
 struct ServerOptions {
-  LanguageModelOptions model;
-  ServiceConfig service;  // default_mem_len 0: the model's, once it is loaded
+  LanguageModelOptions model;  // with --model_repository, every version's options but the path
+  // --model_repository (dir empty: --model alone), --version_policy, --model_memory_budget.
+  ModelRepositoryConfig repository;
+  absl::Duration repository_poll = absl::InfiniteDuration();  // --repository_poll_seconds (0: never)
+  ServiceConfig service;                                      // default_mem_len 0: the model's, once it is loaded
   SessionTableConfig table;
   SchedulerConfig scheduler;
   MetricsConfig metrics;

@@ -14,8 +14,9 @@ void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool
   auto cb = std::make_shared<GenerateCallbacks>(std::move(callbacks));
   WithAdoption(
       principal, adopt ? args.session_id : "",
-      [this, principal, session = args.session_id, spec = std::move(args.spec), control, cb]() -> absl::Status {
-        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session));
+      [this, principal, session = args.session_id, spec = std::move(args.spec), model = std::move(args.model), control,
+       cb]() -> absl::Status {
+        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session, model));
         if (absl::Status s = RequestValidator::Continuation(spec, lease.position()); !s.ok()) {
           table->GiveBack(std::move(lease), absl::Now());
           return s;
@@ -38,9 +39,9 @@ void ServiceCore::Score(const std::string& principal, ScoreArgs args, bool commi
                         ScoreDone done) const {
   WithAdoption(
       principal, args.session_id,
-      [this, principal, session = args.session_id, input = std::move(args.input), commit, control,
-       done]() -> absl::Status {
-        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session));
+      [this, principal, session = args.session_id, input = std::move(args.input), model = std::move(args.model), commit,
+       control, done]() -> absl::Status {
+        ASSIGN_OR_RETURN(SessionLease lease, Lease(principal, session, model));
         auto scored = [control, done](absl::Status status, ScoreResult result) {
           control->Detach();
           done(std::move(status), std::move(result));

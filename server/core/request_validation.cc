@@ -27,6 +27,7 @@ absl::StatusOr<std::vector<int>> RequestValidator::DecodeInput(const v1::Input& 
   std::vector<int> ids;
   if (in.has_tokens()) {
     const int64_t V = limits_.n_token;
+    if (tokenizer_ == nullptr) return absl::InvalidArgumentError("input: no model to read it with");
     for (int i = 0; i < in.tokens().ids_size(); ++i) {
       const int id = in.tokens().ids(i);
       if (id < 0 || id >= V) {
@@ -35,7 +36,8 @@ absl::StatusOr<std::vector<int>> RequestValidator::DecodeInput(const v1::Input& 
       ids.push_back(id);
     }
   } else if (in.has_text()) {
-    auto encoded = tokenizer_.Encode(in.text());
+    if (tokenizer_ == nullptr) return absl::InvalidArgumentError("input: no model to read it with");
+    auto encoded = tokenizer_->Encode(in.text());
     if (!encoded.ok()) return absl::InvalidArgumentError(absl::StrCat("input.text: ", encoded.status().message()));
     ids = *std::move(encoded);
   }

@@ -13,6 +13,7 @@
 #define TXL_SERVER_CORE_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +26,8 @@
 #include "server/jobs/generate_spec.h"
 
 namespace txl {
+
+class ServedModel;  // server/engine/served_model.h
 
 struct RequestLimits {
   int64_t n_token = 256;  // token ids must be in [0, n_token)
@@ -50,27 +53,34 @@ absl::StatusOr<std::string> ResolveSessionId(const std::string& field, const std
 
 // CreateSession's arguments, checked.
 struct NewSessionArgs {
-  int64_t mem_len = 0;      // resolved: 0 became the default
-  absl::Duration idle_ttl;  // >= 0; the session table applies its default and maximum
-  std::string session_id;   // empty or of IsSessionIdForm
+  int64_t mem_len = 0;                 // resolved: 0 became the default
+  absl::Duration idle_ttl;             // >= 0; the session table applies its default and maximum
+  std::string session_id;              // empty or of IsSessionIdForm
+  std::shared_ptr<ServedModel> model;  // the version it is made of (ServiceCore's checks set it)
 };
 
 // A Generate or Converse turn, checked.
 struct GenerateArgs {
   std::string session_id;  // empty: a throw-away (or the stream's) session
   GenerateSpec spec;
+  std::shared_ptr<ServedModel> model;  // the version its input was read for (ServiceCore's checks)
 };
 
 // A Score call, checked.
 struct ScoreArgs {
   std::string session_id;  // empty: a throw-away session
   std::vector<int> input;
+  std::shared_ptr<ServedModel> model;  // as GenerateArgs'
 };
 
 class RequestValidator {
  public:
-  // `tokenizer` is copied (an immutable value).
-  RequestValidator(const RequestLimits& limits, const Tokenizer& tokenizer) : limits_(limits), tokenizer_(tokenizer) {}
+  // `tokenizer` (the model version's) must outlive the validator: a
+  // validator is made per request, for the version the request names.
+  RequestValidator(const RequestLimits& limits, const Tokenizer& tokenizer) : limits_(limits), tokenizer_(&tokenizer) {}
+  // No model yet (an import's settings, whose model its image names): the
+  // checks that need none; input is refused.
+  explicit RequestValidator(const RequestLimits& limits) : limits_(limits), tokenizer_(nullptr) {}
 
   const RequestLimits& limits() const { return limits_; }
 
@@ -99,7 +109,7 @@ class RequestValidator {
 
  private:
   RequestLimits limits_;
-  Tokenizer tokenizer_;
+  const Tokenizer* tokenizer_;
 };
 
 }  // namespace txl

@@ -97,10 +97,13 @@ void FillSession(const SessionInfo& info, v1::Session* out) {
   out->set_idle_ttl_seconds(absl::ToInt64Seconds(info.idle_ttl));
   for (const auto& [k, v] : info.labels) (*out->mutable_labels())[k] = v;
   out->set_busy(info.busy);
+  out->set_model(info.model);
 }
 
-void FillModelInfo(const ServiceCore& core, v1::ModelInfo* out) {
-  const ModelConfig& m = core.model;
+void FillModelInfo(const ServiceConfig& config, const ServedModel& served, v1::ModelInfo* out) {
+  const ModelConfig& m = served.config();
+  out->set_name(served.name());
+  out->set_version(served.version());
   out->set_n_token(m.n_token);
   out->set_n_layer(m.n_layer);
   out->set_n_head(m.n_head);
@@ -112,17 +115,17 @@ void FillModelInfo(const ServiceCore& core, v1::ModelInfo* out) {
   for (int64_t cutoff : m.cutoffs) out->add_cutoffs(cutoff);
   out->set_pre_lnorm(m.pre_lnorm);
   out->set_clamp_len(m.clamp_len);
-  const TokenizerKind k = core.tokenizer.kind();
+  const TokenizerKind k = served.tokenizer().kind();
   out->set_tokenizer(k == TokenizerKind::kByte ? "byte" : k == TokenizerKind::kChar ? "char" : "word");
-  out->set_vocab_size(core.tokenizer.vocab_size());
-  out->set_default_mem_len(core.config.default_mem_len);
-  out->set_max_mem_len(core.config.max_mem_len);
-  out->set_device(core.config.device);
-  out->set_dtype(core.config.dtype);
-  out->set_kv_dtype(core.config.kv_dtype);
-  out->set_cpu_family(core.config.cpu_family);
-  out->set_model_path(core.config.model_path);
-  out->set_fingerprint(core.engine->fingerprint());
+  out->set_vocab_size(served.tokenizer().vocab_size());
+  out->set_default_mem_len(config.default_mem_len);
+  out->set_max_mem_len(config.max_mem_len);
+  out->set_device(config.device);
+  out->set_dtype(config.dtype);
+  out->set_kv_dtype(config.kv_dtype);
+  out->set_cpu_family(config.cpu_family);
+  out->set_model_path(served.path().empty() ? config.model_path : served.path());
+  out->set_fingerprint(served.engine()->fingerprint());
 }
 
 }  // namespace txl

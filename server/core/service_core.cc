@@ -1,27 +1,24 @@
 #include "server/core/service_core.h"
 
+#include <cstdint>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
 namespace txl {
 
 ServiceCore::ServiceCore(ServiceParts parts)
     : config(std::move(parts.config)),
-      served(std::move(parts.served)),
-      models(SingleModel(served)),
-      model(served->config()),
-      tokenizer(served->tokenizer()),
-      engine(served->engine()),
+      models(parts.models),
+      repository(parts.repository),
+      poller(parts.poller),
       table(parts.table),
       scheduler(parts.scheduler),
       metrics(parts.metrics),
       tokens(parts.tokens),
-      journal(parts.journal),
-      validator(RequestLimits{model.n_token, config.default_mem_len, config.max_mem_len, config.max_new_tokens,
-                              config.max_input_tokens, config.max_top_logprobs},
-                tokenizer) {}
+      journal(parts.journal) {}
 
 absl::StatusOr<std::string> ServiceCore::Authenticate(std::optional<absl::string_view> authorization) const {
   if (tokens == nullptr) return std::string();
@@ -34,11 +31,118 @@ absl::StatusOr<std::string> ServiceCore::RequiredSession(const std::string& fiel
   return id;
 }
 
-absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, const std::string& id) const {
-  if (!id.empty()) return table->Acquire(principal, id, absl::Now());
-  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
+absl::StatusOr<std::shared_ptr<ServedModel>> ServiceCore::Model(absl::string_view ref) const {
+  ASSIGN_OR_RETURN(ModelRef parsed, ParseModelRef(ref));
+  return models->Find(parsed);
+}
+
+absl::StatusOr<std::shared_ptr<ServedModel>> ServiceCore::ModelFor(const std::string& principal, absl::string_view ref,
+                                                                   const std::string& id) const {
+  if (id.empty()) return Model(ref);
+  auto bound = table->ModelOf(principal, id);
+  if (!bound.ok()) return Model(ref);  // not live here: adoption may find it (Lease checks the version)
+  std::shared_ptr<ServedModel> m = *std::move(bound);
+  if (!ref.empty()) {
+    ASSIGN_OR_RETURN(ModelRef parsed, ParseModelRef(ref));
+    if (parsed.name != m->name() || (parsed.version != 0 && parsed.version != m->version())) {
+      return absl::InvalidArgumentError(absl::StrCat("model: the session is on ", m->ref(), ", not \"", ref,
+                                                     "\" (a session keeps the version it was made on; leave "
+                                                     "model empty, or name ",
+                                                     m->name(), ")"));
+    }
+  }
+  return m;
+}
+
+RequestLimits ServiceCore::Limits(int64_t n_token) const {
+  return RequestLimits{n_token,
+                       config.default_mem_len,
+                       config.max_mem_len,
+                       config.max_new_tokens,
+                       config.max_input_tokens,
+                       config.max_top_logprobs};
+}
+
+RequestValidator ServiceCore::Validator(const ServedModel& m) const {
+  return RequestValidator(Limits(m.config().n_token), m.tokenizer());
+}
+
+absl::StatusOr<NewSessionArgs> ServiceCore::CheckImport(const v1::CreateSessionRequest& settings,
+                                                        const std::string* metadata_session_id) const {
+  return RequestValidator(Limits(0)).CreateSession(settings, metadata_session_id);
+}
+
+absl::StatusOr<NewSessionArgs> ServiceCore::CheckCreateSession(const v1::CreateSessionRequest& req,
+                                                               const std::string* metadata_session_id) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> m, Model(req.model()));
+  ASSIGN_OR_RETURN(NewSessionArgs args, Validator(*m).CreateSession(req, metadata_session_id));
+  args.model = std::move(m);
+  return args;
+}
+
+absl::StatusOr<GenerateArgs> ServiceCore::CheckGenerate(const std::string& principal, const v1::GenerateRequest& req,
+                                                        const std::string* metadata_session_id) const {
+  ASSIGN_OR_RETURN(const std::string id, ResolveSessionId(req.session_id(), metadata_session_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> m, ModelFor(principal, req.model(), id));
+  ASSIGN_OR_RETURN(GenerateArgs args, Validator(*m).Generate(req, metadata_session_id));
+  args.model = std::move(m);
+  return args;
+}
+
+absl::StatusOr<ScoreArgs> ServiceCore::CheckScore(const std::string& principal, const v1::ScoreRequest& req,
+                                                  const std::string* metadata_session_id) const {
+  ASSIGN_OR_RETURN(const std::string id, ResolveSessionId(req.session_id(), metadata_session_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> m, ModelFor(principal, req.model(), id));
+  ASSIGN_OR_RETURN(ScoreArgs args, Validator(*m).Score(req, metadata_session_id));
+  args.model = std::move(m);
+  return args;
+}
+
+std::vector<VersionStatus> ServiceCore::ListModels() const {
+  if (repository != nullptr) return repository->List();
+  std::vector<VersionStatus> out;
+  for (const auto& m : models->Ready()) {
+    VersionStatus v;
+    v.model = m->name();
+    v.version = m->version();
+    v.state = VersionState::kReady;
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+void ServiceCore::LoadModel(const std::string& name, StatusDone done) const {
+  if (repository == nullptr || poller == nullptr) {
+    return done(absl::FailedPreconditionError("this server serves one --model; loading needs --model_repository"));
+  }
+  auto work = [repository = repository, name, done] { done(repository->Load(name)); };
+  if (!poller->Run(work)) done(absl::UnavailableError("the server is shutting down"));
+}
+
+void ServiceCore::UnloadModel(const std::string& name, StatusDone done) const {
+  if (repository == nullptr || poller == nullptr) {
+    return done(absl::FailedPreconditionError("this server serves one --model; unloading needs --model_repository"));
+  }
+  auto work = [repository = repository, name, done] { done(repository->Unload(name)); };
+  if (!poller->Run(work)) done(absl::UnavailableError("the server is shutting down"));
+}
+
+absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, const std::string& id,
+                                                const std::shared_ptr<ServedModel>& model) const {
+  if (!id.empty()) {
+    ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
+    if (lease.model != model) {
+      const std::string on = lease.model->ref();
+      table->GiveBack(std::move(lease), absl::Now());
+      return absl::FailedPreconditionError(absl::StrCat("session ", id, " is on model ", on,
+                                                        ", and the request was read for ", model->ref(),
+                                                        "; send it again (or name model ", on, ")"));
+    }
+    return lease;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, model->engine()->NewSession(config.default_mem_len));
   ASSIGN_OR_RETURN(SessionLease lease,
-                   table->CreateAcquired(principal, served, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
+                   table->CreateAcquired(principal, model, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
   lease.throwaway = true;
   return lease;
 }
@@ -60,13 +164,8 @@ void ServiceCore::WithAdoption(const std::string& principal, const std::string& 
     absl::Status again = status.ok() ? attempt() : status;
     if (!again.ok()) fail(again);
   };
-  auto job = scheduler->SubmitAdopt(principal, id, RecordsOf(models.get()), std::move(adopted));
+  auto job = scheduler->SubmitAdopt(principal, id, RecordsOf(models), std::move(adopted));
   if (!job.ok()) fail(job.status());
-}
-
-std::string ServiceCore::TokenText(int id) const {
-  auto t = tokenizer.TokenText(id);
-  return t.ok() ? *t : "";
 }
 
 }  // namespace txl

@@ -33,6 +33,7 @@
 #include "server/durability/session_journal.h"
 #include "server/engine/engine.h"
 #include "server/engine/model_source.h"
+#include "server/engine/repository_poller.h"
 #include "server/engine/served_model.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
@@ -42,7 +43,9 @@ namespace txl {
 // The server's parts the core drives; all must outlive it.
 struct ServiceParts {
   ServiceConfig config;
-  std::shared_ptr<ServedModel> served;  // the model version new sessions are made of
+  const ModelSource* models = nullptr;    // the versions requests may name
+  ModelRepository* repository = nullptr;  // null: --model (nothing to load or unload)
+  RepositoryPoller* poller = nullptr;     // runs loads and unloads; set with repository
   SessionTable* table = nullptr;
   Scheduler* scheduler = nullptr;
   ServiceMetrics* metrics = nullptr;     // may be null
@@ -66,6 +69,36 @@ class ServiceCore {
   // neither names one.
   absl::StatusOr<std::string> RequiredSession(const std::string& field, const std::string* header) const;
 
+  // The version a request's `model` field names (model_source.h's forms);
+  // errors name the field "model".
+  absl::StatusOr<std::shared_ptr<ServedModel>> Model(absl::string_view ref) const;
+  // The version a request on session `id` (empty: none) runs on: the
+  // session's own when it is live here (`ref` may be empty or must name it:
+  // INVALID_ARGUMENT otherwise), else Model(ref).
+  absl::StatusOr<std::shared_ptr<ServedModel>> ModelFor(const std::string& principal, absl::string_view ref,
+                                                        const std::string& id) const;
+  // The checks of request_validation.h, for version `m`'s tokenizer and vocabulary.
+  RequestValidator Validator(const ServedModel& m) const;
+  // Whole requests, checked for the version each runs on (args.model).
+  // `metadata_session_id` as RequestValidator's.
+  absl::StatusOr<NewSessionArgs> CheckCreateSession(const v1::CreateSessionRequest& req,
+                                                    const std::string* metadata_session_id) const;
+  absl::StatusOr<GenerateArgs> CheckGenerate(const std::string& principal, const v1::GenerateRequest& req,
+                                             const std::string* metadata_session_id) const;
+  // An import's settings (its image names its model: ImportSession).
+  absl::StatusOr<NewSessionArgs> CheckImport(const v1::CreateSessionRequest& settings,
+                                             const std::string* metadata_session_id) const;
+  absl::StatusOr<ScoreArgs> CheckScore(const std::string& principal, const v1::ScoreRequest& req,
+                                       const std::string* metadata_session_id) const;
+
+  // The repository's versions and their states (a --model server: its one
+  // version, READY), and explicit control (ModelRepository::Load, Unload),
+  // run on the poller's thread (a load takes seconds); `done` gets its
+  // status. FAILED_PRECONDITION without a repository.
+  std::vector<VersionStatus> ListModels() const;
+  void LoadModel(const std::string& name, StatusDone done) const;
+  void UnloadModel(const std::string& name, StatusDone done) const;
+
   // The session operations, for `principal`.
   void CreateSession(const std::string& principal, NewSessionArgs args, std::map<std::string, std::string> labels,
                      SessionDone done) const;
@@ -85,9 +118,9 @@ class ServiceCore {
                      std::function<void(absl::StatusOr<std::string>)> done) const;
   void ImportSession(const std::string& principal, NewSessionArgs args, std::map<std::string, std::string> labels,
                      const std::string& data, SessionDone done) const;
-  // A session that lives as long as its caller keeps it (a Converse stream's
-  // own): no ttl, never journaled; DropStreamSession ends it.
-  absl::StatusOr<std::string> NewStreamSession(const std::string& principal) const;
+  // A session of `model` that lives as long as its caller keeps it (a
+  // Converse stream's own): no ttl, never journaled; DropStreamSession ends it.
+  absl::StatusOr<std::string> NewStreamSession(const std::string& principal, std::shared_ptr<ServedModel> model) const;
   void DropStreamSession(const std::string& principal, const std::string& id) const;
 
   // A hold on a job a front end is about to start (Generate, Score).
@@ -106,9 +139,13 @@ class ServiceCore {
   void Score(const std::string& principal, ScoreArgs args, bool commit, std::shared_ptr<JobControl> control,
              ScoreDone done) const;
 
-  // A throw-away session (empty id: SessionLease::throwaway) or the named
-  // one, acquired for `principal`; SessionTable::GiveBack ends either.
-  absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id) const;
+  // A throw-away session of `model` (empty id: SessionLease::throwaway) or
+  // the named one, acquired for `principal`; SessionTable::GiveBack ends
+  // either. The named one must be on `model` (the version its request was
+  // checked for): FAILED_PRECONDITION naming both when it is not (a session
+  // adopted from a replica that is gone may be on an older version).
+  absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id,
+                                     const std::shared_ptr<ServedModel>& model) const;
   // Runs `attempt`, which either fails or sees the request through. When it
   // fails with NOT_FOUND for a named session and there is a state store, the
   // session may be one a replica that is gone served: adopt it (on the
@@ -117,22 +154,20 @@ class ServiceCore {
   void WithAdoption(const std::string& principal, const std::string& id, std::function<absl::Status()> attempt,
                     std::function<void(absl::Status)> fail) const;
 
-  // A token's text ("" for an id the tokenizer does not know).
-  std::string TokenText(int id) const;
-
   // The parts, as the transports' adapters read them.
   const ServiceConfig config;
-  const std::shared_ptr<ServedModel> served;
-  const std::unique_ptr<ModelSource> models;  // served alone (journal records find their version in it)
-  const ModelConfig model;                    // served's
-  const Tokenizer tokenizer;                  // served's
-  Engine* const engine;                       // served's
+  const ModelSource* const models;
+  ModelRepository* const repository;
+  RepositoryPoller* const poller;
   SessionTable* const table;
   Scheduler* const scheduler;
   ServiceMetrics* const metrics;
   const BearerTokens* const tokens;
   SessionJournal* const journal;
-  const RequestValidator validator;
+
+ private:
+  // The server's limits, for a vocabulary of `n_token`.
+  RequestLimits Limits(int64_t n_token) const;
 };
 
 }  // namespace txl

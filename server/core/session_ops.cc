@@ -26,21 +26,22 @@ void ServiceCore::CreateSession(const std::string& principal, NewSessionArgs arg
     // A session made now would die with the process moments later.
     if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     if (journal != nullptr) RETURN_IF_ERROR(journal->Writable());  // it could not be made durable
-    ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(args.mem_len));
+    if (args.model == nullptr) return absl::InternalError("CreateSession: arguments not checked for a model");
+    ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, args.model->engine()->NewSession(args.mem_len));
     if (journal == nullptr) {
-      ASSIGN_OR_RETURN(SessionInfo info, table->Create(principal, served, std::move(state), args.idle_ttl,
+      ASSIGN_OR_RETURN(SessionInfo info, table->Create(principal, args.model, std::move(state), args.idle_ttl,
                                                        std::move(labels), absl::Now(), args.session_id));
       done(std::move(info));
       return absl::OkStatus();
     }
     // Journaled: busy (requests on it get ABORTED) until its creation is
     // written, and answered only then, so a crash after the answer keeps it.
-    ASSIGN_OR_RETURN(SessionLease lease, table->CreateAcquired(principal, served, std::move(state), args.idle_ttl,
+    ASSIGN_OR_RETURN(SessionLease lease, table->CreateAcquired(principal, args.model, std::move(state), args.idle_ttl,
                                                                std::move(labels), absl::Now(), args.session_id,
                                                                /*durable=*/true));
     ASSIGN_OR_RETURN(SessionInfo info, table->Get(principal, lease.id));
     SessionExport fresh;  // an empty state: the journal rebuilds it from mem_len
-    fresh.fingerprint = engine->fingerprint();
+    fresh.fingerprint = args.model->engine()->fingerprint();
     RecordNewSession(journal, table, info, std::move(lease), EncodeSessionExport(fresh),
                      [done](absl::Status written, const SessionInfo& made) {
                        if (written.ok()) {

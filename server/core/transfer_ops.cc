@@ -26,15 +26,17 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
                                 SessionDone done) const {
   absl::Status s = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(SessionExport image, DecodeSessionExport(data));
-    const std::string here = engine->fingerprint();
-    if (image.fingerprint != here) {
+    // The version whose weights made it, whatever the request would name.
+    auto model = models->WithFingerprint(image.fingerprint);
+    if (!model.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("import: the session was exported from model ",
-                                                        image.fingerprint, "; this server serves ", here));
+                                                        image.fingerprint, "; this server serves ",
+                                                        models->DescribeReady()));
     }
     if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     ImportSpec spec;
     spec.owner = principal;
-    spec.model = served;
+    spec.model = *std::move(model);
     spec.image = std::move(image);
     spec.idle_ttl = args.idle_ttl;
     spec.labels = std::move(labels);
@@ -45,10 +47,11 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
   if (!s.ok()) done(s);
 }
 
-absl::StatusOr<std::string> ServiceCore::NewStreamSession(const std::string& principal) const {
-  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, engine->NewSession(config.default_mem_len));
+absl::StatusOr<std::string> ServiceCore::NewStreamSession(const std::string& principal,
+                                                          std::shared_ptr<ServedModel> model) const {
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, model->engine()->NewSession(config.default_mem_len));
   ASSIGN_OR_RETURN(SessionInfo info,
-                   table->Create(principal, served, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
+                   table->Create(principal, std::move(model), std::move(state), absl::ZeroDuration(), {}, absl::Now()));
   return info.id;
 }
 

@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const LanguageModel
   if (absl::Status warm = WarmUp(**engine, config); !warm.ok()) {
     return absl::Status(warm.code(), absl::StrCat(what, ": warm-up step: ", warm.message()));
   }
-  return std::make_unique<ServedModel>(name, v.version, *std::move(engine), config, tokenizer);
+  return std::make_unique<ServedModel>(name, v.version, *std::move(engine), config, tokenizer, v.path);
 }
 
 absl::StatusOr<int64_t> EstimateServedBytes(const LanguageModelOptions& options, const RepositoryVersion& v) {

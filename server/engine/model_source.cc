@@ -94,14 +94,17 @@ absl::StatusOr<ModelRef> ParseModelRef(absl::string_view text) {
 }
 
 absl::StatusOr<std::shared_ptr<ServedModel>> ModelSource::WithFingerprint(const std::string& fingerprint) const {
-  const std::vector<std::shared_ptr<ServedModel>> ready = Ready();
-  std::vector<std::string> served;
-  for (const auto& m : ready) {
+  for (const auto& m : Ready()) {
     if (m->engine()->fingerprint() == fingerprint) return m;
-    served.push_back(absl::StrCat(m->name(), "@", m->version(), " ", m->engine()->fingerprint()));
   }
-  return absl::FailedPreconditionError(absl::StrCat("model ", fingerprint, " is not served here (serving ",
-                                                    served.empty() ? "none" : absl::StrJoin(served, ", "), ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("model ", fingerprint, " is not served here (serving ", DescribeReady(), ")"));
+}
+
+std::string ModelSource::DescribeReady() const {
+  std::vector<std::string> served;
+  for (const auto& m : Ready()) served.push_back(absl::StrCat(m->ref(), " ", m->engine()->fingerprint()));
+  return served.empty() ? "none" : absl::StrJoin(served, ", ");
 }
 
 std::unique_ptr<ModelSource> SingleModel(std::shared_ptr<ServedModel> model) {

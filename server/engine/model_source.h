@@ -40,6 +40,8 @@ class ModelSource {
   // The ready version whose engine has `fingerprint` (a journal record's);
   // FAILED_PRECONDITION naming it and what is served when none has.
   absl::StatusOr<std::shared_ptr<ServedModel>> WithFingerprint(const std::string& fingerprint) const;
+  // "NAME@VERSION FINGERPRINT, ..." of the ready versions ("none").
+  std::string DescribeReady() const;
 };
 
 // The one version `model` of a server started with --model.

@@ -17,6 +17,13 @@ void RepositoryPoller::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool RepositoryPoller::Run(std::function<void()> work) {
+  absl::MutexLock l(&mu_);
+  if (stopping_) return false;
+  work_.push_back(std::move(work));
+  return true;
+}
+
 int64_t RepositoryPoller::polls() const {
   absl::MutexLock l(&mu_);
   return polls_;
@@ -24,12 +31,25 @@ int64_t RepositoryPoller::polls() const {
 
 void RepositoryPoller::Loop() {
   bool failing = false;  // log a failure once, and the recovery
+  absl::Time next_poll = absl::Now() + interval_;
   while (true) {
+    std::function<void()> work;
     {
       absl::MutexLock l(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval_);
-      if (stopping_) return;
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !work_.empty(); };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), next_poll);
+      if (!work_.empty()) {
+        work = std::move(work_.front());
+        work_.pop_front();
+      } else if (stopping_) {
+        return;
+      }
     }
+    if (work) {
+      work();
+      continue;
+    }
+    next_poll = absl::Now() + interval_;
     const absl::Status polled = repository_->Poll();
     if (!polled.ok() && !failing) TXL_LOG(WARNING) << "model repository: " << polled.message();
     if (polled.ok() && failing) TXL_LOG(INFO) << "model repository: polling again";

@@ -21,19 +21,24 @@ namespace txl {
 
 class ServedModel : public ServedVersion {
  public:
+  // `path`: the checkpoint it was loaded from ("" when it has none).
   ServedModel(std::string name, int64_t version, std::unique_ptr<Engine> engine, ModelConfig config,
-              Tokenizer tokenizer)
+              Tokenizer tokenizer, std::string path = "")
       : name_(std::move(name)),
         version_(version),
         engine_(std::move(engine)),
         config_(std::move(config)),
-        tokenizer_(std::move(tokenizer)) {}
+        tokenizer_(std::move(tokenizer)),
+        path_(std::move(path)) {}
 
   const std::string& name() const { return name_; }
   int64_t version() const { return version_; }
+  // "NAME@VERSION", the form a request pins a version with (model_source.h).
+  std::string ref() const { return name_ + "@" + std::to_string(version_); }
   Engine* engine() const { return engine_.get(); }
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
+  const std::string& path() const { return path_; }
 
  private:
   const std::string name_;
@@ -41,6 +46,7 @@ class ServedModel : public ServedVersion {
   const std::unique_ptr<Engine> engine_;
   const ModelConfig config_;
   const Tokenizer tokenizer_;
+  const std::string path_;
 };
 
 }  // namespace txl

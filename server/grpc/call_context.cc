@@ -34,15 +34,16 @@ absl::StatusOr<CallTarget> ServiceContext::NamedSession(grpc::CallbackServerCont
 }
 
 absl::StatusOr<GenerateArgs> ServiceContext::ValidGenerate(grpc::CallbackServerContext* ctx,
+                                                           const std::string& principal,
                                                            const v1::GenerateRequest& req) const {
   const std::optional<std::string> md = MetadataSessionId(ctx);
-  return validator.Generate(req, md ? &*md : nullptr);
+  return CheckGenerate(principal, req, md ? &*md : nullptr);
 }
 
-absl::StatusOr<ScoreArgs> ServiceContext::ValidScore(grpc::CallbackServerContext* ctx,
+absl::StatusOr<ScoreArgs> ServiceContext::ValidScore(grpc::CallbackServerContext* ctx, const std::string& principal,
                                                      const v1::ScoreRequest& req) const {
   const std::optional<std::string> md = MetadataSessionId(ctx);
-  return validator.Score(req, md ? &*md : nullptr);
+  return CheckScore(principal, req, md ? &*md : nullptr);
 }
 
 void ServiceContext::Count(const char* method, const grpc::Status& s) const {

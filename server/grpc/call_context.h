@@ -42,10 +42,12 @@ struct ServiceContext : public ServiceCore {
   // required (INVALID_ARGUMENT "session_id: required" when neither names one).
   absl::StatusOr<CallTarget> NamedSession(grpc::CallbackServerContext* ctx, const std::string& field) const;
 
-  // A Generate (or Converse turn) and a Score, checked with the call's
-  // metadata (request_validation.h).
-  absl::StatusOr<GenerateArgs> ValidGenerate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) const;
-  absl::StatusOr<ScoreArgs> ValidScore(grpc::CallbackServerContext* ctx, const v1::ScoreRequest& req) const;
+  // A Generate (or Converse turn) and a Score by `principal`, checked with
+  // the call's metadata for the version each runs on (ServiceCore::CheckGenerate).
+  absl::StatusOr<GenerateArgs> ValidGenerate(grpc::CallbackServerContext* ctx, const std::string& principal,
+                                             const v1::GenerateRequest& req) const;
+  absl::StatusOr<ScoreArgs> ValidScore(grpc::CallbackServerContext* ctx, const std::string& principal,
+                                       const v1::ScoreRequest& req) const;
 
   // Finishes a unary call with `s` (OK included) and counts it: the one way
   // a unary call ends.

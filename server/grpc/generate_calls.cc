@@ -25,7 +25,7 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
  private:
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     ASSIGN_OR_RETURN(std::string principal, c_->Principal(ctx));
-    ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx, req));
+    ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx, principal, req));
     Generate(principal, std::move(args), /*adopt=*/true, [this](absl::Status status, GenerateResult result) {
       if (status.ok()) Send(FinalResponse(result));
       End(ToGrpcStatus(status));
@@ -65,12 +65,14 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
 
  private:
   absl::Status Turn() {
-    ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx_, request_));
+    // A turn naming no session continues the stream's own, on its version.
+    if (request_.session_id().empty() && !stream_session_.empty() && !ServiceContext::MetadataSessionId(ctx_)) {
+      request_.set_session_id(stream_session_);
+    }
+    ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx_, principal_, request_));
     std::string session = args.session_id;
     if (session.empty()) {
-      if (stream_session_.empty()) {
-        ASSIGN_OR_RETURN(stream_session_, c_->NewStreamSession(principal_));
-      }
+      ASSIGN_OR_RETURN(stream_session_, c_->NewStreamSession(principal_, args.model));
       session = stream_session_;
     }
     const bool own = session == stream_session_;  // the stream's own session is never adopted

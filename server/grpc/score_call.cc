@@ -33,10 +33,11 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
 
   absl::Status Start(const v1::ScoreRequest& req) {
     ASSIGN_OR_RETURN(std::string principal, c_->Principal(ctx_));
-    ASSIGN_OR_RETURN(ScoreArgs args, c_->ValidScore(ctx_, req));
+    ASSIGN_OR_RETURN(ScoreArgs args, c_->ValidScore(ctx_, principal, req));
     Ref();  // for the job
-    c_->Score(principal, std::move(args), req.commit(), control_, [this](absl::Status s, ScoreResult result) {
-      if (s.ok()) FillScore(result, c_->tokenizer, r_);
+    std::shared_ptr<ServedModel> model = args.model;
+    c_->Score(principal, std::move(args), req.commit(), control_, [this, model](absl::Status s, ScoreResult result) {
+      if (s.ok()) FillScore(result, model->tokenizer(), r_);
       End(s);
       Unref();
     });

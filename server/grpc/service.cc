@@ -4,11 +4,7 @@
 
 namespace txl {
 
-TxlService::TxlService(const ServiceConfig& config, std::shared_ptr<ServedModel> served, SessionTable* table,
-                       Scheduler* scheduler, ServiceMetrics* metrics, const BearerTokens* tokens,
-                       SessionJournal* journal)
-    : ctx_(std::make_unique<ServiceContext>(
-          ServiceParts{config, std::move(served), table, scheduler, metrics, tokens, journal})) {}
+TxlService::TxlService(ServiceParts parts) : ctx_(std::make_unique<ServiceContext>(std::move(parts))) {}
 
 TxlService::~TxlService() = default;
 

@@ -20,32 +20,29 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "model/model_config.h"
-#include "model/tokenizer.h"
 #include "proto/txl/v1/txl.grpc.pb.h"
 #include "server/batching/scheduler.h"
-#include "server/core/auth.h"
-#include "server/core/service_config.h"
-#include "server/engine/engine.h"
-#include "server/metrics/service_metrics.h"
-#include "server/sessions/session_table.h"
+#include "server/core/service_core.h"
 
 namespace txl {
 
 struct ServiceContext;  // call_context.h
-class ServiceCore;      // server/core/service_core.h
 
 // Threading: all methods run on gRPC threads and are thread-safe; the
 // engine, table, scheduler and tokens must outlive the service.
 class TxlService final : public v1::TransformerXL::CallbackService {
  public:
-  // `tokens` null: no authentication.
-  TxlService(const ServiceConfig& config, std::shared_ptr<ServedModel> served, SessionTable* table,
-             Scheduler* scheduler, ServiceMetrics* metrics, const BearerTokens* tokens = nullptr,
-             SessionJournal* journal = nullptr);
+  // `parts.tokens` null: no authentication.
+  explicit TxlService(ServiceParts parts);
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* req,
                                          v1::ModelInfo* resp) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx, const v1::ListModelsRequest* req,
+                                       v1::ListModelsResponse* resp) override;
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* ctx, const v1::LoadModelRequest* req,
+                                      v1::ListModelsResponse* resp) override;
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* ctx, const v1::UnloadModelRequest* req,
+                                        v1::ListModelsResponse* resp) override;
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* req,
                                           v1::Session* resp) override;
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* ctx, const v1::GetSessionRequest* req,

@@ -1,4 +1,4 @@
-// The unary calls on sessions: GetModelInfo, CreateSession, GetSession,
+// The unary calls on sessions: CreateSession, GetSession,
 // ListSessions, DeleteSession, ForkSession, RewindSession. Each either fails at once or
 // answers itself (now, or once the journal or the engine thread is done).
 #include <memory>
@@ -9,24 +9,13 @@
 
 namespace txl {
 
-grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest*,
-                                                   v1::ModelInfo* r) {
-  const ServiceContext* c = ctx_.get();
-  return UnaryCall(c, ctx, "GetModelInfo", [&](grpc::ServerUnaryReactor* reactor) -> absl::Status {
-    RETURN_IF_ERROR(c->Principal(ctx).status());
-    FillModelInfo(*c, r);
-    c->Answer(reactor, "GetModelInfo", absl::OkStatus());
-    return absl::OkStatus();
-  });
-}
-
 grpc::ServerUnaryReactor* TxlService::CreateSession(grpc::CallbackServerContext* ctx,
                                                     const v1::CreateSessionRequest* req, v1::Session* r) {
   const ServiceContext* c = ctx_.get();
   return UnaryCall(c, ctx, "CreateSession", [&](grpc::ServerUnaryReactor* reactor) -> absl::Status {
     ASSIGN_OR_RETURN(std::string principal, c->Principal(ctx));
     const std::optional<std::string> md = ServiceContext::MetadataSessionId(ctx);
-    ASSIGN_OR_RETURN(NewSessionArgs args, c->validator.CreateSession(*req, md ? &*md : nullptr));
+    ASSIGN_OR_RETURN(NewSessionArgs args, c->CheckCreateSession(*req, md ? &*md : nullptr));
     c->CreateSession(principal, std::move(args), {req->labels().begin(), req->labels().end()},
                      c->AnswerSession(reactor, "CreateSession", r));
     return absl::OkStatus();

@@ -99,9 +99,8 @@ class StreamingCall : public Base {
                 std::function<void(absl::Status, GenerateResult)> after) {
     Ref();  // for the job
     GenerateCallbacks cb;
-    const ServiceContext* c = c_;
-    cb.on_tokens = [this, c](std::vector<GeneratedTokenEvent> events, int64_t position) {
-      Send(TokensResponse(events, position, c->tokenizer));
+    cb.on_tokens = [this, model = args.model](std::vector<GeneratedTokenEvent> events, int64_t position) {
+      Send(TokensResponse(events, position, model->tokenizer()));
     };
     cb.on_done = [this, after = std::move(after)](absl::Status status, GenerateResult result) {
       // A client that stopped reading cannot take even the status: the

@@ -106,7 +106,7 @@ class ImportCall final : public grpc::ServerReadReactor<v1::ImportSessionRequest
     as_create.set_session_id(settings_.session_id());
     as_create.set_idle_ttl_seconds(settings_.idle_ttl_seconds());
     const std::optional<std::string> md = ServiceContext::MetadataSessionId(ctx_);
-    ASSIGN_OR_RETURN(NewSessionArgs args, c_->validator.CreateSession(as_create, md ? &*md : nullptr));
+    ASSIGN_OR_RETURN(NewSessionArgs args, c_->CheckImport(as_create, md ? &*md : nullptr));
     c_->ImportSession(principal_, std::move(args), {settings_.labels().begin(), settings_.labels().end()}, data_,
                       [this](absl::StatusOr<SessionInfo> made) {
                         if (made.ok()) FillSession(*made, response_);

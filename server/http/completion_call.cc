@@ -45,7 +45,6 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     route_ = chat ? "/v1/chat/completions" : "/v1/completions";
     id_.id = (chat ? "chat" : "") + NewCompletionId();
     id_.created = absl::ToUnixSeconds(absl::Now());
-    id_.model = s_->config.model_name;
     result_.stateful = !p_.request.session_id().empty();
   }
 
@@ -53,8 +52,10 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     auto principal = s_->Principal(x_->request());
     if (!principal.ok()) return s_->Fail(*x_, route_, principal.status());
     // ParseCompletion took the session id from the body, else the txl-session-id header.
-    auto args = s_->core->validator.Generate(p_.request, nullptr);
+    auto args = s_->core->CheckGenerate(*principal, p_.request, nullptr);
     if (!args.ok()) return s_->Fail(*x_, route_, args.status(), p_.fields);
+    id_.model = args->model->name();
+    const std::shared_ptr<ServedModel> model = args->model;
     s_->active->fetch_add(1);
     std::shared_ptr<CompletionCall> self = shared_from_this();
     std::weak_ptr<CompletionCall> weak = self;
@@ -66,11 +67,11 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     // out of the job then). The tokens hold it weakly: a job the runner has
     // finished keeps its on_tokens, and this call's JobControl may keep the
     // job (JobControl::Attach after the end), which would be a cycle.
-    cb.on_tokens = [weak](std::vector<GeneratedTokenEvent> events, int64_t position) {
+    cb.on_tokens = [weak, model](std::vector<GeneratedTokenEvent> events, int64_t position) {
       auto call = weak.lock();
       if (call == nullptr) return;
-      call->x_->Run([weak, events = std::move(events), position] {
-        if (auto call = weak.lock()) call->Response(TokensResponse(events, position, call->s_->core->tokenizer));
+      call->x_->Run([weak, model, events = std::move(events), position] {
+        if (auto call = weak.lock()) call->Response(TokensResponse(events, position, model->tokenizer()));
       });
     };
     cb.on_done = [self](absl::Status status, GenerateResult result) {

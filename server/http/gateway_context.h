@@ -22,7 +22,6 @@
 namespace txl {
 
 struct OpenAiGatewayConfig {
-  std::string model_name;  // the id /v1/models lists and requests may name
   ChatTemplate chat_template;
 };
 

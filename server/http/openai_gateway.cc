@@ -44,18 +44,19 @@ void OpenAiGateway::Handle(std::shared_ptr<HttpExchange> x) {
     if (req.method != "GET") return wrong_method("/v1/models", "GET");
     return ModelsRoute(&ctx_, std::move(x), path.size() > 11 ? path.substr(11) : "");
   }
+  if (path.rfind("/v2/repository/", 0) == 0) return RepositoryRoute(&ctx_, std::move(x), path.substr(15));
   if (path == "/v1/sessions" || path.rfind("/v1/sessions/", 0) == 0) return SessionsRoute(&ctx_, std::move(x));
   if (path == "/v1/chat/completions") {
     if (req.method != "POST") return wrong_method(path, "POST");
     HttpError error;
-    auto params = ParseChat(req.body, req.Header("txl-session-id"), ctx_.config.model_name, &error);
+    auto params = ParseChat(req.body, req.Header("txl-session-id"), &error);
     if (!params.ok()) return ctx_.Answer(*x, path, error.status, ErrorBody(error));
     return ChatRoute(&ctx_, std::move(x), *std::move(params));
   }
   if (path == "/v1/completions") {
     if (req.method != "POST") return wrong_method(path, "POST");
     HttpError error;
-    auto params = ParseCompletion(req.body, req.Header("txl-session-id"), ctx_.config.model_name, &error);
+    auto params = ParseCompletion(req.body, req.Header("txl-session-id"), &error);
     if (!params.ok()) return ctx_.Answer(*x, path, error.status, ErrorBody(error));
     StartCompletion(&ctx_, std::move(x), *std::move(params), /*chat=*/false);
     return;

@@ -133,7 +133,17 @@ const FieldNames& SessionFieldNames() {
 
 HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message, const FieldNames& names) {
   HttpError e{HttpStatusFor(code), message, "", absl::AsciiStrToLower(absl::StatusCodeToString(code))};
+  // A model or version not served (ModelSource::Find: 'model "NAME" ...'), as OpenAI names it.
+  if (code == absl::StatusCode::kNotFound && message.rfind("model \"", 0) == 0) {
+    e.param = "model";
+    e.code = "model_not_found";
+    return e;
+  }
   if (code != absl::StatusCode::kInvalidArgument) return e;
+  if (message.rfind("model: ", 0) == 0) {
+    e.param = "model";
+    return e;
+  }
   // "max_new_tokens: must be in ...", "sampling.temperature must be ...", "input.tokens.ids[3]: ...".
   const std::string field = message.substr(0, message.find_first_of(": ["));
   for (const FieldName& name : names) {
@@ -241,8 +251,7 @@ namespace {
 
 // The fields /v1/completions and /v1/chat/completions share: the model,
 // sampling, stop, n, stream, the session, and the options refused.
-bool ParseCommon(const json& j, const std::string& session_header, const std::string& model_name, bool chat,
-                 CompletionParams* p, HttpError* error) {
+bool ParseCommon(const json& j, const std::string& session_header, bool chat, CompletionParams* p, HttpError* error) {
   auto fail = [&](HttpError e) {
     *error = std::move(e);
     return false;
@@ -250,12 +259,7 @@ bool ParseCommon(const json& j, const std::string& session_header, const std::st
   v1::GenerateRequest& r = p->request;
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return fail(Bad("model", "'model' must be a string"));
-    if (!it->get<std::string>().empty() && it->get<std::string>() != model_name) {
-      return fail(HttpError{404,
-                            absl::StrCat("model '", it->get<std::string>(),
-                                         "' is not served here (this server serves '", model_name, "')"),
-                            "model", "model_not_found"});
-    }
+    r.set_model(it->get<std::string>());  // the service finds it (404 model_not_found when it is not served)
   }
   int64_t max_tokens = 16, n = 1, seed = 0;
   // Chat's newer name for max_tokens; the older one wins when both are sent.
@@ -340,7 +344,7 @@ bool ParseCommon(const json& j, const std::string& session_header, const std::st
 }  // namespace
 
 absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
-                                                 const std::string& model_name, HttpError* error) {
+                                                 HttpError* error) {
   auto fail = [&](HttpError e) {
     *error = std::move(e);
     return absl::InvalidArgumentError(error->message);
@@ -348,7 +352,7 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
   ASSIGN_OR_RETURN(json j, ParseBody(body, error));
   CompletionParams p;
   v1::GenerateRequest& r = p.request;
-  if (!ParseCommon(j, session_header, model_name, /*chat=*/false, &p, error)) {
+  if (!ParseCommon(j, session_header, /*chat=*/false, &p, error)) {
     return absl::InvalidArgumentError(error->message);
   }
   // prompt: a string, one string in an array, or token ids.
@@ -382,15 +386,14 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
   return p;
 }
 
-absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header,
-                                     const std::string& model_name, HttpError* error) {
+absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header, HttpError* error) {
   auto fail = [&](HttpError e) {
     *error = std::move(e);
     return absl::InvalidArgumentError(error->message);
   };
   ASSIGN_OR_RETURN(json j, ParseBody(body, error));
   ChatParams p;
-  if (!ParseCommon(j, session_header, model_name, /*chat=*/true, &p.completion, error)) {
+  if (!ParseCommon(j, session_header, /*chat=*/true, &p.completion, error)) {
     return absl::InvalidArgumentError(error->message);
   }
   auto messages = j.find("messages");
@@ -465,6 +468,10 @@ absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& b
   if (auto it = j.find("session_id"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return fail(Bad("session_id", "'session_id' must be a string"));
     r.set_session_id(it->get<std::string>());
+  }
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("model", "'model' must be a string"));
+    r.set_model(it->get<std::string>());
   }
   return r;
 }

@@ -62,10 +62,11 @@ struct CompletionParams {
 };
 
 // Parses a /v1/completions body. The session id comes from the body's
-// "session_id", else from `session_header` (txl-session-id). `model_name`:
-// a "model" naming another model is refused (404).
+// "session_id", else from `session_header` (txl-session-id). "model" goes
+// to the request as it is: the service finds the version it names (a model
+// not served is 404 model_not_found: ErrorFromStatus).
 absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
-                                                 const std::string& model_name, HttpError* error);
+                                                 HttpError* error);
 
 // What one completion has produced so far (the non-streaming response
 // gathers every GenerateResponse into it).
@@ -113,8 +114,7 @@ struct ChatParams {
 };
 // Parses a /v1/chat/completions body (as ParseCompletion; "logprobs" is a
 // boolean here, with "top_logprobs").
-absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header,
-                                     const std::string& model_name, HttpError* error);
+absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string& session_header, HttpError* error);
 
 // The chat shapes: "chat.completion" and its "chat.completion.chunk"s.
 std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool logprobs);
@@ -134,7 +134,7 @@ nlohmann::json SessionJson(const SessionInfo& s);
 absl::StatusOr<v1::ScoreRequest> ParseScore(const std::string& body, const std::string& session, HttpError* error);
 nlohmann::json ScoreJson(const std::string& session, const v1::ScoreResponse& r);
 // POST /v1/sessions and POST /v1/sessions/ID/fork bodies (may be empty):
-// mem_len, idle_ttl_seconds, labels, session_id (create only).
+// mem_len, idle_ttl_seconds, labels, session_id and model (create only).
 absl::StatusOr<v1::CreateSessionRequest> ParseCreateSession(const std::string& body, HttpError* error);
 // {"position": N}: a rewind's target (`required`), or where a fork branches
 // (optional: 0, the source's position). Other fields are ParseCreateSession's.

@@ -111,7 +111,8 @@ json SessionJson(const SessionInfo& s) {
               {"last_used", absl::ToUnixSeconds(s.last_used)},
               {"idle_ttl_seconds", absl::ToInt64Seconds(s.idle_ttl)},
               {"labels", labels},
-              {"busy", s.busy}};
+              {"busy", s.busy},
+              {"model", s.model}};
 }
 
 namespace {

@@ -12,6 +12,9 @@ namespace txl {
 
 // GET /v1/models[/ID].
 void ModelsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, const std::string& id);
+// POST /v2/repository/index, /v2/repository/models/NAME/{load,unload}; `rest`
+// is the path after "/v2/repository/".
+void RepositoryRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, const std::string& rest);
 // /v1/sessions[/ID[/fork|/score]].
 void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x);
 // POST /v1/chat/completions, parsed.

@@ -43,7 +43,7 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     if (req.method == "POST") {
       auto create = ParseCreateSession(req.body, &error);
       if (!create.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
-      auto args = s->core->validator.CreateSession(*create, nullptr);
+      auto args = s->core->CheckCreateSession(*create, nullptr);
       if (!args.ok()) return s->Fail(*x, route, args.status());
       return s->core->CreateSession(*principal, *std::move(args), {create->labels().begin(), create->labels().end()},
                                     answer_session());
@@ -91,13 +91,14 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     if (req.method != "POST") return wrong_method("POST");
     auto score = ParseScore(req.body, id, &error);
     if (!score.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
-    auto args = s->core->validator.Score(*score, nullptr);
+    auto args = s->core->CheckScore(*principal, *score, nullptr);
     if (!args.ok()) return s->Fail(*x, route, args.status());
+    const std::shared_ptr<ServedModel> model = args->model;
     return s->core->Score(*principal, *std::move(args), score->commit(), s->core->NewJobControl(),
-                          [s, x, route, id](absl::Status scored, ScoreResult result) {
+                          [s, x, route, id, model](absl::Status scored, ScoreResult result) {
                             if (!scored.ok()) return s->Fail(*x, route, scored);
                             v1::ScoreResponse r;
-                            FillScore(result, s->core->tokenizer, &r);
+                            FillScore(result, model->tokenizer(), &r);
                             s->Answer(*x, route, 200, JsonText(ScoreJson(id, r)));
                           });
   }

@@ -84,6 +84,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   e.info.id = id;
   e.info.owner = owner;
   e.model = model;
+  if (model != nullptr) e.info.model = model->ref();
   ++sessions_of_[owner];
   e.info.created = e.info.last_used = now;
   e.info.idle_ttl = ttl;
@@ -138,6 +139,14 @@ absl::StatusOr<SessionInfo> SessionTable::Get(const std::string& caller, const s
   auto it = FindOwned(caller, id);
   if (it == sessions_.end()) return NotFound(id);
   return it->second.info;
+}
+
+absl::StatusOr<std::shared_ptr<ServedModel>> SessionTable::ModelOf(const std::string& caller,
+                                                                   const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = FindOwned(caller, id);
+  if (it == sessions_.end()) return NotFound(id);
+  return it->second.model;
 }
 
 std::vector<SessionInfo> SessionTable::List(const std::string& caller) const {
@@ -289,6 +298,7 @@ absl::Status SessionTable::AddIdle(const std::string& id, const std::string& own
   e.info.id = id;
   e.info.owner = owner;
   e.model = std::move(model);
+  if (e.model != nullptr) e.info.model = e.model->ref();
   ++sessions_of_[owner];
   e.info.created = created;
   e.info.last_used = absl::Now();

@@ -55,6 +55,7 @@ struct SessionInfo {
   absl::Duration idle_ttl;
   std::map<std::string, std::string> labels;
   bool busy = false;
+  std::string model;  // NAME@VERSION of the version that made its memory
 };
 
 // A session out of device memory (offloaded, or read back from the state
@@ -150,6 +151,8 @@ class SessionTable {
 
   // `caller`: the principal asking. NOT_FOUND for a session of another one.
   absl::StatusOr<SessionInfo> Get(const std::string& caller, const std::string& id) const;
+  // The version the session is bound to (NOT_FOUND as Get).
+  absl::StatusOr<std::shared_ptr<ServedModel>> ModelOf(const std::string& caller, const std::string& id) const;
   // The caller's sessions only.
   std::vector<SessionInfo> List(const std::string& caller) const;
   // NOT_FOUND, or ABORTED while a request runs on it.

@@ -6,7 +6,7 @@
 // Checked beyond "no crash, no sanitizer report":
 //   - no exception escapes (the transport would answer 500 where docs/HTTP.md promises 400);
 //   - a refusal is an INVALID_ARGUMENT status whose message is the HttpError's, non-empty; the
-//     error is 400 `invalid_argument`, or 404 `model_not_found` for another model's name; its
+//     error is 400 `invalid_argument` (a model's name is the service's to find, not the parser's); its
 //     param is one of the fields the route reads, named in the message and present in the body
 //     (but for a required field that is missing), or, for a number beyond a double (which ends
 //     the parse), the path to it ("prompt[2]"), in a body that does not parse; without a param
@@ -46,7 +46,6 @@ namespace {
 using namespace txl;
 using json = nlohmann::json;
 
-constexpr char kModel[] = "shakespeare_char";
 constexpr char kHeaderSession[] = "0123456789abcdef0123456789abcdef";
 constexpr char kPathSession[] = "fedcba9876543210fedcba9876543210";
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
@@ -98,7 +97,7 @@ const std::set<std::string>& ParamsOf(int parser) {
   }();
   static const auto* none = new std::set<std::string>{};
   static const auto* score = new std::set<std::string>{"input", "commit"};
-  static const auto* create = new std::set<std::string>{"mem_len", "idle_ttl_seconds", "labels", "session_id"};
+  static const auto* create = new std::set<std::string>{"mem_len", "idle_ttl_seconds", "labels", "session_id", "model"};
   static const auto* position = new std::set<std::string>{"position"};
   switch (parser) {
     case kCompletion: return *completion;
@@ -156,15 +155,7 @@ void CheckRefusal(int parser, const absl::Status& s, const HttpError& e, const j
   Check(s.code() == absl::StatusCode::kInvalidArgument, "a refusal is INVALID_ARGUMENT");
   Check(!e.message.empty(), "a refusal says why");
   Check(s.message() == e.message, "the status carries the error's message");
-  if (e.status == 404) {
-    Check(parser == kCompletion || parser == kChat, "only a completion names a model");
-    Check(e.code == "model_not_found" && e.param == "model", "a 404 is model_not_found");
-    const json* model = Field(doc, "model");
-    Check(model && model->is_string() && model->get<std::string>() != kModel && !model->get<std::string>().empty(),
-          "a 404 names another model");
-  } else {
-    Check(e.status == 400 && e.code == "invalid_argument", "a refusal is 400 invalid_argument");
-  }
+  Check(e.status == 400 && e.code == "invalid_argument", "a refusal is 400 invalid_argument");
   if (e.param.empty()) {
     Check(e.message.rfind("the request body ", 0) == 0, "a refusal without a param is about the body");
     Check(!object, "a JSON object's refusal names a param");
@@ -203,10 +194,9 @@ void CheckRefusal(int parser, const absl::Status& s, const HttpError& e, const j
 // What ParseCommon promises for a completion or a chat.
 void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
   const v1::GenerateRequest& r = p.request;
-  if (const json* model = Field(doc, "model")) {
-    Check(model->is_string() && (model->get<std::string>().empty() || model->get<std::string>() == kModel),
-          "only this model is accepted");
-  }
+  const json* model = Field(doc, "model");
+  Check(model ? model->is_string() && model->get<std::string>() == r.model() : r.model().empty(),
+        "the model is the body's, as it is");
   const char* max_field =
       doc.contains("max_completion_tokens") && !doc.contains("max_tokens") ? "max_completion_tokens" : "max_tokens";
   CheckInt(Field(doc, max_field), r.max_new_tokens(), 1, kInt32Max, 16, "max_tokens in [1, 2^31 - 1], default 16");
@@ -356,6 +346,8 @@ void CheckCreateSession(const json& doc, const v1::CreateSessionRequest& r) {
   const json* session = Field(doc, "session_id");
   Check(session ? session->is_string() && r.session_id() == session->get<std::string>() : r.session_id().empty(),
         "the body's session id");
+  const json* model = Field(doc, "model");
+  Check(model ? model->is_string() && r.model() == model->get<std::string>() : r.model().empty(), "the body's model");
 }
 
 // One parser's outcome, for the determinism check (each Run also parses an accepted body twice
@@ -383,11 +375,11 @@ Outcome Run(int parser, const std::string& body, bool header, const json& parsed
   try {
     switch (parser) {
       case kCompletion: {
-        absl::StatusOr<CompletionParams> p = ParseCompletion(body, hdr, kModel, &e);
+        absl::StatusOr<CompletionParams> p = ParseCompletion(body, hdr, &e);
         out.status = p.status();
         if (p.ok()) {
           CheckCompletion(doc, *p, header);
-          absl::StatusOr<CompletionParams> again = ParseCompletion(body, hdr, kModel, &e);
+          absl::StatusOr<CompletionParams> again = ParseCompletion(body, hdr, &e);
           Check(again.ok() && SameMessage(again->request, p->request) && again->stream == p->stream &&
                     again->include_usage == p->include_usage && again->logprobs == p->logprobs,
                 "a completion parses the same twice");
@@ -395,11 +387,11 @@ Outcome Run(int parser, const std::string& body, bool header, const json& parsed
         break;
       }
       case kChat: {
-        absl::StatusOr<ChatParams> p = ParseChat(body, hdr, kModel, &e);
+        absl::StatusOr<ChatParams> p = ParseChat(body, hdr, &e);
         out.status = p.status();
         if (p.ok()) {
           CheckChat(doc, *p, header);
-          absl::StatusOr<ChatParams> again = ParseChat(body, hdr, kModel, &e);
+          absl::StatusOr<ChatParams> again = ParseChat(body, hdr, &e);
           Check(again.ok() && SameMessage(again->completion.request, p->completion.request) &&
                     again->completion.stream == p->completion.stream &&
                     again->completion.include_usage == p->completion.include_usage &&

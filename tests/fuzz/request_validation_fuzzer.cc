@@ -57,7 +57,7 @@ RequestLimits Limits(const Tokenizer& t) {
 struct Setup {
   Tokenizer tokenizer;
   RequestValidator validator;
-  explicit Setup(const Tokenizer& t) : tokenizer(t), validator(Limits(t), t) {}
+  explicit Setup(const Tokenizer& t) : tokenizer(t), validator(Limits(t), tokenizer) {}
 };
 
 const Setup& SetupFor(int which) {

@@ -10,8 +10,8 @@ namespace txl {
 namespace {
 
 RequestValidator Validator() {
-  auto tokenizer = Tokenizer::Byte();
-  return RequestValidator(RequestLimits{}, tokenizer);
+  static const Tokenizer* tokenizer = new Tokenizer(Tokenizer::Byte());
+  return RequestValidator(RequestLimits{}, *tokenizer);
 }
 
 TEST(RequestValidationTest, ScoreNeedsAtLeastOneToken) {

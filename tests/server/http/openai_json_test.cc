@@ -19,7 +19,7 @@ struct Refusal {
 
 Refusal Completion(const std::string& body) {
   Refusal r;
-  r.refused = !ParseCompletion(body, "", "m", &r.error).ok();
+  r.refused = !ParseCompletion(body, "", &r.error).ok();
   return r;
 }
 
@@ -70,16 +70,17 @@ TEST(OpenAiJsonTest, AFloatFieldRefusesADoubleBeyondAFloat) {
 HttpError ServiceRefusal(const std::string& body, bool chat) {
   RequestLimits limits;
   limits.max_new_tokens = 50;
-  const RequestValidator validator(limits, Tokenizer::Byte());
+  const Tokenizer tokenizer = Tokenizer::Byte();
+  const RequestValidator validator(limits, tokenizer);
   HttpError error;
   CompletionParams p;
   if (chat) {
-    auto parsed = ParseChat(body, "", "m", &error);
+    auto parsed = ParseChat(body, "", &error);
     EXPECT_TRUE(parsed.ok()) << error.message;
     p = parsed->completion;
     p.request.mutable_input()->set_text("rendered");
   } else {
-    auto parsed = ParseCompletion(body, "", "m", &error);
+    auto parsed = ParseCompletion(body, "", &error);
     EXPECT_TRUE(parsed.ok()) << error.message;
     p = *parsed;
   }

@@ -1,0 +1,233 @@
+// txl-server with --model_repository, end to end through the C++ client:
+// requests reach the model and version they name, sessions keep theirs
+// across a newer version's arrival, a retired version is freed when its last
+// session ends, and a damaged version is refused while the others serve.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/txl_client.h"
+#include "model/net/checkpoint.h"
+#include "tests/server/grpc/server_process.h"
+#include "tests/server/grpc/tiny_server.h"
+
+namespace txl {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Connect;
+using testing::Gen;
+using testing::Generated;
+using ::testing::HasSubstr;
+using testing::ServerProcess;
+using testing::Stream;
+using testing::TinyConfig;
+
+// Publishes `name` version `version`: written beside the repository's
+// layout, then renamed into it, as `txl-train --publish` does.
+void Publish(const fs::path& dir, const std::string& name, int version, uint64_t seed,
+             const Tokenizer& tokenizer = Tokenizer::Byte()) {
+  ModelConfig c = TinyConfig();
+  c.n_token = tokenizer.vocab_size();
+  const fs::path staging = dir / name / (".staging-" + std::to_string(version));
+  fs::create_directories(staging);
+  ASSERT_TRUE(WriteInitialCheckpoint((staging / "model.pt").string(), c, tokenizer, seed, 0.3).ok());
+  fs::rename(staging, dir / name / std::to_string(version));
+}
+
+// The state ListModels gives `name`@`version` ("" when it is not listed).
+std::string StateOf(TxlClient& c, const std::string& name, int64_t version, std::string* reason = nullptr) {
+  auto list = c.ListModels();
+  EXPECT_TRUE(list.ok()) << list.status();
+  if (!list.ok()) return "";
+  for (const auto& m : list->models()) {
+    if (m.name() == name && m.version() == version) {
+      if (reason != nullptr) *reason = m.reason();
+      return m.state();
+    }
+  }
+  return "";
+}
+
+class RepositoryServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("txl_repo_it_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    Publish(dir_, "alpha", 1, 3);
+    auto chars = Tokenizer::CharFromCorpus("abcdefghijklmnopqrstuvwxyz .,\n");
+    ASSERT_TRUE(chars.ok());
+    Publish(dir_, "beta", 1, 5, *chars);
+    std::string output;
+    server_ = ServerProcess::Start(TXL_SERVER_BINARY, {"--model_repository=" + dir_.string()}, &output);
+    ASSERT_NE(server_, nullptr) << output;
+    client_ = Connect(*server_);
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+  std::string NewSession(const std::string& model) {
+    v1::CreateSessionRequest r;
+    r.set_model(model);
+    auto s = client_->CreateSession(r);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->session_id() : "";
+  }
+
+  fs::path dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<TxlClient> client_;
+};
+
+TEST_F(RepositoryServerTest, RequestsReachTheModelTheyName) {
+  auto alpha = client_->Info("alpha");
+  ASSERT_TRUE(alpha.ok()) << alpha.status();
+  EXPECT_EQ(alpha->name(), "alpha");
+  EXPECT_EQ(alpha->version(), 1);
+  EXPECT_EQ(alpha->tokenizer(), "byte");
+  auto beta = client_->Info("beta@1");
+  ASSERT_TRUE(beta.ok()) << beta.status();
+  EXPECT_EQ(beta->tokenizer(), "char");
+  EXPECT_NE(beta->fingerprint(), alpha->fingerprint());
+
+  // Two models: a request must say which.
+  auto unnamed = client_->Info();
+  EXPECT_EQ(unnamed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unnamed.status().message(), HasSubstr("model: required"));
+  auto missing = client_->Info("gamma");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("gamma"));
+  auto bad = client_->Info("alpha@0");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Each model reads input with its own tokenizer and vocabulary: 'Z' is
+  // a byte for alpha, and not in beta's characters.
+  v1::GenerateRequest on_alpha = Gen("", "Zebra", 4);
+  on_alpha.set_model("alpha");
+  EXPECT_TRUE(Stream(*client_, on_alpha).status.ok());
+  v1::GenerateRequest on_beta = Gen("", "Zebra", 4);
+  on_beta.set_model("beta");
+  Generated refused = Stream(*client_, on_beta);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+  EXPECT_THAT(refused.status.message(), HasSubstr("input.text"));
+  on_beta.mutable_input()->set_text("zebra");
+  EXPECT_TRUE(Stream(*client_, on_beta).status.ok());
+
+  // A session is on the model it was made of; naming another is refused.
+  const std::string s = NewSession("beta");
+  auto info = client_->GetSession(s);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->model(), "beta@1");
+  v1::GenerateRequest wrong = Gen(s, "abc", 2);
+  wrong.set_model("alpha");
+  Generated mismatch = Stream(*client_, wrong);
+  EXPECT_EQ(mismatch.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mismatch.status.message(), HasSubstr("the session is on beta@1"));
+  auto after = client_->GetSession(s);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->position(), 0);  // the refusal left it unchanged
+  // With no model named, a session's request runs on its own.
+  EXPECT_TRUE(Stream(*client_, Gen(s, "abc", 2)).status.ok());
+}
+
+TEST_F(RepositoryServerTest, ANewVersionServesNewSessionsWhileOldOnesKeepTheirs) {
+  const std::string old_session = NewSession("alpha");
+  ASSERT_TRUE(Stream(*client_, Gen(old_session, "Hello there", 6)).status.ok());
+  // What version 1 answers next: a fork (on version 1 too) asked before
+  // version 2 exists.
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(old_session);
+  auto reference = client_->ForkSession(fork);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  Generated expected = Stream(*client_, Gen(reference->session_id(), ", friend", 12));
+  ASSERT_TRUE(expected.status.ok());
+  ASSERT_TRUE(client_->DeleteSession(reference->session_id()).ok());
+
+  Publish(dir_, "alpha", 2, 11);
+  auto loaded = client_->LoadModel("alpha");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(StateOf(*client_, "alpha", 2), "READY");
+  EXPECT_EQ(StateOf(*client_, "alpha", 1), "RETIRING");  // the policy keeps the newest; a session holds 1
+  EXPECT_EQ(client_->Info("alpha")->version(), 2);
+  // A retiring version takes nothing new, even pinned.
+  v1::GenerateRequest pinned = Gen("", "Hi", 2);
+  pinned.set_model("alpha@1");
+  EXPECT_EQ(Stream(*client_, pinned).status.code(), absl::StatusCode::kNotFound);
+
+  // The old session goes on, exactly, on version 1.
+  Generated continued = Stream(*client_, Gen(old_session, ", friend", 12));
+  ASSERT_TRUE(continued.status.ok()) << continued.status;
+  EXPECT_EQ(continued.ids, expected.ids);
+  EXPECT_EQ(client_->GetSession(old_session)->model(), "alpha@1");
+  // New sessions answer as version 2, whose weights differ.
+  const std::string new_session = NewSession("alpha");
+  EXPECT_EQ(client_->GetSession(new_session)->model(), "alpha@2");
+  ASSERT_TRUE(Stream(*client_, Gen(new_session, "Hello there", 6)).status.ok());
+  Generated on_two = Stream(*client_, Gen(new_session, ", friend", 12));
+  ASSERT_TRUE(on_two.status.ok());
+  EXPECT_NE(on_two.ids, expected.ids);
+
+  // Version 1 is freed once its last session ends.
+  ASSERT_TRUE(client_->DeleteSession(old_session).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (StateOf(*client_, "alpha", 1) != "UNLOADED" && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the last job lets go of its lease
+  }
+  EXPECT_EQ(StateOf(*client_, "alpha", 1), "UNLOADED");
+}
+
+TEST_F(RepositoryServerTest, ADamagedVersionIsRefusedWithItsReasonAndTheOthersServe) {
+  const fs::path damaged = dir_ / "alpha" / "2";
+  fs::create_directories(damaged);
+  {
+    std::ofstream f(damaged / "model.pt", std::ios::binary);
+    f << "PK\x03\x04 not a whole archive";
+  }
+  auto loaded = client_->LoadModel("alpha");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();  // version 1 is still ready
+  std::string reason;
+  EXPECT_EQ(StateOf(*client_, "alpha", 2, &reason), "FAILED");
+  EXPECT_THAT(reason, HasSubstr("model.pt"));
+  EXPECT_EQ(StateOf(*client_, "alpha", 1), "READY");
+  v1::GenerateRequest r = Gen("", "Hello", 3);
+  r.set_model("alpha");
+  EXPECT_TRUE(Stream(*client_, r).status.ok());
+
+  // Unload: no new sessions of the model, and the model is listed as such.
+  auto unloaded = client_->UnloadModel("beta");
+  ASSERT_TRUE(unloaded.ok()) << unloaded.status();
+  v1::CreateSessionRequest create;
+  create.set_model("beta");
+  EXPECT_EQ(client_->CreateSession(create).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->UnloadModel("gamma").status().code(), absl::StatusCode::kNotFound);
+  auto reloaded = client_->LoadModel("beta");
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_TRUE(client_->CreateSession(create).ok());
+}
+
+TEST(SingleModelServerTest, LoadAndUnloadNeedARepository) {
+  auto server = testing::StartServer();
+  ASSERT_NE(server, nullptr);
+  auto client = Connect(*server);
+  auto list = client->ListModels();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->models_size(), 1);
+  EXPECT_EQ(list->models(0).state(), "READY");
+  EXPECT_EQ(client->Info(list->models(0).name())->version(), 1);
+  auto load = client->LoadModel(list->models(0).name());
+  EXPECT_EQ(load.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(load.status().message(), HasSubstr("--model_repository"));
+}
+
+}  // namespace
+}  // namespace txl

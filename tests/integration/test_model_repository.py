@@ -1,0 +1,233 @@
+"""txl-server --model_repository over HTTP (Python's http.client) and gRPC (the generated stubs):
+
+- /v1/models lists each ready model; a request's "model" picks it; a model not served is 404
+  model_not_found, and no model at all, with two served, is 400 naming "model";
+- POST /v2/repository/index, /v2/repository/models/NAME/load and .../unload, behind the bearer tokens;
+- under load: 32 sessions (16 over HTTP, 16 over gRPC) stream turns on alpha version 1 while
+  version 2 is published (picked up by --repository_poll_seconds) and version 1's directory is then
+  removed. No request fails; every session's whole output equals that of a server that only ever had
+  version 1; new sessions are on version 2; version 1 is UNLOADED once its last session is deleted.
+
+Run by CTest: /usr/bin/python3 test_model_repository.py --bin-dir BUILD --stubs BUILD/client/python/gen
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txl_procs  # noqa: E402
+from http_client import Http  # noqa: E402
+
+ARGS = None
+grpc = txl_pb2 = txl_pb2_grpc = None
+
+TOKEN = "repo-test-token-0123456789"
+TURNS = ["Once upon", " a time", " there was"]
+
+
+def publish(bin_dir, repo, name, version, seed):
+    """Writes NAME/.staging-VERSION/model.pt, then renames it to NAME/VERSION, as a publisher should."""
+    staging = os.path.join(repo, name, ".staging-%d" % version)
+    os.makedirs(staging, exist_ok=True)
+    txl_procs.tiny_model(bin_dir, staging, name="model.pt", init_args=txl_procs.TINY_INIT_ARGS + ("--seed", str(seed)))
+    os.remove(os.path.join(staging, "c.json"))
+    os.rename(staging, os.path.join(repo, name, str(version)))
+
+
+class Gate:
+    """Sessions arrive after their first turn and wait; the test opens the gate once all have."""
+
+    def __init__(self):
+        self.cv, self.arrived, self.open = threading.Condition(), 0, False
+
+    def arrive_and_wait(self):
+        with self.cv:
+            self.arrived += 1
+            self.cv.notify_all()
+            assert self.cv.wait_for(lambda: self.open, 120), "the gate never opened"
+
+    def wait_arrivals(self, n):
+        with self.cv:
+            return self.cv.wait_for(lambda: self.arrived >= n, 120)
+
+    def release(self):
+        with self.cv:
+            self.open = True
+            self.cv.notify_all()
+
+
+def http_turns(address, model, turns, headers, between=None):
+    """A session over HTTP on `model`: its id, and each turn's generated text."""
+    h = Http(address)
+    status, s, _ = h.json("POST", "/v1/sessions", {"model": model}, headers)
+    assert status == 200, s
+    texts = []
+    for i, turn in enumerate(turns):
+        if between is not None and i == 1:
+            between.arrive_and_wait()
+        status, body, _ = h.json("POST", "/v1/completions",
+                                 {"session_id": s["id"], "prompt": turn, "max_tokens": 8, "temperature": 0},
+                                 headers)
+        assert status == 200, body
+        texts.append(body["choices"][0]["text"])
+    h.close()
+    return s["id"], texts
+
+
+def grpc_turns(address, model, turns, between=None):
+    """A session over gRPC on `model`: its id, and each turn's generated token ids."""
+    with grpc.insecure_channel(address) as ch:
+        stub = txl_pb2_grpc.TransformerXLStub(ch)
+        md = [("authorization", "Bearer " + TOKEN)]
+        s = stub.CreateSession(txl_pb2.CreateSessionRequest(model=model), metadata=md)
+        out = []
+        for i, turn in enumerate(turns):
+            if between is not None and i == 1:
+                between.arrive_and_wait()
+            ids = []
+            req = txl_pb2.GenerateRequest(session_id=s.session_id, input=txl_pb2.Input(text=turn), max_new_tokens=8)
+            for r in stub.Generate(req, metadata=md):
+                ids += [t.id for t in r.tokens]
+            out.append(ids)
+        return s.session_id, out
+
+
+class RepositoryTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.repo = os.path.join(self.tmp.name, "repo")
+        publish(ARGS.bin_dir, self.repo, "alpha", 1, seed=3)
+        publish(ARGS.bin_dir, self.repo, "beta", 1, seed=5)
+        tokens = os.path.join(self.tmp.name, "tokens")
+        with open(tokens, "w") as f:
+            f.write("%s tester\n" % TOKEN)
+        self.headers = {"Authorization": "Bearer " + TOKEN}
+        self.server = txl_procs.Server.from_argv([
+            os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model_repository", self.repo,
+            "--repository_poll_seconds", "0.1", "--listen", "127.0.0.1:0", "--metrics_listen", "",
+            "--http_listen", "127.0.0.1:0", "--auth_tokens", tokens])
+        self.http = Http(self.server.http_address)
+
+    def tearDown(self):
+        self.http.close()
+        self.server.stop(timeout=30, check=False)
+        self.tmp.cleanup()
+
+    def models(self):
+        status, body, _ = self.http.json("GET", "/v1/models", None, self.headers)
+        self.assertEqual(status, 200, body)
+        return {m["id"]: m["txl"] for m in body["data"]}
+
+    def index(self):
+        status, body, _ = self.http.json("POST", "/v2/repository/index", None, self.headers)
+        self.assertEqual(status, 200, body)
+        return {(m["name"], int(m["version"])): (m["state"], m["reason"]) for m in body}
+
+    def wait_for(self, what, condition):
+        deadline = time.monotonic() + 30
+        while not condition():
+            self.assertLess(time.monotonic(), deadline, "waited 30 s for " + what)
+            time.sleep(0.05)
+
+    def test_requests_name_their_model_over_http(self):
+        listed = self.models()
+        self.assertEqual(sorted(listed), ["alpha", "beta"])
+        self.assertNotEqual(listed["alpha"]["fingerprint"], listed["beta"]["fingerprint"])
+        self.assertEqual(listed["alpha"]["version"], 1)
+        for model in ("alpha", "beta@1"):
+            status, body, _ = self.http.json("POST", "/v1/completions",
+                                             {"model": model, "prompt": "Hi", "max_tokens": 3}, self.headers)
+            self.assertEqual(status, 200, body)
+            self.assertEqual(body["model"], model.split("@")[0])
+        status, body, _ = self.http.json("POST", "/v1/completions",
+                                         {"model": "gamma", "prompt": "Hi", "max_tokens": 3}, self.headers)
+        self.assertEqual((status, body["error"]["code"], body["error"]["param"]), (404, "model_not_found", "model"))
+        self.assertIn("gamma", body["error"]["message"])
+        status, body, _ = self.http.json("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 3}, self.headers)
+        self.assertEqual((status, body["error"]["param"]), (400, "model"), body)
+        status, body, _ = self.http.json("GET", "/v1/models/beta@1", None, self.headers)
+        self.assertEqual((status, body["id"]), (200, "beta@1"))
+        status, s, _ = self.http.json("POST", "/v1/sessions", {"model": "beta"}, self.headers)
+        self.assertEqual((status, s["model"]), (200, "beta@1"), s)
+
+        # The repository's control is behind the same tokens.
+        self.assertEqual(self.http.json("POST", "/v2/repository/index")[0], 401)
+        self.assertEqual(self.http.json("POST", "/v2/repository/models/beta/unload")[0], 401)
+        self.assertEqual(self.index()[("beta", 1)][0], "READY")
+        status, body, _ = self.http.json("POST", "/v2/repository/models/beta/unload", None, self.headers)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(sorted(self.models()), ["alpha"])
+        status, body, _ = self.http.json("POST", "/v1/completions",
+                                         {"model": "beta", "prompt": "Hi", "max_tokens": 3}, self.headers)
+        self.assertEqual(status, 404, body)
+        # The session made of beta goes on.
+        status, body, _ = self.http.json("POST", "/v1/completions",
+                                         {"session_id": s["id"], "prompt": "Hi", "max_tokens": 3}, self.headers)
+        self.assertEqual(status, 200, body)
+        status, body, _ = self.http.json("POST", "/v2/repository/models/beta/load", None, self.headers)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(sorted(self.models()), ["alpha", "beta"])
+        status, body, _ = self.http.json("POST", "/v2/repository/models/gamma/load", None, self.headers)
+        self.assertEqual(status, 404, body)
+
+    def test_a_reload_under_load_keeps_every_session_on_its_version(self):
+        # The reference: a server that only ever had version 1.
+        only_v1 = txl_procs.Server(ARGS.bin_dir, os.path.join(self.repo, "alpha", "1", "model.pt"), http=True)
+        try:
+            ref_http = http_turns(only_v1.http_address, "", TURNS, {})[1]
+            ref_grpc = grpc_turns(only_v1.address, "", TURNS)[1]
+        finally:
+            only_v1.stop(timeout=30, check=False)
+
+        between = Gate()  # the sessions' later turns wait for the reload
+        results, errors = {}, []
+
+        def run(kind, i):
+            try:
+                if kind == "http":
+                    results[(kind, i)] = http_turns(self.server.http_address, "alpha", TURNS, self.headers,
+                                                    between=between)
+                else:
+                    results[(kind, i)] = grpc_turns(self.server.address, "alpha", TURNS, between=between)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append("%s %d: %r" % (kind, i, e))
+
+        threads = [threading.Thread(target=run, args=(kind, i)) for kind in ("http", "grpc") for i in range(16)]
+        for t in threads:
+            t.start()
+        # Every session has made its first turn on version 1.
+        self.assertTrue(between.wait_arrivals(len(threads)), errors)
+        publish(ARGS.bin_dir, self.repo, "alpha", 2, seed=11)
+        self.wait_for("alpha@2 ready", lambda: self.models().get("alpha", {}).get("version") == 2)
+        shutil.rmtree(os.path.join(self.repo, "alpha", "1"))  # removed: retired at once, held by its sessions
+        self.wait_for("alpha@1 retiring", lambda: self.index().get(("alpha", 1), ("",))[0] == "RETIRING")
+        between.release()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(results), 32)
+        for (kind, i), (sid, out) in results.items():
+            self.assertEqual(out, ref_http if kind == "http" else ref_grpc, "%s session %d" % (kind, i))
+            status, s, _ = self.http.json("GET", "/v1/sessions/" + sid, None, self.headers)
+            self.assertEqual((status, s["model"]), (200, "alpha@1"))
+
+        # New sessions answer as version 2.
+        sid, out = http_turns(self.server.http_address, "alpha", TURNS, self.headers)
+        status, s, _ = self.http.json("GET", "/v1/sessions/" + sid, None, self.headers)
+        self.assertEqual(s["model"], "alpha@2")
+        self.assertNotEqual(out, ref_http)
+
+        # Version 1 is freed once its last session is deleted.
+        self.assertEqual(self.index()[("alpha", 1)][0], "RETIRING")
+        for sid, _ in results.values():
+            self.assertEqual(self.http.json("DELETE", "/v1/sessions/" + sid, None, self.headers)[0], 200)
+        self.wait_for("alpha@1 unloaded", lambda: self.index()[("alpha", 1)][0] == "UNLOADED")
+
+
+if __name__ == "__main__":
+    txl_procs.run_stub_tests(globals(), __doc__)

@@ -6,7 +6,7 @@ namespace txl {
 
 void RecordNewSession(SessionJournal* journal, SessionTable* table, const SessionInfo& info, SessionLease lease,
                       std::string snapshot, std::function<void(absl::Status, const SessionInfo&)> done) {
-  SessionMeta meta{info.id, info.owner, info.mem_len, info.idle_ttl, info.created, info.labels};
+  SessionMeta meta{info.id, info.owner, info.mem_len, info.idle_ttl, info.created, info.labels, info.model};
   // Its log starts with the history it inherits (a fork), so that it can be rewound past its start.
   const TokenHistory& history = lease.history;
   std::vector<int> inherited = history.Slice(history.start(), history.end());

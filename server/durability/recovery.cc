@@ -27,9 +27,35 @@ TokenHistory HistoryFromRecord(const JournalRecord& record, const SessionTableCo
   return history;
 }
 
-RecordModel RecordsOf(const ModelSource* models) {
-  return [models](const JournalRecord& record) -> absl::StatusOr<std::shared_ptr<ServedModel>> {
+namespace {
+
+// The version `record` names, loaded for it; FAILED_PRECONDITION when that
+// version's file no longer has the record's fingerprint.
+absl::StatusOr<std::shared_ptr<ServedModel>> KeptFor(const JournalRecord& record, ModelRepository* repository) {
+  ASSIGN_OR_RETURN(const ModelRef ref, ParseModelRef(record.meta.model));
+  if (ref.name.empty() || ref.version == 0) return absl::NotFoundError("the record names no version");
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedVersion> kept, repository->Keep(ref.name, ref.version));
+  auto model = std::static_pointer_cast<ServedModel>(kept);
+  if (model->engine()->fingerprint() != record.image.fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(record.meta.model, " now has fingerprint ",
+                                                      model->engine()->fingerprint(), ", the session's was ",
+                                                      record.image.fingerprint));
+  }
+  return model;
+}
+
+}  // namespace
+
+RecordModel RecordsOf(const ModelSource* models, ModelRepository* repository) {
+  return [models, repository](const JournalRecord& record) -> absl::StatusOr<std::shared_ptr<ServedModel>> {
     auto model = models->WithFingerprint(record.image.fingerprint);
+    if (!model.ok() && repository != nullptr && !record.meta.model.empty()) {
+      auto kept = KeptFor(record, repository);
+      if (kept.ok()) return kept;
+      return absl::FailedPreconditionError(absl::StrCat("session ", record.meta.id, ": ", model.status().message(),
+                                                        "; its version ", record.meta.model,
+                                                        " could not be loaded: ", kept.status().message()));
+    }
     if (!model.ok())
       return absl::Status(model.status().code(),
                           absl::StrCat("session ", record.meta.id, ": ", model.status().message()));

@@ -25,7 +25,11 @@ std::shared_ptr<IdleSession> IdleFromRecord(const JournalRecord& record, std::ve
 // and what is served when this server does not serve it.
 using RecordModel = std::function<absl::StatusOr<std::shared_ptr<ServedModel>>(const JournalRecord& record)>;
 // The records' versions among `models`' ready ones (which must outlive it).
-RecordModel RecordsOf(const ModelSource* models);
+// With `repository` (start-up only: it loads), a record whose version is
+// not ready but whose meta names it (NAME@VERSION) has it loaded for its
+// session (ModelRepository::Keep), provided the file still has the
+// record's fingerprint.
+RecordModel RecordsOf(const ModelSource* models, ModelRepository* repository = nullptr);
 
 // Registers a record's session in `table`, out of device memory, bound to
 // `model` (its version, as a RecordModel found it); it comes back on its

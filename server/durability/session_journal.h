@@ -99,6 +99,9 @@ struct SessionMeta {
   absl::Duration idle_ttl;
   absl::Time created;
   std::map<std::string, std::string> labels;
+  // NAME@VERSION of the model version the session is bound to; empty in
+  // records written before versions (their image's fingerprint alone names it).
+  std::string model;
 };
 
 // A session as the journal rebuilds it: its snapshot plus the history

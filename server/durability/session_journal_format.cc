@@ -125,6 +125,9 @@ std::string EncodeSessionMeta(const SessionMeta& m) {
     PutString(&out, k);
     PutString(&out, v);
   }
+  // Optional, so that a meta without a model reads as it always has (and
+  // older servers read it).
+  if (!m.model.empty()) PutString(&out, m.model);
   PutLE<uint64_t>(&out, Hash64(out.data(), out.size()));
   return out;
 }
@@ -146,6 +149,7 @@ absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes) {
     if (!r.String(&k) || !r.String(&v)) return damaged();
     m.labels[k] = v;
   }
+  if (r.left() > sizeof(uint64_t) && !r.String(&m.model)) return damaged();
   const size_t body = sizeof(kMetaMagic) + r.at();
   uint64_t sum = 0;
   if (!r.Get(&sum) || r.left() != 0 || sum != Hash64(bytes.data(), body)) return damaged();

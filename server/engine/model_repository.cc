@@ -248,6 +248,40 @@ absl::Status ModelRepository::Load(const std::string& model) {
                                                     why.empty() ? "" : ")"));
 }
 
+absl::StatusOr<std::shared_ptr<ServedVersion>> ModelRepository::Keep(const std::string& model, int64_t version) {
+  absl::MutexLock poll(&poll_mu_);  // no poll chooses this version meanwhile
+  {
+    absl::MutexLock l(&mu_);
+    auto m = models_.find(model);
+    if (m != models_.end()) {
+      auto v = m->second.find(version);
+      if (v != m->second.end()) {
+        if (v->second.state == VersionState::kReady) return v->second.served;
+        if (std::shared_ptr<ServedVersion> held = v->second.retiring.lock()) return held;
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(const std::vector<RepositoryVersion> versions, ListVersions(config_.dir + "/" + model));
+  const RepositoryVersion* rv = FindVersion(versions, version);
+  if (rv == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model \"", model, "\" version ", version, " is not in ", config_.dir));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedVersion> loaded, loader_(model, *rv));
+  if (loaded == nullptr) return absl::InternalError("the loader returned nothing");
+  int64_t bytes = 0;
+  if (sizer_ != nullptr) bytes = sizer_(*rv).value_or(0);
+  absl::MutexLock l(&mu_);
+  Entry& e = models_[model][version];
+  e = Entry();
+  e.state = VersionState::kRetiring;
+  e.reason = "kept for the sessions recovered on it (the version policy serves another)";
+  e.path = rv->path;
+  e.stamp = StampOf(rv->path);
+  e.bytes = bytes;
+  e.retiring = loaded;
+  return loaded;
+}
+
 absl::StatusOr<ModelRepository::Found> ModelRepository::Find(const std::string& model, int64_t version) const {
   absl::MutexLock l(&mu_);
   auto m = models_.find(model);

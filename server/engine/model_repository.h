@@ -92,6 +92,15 @@ class ModelRepository {
   absl::Status Unload(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Load(const std::string& model) ABSL_LOCKS_EXCLUDED(poll_mu_, mu_);
 
+  // A version sessions recovered from the state store are bound to, loaded
+  // for them even when the policy serves a newer one: READY or still held,
+  // as it is; else loaded from its file (outside mu_) as RETIRING, so that
+  // it takes no new sessions and is freed when the last of them ends. The
+  // memory budget does not refuse it (its sessions were acknowledged).
+  // NOT_FOUND when its file is gone; the loader's error when it fails.
+  absl::StatusOr<std::shared_ptr<ServedVersion>> Keep(const std::string& model, int64_t version)
+      ABSL_LOCKS_EXCLUDED(poll_mu_, mu_);
+
   struct Found {
     int64_t version = 0;
     std::shared_ptr<ServedVersion> served;

@@ -6,7 +6,9 @@
 - under load: 32 sessions (16 over HTTP, 16 over gRPC) stream turns on alpha version 1 while
   version 2 is published (picked up by --repository_poll_seconds) and version 1's directory is then
   removed. No request fails; every session's whole output equals that of a server that only ever had
-  version 1; new sessions are on version 2; version 1 is UNLOADED once its last session is deleted.
+  version 1; new sessions are on version 2; version 1 is UNLOADED once its last session is deleted;
+- kill -9 after a reload, with a state store: the restarted server (whose policy serves version 2)
+  loads version 1 again for the session journaled on it, which goes on exactly.
 
 Run by CTest: /usr/bin/python3 test_model_repository.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
@@ -100,6 +102,7 @@ def grpc_turns(address, model, turns, between=None):
 class RepositoryTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
+        self.state_dir = os.path.join(self.tmp.name, "state")
         self.repo = os.path.join(self.tmp.name, "repo")
         publish(ARGS.bin_dir, self.repo, "alpha", 1, seed=3)
         publish(ARGS.bin_dir, self.repo, "beta", 1, seed=5)
@@ -107,10 +110,12 @@ class RepositoryTest(unittest.TestCase):
         with open(tokens, "w") as f:
             f.write("%s tester\n" % TOKEN)
         self.headers = {"Authorization": "Bearer " + TOKEN}
-        self.server = txl_procs.Server.from_argv([
-            os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model_repository", self.repo,
-            "--repository_poll_seconds", "0.1", "--listen", "127.0.0.1:0", "--metrics_listen", "",
-            "--http_listen", "127.0.0.1:0", "--auth_tokens", tokens])
+        self.argv = [os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model_repository", self.repo,
+                     "--repository_poll_seconds", "0.1", "--listen", "127.0.0.1:0", "--metrics_listen", "",
+                     "--http_listen", "127.0.0.1:0", "--auth_tokens", tokens]
+        if "state" in self._testMethodName:
+            self.argv += ["--state_dir", self.state_dir]
+        self.server = txl_procs.Server.from_argv(self.argv)
         self.http = Http(self.server.http_address)
 
     def tearDown(self):
@@ -227,6 +232,41 @@ class RepositoryTest(unittest.TestCase):
         for sid, _ in results.values():
             self.assertEqual(self.http.json("DELETE", "/v1/sessions/" + sid, None, self.headers)[0], 200)
         self.wait_for("alpha@1 unloaded", lambda: self.index()[("alpha", 1)][0] == "UNLOADED")
+
+    def test_a_restart_with_a_state_store_brings_a_session_back_on_its_version(self):
+        only_v1 = txl_procs.Server(ARGS.bin_dir, os.path.join(self.repo, "alpha", "1", "model.pt"), http=True)
+        try:
+            expected = http_turns(only_v1.http_address, "", TURNS, {})[1]
+        finally:
+            only_v1.stop(timeout=30, check=False)
+        h = self.http
+        status, s, _ = h.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
+        self.assertEqual(status, 200, s)
+        got = []
+        for turn in TURNS[:2]:
+            status, body, _ = h.json("POST", "/v1/completions", {"session_id": s["id"], "prompt": turn,
+                                                                 "max_tokens": 8, "temperature": 0}, self.headers)
+            self.assertEqual(status, 200, body)
+            got.append(body["choices"][0]["text"])
+        publish(ARGS.bin_dir, self.repo, "alpha", 2, seed=11)
+        status, body, _ = h.json("POST", "/v2/repository/models/alpha/load", None, self.headers)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.models()["alpha"]["version"], 2)
+        h.close()
+        self.server.proc.kill()  # kill -9: nothing is flushed on the way out
+        self.server.proc.wait(30)
+        self.server = txl_procs.Server.from_argv(self.argv)
+        self.http = h = Http(self.server.http_address)
+        self.assertIn("1 session(s) recovered", self.server.output)
+        self.assertEqual(self.index()[("alpha", 1)][0], "RETIRING")  # loaded for its session only
+        self.assertEqual(self.models()["alpha"]["version"], 2)
+        status, info, _ = h.json("GET", "/v1/sessions/" + s["id"], None, self.headers)
+        self.assertEqual((status, info["model"]), (200, "alpha@1"), info)
+        status, body, _ = h.json("POST", "/v1/completions", {"session_id": s["id"], "prompt": TURNS[2],
+                                                             "max_tokens": 8, "temperature": 0}, self.headers)
+        self.assertEqual(status, 200, body)
+        got.append(body["choices"][0]["text"])
+        self.assertEqual(got, expected)
 
 
 if __name__ == "__main__":

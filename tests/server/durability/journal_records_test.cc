@@ -45,6 +45,24 @@ TEST(SessionMetaTest, RoundTripsAndRejectsDamage) {
   EXPECT_TRUE(absl::IsDataLoss(DecodeSessionMeta(bytes.substr(0, 10)).status()));
 }
 
+TEST(SessionMetaTest, CarriesItsModelVersionAndReadsMetasWithoutOne) {
+  SessionMeta m = Meta("abc");
+  const std::string without = EncodeSessionMeta(m);  // the form written before versions
+  m.model = "char@7";
+  const std::string with = EncodeSessionMeta(m);
+  EXPECT_EQ(with.size(), without.size() + sizeof(uint32_t) + m.model.size());
+  auto back = DecodeSessionMeta(with);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model, "char@7");
+  EXPECT_EQ(back->labels, m.labels);
+  auto old = DecodeSessionMeta(without);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->model, "");
+  std::string damaged = with;
+  damaged[damaged.size() - 9] ^= 1;  // the model's last byte
+  EXPECT_TRUE(absl::IsDataLoss(DecodeSessionMeta(damaged).status()));
+}
+
 // The fuzz seeds of the journal's formats (tests/fuzz/make_corpus.py writes
 // them in Python) are valid, so the fuzzer starts from the accepting paths.
 TEST(SessionJournalTest, FuzzSeedsAreWellFormed) {

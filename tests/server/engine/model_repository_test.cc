@@ -329,5 +329,59 @@ TEST_F(ModelRepositoryTest, StoppingAPollerDoesNotWaitOutItsInterval) {
   EXPECT_EQ(poller.polls(), 0);
 }
 
+TEST_F(ModelRepositoryTest, KeepLoadsAVersionThePolicyPassedOverForItsSessionsOnly) {
+  Put("char", 1);
+  Put("char", 2);
+  auto r = Open();  // latest: version 2 alone
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(loads_, 1);
+  auto kept = r->Keep("char", 1);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(static_cast<FakeVersion&>(**kept).version, 1);
+  EXPECT_EQ(loads_, 2);
+  // Held for its sessions, never for new requests; a second Keep shares it.
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kRetiring);
+  EXPECT_FALSE(r->Find("char", 1).ok());
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  auto again = r->Keep("char", 1);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), kept->get());
+  EXPECT_EQ(loads_, 2);
+  // A ready version is itself; a poll leaves the kept one alone.
+  EXPECT_EQ(static_cast<FakeVersion&>(**r->Keep("char", 2)).version, 2);
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kRetiring);
+  kept->reset();
+  again->reset();
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kUnloaded);
+  // A version whose file is gone, or damaged, cannot be kept.
+  auto gone = r->Keep("char", 5);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gone.status().message(), HasSubstr("version 5"));
+  Put("char", 3, "bad");
+  EXPECT_THAT(r->Keep("char", 3).status().message(), HasSubstr("damaged checkpoint"));
+}
+
+TEST_F(ModelRepositoryTest, APollerRunsQueuedWorkWithoutPollingAndFinishesItBeforeStopping) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  RepositoryPoller poller(r.get(), absl::InfiniteDuration());
+  absl::Notification loaded;
+  Put("char", 2);
+  ASSERT_TRUE(poller.Run([&] {
+    EXPECT_TRUE(r->Load("char").ok());
+    loaded.Notify();
+  }));
+  loaded.WaitForNotification();
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  EXPECT_EQ(poller.polls(), 0);  // an infinite interval never polls by itself
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(poller.Run([&] { ++ran; }));
+  poller.Stop();
+  EXPECT_EQ(ran, 3);
+  EXPECT_FALSE(poller.Run([&] { ++ran; }));
+}
+
 }  // namespace
 }  // namespace txl

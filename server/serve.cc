@@ -375,12 +375,14 @@ int Serve(ServerOptions o, sigset_t signals) {
   if (!journal.ok()) return Fail(std::string(journal.status().message()));
   txl::SessionTable table(o.table);
   if (*journal) {
-    auto recovered = txl::RecoverSessions(journal->get(), &table, txl::RecordsOf(service_models));
+    auto recovered =
+        txl::RecoverSessions(journal->get(), &table, txl::RecordsOf(service_models, models->repository.get()));
     if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
     std::cout << "txl-server: state store " << (*journal)->Describe() << " as replica " << (*journal)->replica() << ": "
               << *recovered << " session(s) recovered" << std::endl;
   }
 
+  o.metrics.versions = [service_models] { return service_models->List(); };
   auto metrics = txl::Metrics::Create(o.metrics, &table);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   auto metrics_http = StartMetricsPort(o, metrics->get());

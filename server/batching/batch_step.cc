@@ -65,6 +65,9 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
   if (SchedulerObserver* o = runner_->observer()) {
     o->OnStep(static_cast<int>(rows.size()), total_tokens, SecondsSince(start));
     o->OnTokensFed(total_tokens);
+    if (const auto& model = rows.front()->lease.model) {
+      o->OnModelStep(model->ref(), static_cast<int>(rows.size()), total_tokens);
+    }
   }
   if (!out.ok()) {
     for (FeedJob* job : rows) runner_->Finish(*job, absl::InternalError(out.status().message()));

@@ -98,18 +98,7 @@ absl::StatusOr<ScoreArgs> ServiceCore::CheckScore(const std::string& principal, 
   return args;
 }
 
-std::vector<VersionStatus> ServiceCore::ListModels() const {
-  if (repository != nullptr) return repository->List();
-  std::vector<VersionStatus> out;
-  for (const auto& m : models->Ready()) {
-    VersionStatus v;
-    v.model = m->name();
-    v.version = m->version();
-    v.state = VersionState::kReady;
-    out.push_back(std::move(v));
-  }
-  return out;
-}
+std::vector<VersionStatus> ServiceCore::ListModels() const { return models->List(); }
 
 void ServiceCore::LoadModel(const std::string& name, StatusDone done) const {
   if (repository == nullptr || poller == nullptr) {

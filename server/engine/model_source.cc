@@ -38,6 +38,9 @@ class Single final : public ModelSource {
     return model_;
   }
   std::vector<std::shared_ptr<ServedModel>> Ready() const override { return {model_}; }
+  std::vector<VersionStatus> List() const override {
+    return {VersionStatus{model_->name(), model_->version(), VersionState::kReady, "", model_->path()}};
+  }
 
  private:
   const std::shared_ptr<ServedModel> model_;
@@ -67,6 +70,7 @@ class FromRepository final : public ModelSource {
     for (auto& v : repository_->Ready()) out.push_back(std::static_pointer_cast<ServedModel>(std::move(v)));
     return out;
   }
+  std::vector<VersionStatus> List() const override { return repository_->List(); }
 
  private:
   const ModelRepository* const repository_;

@@ -29,12 +29,13 @@ class ServedModel : public ServedVersion {
         engine_(std::move(engine)),
         config_(std::move(config)),
         tokenizer_(std::move(tokenizer)),
-        path_(std::move(path)) {}
+        path_(std::move(path)),
+        ref_(name_ + "@" + std::to_string(version_)) {}
 
   const std::string& name() const { return name_; }
   int64_t version() const { return version_; }
   // "NAME@VERSION", the form a request pins a version with (model_source.h).
-  std::string ref() const { return name_ + "@" + std::to_string(version_); }
+  const std::string& ref() const { return ref_; }
   Engine* engine() const { return engine_.get(); }
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -47,6 +48,7 @@ class ServedModel : public ServedVersion {
   const ModelConfig config_;
   const Tokenizer tokenizer_;
   const std::string path_;
+  const std::string ref_;
 };
 
 }  // namespace txl

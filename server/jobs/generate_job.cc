@@ -72,6 +72,7 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   const absl::Time now = absl::Now();
   if (SchedulerObserver* o = runner.observer()) {
     o->OnTokensGenerated(1);
+    if (lease.model != nullptr) o->OnModelTokenGenerated(lease.model->ref());
     if (generated_tokens_ == 0) {
       o->OnFirstToken(SecondsSince(submitted));
     } else {

@@ -4,6 +4,7 @@
 #define TXL_SERVER_JOBS_SCHEDULER_CONFIG_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/time/time.h"
 
@@ -32,6 +33,10 @@ class SchedulerObserver {
   virtual void OnInterTokenGap(double seconds) {}
   virtual void OnTokensFed(int64_t n) {}
   virtual void OnTokensGenerated(int64_t n) {}
+  // The same, per model version (`model`: NAME@VERSION, bounded by the
+  // repository): a step of `rows` sessions feeding `tokens`, and a token generated.
+  virtual void OnModelStep(const std::string& model, int rows, int64_t tokens) {}
+  virtual void OnModelTokenGenerated(const std::string& model) {}
   virtual void OnSessionsExpired(int n) {}
   virtual void OnTick() {}  // about once a second
   // A session left device memory (to "host") or host memory (to "store": the state store only).

@@ -40,6 +40,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   m->AddTierFamilies(r);
   m->AddRewindFamilies(r, table);
   m->AddStateCacheFamilies(r, table);
+  m->AddModelFamilies(r);
+  m->versions_ = config.versions;
+  m->TickModels();  // the versions' states from the start
   AddLimitFamilies(r, config);
   return m;
 }
@@ -298,6 +301,7 @@ void Metrics::OnTick() {
   checkpoint_bytes_->Set(static_cast<double>(table_->checkpoints().bytes()));
   checkpoints_->Set(static_cast<double>(table_->checkpoints().count()));
   TickStateCache();
+  TickModels();
 }
 
 void Metrics::TickStateCache() {

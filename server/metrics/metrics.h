@@ -9,13 +9,17 @@
 #ifndef TXL_SERVER_METRICS_METRICS_H_
 #define TXL_SERVER_METRICS_METRICS_H_
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/engine/model_repository.h"
 #include "server/jobs/scheduler_config.h"
 #include "server/metrics/service_metrics.h"
 #include "server/sessions/session_table.h"
@@ -33,6 +37,9 @@ namespace txl {
 
 struct MetricsConfig {
   std::map<std::string, std::string> info;  // labels of txl_build_info
+  // The model versions and their states (ModelSource::List), read at each
+  // tick; null: no txl_model_version_state.
+  std::function<std::vector<VersionStatus>()> versions;
   // Limits exported as gauges.
   int64_t max_sessions = 0, max_queue = 0, session_memory_budget = 0;
 };
@@ -57,6 +64,8 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   void OnOffload(const char* to, double seconds) override;
   void OnRestore(const char* from, double seconds) override;
   void OnRewind(const char* served, int64_t replayed, double seconds) override;
+  void OnModelStep(const std::string& model, int rows, int64_t tokens) override;
+  void OnModelTokenGenerated(const std::string& model) override;
 
   // The text exposition (what /metrics serves), for tests and debugging.
   std::string Scrape() const;
@@ -71,6 +80,8 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   void AddRewindFamilies(prometheus::Registry& r, const SessionTable* table);
   void AddStateCacheFamilies(prometheus::Registry& r, const SessionTable* table);
   void TickStateCache();
+  void AddModelFamilies(prometheus::Registry& r);  // model_metrics.cc
+  void TickModels();
   static void AddLimitFamilies(prometheus::Registry& r, const MetricsConfig& config);
 
   const SessionTable* table_ = nullptr;
@@ -100,6 +111,12 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Gauge *cache_bytes_ = nullptr, *cache_entries_ = nullptr;
   absl::Mutex cache_mu_;
   StateCacheStats cache_seen_ ABSL_GUARDED_BY(cache_mu_);
+  // Per model version (model_metrics.cc); labels come from the repository, never from clients.
+  std::function<std::vector<VersionStatus>()> versions_;
+  prometheus::Family<prometheus::Counter>*model_steps_ = nullptr, *model_fed_ = nullptr, *model_generated_ = nullptr;
+  prometheus::Family<prometheus::Gauge>*model_sessions_ = nullptr, *model_state_ = nullptr;
+  absl::Mutex model_mu_;
+  std::set<std::string> models_seen_ ABSL_GUARDED_BY(model_mu_);  // their session gauges drop to 0
 };
 
 }  // namespace txl

@@ -149,6 +149,13 @@ absl::StatusOr<std::shared_ptr<ServedModel>> SessionTable::ModelOf(const std::st
   return it->second.model;
 }
 
+std::map<std::string, int64_t> SessionTable::SessionsByModel() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, int64_t> out;
+  for (const auto& [id, e] : sessions_) ++out[e.info.model];
+  return out;
+}
+
 std::vector<SessionInfo> SessionTable::List(const std::string& caller) const {
   absl::MutexLock lock(&mu_);
   std::vector<SessionInfo> out;

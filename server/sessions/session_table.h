@@ -153,6 +153,8 @@ class SessionTable {
   absl::StatusOr<SessionInfo> Get(const std::string& caller, const std::string& id) const;
   // The version the session is bound to (NOT_FOUND as Get).
   absl::StatusOr<std::shared_ptr<ServedModel>> ModelOf(const std::string& caller, const std::string& id) const;
+  // Live sessions by the model version they are bound to (NAME@VERSION).
+  std::map<std::string, int64_t> SessionsByModel() const;
   // The caller's sessions only.
   std::vector<SessionInfo> List(const std::string& caller) const;
   // NOT_FOUND, or ABORTED while a request runs on it.

@@ -215,6 +215,30 @@ TEST_F(RepositoryServerTest, ADamagedVersionIsRefusedWithItsReasonAndTheOthersSe
   EXPECT_TRUE(client_->CreateSession(create).ok());
 }
 
+TEST_F(RepositoryServerTest, MetricsCountEachVersionApart) {
+  v1::GenerateRequest r = Gen("", "Hello", 5);
+  r.set_model("alpha");
+  ASSERT_TRUE(Stream(*client_, r).status.ok());
+  const std::string beta_session = NewSession("beta");
+  // The gauges follow the once-a-second tick; the counters are at once.
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    text = testing::HttpGet(server_->metrics_port, "/metrics");
+    if (text.find("txl_model_sessions{model=\"beta@1\"} 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_THAT(text, HasSubstr("txl_model_tokens_generated_total{model=\"alpha@1\"} 5"));
+  EXPECT_THAT(text, HasSubstr("txl_model_sessions{model=\"beta@1\"} 1"));
+  EXPECT_THAT(text, HasSubstr("txl_model_version_state{model=\"alpha\",state=\"READY\",version=\"1\"} 1"));
+  EXPECT_THAT(text, HasSubstr("txl_model_version_state{model=\"alpha\",state=\"FAILED\",version=\"1\"} 0"));
+  EXPECT_EQ(text.find("txl_model_tokens_generated_total{model=\"beta@1\"}"), std::string::npos);
+  // A model named by a client but not served adds no label.
+  r.set_model("no-such-model");
+  EXPECT_FALSE(Stream(*client_, r).status.ok());
+  EXPECT_EQ(testing::HttpGet(server_->metrics_port, "/metrics").find("no-such-model"), std::string::npos);
+}
+
 TEST(SingleModelServerTest, LoadAndUnloadNeedARepository) {
   auto server = testing::StartServer();
   ASSERT_NE(server, nullptr);

@@ -179,6 +179,18 @@ absl::StatusOr<v1::Session> TxlClient::RewindSession(const std::string& id, int6
   return out;
 }
 
+absl::StatusOr<v1::Session> TxlClient::MigrateSession(const std::string& id, const std::string& model) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, id);
+  v1::MigrateSessionRequest req;
+  req.set_session_id(id);
+  req.set_model(model);
+  v1::Session out;
+  grpc::Status s = stub_->MigrateSession(&ctx, req, &out);
+  if (!s.ok()) return FromGrpc(s);
+  return out;
+}
+
 absl::StatusOr<std::string> TxlClient::ExportSession(const std::string& id) {
   grpc::ClientContext ctx;
   Prepare(&ctx, id);

@@ -64,6 +64,8 @@ class TxlClient {
   absl::Status DeleteSession(const std::string& id);
   absl::StatusOr<v1::Session> ForkSession(const v1::ForkSessionRequest& request);
   absl::StatusOr<v1::Session> RewindSession(const std::string& id, int64_t position);
+  // `model`: NAME or NAME@VERSION of the version to rebuild the session on.
+  absl::StatusOr<v1::Session> MigrateSession(const std::string& id, const std::string& model);
   // A session's exported bytes (ExportSession's chunks, joined).
   absl::StatusOr<std::string> ExportSession(const std::string& id);
   // A new session from exported bytes, sent in chunks; `settings` carries

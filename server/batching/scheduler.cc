@@ -103,6 +103,11 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitRewind(SessionLease lease,
   return EnqueueWritable(std::make_shared<RewindJob>(std::move(lease), position, std::move(done)));
 }
 
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitMigrate(SessionLease lease, std::shared_ptr<ServedModel> to,
+                                                              JobDone done) {
+  return EnqueueWritable(std::make_shared<MigrateJob>(std::move(lease), std::move(to), std::move(done)));
+}
+
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitExport(SessionLease lease, ExportDone done) {
   return Enqueue(std::make_shared<ExportJob>(std::move(lease), std::move(done)));
 }

@@ -77,6 +77,8 @@ class Scheduler {
                                                   std::map<std::string, std::string> labels, int64_t position,
                                                   SessionMade done);
   absl::StatusOr<std::shared_ptr<Job>> SubmitRewind(SessionLease lease, int64_t position, JobDone done);
+  // The session rebuilt on version `to` (MigrateJob's rules).
+  absl::StatusOr<std::shared_ptr<Job>> SubmitMigrate(SessionLease lease, std::shared_ptr<ServedModel> to, JobDone done);
   absl::StatusOr<std::shared_ptr<Job>> SubmitExport(SessionLease lease, ExportDone done);
   using ImportSpec = txl::ImportSpec;
   absl::StatusOr<std::shared_ptr<Job>> SubmitImport(ImportSpec spec, SessionMade done);

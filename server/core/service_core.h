@@ -109,6 +109,10 @@ class ServiceCore {
   void ForkSession(const std::string& principal, const std::string& id, int64_t position,
                    std::map<std::string, std::string> labels, SessionDone done) const;
   void RewindSession(const std::string& principal, const std::string& id, int64_t position, SessionDone done) const;
+  // The session rebuilt on the version `model` names (MigrateJob; opt-in,
+  // it changes the session's answers). Already on it: answered as it is.
+  void MigrateSession(const std::string& principal, const std::string& id, const std::string& model,
+                      SessionDone done) const;
 
   // Moving sessions between servers (transfer_ops.cc). Export: the session's
   // image (EncodeSessionExport's bytes). Import: a new session from such an

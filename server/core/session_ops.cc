@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/core/service_core.h"
 #include "server/durability/new_session.h"
@@ -139,6 +140,37 @@ void ServiceCore::RewindSession(const std::string& principal, const std::string&
             done(table->Get(principal, id));
           };
           return scheduler->SubmitRewind(std::move(lease), position, std::move(rewound)).status();
+        },
+        done);
+    return absl::OkStatus();
+  });
+}
+
+void ServiceCore::MigrateSession(const std::string& principal, const std::string& id, const std::string& model,
+                                 SessionDone done) const {
+  Try(done, [&]() -> absl::Status {
+    if (model.empty()) return absl::InvalidArgumentError("model: required (the version to migrate the session to)");
+    ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> to, Model(model));
+    WithAdoption(
+        principal, id,
+        [this, principal, id, to, done]() -> absl::Status {
+          ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
+          if (lease.model->name() != to->name()) {  // another vocabulary: its history means nothing there
+            const std::string on = lease.model->ref();
+            table->Release(std::move(lease), absl::Now());
+            return absl::InvalidArgumentError(absl::StrCat("model: a session moves between versions of its own model (",
+                                                           on, "), not to ", to->ref()));
+          }
+          if (lease.model == to) {
+            table->Release(std::move(lease), absl::Now());
+            done(table->Get(principal, id));
+            return absl::OkStatus();
+          }
+          auto migrated = [this, principal, id, done](absl::Status s) {
+            if (!s.ok()) return done(s);
+            done(table->Get(principal, id));
+          };
+          return scheduler->SubmitMigrate(std::move(lease), to, std::move(migrated)).status();
         },
         done);
     return absl::OkStatus();

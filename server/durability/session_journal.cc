@@ -108,12 +108,14 @@ void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot)
   Enqueue(std::move(ops));
 }
 
-void SessionJournal::RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done) {
+void SessionJournal::RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done,
+                                  bool replace_snapshot) {
   Op op{Op::kRewind};
   op.session = id;
   op.end = position;
   op.snapshot = std::move(snapshot);
   op.done = std::move(done);
+  op.replace_snapshot = replace_snapshot;
   std::vector<Op> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));

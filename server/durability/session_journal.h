@@ -160,9 +160,11 @@ class SessionJournal {
   void RecordSnapshot(const std::string& id, std::string snapshot);
   // The session's history now ends at `position` (at most its durable
   // position). `snapshot`: its state there, written only if the stored
-  // snapshot is later. done(OK) once written, else the store's error or a
-  // refusal, and the stored session is as it was.
-  void RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done);
+  // snapshot is later, or always with `replace_snapshot` (a migration: the
+  // state now comes from another model version). done(OK) once written,
+  // else the store's error or a refusal, and the stored session is as it was.
+  void RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done,
+                    bool replace_snapshot = false);
   // This replica lets the session go: another may claim it at once.
   void RecordRelease(const std::string& id);
   // Deletes a session; done(OK) once its meta (the commit point: without
@@ -230,11 +232,12 @@ class SessionJournal {
     std::string snapshot;   // kCreate, kSnapshot, kRewind
     Done done;
     std::function<void(absl::Status, int64_t)> durable_done;  // AfterDurable
-    absl::Status result;     // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
-    bool waits = false;      // its outcome is unknown until its session is resolved
-    bool held_back = false;  // not sent: its session was unresolved (sent once it is)
-    std::string token;       // kCreate: the holder token it writes
-    size_t log_bytes = 0;    // kRewind: the log's length once cut
+    absl::Status result;            // what done gets: ALREADY_EXISTS (id taken), a refusal, the store's error
+    bool waits = false;             // its outcome is unknown until its session is resolved
+    bool held_back = false;         // not sent: its session was unresolved (sent once it is)
+    std::string token;              // kCreate: the holder token it writes
+    size_t log_bytes = 0;           // kRewind: the log's length once cut
+    bool replace_snapshot = false;  // kRewind: the snapshot is written whatever its position
   };
   // What the journal knows of a session this replica holds (or held).
   struct Tracked {

@@ -202,7 +202,7 @@ absl::Status SessionJournal::AddRewindCut(Op& op, int64_t bytes, int64_t snapsho
     return absl::OkStatus();
   }
   op.log_bytes = cut->size();
-  if (snapshot_at < 0 || snapshot_at > op.end)
+  if (op.replace_snapshot || snapshot_at < 0 || snapshot_at > op.end)
     w->mutations.push_back({StoreMutation::kPut, Key(op.session, "snap"), op.snapshot});
   w->mutations.push_back({StoreMutation::kPut, Key(op.session, "log"), *std::move(cut)});
   *ready = true;

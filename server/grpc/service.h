@@ -55,6 +55,8 @@ class TxlService final : public v1::TransformerXL::CallbackService {
                                         v1::Session* resp) override;
   grpc::ServerUnaryReactor* RewindSession(grpc::CallbackServerContext* ctx, const v1::RewindSessionRequest* req,
                                           v1::Session* resp) override;
+  grpc::ServerUnaryReactor* MigrateSession(grpc::CallbackServerContext* ctx, const v1::MigrateSessionRequest* req,
+                                           v1::Session* resp) override;
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* req) override;
   grpc::ServerBidiReactor<v1::GenerateRequest, v1::GenerateResponse>* Converse(

@@ -75,4 +75,14 @@ grpc::ServerUnaryReactor* TxlService::RewindSession(grpc::CallbackServerContext*
   });
 }
 
+grpc::ServerUnaryReactor* TxlService::MigrateSession(grpc::CallbackServerContext* ctx,
+                                                     const v1::MigrateSessionRequest* req, v1::Session* r) {
+  const ServiceContext* c = ctx_.get();
+  return UnaryCall(c, ctx, "MigrateSession", [&](grpc::ServerUnaryReactor* reactor) -> absl::Status {
+    ASSIGN_OR_RETURN(CallTarget t, c->NamedSession(ctx, req->session_id()));
+    c->MigrateSession(t.principal, t.session_id, req->model(), c->AnswerSession(reactor, "MigrateSession", r));
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace txl

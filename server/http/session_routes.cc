@@ -18,7 +18,8 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
       req.path.substr(std::string("/v1/sessions").size());  // "", "/ID" or "/ID/fork" (score, rewind)
   const std::vector<std::string> parts = absl::StrSplit(rest, '/', absl::SkipEmpty());
   // A metric label: only the routes that exist (a client's path must not make new series).
-  const bool action = parts.size() == 2 && (parts[1] == "fork" || parts[1] == "score" || parts[1] == "rewind");
+  const bool action =
+      parts.size() == 2 && (parts[1] == "fork" || parts[1] == "score" || parts[1] == "rewind" || parts[1] == "migrate");
   const std::string route = parts.empty()       ? "/v1/sessions"
                             : parts.size() == 1 ? "/v1/sessions/{id}"
                             : action            ? absl::StrCat("/v1/sessions/{id}/", parts[1])
@@ -86,6 +87,12 @@ void SessionsRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x) {
     return s->core->RewindSession(*principal, id, *position, answer_session([s, id](const SessionInfo&) {
       s->chats->Forget(id);  // the messages it saw may be gone: chat falls back to what it is sent
     }));
+  }
+  if (parts.size() == 2 && parts[1] == "migrate") {  // {"model": NAME[@VERSION]}
+    if (req.method != "POST") return wrong_method("POST");
+    auto body = ParseCreateSession(req.body, &error);
+    if (!body.ok()) return s->Answer(*x, route, error.status, ErrorBody(error));
+    return s->core->MigrateSession(*principal, id, body->model(), answer_session());
   }
   if (parts.size() == 2 && parts[1] == "score") {
     if (req.method != "POST") return wrong_method("POST");

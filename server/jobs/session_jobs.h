@@ -82,6 +82,23 @@ class RewindJob final : public Job {
   JobDone done_;
 };
 
+// Rebuilds the session on another model version `to` by replaying its
+// history's last n_layer x (mem_len - 1) tokens from an empty state: the
+// session then answers as `to` would have, had it read those tokens (which
+// changes its answers). Journaled: the new snapshot replaces the old one
+// before the answer. OUT_OF_RANGE when the kept history is shorter.
+class MigrateJob final : public Job {
+ public:
+  MigrateJob(SessionLease lease, std::shared_ptr<ServedModel> to, JobDone done);
+  void Run(JobRunner& runner) override;
+  bool acks_durably() const override { return true; }
+  Answer TakeAnswer() override { return AnswerStatus(std::move(done_)); }
+
+ private:
+  const std::shared_ptr<ServedModel> to_;
+  JobDone done_;
+};
+
 // The session's state as SessionExport bytes.
 class ExportJob final : public Job {
  public:

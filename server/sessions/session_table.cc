@@ -192,8 +192,14 @@ absl::StatusOr<SessionLease> SessionTable::Acquire(const std::string& caller, co
 }
 
 void SessionTable::Release(SessionLease lease, absl::Time now) {
+  std::shared_ptr<ServedModel> previous;  // a migrated session's old version: let go after the lock
   absl::MutexLock lock(&mu_);
   Entry& e = sessions_[lease.id];
+  if (lease.model != nullptr && lease.model != e.model) {  // migrated (MigrateJob)
+    previous = std::move(e.model);
+    e.model = std::move(lease.model);
+    e.info.model = e.model->ref();
+  }
   e.state = std::move(lease.state);
   e.pending = std::move(lease.pending);
   e.since_snapshot = lease.since_snapshot;

@@ -8,7 +8,8 @@
   removed. No request fails; every session's whole output equals that of a server that only ever had
   version 1; new sessions are on version 2; version 1 is UNLOADED once its last session is deleted;
 - kill -9 after a reload, with a state store: the restarted server (whose policy serves version 2)
-  loads version 1 again for the session journaled on it, which goes on exactly.
+  loads version 1 again for the session journaled on it, which goes on exactly; a session migrated
+  to version 2 (POST /v1/sessions/ID/migrate) before the kill comes back on version 2, as it was.
 
 Run by CTest: /usr/bin/python3 test_model_repository.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
@@ -248,16 +249,29 @@ class RepositoryTest(unittest.TestCase):
                                                                  "max_tokens": 8, "temperature": 0}, self.headers)
             self.assertEqual(status, 200, body)
             got.append(body["choices"][0]["text"])
+        status, moved, _ = h.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
+        self.assertEqual(status, 200, moved)
+        turn = {"session_id": moved["id"], "prompt": TURNS[0], "max_tokens": 8, "temperature": 0}
+        self.assertEqual(h.json("POST", "/v1/completions", turn, self.headers)[0], 200)
         publish(ARGS.bin_dir, self.repo, "alpha", 2, seed=11)
         status, body, _ = h.json("POST", "/v2/repository/models/alpha/load", None, self.headers)
         self.assertEqual(status, 200, body)
         self.assertEqual(self.models()["alpha"]["version"], 2)
+        status, body, _ = h.json("POST", "/v1/sessions/%s/migrate" % moved["id"], {"model": "alpha"}, self.headers)
+        self.assertEqual((status, body.get("model")), (200, "alpha@2"), body)
+        # What the migrated session answers next: its fork's answer (a fork is the session as it is).
+        status, fork, _ = h.json("POST", "/v1/sessions/%s/fork" % moved["id"], {}, self.headers)
+        self.assertEqual((status, fork.get("model")), (200, "alpha@2"), fork)
+        turn = {"prompt": TURNS[1], "max_tokens": 8, "temperature": 0}
+        status, body, _ = h.json("POST", "/v1/completions", dict(turn, session_id=fork["id"]), self.headers)
+        self.assertEqual(status, 200, body)
+        moved_expected = body["choices"][0]["text"]
         h.close()
         self.server.proc.kill()  # kill -9: nothing is flushed on the way out
         self.server.proc.wait(30)
         self.server = txl_procs.Server.from_argv(self.argv)
         self.http = h = Http(self.server.http_address)
-        self.assertIn("1 session(s) recovered", self.server.output)
+        self.assertIn("3 session(s) recovered", self.server.output)
         self.assertEqual(self.index()[("alpha", 1)][0], "RETIRING")  # loaded for its session only
         self.assertEqual(self.models()["alpha"]["version"], 2)
         status, info, _ = h.json("GET", "/v1/sessions/" + s["id"], None, self.headers)
@@ -267,6 +281,11 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         got.append(body["choices"][0]["text"])
         self.assertEqual(got, expected)
+        status, info, _ = h.json("GET", "/v1/sessions/" + moved["id"], None, self.headers)
+        self.assertEqual((status, info["model"]), (200, "alpha@2"), info)
+        status, body, _ = h.json("POST", "/v1/completions", dict(turn, session_id=moved["id"]), self.headers)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["choices"][0]["text"], moved_expected)
 
 
 if __name__ == "__main__":

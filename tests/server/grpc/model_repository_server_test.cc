@@ -186,6 +186,49 @@ TEST_F(RepositoryServerTest, ANewVersionServesNewSessionsWhileOldOnesKeepTheirs)
   EXPECT_EQ(StateOf(*client_, "alpha", 1), "UNLOADED");
 }
 
+TEST_F(RepositoryServerTest, MigrateSessionRebuildsASessionOnANewerVersionFromItsHistory) {
+  const std::string s = NewSession("alpha");
+  Generated first = Stream(*client_, Gen(s, "Hello there", 6));
+  ASSERT_TRUE(first.status.ok());
+  Publish(dir_, "alpha", 2, 11);
+  ASSERT_TRUE(client_->LoadModel("alpha").ok());
+
+  // Refusals leave the session on its version.
+  EXPECT_EQ(client_->MigrateSession(s, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->MigrateSession(s, "gamma").status().code(), absl::StatusCode::kNotFound);
+  auto across = client_->MigrateSession(s, "beta");
+  EXPECT_EQ(across.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(across.status().message(), HasSubstr("versions of its own model (alpha@1)"));
+  EXPECT_EQ(client_->GetSession(s)->model(), "alpha@1");
+
+  auto moved = client_->MigrateSession(s, "alpha");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->model(), "alpha@2");
+  EXPECT_EQ(moved->position(), 17);  // its history is kept
+  // Its 17 tokens are within the receptive field (2 layers x 23), so it now
+  // equals a fresh version-2 session fed them.
+  Generated next = Stream(*client_, Gen(s, ", friend", 12));
+  ASSERT_TRUE(next.status.ok()) << next.status;
+  v1::GenerateRequest fresh = Gen("", "", 12);
+  fresh.set_model("alpha@2");
+  for (char ch : std::string("Hello there")) fresh.mutable_input()->mutable_tokens()->add_ids(static_cast<uint8_t>(ch));
+  for (int id : first.ids) fresh.mutable_input()->mutable_tokens()->add_ids(id);
+  for (char ch : std::string(", friend")) fresh.mutable_input()->mutable_tokens()->add_ids(static_cast<uint8_t>(ch));
+  Generated expected = Stream(*client_, fresh);
+  ASSERT_TRUE(expected.status.ok()) << expected.status;
+  EXPECT_EQ(next.ids, expected.ids);
+  // Version 1 held nothing more: it is freed.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (StateOf(*client_, "alpha", 1) != "UNLOADED" && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(StateOf(*client_, "alpha", 1), "UNLOADED");
+  // Already there: answered as it is.
+  auto again = client_->MigrateSession(s, "alpha@2");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->position(), 17 + 8 + 12);
+}
+
 TEST_F(RepositoryServerTest, ADamagedVersionIsRefusedWithItsReasonAndTheOthersServe) {
   const fs::path damaged = dir_ / "alpha" / "2";
   fs::create_directories(damaged);

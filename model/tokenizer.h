@@ -39,6 +39,9 @@ class Tokenizer {
 
   TokenizerKind kind() const { return kind_; }
   int64_t vocab_size() const { return static_cast<int64_t>(symbols_.size()); }
+  // Same kind and the same symbols for the same ids: a history read by one
+  // means the same text to the other.
+  bool SameVocabulary(const Tokenizer& other) const { return kind_ == other.kind_ && symbols_ == other.symbols_; }
 
   // Unknown symbols map to "<unk>" if the vocab has one, else InvalidArgument
   // naming the character or word and its byte offset. Word level splits on

@@ -322,7 +322,7 @@ void PrintStarted(const ServerOptions& o, const txl::LanguageModel& model, const
 // After SIGTERM/SIGINT: refuse new work, let what runs finish within
 // --drain_timeout, cancel the rest, and leave snapshots behind.
 void DrainAndStop(const ServerOptions& o, int sig, txl::Scheduler* scheduler, grpc::Server* server,
-                  txl::OpenAiGateway* gateway, txl::HttpServer* http) {
+                  txl::OpenAiGateway* gateway, txl::HttpServer* http, txl::RepositoryPoller* poller) {
   // Refuse first, then say so: a client that sees NOT_SERVING (or this line) is never accepted after it.
   // The HTTP port keeps accepting for the whole drain, so that a probe on a new connection reads
   // /readyz's 503 "draining" rather than a refused connection (new work there gets 503 too).
@@ -330,6 +330,9 @@ void DrainAndStop(const ServerOptions& o, int sig, txl::Scheduler* scheduler, gr
   server->GetHealthCheckService()->SetServingStatus(false);
   if (http) gateway->SetDraining();
   std::cout << "txl-server: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  // The repository's thread answers loads and unloads through the transports: it stops (its
+  // queued work done, later requests refused as UNAVAILABLE) while they still run.
+  if (poller) poller->Stop();
   // An HTTP answer is done when its last byte is written, which may be after its job ended.
   auto http_busy = [&] { return http && (gateway->active() > 0 || http->requests_in_flight() > 0); };
   const absl::Time deadline = absl::Now() + o.drain_timeout;
@@ -424,7 +427,7 @@ int Serve(ServerOptions o, sigset_t signals) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  DrainAndStop(o, sig, &scheduler, server.get(), gateway.get(), http.get());
+  DrainAndStop(o, sig, &scheduler, server.get(), gateway.get(), http.get(), models->poller.get());
   std::cout << "txl-server: stopped" << std::endl;
   return 0;
 }

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/sampling/sampler.h"
@@ -148,6 +149,16 @@ absl::Status RequestValidator::Continuation(const GenerateSpec& spec, int64_t se
 
 absl::Status RequestValidator::HistoryPosition(int64_t position) {
   if (position < 0) return absl::InvalidArgumentError(absl::StrCat("position: must be >= 0, got ", position));
+  return absl::OkStatus();
+}
+
+absl::Status RequestValidator::Labels(const std::map<std::string, std::string>& labels) {
+  for (const auto& [k, v] : labels) {
+    if (absl::StartsWith(k, "txl.")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels: keys starting with \"txl.\" are the server's, got \"", k, "\""));
+    }
+  }
   return absl::OkStatus();
 }
 

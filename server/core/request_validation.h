@@ -13,6 +13,7 @@
 #define TXL_SERVER_CORE_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,6 +101,8 @@ class RequestValidator {
                                                const std::string* metadata_session_id) const;
   absl::StatusOr<GenerateArgs> Generate(const v1::GenerateRequest& req, const std::string* metadata_session_id) const;
   absl::StatusOr<ScoreArgs> Score(const v1::ScoreRequest& req, const std::string* metadata_session_id) const;
+  // A session's labels: keys starting with "txl." are the server's.
+  static absl::Status Labels(const std::map<std::string, std::string>& labels);
   // RewindSession's and ForkSession's position: not negative (whether the
   // session reaches it is known only on the engine thread).
   static absl::Status HistoryPosition(int64_t position);

@@ -40,7 +40,16 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ServiceCore::ModelFor(const std::st
                                                                    const std::string& id) const {
   if (id.empty()) return Model(ref);
   auto bound = table->ModelOf(principal, id);
-  if (!bound.ok()) return Model(ref);  // not live here: adoption may find it (Lease checks the version)
+  if (!bound.ok()) {
+    // Not live here: adoption may find it, on a version known only then
+    // (Lease checks that it reads input as this one does).
+    auto named = Model(ref);
+    if (ref.empty() && journal != nullptr && absl::IsInvalidArgument(named.status())) {
+      std::vector<std::shared_ptr<ServedModel>> ready = models->Ready();  // several models: read it as the first
+      if (!ready.empty()) return ready.front();
+    }
+    return named;
+  }
   std::shared_ptr<ServedModel> m = *std::move(bound);
   if (!ref.empty()) {
     ASSIGN_OR_RETURN(ModelRef parsed, ParseModelRef(ref));
@@ -120,7 +129,11 @@ absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, co
                                                 const std::shared_ptr<ServedModel>& model) const {
   if (!id.empty()) {
     ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
-    if (lease.model != model) {
+    // Another version reads input alike when its vocabulary is the same (a
+    // session adopted on an older version of the model).
+    const bool reads_alike = lease.model == model || (lease.model->config().n_token == model->config().n_token &&
+                                                      lease.model->tokenizer().SameVocabulary(model->tokenizer()));
+    if (!reads_alike) {
       const std::string on = lease.model->ref();
       table->GiveBack(std::move(lease), absl::Now());
       return absl::FailedPreconditionError(absl::StrCat("session ", id, " is on model ", on,

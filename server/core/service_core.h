@@ -145,9 +145,10 @@ class ServiceCore {
 
   // A throw-away session of `model` (empty id: SessionLease::throwaway) or
   // the named one, acquired for `principal`; SessionTable::GiveBack ends
-  // either. The named one must be on `model` (the version its request was
-  // checked for): FAILED_PRECONDITION naming both when it is not (a session
-  // adopted from a replica that is gone may be on an older version).
+  // either. The named one must read input as `model` does (the version its
+  // request was checked for: the same one, or one with the same vocabulary):
+  // FAILED_PRECONDITION naming both when it does not (a session adopted
+  // from a replica that is gone may be on another version or model).
   absl::StatusOr<SessionLease> Lease(const std::string& principal, const std::string& id,
                                      const std::shared_ptr<ServedModel>& model) const;
   // Runs `attempt`, which either fails or sees the request through. When it

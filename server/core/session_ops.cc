@@ -24,6 +24,7 @@ void Try(const Done& done, const std::function<absl::Status()>& body) {
 void ServiceCore::CreateSession(const std::string& principal, NewSessionArgs args,
                                 std::map<std::string, std::string> labels, SessionDone done) const {
   Try(done, [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequestValidator::Labels(labels));
     // A session made now would die with the process moments later.
     if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     if (journal != nullptr) RETURN_IF_ERROR(journal->Writable());  // it could not be made durable
@@ -109,6 +110,7 @@ void ServiceCore::ForkSession(const std::string& principal, const std::string& i
                               std::map<std::string, std::string> labels, SessionDone done) const {
   Try(done, [&]() -> absl::Status {
     RETURN_IF_ERROR(RequestValidator::HistoryPosition(position));
+    RETURN_IF_ERROR(RequestValidator::Labels(labels));
     WithAdoption(
         principal, id,
         [this, principal, id, labels, position, done]() -> absl::Status {
@@ -155,11 +157,18 @@ void ServiceCore::MigrateSession(const std::string& principal, const std::string
         principal, id,
         [this, principal, id, to, done]() -> absl::Status {
           ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
-          if (lease.model->name() != to->name()) {  // another vocabulary: its history means nothing there
+          if (lease.model->name() != to->name()) {  // another model: its history means nothing there
             const std::string on = lease.model->ref();
             table->Release(std::move(lease), absl::Now());
             return absl::InvalidArgumentError(absl::StrCat("model: a session moves between versions of its own model (",
                                                            on, "), not to ", to->ref()));
+          }
+          if (lease.model->config().n_token != to->config().n_token ||
+              !lease.model->tokenizer().SameVocabulary(to->tokenizer())) {
+            const std::string on = lease.model->ref();
+            table->Release(std::move(lease), absl::Now());
+            return absl::FailedPreconditionError(absl::StrCat("model: ", to->ref(), " has another vocabulary than ", on,
+                                                              ", so the session's history cannot be read by it"));
           }
           if (lease.model == to) {
             table->Release(std::move(lease), absl::Now());

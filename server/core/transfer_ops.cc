@@ -25,6 +25,7 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
                                 std::map<std::string, std::string> labels, const std::string& data,
                                 SessionDone done) const {
   absl::Status s = [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequestValidator::Labels(labels));
     ASSIGN_OR_RETURN(SessionExport image, DecodeSessionExport(data));
     // The version whose weights made it, whatever the request would name.
     auto model = models->WithFingerprint(image.fingerprint);

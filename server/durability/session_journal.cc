@@ -108,14 +108,25 @@ void SessionJournal::RecordSnapshot(const std::string& id, std::string snapshot)
   Enqueue(std::move(ops));
 }
 
-void SessionJournal::RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done,
-                                  bool replace_snapshot) {
+void SessionJournal::RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done) {
   Op op{Op::kRewind};
   op.session = id;
   op.end = position;
   op.snapshot = std::move(snapshot);
   op.done = std::move(done);
-  op.replace_snapshot = replace_snapshot;
+  std::vector<Op> ops;
+  ops.push_back(std::move(op));
+  Enqueue(std::move(ops));
+}
+
+void SessionJournal::RecordMigration(const SessionMeta& meta, int64_t position, std::string snapshot, Done done) {
+  Op op{Op::kRewind};
+  op.session = meta.id;
+  op.end = position;
+  op.snapshot = std::move(snapshot);
+  op.meta = EncodeSessionMeta(meta);
+  op.replace_snapshot = true;
+  op.done = std::move(done);
   std::vector<Op> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops));

@@ -101,8 +101,12 @@ struct SessionMeta {
   std::map<std::string, std::string> labels;
   // NAME@VERSION of the model version the session is bound to; empty in
   // records written before versions (their image's fingerprint alone names it).
+  // Stored as the label kModelLabel.
   std::string model;
 };
+// The label key a meta stores its model version under (clients may not use
+// the "txl." prefix: RequestValidator::Labels).
+inline constexpr char kModelLabel[] = "txl.model";
 
 // A session as the journal rebuilds it: its snapshot plus the history
 // tokens logged after it.
@@ -160,11 +164,15 @@ class SessionJournal {
   void RecordSnapshot(const std::string& id, std::string snapshot);
   // The session's history now ends at `position` (at most its durable
   // position). `snapshot`: its state there, written only if the stored
-  // snapshot is later, or always with `replace_snapshot` (a migration: the
-  // state now comes from another model version). done(OK) once written,
-  // else the store's error or a refusal, and the stored session is as it was.
-  void RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done,
-                    bool replace_snapshot = false);
+  // snapshot is later. done(OK) once written, else the store's error or a
+  // refusal, and the stored session is as it was.
+  void RecordRewind(const std::string& id, int64_t position, std::string snapshot, Done done);
+  // The session, at its durable `position`, now runs on another model
+  // version (MigrateSession): `snapshot` (that version's image there)
+  // replaces the stored one, and `meta` (naming the version) the stored
+  // meta, in one write with the log unchanged. done as RecordRewind's; an
+  // unknown outcome is read back from the stored snapshot.
+  void RecordMigration(const SessionMeta& meta, int64_t position, std::string snapshot, Done done);
   // This replica lets the session go: another may claim it at once.
   void RecordRelease(const std::string& id);
   // Deletes a session; done(OK) once its meta (the commit point: without
@@ -228,7 +236,7 @@ class SessionJournal {
     int64_t start = -1, end = -1;
     std::vector<int> tokens;
     std::string key;        // kDeleteKey
-    std::string meta, log;  // kCreate: the meta, the log it starts with
+    std::string meta, log;  // kCreate: the meta, the log it starts with; kRewind (a migration): the meta
     std::string snapshot;   // kCreate, kSnapshot, kRewind
     Done done;
     std::function<void(absl::Status, int64_t)> durable_done;  // AfterDurable
@@ -237,7 +245,7 @@ class SessionJournal {
     bool held_back = false;         // not sent: its session was unresolved (sent once it is)
     std::string token;              // kCreate: the holder token it writes
     size_t log_bytes = 0;           // kRewind: the log's length once cut
-    bool replace_snapshot = false;  // kRewind: the snapshot is written whatever its position
+    bool replace_snapshot = false;  // kRewind: the snapshot (and `meta`) written whatever its position
   };
   // What the journal knows of a session this replica holds (or held).
   struct Tracked {

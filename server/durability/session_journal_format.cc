@@ -120,14 +120,15 @@ std::string EncodeSessionMeta(const SessionMeta& m) {
   PutLE<int64_t>(&out, m.mem_len);
   PutLE<int64_t>(&out, absl::ToInt64Seconds(m.idle_ttl));
   PutLE<int64_t>(&out, absl::ToUnixNanos(m.created));
-  PutLE<uint32_t>(&out, static_cast<uint32_t>(m.labels.size()));
-  for (const auto& [k, v] : m.labels) {
+  // The model version rides as a label the server reserves, so that servers
+  // from before model versions read the meta (and keep the label) as ever.
+  std::map<std::string, std::string> labels = m.labels;
+  if (!m.model.empty()) labels[kModelLabel] = m.model;
+  PutLE<uint32_t>(&out, static_cast<uint32_t>(labels.size()));
+  for (const auto& [k, v] : labels) {
     PutString(&out, k);
     PutString(&out, v);
   }
-  // Optional, so that a meta without a model reads as it always has (and
-  // older servers read it).
-  if (!m.model.empty()) PutString(&out, m.model);
   PutLE<uint64_t>(&out, Hash64(out.data(), out.size()));
   return out;
 }
@@ -149,7 +150,10 @@ absl::StatusOr<SessionMeta> DecodeSessionMeta(const std::string& bytes) {
     if (!r.String(&k) || !r.String(&v)) return damaged();
     m.labels[k] = v;
   }
-  if (r.left() > sizeof(uint64_t) && !r.String(&m.model)) return damaged();
+  if (auto it = m.labels.find(kModelLabel); it != m.labels.end()) {
+    m.model = std::move(it->second);
+    m.labels.erase(it);
+  }
   const size_t body = sizeof(kMetaMagic) + r.at();
   uint64_t sum = 0;
   if (!r.Get(&sum) || r.left() != 0 || sum != Hash64(bytes.data(), body)) return damaged();

@@ -234,11 +234,15 @@ void SessionJournal::AnswerResolved(const std::string& id, Op& op, bool held, bo
                   : absl::UnavailableError(
                         absl::StrCat("session ", EchoId(id), ": the state store did not record its deletion"));
   } else if (op.kind == Op::kRewind) {
-    result = held && !gone && end == op.end
-                 ? absl::OkStatus()
-                 : (!held && !gone ? Moved(id)
-                                   : absl::UnavailableError(absl::StrCat(
-                                         "session ", EchoId(id), ": the state store did not record the rewind")));
+    bool landed = held && !gone && end == op.end;
+    if (landed && op.replace_snapshot) {  // a migration leaves the log as it was: only the snapshot tells
+      absl::StatusOr<std::string> snap = backend_->Get(Key(id, "snap"));
+      landed = snap.ok() && *snap == op.snapshot;
+    }
+    result = landed ? absl::OkStatus()
+                    : (!held && !gone ? Moved(id)
+                                      : absl::UnavailableError(absl::StrCat(
+                                            "session ", EchoId(id), ": the state store did not record the rewind")));
   }
   op.done(result);
 }

@@ -205,6 +205,7 @@ absl::Status SessionJournal::AddRewindCut(Op& op, int64_t bytes, int64_t snapsho
   if (op.replace_snapshot || snapshot_at < 0 || snapshot_at > op.end)
     w->mutations.push_back({StoreMutation::kPut, Key(op.session, "snap"), op.snapshot});
   w->mutations.push_back({StoreMutation::kPut, Key(op.session, "log"), *std::move(cut)});
+  if (!op.meta.empty()) w->mutations.push_back({StoreMutation::kPut, Key(op.session, "meta"), op.meta});
   *ready = true;
   return absl::OkStatus();
 }

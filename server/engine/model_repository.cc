@@ -320,6 +320,21 @@ std::vector<std::shared_ptr<ServedVersion>> ModelRepository::Ready() const {
   return out;
 }
 
+std::vector<std::shared_ptr<ServedVersion>> ModelRepository::Loaded() const {
+  absl::MutexLock l(&mu_);
+  std::vector<std::shared_ptr<ServedVersion>> out;
+  for (const auto& [name, versions] : models_) {
+    for (const auto& [v, e] : versions) {
+      if (e.state == VersionState::kReady) {
+        out.push_back(e.served);
+      } else if (std::shared_ptr<ServedVersion> held = e.retiring.lock()) {
+        out.push_back(std::move(held));
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<VersionStatus> ModelRepository::List() const {
   absl::MutexLock l(&mu_);
   std::vector<VersionStatus> out;

@@ -113,6 +113,8 @@ class ModelRepository {
   std::vector<VersionStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
   // The READY versions' served objects, by model then version.
   std::vector<std::shared_ptr<ServedVersion>> Ready() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The READY ones and the RETIRING ones still held, by model then version.
+  std::vector<std::shared_ptr<ServedVersion>> Loaded() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Stamp {

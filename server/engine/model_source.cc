@@ -71,6 +71,11 @@ class FromRepository final : public ModelSource {
     return out;
   }
   std::vector<VersionStatus> List() const override { return repository_->List(); }
+  std::vector<std::shared_ptr<ServedModel>> Loaded() const override {
+    std::vector<std::shared_ptr<ServedModel>> out;
+    for (auto& v : repository_->Loaded()) out.push_back(std::static_pointer_cast<ServedModel>(std::move(v)));
+    return out;
+  }
 
  private:
   const ModelRepository* const repository_;
@@ -98,7 +103,7 @@ absl::StatusOr<ModelRef> ParseModelRef(absl::string_view text) {
 }
 
 absl::StatusOr<std::shared_ptr<ServedModel>> ModelSource::WithFingerprint(const std::string& fingerprint) const {
-  for (const auto& m : Ready()) {
+  for (const auto& m : Loaded()) {
     if (m->engine()->fingerprint() == fingerprint) return m;
   }
   return absl::FailedPreconditionError(

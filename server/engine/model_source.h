@@ -37,10 +37,13 @@ class ModelSource {
   virtual absl::StatusOr<std::shared_ptr<ServedModel>> Find(const ModelRef& ref) const = 0;
   // The ready versions, by name, then version.
   virtual std::vector<std::shared_ptr<ServedModel>> Ready() const = 0;
+  // The versions loaded: the ready ones and the retiring ones sessions
+  // still hold (a session adopted from another replica may be on one).
+  virtual std::vector<std::shared_ptr<ServedModel>> Loaded() const { return Ready(); }
   // Every version seen and its state (ModelRepository::List; one READY
   // version for SingleModel).
   virtual std::vector<VersionStatus> List() const = 0;
-  // The ready version whose engine has `fingerprint` (a journal record's);
+  // The loaded version whose engine has `fingerprint` (a journal record's);
   // FAILED_PRECONDITION naming it and what is served when none has.
   absl::StatusOr<std::shared_ptr<ServedModel>> WithFingerprint(const std::string& fingerprint) const;
   // "NAME@VERSION FINGERPRINT, ..." of the ready versions ("none").

@@ -3,6 +3,8 @@
 // run it (ServiceCore::LoadModel).
 #include <memory>
 
+#include "absl/strings/str_cat.h"
+#include "base/model_repository_layout.h"
 #include "base/status_macros.h"
 #include "server/grpc/call_context.h"
 #include "server/grpc/service.h"
@@ -26,6 +28,10 @@ grpc::ServerUnaryReactor* ModelControl(const ServiceContext* c, grpc::CallbackSe
   return UnaryCall(c, ctx, method, [&](grpc::ServerUnaryReactor* reactor) -> absl::Status {
     RETURN_IF_ERROR(c->Principal(ctx).status());
     if (name.empty()) return absl::InvalidArgumentError("name: required");
+    if (!IsModelName(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: \"", name, "\" is not a model name (1-64 of letters, digits, _ . -, not starting with .)"));
+    }
     auto done = [c, reactor, method, r](absl::Status s) {
       if (s.ok()) FillModels(*c, r);
       c->Answer(reactor, method, s);

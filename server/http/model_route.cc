@@ -1,4 +1,9 @@
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/model_repository_layout.h"
 #include "server/core/responses.h"
 #include "server/http/routes.h"
 
@@ -77,13 +82,22 @@ void RepositoryRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, c
     return s->Answer(*x, route, 405, ErrorBody({405, "use POST", "", "method_not_allowed"}));
   }
   if (rest == "index") return s->Answer(*x, route, 200, JsonText(VersionsJson(*s->core)));
-  const size_t slash = rest.rfind('/');
-  const std::string action = slash == std::string::npos ? "" : rest.substr(slash + 1);
-  if (rest.rfind("models/", 0) != 0 || (action != "load" && action != "unload")) {
+  // models/NAME/load or models/NAME/unload, NAME one path segment.
+  const std::vector<std::string> parts = absl::StrSplit(rest, '/');
+  if (parts.size() != 3 || parts[0] != "models" || (parts[2] != "load" && parts[2] != "unload")) {
     return s->Answer(*x, "other", 404,
                      ErrorBody({404, absl::StrCat("no route POST /v2/repository/", rest), "", "not_found"}));
   }
-  const std::string name = rest.substr(7, slash - 7);
+  const std::string& name = parts[1];
+  const std::string& action = parts[2];
+  if (!IsModelName(name)) {
+    return s->Answer(*x, route, 400,
+                     ErrorBody({400,
+                                absl::StrCat("\"", name,
+                                             "\" is not a model name (1-64 of letters, digits, _ . -, not starting "
+                                             "with .)"),
+                                "name", "invalid_argument"}));
+  }
   auto done = [s, x, route](absl::Status status) {
     x->Run([s, x, route, status] {
       if (!status.ok()) return s->Fail(*x, route, status);

@@ -68,17 +68,27 @@ void MigrateJob::Run(JobRunner& runner) {
     runner.Finish(*this, image.status());
     return;
   }
-  // Busy until the store has the new snapshot; answered then.
+  auto info = runner.table()->Get(lease.owner, lease.id);
+  if (!info.ok()) {
+    lease.model = std::move(old->model);
+    lease.state = std::move(old->state);
+    lease.pending = std::move(old->pending);
+    runner.Finish(*this, info.status());
+    return;
+  }
+  const SessionMeta meta{info->id, info->owner, info->mem_len, info->idle_ttl, info->created, info->labels, to_->ref()};
+  // Busy until the store has the new snapshot and meta; answered then.
   auto held = std::make_shared<SessionLease>(std::move(lease));
   lease = SessionLease();
-  held->since_snapshot = 0;
-  runner.journal()->RecordRewind(
-      held->id, position, *std::move(image),
-      [table = runner.table(), held, old, done = std::exchange(done_, nullptr)](absl::Status written) {
+  const int64_t since_snapshot = std::exchange(held->since_snapshot, 0);
+  runner.journal()->RecordMigration(
+      meta, position, *std::move(image),
+      [table = runner.table(), held, old, since_snapshot, done = std::exchange(done_, nullptr)](absl::Status written) {
         if (!written.ok()) {
           held->model = std::move(old->model);
           held->state = std::move(old->state);
           held->pending = std::move(old->pending);
+          held->since_snapshot = since_snapshot;
           if (!absl::IsUnavailable(written)) {
             written = absl::UnavailableError(absl::StrCat("the state store did not record the migration (",
                                                           written.message(), "); the session is as it was"));
@@ -86,8 +96,7 @@ void MigrateJob::Run(JobRunner& runner) {
         }
         table->Release(std::move(*held), absl::Now());
         if (done) done(written);
-      },
-      /*replace_snapshot=*/true);
+      });
   runner.Finish(*this, absl::OkStatus());
 }
 

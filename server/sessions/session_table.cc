@@ -165,14 +165,17 @@ std::vector<SessionInfo> SessionTable::List(const std::string& caller) const {
 }
 
 absl::Status SessionTable::Delete(const std::string& caller, const std::string& id) {
-  std::unique_ptr<SessionState> doomed;  // freed after the lock is released
+  // Freed after the lock is released: the state, then its version (the last
+  // session of a retiring version frees its weights).
+  std::shared_ptr<ServedModel> version;
+  std::unique_ptr<SessionState> doomed;
   absl::MutexLock lock(&mu_);
   auto it = FindOwned(caller, id);
   if (it == sessions_.end()) return NotFound(id);
   if (it->second.info.busy)
     return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy with another request"));
   doomed = std::move(it->second.state);
-  Erase(it);
+  version = Erase(it);
   return absl::OkStatus();
 }
 
@@ -243,15 +246,17 @@ void SessionTable::GiveBackRolledBack(SessionLease lease, int64_t durable, absl:
 }
 
 void SessionTable::Discard(SessionLease lease) {
+  std::shared_ptr<ServedModel> version;  // after the state (the lease's, then this)
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(lease.id);
-    if (it != sessions_.end()) Erase(it);
+    if (it != sessions_.end()) version = Erase(it);
   }
   lease.state.reset();
 }
 
 int SessionTable::ExpireIdle(absl::Time now, std::vector<std::string>* durable) {
+  std::vector<std::shared_ptr<ServedModel>> versions;  // freed after `doomed`, after the lock
   std::vector<std::unique_ptr<SessionState>> doomed;
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -259,7 +264,7 @@ int SessionTable::ExpireIdle(absl::Time now, std::vector<std::string>* durable) 
     if (!info.busy && now - info.last_used > info.idle_ttl) {
       if (durable && it->second.durable) durable->push_back(info.id);
       doomed.push_back(std::move(it->second.state));
-      Erase(it++);
+      versions.push_back(Erase(it++));
     } else {
       ++it;
     }
@@ -279,12 +284,14 @@ int64_t SessionTable::memory_bytes() const {
   return total;
 }
 
-void SessionTable::Erase(Map::iterator it) {
+std::shared_ptr<ServedModel> SessionTable::Erase(Map::iterator it) {
   checkpoints_.Drop(it->first);
   if (it->second.resident) reserved_bytes_ -= it->second.reserved_bytes;
   auto held = sessions_of_.find(it->second.info.owner);
   if (--held->second == 0) sessions_of_.erase(held);  // no entry per principal that ever called
+  std::shared_ptr<ServedModel> version = std::move(it->second.model);
   sessions_.erase(it);
+  return version;
 }
 
 int64_t SessionTable::reserved_bytes() const {

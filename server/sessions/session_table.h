@@ -240,7 +240,9 @@ class SessionTable {
     TokenHistory history;
   };
   using Map = absl::flat_hash_map<std::string, Entry>;
-  void Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns the entry's version, for the caller to let go of after mu_ (and
+  // after the session's state): a retiring version's last session frees it.
+  std::shared_ptr<ServedModel> Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
   static void Refresh(Entry& e);
   // Marks the entry busy and moves its state (whatever the tier) into a lease.

@@ -180,6 +180,12 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(sorted(self.models()), ["alpha", "beta"])
         status, body, _ = self.http.json("POST", "/v2/repository/models/gamma/load", None, self.headers)
         self.assertEqual(status, 404, body)
+        # A path that names no model, or not one segment of a name.
+        for path, code in (("models/load", 404), ("models//load", 400), ("models/a%2Fb/unload", 400),
+                           ("models/beta/reload", 404), ("models/beta/load/x", 404)):
+            status, body, _ = self.http.json("POST", "/v2/repository/" + path, None, self.headers)
+            self.assertEqual(status, code, (path, body))
+        self.assertEqual(sorted(self.models()), ["alpha", "beta"])
 
     def test_a_reload_under_load_keeps_every_session_on_its_version(self):
         # The reference: a server that only ever had version 1.

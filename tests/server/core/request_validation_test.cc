@@ -88,5 +88,14 @@ TEST(RequestValidationTest, SamplingIsCheckedOnceHere) {
   EXPECT_NE(args.status().message().find("top_p"), std::string::npos);
 }
 
+TEST(RequestValidationTest, LabelsUnderTheServersPrefixAreRefused) {
+  EXPECT_TRUE(RequestValidator::Labels({{"team", "a"}, {"txl", "b"}, {"xtxl.model", "c"}}).ok());
+  absl::Status s = RequestValidator::Labels({{"team", "a"}, {"txl.model", "alpha@1"}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("labels: keys starting with \"txl.\" are the server's, got \"txl.model\""),
+            std::string::npos)
+      << s.message();
+}
+
 }  // namespace
 }  // namespace txl

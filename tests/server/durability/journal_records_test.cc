@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -50,7 +51,8 @@ TEST(SessionMetaTest, CarriesItsModelVersionAndReadsMetasWithoutOne) {
   const std::string without = EncodeSessionMeta(m);  // the form written before versions
   m.model = "char@7";
   const std::string with = EncodeSessionMeta(m);
-  EXPECT_EQ(with.size(), without.size() + sizeof(uint32_t) + m.model.size());
+  // A label as servers before versions read it: key and value strings.
+  EXPECT_EQ(with.size(), without.size() + 2 * sizeof(uint32_t) + strlen(kModelLabel) + m.model.size());
   auto back = DecodeSessionMeta(with);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->model, "char@7");

@@ -96,5 +96,27 @@ TEST_F(RepositorySourceTest, ANameIsItsNewestVersionAndSeveralModelsNeedOne) {
   EXPECT_EQ(source->Ready().size(), 3u);
 }
 
+TEST_F(RepositorySourceTest, AFingerprintFindsARetiringVersionWhileASessionHoldsIt) {
+  Put("char", 1);
+  auto repository = Open();
+  ASSERT_NE(repository, nullptr);
+  auto source = RepositoryModels(repository.get());
+  std::shared_ptr<ServedModel> held = *source->Find({"char", 1});  // a session on version 1
+  std::filesystem::remove_all(dir_ + "/char/1");                   // removed: retiring at once
+  Put("char", 2);
+  ASSERT_TRUE(repository->Poll().ok());
+  EXPECT_EQ(source->Ready().size(), 1u);
+  EXPECT_EQ(source->Loaded().size(), 2u);
+  // A session journaled on version 1 (adopted from a replica that is gone) finds it.
+  auto found = source->WithFingerprint("fake-101");
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->get(), held.get());
+  EXPECT_FALSE(source->Find({"char", 1}).ok());  // but takes no new sessions
+  found->reset();
+  held.reset();
+  EXPECT_EQ(source->Loaded().size(), 1u);
+  EXPECT_EQ(source->WithFingerprint("fake-101").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace txl

@@ -227,6 +227,15 @@ TEST_F(RepositoryServerTest, MigrateSessionRebuildsASessionOnANewerVersionFromIt
   auto again = client_->MigrateSession(s, "alpha@2");
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->position(), 17 + 8 + 12);
+  // A version of the model with another vocabulary cannot read its history.
+  auto chars = Tokenizer::CharFromCorpus("abcdefghijklmnopqrstuvwxyz .,\n");
+  ASSERT_TRUE(chars.ok());
+  Publish(dir_, "alpha", 3, 13, *chars);
+  ASSERT_TRUE(client_->LoadModel("alpha").ok());
+  auto other = client_->MigrateSession(s, "alpha@3");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status().message(), HasSubstr("another vocabulary"));
+  EXPECT_EQ(client_->GetSession(s)->model(), "alpha@2");
 }
 
 TEST_F(RepositoryServerTest, ADamagedVersionIsRefusedWithItsReasonAndTheOthersServe) {

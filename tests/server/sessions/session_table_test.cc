@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "tests/server/fake_engine.h"
 
@@ -57,6 +60,54 @@ TEST(SessionTableTest, BusySessionIsAbortedAndUnchanged) {
   EXPECT_TRUE(table.Delete("", info->id).ok());
   EXPECT_EQ(table.Get("", info->id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table.Delete("", info->id).code(), absl::StatusCode::kNotFound);
+}
+
+// A version whose destructor asks the table something from another thread:
+// if the table's lock were held while the version is freed, that thread
+// could not get it, and `held` counts it.
+class WatchedVersion final : public ServedModel {
+ public:
+  WatchedVersion(const SessionTable* table, std::atomic<int>* held, std::vector<std::thread>* probes)
+      : ServedModel("watched", 1, std::make_unique<testing::FakeEngine>(256), ModelConfig(), Tokenizer::Byte()),
+        table_(table),
+        held_(held),
+        probes_(probes) {}
+  ~WatchedVersion() override {
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    probes_->emplace_back([table = table_, answered] {
+      (void)table->size();
+      *answered = true;
+    });
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    while (!*answered && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    if (!*answered) ++*held_;
+  }
+
+ private:
+  const SessionTable* table_;
+  std::atomic<int>* held_;
+  std::vector<std::thread>* probes_;
+};
+
+TEST(SessionTableTest, TheLastSessionOfAVersionFreesItOutsideTheTablesLock) {
+  SessionTable table({});
+  std::atomic<int> held{0};
+  std::vector<std::thread> probes;  // joined once the table's lock is free again
+  auto session = [&] {
+    auto info = table.Create("", std::make_shared<WatchedVersion>(&table, &held, &probes), State(), absl::Seconds(1),
+                             {}, absl::Now());
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->id : "";
+  };
+  EXPECT_TRUE(table.Delete("", session()).ok());
+  auto lease = table.Acquire("", session(), absl::Now());
+  ASSERT_TRUE(lease.ok());
+  table.Discard(*std::move(lease));
+  session();
+  EXPECT_EQ(table.ExpireIdle(absl::Now() + absl::Hours(1), nullptr), 1);
+  for (std::thread& t : probes) t.join();
+  EXPECT_EQ(probes.size(), 3u);  // each version was freed, by its last session's end
+  EXPECT_EQ(held, 0);
 }
 
 TEST(SessionTableTest, MaxSessionsIsResourceExhausted) {

@@ -61,19 +61,12 @@ void MigrateJob::Run(JobRunner& runner) {
     return;
   }
   auto image = runner.ExportImage(lease);  // carries the new version's fingerprint
-  if (!image.ok()) {
-    lease.model = std::move(old->model);
-    lease.state = std::move(old->state);
-    lease.pending = std::move(old->pending);
-    runner.Finish(*this, image.status());
-    return;
-  }
   auto info = runner.table()->Get(lease.owner, lease.id);
-  if (!info.ok()) {
+  if (!image.ok() || !info.ok()) {  // the session as it was
     lease.model = std::move(old->model);
     lease.state = std::move(old->state);
     lease.pending = std::move(old->pending);
-    runner.Finish(*this, info.status());
+    runner.Finish(*this, !image.ok() ? image.status() : info.status());
     return;
   }
   const SessionMeta meta{info->id, info->owner, info->mem_len, info->idle_ttl, info->created, info->labels, to_->ref()};

@@ -28,6 +28,8 @@ struct RepositoryVersion {
 
 // Whether `name` can name a model: 1-64 of [A-Za-z0-9_.-], not starting with '.'.
 bool IsModelName(absl::string_view name);
+// The rule, as refusals state it.
+inline constexpr char kModelNameRule[] = "1-64 of letters, digits, _ . -, not starting with .";
 // The version a directory entry names, or 0 when it names none.
 int64_t VersionOf(absl::string_view entry);
 

@@ -89,40 +89,55 @@ absl::StatusOr<NewSessionArgs> ServiceCore::CheckCreateSession(const v1::CreateS
   return args;
 }
 
-absl::StatusOr<GenerateArgs> ServiceCore::CheckGenerate(const std::string& principal, const v1::GenerateRequest& req,
-                                                        const std::string* metadata_session_id) const {
+namespace {
+
+// A request that may name a session, read for the version it runs on
+// (ServiceCore::ModelFor) by `check`, one of RequestValidator's.
+template <typename Args, typename Request>
+absl::StatusOr<Args> ReadForItsVersion(const ServiceCore& core, const std::string& principal, const Request& req,
+                                       const std::string* metadata_session_id,
+                                       absl::StatusOr<Args> (RequestValidator::*check)(const Request&,
+                                                                                       const std::string*) const) {
   ASSIGN_OR_RETURN(const std::string id, ResolveSessionId(req.session_id(), metadata_session_id));
-  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> m, ModelFor(principal, req.model(), id));
-  ASSIGN_OR_RETURN(GenerateArgs args, Validator(*m).Generate(req, metadata_session_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> m, core.ModelFor(principal, req.model(), id));
+  ASSIGN_OR_RETURN(Args args, (core.Validator(*m).*check)(req, metadata_session_id));
   args.model = std::move(m);
   return args;
 }
 
+}  // namespace
+
+absl::StatusOr<GenerateArgs> ServiceCore::CheckGenerate(const std::string& principal, const v1::GenerateRequest& req,
+                                                        const std::string* metadata_session_id) const {
+  return ReadForItsVersion(*this, principal, req, metadata_session_id, &RequestValidator::Generate);
+}
+
 absl::StatusOr<ScoreArgs> ServiceCore::CheckScore(const std::string& principal, const v1::ScoreRequest& req,
                                                   const std::string* metadata_session_id) const {
-  ASSIGN_OR_RETURN(const std::string id, ResolveSessionId(req.session_id(), metadata_session_id));
-  ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> m, ModelFor(principal, req.model(), id));
-  ASSIGN_OR_RETURN(ScoreArgs args, Validator(*m).Score(req, metadata_session_id));
-  args.model = std::move(m);
-  return args;
+  return ReadForItsVersion(*this, principal, req, metadata_session_id, &RequestValidator::Score);
 }
 
 std::vector<VersionStatus> ServiceCore::ListModels() const { return models->List(); }
 
 void ServiceCore::LoadModel(const std::string& name, StatusDone done) const {
-  if (repository == nullptr || poller == nullptr) {
-    return done(absl::FailedPreconditionError("this server serves one --model; loading needs --model_repository"));
-  }
-  auto work = [repository = repository, name, done] { done(repository->Load(name)); };
-  if (!poller->Run(work)) done(absl::UnavailableError("the server is shutting down"));
+  OnRepository(
+      "loading", [name](ModelRepository* r) { return r->Load(name); }, std::move(done));
 }
 
 void ServiceCore::UnloadModel(const std::string& name, StatusDone done) const {
+  OnRepository(
+      "unloading", [name](ModelRepository* r) { return r->Unload(name); }, std::move(done));
+}
+
+void ServiceCore::OnRepository(const char* what, std::function<absl::Status(ModelRepository*)> work,
+                               StatusDone done) const {
   if (repository == nullptr || poller == nullptr) {
-    return done(absl::FailedPreconditionError("this server serves one --model; unloading needs --model_repository"));
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("this server serves one --model; ", what, " needs --model_repository")));
   }
-  auto work = [repository = repository, name, done] { done(repository->Unload(name)); };
-  if (!poller->Run(work)) done(absl::UnavailableError("the server is shutting down"));
+  if (!poller->Run([r = repository, work, done] { done(work(r)); })) {
+    done(absl::UnavailableError("the server is shutting down"));
+  }
 }
 
 absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, const std::string& id,

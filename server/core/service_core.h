@@ -173,6 +173,9 @@ class ServiceCore {
  private:
   // The server's limits, for a vocabulary of `n_token`.
   RequestLimits Limits(int64_t n_token) const;
+  // Runs `work` on the repository's thread and answers `done` with its
+  // status; FAILED_PRECONDITION naming `what` without a repository.
+  void OnRepository(const char* what, std::function<absl::Status(ModelRepository*)> work, StatusDone done) const;
 };
 
 }  // namespace txl

@@ -18,8 +18,7 @@ namespace {
 std::string Names(const std::vector<std::shared_ptr<ServedModel>>& ready) {
   std::vector<std::string> names;
   for (const auto& m : ready) {
-    const std::string n = absl::StrCat(m->name(), "@", m->version());
-    if (names.empty() || names.back() != n) names.push_back(n);
+    if (names.empty() || names.back() != m->ref()) names.push_back(m->ref());
   }
   return names.empty() ? "none" : absl::StrJoin(names, ", ");
 }
@@ -90,7 +89,8 @@ absl::StatusOr<ModelRef> ParseModelRef(absl::string_view text) {
   const auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat("model: \"", text,
                                                    "\" is not a model name (NAME, or NAME@VERSION with VERSION a "
-                                                   "positive integer; a name is 1-64 of letters, digits, _ . -)"));
+                                                   "positive integer; a name is ",
+                                                   kModelNameRule, ")"));
   };
   if (text.empty()) return ref;
   if (!IsModelName(ref.name)) return bad();

@@ -29,8 +29,8 @@ grpc::ServerUnaryReactor* ModelControl(const ServiceContext* c, grpc::CallbackSe
     RETURN_IF_ERROR(c->Principal(ctx).status());
     if (name.empty()) return absl::InvalidArgumentError("name: required");
     if (!IsModelName(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "name: \"", name, "\" is not a model name (1-64 of letters, digits, _ . -, not starting with .)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("name: \"", name, "\" is not a model name (", kModelNameRule, ")"));
     }
     auto done = [c, reactor, method, r](absl::Status s) {
       if (s.ok()) FillModels(*c, r);

@@ -92,11 +92,8 @@ void RepositoryRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, c
   const std::string& action = parts[2];
   if (!IsModelName(name)) {
     return s->Answer(*x, route, 400,
-                     ErrorBody({400,
-                                absl::StrCat("\"", name,
-                                             "\" is not a model name (1-64 of letters, digits, _ . -, not starting "
-                                             "with .)"),
-                                "name", "invalid_argument"}));
+                     ErrorBody({400, absl::StrCat("\"", name, "\" is not a model name (", kModelNameRule, ")"), "name",
+                                "invalid_argument"}));
   }
   auto done = [s, x, route](absl::Status status) {
     x->Run([s, x, route, status] {

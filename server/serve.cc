@@ -146,7 +146,10 @@ absl::StatusOr<std::unique_ptr<txl::BearerTokens>> LoadTokens(const ServerOption
 absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
   const txl::LanguageModel& model = engine->model();
   const txl::ModelConfig& mc = model.config();
-  if (o->service.default_mem_len == 0) o->service.default_mem_len = std::max<int64_t>(1, mc.mem_len);
+  if (o->service.default_mem_len == 0) {
+    o->service.default_mem_len_from_model = true;  // each version's own (the first's sizes the budgets)
+    o->service.default_mem_len = std::max<int64_t>(1, mc.mem_len);
+  }
   if (o->service.default_mem_len > o->service.max_mem_len) {
     return absl::InvalidArgumentError(absl::StrCat("--default_mem_len ", o->service.default_mem_len,
                                                    " exceeds --max_mem_len ", o->service.max_mem_len));
@@ -231,8 +234,11 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
     m.what = o.model.path;
     return m;
   }
-  auto repository =
-      txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(o.model), txl::ServedModelSizer(o.model));
+  // The server's flags are every model's ceilings; a model's limits.json may lower them.
+  const txl::ModelLimits ceilings{0, o.service.max_mem_len, o.service.max_new_tokens, o.service.max_input_tokens,
+                                  o.table.max_sessions};
+  auto repository = txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(o.model, ceilings),
+                                                 txl::ServedModelSizer(o.model));
   if (!repository.ok()) {
     return absl::Status(repository.status().code(),
                         absl::StrCat("--model_repository: ", repository.status().message()));

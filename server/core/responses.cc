@@ -100,7 +100,9 @@ void FillSession(const SessionInfo& info, v1::Session* out) {
   out->set_model(info.model);
 }
 
-void FillModelInfo(const ServiceConfig& config, const ServedModel& served, v1::ModelInfo* out) {
+void FillModelInfo(const ServiceCore& core, const ServedModel& served, v1::ModelInfo* out) {
+  const ServiceConfig& config = core.config;
+  const RequestLimits limits = core.Limits(&served);
   const ModelConfig& m = served.config();
   out->set_name(served.name());
   out->set_version(served.version());
@@ -118,8 +120,11 @@ void FillModelInfo(const ServiceConfig& config, const ServedModel& served, v1::M
   const TokenizerKind k = served.tokenizer().kind();
   out->set_tokenizer(k == TokenizerKind::kByte ? "byte" : k == TokenizerKind::kChar ? "char" : "word");
   out->set_vocab_size(served.tokenizer().vocab_size());
-  out->set_default_mem_len(config.default_mem_len);
-  out->set_max_mem_len(config.max_mem_len);
+  out->set_default_mem_len(limits.default_mem_len);
+  out->set_max_mem_len(limits.max_mem_len);
+  out->set_max_new_tokens(limits.max_new_tokens);
+  out->set_max_input_tokens(limits.max_input_tokens);
+  out->set_max_sessions(core.MaxSessions(served));
   out->set_device(config.device);
   out->set_dtype(config.dtype);
   out->set_kv_dtype(config.kv_dtype);

@@ -23,8 +23,8 @@ v1::GenerateResponse FinalResponse(const GenerateResult& result);
 // A score's per-token log-probs and their total.
 void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out);
 void FillSession(const SessionInfo& info, v1::Session* out);
-// A version the server serves, and the server's limits (GetModelInfo, /v1/models).
-void FillModelInfo(const ServiceConfig& config, const ServedModel& served, v1::ModelInfo* out);
+// A version the server serves, and its limits (GetModelInfo, /v1/models).
+void FillModelInfo(const ServiceCore& core, const ServedModel& served, v1::ModelInfo* out);
 
 }  // namespace txl
 

@@ -2,6 +2,7 @@
 #ifndef TXL_SERVER_CORE_SERVICE_CONFIG_H_
 #define TXL_SERVER_CORE_SERVICE_CONFIG_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -9,6 +10,9 @@ namespace txl {
 
 struct ServiceConfig {
   int64_t default_mem_len = 256;
+  // --default_mem_len 0: each model version's own mem_len (at most
+  // max_mem_len) instead; default_mem_len is then the first model's.
+  bool default_mem_len_from_model = false;
   int64_t max_mem_len = 4096;
   int max_new_tokens = 4096;  // per request
   int64_t max_input_tokens = 65536;
@@ -25,6 +29,12 @@ struct ServiceConfig {
   // than it is produced; past it the call's session waits (Scheduler::Pause).
   int64_t max_stream_buffer_bytes = 256 << 10;
 };
+
+// A new session's window on a version whose checkpoint says `model_mem_len`.
+inline int64_t DefaultMemLenOf(const ServiceConfig& c, int64_t model_mem_len) {
+  if (!c.default_mem_len_from_model) return c.default_mem_len;
+  return std::clamp<int64_t>(model_mem_len, 1, c.max_mem_len);
+}
 
 }  // namespace txl
 

@@ -63,22 +63,41 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ServiceCore::ModelFor(const std::st
   return m;
 }
 
-RequestLimits ServiceCore::Limits(int64_t n_token) const {
-  return RequestLimits{n_token,
-                       config.default_mem_len,
-                       config.max_mem_len,
-                       config.max_new_tokens,
-                       config.max_input_tokens,
-                       config.max_top_logprobs};
+RequestLimits ServiceCore::Limits(const ServedModel* m) const {
+  if (m == nullptr) {
+    return RequestLimits{0,
+                         config.default_mem_len,
+                         config.max_mem_len,
+                         config.max_new_tokens,
+                         config.max_input_tokens,
+                         config.max_top_logprobs};
+  }
+  const ModelLimits& own = m->limits();  // 0: the server's
+  const auto or_server = [](int64_t model, int64_t server) { return model > 0 ? model : server; };
+  RequestLimits limits;
+  limits.n_token = m->config().n_token;
+  limits.max_mem_len = or_server(own.max_mem_len, config.max_mem_len);
+  limits.default_mem_len =
+      std::min(or_server(own.default_mem_len, DefaultMemLenOf(config, m->config().mem_len)), limits.max_mem_len);
+  limits.max_new_tokens = static_cast<int>(or_server(own.max_new_tokens, config.max_new_tokens));
+  limits.max_input_tokens = or_server(own.max_input_tokens, config.max_input_tokens);
+  limits.max_top_logprobs = config.max_top_logprobs;
+  return limits;
+}
+
+int64_t ServiceCore::DefaultMemLen(const ServedModel& m) const { return Limits(&m).default_mem_len; }
+
+int64_t ServiceCore::MaxSessions(const ServedModel& m) const {
+  return m.limits().max_sessions > 0 ? m.limits().max_sessions : table->config().max_sessions;
 }
 
 RequestValidator ServiceCore::Validator(const ServedModel& m) const {
-  return RequestValidator(Limits(m.config().n_token), m.tokenizer());
+  return RequestValidator(Limits(&m), m.tokenizer());
 }
 
 absl::StatusOr<NewSessionArgs> ServiceCore::CheckImport(const v1::CreateSessionRequest& settings,
                                                         const std::string* metadata_session_id) const {
-  return RequestValidator(Limits(0)).CreateSession(settings, metadata_session_id);
+  return RequestValidator(Limits(nullptr)).CreateSession(settings, metadata_session_id);
 }
 
 absl::StatusOr<NewSessionArgs> ServiceCore::CheckCreateSession(const v1::CreateSessionRequest& req,
@@ -157,7 +176,7 @@ absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, co
     }
     return lease;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, model->engine()->NewSession(config.default_mem_len));
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, model->engine()->NewSession(DefaultMemLen(*model)));
   ASSIGN_OR_RETURN(SessionLease lease,
                    table->CreateAcquired(principal, model, std::move(state), absl::ZeroDuration(), {}, absl::Now()));
   lease.throwaway = true;

@@ -79,6 +79,14 @@ class ServiceCore {
                                                         const std::string& id) const;
   // The checks of request_validation.h, for version `m`'s tokenizer and vocabulary.
   RequestValidator Validator(const ServedModel& m) const;
+  // The limits of requests on version `m`: its vocabulary, and the server's
+  // flags lowered by its model's limits.json (model_limits.h); null: no
+  // version yet (an import's settings, checked again on the version found).
+  RequestLimits Limits(const ServedModel* m) const;
+  // A new session's window on `m` when it asks for none.
+  int64_t DefaultMemLen(const ServedModel& m) const;
+  // The live sessions `m`'s model may hold, all versions together.
+  int64_t MaxSessions(const ServedModel& m) const;
   // Whole requests, checked for the version each runs on (args.model).
   // `metadata_session_id` as RequestValidator's.
   absl::StatusOr<NewSessionArgs> CheckCreateSession(const v1::CreateSessionRequest& req,
@@ -171,8 +179,6 @@ class ServiceCore {
   SessionJournal* const journal;
 
  private:
-  // The server's limits, for a vocabulary of `n_token`.
-  RequestLimits Limits(int64_t n_token) const;
   // Runs `work` on the repository's thread and answers `done` with its
   // status; FAILED_PRECONDITION naming `what` without a repository.
   void OnRepository(const char* what, std::function<absl::Status(ModelRepository*)> work, StatusDone done) const;

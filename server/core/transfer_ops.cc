@@ -42,7 +42,7 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
     spec.idle_ttl = args.idle_ttl;
     spec.labels = std::move(labels);
     spec.id = args.session_id;
-    spec.max_mem_len = config.max_mem_len;
+    spec.max_mem_len = Limits(spec.model.get()).max_mem_len;  // the version's, with its model's limits.json
     return scheduler->SubmitImport(std::move(spec), done).status();
   }();
   if (!s.ok()) done(s);
@@ -50,7 +50,7 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
 
 absl::StatusOr<std::string> ServiceCore::NewStreamSession(const std::string& principal,
                                                           std::shared_ptr<ServedModel> model) const {
-  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, model->engine()->NewSession(config.default_mem_len));
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionState> state, model->engine()->NewSession(DefaultMemLen(*model)));
   ASSIGN_OR_RETURN(SessionInfo info,
                    table->Create(principal, std::move(model), std::move(state), absl::ZeroDuration(), {}, absl::Now()));
   return info.id;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
@@ -52,8 +53,12 @@ absl::Status WarmUp(Engine& engine, const ModelConfig& config) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const LanguageModelOptions& options,
-                                                             const std::string& name, const RepositoryVersion& v) {
+                                                             const std::string& name, const RepositoryVersion& v,
+                                                             const ModelLimits& ceilings) {
   const std::string what = absl::StrCat(name, " version ", v.version, " (", v.path, ")");
+  // DIR/NAME/VERSION/model.pt: the limits are the model's, beside its versions.
+  auto limits = ReadModelLimits(std::filesystem::path(v.path).parent_path().parent_path().string(), ceilings);
+  if (!limits.ok()) return absl::Status(limits.status().code(), absl::StrCat(what, ": ", limits.status().message()));
   LanguageModelOptions o = options;
   o.path = v.path;
   auto engine = ModelEngine::Create(o);
@@ -64,7 +69,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const LanguageModel
   if (absl::Status warm = WarmUp(**engine, config); !warm.ok()) {
     return absl::Status(warm.code(), absl::StrCat(what, ": warm-up step: ", warm.message()));
   }
-  return std::make_unique<ServedModel>(name, v.version, *std::move(engine), config, tokenizer, v.path);
+  return std::make_unique<ServedModel>(name, v.version, *std::move(engine), config, tokenizer, v.path, *limits);
 }
 
 absl::StatusOr<int64_t> EstimateServedBytes(const LanguageModelOptions& options, const RepositoryVersion& v) {
@@ -74,12 +79,12 @@ absl::StatusOr<int64_t> EstimateServedBytes(const LanguageModelOptions& options,
   return LanguageModel::EstimateWeightBytes(config, options, static_cast<int64_t>(st.st_size));
 }
 
-VersionLoader ServedModelLoader(LanguageModelOptions options) {
-  return
-      [options](const std::string& name, const RepositoryVersion& v) -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
-        ASSIGN_OR_RETURN(std::unique_ptr<ServedModel> served, LoadServedModel(options, name, v));
-        return std::shared_ptr<ServedVersion>(std::move(served));
-      };
+VersionLoader ServedModelLoader(LanguageModelOptions options, ModelLimits ceilings) {
+  return [options, ceilings](const std::string& name,
+                             const RepositoryVersion& v) -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<ServedModel> served, LoadServedModel(options, name, v, ceilings));
+    return std::shared_ptr<ServedVersion>(std::move(served));
+  };
 }
 
 VersionSizer ServedModelSizer(LanguageModelOptions options) {

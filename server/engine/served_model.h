@@ -15,21 +15,24 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "server/engine/engine.h"
+#include "server/engine/model_limits.h"
 #include "server/engine/model_repository.h"
 
 namespace txl {
 
 class ServedModel : public ServedVersion {
  public:
-  // `path`: the checkpoint it was loaded from ("" when it has none).
+  // `path`: the checkpoint it was loaded from ("" when it has none);
+  // `limits`: its model's limits.json (none: the server's flags).
   ServedModel(std::string name, int64_t version, std::unique_ptr<Engine> engine, ModelConfig config,
-              Tokenizer tokenizer, std::string path = "")
+              Tokenizer tokenizer, std::string path = "", ModelLimits limits = {})
       : name_(std::move(name)),
         version_(version),
         engine_(std::move(engine)),
         config_(std::move(config)),
         tokenizer_(std::move(tokenizer)),
         path_(std::move(path)),
+        limits_(limits),
         ref_(name_ + "@" + std::to_string(version_)) {}
 
   const std::string& name() const { return name_; }
@@ -40,6 +43,7 @@ class ServedModel : public ServedVersion {
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const std::string& path() const { return path_; }
+  const ModelLimits& limits() const { return limits_; }
 
  private:
   const std::string name_;
@@ -48,6 +52,7 @@ class ServedModel : public ServedVersion {
   const ModelConfig config_;
   const Tokenizer tokenizer_;
   const std::string path_;
+  const ModelLimits limits_;
   const std::string ref_;
 };
 

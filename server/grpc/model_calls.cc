@@ -53,7 +53,7 @@ grpc::ServerUnaryReactor* TxlService::GetModelInfo(grpc::CallbackServerContext* 
   return UnaryCall(c, ctx, "GetModelInfo", [&](grpc::ServerUnaryReactor* reactor) -> absl::Status {
     RETURN_IF_ERROR(c->Principal(ctx).status());
     ASSIGN_OR_RETURN(std::shared_ptr<ServedModel> m, c->Model(req->model()));
-    FillModelInfo(c->config, *m, r);
+    FillModelInfo(*c, *m, r);
     c->Answer(reactor, "GetModelInfo", absl::OkStatus());
     return absl::OkStatus();
   });

@@ -16,7 +16,7 @@ namespace {
 // One version as /v1/models lists it: `id` is what a request's "model" names.
 json ModelJson(const GatewayContext* s, const ServedModel& served, const std::string& id) {
   v1::ModelInfo m;
-  FillModelInfo(s->core->config, served, &m);
+  FillModelInfo(*s->core, served, &m);
   return json{{"id", id},
               {"object", "model"},
               {"created", 0},
@@ -29,6 +29,9 @@ json ModelJson(const GatewayContext* s, const ServedModel& served, const std::st
                            {"tokenizer", m.tokenizer()},
                            {"default_mem_len", m.default_mem_len()},
                            {"max_mem_len", m.max_mem_len()},
+                           {"max_new_tokens", m.max_new_tokens()},
+                           {"max_input_tokens", m.max_input_tokens()},
+                           {"max_sessions", m.max_sessions()},
                            {"device", m.device()},
                            {"dtype", m.dtype()},
                            {"kv_dtype", m.kv_dtype()},

@@ -69,6 +69,14 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
           "); delete a session first"));
     }
   }
+  if (model != nullptr && model->limits().max_sessions > 0) {
+    auto held = sessions_by_model_.find(model->name());
+    if (held != sessions_by_model_.end() && held->second >= model->limits().max_sessions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session limit of model ", model->name(),
+                       " reached (its limits.json max_sessions=", model->limits().max_sessions, ")"));
+    }
+  }
   const int64_t reserve = state->full_memory_bytes();
   if (!offloading() && config_.memory_budget_bytes > 0 && reserved_bytes_ + reserve > config_.memory_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -86,6 +94,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   e.model = model;
   if (model != nullptr) e.info.model = model->ref();
   ++sessions_of_[owner];
+  CountModel(model.get(), +1);
   e.info.created = e.info.last_used = now;
   e.info.idle_ttl = ttl;
   e.info.labels = std::move(labels);
@@ -199,6 +208,8 @@ void SessionTable::Release(SessionLease lease, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Entry& e = sessions_[lease.id];
   if (lease.model != nullptr && lease.model != e.model) {  // migrated (MigrateJob)
+    CountModel(e.model.get(), -1);
+    CountModel(lease.model.get(), +1);
     previous = std::move(e.model);
     e.model = std::move(lease.model);
     e.info.model = e.model->ref();
@@ -284,11 +295,18 @@ int64_t SessionTable::memory_bytes() const {
   return total;
 }
 
+void SessionTable::CountModel(const ServedModel* model, int delta) {
+  if (model == nullptr) return;
+  auto [held, _] = sessions_by_model_.try_emplace(model->name(), 0);
+  if ((held->second += delta) == 0) sessions_by_model_.erase(held);
+}
+
 std::shared_ptr<ServedModel> SessionTable::Erase(Map::iterator it) {
   checkpoints_.Drop(it->first);
   if (it->second.resident) reserved_bytes_ -= it->second.reserved_bytes;
   auto held = sessions_of_.find(it->second.info.owner);
   if (--held->second == 0) sessions_of_.erase(held);  // no entry per principal that ever called
+  CountModel(it->second.model.get(), -1);
   std::shared_ptr<ServedModel> version = std::move(it->second.model);
   sessions_.erase(it);
   return version;
@@ -320,6 +338,7 @@ absl::Status SessionTable::AddIdle(const std::string& id, const std::string& own
   e.model = std::move(model);
   if (e.model != nullptr) e.info.model = e.model->ref();
   ++sessions_of_[owner];
+  CountModel(e.model.get(), +1);  // a recovered session counts, even past its model's max_sessions
   e.info.created = created;
   e.info.last_used = absl::Now();
   e.info.idle_ttl = std::min(idle_ttl, config_.max_ttl);

@@ -133,7 +133,8 @@ class SessionTable {
   static std::string NewId(const std::string& same_route_as = "");
 
   // RESOURCE_EXHAUSTED at max_sessions, at max_sessions_per_principal for
-  // `owner`, or past the memory budget; INVALID_ARGUMENT for a ttl outside
+  // `owner`, at `model`'s own max_sessions (its limits.json, counting all its
+  // versions' sessions), or past the memory budget; INVALID_ARGUMENT for a ttl outside
   // [0, max_ttl] (0 picks the default). `id`: empty picks a random one; a
   // taken one is ALREADY_EXISTS (the caller validates its form).
   // `model` made `state` (and holds it from then on).
@@ -243,6 +244,8 @@ class SessionTable {
   // Returns the entry's version, for the caller to let go of after mu_ (and
   // after the session's state): a retiring version's last session frees it.
   std::shared_ptr<ServedModel> Erase(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // sessions_by_model_ of `model`'s name, by `delta` (null: none counted).
+  void CountModel(const ServedModel* model, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration ttl) const;
   static void Refresh(Entry& e);
   // Marks the entry busy and moves its state (whatever the tier) into a lease.
@@ -262,6 +265,8 @@ class SessionTable {
   Map sessions_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int64_t> sessions_of_ ABSL_GUARDED_BY(mu_);  // per owner
+  // Live sessions per model name (its versions together), for ModelLimits::max_sessions.
+  absl::flat_hash_map<std::string, int64_t> sessions_by_model_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace txl

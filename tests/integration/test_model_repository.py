@@ -9,7 +9,9 @@
   version 1; new sessions are on version 2; version 1 is UNLOADED once its last session is deleted;
 - kill -9 after a reload, with a state store: the restarted server (whose policy serves version 2)
   loads version 1 again for the session journaled on it, which goes on exactly; a session migrated
-  to version 2 (POST /v1/sessions/ID/migrate) before the kill comes back on version 2, as it was.
+  to version 2 (POST /v1/sessions/ID/migrate) before the kill comes back on version 2, as it was;
+- kill -9 while version 2 loads, with a state store: after the restart version 2 is ready, and each
+  session is back on version 1 with every turn it was told was done, and goes on exactly.
 
 Run by CTest: /usr/bin/python3 test_model_repository.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
@@ -134,6 +136,15 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         return {(m["name"], int(m["version"])): (m["state"], m["reason"]) for m in body}
 
+    def only_v1(self):
+        """The reference: what TURNS give over HTTP (texts) and gRPC (ids) on a server that only ever had
+        alpha's version 1."""
+        server = txl_procs.Server(ARGS.bin_dir, os.path.join(self.repo, "alpha", "1", "model.pt"), http=True)
+        try:
+            return http_turns(server.http_address, "", TURNS, {})[1], grpc_turns(server.address, "", TURNS)[1]
+        finally:
+            server.stop(timeout=30, check=False)
+
     def wait_for(self, what, condition):
         deadline = time.monotonic() + 30
         while not condition():
@@ -188,13 +199,7 @@ class RepositoryTest(unittest.TestCase):
         self.assertEqual(sorted(self.models()), ["alpha", "beta"])
 
     def test_a_reload_under_load_keeps_every_session_on_its_version(self):
-        # The reference: a server that only ever had version 1.
-        only_v1 = txl_procs.Server(ARGS.bin_dir, os.path.join(self.repo, "alpha", "1", "model.pt"), http=True)
-        try:
-            ref_http = http_turns(only_v1.http_address, "", TURNS, {})[1]
-            ref_grpc = grpc_turns(only_v1.address, "", TURNS)[1]
-        finally:
-            only_v1.stop(timeout=30, check=False)
+        ref_http, ref_grpc = self.only_v1()
 
         between = Gate()  # the sessions' later turns wait for the reload
         results, errors = {}, []
@@ -241,11 +246,7 @@ class RepositoryTest(unittest.TestCase):
         self.wait_for("alpha@1 unloaded", lambda: self.index()[("alpha", 1)][0] == "UNLOADED")
 
     def test_a_restart_with_a_state_store_brings_a_session_back_on_its_version(self):
-        only_v1 = txl_procs.Server(ARGS.bin_dir, os.path.join(self.repo, "alpha", "1", "model.pt"), http=True)
-        try:
-            expected = http_turns(only_v1.http_address, "", TURNS, {})[1]
-        finally:
-            only_v1.stop(timeout=30, check=False)
+        expected = self.only_v1()[0]
         h = self.http
         status, s, _ = h.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
         self.assertEqual(status, 200, s)
@@ -292,6 +293,59 @@ class RepositoryTest(unittest.TestCase):
         status, body, _ = h.json("POST", "/v1/completions", dict(turn, session_id=moved["id"]), self.headers)
         self.assertEqual(status, 200, body)
         self.assertEqual(body["choices"][0]["text"], moved_expected)
+
+    def test_a_kill_during_a_reload_with_a_state_store_loses_no_acknowledged_turn(self):
+        ref_http, ref_grpc = self.only_v1()
+        # Sessions on version 1, each told that its first two turns are done.
+        sessions = [("http", *http_turns(self.server.http_address, "alpha", TURNS[:2], self.headers))
+                    for _ in range(3)]
+        sessions += [("grpc", *grpc_turns(self.server.address, "alpha", TURNS[:2])) for _ in range(3)]
+        for kind, _, out in sessions:
+            self.assertEqual(out, (ref_http if kind == "http" else ref_grpc)[:2])
+        # Version 2 is large enough (46 MB) that its load takes a while; the poll picks it up, and the
+        # server is killed while it loads.
+        staging = os.path.join(self.repo, "alpha", ".staging-2")
+        os.makedirs(staging)
+        txl_procs.tiny_model(ARGS.bin_dir, staging, name="model.pt", n_layer=6, n_head=6, d_model=384, d_head=64,
+                             d_inner=1536)
+        os.remove(os.path.join(staging, "c.json"))
+        os.rename(staging, os.path.join(self.repo, "alpha", "2"))
+        seen = []
+        deadline = time.monotonic() + 30
+        while not seen or seen[-1] not in ("LOADING", "READY"):
+            self.assertLess(time.monotonic(), deadline, "alpha@2 never began loading: %s" % seen)
+            seen.append(self.index().get(("alpha", 2), ("",))[0])
+        self.http.close()
+        self.server.proc.kill()  # kill -9 in the middle of the reload
+        self.server.proc.wait(30)
+        self.assertEqual(seen[-1], "LOADING", "the kill came after the load: %s" % seen)
+
+        self.server = txl_procs.Server.from_argv(self.argv)
+        self.http = h = Http(self.server.http_address)
+        self.assertIn("6 session(s) recovered", self.server.output)
+        index = self.index()
+        self.assertEqual(index[("alpha", 2)][0], "READY")  # the restart finishes the reload
+        self.assertEqual(index[("alpha", 1)][0], "RETIRING")  # loaded again for its sessions only
+        # Each session is back on version 1 with its two acknowledged turns, and goes on exactly.
+        for kind, sid, _ in sessions:
+            status, info, _ = h.json("GET", "/v1/sessions/" + sid, None, self.headers)
+            self.assertEqual((status, info.get("model")), (200, "alpha@1"), info)
+            if kind == "http":
+                status, body, _ = h.json("POST", "/v1/completions", {"session_id": sid, "prompt": TURNS[2],
+                                                                     "max_tokens": 8, "temperature": 0},
+                                         self.headers)
+                self.assertEqual(status, 200, body)
+                self.assertEqual(body["choices"][0]["text"], ref_http[2])
+            else:
+                with grpc.insecure_channel(self.server.address) as ch:
+                    stub = txl_pb2_grpc.TransformerXLStub(ch)
+                    req = txl_pb2.GenerateRequest(session_id=sid, input=txl_pb2.Input(text=TURNS[2]),
+                                                  max_new_tokens=8)
+                    ids = [t.id for r in stub.Generate(req, metadata=[("authorization", "Bearer " + TOKEN)])
+                           for t in r.tokens]
+                self.assertEqual(ids, ref_grpc[2])
+        status, fresh, _ = h.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
+        self.assertEqual((status, fresh.get("model")), (200, "alpha@2"), fresh)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,10 @@ using testing::TinyConfig;
 // Publishes `name` version `version`: written beside the repository's
 // layout, then renamed into it, as `txl-train --publish` does.
 void Publish(const fs::path& dir, const std::string& name, int version, uint64_t seed,
-             const Tokenizer& tokenizer = Tokenizer::Byte()) {
+             const Tokenizer& tokenizer = Tokenizer::Byte(), int64_t mem_len = TinyConfig().mem_len) {
   ModelConfig c = TinyConfig();
   c.n_token = tokenizer.vocab_size();
+  c.mem_len = mem_len;
   const fs::path staging = dir / name / (".staging-" + std::to_string(version));
   fs::create_directories(staging);
   ASSERT_TRUE(WriteInitialCheckpoint((staging / "model.pt").string(), c, tokenizer, seed, 0.3).ok());
@@ -65,7 +66,7 @@ class RepositoryServerTest : public ::testing::Test {
     Publish(dir_, "alpha", 1, 3);
     auto chars = Tokenizer::CharFromCorpus("abcdefghijklmnopqrstuvwxyz .,\n");
     ASSERT_TRUE(chars.ok());
-    Publish(dir_, "beta", 1, 5, *chars);
+    Publish(dir_, "beta", 1, 5, *chars, /*mem_len=*/40);
     std::string output;
     server_ = ServerProcess::Start(TXL_SERVER_BINARY, {"--model_repository=" + dir_.string()}, &output);
     ASSERT_NE(server_, nullptr) << output;
@@ -98,6 +99,9 @@ TEST_F(RepositoryServerTest, RequestsReachTheModelTheyName) {
   auto beta = client_->Info("beta@1");
   ASSERT_TRUE(beta.ok()) << beta.status();
   EXPECT_EQ(beta->tokenizer(), "char");
+  // Each model's own window is its sessions' default (--default_mem_len 0).
+  EXPECT_EQ(alpha->default_mem_len(), 24);
+  EXPECT_EQ(beta->default_mem_len(), 40);
   EXPECT_NE(beta->fingerprint(), alpha->fingerprint());
 
   // Two models: a request must say which.
@@ -128,6 +132,8 @@ TEST_F(RepositoryServerTest, RequestsReachTheModelTheyName) {
   auto info = client_->GetSession(s);
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->model(), "beta@1");
+  EXPECT_EQ(info->mem_len(), 40);
+  EXPECT_EQ(client_->GetSession(NewSession("alpha"))->mem_len(), 24);
   v1::GenerateRequest wrong = Gen(s, "abc", 2);
   wrong.set_model("alpha");
   Generated mismatch = Stream(*client_, wrong);
@@ -265,6 +271,86 @@ TEST_F(RepositoryServerTest, ADamagedVersionIsRefusedWithItsReasonAndTheOthersSe
   auto reloaded = client_->LoadModel("beta");
   ASSERT_TRUE(reloaded.ok()) << reloaded.status();
   EXPECT_TRUE(client_->CreateSession(create).ok());
+}
+
+// DIR/NAME/limits.json lowers the server's flags for one model: its window,
+// its requests, its sessions. The others keep the server's.
+TEST_F(RepositoryServerTest, EachModelKeepsItsOwnLimits) {
+  Publish(dir_, "gamma", 1, 7);
+  {
+    std::ofstream f(dir_ / "gamma" / "limits.json");
+    f << R"({"default_mem_len": 16, "max_mem_len": 32, "max_new_tokens": 5, "max_input_tokens": 10,
+             "max_sessions": 2})";
+  }
+  Publish(dir_, "delta", 1, 9);
+  {
+    std::ofstream f(dir_ / "delta" / "limits.json");
+    f << R"({"max_mem_len": 100000})";  // above the server's --max_mem_len 4096
+  }
+  ASSERT_TRUE(client_->LoadModel("gamma").ok());
+  auto refused_load = client_->LoadModel("delta");
+  EXPECT_EQ(refused_load.status().code(), absl::StatusCode::kFailedPrecondition);  // no version of delta is ready
+  EXPECT_THAT(refused_load.status().message(), HasSubstr("limits.json"));
+  std::string reason;
+  EXPECT_EQ(StateOf(*client_, "delta", 1, &reason), "FAILED");
+  EXPECT_THAT(reason, HasSubstr("delta/limits.json: max_mem_len 100000 exceeds the server's --max_mem_len 4096"));
+
+  auto gamma = client_->Info("gamma");
+  ASSERT_TRUE(gamma.ok()) << gamma.status();
+  EXPECT_EQ(gamma->default_mem_len(), 16);
+  EXPECT_EQ(gamma->max_mem_len(), 32);
+  EXPECT_EQ(gamma->max_new_tokens(), 5);
+  EXPECT_EQ(gamma->max_input_tokens(), 10);
+  EXPECT_EQ(gamma->max_sessions(), 2);
+  auto alpha = client_->Info("alpha");
+  ASSERT_TRUE(alpha.ok());
+  EXPECT_EQ(alpha->max_mem_len(), 4096);  // the server's flags
+  EXPECT_EQ(alpha->max_new_tokens(), 4096);
+  EXPECT_EQ(alpha->max_sessions(), 1000);
+
+  // Requests on gamma meet its limits; the same requests on alpha pass.
+  auto create = [&](const std::string& model, int64_t mem_len) {
+    v1::CreateSessionRequest r;
+    r.set_model(model);
+    r.set_mem_len(mem_len);
+    return client_->CreateSession(r);
+  };
+  auto wide = create("gamma", 33);
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wide.status().message(), HasSubstr("mem_len: must be in [1, 32]"));
+  EXPECT_TRUE(create("alpha", 33).ok());
+  for (const std::string model : {"gamma", "alpha"}) {
+    v1::GenerateRequest many = Gen("", "Hi", 6);
+    many.set_model(model);
+    Generated g = Stream(*client_, many);
+    if (model == "gamma") {
+      EXPECT_EQ(g.status.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(g.status.message(), HasSubstr("max_new_tokens: must be in [1, 5]"));
+    } else {
+      EXPECT_TRUE(g.status.ok()) << g.status;
+    }
+    v1::GenerateRequest long_input = Gen("", "0123456789A", 1);
+    long_input.set_model(model);
+    EXPECT_EQ(Stream(*client_, long_input).status.ok(), model == "alpha") << model;
+  }
+
+  // Its own window by default, and at most two of its sessions, across versions.
+  auto first = create("gamma", 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->mem_len(), 16);
+  ASSERT_TRUE(create("gamma", 32).ok());
+  auto third = create("gamma", 0);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("session limit of model gamma reached"));
+  Publish(dir_, "gamma", 2, 11);
+  ASSERT_TRUE(client_->LoadModel("gamma").ok());
+  ASSERT_EQ(StateOf(*client_, "gamma", 2), "READY");
+  EXPECT_EQ(create("gamma", 0).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(create("alpha", 0).ok());
+  ASSERT_TRUE(client_->DeleteSession(first->session_id()).ok());
+  auto on_v2 = create("gamma", 0);
+  ASSERT_TRUE(on_v2.ok()) << on_v2.status();
+  EXPECT_EQ(on_v2->model(), "gamma@2");
 }
 
 TEST_F(RepositoryServerTest, MetricsCountEachVersionApart) {

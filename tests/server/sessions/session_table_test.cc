@@ -121,6 +121,34 @@ TEST(SessionTableTest, MaxSessionsIsResourceExhausted) {
   EXPECT_NE(third.status().message().find("max_sessions=2"), std::string::npos);
 }
 
+// A model's limits.json max_sessions counts its versions' sessions together,
+// leaves other models alone, and frees a place when a session ends.
+TEST(SessionTableTest, AModelsOwnMaxSessionsCountsAllItsVersions) {
+  SessionTable table({});
+  ModelLimits two;
+  two.max_sessions = 2;
+  auto version = [&](const std::string& name, int64_t v, ModelLimits limits) {
+    return std::make_shared<ServedModel>(name, v, std::make_unique<testing::FakeEngine>(256), ModelConfig(),
+                                         Tokenizer::Byte(), "", limits);
+  };
+  auto beta1 = version("beta", 1, two);
+  auto beta2 = version("beta", 2, two);
+  auto alpha = version("alpha", 1, {});
+  auto first = table.Create("", beta1, State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(table.Create("", beta2, State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  auto third = table.CreateAcquired("", beta2, State(), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("session limit of model beta reached (its limits.json max_sessions=2)"),
+            std::string::npos)
+      << third.status();
+  EXPECT_TRUE(table.Create("", alpha, State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+  EXPECT_EQ(table.size(), 3u);
+  ASSERT_TRUE(table.Delete("", first->id).ok());
+  EXPECT_TRUE(table.Create("", beta1, State(), absl::ZeroDuration(), {}, absl::Now()).ok());
+}
+
 TEST(SessionTableTest, MemoryBudgetReservesFullWindowsAndFreesThem) {
   SessionTableConfig config;
   config.memory_budget_bytes = 2 * (9 - 1) * 8;  // two fake sessions of mem_len 9

@@ -3,6 +3,7 @@
 // place (OptionsFromFlags); Serve (serve.h) builds the parts from them.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -39,9 +40,10 @@ ABSL_FLAG(std::string, version_policy, "latest",
 ABSL_FLAG(double, repository_poll_seconds, 0,
           "rescan --model_repository this often, loading new versions and retiring removed ones (0: never; "
           "LoadModel and UnloadModel still work)");
-ABSL_FLAG(int64_t, model_memory_budget, 0,
-          "bytes the repository's loaded weights may hold together (0: no limit); a version that does not fit "
-          "is refused with the figures");
+ABSL_FLAG(int64_t, model_memory_budget, -1,
+          "bytes the repository's loaded weights may hold together; a version that does not fit is refused with "
+          "the figures. -1: twice what the versions loaded at start-up hold; 0: no limit. What later versions may "
+          "load is set aside from the default session memory budget");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
           "HTTP address: OpenAI-style completions, health, models (empty: off; docs/API.md)");
@@ -181,9 +183,11 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   auto policy = txl::ParseVersionPolicy(absl::GetFlag(FLAGS_version_policy));
   if (!policy.ok()) return absl::InvalidArgumentError(absl::StrCat("--version_policy: ", policy.status().message()));
   o.repository.policy = *policy;
-  o.repository.memory_budget_bytes = absl::GetFlag(FLAGS_model_memory_budget);
-  if (o.repository.memory_budget_bytes < 0)
-    return absl::InvalidArgumentError("--model_memory_budget must be >= 0 (0: no limit)");
+  o.model_memory_budget = absl::GetFlag(FLAGS_model_memory_budget);
+  if (o.model_memory_budget < -1)
+    return absl::InvalidArgumentError(
+        "--model_memory_budget must be >= -1 (-1: sized at start-up, see --help; 0: no limit)");
+  o.repository.memory_budget_bytes = std::max<int64_t>(0, o.model_memory_budget);  // -1: set once loaded
   const double poll = absl::GetFlag(FLAGS_repository_poll_seconds);
   if (!(poll >= 0) || poll > 86400)
     return absl::InvalidArgumentError(absl::StrCat("--repository_poll_seconds must be in [0, 86400], got ", poll));

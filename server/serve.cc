@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -143,7 +144,7 @@ absl::StatusOr<std::unique_ptr<txl::BearerTokens>> LoadTokens(const ServerOption
 // The settings that depend on the loaded model: the default window, the
 // import limit, the device and number formats it runs in, and on a GPU the
 // session memory budget and its pool.
-absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
+absl::Status FitToModel(txl::ModelEngine* engine, int64_t later_versions_bytes, ServerOptions* o) {
   const txl::LanguageModel& model = engine->model();
   const txl::ModelConfig& mc = model.config();
   if (o->service.default_mem_len == 0) {
@@ -163,8 +164,9 @@ absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
     const int64_t window = model.FullMemoryBytes(o->service.default_mem_len);
     if (model.device() == "cpu") {
       ASSIGN_OR_RETURN(const txl::HostMemory host, txl::ReadHostMemory());
-      const txl::HostBudgetConfig budget =
+      txl::HostBudgetConfig budget =
           txl::HostBudgetOf(o->table, host, o->host_headroom, window, o->service.default_mem_len);
+      budget.later_versions = later_versions_bytes;
       ASSIGN_OR_RETURN(o->table.memory_budget_bytes, txl::DefaultHostBudget(budget));
       std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes ("
                 << txl::DescribeHostBudget(budget) << ")" << std::endl;
@@ -181,10 +183,14 @@ absl::Status FitToModel(txl::ModelEngine* engine, ServerOptions* o) {
       budget.headroom = o->gpu_headroom;
       budget.window_bytes = window;
       budget.default_mem_len = o->service.default_mem_len;
+      budget.later_versions = later_versions_bytes;
       ASSIGN_OR_RETURN(o->table.memory_budget_bytes, txl::DefaultDeviceBudget(budget));
       std::cerr << "txl-server: session memory budget " << o->table.memory_budget_bytes << " bytes (" << model.device()
                 << ": " << memory->free_bytes << " free of " << memory->total_bytes << ", less "
-                << txl::DeviceHeadroom(budget) << " headroom)" << std::endl;
+                << txl::DeviceHeadroom(budget) << " headroom"
+                << (later_versions_bytes > 0 ? absl::StrCat(" and ", later_versions_bytes, " for later model versions")
+                                             : "")
+                << ")" << std::endl;
     }
   }
   if (model.device() != "cpu" && o->table.memory_budget_bytes > 0) {
@@ -219,7 +225,35 @@ struct ServedModels {
   // only until the server has started.
   std::shared_ptr<txl::ServedModel> first;
   std::string what;  // for the start-up lines
+  // What the model memory budget leaves for versions loaded later: set
+  // aside from the default session memory budget (FitToModel).
+  int64_t later_versions_bytes = 0;
 };
+
+// --model_memory_budget -1: room for each start-up version to roll over at
+// its size (twice what they hold), and at least a quarter of the memory the
+// weights live in, for new versions larger than the old. The figure, and how
+// it was chosen.
+absl::StatusOr<std::pair<int64_t, std::string>> DefaultModelBudget(const ServerOptions& o, int64_t held) {
+  int64_t quarter = 0;
+  std::string of;
+  if (o.model.device == "cpu") {
+    ASSIGN_OR_RETURN(const txl::HostMemory host, txl::ReadHostMemory());
+    quarter = host.available_bytes / 4;
+    of = "the host's available memory";
+  } else {
+    absl::StatusOr<txl::DeviceMemory> device = txl::CudaDeviceMemory();
+    if (!device.ok()) {
+      return absl::Status(
+          device.status().code(),
+          absl::StrCat("sizing --model_memory_budget: ", device.status().message(), " (give --model_memory_budget)"));
+    }
+    quarter = device->free_bytes / 4;
+    of = o.model.device + "'s free memory";
+  }
+  if (2 * held >= quarter) return std::make_pair(2 * held, absl::StrCat("twice the start-up versions' ", held));
+  return std::make_pair(quarter, absl::StrCat("a quarter of ", of, ", more than twice the start-up versions'"));
+}
 
 absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
   ServedModels m;
@@ -257,6 +291,18 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
                      states.empty() ? "none found" : absl::StrJoin(states, "; "), ")"));
   }
   m.first = ready.front();
+  const int64_t held = m.repository->HeldBytes();
+  int64_t budget = o.repository.memory_budget_bytes;
+  std::string how = "--model_memory_budget";
+  if (o.model_memory_budget == -1) {
+    ASSIGN_OR_RETURN(std::tie(budget, how), DefaultModelBudget(o, held));
+    RETURN_IF_ERROR(m.repository->SetMemoryBudget(budget, absl::StrCat(" (the default: ", how, ")")));
+  }
+  if (budget > 0) {
+    m.later_versions_bytes = std::max<int64_t>(0, budget - held);
+    std::cerr << "txl-server: model memory budget " << budget << " bytes (" << how << "): the start-up versions hold "
+              << held << ", which leaves " << m.later_versions_bytes << " for versions loaded later" << std::endl;
+  }
   m.poller = std::make_unique<txl::RepositoryPoller>(m.repository.get(), o.repository_poll);
   m.what = absl::StrCat("repository ", o.repository.dir, " (", absl::StrJoin(states, ", "), ")");
   return m;
@@ -374,7 +420,8 @@ int Serve(ServerOptions o, sigset_t signals) {
   if (!models.ok()) return Fail(std::string(models.status().message()));
   auto* first_engine = dynamic_cast<txl::ModelEngine*>(models->first->engine());
   if (first_engine == nullptr) return Fail("the model's engine is not a ModelEngine");
-  if (absl::Status fit = FitToModel(first_engine, &o); !fit.ok()) return Fail(std::string(fit.message()));
+  if (absl::Status fit = FitToModel(first_engine, models->later_versions_bytes, &o); !fit.ok())
+    return Fail(std::string(fit.message()));
   const txl::LanguageModel& model = first_engine->model();
   const txl::ModelSource* service_models = models->source.get();
   txl::ReleaseFreedMemory();  // the load's temporaries: --malloc_keep_bytes would keep them resident

@@ -25,6 +25,9 @@ struct ServerOptions {
   LanguageModelOptions model;  // with --model_repository, every version's options but the path
   // --model_repository (dir empty: --model alone), --version_policy, --model_memory_budget.
   ModelRepositoryConfig repository;
+  // --model_memory_budget as given: -1 sets the repository's budget once the
+  // start-up versions are loaded (twice what they hold).
+  int64_t model_memory_budget = -1;
   absl::Duration repository_poll = absl::InfiniteDuration();  // --repository_poll_seconds (0: never)
   ServiceConfig service;                                      // default_mem_len 0: the model's, once it is loaded
   SessionTableConfig table;

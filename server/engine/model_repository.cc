@@ -50,6 +50,21 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Create(const M
   return r;
 }
 
+absl::Status ModelRepository::SetMemoryBudget(int64_t bytes, const std::string& note) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("a model memory budget must be >= 0, got ", bytes));
+  if (bytes > 0 && sizer_ == nullptr) return absl::InvalidArgumentError("a model memory budget needs a sizer");
+  absl::MutexLock l(&mu_);
+  budget_ = bytes;
+  budget_note_ = note;
+  return absl::OkStatus();
+}
+
+int64_t ModelRepository::HeldBytes() const {
+  absl::MutexLock l(&mu_);
+  std::string holders;
+  return BytesInUse("", 0, &holders);
+}
+
 ModelRepository::Stamp ModelRepository::StampOf(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return {};
@@ -172,26 +187,28 @@ void ModelRepository::LoadOne(const std::string& model, const RepositoryVersion&
       return;
     }
   }
-  if (config_.memory_budget_bytes > 0) {
+  if (sizer_ != nullptr) {  // every version is sized (HeldBytes); only a budget refuses one
     absl::StatusOr<int64_t> need = sizer_(v);
     absl::MutexLock l(&mu_);
     Entry& e = models_[model][v.version];
-    if (!need.ok()) {
-      e.state = VersionState::kFailed;
-      e.reason = std::string(need.status().message());
-      return;
+    if (budget_ > 0) {
+      if (!need.ok()) {
+        e.state = VersionState::kFailed;
+        e.reason = std::string(need.status().message());
+        return;
+      }
+      std::string holders;
+      const int64_t used = BytesInUse(model, v.version, &holders);
+      if (used + *need > budget_) {
+        e.state = VersionState::kFailed;
+        e.over_budget = true;
+        e.reason = absl::StrCat("needs ", *need, " bytes, and --model_memory_budget ", budget_, budget_note_, " has ",
+                                std::max<int64_t>(0, budget_ - used), " left (", holders.empty() ? "nothing" : holders,
+                                " held)");
+        return;
+      }
     }
-    std::string holders;
-    const int64_t used = BytesInUse(model, v.version, &holders);
-    if (used + *need > config_.memory_budget_bytes) {
-      e.state = VersionState::kFailed;
-      e.over_budget = true;
-      e.reason = absl::StrCat("needs ", *need, " bytes, and --model_memory_budget ", config_.memory_budget_bytes,
-                              " has ", std::max<int64_t>(0, config_.memory_budget_bytes - used), " left (",
-                              holders.empty() ? "nothing" : holders, " held)");
-      return;
-    }
-    e.bytes = *need;  // counted from now, so that a load beside this one sees it
+    e.bytes = need.value_or(0);  // counted from now, so that a load beside this one sees it
   }
   absl::StatusOr<std::shared_ptr<ServedVersion>> loaded = loader_(model, v);
   absl::MutexLock l(&mu_);  // released before `loaded` (an engine) is destroyed

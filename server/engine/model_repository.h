@@ -111,6 +111,14 @@ class ModelRepository {
 
   // Every version seen, by model then version.
   std::vector<VersionStatus> List() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The sizer's estimate of what the versions holding memory (LOADING,
+  // READY, and RETIRING ones still held) hold together; 0 without a sizer.
+  int64_t HeldBytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Replaces the memory budget (0: none) for the loads from now on; one
+  // already over it stays. `note` follows the figure in refusals (where it
+  // came from). INVALID_ARGUMENT below 0, or without a sizer.
+  absl::Status SetMemoryBudget(int64_t bytes, const std::string& note = "") ABSL_LOCKS_EXCLUDED(mu_);
   // The READY versions' served objects, by model then version.
   std::vector<std::shared_ptr<ServedVersion>> Ready() const ABSL_LOCKS_EXCLUDED(mu_);
   // The READY ones and the RETIRING ones still held, by model then version.
@@ -133,7 +141,7 @@ class ModelRepository {
   using Versions = std::map<int64_t, Entry>;
 
   ModelRepository(const ModelRepositoryConfig& config, VersionLoader loader, VersionSizer sizer)
-      : config_(config), loader_(std::move(loader)), sizer_(std::move(sizer)) {}
+      : config_(config), loader_(std::move(loader)), sizer_(std::move(sizer)), budget_(config.memory_budget_bytes) {}
   static Stamp StampOf(const std::string& path);
   // Versions let go of under a lock, freed once it is released.
   using Dropped = std::vector<std::shared_ptr<ServedVersion>>;
@@ -153,6 +161,8 @@ class ModelRepository {
   mutable absl::Mutex mu_;
   std::map<std::string, Versions> models_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> unloaded_ ABSL_GUARDED_BY(mu_);  // by Unload, until Load
+  int64_t budget_ ABSL_GUARDED_BY(mu_);                  // bytes; 0: none (config_'s, or SetMemoryBudget's)
+  std::string budget_note_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace txl

@@ -20,6 +20,7 @@ struct DeviceBudgetConfig {
   int64_t headroom = 0;         // --gpu_headroom; 0: 10% of the device, at least 1 GiB
   int64_t window_bytes = 0;     // one session's full window at the default mem_len
   int64_t default_mem_len = 0;  // for the messages
+  int64_t later_versions = 0;   // weights a repository may load later (--model_memory_budget)
 };
 
 // The headroom to keep free: `headroom`, or 0's default.

@@ -27,14 +27,16 @@ std::string DescribeHostBudget(const HostBudgetConfig& c) {
   return absl::StrCat(c.memory.available_bytes, " bytes available of ", c.memory.total_bytes, " (", c.memory.limited_by,
                       ") once the model is loaded, less ", HostHeadroom(c), " headroom (--host_headroom), ",
                       c.checkpoints, " turn checkpoints (--checkpoint_budget), ", c.state_cache,
-                      " state cache (--state_cache_budget), ", c.offload,
-                      " offloaded sessions (--host_memory_budget) and ", c.history,
-                      " rewind history (--max_sessions x --session_history_tokens x 4)");
+                      " state cache (--state_cache_budget), ", c.offload, " offloaded sessions (--host_memory_budget)",
+                      c.later_versions > 0
+                          ? absl::StrCat(", ", c.later_versions, " model versions loaded later (--model_memory_budget)")
+                          : "",
+                      " and ", c.history, " rewind history (--max_sessions x --session_history_tokens x 4)");
 }
 
 absl::StatusOr<int64_t> DefaultHostBudget(const HostBudgetConfig& c) {
-  const int64_t budget =
-      c.memory.available_bytes - HostHeadroom(c) - c.checkpoints - c.state_cache - c.offload - c.history;
+  const int64_t budget = c.memory.available_bytes - HostHeadroom(c) - c.checkpoints - c.state_cache - c.offload -
+                         c.history - c.later_versions;
   if (budget < std::max<int64_t>(1, c.window_bytes)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no host memory left for sessions: ", DescribeHostBudget(c), " leaves ", budget,

@@ -24,6 +24,7 @@ struct HostBudgetConfig {
   int64_t state_cache = 0;      // --state_cache_budget
   int64_t offload = 0;          // --host_memory_budget
   int64_t history = 0;          // --max_sessions x --session_history_tokens x 4 bytes
+  int64_t later_versions = 0;   // weights a repository may load later (--model_memory_budget)
   int64_t window_bytes = 0;     // one session's full window at the default mem_len
   int64_t default_mem_len = 0;  // for the messages
 };

@@ -16,6 +16,7 @@
 Run by CTest: /usr/bin/python3 test_model_repository.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -152,6 +153,15 @@ class RepositoryTest(unittest.TestCase):
             time.sleep(0.05)
 
     def test_requests_name_their_model_over_http(self):
+        # The default model memory budget, and what it leaves for later versions set aside from the
+        # sessions' budget.
+        budget = re.search(r"model memory budget (\d+) bytes .*: the start-up versions hold (\d+), which leaves (\d+) "
+                           r"for versions loaded later", self.server.output)
+        self.assertIsNotNone(budget, self.server.output)
+        total, held, later = (int(g) for g in budget.groups())
+        self.assertEqual(total - held, later)
+        self.assertGreaterEqual(total, 2 * held)
+        self.assertIn(", %d model versions loaded later (--model_memory_budget)" % later, self.server.output)
         listed = self.models()
         self.assertEqual(sorted(listed), ["alpha", "beta"])
         self.assertNotEqual(listed["alpha"]["fingerprint"], listed["beta"]["fingerprint"])

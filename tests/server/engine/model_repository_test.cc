@@ -231,6 +231,35 @@ TEST_F(ModelRepositoryTest, AVersionOverTheMemoryBudgetIsRefusedWithTheFiguresUn
   EXPECT_EQ(Newest(*r, "char"), 2);
 }
 
+// Without a budget every version is still sized (what serve sets aside for
+// later loads); a budget set once the start-up versions are loaded refuses
+// the loads past it, with where it came from.
+TEST_F(ModelRepositoryTest, VersionsAreSizedWithoutABudgetAndABudgetSetLaterRefusesLoadsPastIt) {
+  Put("char", 1);
+  Put("word", 1);
+  auto created = ModelRepository::Create({dir_, *ParseVersionPolicy("latest"), 0}, Loader(),
+                                         [](const RepositoryVersion&) -> absl::StatusOr<int64_t> { return 600; });
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ModelRepository> r = *std::move(created);
+  EXPECT_EQ(r->HeldBytes(), 1200);
+  ASSERT_TRUE(r->SetMemoryBudget(1500, " (the default)").ok());
+  Put("char", 2);
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(StateOf(*r, "char", 2), VersionState::kFailed);
+  EXPECT_THAT(r->Find("char", 2).status().message(),
+              HasSubstr("needs 600 bytes, and --model_memory_budget 1500 (the default) has 300 left"));
+  EXPECT_EQ(r->HeldBytes(), 1200);  // the refused version holds nothing
+  ASSERT_TRUE(r->SetMemoryBudget(2400).ok());
+  ASSERT_TRUE(r->Poll().ok());
+  EXPECT_EQ(Newest(*r, "char"), 2);
+  EXPECT_EQ(r->HeldBytes(), 1200);  // version 1 retired and, unheld, unloaded
+  EXPECT_EQ(r->SetMemoryBudget(-1).code(), absl::StatusCode::kInvalidArgument);
+  auto no_sizer = ModelRepository::Create({dir_, {}, 0}, Loader());
+  ASSERT_TRUE(no_sizer.ok());
+  EXPECT_EQ((*no_sizer)->HeldBytes(), 0);
+  EXPECT_EQ((*no_sizer)->SetMemoryBudget(10).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ModelRepositoryTest, ABudgetNeedsASizerAndCannotBeNegative) {
   Put("char", 1);
   auto no_sizer = ModelRepository::Create({dir_, {}, 1000}, Loader());

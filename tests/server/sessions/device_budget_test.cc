@@ -35,6 +35,17 @@ TEST(DeviceBudgetTest, BudgetIsWhatIsFreeLessTheHeadroom) {
   EXPECT_EQ(*DefaultDeviceBudget(Config(kGiB + 16384, 8 * kGiB)), 16384);
 }
 
+TEST(DeviceBudgetTest, WeightsOfLaterModelVersionsAreSetAside) {
+  DeviceBudgetConfig c = Config(100 * kGiB, 140 * kGiB);
+  c.later_versions = 10 * kGiB;
+  EXPECT_EQ(*DefaultDeviceBudget(c), 76 * kGiB);
+  c.later_versions = 86 * kGiB;
+  auto none = DefaultDeviceBudget(c);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(),
+              testing::HasSubstr("92341796864 for model versions loaded later (--model_memory_budget)"));
+}
+
 // Regression: a second server on a GPU that the first one's pool already
 // filled got a budget of 1 byte, started, and refused every session with
 // RESOURCE_EXHAUSTED ("session_memory_budget=1 bytes").

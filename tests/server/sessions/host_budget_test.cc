@@ -42,6 +42,19 @@ TEST(HostBudgetTest, BudgetLeavesRoomForHeadroomAndTheOtherBudgets) {
   EXPECT_EQ(*DefaultHostBudget(c), 16384);
 }
 
+// With a repository, what the model memory budget leaves for versions loaded
+// later is set aside too, and named.
+TEST(HostBudgetTest, WeightsOfLaterModelVersionsAreSetAside) {
+  HostBudgetConfig c = Config(20 * kGiB, 24 * kGiB);
+  const int64_t without = *DefaultHostBudget(c);
+  c.later_versions = 5 * kGiB;
+  EXPECT_EQ(*DefaultHostBudget(c), without - 5 * kGiB);
+  EXPECT_THAT(DescribeHostBudget(c),
+              testing::HasSubstr("5368709120 model versions loaded later (--model_memory_budget)"));
+  c.later_versions = 20 * kGiB;
+  EXPECT_THAT(DefaultHostBudget(c).status().message(), testing::HasSubstr("--model_memory_budget"));
+}
+
 // A base-shaped model's full window at mem_len 4096 is about 192 MiB (1,000
 // of them: 187.5 GiB). On a 24 GiB host with 22 available, no limit let
 // max_sessions (1000) of them in; the default admits what fits.

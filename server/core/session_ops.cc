@@ -44,6 +44,7 @@ void ServiceCore::CreateSession(const std::string& principal, NewSessionArgs arg
     ASSIGN_OR_RETURN(SessionInfo info, table->Get(principal, lease.id));
     SessionExport fresh;  // an empty state: the journal rebuilds it from mem_len
     fresh.fingerprint = args.model->engine()->fingerprint();
+    fresh.model = args.model->ref();
     RecordNewSession(journal, table, info, std::move(lease), EncodeSessionExport(fresh),
                      [done](absl::Status written, const SessionInfo& made) {
                        if (written.ok()) {

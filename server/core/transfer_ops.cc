@@ -30,14 +30,16 @@ void ServiceCore::ImportSession(const std::string& principal, NewSessionArgs arg
     // The version whose weights made it, whatever the request would name.
     auto model = models->WithFingerprint(image.fingerprint);
     if (!model.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("import: the session was exported from model ",
-                                                        image.fingerprint, "; this server serves ",
-                                                        models->DescribeReady()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("import: the session was exported from model ",
+                       image.model.empty() ? "" : absl::StrCat(image.model, ", fingerprint "), image.fingerprint,
+                       "; this server serves ", models->DescribeReady()));
     }
     if (scheduler->draining()) return absl::UnavailableError("the server is shutting down");
     ImportSpec spec;
     spec.owner = principal;
     spec.model = *std::move(model);
+    image.model = spec.model->ref();  // journaled as the version it now runs on
     spec.image = std::move(image);
     spec.idle_ttl = args.idle_ttl;
     spec.labels = std::move(labels);

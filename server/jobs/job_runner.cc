@@ -121,6 +121,7 @@ void JobRunner::Checkpoint(const SessionLease& lease) {
 absl::StatusOr<std::string> JobRunner::ExportImage(const SessionLease& lease) const {
   SessionExport image;
   image.fingerprint = EngineOf(lease).fingerprint();
+  if (lease.model != nullptr) image.model = lease.model->ref();
   image.position = lease.position();
   image.pending = lease.pending;
   RETURN_IF_ERROR(lease.state->AppendTo(&image.state));

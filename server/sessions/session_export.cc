@@ -18,6 +18,8 @@ std::string EncodeSessionExport(const SessionExport& e) {
   PutLE<uint32_t>(&out, SessionExport::kVersion);
   PutLE<uint32_t>(&out, static_cast<uint32_t>(e.fingerprint.size()));
   out += e.fingerprint;
+  PutLE<uint32_t>(&out, static_cast<uint32_t>(e.model.size()));
+  out += e.model;
   PutLE<int64_t>(&out, e.position);
   PutLE<uint32_t>(&out, static_cast<uint32_t>(e.pending.size()));
   for (int t : e.pending) PutLE<int32_t>(&out, t);
@@ -35,16 +37,17 @@ absl::StatusOr<SessionExport> DecodeSessionExport(const std::string& bytes) {
   r.Bytes(sizeof(kMagic), &magic);
   uint32_t version = 0;
   if (!r.Get(&version)) return absl::InvalidArgumentError("session export: truncated");
-  if (version != SessionExport::kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session export: format version ", version, " (this server reads ", SessionExport::kVersion, ")"));
+  if (version != 1 && version != SessionExport::kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("session export: format version ", version,
+                                                   " (this server reads 1 to ", SessionExport::kVersion, ")"));
   }
   SessionExport e;
-  uint32_t fp_len = 0, n_pending = 0;
+  uint32_t fp_len = 0, model_len = 0, n_pending = 0;
   uint64_t state_len = 0, checksum = 0;
   const auto truncated = [] { return absl::InvalidArgumentError("session export: truncated"); };
-  if (!r.Get(&fp_len) || !r.Bytes(fp_len, &e.fingerprint) || !r.Get(&e.position) || !r.Get(&n_pending))
-    return truncated();
+  if (!r.Get(&fp_len) || !r.Bytes(fp_len, &e.fingerprint)) return truncated();
+  if (version >= 2 && (!r.Get(&model_len) || !r.Bytes(model_len, &e.model))) return truncated();
+  if (!r.Get(&e.position) || !r.Get(&n_pending)) return truncated();
   for (uint32_t i = 0; i < n_pending; ++i) {
     int32_t t = 0;
     if (!r.Get(&t)) return truncated();
@@ -66,11 +69,13 @@ absl::StatusOr<int64_t> SessionExportPosition(const std::string& bytes) {
     return absl::InvalidArgumentError("session export: not a txl session export");
   ByteReader r(bytes);
   std::string skip;
-  uint32_t version = 0, fp_len = 0;
+  uint32_t version = 0, fp_len = 0, model_len = 0;
   int64_t position = 0;
-  if (!r.Bytes(sizeof(kMagic), &skip) || !r.Get(&version) || !r.Get(&fp_len) || !r.Bytes(fp_len, &skip) ||
-      !r.Get(&position))
-    return absl::InvalidArgumentError("session export: truncated");
+  const auto truncated = [] { return absl::InvalidArgumentError("session export: truncated"); };
+  if (!r.Bytes(sizeof(kMagic), &skip) || !r.Get(&version) || !r.Get(&fp_len) || !r.Bytes(fp_len, &skip))
+    return truncated();
+  if (version >= 2 && (!r.Get(&model_len) || !r.Bytes(model_len, &skip))) return truncated();
+  if (!r.Get(&position)) return truncated();
   return position;
 }
 

@@ -1,10 +1,12 @@
 // SessionExport: the bytes of ExportSession and ImportSession. A session's
 // full state (its engine image plus the pending token) under a format
-// version, the model's fingerprint and a checksum, so that an import into a
-// different model or of damaged bytes is refused, never silently wrong.
+// version, the model's fingerprint and name, and a checksum, so that an
+// import into a different model or of damaged bytes is refused, never
+// silently wrong.
 //
-// Layout, little-endian: "TXLSESS\0", uint32 version, uint32 fingerprint
-// length + fingerprint, int64 position, uint32 pending count + int32 ids,
+// Layout, little-endian: "TXLSESS\0", uint32 version (2), uint32 fingerprint
+// length + fingerprint, uint32 model length + model ("NAME@VERSION"; version
+// 1 has no such field), int64 position, uint32 pending count + int32 ids,
 // uint64 state length + state, uint64 Hash64 of everything before it.
 //
 // Threading: pure functions.
@@ -20,9 +22,10 @@
 namespace txl {
 
 struct SessionExport {
-  static constexpr uint32_t kVersion = 1;
-  std::string fingerprint;  // Engine::fingerprint() of the model that made it
-  int64_t position = 0;     // tokens in the history: fed + pending
+  static constexpr uint32_t kVersion = 2;  // written; 1 is read too
+  std::string fingerprint;                 // Engine::fingerprint() of the model that made it
+  std::string model;                       // its NAME@VERSION (ServedModel::ref); empty in version 1
+  int64_t position = 0;                    // tokens in the history: fed + pending
   std::vector<int> pending;
   std::string state;  // SessionState::AppendTo
 };

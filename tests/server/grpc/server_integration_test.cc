@@ -464,7 +464,10 @@ TEST(SessionTransferTest, ExportImportContinuesExactlyAcrossServers) {
   ASSERT_NE(d, nullptr) << output;
   auto foreign = Connect(*d)->ImportSession(v1::ImportSessionRequest(), *bytes);
   EXPECT_EQ(foreign.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(foreign.status().message().find("exported from model"), std::string::npos) << foreign.status();
+  // The export names the version that made it (the file's stem, version 1) beside its fingerprint.
+  const std::string stem = std::filesystem::path(ModelPath()).stem().string();
+  EXPECT_NE(foreign.status().message().find("exported from model " + stem + "@1, fingerprint "), std::string::npos)
+      << foreign.status();
   std::filesystem::remove(other);
 }
 

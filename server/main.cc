@@ -42,8 +42,9 @@ ABSL_FLAG(double, repository_poll_seconds, 0,
           "LoadModel and UnloadModel still work)");
 ABSL_FLAG(int64_t, model_memory_budget, -1,
           "bytes the repository's loaded weights may hold together; a version that does not fit is refused with "
-          "the figures. -1: twice what the versions loaded at start-up hold; 0: no limit. What later versions may "
-          "load is set aside from the default session memory budget");
+          "the figures. -1: twice what the versions loaded at start-up hold, or a quarter of the host's available "
+          "memory (a GPU's free memory) when that is more; 0: no limit. What it leaves for versions loaded later "
+          "is set aside from the default session memory budget");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
           "HTTP address: OpenAI-style completions, health, models (empty: off; docs/API.md)");

@@ -148,8 +148,9 @@ absl::Status FitToModel(txl::ModelEngine* engine, int64_t later_versions_bytes, 
   const txl::LanguageModel& model = engine->model();
   const txl::ModelConfig& mc = model.config();
   if (o->service.default_mem_len == 0) {
-    o->service.default_mem_len_from_model = true;  // each version's own (the first's sizes the budgets)
-    o->service.default_mem_len = std::max<int64_t>(1, mc.mem_len);
+    // Each version's own, at most --max_mem_len (DefaultMemLenOf); the first's sizes the budgets.
+    o->service.default_mem_len_from_model = true;
+    o->service.default_mem_len = std::clamp<int64_t>(mc.mem_len, 1, o->service.max_mem_len);
   }
   if (o->service.default_mem_len > o->service.max_mem_len) {
     return absl::InvalidArgumentError(absl::StrCat("--default_mem_len ", o->service.default_mem_len,

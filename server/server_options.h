@@ -26,7 +26,7 @@ struct ServerOptions {
   // --model_repository (dir empty: --model alone), --version_policy, --model_memory_budget.
   ModelRepositoryConfig repository;
   // --model_memory_budget as given: -1 sets the repository's budget once the
-  // start-up versions are loaded (twice what they hold).
+  // start-up versions are loaded (serve.cc's DefaultModelBudget).
   int64_t model_memory_budget = -1;
   absl::Duration repository_poll = absl::InfiniteDuration();  // --repository_poll_seconds (0: never)
   ServiceConfig service;                                      // default_mem_len 0: the model's, once it is loaded

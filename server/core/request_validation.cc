@@ -1,5 +1,6 @@
 #include "server/core/request_validation.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -61,10 +62,12 @@ absl::StatusOr<int64_t> RequestValidator::MemLen(int64_t requested) const {
 absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& req) const {
   GenerateSpec spec;
   ASSIGN_OR_RETURN(spec.input, DecodeInput(req.input()));
-  spec.max_new_tokens = req.max_new_tokens() == 0 ? 16 : req.max_new_tokens();
+  // 0: 16, or the limit when that is less (a model's limits.json may set it lower).
+  const int default_new_tokens = std::min(16, limits_.max_new_tokens);
+  spec.max_new_tokens = req.max_new_tokens() == 0 ? default_new_tokens : req.max_new_tokens();
   if (spec.max_new_tokens < 1 || spec.max_new_tokens > limits_.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: must be in [1, ", limits_.max_new_tokens,
-                                                   "] (0: 16), got ", req.max_new_tokens()));
+                                                   "] (0: ", default_new_tokens, "), got ", req.max_new_tokens()));
   }
   spec.sampling.temperature = req.sampling().temperature();
   spec.sampling.top_k = req.sampling().top_k();

@@ -163,10 +163,13 @@ absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, co
                                                 const std::shared_ptr<ServedModel>& model) const {
   if (!id.empty()) {
     ASSIGN_OR_RETURN(SessionLease lease, table->Acquire(principal, id, absl::Now()));
-    // Another version reads input alike when its vocabulary is the same (a
-    // session adopted on an older version of the model).
-    const bool reads_alike = lease.model == model || (lease.model->config().n_token == model->config().n_token &&
-                                                      lease.model->tokenizer().SameVocabulary(model->tokenizer()));
+    // Another version of the same model reads and limits a request alike
+    // when its vocabulary and limits are the same (a session adopted on an
+    // older version of the model).
+    const bool reads_alike =
+        lease.model == model || (lease.model->name() == model->name() && lease.model->limits() == model->limits() &&
+                                 lease.model->config().n_token == model->config().n_token &&
+                                 lease.model->tokenizer().SameVocabulary(model->tokenizer()));
     if (!reads_alike) {
       const std::string on = lease.model->ref();
       table->GiveBack(std::move(lease), absl::Now());

@@ -176,6 +176,14 @@ void ServiceCore::MigrateSession(const std::string& principal, const std::string
             done(table->Get(principal, id));
             return absl::OkStatus();
           }
+          // Its window stays: the version's limits.json may allow less.
+          const int64_t mem_len = table->Get(principal, id).value_or(SessionInfo()).mem_len;
+          if (const int64_t most = Limits(to.get()).max_mem_len; mem_len > most) {
+            table->Release(std::move(lease), absl::Now());
+            return absl::FailedPreconditionError(absl::StrCat("model: the session's mem_len ", mem_len,
+                                                              " is more than ", to->ref(), " allows (max_mem_len ",
+                                                              most, ")"));
+          }
           auto migrated = [this, principal, id, done](absl::Status s) {
             if (!s.ok()) return done(s);
             done(table->Get(principal, id));

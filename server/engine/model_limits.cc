@@ -1,7 +1,6 @@
 #include "server/engine/model_limits.h"
 
 #include <filesystem>
-#include <limits>
 #include <utility>
 #include <vector>
 

@@ -149,8 +149,10 @@ HttpError ErrorFromStatus(absl::StatusCode code, const std::string& message, con
   for (const FieldName& name : names) {
     if (name.service != field) continue;
     std::string rest = message.substr(field.size());
+    // `drop` starts a parenthesis the client's field has no use for: it goes, through its ")".
     if (const size_t at = name.drop.empty() ? std::string::npos : rest.find(name.drop); at != std::string::npos) {
-      rest.erase(at, name.drop.size());
+      const size_t close = rest.find(')', at);
+      rest.erase(at, close == std::string::npos ? name.drop.size() : close + 1 - at);
     }
     e.message = name.client + rest;
     e.param = name.client;
@@ -261,13 +263,13 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
     if (!it->is_string()) return fail(Bad("model", "'model' must be a string"));
     r.set_model(it->get<std::string>());  // the service finds it (404 model_not_found when it is not served)
   }
-  int64_t max_tokens = 16, n = 1, seed = 0;
+  int64_t max_tokens = 0, n = 1, seed = 0;  // max_tokens absent: the service's default (16, or the model's less)
   // Chat's newer name for max_tokens; the older one wins when both are sent.
   const char* max_tokens_field = "max_tokens";
   if (j.contains("max_completion_tokens") && !j.contains(max_tokens_field)) max_tokens_field = "max_completion_tokens";
   // What the service's refusals name, as this request names it.
   const std::string input_field = chat ? "messages" : "prompt";
-  p->fields = {{"max_new_tokens", max_tokens_field, " (0: 16)"},  // 0 is refused here
+  p->fields = {{"max_new_tokens", max_tokens_field, " (0: "},  // the service's default for 0: absent here
                {"sampling.temperature", "temperature", ""},
                {"sampling.top_p", "top_p", ""},
                {"sampling.seed", "seed", ""},

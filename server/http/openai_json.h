@@ -42,6 +42,8 @@ int HttpStatusFor(absl::StatusCode code);
 // the request's ("max_tokens", "temperature", "prompt"); `drop` is what the
 // service's message says that holds only on gRPC (max_new_tokens' "(0: 16)").
 struct FieldName {
+  // `drop`: the start of a parenthesis in the service's message that does
+  // not apply to the client's field; it is removed through its ")".
   std::string service, client, drop;
 };
 using FieldNames = std::vector<FieldName>;

@@ -18,9 +18,11 @@ absl::StatusOr<int64_t> DefaultDeviceBudget(const DeviceBudgetConfig& c) {
   if (budget < std::max<int64_t>(1, c.window_bytes)) {
     return absl::FailedPreconditionError(absl::StrCat(
         c.device, " has ", c.memory.free_bytes, " bytes free of ", c.memory.total_bytes,
-        " once the model is loaded; less ", headroom, " bytes of headroom (--gpu_headroom) and ", c.later_versions,
-        " for model versions loaded later (--model_memory_budget), that leaves no room for one session's window (",
-        c.window_bytes, " bytes at mem_len ", c.default_mem_len,
+        " once the model is loaded; less ", headroom, " bytes of headroom (--gpu_headroom)",
+        c.later_versions > 0
+            ? absl::StrCat(" and ", c.later_versions, " for model versions loaded later (--model_memory_budget)")
+            : "",
+        ", that leaves no room for one session's window (", c.window_bytes, " bytes at mem_len ", c.default_mem_len,
         "). Is another process using the device? Give --session_memory_budget (bytes), or lower --gpu_headroom"));
   }
   return budget;

@@ -74,6 +74,9 @@ absl::StatusOr<int64_t> SessionExportPosition(const std::string& bytes) {
   const auto truncated = [] { return absl::InvalidArgumentError("session export: truncated"); };
   if (!r.Bytes(sizeof(kMagic), &skip) || !r.Get(&version) || !r.Get(&fp_len) || !r.Bytes(fp_len, &skip))
     return truncated();
+  if (version != 1 && version != SessionExport::kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("session export: format version ", version));
+  }
   if (version >= 2 && (!r.Get(&model_len) || !r.Bytes(model_len, &skip))) return truncated();
   if (!r.Get(&position)) return truncated();
   return position;

@@ -72,9 +72,9 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   if (model != nullptr && model->limits().max_sessions > 0) {
     auto held = sessions_by_model_.find(model->name());
     if (held != sessions_by_model_.end() && held->second >= model->limits().max_sessions) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("session limit of model ", model->name(),
-                       " reached (its limits.json max_sessions=", model->limits().max_sessions, ")"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session limit of model ", model->name(),
+          " reached (its limits.json max_sessions=", model->limits().max_sessions, "); delete a session first"));
     }
   }
   const int64_t reserve = state->full_memory_bytes();

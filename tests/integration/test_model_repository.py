@@ -118,7 +118,7 @@ class RepositoryTest(unittest.TestCase):
                      "--repository_poll_seconds", "0.1", "--listen", "127.0.0.1:0", "--metrics_listen", "",
                      "--http_listen", "127.0.0.1:0", "--auth_tokens", tokens]
         if "state" in self._testMethodName:
-            self.argv += ["--state_dir", self.state_dir]
+            self.argv += ["--state_dir", self.state_dir, "--replica_name", "r1"]
         self.server = txl_procs.Server.from_argv(self.argv)
         self.http = Http(self.server.http_address)
 
@@ -356,6 +356,41 @@ class RepositoryTest(unittest.TestCase):
                 self.assertEqual(ids, ref_grpc[2])
         status, fresh, _ = h.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
         self.assertEqual((status, fresh.get("model")), (200, "alpha@2"), fresh)
+
+    def test_a_session_adopted_with_a_state_store_is_read_for_its_own_model(self):
+        # beta has limits of its own; alpha and beta read the same bytes.
+        with open(os.path.join(self.repo, "beta", "limits.json"), "w") as f:
+            f.write('{"max_new_tokens": 5}')
+        self.server.stop(timeout=30, check=False)
+        self.server = txl_procs.Server.from_argv(self.argv)
+        self.http.close()
+        self.http = h = Http(self.server.http_address)
+        self.assertEqual(self.models()["beta"]["max_new_tokens"], 5)
+        status, s, _ = h.json("POST", "/v1/sessions", {"model": "beta"}, self.headers)
+        self.assertEqual(status, 200, s)
+        turn = {"session_id": s["id"], "prompt": TURNS[0], "temperature": 0}
+        status, body, _ = h.json("POST", "/v1/completions", turn, self.headers)  # no max_tokens: beta's 5
+        self.assertEqual((status, body.get("usage", {}).get("completion_tokens")), (200, 5), body)
+        h.close()
+        self.server.stop(timeout=30, check=False)  # r1 goes; r2 adopts its sessions on request
+        argv = list(self.argv)
+        argv[argv.index("r1")] = "r2"
+        self.server = txl_procs.Server.from_argv(argv)
+        self.http = h = Http(self.server.http_address)
+        # Named by no model, the request is read for the first one (alpha) until the session is live
+        # here; it is on beta, whose limits differ, so it is refused once, unchanged.
+        turn = dict(turn, prompt=TURNS[1], max_tokens=8)
+        status, body, _ = h.json("POST", "/v1/completions", turn, self.headers)
+        self.assertEqual(status, 400, body)
+        self.assertIn("is on model beta@1, and the request was read for alpha@1; send it again", body["error"]["message"])
+        status, info, _ = h.json("GET", "/v1/sessions/" + s["id"], None, self.headers)
+        self.assertEqual((status, info.get("model"), info.get("position")), (200, "beta@1", len(TURNS[0]) + 5), info)
+        # Sent again, it is read for beta: beta's limit holds.
+        status, body, _ = h.json("POST", "/v1/completions", turn, self.headers)
+        self.assertEqual(status, 400, body)
+        self.assertIn("max_tokens: must be in [1, 5]", body["error"]["message"])
+        status, body, _ = h.json("POST", "/v1/completions", dict(turn, max_tokens=5), self.headers)
+        self.assertEqual((status, body.get("usage", {}).get("completion_tokens")), (200, 5), body)
 
 
 if __name__ == "__main__":

@@ -333,18 +333,37 @@ TEST_F(RepositoryServerTest, EachModelKeepsItsOwnLimits) {
     long_input.set_model(model);
     EXPECT_EQ(Stream(*client_, long_input).status.ok(), model == "alpha") << model;
   }
+  // max_new_tokens 0 means 16, or the model's limit when that is less.
+  v1::GenerateRequest unsized = Gen("", "Hi", 0);
+  unsized.set_model("gamma");
+  Generated five = Stream(*client_, unsized);
+  ASSERT_TRUE(five.status.ok()) << five.status;
+  EXPECT_EQ(five.ids.size(), 5u);
 
   // Its own window by default, and at most two of its sessions, across versions.
   auto first = create("gamma", 0);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->mem_len(), 16);
-  ASSERT_TRUE(create("gamma", 32).ok());
+  auto wide_one = create("gamma", 32);
+  ASSERT_TRUE(wide_one.ok());
   auto third = create("gamma", 0);
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(third.status().message(), HasSubstr("session limit of model gamma reached"));
+  {  // version 2 loads with a narrower window
+    std::ofstream f(dir_ / "gamma" / "limits.json");
+    f << R"({"default_mem_len": 16, "max_mem_len": 24, "max_new_tokens": 5, "max_input_tokens": 10,
+             "max_sessions": 2})";
+  }
   Publish(dir_, "gamma", 2, 11);
   ASSERT_TRUE(client_->LoadModel("gamma").ok());
   ASSERT_EQ(StateOf(*client_, "gamma", 2), "READY");
+  EXPECT_EQ(client_->Info("gamma@2")->max_mem_len(), 24);
+  // A session keeps its window when it moves: one wider than the version allows stays where it is.
+  auto moved = client_->MigrateSession(wide_one->session_id(), "gamma");
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(moved.status().message(),
+              HasSubstr("the session's mem_len 32 is more than gamma@2 allows (max_mem_len 24)"));
+  EXPECT_EQ(client_->GetSession(wide_one->session_id())->model(), "gamma@1");
   EXPECT_EQ(create("gamma", 0).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(create("alpha", 0).ok());
   ASSERT_TRUE(client_->DeleteSession(first->session_id()).ok());

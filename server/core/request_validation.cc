@@ -73,7 +73,22 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
   spec.sampling.top_k = req.sampling().top_k();
   spec.sampling.top_p = req.sampling().top_p();
   spec.sampling.seed = req.sampling().seed();
+  spec.sampling.presence_penalty = req.sampling().presence_penalty();
+  spec.sampling.frequency_penalty = req.sampling().frequency_penalty();
+  int64_t banned = 0;
+  for (const auto& [token, bias] : req.sampling().logit_bias()) {
+    if (token >= limits_.n_token) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias: token ", token, " is outside the vocabulary of ", limits_.n_token));
+    }
+    spec.sampling.logit_bias.emplace_back(token, bias);
+    banned += bias <= -100.0f ? 1 : 0;
+  }
+  std::sort(spec.sampling.logit_bias.begin(), spec.sampling.logit_bias.end());  // the map's order is not fixed
   RETURN_IF_ERROR(ValidateSampling(spec.sampling));
+  if (banned > 0 && banned >= limits_.n_token) {
+    return absl::InvalidArgumentError("sampling.logit_bias: every token of the vocabulary is banned (-100)");
+  }
   // A k of the whole vocabulary or more limits nothing: said so here, the
   // sampler walks whole rows instead of asking the model for a list of all
   // n_token words.

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -273,6 +274,9 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
                {"sampling.temperature", "temperature", ""},
                {"sampling.top_p", "top_p", ""},
                {"sampling.seed", "seed", ""},
+               {"sampling.logit_bias", "logit_bias", ""},
+               {"sampling.presence_penalty", "presence_penalty", ""},
+               {"sampling.frequency_penalty", "frequency_penalty", ""},
                {"stop_sequences", "stop", ""},
                {"logprobs", chat ? "top_logprobs" : "logprobs", ""},
                {"input", input_field, ""},
@@ -318,13 +322,33 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
   if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
     return fail(Bad("best_of", "only best_of = 1 is supported"));
   }
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (auto it = j.find(penalty); it != j.end() && !it->is_null() && (!it->is_number() || it->get<double>() != 0)) {
-      return fail(Bad(penalty, absl::StrCat("'", penalty, "' is not supported (only 0)")));
-    }
+  float presence = 0.0f, frequency = 0.0f;
+  if (!FloatField(j, "presence_penalty", &presence, error) || !FloatField(j, "frequency_penalty", &frequency, error)) {
+    return false;
   }
-  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null() && !it->empty()) {
-    return fail(Bad("logit_bias", "'logit_bias' is not supported"));
+  r.mutable_sampling()->set_presence_penalty(presence);
+  r.mutable_sampling()->set_frequency_penalty(frequency);
+  // {"TOKEN_ID": bias, ...}: the ids as OpenAI writes them, decimal strings.
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return fail(Bad("logit_bias", "'logit_bias' must be an object of token ids to biases"));
+    auto& bias = *r.mutable_sampling()->mutable_logit_bias();
+    for (const auto& [key, value] : it->items()) {
+      int token = 0;
+      if (key.empty() || key.size() > 10 || !absl::SimpleAtoi(key, &token) || token < 0 ||
+          key.find_first_not_of("0123456789") != std::string::npos) {
+        return fail(Bad("logit_bias", absl::StrCat("'logit_bias': \"", key.substr(0, 32),
+                                                   "\" is not a token id (a decimal integer >= 0)")));
+      }
+      if (!value.is_number()) {
+        return fail(Bad("logit_bias", absl::StrCat("'logit_bias': the bias of token ", token, " must be a number")));
+      }
+      const double v = value.get<double>();
+      if (!(v >= -100 && v <= 100)) {
+        return fail(Bad("logit_bias", absl::StrCat("'logit_bias': the bias of token ", token,
+                                                   " must be in [-100, 100], got ", JsonText(value))));
+      }
+      bias[token] = static_cast<float>(v);
+    }
   }
 
   if (!BoolField(j, "stream", &p->stream, error)) return false;

@@ -39,6 +39,7 @@ StepInput GenerateJob::Row(size_t n) {
   // alternatives need (docs/DESIGN.md, "Sampling paths"): no whole row
   // leaves it.
   in.plan = sampler_.Plan(spec_.top_logprobs);
+  in.want_last_distribution = sampler_.Adjusts();  // a bias or penalties: drawn here from the whole row
   return in;
 }
 
@@ -47,13 +48,24 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   // A pick, a list or a nucleus (Row asks for one) arrives after the prefill
   // and after each decode.
   const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
-  if (!picked && !listed && !nucleus) return;  // mid-prefill
+  const bool whole = sampler_.Adjusts() && !out.last_distribution.empty();
+  if (!picked && !listed && !nucleus && !whole) return;  // mid-prefill
   const bool first = !decoding_;
   GeneratedTokenEvent ev;
   auto logprob_in = [&](const TokenList& list) {
     return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
   };
-  if (picked) {
+  if (whole) {  // the bias and penalties applied; log-probs are the adjusted distribution's
+    const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution);
+    ev.id = sampler_.Sample(adjusted);
+    if (ev.id < 0) {
+      runner.Finish(*this, absl::InternalError("generate: the model's distribution holds NaN or +inf"));
+      return;
+    }
+    ev.logprob = adjusted[ev.id];
+    sampler_.Count(ev.id);
+    if (spec_.top_logprobs > 0) out.top = TopN(adjusted, spec_.top_logprobs);
+  } else if (picked) {
     ev.id = out.picked;
     ev.logprob = out.picked_logprob;
   } else if (nucleus) {

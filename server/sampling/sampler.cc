@@ -14,11 +14,62 @@ absl::Status ValidateSampling(const SamplingConfig& c) {
   if (c.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("sampling.top_k must be >= 0, got ", c.top_k));
   if (!(c.top_p >= 0.0f && c.top_p <= 1.0f))
     return absl::InvalidArgumentError(absl::StrCat("sampling.top_p must be in [0, 1], got ", c.top_p));
+  for (const auto& [name, value] : {std::pair<const char*, float>{"presence_penalty", c.presence_penalty},
+                                    std::pair<const char*, float>{"frequency_penalty", c.frequency_penalty}}) {
+    if (!(value >= -2.0f && value <= 2.0f))
+      return absl::InvalidArgumentError(absl::StrCat("sampling.", name, " must be in [-2, 2], got ", value));
+  }
+  if (c.logit_bias.size() > static_cast<size_t>(kMaxLogitBias)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.logit_bias: at most ", kMaxLogitBias, " tokens, got ", c.logit_bias.size()));
+  }
+  for (const auto& [token, bias] : c.logit_bias) {
+    if (token < 0)
+      return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: token ", token, " is negative"));
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias: the bias of token ", token, " must be in [-100, 100], got ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 
 Sampler::Sampler(const SamplingConfig& config, uint64_t seed)
-    : config_(config), rng_(config.seed != 0 ? config.seed : seed) {}
+    : config_(config),
+      rng_(config.seed != 0 ? config.seed : seed),
+      adjusts_(!config.logit_bias.empty() || config.presence_penalty != 0.0f || config.frequency_penalty != 0.0f) {}
+
+std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs) const {
+  std::vector<float> row(logprobs.begin(), logprobs.end());
+  const int n = static_cast<int>(row.size());
+  for (const auto& [token, bias] : config_.logit_bias) {
+    if (token >= n) continue;  // request validation refuses ids outside the vocabulary
+    row[token] = bias <= -100.0f ? -INFINITY : row[token] + bias;
+  }
+  for (const auto& [token, draws] : counts_) {
+    if (token < n) row[token] -= config_.frequency_penalty * draws + config_.presence_penalty;
+  }
+  // A log-softmax again: log-probs of the adjusted distribution.
+  float best = -INFINITY;
+  for (float x : row) best = std::max(best, x);
+  if (!std::isfinite(best)) return row;  // everything banned, or a NaN: Sample answers -1
+  double total = 0;
+  for (float x : row) total += std::exp(static_cast<double>(x - best));
+  const float log_total = best + static_cast<float>(std::log(total));
+  for (float& x : row) x -= log_total;
+  return row;
+}
+
+void Sampler::Count(int token) {
+  if (config_.presence_penalty == 0.0f && config_.frequency_penalty == 0.0f) return;
+  for (auto& [t, draws] : counts_) {
+    if (t == token) {
+      ++draws;
+      return;
+    }
+  }
+  counts_.emplace_back(token, 1);
+}
 
 bool Sampler::IdOrderDraw() const {
   return config_.temperature > 0.0f && config_.top_k == 0 && !(config_.top_p > 0.0f && config_.top_p < 1.0f);
@@ -89,6 +140,7 @@ int Sampler::TopCandidates() const { return config_.temperature > 0.0f && config
 
 SamplingPlan Sampler::Plan(int alternatives) {
   SamplingPlan plan;
+  if (adjusts_) return plan;  // the whole row (GenerateJob asks for it) and Sample
   plan.top_n = alternatives;
   const int candidates = TopCandidates();
   if (candidates > 0) {

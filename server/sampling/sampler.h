@@ -27,7 +27,18 @@ struct SamplingConfig {
   int top_k = 0;             // 0: no limit
   float top_p = 0.0f;        // 0 or 1: no limit
   uint64_t seed = 0;         // 0: the caller supplies a random seed
+  // Added to a token's logit before everything else, in [-100, 100]; -100
+  // bans the token outright (OpenAI's logit_bias). Token ids, no repeats.
+  std::vector<std::pair<int, float>> logit_bias;
+  // OpenAI's, in [-2, 2], over the tokens this sampler drew (Count): a
+  // drawn token's logit loses frequency_penalty per draw and
+  // presence_penalty once.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
 };
+
+// The largest logit_bias a request may give.
+inline constexpr int kMaxLogitBias = 1024;
 
 // INVALID_ARGUMENT naming the field and its range.
 absl::Status ValidateSampling(const SamplingConfig& config);
@@ -70,6 +81,16 @@ class Sampler {
   // holding the nucleus. Uses one uniform, as Sample does.
   int SampleFromNucleus(absl::Span<const std::pair<int, float>> nucleus, double total);
 
+  // True with a logit bias or a penalty: the draw then needs the whole row
+  // (StepInput::want_last_distribution) and Plan asks the model for
+  // nothing; the job draws with Sample(Adjusted(row)).
+  bool Adjusts() const { return adjusts_; }
+  // The row with the bias and penalties applied, as log-probs again (a
+  // log-softmax; a banned token's is -inf).
+  std::vector<float> Adjusted(absl::Span<const float> logprobs) const;
+  // A token drawn, for the penalties.
+  void Count(int token);
+
   // What the model gives for the next token (docs/DESIGN.md, "Sampling
   // paths"), so that no whole row leaves it: for top-k the list of
   // max(TopCandidates(), alternatives); for greedy the argmax, or with
@@ -94,6 +115,8 @@ class Sampler {
   SamplingConfig config_;
   std::mt19937_64 rng_;
   std::vector<Candidate> scratch_;
+  bool adjusts_ = false;
+  std::vector<std::pair<int, int>> counts_;  // token, draws; in first-drawn order
 };
 
 // The n most likely tokens, most likely first (ties: lower id first); a heap

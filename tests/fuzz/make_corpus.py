@@ -199,6 +199,9 @@ def openai_json_seeds():
                                        b'"temperature": 1.5, "top_p": 0.9, "seed": 7, "stop": ["\\n", "END"], '
                                        b'"n": 1, "user": "u", "echo": false, "best_of": 1, "presence_penalty": 0, '
                                        b'"frequency_penalty": 0.0, "logit_bias": {}, "suffix": null, "logprobs": 0}'),
+        ("completion_bias", completion, b'{"prompt": "x", "logit_bias": {"1": -100, "007": 100, "64": 2.5}, '
+                                        b'"presence_penalty": -2, "frequency_penalty": 1.5}'),
+        ("completion_bias_bad", completion, b'{"prompt": "x", "logit_bias": {"-1": 1, "1e3": 1, "2": 101}}'),
         ("completion_ids", completion, b'{"prompt": [0, 1, 2147483647], "max_completion_tokens": 3}'),
         ("completion_empty_ids", completion, b'{"prompt": []}'),
         ("completion_batch", completion, b'{"prompt": ["a", "b"]}'),

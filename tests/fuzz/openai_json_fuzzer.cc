@@ -199,7 +199,11 @@ void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
         "the model is the body's, as it is");
   const char* max_field =
       doc.contains("max_completion_tokens") && !doc.contains("max_tokens") ? "max_completion_tokens" : "max_tokens";
-  CheckInt(Field(doc, max_field), r.max_new_tokens(), 1, kInt32Max, 16, "max_tokens in [1, 2^31 - 1], default 16");
+  if (const json* max = Field(doc, max_field)) {
+    CheckInt(max, r.max_new_tokens(), 1, kInt32Max, 0, "max_tokens in [1, 2^31 - 1]");
+  } else {
+    Check(r.max_new_tokens() == 0, "no max_tokens: 0, the service's default");
+  }
   if (const json* n = Field(doc, "n")) Check(n->is_number() && n->get<double>() == 1, "n is 1");
   Check(r.sampling().seed() <= static_cast<uint64_t>(kInt64Max), "seed >= 0");
   CheckInt(Field(doc, "seed"), static_cast<int64_t>(r.sampling().seed()), 0, kInt64Max, 0, "seed is the body's");
@@ -225,10 +229,20 @@ void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
     Check(Field(doc, refused) == nullptr, "unsupported options refused");
   }
   if (const json* best_of = Field(doc, "best_of")) Check(*best_of == 1, "best_of is 1");
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* v = Field(doc, penalty)) Check(v->is_number() && v->get<double>() == 0, "penalties are 0");
+  Check(r.sampling().presence_penalty() == FloatField(doc, "presence_penalty", 0.0f), "presence_penalty, default 0");
+  Check(r.sampling().frequency_penalty() == FloatField(doc, "frequency_penalty", 0.0f), "frequency_penalty, default 0");
+  if (const json* bias = Field(doc, "logit_bias")) {
+    Check(bias->is_object() && static_cast<size_t>(r.sampling().logit_bias_size()) <= bias->size(),
+          "logit_bias an object, each id once");
+    for (const auto& [key, value] : bias->items()) {
+      const int token = std::stoi(key);  // a decimal id, or refused
+      Check(r.sampling().logit_bias().contains(token) && value.is_number() && value.get<double>() >= -100 &&
+                value.get<double>() <= 100,
+            "each bias as given, in [-100, 100]");
+    }
+  } else {
+    Check(r.sampling().logit_bias().empty(), "no logit_bias");
   }
-  if (const json* bias = Field(doc, "logit_bias")) Check(bias->empty(), "no logit_bias");
   const json* stream = Field(doc, "stream");
   Check(p.stream == (stream != nullptr && *stream == true), "stream is the body's");
   if (stream) Check(stream->is_boolean(), "'stream' a boolean");

@@ -9,6 +9,8 @@ import unittest
 import openai
 
 PROMPT = "ROMEO:"  # 6 characters: 6 tokens of the bundled character model
+# The bundled model's vocabulary: its corpus's characters, sorted; a token's id is its index.
+VOCAB = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 class SdkTest(unittest.TestCase):
@@ -78,6 +80,34 @@ class SdkTest(unittest.TestCase):
             prompt="", max_tokens=3, stream=True, extra_body={"session_id": sid}) if c.choices)
         self.assertEqual(len(streamed), 3)
         self.assertEqual(self.client.get("/sessions/" + sid, cast_to=object)["position"], 19 + 3)
+
+    def test_logit_bias_and_penalties(self):
+        # Sampled at temperature 1 with a seed: 'e' and 'E' are common; banned, they never come.
+        kw = {"prompt": PROMPT, "max_tokens": 120, "temperature": 1, "seed": 11}
+        plain = self.complete(**kw).choices[0].text
+        self.assertTrue("e" in plain or "E" in plain, plain)
+        bias = {str(VOCAB.index("e")): -100, str(VOCAB.index("E")): -100}
+        banned = self.complete(**kw, logit_bias=bias).choices[0].text
+        self.assertEqual(len(banned), 120)
+        self.assertNotIn("e", banned.lower())
+        self.assertEqual(self.complete(**kw, logit_bias=bias).choices[0].text, banned)  # seeded
+        # Forced: every token, with top_p and in chat too.
+        force = {str(VOCAB.index("z")): 100}
+        self.assertEqual(self.complete(**dict(kw, max_tokens=20, top_p=0.9), logit_bias=force).choices[0].text,
+                         "z" * 20)
+        self.assertEqual(self.chat(max_tokens=10, logit_bias=force).choices[0].message.content, "z" * 10)
+        # The penalties are OpenAI's fields; greedy output moves away from its repeats.
+        greedy = self.complete(prompt=PROMPT, max_tokens=60).choices[0].text
+        penalised = self.complete(prompt=PROMPT, max_tokens=60, frequency_penalty=2.0,
+                                  presence_penalty=1.0).choices[0].text
+        self.assertNotEqual(penalised, greedy)
+        self.assertGreater(len(set(penalised)), len(set(greedy)))
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(prompt="x", max_tokens=1, logit_bias={"65": 1})  # the vocabulary has 65 tokens
+        self.assertEqual(caught.exception.param, "logit_bias")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(prompt="x", max_tokens=1, presence_penalty=2.5)
+        self.assertEqual(caught.exception.param, "presence_penalty")
 
     def test_refusals_surface_as_the_sdks_exceptions(self):
         with self.assertRaises(openai.BadRequestError) as caught:

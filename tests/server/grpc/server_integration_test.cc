@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -250,6 +251,72 @@ TEST_F(ServerTest, LogprobsCarryTheTopAlternatives) {
   }
   r.set_logprobs(1000);
   EXPECT_EQ(Stream(*client_, r).status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// logit_bias and the penalties (OpenAI's), through the real server: a banned
+// token never comes, a forced one always does, seeds still reproduce, and a
+// session's request leaves it as any generation does.
+TEST_F(ServerTest, LogitBiasAndPenaltiesShapeTheDraw) {
+  Generated plain = Stream(*client_, Gen("", "bias", 64, 77, 1.0f));
+  ASSERT_TRUE(plain.status.ok()) << plain.status;
+  // The token the model draws most here: banned, it never comes.
+  std::map<int, int> counts;
+  for (int id : plain.ids) ++counts[id];
+  const int common =
+      std::max_element(counts.begin(), counts.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  v1::GenerateRequest ban = Gen("", "bias", 64, 77, 1.0f);
+  (*ban.mutable_sampling()->mutable_logit_bias())[common] = -100;
+  Generated banned = Stream(*client_, ban);
+  ASSERT_TRUE(banned.status.ok()) << banned.status;
+  EXPECT_EQ(std::count(banned.ids.begin(), banned.ids.end(), common), 0);
+  EXPECT_EQ(banned.ids.size(), 64u);
+  EXPECT_EQ(Stream(*client_, ban).ids, banned.ids);  // seeded: the same again
+
+  // Forced (+100), at temperature 1 and greedy, with its log-prob in the biased distribution.
+  for (float temperature : {1.0f, 0.0f}) {
+    v1::GenerateRequest force = Gen("", "bias", 16, 5, temperature);
+    (*force.mutable_sampling()->mutable_logit_bias())[42] = 100;
+    force.set_logprobs(2);
+    std::vector<v1::GeneratedToken> tokens;
+    ASSERT_TRUE(client_
+                    ->Generate(force,
+                               [&](const v1::GenerateResponse& resp) {
+                                 for (const auto& t : resp.tokens()) tokens.push_back(t);
+                               })
+                    .ok());
+    ASSERT_EQ(tokens.size(), 16u);
+    for (const auto& t : tokens) {
+      EXPECT_EQ(t.id(), 42);
+      EXPECT_NEAR(t.logprob(), 0.0, 1e-3);
+      EXPECT_EQ(t.top(0).id(), 42);
+    }
+  }
+
+  // A frequency penalty turns greedy decoding away from what it repeats.
+  Generated greedy = Stream(*client_, Gen("", "bias", 48, 0, 0.0f));
+  v1::GenerateRequest penalised = Gen("", "bias", 48, 0, 0.0f);
+  penalised.mutable_sampling()->set_frequency_penalty(2.0f);
+  Generated fresh = Stream(*client_, penalised);
+  ASSERT_TRUE(fresh.status.ok()) << fresh.status;
+  std::map<int, int> greedy_counts, fresh_counts;
+  for (int id : greedy.ids) ++greedy_counts[id];
+  for (int id : fresh.ids) ++fresh_counts[id];
+  EXPECT_NE(fresh.ids, greedy.ids);
+  EXPECT_GT(fresh_counts.size(), greedy_counts.size());  // more distinct tokens
+
+  // Refusals name the field, and leave a session where it was.
+  const std::string id = NewSession(*client_);
+  v1::GenerateRequest outside = Gen(id, "bias", 4);
+  (*outside.mutable_sampling()->mutable_logit_bias())[256] = 1;
+  Generated refused = Stream(*client_, outside);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status.message().find("sampling.logit_bias: token 256 is outside the vocabulary of 256"),
+            std::string::npos)
+      << refused.status;
+  v1::GenerateRequest all = Gen(id, "bias", 4);
+  for (int t = 0; t < 256; ++t) (*all.mutable_sampling()->mutable_logit_bias())[t] = -100;
+  EXPECT_EQ(Stream(*client_, all).status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->GetSession(id)->position(), 0);
 }
 
 TEST_F(ServerTest, BusySessionIsAbortedAndUnchanged) {

@@ -82,6 +82,83 @@ TEST(SamplerTest, ValidationNamesTheField) {
   EXPECT_TRUE(ValidateSampling({}).ok());
 }
 
+// OpenAI's logit_bias: -100 bans a token outright, +100 all but forces it,
+// other values shift its logit; the row is a distribution again after.
+TEST(SamplerTest, LogitBiasBansForcesAndShifts) {
+  SamplingConfig c;
+  c.temperature = 1.0f;
+  c.logit_bias = {{1, -100.0f}};
+  Sampler ban(c, 3);
+  ASSERT_TRUE(ban.Adjusts());
+  EXPECT_TRUE(ban.Plan(0).empty());  // the whole row is drawn here, not in the model
+  const auto lp = LogProbs({0.1, 0.8, 0.1});
+  const std::vector<float> banned = ban.Adjusted(lp);
+  EXPECT_EQ(banned[1], -INFINITY);
+  EXPECT_NEAR(std::exp(banned[0]), 0.5, 1e-6);
+  for (int i = 0; i < 2000; ++i) EXPECT_NE(ban.Sample(banned), 1);
+
+  c.logit_bias = {{2, 100.0f}};
+  Sampler force(c, 3);
+  const std::vector<float> forced = force.Adjusted(LogProbs({0.45, 0.5, 0.05}));
+  for (int i = 0; i < 2000; ++i) EXPECT_EQ(force.Sample(forced), 2);
+
+  c.logit_bias = {{0, static_cast<float>(std::log(3.0))}};  // three times as likely, before renormalising
+  Sampler shift(c, 3);
+  const std::vector<float> shifted = shift.Adjusted(LogProbs({0.25, 0.5, 0.25}));
+  EXPECT_NEAR(std::exp(shifted[0]), 0.5, 1e-6);
+  EXPECT_NEAR(std::exp(shifted[1]), 1.0 / 3, 1e-6);
+  EXPECT_NEAR(std::exp(shifted[2]), 1.0 / 6, 1e-6);
+  // Greedy follows the biased argmax.
+  c.temperature = 0.0f;
+  c.logit_bias = {{1, -100.0f}, {2, 1.0f}};
+  Sampler greedy(c, 3);
+  EXPECT_EQ(greedy.Sample(greedy.Adjusted(LogProbs({0.3, 0.5, 0.2}))), 2);
+}
+
+// OpenAI's penalties: a drawn token's logit loses frequency_penalty per draw
+// and presence_penalty once; tokens never drawn are unchanged.
+TEST(SamplerTest, PenaltiesCountTheTokensDrawn) {
+  SamplingConfig c;
+  c.presence_penalty = 0.5f;
+  c.frequency_penalty = 0.25f;
+  Sampler s(c, 1);
+  ASSERT_TRUE(s.Adjusts());
+  const auto lp = LogProbs({0.25, 0.25, 0.5});
+  std::vector<float> same = s.Adjusted(lp);
+  for (int t = 0; t < 3; ++t) EXPECT_NEAR(same[t], lp[t], 1e-6);
+  s.Count(2);
+  s.Count(2);
+  s.Count(0);
+  const std::vector<float> after = s.Adjusted(lp);
+  // Logits (up to one shift): 0 loses 0.25 + 0.5, 2 loses 2 x 0.25 + 0.5, 1 nothing.
+  const double l0 = lp[0] - 0.75, l1 = lp[1], l2 = lp[2] - 1.0;
+  const double z = std::log(std::exp(l0) + std::exp(l1) + std::exp(l2));
+  EXPECT_NEAR(after[0], l0 - z, 1e-5);
+  EXPECT_NEAR(after[1], l1 - z, 1e-5);
+  EXPECT_NEAR(after[2], l2 - z, 1e-5);
+  EXPECT_FALSE(Sampler(SamplingConfig{}, 1).Adjusts());  // no bias, no penalty: the model's paths
+}
+
+TEST(SamplerTest, BiasAndPenaltyValidationNamesTheField) {
+  SamplingConfig c;
+  c.presence_penalty = 2.5f;
+  EXPECT_NE(ValidateSampling(c).message().find("sampling.presence_penalty must be in [-2, 2]"), std::string::npos);
+  c.presence_penalty = 0.0f;
+  c.frequency_penalty = -2.01f;
+  EXPECT_NE(ValidateSampling(c).message().find("sampling.frequency_penalty"), std::string::npos);
+  c.frequency_penalty = NAN;
+  EXPECT_FALSE(ValidateSampling(c).ok());
+  c.frequency_penalty = 2.0f;
+  c.logit_bias = {{3, 100.5f}};
+  EXPECT_NE(ValidateSampling(c).message().find("the bias of token 3 must be in [-100, 100]"), std::string::npos);
+  c.logit_bias = {{-1, 1.0f}};
+  EXPECT_NE(ValidateSampling(c).message().find("token -1 is negative"), std::string::npos);
+  c.logit_bias.assign(kMaxLogitBias + 1, {0, 1.0f});
+  EXPECT_NE(ValidateSampling(c).message().find("at most 1024 tokens"), std::string::npos);
+  c.logit_bias = {{0, -100.0f}, {5, 100.0f}};
+  EXPECT_TRUE(ValidateSampling(c).ok());
+}
+
 TEST(SamplerTest, TopNOrdersByProbability) {
   auto top = TopN(LogProbs({0.1, 0.5, 0.3, 0.1}), 3);
   ASSERT_EQ(top.size(), 3u);

@@ -231,16 +231,20 @@ TEST_F(ServerTest, ConcurrentSessionsGetWhatEachGetsAlone) {
   }
 }
 
+// The tokens a generation streams, whole (empty when it fails).
+std::vector<v1::GeneratedToken> TokensOf(TxlClient& c, const v1::GenerateRequest& r) {
+  std::vector<v1::GeneratedToken> tokens;
+  const absl::Status s = c.Generate(r, [&](const v1::GenerateResponse& resp) {
+    for (const auto& t : resp.tokens()) tokens.push_back(t);
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? tokens : std::vector<v1::GeneratedToken>();
+}
+
 TEST_F(ServerTest, LogprobsCarryTheTopAlternatives) {
   v1::GenerateRequest r = Gen("", "alternatives", 4);
   r.set_logprobs(3);
-  std::vector<v1::GeneratedToken> tokens;
-  ASSERT_TRUE(client_
-                  ->Generate(r,
-                             [&](const v1::GenerateResponse& resp) {
-                               for (const auto& t : resp.tokens()) tokens.push_back(t);
-                             })
-                  .ok());
+  const std::vector<v1::GeneratedToken> tokens = TokensOf(*client_, r);
   ASSERT_EQ(tokens.size(), 4u);
   for (const auto& t : tokens) {
     ASSERT_EQ(t.top_size(), 3);
@@ -277,13 +281,7 @@ TEST_F(ServerTest, LogitBiasAndPenaltiesShapeTheDraw) {
     v1::GenerateRequest force = Gen("", "bias", 16, 5, temperature);
     (*force.mutable_sampling()->mutable_logit_bias())[42] = 100;
     force.set_logprobs(2);
-    std::vector<v1::GeneratedToken> tokens;
-    ASSERT_TRUE(client_
-                    ->Generate(force,
-                               [&](const v1::GenerateResponse& resp) {
-                                 for (const auto& t : resp.tokens()) tokens.push_back(t);
-                               })
-                    .ok());
+    const std::vector<v1::GeneratedToken> tokens = TokensOf(*client_, force);
     ASSERT_EQ(tokens.size(), 16u);
     for (const auto& t : tokens) {
       EXPECT_EQ(t.id(), 42);

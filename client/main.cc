@@ -54,6 +54,10 @@ ABSL_FLAG(int, top_k, 0, "sample from the k most likely tokens (0: all)");
 ABSL_FLAG(double, top_p, 0, "nucleus sampling mass (0: off)");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed (0: random)");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "stop sequences, comma-separated");
+ABSL_FLAG(std::vector<std::string>, logit_bias, {},
+          "ID:BIAS pairs, comma-separated: BIAS in [-100, 100] added to token ID's logit (-100 bans it)");
+ABSL_FLAG(double, presence_penalty, 0, "in [-2, 2]: lowers tokens already generated, once");
+ABSL_FLAG(double, frequency_penalty, 0, "in [-2, 2]: lowers tokens already generated, per time");
 ABSL_FLAG(int64_t, mem_len, 0, "create: the session's window (0: server default)");
 ABSL_FLAG(int64_t, ttl, 0, "create: idle seconds before the session expires (0: server default)");
 ABSL_FLAG(bool, no_commit, false, "score: leave the session untouched");
@@ -79,6 +83,20 @@ int Usage(const std::string& msg) {
   return 2;
 }
 
+// --logit_bias's ID:BIAS pairs into `s`; INVALID_ARGUMENT naming a pair that is not one.
+absl::Status ReadLogitBias(txl::v1::SamplingParams* s) {
+  for (const std::string& pair : absl::GetFlag(FLAGS_logit_bias)) {
+    const std::vector<std::string> parts = absl::StrSplit(pair, ':');
+    int id = 0;
+    float bias = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &id) || !absl::SimpleAtof(parts[1], &bias)) {
+      return absl::InvalidArgumentError("--logit_bias: \"" + pair + "\" is not ID:BIAS");
+    }
+    (*s->mutable_logit_bias())[id] = bias;
+  }
+  return absl::OkStatus();
+}
+
 txl::v1::GenerateRequest GenerateRequest(const std::string& text) {
   txl::v1::GenerateRequest req;
   req.set_session_id(absl::GetFlag(FLAGS_session));
@@ -89,6 +107,9 @@ txl::v1::GenerateRequest GenerateRequest(const std::string& text) {
   s->set_top_k(absl::GetFlag(FLAGS_top_k));
   s->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   s->set_seed(absl::GetFlag(FLAGS_seed));
+  (void)ReadLogitBias(s);  // main checked it
+  s->set_presence_penalty(static_cast<float>(absl::GetFlag(FLAGS_presence_penalty)));
+  s->set_frequency_penalty(static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty)));
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) req.add_stop_sequences(stop);
   return req;
 }
@@ -628,6 +649,8 @@ int main(int argc, char** argv) {
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return Usage("--tls_cert and --tls_key go together");
   }
+  if (txl::v1::SamplingParams probe; !ReadLogitBias(&probe).ok())
+    return Usage(std::string(ReadLogitBias(&probe).message()));
   if (cmd == "bench") {
     if (args.size() > 2) return Usage(absl::StrCat("bench: unexpected argument '", args[2], "'"));
     // The load generator makes its own plaintext channels, without a token.

@@ -75,13 +75,17 @@ def make_input(text=None, tokens=None):
 
 
 def make_generate_request(text=None, tokens=None, *, session_id="", max_new_tokens=32, temperature=0.0,
-                          top_k=0, top_p=0.0, seed=0, stop_token_ids=(), stop_sequences=(), logprobs=0):
-    """A txl.v1.GenerateRequest. temperature 0 is greedy; seed 0 is random."""
+                          top_k=0, top_p=0.0, seed=0, stop_token_ids=(), stop_sequences=(), logprobs=0,
+                          logit_bias=None, presence_penalty=0.0, frequency_penalty=0.0):
+    """A txl.v1.GenerateRequest. temperature 0 is greedy; seed 0 is random. logit_bias: {token id: bias in
+    [-100, 100]} (-100 bans the token); the penalties are OpenAI's, in [-2, 2]."""
     return txl_pb2.GenerateRequest(
         session_id=session_id,
         input=make_input(text, tokens),
         max_new_tokens=max_new_tokens,
-        sampling=txl_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        sampling=txl_pb2.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                        logit_bias=dict(logit_bias or {}), presence_penalty=presence_penalty,
+                                        frequency_penalty=frequency_penalty),
         stop_token_ids=list(stop_token_ids),
         stop_sequences=list(stop_sequences),
         logprobs=logprobs,

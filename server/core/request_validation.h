@@ -90,7 +90,7 @@ class RequestValidator {
   absl::StatusOr<std::vector<int>> DecodeInput(const v1::Input& in) const;
   // 0: the default; else in [1, max_mem_len].
   absl::StatusOr<int64_t> MemLen(int64_t requested) const;
-  // The request's input, max_new_tokens (0: 16), sampling, stop tokens and
+  // The request's input, max_new_tokens (0: 16, or the limit when less), sampling, stop tokens and
   // sequences, logprobs. The session id is not looked at.
   absl::StatusOr<GenerateSpec> Spec(const v1::GenerateRequest& req) const;
 

@@ -166,10 +166,10 @@ absl::StatusOr<SessionLease> ServiceCore::Lease(const std::string& principal, co
     // Another version of the same model reads and limits a request alike
     // when its vocabulary and limits are the same (a session adopted on an
     // older version of the model).
-    const bool reads_alike =
-        lease.model == model || (lease.model->name() == model->name() && lease.model->limits() == model->limits() &&
-                                 lease.model->config().n_token == model->config().n_token &&
-                                 lease.model->tokenizer().SameVocabulary(model->tokenizer()));
+    const bool reads_alike = lease.model == model || (lease.model->name() == model->name() &&
+                                                      SameRequestLimits(lease.model->limits(), model->limits()) &&
+                                                      lease.model->config().n_token == model->config().n_token &&
+                                                      lease.model->tokenizer().SameVocabulary(model->tokenizer()));
     if (!reads_alike) {
       const std::string on = lease.model->ref();
       table->GiveBack(std::move(lease), absl::Now());

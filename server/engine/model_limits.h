@@ -21,10 +21,11 @@ struct ModelLimits {
   int64_t max_input_tokens = 0;
   int64_t max_sessions = 0;  // live sessions of the model, all its versions together
 };
-inline bool operator==(const ModelLimits& a, const ModelLimits& b) {
-  return a.default_mem_len == b.default_mem_len && a.max_mem_len == b.max_mem_len &&
-         a.max_new_tokens == b.max_new_tokens && a.max_input_tokens == b.max_input_tokens &&
-         a.max_sessions == b.max_sessions;
+// Whether a request on a session reads alike under both: the per-request
+// limits (a session's window, and the model's session count, are the
+// session's and the model's already).
+inline bool SameRequestLimits(const ModelLimits& a, const ModelLimits& b) {
+  return a.max_new_tokens == b.max_new_tokens && a.max_input_tokens == b.max_input_tokens;
 }
 
 inline constexpr char kModelLimitsFileName[] = "limits.json";

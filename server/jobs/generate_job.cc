@@ -1,6 +1,7 @@
 #include "server/jobs/generate_job.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "server/jobs/job_runner.h"
@@ -37,7 +38,7 @@ StepInput GenerateJob::Row(size_t n) {
   if (!decoding_ && n != prefill_left()) return in;  // mid-prefill: no output
   // The model picks the token, or lists the tokens the draw and the
   // alternatives need (docs/DESIGN.md, "Sampling paths"): no whole row
-  // leaves it.
+  // leaves it, unless a bias or a penalty needs it.
   in.plan = sampler_.Plan(spec_.top_logprobs);
   in.want_last_distribution = sampler_.Adjusts();  // a bias or penalties: drawn here from the whole row
   return in;
@@ -45,11 +46,16 @@ StepInput GenerateJob::Row(size_t n) {
 
 void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (!decoding_) fed += n;
-  // A pick, a list or a nucleus (Row asks for one) arrives after the prefill
-  // and after each decode.
+  // A pick, a list, a nucleus or a whole row (Row asks for one) arrives
+  // after the prefill and after each decode.
   const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
   const bool whole = sampler_.Adjusts() && !out.last_distribution.empty();
-  if (!picked && !listed && !nucleus && !whole) return;  // mid-prefill
+  if (!picked && !listed && !nucleus && !whole) {
+    if (decoding_ || prefill_left() == 0) {  // a row that asked for the next token got none
+      runner.Finish(*this, absl::InternalError("generate: the step gave no next token"));
+    }
+    return;  // mid-prefill
+  }
   const bool first = !decoding_;
   GeneratedTokenEvent ev;
   auto logprob_in = [&](const TokenList& list) {
@@ -57,14 +63,17 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   };
   if (whole) {  // the bias and penalties applied; log-probs are the adjusted distribution's
     const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution);
-    ev.id = sampler_.Sample(adjusted);
+    ev.id = adjusted.empty() ? -1 : sampler_.Sample(adjusted);
     if (ev.id < 0) {
       runner.Finish(*this, absl::InternalError("generate: the model's distribution holds NaN or +inf"));
       return;
     }
     ev.logprob = adjusted[ev.id];
     sampler_.Count(ev.id);
-    if (spec_.top_logprobs > 0) out.top = TopN(adjusted, spec_.top_logprobs);
+    if (spec_.top_logprobs > 0) {  // the adjusted row's; banned tokens (-inf) are no alternatives
+      out.top = TopN(adjusted, spec_.top_logprobs);
+      while (!out.top.empty() && out.top.back().second == -INFINITY) out.top.pop_back();
+    }
   } else if (picked) {
     ev.id = out.picked;
     ev.logprob = out.picked_logprob;

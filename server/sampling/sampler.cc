@@ -40,6 +40,9 @@ Sampler::Sampler(const SamplingConfig& config, uint64_t seed)
       adjusts_(!config.logit_bias.empty() || config.presence_penalty != 0.0f || config.frequency_penalty != 0.0f) {}
 
 std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs) const {
+  for (float x : logprobs) {
+    if (std::isnan(x) || x == INFINITY) return {};  // a damaged row: the job fails the request
+  }
   std::vector<float> row(logprobs.begin(), logprobs.end());
   const int n = static_cast<int>(row.size());
   for (const auto& [token, bias] : config_.logit_bias) {
@@ -52,7 +55,7 @@ std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs) const {
   // A log-softmax again: log-probs of the adjusted distribution.
   float best = -INFINITY;
   for (float x : row) best = std::max(best, x);
-  if (!std::isfinite(best)) return row;  // everything banned, or a NaN: Sample answers -1
+  if (!std::isfinite(best)) return {};  // everything banned (request validation refuses that)
   double total = 0;
   for (float x : row) total += std::exp(static_cast<double>(x - best));
   const float log_total = best + static_cast<float>(std::log(total));
@@ -200,11 +203,13 @@ int Sampler::CutAndDraw(size_t keep, double total, double u) {
   for (size_t i = 0; i < keep; ++i) kept += scratch_[i].weight;
   const double goal = u * kept;
   double acc = 0;
+  size_t last_possible = 0;  // rounding past the end: the last candidate with weight (never a banned one)
   for (size_t i = 0; i < keep; ++i) {
     acc += scratch_[i].weight;
+    if (scratch_[i].weight > 0) last_possible = i;
     if (goal < acc) return scratch_[i].id;
   }
-  return scratch_[keep - 1].id;
+  return scratch_[last_possible].id;
 }
 
 std::vector<std::pair<int, float>> TopN(absl::Span<const float> logprobs, int n) {

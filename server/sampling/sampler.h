@@ -86,7 +86,8 @@ class Sampler {
   // nothing; the job draws with Sample(Adjusted(row)).
   bool Adjusts() const { return adjusts_; }
   // The row with the bias and penalties applied, as log-probs again (a
-  // log-softmax; a banned token's is -inf).
+  // log-softmax; a banned token's is -inf). Empty when the row holds a NaN
+  // or +inf, or nothing is left to draw.
   std::vector<float> Adjusted(absl::Span<const float> logprobs) const;
   // A token drawn, for the penalties.
   void Count(int token);

@@ -253,7 +253,7 @@ class HttpTest(unittest.TestCase):
                 self.assertError(status, got, 400, param)
                 message = got["error"]["message"]
                 self.assertIn(param.split("[")[0], message)
-                for grpc_only in ("max_new_tokens", "sampling.", "stop_sequences", "input.", "(0: 16)", "inf"):
+                for grpc_only in ("max_new_tokens", "sampling.", "stop_sequences", "input.", "(0:", "inf"):
                     self.assertNotIn(grpc_only, message)
 
     def test_chat_feeds_only_unseen_messages(self):

@@ -56,6 +56,48 @@ TEST(OpenAiJsonTest, ANumberBeyondADoubleNamesItsField) {
   }
 }
 
+// OpenAI's logit_bias ({"TOKEN_ID": bias}) and penalties reach the request;
+// anything else in them is a 400 naming the field.
+TEST(OpenAiJsonTest, LogitBiasAndPenaltiesReachTheRequest) {
+  HttpError e;
+  auto p = ParseCompletion(
+      R"({"prompt": "x", "logit_bias": {"7": -100, "0": 2.5, "007": 1}, "presence_penalty": -2,
+          "frequency_penalty": 1.5})",
+      "", &e);
+  ASSERT_TRUE(p.ok()) << e.message;
+  const auto& bias = p->request.sampling().logit_bias();
+  EXPECT_EQ(bias.size(), 2u);  // "7" and "007" are the same token
+  EXPECT_FLOAT_EQ(bias.at(0), 2.5f);
+  EXPECT_TRUE(bias.at(7) == -100.0f || bias.at(7) == 1.0f);
+  EXPECT_FLOAT_EQ(p->request.sampling().presence_penalty(), -2.0f);
+  EXPECT_FLOAT_EQ(p->request.sampling().frequency_penalty(), 1.5f);
+  EXPECT_EQ(p->request.max_new_tokens(), 0);  // absent: the service's default
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"prompt": "x", "logit_bias": [1]})", "must be an object of token ids"},
+      {R"({"prompt": "x", "logit_bias": {"-1": 1}})", "\"-1\" is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"1e3": 1}})", "\"1e3\" is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", "is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"3": "high"}})", "the bias of token 3 must be a number"},
+      {R"({"prompt": "x", "logit_bias": {"3": 100.5}})", "the bias of token 3 must be in [-100, 100], got 100.5"},
+      {R"({"prompt": "x", "presence_penalty": "a"})", "'presence_penalty' must be a number"},
+  };
+  for (const auto& [body, message] : refused) {
+    const Refusal r = Completion(body);
+    ASSERT_TRUE(r.refused) << body;
+    EXPECT_EQ(r.error.status, 400) << body;
+    EXPECT_NE(r.error.message.find(message), std::string::npos) << r.error.message;
+    EXPECT_EQ(r.error.param, body.find("logit_bias") != std::string::npos ? "logit_bias" : "presence_penalty");
+  }
+  // The service's range checks, as the client's fields.
+  const HttpError range = ErrorFromStatus(absl::StatusCode::kInvalidArgument,
+                                          "sampling.frequency_penalty must be in [-2, 2], got 3", p->fields);
+  EXPECT_EQ(range.param, "frequency_penalty");
+  EXPECT_EQ(range.message, "frequency_penalty must be in [-2, 2], got 3");
+  const HttpError tokens =
+      ErrorFromStatus(absl::StatusCode::kInvalidArgument, "max_new_tokens: must be in [1, 5] (0: 5), got 9", p->fields);
+  EXPECT_EQ(tokens.message, "max_tokens: must be in [1, 5], got 9");
+}
+
 TEST(OpenAiJsonTest, AFloatFieldRefusesADoubleBeyondAFloat) {
   Refusal r = Completion(R"({"prompt": "x", "top_p": 1e300})");
   ASSERT_TRUE(r.refused);

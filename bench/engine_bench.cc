@@ -27,6 +27,9 @@
 //      Q3 32 sessions, aggregate tokens/s, bf16 vs float32 (Q3f-* each step
 //      vs its bandwidth floor: Q3's ceiling); Q4 prefill of a
 //      2048-token input, tokens/s, bf16 (AMX where the CPU has it) vs float32.
+// G    (a GPU, or --kernels generic) decode steps with decode graphs vs none,
+//      one session (G1) and 32 (G3); A the same with the split decode
+//      attention vs libtorch's tensor ops (A1, A3).
 //
 // The parts: engine_bench.h (Bench, the rows, what every group shares) and
 // engine_bench_*.cc (Bench's methods by topic); this file holds the flags,
@@ -80,7 +83,7 @@ ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(int, sessions, 32, "concurrent sessions for P3 and P5");
-ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, S, Q, W, G)");
+ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, S, Q, W, G, A)");
 
 using engine_bench::Bench;
 using engine_bench::Fail;

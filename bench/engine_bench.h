@@ -178,9 +178,12 @@ class Bench {
   Row HiddenStateRow(const std::vector<SessionState*>& one, const std::vector<at::Tensor>& mems);
   Row BandwidthFloorRow(const std::vector<SessionState*>& one);
   Row ScoreRow();  // S
-  // G1 and G3: decode graphs against none (engine_bench_graphs.cc).
+  // G1 and G3: decode graphs against none; A1 and A3: the split decode
+  // attention against tensor ops (engine_bench_graphs.cc).
   void GraphRows(std::vector<Row>* rows);
-  std::unique_ptr<LanguageModel> LoadWith(txl::DecodeGraphs decode_graphs) const;
+  void PairRows(const std::string& group, const std::string& what, const std::string& a_name, const std::string& b_name,
+                std::unique_ptr<LanguageModel> with, std::unique_ptr<LanguageModel> without, std::vector<Row>* rows);
+  std::unique_ptr<LanguageModel> LoadWith(txl::DecodeGraphs decode_graphs, bool split_decode_attention) const;
   Row RecomputeRow(int64_t w);  // P2, one window
   // ---- Group Q's parts after Q1 (engine_bench_precision.cc).
   Row PrefillRow(LanguageModel* f32, LanguageModel* bf);  // Q4
@@ -205,8 +208,16 @@ class Bench {
   double sink_ = 0;
   std::mt19937_64 draw_rng_{7};
   std::vector<double> zipf_cdf_;
-  txl::Sampler top_p_{txl::SamplingConfig{0.8f, 0, 0.9f, 7}, 7};
-  txl::Sampler top_k_{txl::SamplingConfig{0.8f, 40, 0.0f, 7}, 7};
+  txl::Sampler top_p_{TopSampling(0, 0.9f), 7};
+  txl::Sampler top_k_{TopSampling(40, 0.0f), 7};
+  static txl::SamplingConfig TopSampling(int top_k, float top_p) {
+    txl::SamplingConfig c;
+    c.temperature = 0.8f;
+    c.top_k = top_k;
+    c.top_p = top_p;
+    c.seed = 7;
+    return c;
+  }
   double load_seconds_ = 0;
   int64_t rss_after_load_ = 0;
 };

@@ -32,8 +32,8 @@ std::vector<Row> Bench::Run() {
 
   if (Want("W")) WRows(&rows);
 
-  // ---- G: decode graphs against none.
-  if (Want("G")) GraphRows(&rows);
+  // ---- G: decode graphs against none; A: the split decode attention against tensor ops.
+  if (Want("G") || Want("A")) GraphRows(&rows);
 
   // ---- S: scoring segments, NVIDIA's published setting (64 tokens, window 640).
   if (Want("S")) rows.push_back(ScoreRow());

@@ -1,6 +1,9 @@
 // step_loop: a loop of decode steps and nothing else, for profilers
 // (docs/PERFORMANCE.md, "Where a step's time goes now"):
 //   OMP_WAIT_POLICY=PASSIVE perf record -D 30000 build/bench/step_loop --model base.pt --sessions 32
+// On a GPU, --profile prints the device's time by kernel from libtorch's own
+// profiler (docs/GPU.md):
+//   step_loop --model base.pt --device cuda --readout argmax --sessions 32 --profile trace.json
 // It fills `sessions` sessions to a full window (prefill), then times
 // `steps` single-token steps of all of them at once and prints the median.
 // With --prefill N it times `steps` prefills of N tokens instead, each into
@@ -16,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "base/flags_help.h"
 #include "base/malloc_tuning.h"
+#include "bench/kineto_profile.h"
 #include "model/net/language_model.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint (e.g. the base model engine_bench writes; required)");
@@ -29,6 +33,18 @@ ABSL_FLAG(int, prefill, 0, "time prefills of this many tokens (one fresh session
 ABSL_FLAG(std::string, dtype, "float32",
           "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
 ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, kernels, "auto", "auto, or generic (libtorch's ops, the GPU's code path, on a CPU)");
+ABSL_FLAG(std::string, cuda_graphs, "auto", "decode steps as CUDA graphs: auto (on a GPU), on or off");
+ABSL_FLAG(bool, split_decode_attention, true,
+          "the generic path's decode attention fused over key chunks (false: libtorch's tensor ops)");
+ABSL_FLAG(std::string, readout, "distribution",
+          "what each step reads out: distribution (each session's whole row, to the host) or argmax (the model's "
+          "greedy pick: one id per session crosses)");
+ABSL_FLAG(std::string, profile, "",
+          "after the timed steps, profile --profile_steps more under libtorch's profiler, print the device's time by "
+          "kernel, and write Chrome's trace to this file (\"-\": no trace file)");
+ABSL_FLAG(int, profile_steps, 20, "steps under --profile");
 
 int main(int argc, char** argv) {
   txl::ListOwnFlagsInHelp();
@@ -50,6 +66,23 @@ int main(int argc, char** argv) {
   }
   o.dtype = *dtype;
   o.kv_dtype = *kv_dtype;
+  o.device = absl::GetFlag(FLAGS_device);
+  auto kernels = txl::ParseKernels(absl::GetFlag(FLAGS_kernels));
+  auto graphs = txl::ParseDecodeGraphs(absl::GetFlag(FLAGS_cuda_graphs));
+  const std::string readout = absl::GetFlag(FLAGS_readout);
+  for (const absl::Status& s : {kernels.status(), graphs.status()}) {
+    if (!s.ok()) {
+      std::cerr << "step_loop: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (readout != "distribution" && readout != "argmax") {
+    std::cerr << "step_loop: --readout is distribution or argmax, not " << readout << "\n";
+    return 2;
+  }
+  o.kernels = *kernels;
+  o.decode_graphs = *graphs;
+  o.split_decode_attention = absl::GetFlag(FLAGS_split_decode_attention);
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";
@@ -101,15 +134,37 @@ int main(int argc, char** argv) {
   }
   std::cerr << "step_loop: filled " << B << " sessions; stepping" << std::endl;
   std::vector<txl::StepInput> in(B);
-  for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+  int step = 0;
+  auto fill = [&] {
     for (int b = 0; b < B; ++b) {
+      in[b] = txl::StepInput();
       in[b].session = sessions[b].get();
-      in[b].tokens = {(i * 7 + b) % vocab};
-      in[b].want_last_distribution = true;
+      in[b].tokens = {(step * 7 + b) % vocab};
+      if (readout == "argmax") {
+        in[b].plan.pick = txl::SamplingPlan::Pick::kArgmax;
+      } else {
+        in[b].want_last_distribution = true;
+      }
     }
+    ++step;
+  };
+  for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+    fill();
     if (absl::Status st = timed(in); !st.ok()) return fail(st);
   }
   const double m = median();
   std::printf("sessions %d, memory %d: median step %.3f ms, %.1f tokens/s\n", B, mem, m * 1e3, B / m);
+  if (const std::string profile = absl::GetFlag(FLAGS_profile); !profile.empty()) {
+    step_loop::ProfileConfig pc;
+    pc.steps = absl::GetFlag(FLAGS_profile_steps);
+    pc.trace = profile == "-" ? "" : profile;
+    const absl::Status st = step_loop::ProfileSteps(
+        [&] {
+          fill();
+          return (*lm)->Step(absl::MakeSpan(in)).status();
+        },
+        pc, std::cout);
+    if (!st.ok()) return fail(st);
+  }
   return 0;
 }

@@ -23,7 +23,7 @@ PREFIX=$(scripts/cuda_build.sh --fetch | tail -1)
 command -v patchelf >/dev/null || { echo "gpu_bundle: patchelf is missing (scripts/install-deps.sh)" >&2; exit 2; }
 
 BINARIES=(server/txl-server client/txl-client tools/txl-eval tools/txl-init tools/txl-train bench/engine_bench
-  tests/model_test tests/precision_test)
+  bench/step_loop tests/model_test tests/precision_test)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/lib"

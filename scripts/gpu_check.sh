@@ -18,8 +18,13 @@
 #   graphs     --cuda_graphs=on (decode steps as CUDA graphs; on a GPU the default, auto, is on):
 #              txl-eval at chunk 1 against the CPU (float32 within 1e-4, bfloat16 within the
 #              gate) and against --cuda_graphs=off; python_client and rewind with every server
-#              on graphs; engine_bench group G (graphs against none). Every other step runs
-#              with the default, so on a GPU with graphs.
+#              on graphs; engine_bench groups G (graphs against none) and A (the split
+#              decode attention against tensor ops). Every other step runs with the default, so
+#              on a GPU with graphs.
+#   profile    where a decode step's device time goes: step_loop --profile (libtorch's profiler)
+#              on a random base-shaped model, 1 and 32 sessions at memory 800, the split decode
+#              attention and the tensor ops, with and without graphs; and a 2,048-token prefill
+#              (time to the first token) in float32 and bfloat16; all of it in profile.txt
 #   servers    python_client, rewind, refusals, offload and durability with every server on the
 #              device (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the
 #              test gives its own (TXL_TEST_SERVER_DEFAULTS)
@@ -32,7 +37,8 @@
 #              one it can hold starts and serves
 #   bench      engine_bench on the device: P1 (one session's decode), P3 (32 sessions), S
 #              (scoring 64-token segments at batch 1 and 32)
-# Writes report.json, report.md, engine_bench.json and logs.tar.gz (a log per step). Exit status: the number of failed steps.
+# Writes report.json, report.md, engine_bench.json, engine_bench_graphs.json, profile.txt and
+# logs.tar.gz (a log per step). Exit status: the number of failed steps.
 #
 # --dry-run: here, without a GPU. The bundle is unpacked into an empty folder; the Python is a
 # virtual environment of its own (TXL_CUDA_CACHE/gpu-dryrun, made once: torch==2.11.0 from PyPI
@@ -100,7 +106,7 @@ MODEL=$SRC/model/bundled/shakespeare_char.pt
 CORPUS=$SRC/data/tinyshakespeare.txt
 # (A string, not an array: each step runs in a child bash, under timeout, and arrays are not exported.)
 BINARY_LIST="server/txl-server client/txl-client tools/txl-eval tools/txl-init tools/txl-train bench/engine_bench
-  tests/model_test tests/precision_test"
+  bench/step_loop tests/model_test tests/precision_test"
 echo "gpu_check: bundle $(head -1 "$W/MANIFEST"); torch $TORCH_VERSION from $TORCH_LIB; device $DEVICE" |
   tee "$LOGS/summary.log"
 
@@ -232,11 +238,38 @@ EOF
     TXL_TEST_SERVER_FLAGS="--device $DEVICE $GRAPH_FLAG" TXL_TEST_SERVER_DEFAULTS="--session_memory_budget=1073741824" \
       timeout 300 "$PY" "$SRC/tests/integration/test_$suite.py" --bin-dir "$W" --stubs "$W/client/python/gen" || bad=1
   done
-  echo "== engine_bench group G: graphs against none"
-  local args=(--device $DEVICE --only G --json "$OUTDIR/engine_bench_graphs.json")
+  echo "== engine_bench groups G (graphs against none) and A (split decode attention against tensor ops)"
+  local args=(--device $DEVICE --only G,A --json "$OUTDIR/engine_bench_graphs.json")
   if [ "$DRY" = 1 ]; then args+=(--quick --kernels generic); else args+=(--shape base --reps 3); fi
   "$W/bench/engine_bench" "${args[@]}" || bad=1
   return $bad
+}
+
+profile() {
+  printf '%s\n' '{"n_layer":12,"d_model":512,"n_head":8,"d_head":64,"d_inner":2048,"mem_len":800}' >"$W/base.json"
+  "$W/tools/txl-init" --config "$W/base.json" --tokenizer byte --out "$W/base.pt" >/dev/null || return 1
+  profile_runs 2>&1 | tee "$OUTDIR/profile.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+profile_runs() {
+  local n split graphs dtype sizes=(1 32) steps=100 prompt=2048 more=()
+  if [ "$DRY" = 1 ]; then sizes=(1 2); steps=2; prompt=64; more=(--kernels generic --profile_steps 2); fi
+  for n in "${sizes[@]}"; do
+    for split in true false; do
+      for graphs in off on; do
+        echo "== $n session(s), memory 800, split_decode_attention=$split, cuda_graphs=$graphs"
+        "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 800 --steps $steps \
+          --readout argmax --split_decode_attention=$split --cuda_graphs=$graphs --profile=- "${more[@]}" || return 1
+      done
+    done
+  done
+  # Time to the first token: a 2,048-token prompt into a fresh session (its prefill and whole row).
+  for dtype in float32 bfloat16; do
+    echo "== prefill of $prompt tokens, $dtype"
+    "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --prefill $prompt --steps 10 --dtype $dtype \
+      --kv_dtype $dtype "${more[@]}" || return 1
+  done
 }
 
 servers() {
@@ -335,7 +368,7 @@ bench() {
 # (On the CPU, decode graphs need the generic kernels: they run the padded steps eagerly.)
 if [ "$DRY" = 1 ]; then GRAPH_FLAG="--cuda_graphs=on --kernels generic"; else GRAPH_FLAG="--cuda_graphs=on"; fi
 export SRC W PY DEVICE DRY OUTDIR MODEL CORPUS LOGS TORCH_VERSION TORCH_LIB BINARY_LIST GRAPH_FLAG
-export -f preflight unit eval_check graphs servers transfer train admission bench
+export -f preflight unit eval_check graphs profile profile_runs servers transfer train admission bench
 step preflight preflight
 if grep -q "^preflight	FAIL" "$RESULTS"; then
   echo "gpu_check: preflight failed; nothing else can run" >&2
@@ -343,6 +376,7 @@ else
   step unit unit
   step eval eval_check
   step graphs graphs
+  step profile profile
   step servers servers
   step transfer transfer
   step train train

@@ -43,7 +43,8 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       isa_(precision.isa),
       generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
       bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())),
-      decode_graphs_(precision.decode_graphs && generic_) {
+      decode_graphs_(precision.decode_graphs && generic_),
+      split_decode_(precision.split_decode_attention && generic_) {
   PrepareWeights();
 }
 

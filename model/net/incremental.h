@@ -57,6 +57,11 @@ class IncrementalModel {
     // graph and replayed. On a CPU with kGeneric the same padded passes run
     // eagerly (the tests' view of the graphs); ignored on the CPU kernels.
     bool decode_graphs = false;
+    // The generic path's decode passes (one token per session, every memory
+    // in the pool) attend through SplitDecodeAttention (model/kernels/
+    // split_decode_attention.h): the CUDA kernels on a GPU, their CPU run
+    // with kGeneric. false: the tensor ops of every other pass.
+    bool split_decode_attention = true;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -154,6 +159,13 @@ class IncrementalModel {
                               const at::Tensor& bd_all) const;
   at::Tensor TensorOpAttention(const PassMeta& meta, const at::Tensor& qu, const at::Tensor& Kq, const at::Tensor& Vq,
                                const at::Tensor& bd_all) const;
+  // Whether a pass attends by SplitDecode: the generic path, one token per
+  // session, every new key written into the pool before the attention.
+  bool SplitDecodeRuns(const PassGeometry& g, const PoolPlan& plan) const;
+  // Layer l's new keys and values [T, H, dh] into their pool rows (the pool plan's writes).
+  void WritePool(const PoolPlan& plan, const PassMeta& meta, int64_t l, const at::Tensor& k, const at::Tensor& v) const;
+  // Layer l's attention output [B, H * dh] read from the pool in place.
+  at::Tensor SplitDecode(const PassGeometry& g, const PassMeta& meta, int64_t l, const at::Tensor& qkv) const;
   // The last keys and values of layer l that the window needs next, for the
   // sessions whose memory the pass replaces.
   static void KeepWindow(const PassGeometry& g, int64_t l, const at::Tensor& Kp, const at::Tensor& Vp,
@@ -172,6 +184,8 @@ class IncrementalModel {
   // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
   // transposed, plus bias (may be undefined), in the weight dtype's way.
   at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
+  // relu(x W_ff1^T + b_ff1) of layer l: fused where libtorch can.
+  at::Tensor ReluProduct(const at::Tensor& x, int64_t l) const;
   // a @ b for a prefill's attention: in bfloat16 (result bfloat16) where
   // the products are, else float32.
   // A prefill's attention products run in bfloat16 (reduced weights on a
@@ -235,6 +249,7 @@ class IncrementalModel {
   // the pool's and the position table's addresses: a pool that grew or a
   // table that was rebuilt drops them all.
   bool decode_graphs_;
+  bool split_decode_;  // Precision::split_decode_attention, on the generic path
   struct DecodeGraph {
     at::Tensor meta;
     std::unique_ptr<CapturedPass> captured;

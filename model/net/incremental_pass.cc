@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "model/kernels/prefill_kernels.h"
+#include "model/kernels/split_decode_attention.h"
+#include "model/net/cuda_launch.h"
 #include "model/net/incremental.h"
 #include "model/net/incremental_pass.h"
 #include "model/net/txl_math.h"
@@ -139,14 +141,18 @@ IncrementalModel::PassMeta IncrementalModel::DeriveMeta(const PassGeometry& g, c
   // softmax needs it as a mask and position indices; the CPU's fused kernel
   // (prefill_kernels.h) derives both from m, n and M itself.
   if (generic_) {
-    at::Tensor nt = next(B).view({B, 1, 1}), mt = next(B).view({B, 1, 1});
-    at::Tensor Mt = next(B).view({B, 1, 1});
-    at::Tensor qi = at::arange(N, lopt.device(device_)).view({1, N, 1});
-    at::Tensor kj = at::arange(Kmax, lopt.device(device_)).view({1, 1, Kmax});
-    at::Tensor dist = mt + qi - kj;
-    // Padded query rows stay unmasked so their softmax is finite; they are dropped.
-    d.masked = (((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt)).unsqueeze(1);  // [B, 1, N, Kmax]
-    d.gather_idx = dist.clamp(0, g.D - 1).unsqueeze(1).expand({B, H, N, Kmax});
+    const at::Tensor fed = next(B);
+    d.held = next(B);
+    d.window = next(B);
+    if (!SplitDecodeRuns(g, plan)) {  // SplitDecode masks and finds the distances itself
+      const at::Tensor nt = fed.view({B, 1, 1}), mt = d.held.view({B, 1, 1}), Mt = d.window.view({B, 1, 1});
+      at::Tensor qi = at::arange(N, lopt.device(device_)).view({1, N, 1});
+      at::Tensor kj = at::arange(Kmax, lopt.device(device_)).view({1, 1, Kmax});
+      at::Tensor dist = mt + qi - kj;
+      // Padded query rows stay unmasked so their softmax is finite; they are dropped.
+      d.masked = (((kj >= mt + nt) | (dist < 0) | (dist >= Mt)) & (qi < nt)).unsqueeze(1);  // [B, 1, N, Kmax]
+      d.gather_idx = dist.clamp(0, g.D - 1).unsqueeze(1).expand({B, H, N, Kmax});
+    }
   }
   if (plan.gather) {
     d.gather_rows = next(B * Kmax);
@@ -184,11 +190,10 @@ std::pair<at::Tensor, at::Tensor> IncrementalModel::GatherKeys(const std::vector
   const int64_t B = g.B, Kmax = g.Kmax, H = config_.n_head, dh = config_.d_head;
   at::Tensor Kp, Vp;
   if (plan.gather) {  // the pool plan: new keys in, every session's out, the rest laid over
+    WritePool(plan, meta, l, k, v);
     for (const bool key : {true, false}) {
-      at::Tensor& pool = key ? pool_->keys(l) : pool_->values(l);
+      const at::Tensor& pool = key ? pool_->keys(l) : pool_->values(l);
       const at::Tensor& fresh = key ? k : v;
-      if (!plan.write_rows.empty())
-        pool.index_copy_(0, meta.write_rows, fresh.index_select(0, meta.write_tok).to(pool.scalar_type()));
       at::Tensor block = pool.index_select(0, meta.gather_rows).to(at::kFloat);  // [B * Kmax, H, dh]
       if (!plan.patch_rows.empty()) block.index_copy_(0, meta.patch_rows, fresh.index_select(0, meta.patch_tok));
       (key ? Kp : Vp) = block.view({B, Kmax, H, dh});
@@ -212,6 +217,77 @@ std::pair<at::Tensor, at::Tensor> IncrementalModel::GatherKeys(const std::vector
     }
   }
   return {Kp, Vp};
+}
+
+void IncrementalModel::WritePool(const PoolPlan& plan, const PassMeta& meta, int64_t l, const at::Tensor& k,
+                                 const at::Tensor& v) const {
+  if (plan.write_rows.empty()) return;
+  // A decode step writes every token's keys, in order: no gather of them first.
+  bool every_token = static_cast<int64_t>(plan.write_tok.size()) == k.size(0);
+  for (size_t i = 0; every_token && i < plan.write_tok.size(); ++i)
+    every_token = plan.write_tok[i] == static_cast<int64_t>(i);
+  for (const bool key : {true, false}) {
+    at::Tensor& pool = key ? pool_->keys(l) : pool_->values(l);
+    const at::Tensor& fresh = key ? k : v;
+    pool.index_copy_(0, meta.write_rows,
+                     (every_token ? fresh : fresh.index_select(0, meta.write_tok)).to(pool.scalar_type()));
+  }
+}
+
+at::Tensor IncrementalModel::ReluProduct(const at::Tensor& x, int64_t l) const {
+  const LayerWeights& L = weights_.layers[l];
+  const at::Tensor& w = L.ff1_w;
+  // One kernel on a GPU (cuBLASLt's bias and ReLU epilogue) instead of two;
+  // on a CPU the same addmm and ReLU as below.
+  if (generic_ && w.scalar_type() == at::kFloat && L.ff1_b.defined() && x.dim() == 2)
+    return at::_addmm_activation(L.ff1_b, x, w.t());
+  return at::relu(Product(x, l, 2, L.ff1_b));
+}
+
+bool IncrementalModel::SplitDecodeRuns(const PassGeometry& g, const PoolPlan& plan) const {
+  return split_decode_ && g.N == 1 && g.uniform && plan.gather && plan.patch_rows.empty();
+}
+
+at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& meta, int64_t l,
+                                         const at::Tensor& qkv) const {
+  const ModelConfig& c = config_;
+  const int64_t B = g.B, H = c.n_head, dh = c.d_head;
+  const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
+  const at::Tensor q = qkv.to(at::kFloat).contiguous();  // [B, 3, H, dh]
+  const at::Tensor u = weights_.u(c, l).to(at::kFloat).contiguous(), v = weights_.v(c, l).to(at::kFloat).contiguous();
+  const at::Tensor& keys = pool_->keys(l);
+  const at::Tensor& values = pool_->values(l);
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && rel_k_[l].is_contiguous(),
+              "SplitDecode reads the pool and the position table as contiguous rows");
+  SplitDecodeArgs a;
+  a.sessions = B;
+  a.heads = H;
+  a.dh = dh;
+  a.keys = g.Kmax;
+  a.q = q.data_ptr<float>();
+  a.q_stride = 3 * H * dh;
+  a.u = u.data_ptr<float>();
+  a.v = v.data_ptr<float>();
+  a.pool_keys = keys.data_ptr();
+  a.pool_values = values.data_ptr();
+  a.kv_bf16 = keys.scalar_type() == at::kBFloat16;
+  a.rows = meta.gather_rows.data_ptr<int64_t>();
+  a.held = meta.held.data_ptr<int64_t>();
+  a.window = meta.window.data_ptr<int64_t>();
+  a.rel = rel_k_[l].data_ptr<float>();
+  a.rel_size = rel_k_[l].size(0);
+  a.scale = static_cast<float>(ScoreScale(dh));
+  const at::Tensor partial = at::empty({B, H, a.Chunks(), dh + 2}, fopt);
+  at::Tensor out = at::empty({B, H * dh}, fopt);
+  a.partial = partial.data_ptr<float>();
+  a.out = out.data_ptr<float>();
+  a.out_stride = H * dh;
+  if (device_.is_cpu()) {
+    at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) { SplitDecodeAttentionCpu(a, begin, end); });
+  } else {
+    LaunchSplitDecodeAttention(a);
+  }
+  return out;
 }
 
 at::Tensor IncrementalModel::PassAttention(const PassGeometry& g, const PassMeta& meta, int64_t l,
@@ -370,6 +446,7 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
   const ModelConfig& c = config_;
   const int64_t H = c.n_head, dh = c.d_head, T = g.T;
   const bool kv16 = kv_dtype_ == KvDtype::kBfloat16;
+  const bool split = SplitDecodeRuns(g, plan);     // every session in place: nothing for KeepWindow
   at::Tensor x = Embed(c, weights_, meta.tokens);  // [T, d]
   const auto fopt = x.options();
   for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -381,16 +458,22 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
       k = k.to(at::kBFloat16).to(at::kFloat);
       v = v.to(at::kBFloat16).to(at::kFloat);
     }
-    if (!plan.gather) WriteInPlace(batch, g, l, k, v);
-    const auto [Kp, Vp] = GatherKeys(batch, g, plan, meta, l, k, v, fopt);
-    const at::Tensor vec = PassAttention(g, meta, l, qkv, Kp, Vp, fopt);  // [T, H * dh], in token order
+    at::Tensor vec;  // [T, H * dh], in token order
+    if (split) {
+      WritePool(plan, meta, l, k, v);
+      vec = SplitDecode(g, meta, l, qkv);
+    } else {
+      if (!plan.gather) WriteInPlace(batch, g, l, k, v);
+      const auto [Kp, Vp] = GatherKeys(batch, g, plan, meta, l, k, v, fopt);
+      vec = PassAttention(g, meta, l, qkv, Kp, Vp, fopt);
+      KeepWindow(g, l, Kp, Vp, new_k, new_v);
+    }
     at::Tensor out = Product(vec, l, 1, at::Tensor());
     x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h) with this precision's products (for float32,
     // Product is the same at::linear).
-    auto core = [&](const at::Tensor& in) { return Product(at::relu(Product(in, l, 2, L.ff1_b)), l, 3, L.ff2_b); };
+    auto core = [&](const at::Tensor& in) { return Product(ReluProduct(in, l), l, 3, L.ff2_b); };
     x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
-    KeepWindow(g, l, Kp, Vp, new_k, new_v);
   }
   return x;
 }

@@ -54,6 +54,8 @@ struct IncrementalModel::PassMeta {
   // Generic path: the score block's mask [B, 1, N, Kmax] and each score's
   // distance, [B, H, N, Kmax].
   at::Tensor masked, gather_idx;
+  // Generic path: each session's held keys m and window M, [B] each.
+  at::Tensor held, window;
   // PoolPlan's lists.
   at::Tensor gather_rows, write_rows, write_tok, patch_rows, patch_tok;
 };

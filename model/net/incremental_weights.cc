@@ -160,6 +160,10 @@ std::string IncrementalModel::KernelPath() const {
   std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
   if (generic_) {
     absl::StrAppend(&path, "; generic: libtorch ops", device_.is_cpu() ? " (--kernels generic)" : "");
+    if (split_decode_) {
+      absl::StrAppend(&path, "; decode attention split over key chunks",
+                      device_.is_cpu() ? " (its CPU form)" : " (CUDA kernels)");
+    }
     if (decode_graphs_) {
       absl::StrAppend(&path, "; decode steps padded to buckets",
                       CapturedPass::Capturable(device_) ? ", captured as CUDA graphs" : " (run eagerly: no CUDA)");

@@ -40,6 +40,10 @@ struct LanguageModelOptions {
   // Decode steps as CUDA graphs, one per bucket of sessions and keys
   // (IncrementalModel::Precision::decode_graphs): kAuto on a GPU only.
   DecodeGraphs decode_graphs = DecodeGraphs::kAuto;
+  // The generic path's decode attention fused and read in place
+  // (IncrementalModel::Precision::split_decode_attention); false only to
+  // measure the tensor ops against it.
+  bool split_decode_attention = true;
 };
 
 class LanguageModel {

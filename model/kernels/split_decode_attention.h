@@ -1,0 +1,134 @@
+// One decode step's attention, fused and split over chunks of keys: every
+// session feeds one query, and its keys and values are read in place from
+// the generic path's slot pool (model/net/slot_pool.h) through the rows its
+// pass gathers. Per (session, head, chunk of kSplitChunk keys) a partial
+// softmax (its max, its sum and its weighted values), then per (session,
+// head) the partials combined. This replaces the gather of every session's
+// keys into a padded block, the position term's product and gather, the
+// mask, the softmax and the two attention products of the tensor-op path.
+//
+// The arithmetic of one key and of the combination is written once, here,
+// for both sides: the CUDA kernels (model/cuda/split_decode_attention.cu,
+// CUDA build only) and the CPU's run of the same steps
+// (split_decode_attention.cc), which `--kernels generic` takes, so that the
+// tests here check the GPU's indexing, masking and combination.
+// Torch-free, and free of CUDA headers.
+#ifndef TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_
+#define TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_
+
+#include <math.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define TXL_HOST_DEVICE __host__ __device__
+#else
+#define TXL_HOST_DEVICE
+#endif
+
+namespace txl {
+
+// Keys per chunk: one CUDA thread each.
+constexpr int kSplitChunk = 64;
+
+struct SplitDecodeArgs {
+  int64_t sessions = 0, heads = 0, dh = 0;
+  int64_t keys = 0;  // padded keys per session: rows holds sessions * keys entries
+  // Session b's query for head h at q + b * q_stride + h * dh.
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  const float* u = nullptr;  // [heads, dh]: the content bias
+  const float* v = nullptr;  // [heads, dh]: the position bias
+  // The pool's keys and values, rows of [heads, dh], float32 or bfloat16.
+  const void* pool_keys = nullptr;
+  const void* pool_values = nullptr;
+  bool kv_bf16 = false;
+  const int64_t* rows = nullptr;    // [sessions * keys]: key j of session b is pool row rows[b * keys + j]
+  const int64_t* held = nullptr;    // m_b: keys before the query, which is key m_b itself
+  const int64_t* window = nullptr;  // M_b: the session's mem_len
+  const float* rel = nullptr;       // [rel_size, heads, dh]: the position key at distance d
+  int64_t rel_size = 0;
+  float scale = 1;
+  float* partial = nullptr;  // [sessions, heads, Chunks(), dh + 2]: max, sum, weighted values
+  float* out = nullptr;      // session b's head h at out + b * out_stride + h * dh
+  int64_t out_stride = 0;
+
+  TXL_HOST_DEVICE int64_t Chunks() const { return (keys + kSplitChunk - 1) / kSplitChunk; }
+  TXL_HOST_DEVICE float* Partial(int64_t b, int64_t h, int64_t chunk) const {
+    return partial + ((b * heads + h) * Chunks() + chunk) * (dh + 2);
+  }
+};
+
+TXL_HOST_DEVICE inline float SplitDecodeKv(const void* base, bool bf16, int64_t index) {
+  if (!bf16) return static_cast<const float*>(base)[index];
+  const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[index]) << 16;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+// Whether session b's query attends its key j: the keys up to the query's
+// own (j <= m_b), within its window (m_b - j < M_b).
+TXL_HOST_DEVICE inline bool SplitDecodeAttends(const SplitDecodeArgs& a, int64_t b, int64_t j) {
+  const int64_t m = a.held[b];
+  return j < a.keys && j <= m && m - j < a.window[b];
+}
+
+// The score of an attended key: ((q + u) . k_j + (q + v) . r_{m_b - j}) * scale,
+// with qu = q + u and qv = q + v of head h (dh each).
+TXL_HOST_DEVICE inline float SplitDecodeScore(const SplitDecodeArgs& a, const float* qu, const float* qv, int64_t b,
+                                              int64_t h, int64_t j) {
+  const int64_t row = a.rows[b * a.keys + j];
+  int64_t dist = a.held[b] - j;
+  if (dist > a.rel_size - 1) dist = a.rel_size - 1;
+  const int64_t k0 = (row * a.heads + h) * a.dh;
+  const float* r = a.rel + (dist * a.heads + h) * a.dh;
+  float ac = 0, bd = 0;
+  for (int64_t d = 0; d < a.dh; ++d) {
+    ac += qu[d] * SplitDecodeKv(a.pool_keys, a.kv_bf16, k0 + d);
+    bd += qv[d] * r[d];
+  }
+  return (ac + bd) * a.scale;
+}
+
+// Value d of key j's row for head h.
+TXL_HOST_DEVICE inline float SplitDecodeValue(const SplitDecodeArgs& a, int64_t b, int64_t h, int64_t j, int64_t d) {
+  const int64_t row = a.rows[b * a.keys + j];
+  return SplitDecodeKv(a.pool_values, a.kv_bf16, (row * a.heads + h) * a.dh + d);
+}
+
+// Element d of (session b, head h)'s output from its chunks' partials: each
+// chunk's sum and values rescaled to the largest max. A chunk with no
+// attended key has max -inf and adds nothing; the query's own key is always
+// attended, so some chunk has one.
+TXL_HOST_DEVICE inline float SplitDecodeCombine(const SplitDecodeArgs& a, int64_t b, int64_t h, int64_t d) {
+  const int64_t chunks = a.Chunks();
+  float top = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float m = a.Partial(b, h, c)[0];
+    if (m > top) top = m;
+  }
+  float sum = 0, value = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* p = a.Partial(b, h, c);
+    if (p[0] == -INFINITY) continue;
+    const float w = expf(p[0] - top);
+    sum += p[1] * w;
+    value += p[2 + d] * w;
+  }
+  return value / sum;
+}
+
+// The CPU's run of the steps above (split_decode_attention.cc), for the
+// (session, head) items [begin, end), b * heads + h: every chunk's partial,
+// then the combination, as the CUDA kernels do.
+void SplitDecodeAttentionCpu(const SplitDecodeArgs& a, int64_t begin, int64_t end);
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_

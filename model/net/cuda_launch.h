@@ -1,0 +1,18 @@
+// txl-serve's own CUDA kernels (model/cuda/), launched on libtorch's current
+// stream, so that a decode graph's capture records them. Only a build
+// against a CUDA libtorch has them (cuda_launch.cc); elsewhere
+// (cuda_launch_stub.cc) a launch throws: the CPU runs their CPU form.
+#ifndef TXL_MODEL_NET_CUDA_LAUNCH_H_
+#define TXL_MODEL_NET_CUDA_LAUNCH_H_
+
+#include "model/kernels/split_decode_attention.h"
+
+namespace txl {
+
+// Queues SplitDecodeAttention; throws c10::Error with CUDA's reason if the
+// launch fails.
+void LaunchSplitDecodeAttention(const SplitDecodeArgs& a);
+
+}  // namespace txl
+
+#endif  // TXL_MODEL_NET_CUDA_LAUNCH_H_

@@ -1,0 +1,15 @@
+// LaunchSplitDecodeAttention without CUDA (the Debian build's libtorch has
+// none): a CPU model runs SplitDecodeAttentionCpu instead, so a call here
+// is a bug.
+#include <c10/util/Exception.h>
+
+#include "model/net/cuda_launch.h"
+
+namespace txl {
+
+void LaunchSplitDecodeAttention(const SplitDecodeArgs&) {
+  TORCH_CHECK(false,
+              "SplitDecodeAttention's CUDA kernels need a build against a CUDA libtorch (scripts/cuda_build.sh)");
+}
+
+}  // namespace txl

@@ -22,9 +22,10 @@
 #              decode attention against tensor ops). Every other step runs with the default, so
 #              on a GPU with graphs.
 #   profile    where a decode step's device time goes: step_loop --profile (libtorch's profiler)
-#              on a random base-shaped model, 1 and 32 sessions at memory 800, the split decode
-#              attention and the tensor ops, with and without graphs; and a 2,048-token prefill
-#              (time to the first token) in float32 and bfloat16; all of it in profile.txt
+#              on a random base-shaped model, 1 and 32 sessions at memory 800: float32 with the
+#              split decode attention (with and without graphs) and the tensor ops, and bfloat16
+#              weights and memories; a 2,048-token prefill (time to the first token) in float32
+#              and bfloat16; all of it in profile.txt
 #   servers    python_client, rewind, refusals, offload and durability with every server on the
 #              device (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the
 #              test gives its own (TXL_TEST_SERVER_DEFAULTS)
@@ -253,14 +254,18 @@ profile() {
 }
 
 profile_runs() {
-  local n split graphs dtype sizes=(1 32) steps=100 prompt=2048 more=()
+  local n dtype case_ sizes=(1 32) steps=100 prompt=2048 more=()
   if [ "$DRY" = 1 ]; then sizes=(1 2); steps=2; prompt=64; more=(--kernels generic --profile_steps 2); fi
-  for n in "${sizes[@]}"; do
-    for split in true false; do
-      for graphs in off on; do
-        echo "== $n session(s), memory 800, split_decode_attention=$split, cuda_graphs=$graphs"
+  # float32: the split attention without and with graphs, and the tensor ops with graphs; bfloat16
+  # weights and memories: the split attention without and with graphs.
+  for dtype in float32 bfloat16; do
+    for n in "${sizes[@]}"; do
+      for case_ in true,off true,on false,on; do
+        if [ $dtype = bfloat16 ] && [ $case_ = false,on ]; then continue; fi
+        echo "== $dtype, $n session(s), memory 800, split_decode_attention=${case_%,*}, cuda_graphs=${case_#*,}"
         "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 800 --steps $steps \
-          --readout argmax --split_decode_attention=$split --cuda_graphs=$graphs --profile=- "${more[@]}" || return 1
+          --dtype $dtype --kv_dtype $dtype --readout argmax --split_decode_attention=${case_%,*} \
+          --cuda_graphs=${case_#*,} --profile=- "${more[@]}" || return 1
       done
     done
   done

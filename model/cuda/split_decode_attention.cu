@@ -37,6 +37,7 @@ __device__ float Score4(const SplitDecodeArgs& a, const float* qu, const float* 
   const float4* qv4 = reinterpret_cast<const float4*>(qv);
   const float4* r4 = reinterpret_cast<const float4*>(a.rel + (dist * a.heads + h) * a.dh);
   float ac = 0, bd = 0;
+#pragma unroll 4
   for (int64_t i = 0; i < quads; ++i) {
     float4 k;
     if (a.kv_bf16) {
@@ -55,6 +56,9 @@ __device__ float Score4(const SplitDecodeArgs& a, const float* qu, const float* 
 
 // Block (chunk c, head h, session b): thread t scores key c * kSplitChunk + t,
 // then threads take the value columns d and sum the chunk's weighted values.
+// The sum reads every key's row without a branch (a key that is not attended
+// has weight 0 and reads its row, or the pool's zero padding row past the
+// keys), so that the unrolled loads are in flight together.
 template <bool kQuads>
 __global__ void __launch_bounds__(kSplitChunk) ChunkPartials(SplitDecodeArgs a) {
   const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -62,6 +66,7 @@ __global__ void __launch_bounds__(kSplitChunk) ChunkPartials(SplitDecodeArgs a) 
   extern __shared__ float4 q_shared4[];  // qu [dh], then qv [dh]: 16-byte aligned
   float* q_shared = reinterpret_cast<float*>(q_shared4);
   __shared__ float weight[kSplitChunk];
+  __shared__ int64_t value_at[kSplitChunk];  // the offset of each key's head-h values in the pool
   __shared__ float reduce[kWarps];
   float* qu = q_shared;
   float* qv = q_shared + a.dh;
@@ -72,6 +77,7 @@ __global__ void __launch_bounds__(kSplitChunk) ChunkPartials(SplitDecodeArgs a) 
   }
   __syncthreads();
   const int64_t j = c * kSplitChunk + t;
+  value_at[t] = ((j < a.keys ? a.rows[b * a.keys + j] : 0) * a.heads + h) * a.dh;
   float score = -INFINITY;
   if (SplitDecodeAttends(a, b, j)) score = kQuads ? Score4(a, qu, qv, b, h, j) : SplitDecodeScore(a, qu, qv, b, h, j);
 
@@ -96,9 +102,8 @@ __global__ void __launch_bounds__(kSplitChunk) ChunkPartials(SplitDecodeArgs a) 
   }
   for (int64_t d = t; d < a.dh; d += kSplitChunk) {
     float value = 0;
-    for (int i = 0; i < kSplitChunk; ++i) {
-      if (weight[i] != 0.0f) value += weight[i] * SplitDecodeValue(a, b, h, c * kSplitChunk + i, d);
-    }
+#pragma unroll 8
+    for (int i = 0; i < kSplitChunk; ++i) value += weight[i] * SplitDecodeKv(a.pool_values, a.kv_bf16, value_at[i] + d);
     out[2 + d] = value;
   }
 }

@@ -102,24 +102,27 @@ TXL_HOST_DEVICE inline float SplitDecodeValue(const SplitDecodeArgs& a, int64_t 
   return SplitDecodeKv(a.pool_values, a.kv_bf16, (row * a.heads + h) * a.dh + d);
 }
 
-// Element d of (session b, head h)'s output from its chunks' partials: each
-// chunk's sum and values rescaled to the largest max. A chunk with no
-// attended key has max -inf and adds nothing; the query's own key is always
-// attended, so some chunk has one.
+// Element d of (session b, head h)'s output from its chunks' partials, in
+// one pass: each chunk's sum and values rescaled to the largest max so far.
+// A chunk with no attended key has max -inf and adds nothing; the query's
+// own key is always attended, so some chunk has one.
 TXL_HOST_DEVICE inline float SplitDecodeCombine(const SplitDecodeArgs& a, int64_t b, int64_t h, int64_t d) {
   const int64_t chunks = a.Chunks();
-  float top = -INFINITY;
-  for (int64_t c = 0; c < chunks; ++c) {
-    const float m = a.Partial(b, h, c)[0];
-    if (m > top) top = m;
-  }
-  float sum = 0, value = 0;
+  float top = -INFINITY, sum = 0, value = 0;
   for (int64_t c = 0; c < chunks; ++c) {
     const float* p = a.Partial(b, h, c);
-    if (p[0] == -INFINITY) continue;
-    const float w = expf(p[0] - top);
-    sum += p[1] * w;
-    value += p[2 + d] * w;
+    const float m = p[0];
+    if (m == -INFINITY) continue;
+    if (m > top) {
+      const float shrink = expf(top - m);  // 0 for the first attended chunk
+      sum = sum * shrink + p[1];
+      value = value * shrink + p[2 + d];
+      top = m;
+    } else {
+      const float w = expf(m - top);
+      sum += p[1] * w;
+      value += p[2 + d] * w;
+    }
   }
   return value / sum;
 }

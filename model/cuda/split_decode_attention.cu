@@ -1,6 +1,6 @@
 // SplitDecodeAttention's CUDA kernels (split_decode_attention.h). One block
-// per (chunk, head, session), one thread per key of the chunk; then one block
-// per (head, session) combines the chunks. The per-key arithmetic and the
+// per (chunk, head, session), four threads per key of the chunk; then one
+// block per (head, session) combines the chunks. The per-key arithmetic and the
 // combination are model/kernels/split_decode_attention.h's, shared with the
 // CPU's run that the tests check.
 #include "model/cuda/split_decode_attention.h"
@@ -12,8 +12,15 @@
 namespace txl {
 namespace {
 
-constexpr int kWarps = kSplitChunk / 32;
-static_assert(kSplitChunk % 32 == 0, "a chunk is whole warps");
+// Four threads score each key (a quarter of its columns each) and sum a
+// quarter of the chunk's keys for the values, so that each thread waits on
+// a quarter of the loads: one session's step has few blocks, and its time
+// is the chain of a thread's memory round trips, not bandwidth.
+constexpr int kLanes = 4;
+constexpr int kThreads = kSplitChunk * kLanes;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCombineThreads = 64;
+static_assert(kThreads % 32 == 0 && 32 % kLanes == 0, "a key's lanes are in one warp");
 
 __device__ float WarpMax(float x) {
   for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
@@ -25,20 +32,31 @@ __device__ float WarpSum(float x) {
   return x;
 }
 
-// SplitDecodeScore with 16-byte loads (8 for bfloat16), where dh is a
-// multiple of 4 and the pool and table start 16-byte aligned: a thread
-// reads its key's row in a quarter of the loads.
-__device__ float Score4(const SplitDecodeArgs& a, const float* qu, const float* qv, int64_t b, int64_t h, int64_t j) {
+// This lane's share of key j's content (ac) and position (bd) products,
+// SplitDecodeScore's sums before the lanes add up: columns lane, lane + 4,
+// ..., or with kQuads (dh a multiple of 4, pool and table 16-byte aligned)
+// groups of four columns, lane, lane + 4, ..., read as one 16-byte load (8
+// for bfloat16).
+template <bool kQuads>
+__device__ void LaneProducts(const SplitDecodeArgs& a, const float* qu, const float* qv, int64_t b, int64_t h,
+                             int64_t j, int lane, float* ac, float* bd) {
   const int64_t row = a.rows[b * a.keys + j];
   int64_t dist = a.held[b] - j;
   if (dist > a.rel_size - 1) dist = a.rel_size - 1;
-  const int64_t quads = a.dh / 4, k0 = (row * a.heads + h) * a.dh;
+  const int64_t k0 = (row * a.heads + h) * a.dh;
+  const float* r = a.rel + (dist * a.heads + h) * a.dh;
+  if (!kQuads) {
+    for (int64_t d = lane; d < a.dh; d += kLanes) {
+      *ac += qu[d] * SplitDecodeKv(a.pool_keys, a.kv_bf16, k0 + d);
+      *bd += qv[d] * r[d];
+    }
+    return;
+  }
   const float4* qu4 = reinterpret_cast<const float4*>(qu);
   const float4* qv4 = reinterpret_cast<const float4*>(qv);
-  const float4* r4 = reinterpret_cast<const float4*>(a.rel + (dist * a.heads + h) * a.dh);
-  float ac = 0, bd = 0;
+  const float4* r4 = reinterpret_cast<const float4*>(r);
 #pragma unroll 4
-  for (int64_t i = 0; i < quads; ++i) {
+  for (int64_t i = lane; i < a.dh / 4; i += kLanes) {
     float4 k;
     if (a.kv_bf16) {
       const uint2 w = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(a.pool_keys) + k0)[i];
@@ -47,39 +65,49 @@ __device__ float Score4(const SplitDecodeArgs& a, const float* qu, const float* 
     } else {
       k = reinterpret_cast<const float4*>(static_cast<const float*>(a.pool_keys) + k0)[i];
     }
-    const float4 q = qu4[i], p = qv4[i], r = r4[i];
-    ac += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
-    bd += p.x * r.x + p.y * r.y + p.z * r.z + p.w * r.w;
+    const float4 q = qu4[i], p = qv4[i], rr = r4[i];
+    *ac += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+    *bd += p.x * rr.x + p.y * rr.y + p.z * rr.z + p.w * rr.w;
   }
-  return (ac + bd) * a.scale;
 }
 
-// Block (chunk c, head h, session b): thread t scores key c * kSplitChunk + t,
-// then threads take the value columns d and sum the chunk's weighted values.
-// The sum reads every key's row without a branch (a key that is not attended
-// has weight 0 and reads its row, or the pool's zero padding row past the
-// keys), so that the unrolled loads are in flight together.
+// Block (chunk c, head h, session b), kThreads threads: threads 4i..4i+3
+// score key c * kSplitChunk + i; then thread group g (of kSplitChunk
+// threads) sums keys g, g + 4, ... of the chunk's weighted values, column by
+// column, and the groups' sums are added. Every key's row is read without a
+// branch (a key that is not attended has weight 0 and reads its row, or the
+// pool's zero padding row past the keys), so that unrolled loads are in
+// flight together.
 template <bool kQuads>
-__global__ void __launch_bounds__(kSplitChunk) ChunkPartials(SplitDecodeArgs a) {
+__global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
   const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int t = threadIdx.x;
-  extern __shared__ float4 q_shared4[];  // qu [dh], then qv [dh]: 16-byte aligned
-  float* q_shared = reinterpret_cast<float*>(q_shared4);
+  const int64_t dh4 = (a.dh + 3) / 4 * 4;
+  extern __shared__ float4 shared4[];  // qu [dh4], qv [dh4] (16-byte aligned), the groups' sums [kLanes][dh]
+  float* qu = reinterpret_cast<float*>(shared4);
+  float* qv = qu + dh4;
+  float* sums = qv + dh4;
   __shared__ float weight[kSplitChunk];
   __shared__ int64_t value_at[kSplitChunk];  // the offset of each key's head-h values in the pool
   __shared__ float reduce[kWarps];
-  float* qu = q_shared;
-  float* qv = q_shared + a.dh;
   const float* q = a.q + b * a.q_stride + h * a.dh;
-  for (int64_t d = t; d < a.dh; d += kSplitChunk) {
+  for (int64_t d = t; d < a.dh; d += kThreads) {
     qu[d] = q[d] + a.u[h * a.dh + d];
     qv[d] = q[d] + a.v[h * a.dh + d];
   }
+  const int key = t / kLanes, lane = t % kLanes;
+  const int64_t j = c * kSplitChunk + key;
+  if (lane == 0) value_at[key] = ((j < a.keys ? a.rows[b * a.keys + j] : 0) * a.heads + h) * a.dh;
   __syncthreads();
-  const int64_t j = c * kSplitChunk + t;
-  value_at[t] = ((j < a.keys ? a.rows[b * a.keys + j] : 0) * a.heads + h) * a.dh;
-  float score = -INFINITY;
-  if (SplitDecodeAttends(a, b, j)) score = kQuads ? Score4(a, qu, qv, b, h, j) : SplitDecodeScore(a, qu, qv, b, h, j);
+
+  const bool attends = SplitDecodeAttends(a, b, j);
+  float ac = 0, bd = 0;
+  if (attends) LaneProducts<kQuads>(a, qu, qv, b, h, j, lane, &ac, &bd);
+  for (int off = 1; off < kLanes; off <<= 1) {  // the key's lanes are adjacent in one warp
+    ac += __shfl_xor_sync(0xffffffffu, ac, off);
+    bd += __shfl_xor_sync(0xffffffffu, bd, off);
+  }
+  const float score = attends ? (ac + bd) * a.scale : -INFINITY;
 
   float top = WarpMax(score);
   if (t % 32 == 0) reduce[t / 32] = top;
@@ -88,9 +116,9 @@ __global__ void __launch_bounds__(kSplitChunk) ChunkPartials(SplitDecodeArgs a) 
   for (int w = 1; w < kWarps; ++w) top = fmaxf(top, reduce[w]);
   __syncthreads();  // every thread has read `reduce` before it is reused
 
-  const float w = score == -INFINITY ? 0.0f : expf(score - top);
-  weight[t] = w;
-  const float warp_sum = WarpSum(w);
+  const float w = attends ? expf(score - top) : 0.0f;
+  if (lane == 0) weight[key] = w;
+  const float warp_sum = WarpSum(lane == 0 ? w : 0.0f);
   if (t % 32 == 0) reduce[t / 32] = warp_sum;
   __syncthreads();
   float* out = a.Partial(b, h, c);
@@ -100,19 +128,57 @@ __global__ void __launch_bounds__(kSplitChunk) ChunkPartials(SplitDecodeArgs a) 
     out[0] = top;
     out[1] = sum;
   }
-  for (int64_t d = t; d < a.dh; d += kSplitChunk) {
+  const int group = t / kSplitChunk, column = t % kSplitChunk;
+  for (int64_t d = column; d < a.dh; d += kSplitChunk) {
     float value = 0;
 #pragma unroll 8
-    for (int i = 0; i < kSplitChunk; ++i) value += weight[i] * SplitDecodeKv(a.pool_values, a.kv_bf16, value_at[i] + d);
+    for (int i = group; i < kSplitChunk; i += kLanes)
+      value += weight[i] * SplitDecodeKv(a.pool_values, a.kv_bf16, value_at[i] + d);
+    sums[group * a.dh + d] = value;
+  }
+  __syncthreads();
+  for (int64_t d = t; d < a.dh; d += kThreads) {
+    float value = 0;
+    for (int g = 0; g < kLanes; ++g) value += sums[g * a.dh + d];
     out[2 + d] = value;
   }
 }
 
-// Block (head h, session b): thread d's output column from every chunk.
-__global__ void CombineChunks(SplitDecodeArgs a) {
+// Block (head h, session b), kCombineThreads threads: SplitDecodeCombine's
+// result with the chunks' loads in parallel. First the largest max and each
+// chunk's scale exp(max_c - top) (0 for a chunk with no attended key), then
+// the scaled sums, then each column's scaled values.
+__global__ void __launch_bounds__(kCombineThreads) CombineChunks(SplitDecodeArgs a) {
   const int64_t h = blockIdx.x, b = blockIdx.y;
-  for (int64_t d = threadIdx.x; d < a.dh; d += blockDim.x)
-    a.out[b * a.out_stride + h * a.dh + d] = SplitDecodeCombine(a, b, h, d);
+  const int t = threadIdx.x;
+  const int64_t chunks = a.Chunks();
+  extern __shared__ float scale[];  // [chunks]
+  __shared__ float reduce[kCombineThreads / 32];
+  float top = -INFINITY;
+  for (int64_t c = t; c < chunks; c += kCombineThreads) top = fmaxf(top, a.Partial(b, h, c)[0]);
+  top = WarpMax(top);
+  if (t % 32 == 0) reduce[t / 32] = top;
+  __syncthreads();
+  top = reduce[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) top = fmaxf(top, reduce[w]);
+  __syncthreads();
+  float sum = 0;
+  for (int64_t c = t; c < chunks; c += kCombineThreads) {
+    const float* p = a.Partial(b, h, c);
+    scale[c] = p[0] == -INFINITY ? 0.0f : expf(p[0] - top);
+    sum += p[1] * scale[c];
+  }
+  sum = WarpSum(sum);
+  if (t % 32 == 0) reduce[t / 32] = sum;
+  __syncthreads();
+  sum = 0;
+  for (int w = 0; w < kCombineThreads / 32; ++w) sum += reduce[w];
+  for (int64_t d = t; d < a.dh; d += kCombineThreads) {
+    float value = 0;
+#pragma unroll 4
+    for (int64_t c = 0; c < chunks; ++c) value += a.Partial(b, h, c)[2 + d] * scale[c];
+    a.out[b * a.out_stride + h * a.dh + d] = value / sum;
+  }
 }
 
 }  // namespace
@@ -124,16 +190,16 @@ const char* LaunchSplitDecodeAttention(const SplitDecodeArgs& a, void* stream) {
   const dim3 chunks(static_cast<unsigned>(a.Chunks()), static_cast<unsigned>(a.heads),
                     static_cast<unsigned>(a.sessions));
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const size_t shared = 2 * ((a.dh + 3) / 4) * sizeof(float4);
+  const size_t shared = (2 * ((a.dh + 3) / 4 * 4) + kLanes * a.dh) * sizeof(float);
   if (a.dh % 4 == 0 && aligned(a.pool_keys) && aligned(a.rel)) {
-    ChunkPartials<true><<<chunks, kSplitChunk, shared, s>>>(a);
+    ChunkPartials<true><<<chunks, kThreads, shared, s>>>(a);
   } else {
-    ChunkPartials<false><<<chunks, kSplitChunk, shared, s>>>(a);
+    ChunkPartials<false><<<chunks, kThreads, shared, s>>>(a);
   }
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cudaGetErrorString(e);
-  const int threads = a.dh < 32 ? 32 : (a.dh > 256 ? 256 : static_cast<int>((a.dh + 31) / 32 * 32));
-  CombineChunks<<<dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.sessions)), threads, 0, s>>>(a);
+  CombineChunks<<<dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.sessions)), kCombineThreads,
+                  a.Chunks() * sizeof(float), s>>>(a);
   e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

@@ -454,7 +454,7 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
     at::Tensor qkv = Product(h, l, 0, at::Tensor()).view({T, 3, H, dh});
     at::Tensor k = qkv.select(1, 1), v = qkv.select(1, 2);
-    if (kv16) {  // attend exactly what the memory will hold (as the decode kernel does)
+    if (kv16 && !split) {  // attend exactly what the memory will hold (SplitDecode reads it from the pool)
       k = k.to(at::kBFloat16).to(at::kFloat);
       v = v.to(at::kBFloat16).to(at::kFloat);
     }

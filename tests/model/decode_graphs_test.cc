@@ -20,10 +20,12 @@ using testing::RandomTokens;
 using testing::Row;
 using testing::TestWeights;
 
-IncrementalModel Generic(const ModelConfig& c, const TxlWeights& w, bool graphs, WeightDtype dtype, KvDtype kv) {
+IncrementalModel Generic(const ModelConfig& c, const TxlWeights& w, bool graphs, WeightDtype dtype, KvDtype kv,
+                         bool split_decode_attention = true) {
   IncrementalModel::Precision p;
   p.kernels = Kernels::kGeneric;
   p.decode_graphs = graphs;
+  p.split_decode_attention = split_decode_attention;
   p.dtype = dtype;
   p.kv_dtype = kv;
   return IncrementalModel(c, w, at::kCPU, p);
@@ -46,54 +48,67 @@ TEST(DecodeBucketTest, SessionsGoToPowersOfTwoAndKeysToMultiplesOf128) {
 // Sessions of several windows (two shorter than a bucket, three that cross
 // from the first key bucket into the second), decoded in changing subsets
 // (1 to 5 sessions: buckets of 1, 2, 4 and 8), with the pool growing half
-// way (captured passes hold its address).
+// way (captured passes hold its address). Both use the split decode
+// attention; a third model, unpadded with the tensor-op attention, holds the
+// split attention to it (the same rounded memories; with bfloat16 weights
+// the tensor ops multiply in bfloat16, the split attention in float32).
 TEST(DecodeGraphsTest, PaddedDecodeStepsEqualTheUnpaddedPass) {
   struct Mode {
     WeightDtype dtype;
     KvDtype kv;
-    double tolerance;
+    double tolerance, split_tolerance;
   };
-  for (const Mode mode :
-       {Mode{WeightDtype::kFloat32, KvDtype::kFloat32, 1e-5}, Mode{WeightDtype::kBfloat16, KvDtype::kBfloat16, 1e-3}}) {
+  for (const Mode mode : {Mode{WeightDtype::kFloat32, KvDtype::kFloat32, 1e-5, 1e-5},
+                          Mode{WeightDtype::kFloat32, KvDtype::kBfloat16, 1e-5, 1e-5},
+                          Mode{WeightDtype::kBfloat16, KvDtype::kBfloat16, 1e-3, 0.05}}) {
     ModelConfig c = testing::SmallConfig();
     c.mem_len = 160;
     const TxlWeights w = TestWeights(c, 31);
     IncrementalModel plain = Generic(c, w, false, mode.dtype, mode.kv);
     IncrementalModel padded = Generic(c, w, true, mode.dtype, mode.kv);
+    IncrementalModel tensor_ops = Generic(c, w, false, mode.dtype, mode.kv, false);
     const std::vector<int64_t> windows = {160, 5, 140, 2, 130};
-    std::vector<SessionMemory> a, b;
+    std::vector<SessionMemory> a, b, t;
     a.reserve(64);
     b.reserve(64);
+    t.reserve(64);
     auto add = [&](int64_t window, int64_t prefill, uint32_t seed) {
       a.emplace_back(c.n_layer, window);
       b.emplace_back(c.n_layer, window);
+      t.emplace_back(c.n_layer, window);
       const std::vector<int64_t> tokens = RandomTokens(prefill, c.n_token, seed);
-      const StepInput ia = Row(&a.back(), tokens), ib = Row(&b.back(), tokens);
-      EXPECT_LT(MaxAbsDiff(plain.Step(absl::MakeConstSpan(&ia, 1)), padded.Step(absl::MakeConstSpan(&ib, 1))),
-                mode.tolerance)
-          << "a prefill is not padded";
+      const StepInput ia = Row(&a.back(), tokens), ib = Row(&b.back(), tokens), it = Row(&t.back(), tokens);
+      const at::Tensor ha = plain.Step(absl::MakeConstSpan(&ia, 1));
+      EXPECT_LT(MaxAbsDiff(ha, padded.Step(absl::MakeConstSpan(&ib, 1))), mode.tolerance) << "a prefill is not padded";
+      EXPECT_LT(MaxAbsDiff(ha, tensor_ops.Step(absl::MakeConstSpan(&it, 1))), mode.split_tolerance)
+          << "a prefill takes the tensor ops";
     };
     for (size_t i = 0; i < windows.size(); ++i) add(windows[i], 100 + 7 * static_cast<int64_t>(i), 50 + i);
     const int64_t before = padded.graph_counts().padded;
-    double worst = 0;
+    double worst = 0, worst_split = 0;
     for (int step = 0; step < 50; ++step) {
       if (step == 25) {
         const int64_t rows = padded.pool()->rows();
         for (int i = 0; i < 40; ++i) add(160, 60, 900 + i);
         EXPECT_GT(padded.pool()->rows(), rows) << "the pool grew";
       }
-      std::vector<StepInput> ia, ib;
+      std::vector<StepInput> ia, ib, it;
       for (size_t s = 0; s < a.size(); ++s) {
         const bool in = s < windows.size() ? (step + s) % 4 != 0 : s % 13 == static_cast<size_t>(step % 13);
         if (!in) continue;
         const int64_t token = (step * 7 + static_cast<int64_t>(s) * 5) % c.n_token;
         ia.push_back(Row(&a[s], {token}));
         ib.push_back(Row(&b[s], {token}));
+        it.push_back(Row(&t[s], {token}));
       }
-      worst = std::max(worst, MaxAbsDiff(plain.Step(absl::MakeSpan(ia)), padded.Step(absl::MakeSpan(ib))));
+      const at::Tensor ha = plain.Step(absl::MakeSpan(ia));
+      worst = std::max(worst, MaxAbsDiff(ha, padded.Step(absl::MakeSpan(ib))));
+      worst_split = std::max(worst_split, MaxAbsDiff(ha, tensor_ops.Step(absl::MakeSpan(it))));
     }
-    std::cout << DtypeName(mode.dtype) << ": padded decode steps vs unpadded, max |diff| " << worst << "\n";
+    std::cout << DtypeName(mode.dtype) << " weights, " << DtypeName(mode.kv) << " memories: padded decode steps vs "
+              << "unpadded, max |diff| " << worst << "; split attention vs tensor ops " << worst_split << "\n";
     EXPECT_LT(worst, mode.tolerance);
+    EXPECT_LT(worst_split, mode.split_tolerance);
     EXPECT_EQ(padded.graph_counts().padded - before, 50) << "every decode step was padded";
     EXPECT_EQ(padded.graph_counts().captured, 0) << "nothing is captured on a CPU";
     EXPECT_EQ(plain.graph_counts().padded, 0);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "bench/engine_bench.h"
 
 namespace engine_bench {
@@ -62,8 +63,8 @@ void Bench::PairRows(const std::string& group, const std::string& what, const st
     r.b = Median(r.b_reps);
     r.ratio = r.b / r.a;
     r.target = 1;
-    r.extra[absl::StrCat("tokens_per_second_", a_name)] = n / r.a;
-    r.extra[absl::StrCat("tokens_per_second_", b_name)] = n / r.b;
+    r.extra[absl::StrCat("tokens_per_second_", absl::StrReplaceAll(a_name, {{" ", "_"}}))] = n / r.a;
+    r.extra[absl::StrCat("tokens_per_second_", absl::StrReplaceAll(b_name, {{" ", "_"}}))] = n / r.b;
     r.extra["sessions"] = n;
     rows->push_back(r);
   }

@@ -31,20 +31,27 @@ uint64_t DurationNs(const torch::autograd::profiler::KinetoEvent& e) {
 absl::Status ProfileSteps(const std::function<absl::Status()>& step, const ProfileConfig& config, std::ostream& out) {
   namespace impl = torch::profiler::impl;
   namespace profiler = torch::autograd::profiler;
+  if (config.steps <= 0) return absl::InvalidArgumentError("profile: steps must be at least 1");
   std::unique_ptr<profiler::ProfilerResult> result;
+  bool enabled = false;
   try {
     const impl::ProfilerConfig kineto(impl::ProfilerState::KINETO);
     const std::set<impl::ActivityType> activities = {impl::ActivityType::CPU, impl::ActivityType::CUDA};
     profiler::prepareProfiler(kineto, activities);
     profiler::enableProfiler(kineto, activities);
+    enabled = true;
     absl::Status status;
     for (int i = 0; i < config.steps && status.ok(); ++i) status = step();
+    enabled = false;
     result = profiler::disableProfiler();
     if (!status.ok()) return status;
     if (!config.trace.empty()) result->save(config.trace);
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
+    if (enabled) profiler::disableProfiler();
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
     return absl::FailedPreconditionError(
-        absl::StrCat("the profiler (Kineto) failed; is this libtorch built with it? ", e.what_without_backtrace()));
+        absl::StrCat("the profiler (Kineto) failed; is this libtorch built with it? ",
+                     torch_error != nullptr ? torch_error->what_without_backtrace() : e.what()));
   }
   struct Sum {
     int64_t calls = 0;

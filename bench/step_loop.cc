@@ -108,6 +108,14 @@ int main(int argc, char** argv) {
     std::sort(seconds.begin(), seconds.end());
     return seconds[seconds.size() / 2];
   };
+  if (absl::GetFlag(FLAGS_prefill) > 0 && !absl::GetFlag(FLAGS_profile).empty()) {
+    std::cerr << "step_loop: --profile profiles decode steps; it does not go with --prefill\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_profile_steps) < 1) {
+    std::cerr << "step_loop: --profile_steps must be at least 1\n";
+    return 2;
+  }
   if (const int n = absl::GetFlag(FLAGS_prefill); n > 0) {
     for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
       auto s = (*lm)->NewSession(mem + 1);

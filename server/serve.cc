@@ -270,8 +270,11 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
     return m;
   }
   // The server's flags are every model's ceilings; a model's limits.json may lower them.
-  const txl::ModelLimits ceilings{0, o.service.max_mem_len, o.service.max_new_tokens, o.service.max_input_tokens,
-                                  o.table.max_sessions};
+  txl::ModelLimits ceilings;  // what a model's limits.json may lower but not raise
+  ceilings.max_mem_len = o.service.max_mem_len;
+  ceilings.max_new_tokens = o.service.max_new_tokens;
+  ceilings.max_input_tokens = o.service.max_input_tokens;
+  ceilings.max_sessions = o.table.max_sessions;
   auto repository = txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(o.model, ceilings),
                                                  txl::ServedModelSizer(o.model));
   if (!repository.ok()) {

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineChunks(SplitDecodeArgs
 
 }  // namespace
 
-const char* LaunchSplitDecodeAttention(const SplitDecodeArgs& a, void* stream) {
+const char* QueueSplitDecodeAttention(const SplitDecodeArgs& a, void* stream) {
   if (a.sessions == 0) return nullptr;
   if (a.heads > 65535 || a.sessions > 65535) return "SplitDecodeAttention: over 65535 heads or sessions";
   cudaStream_t s = static_cast<cudaStream_t>(stream);

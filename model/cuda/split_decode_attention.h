@@ -2,8 +2,8 @@
 // split_decode_attention.h): two kernels on `stream` (a cudaStream_t), the
 // chunks' partials and then their combination. Torch-free; compiled only
 // against a CUDA libtorch (scripts/cuda_build.sh), and called only by
-// model/net/cuda_launch.cc, which passes libtorch's current stream so that a
-// decode graph's capture records them.
+// model/net/cuda_launch.cc, which passes libtorch's current stream of the
+// model's device so that a decode graph's capture records them.
 #ifndef TXL_MODEL_CUDA_SPLIT_DECODE_ATTENTION_H_
 #define TXL_MODEL_CUDA_SPLIT_DECODE_ATTENTION_H_
 
@@ -11,8 +11,10 @@
 
 namespace txl {
 
-// Null once both are queued, else CUDA's description of the launch error.
-const char* LaunchSplitDecodeAttention(const SplitDecodeArgs& a, void* stream);
+// Null once both are queued, else CUDA's description of the launch error
+// (a C string: this file stays free of torch and Abseil). The caller makes
+// the pointers' device current.
+const char* QueueSplitDecodeAttention(const SplitDecodeArgs& a, void* stream);
 
 }  // namespace txl
 

@@ -7,11 +7,14 @@
 // keys into a padded block, the position term's product and gather, the
 // mask, the softmax and the two attention products of the tensor-op path.
 //
-// The arithmetic of one key and of the combination is written once, here,
-// for both sides: the CUDA kernels (model/cuda/split_decode_attention.cu,
-// CUDA build only) and the CPU's run of the same steps
-// (split_decode_attention.cc), which `--kernels generic` takes, so that the
-// tests here check the GPU's indexing, masking and combination.
+// The CPU's run of these steps (split_decode_attention.cc) is what
+// `--kernels generic` takes; the CUDA kernels (model/cuda/
+// split_decode_attention.cu, CUDA build only) share the mask
+// (SplitDecodeAttends), the bfloat16 widening and the layout of the
+// partials, and repeat the score's indexing with wider loads and the
+// combination with parallel loads. So the tests here check the algorithm
+// and its CPU form; the kernels themselves run only on a lent GPU
+// (scripts/gpu_check.sh: eval, graphs and servers against the CPU).
 // Torch-free, and free of CUDA headers.
 #ifndef TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_
 #define TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_

@@ -1,6 +1,7 @@
 // LaunchSplitDecodeAttention on a CUDA libtorch's current stream.
 #include "model/net/cuda_launch.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -8,8 +9,13 @@
 
 namespace txl {
 
-void LaunchSplitDecodeAttention(const SplitDecodeArgs& a) {
-  const char* error = LaunchSplitDecodeAttention(a, c10::cuda::getCurrentCUDAStream().stream());
+void LaunchSplitDecodeAttention(const SplitDecodeArgs& a, int device_index) {
+  // libtorch's ops guard their own device; a raw launch goes to the current
+  // one. (-1, "cuda" without an index: the current device, as libtorch reads it.)
+  const c10::DeviceIndex index =
+      device_index < 0 ? c10::cuda::current_device() : static_cast<c10::DeviceIndex>(device_index);
+  const c10::cuda::CUDAGuard on_device(index);
+  const char* error = QueueSplitDecodeAttention(a, c10::cuda::getCurrentCUDAStream(index).stream());
   TORCH_CHECK(error == nullptr, "SplitDecodeAttention's CUDA kernels did not launch: ", error);
 }
 

@@ -9,9 +9,10 @@
 
 namespace txl {
 
-// Queues SplitDecodeAttention; throws c10::Error with CUDA's reason if the
-// launch fails.
-void LaunchSplitDecodeAttention(const SplitDecodeArgs& a);
+// Queues SplitDecodeAttention on CUDA device `device_index` (where a's
+// pointers are; -1: the current device), on that device's current stream;
+// throws c10::Error with CUDA's reason if the launch fails.
+void LaunchSplitDecodeAttention(const SplitDecodeArgs& a, int device_index);
 
 }  // namespace txl
 

@@ -7,7 +7,7 @@
 
 namespace txl {
 
-void LaunchSplitDecodeAttention(const SplitDecodeArgs&) {
+void LaunchSplitDecodeAttention(const SplitDecodeArgs&, int) {
   TORCH_CHECK(false,
               "SplitDecodeAttention's CUDA kernels need a build against a CUDA libtorch (scripts/cuda_build.sh)");
 }

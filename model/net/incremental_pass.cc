@@ -245,7 +245,8 @@ at::Tensor IncrementalModel::ReluProduct(const at::Tensor& x, int64_t l) const {
 }
 
 bool IncrementalModel::SplitDecodeRuns(const PassGeometry& g, const PoolPlan& plan) const {
-  return split_decode_ && g.N == 1 && g.uniform && plan.gather && plan.patch_rows.empty();
+  return split_decode_ && (device_.is_cpu() || device_.is_cuda()) && g.N == 1 && g.uniform && plan.gather &&
+         plan.patch_rows.empty();
 }
 
 at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& meta, int64_t l,
@@ -285,7 +286,7 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   if (device_.is_cpu()) {
     at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) { SplitDecodeAttentionCpu(a, begin, end); });
   } else {
-    LaunchSplitDecodeAttention(a);
+    LaunchSplitDecodeAttention(a, device_.index());
   }
   return out;
 }

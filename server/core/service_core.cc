@@ -73,14 +73,13 @@ RequestLimits ServiceCore::Limits(const ServedModel* m) const {
                          config.max_top_logprobs};
   }
   const ModelLimits& own = m->limits();  // 0: the server's
-  const auto or_server = [](int64_t model, int64_t server) { return model > 0 ? model : server; };
   RequestLimits limits;
   limits.n_token = m->config().n_token;
-  limits.max_mem_len = or_server(own.max_mem_len, config.max_mem_len);
+  limits.max_mem_len = ModelOrServer(own.max_mem_len, config.max_mem_len);
   limits.default_mem_len =
-      std::min(or_server(own.default_mem_len, DefaultMemLenOf(config, m->config().mem_len)), limits.max_mem_len);
-  limits.max_new_tokens = static_cast<int>(or_server(own.max_new_tokens, config.max_new_tokens));
-  limits.max_input_tokens = or_server(own.max_input_tokens, config.max_input_tokens);
+      std::min(ModelOrServer(own.default_mem_len, DefaultMemLenOf(config, m->config().mem_len)), limits.max_mem_len);
+  limits.max_new_tokens = static_cast<int>(ModelOrServer(own.max_new_tokens, config.max_new_tokens));
+  limits.max_input_tokens = ModelOrServer(own.max_input_tokens, config.max_input_tokens);
   limits.max_top_logprobs = config.max_top_logprobs;
   return limits;
 }
@@ -88,7 +87,7 @@ RequestLimits ServiceCore::Limits(const ServedModel* m) const {
 int64_t ServiceCore::DefaultMemLen(const ServedModel& m) const { return Limits(&m).default_mem_len; }
 
 int64_t ServiceCore::MaxSessions(const ServedModel& m) const {
-  return m.limits().max_sessions > 0 ? m.limits().max_sessions : table->config().max_sessions;
+  return ModelOrServer(m.limits().max_sessions, table->config().max_sessions);
 }
 
 RequestValidator ServiceCore::Validator(const ServedModel& m) const {

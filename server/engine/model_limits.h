@@ -21,6 +21,8 @@ struct ModelLimits {
   int64_t max_input_tokens = 0;
   int64_t max_sessions = 0;  // live sessions of the model, all its versions together
 };
+// A model's limit where its limits.json sets one (> 0), else the server's.
+inline int64_t ModelOrServer(int64_t model, int64_t server) { return model > 0 ? model : server; }
 // Whether a request on a session reads alike under both: the per-request
 // limits (a session's window, and the model's session count, are the
 // session's and the model's already).

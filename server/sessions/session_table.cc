@@ -62,16 +62,14 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
         absl::StrCat("session limit reached (max_sessions=", config_.max_sessions, ")"));
   }
   if (config_.max_sessions_per_principal > 0) {
-    auto held = sessions_of_.find(owner);
-    if (held != sessions_of_.end() && held->second >= config_.max_sessions_per_principal) {
+    if (sessions_of_.Count(owner) >= config_.max_sessions_per_principal) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "session limit of this principal reached (max_sessions_per_principal=", config_.max_sessions_per_principal,
           "); delete a session first"));
     }
   }
   if (model != nullptr && model->limits().max_sessions > 0) {
-    auto held = sessions_by_model_.find(model->name());
-    if (held != sessions_by_model_.end() && held->second >= model->limits().max_sessions) {
+    if (sessions_by_model_.Count(model->name()) >= model->limits().max_sessions) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "session limit of model ", model->name(),
           " reached (its limits.json max_sessions=", model->limits().max_sessions, "); delete a session first"));
@@ -93,7 +91,7 @@ absl::StatusOr<SessionLease> SessionTable::CreateAcquired(const std::string& own
   e.info.owner = owner;
   e.model = model;
   if (model != nullptr) e.info.model = model->ref();
-  ++sessions_of_[owner];
+  sessions_of_.Add(owner, +1);
   CountModel(model.get(), +1);
   e.info.created = e.info.last_used = now;
   e.info.idle_ttl = ttl;
@@ -297,15 +295,13 @@ int64_t SessionTable::memory_bytes() const {
 
 void SessionTable::CountModel(const ServedModel* model, int delta) {
   if (model == nullptr) return;
-  auto [held, _] = sessions_by_model_.try_emplace(model->name(), 0);
-  if ((held->second += delta) == 0) sessions_by_model_.erase(held);
+  sessions_by_model_.Add(model->name(), delta);
 }
 
 std::shared_ptr<ServedModel> SessionTable::Erase(Map::iterator it) {
   checkpoints_.Drop(it->first);
   if (it->second.resident) reserved_bytes_ -= it->second.reserved_bytes;
-  auto held = sessions_of_.find(it->second.info.owner);
-  if (--held->second == 0) sessions_of_.erase(held);  // no entry per principal that ever called
+  sessions_of_.Add(it->second.info.owner, -1);
   CountModel(it->second.model.get(), -1);
   std::shared_ptr<ServedModel> version = std::move(it->second.model);
   sessions_.erase(it);
@@ -337,7 +333,7 @@ absl::Status SessionTable::AddIdle(const std::string& id, const std::string& own
   e.info.owner = owner;
   e.model = std::move(model);
   if (e.model != nullptr) e.info.model = e.model->ref();
-  ++sessions_of_[owner];
+  sessions_of_.Add(owner, +1);
   CountModel(e.model.get(), +1);  // a recovered session counts, even past its model's max_sessions
   e.info.created = created;
   e.info.last_used = absl::Now();

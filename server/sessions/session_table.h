@@ -39,6 +39,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/served_model.h"
 #include "server/sessions/checkpoint_store.h"
+#include "server/sessions/key_counts.h"
 #include "server/sessions/state_cache.h"
 #include "server/sessions/token_history.h"
 
@@ -264,9 +265,9 @@ class SessionTable {
   mutable absl::Mutex mu_;
   Map sessions_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<std::string, int64_t> sessions_of_ ABSL_GUARDED_BY(mu_);  // per owner
+  KeyCounts sessions_of_ ABSL_GUARDED_BY(mu_);  // per owner
   // Live sessions per model name (its versions together), for ModelLimits::max_sessions.
-  absl::flat_hash_map<std::string, int64_t> sessions_by_model_ ABSL_GUARDED_BY(mu_);
+  KeyCounts sessions_by_model_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace txl

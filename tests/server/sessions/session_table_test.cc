@@ -19,6 +19,23 @@ const std::shared_ptr<ServedModel>& Model() {
   return *model;
 }
 
+// The per-principal and per-model counts keep no entry at zero: a map of
+// every principal that ever held a session would grow without bound.
+TEST(KeyCountsTest, AKeyBackAtZeroLeavesNoEntry) {
+  KeyCounts counts;
+  EXPECT_EQ(counts.Count("alice"), 0);
+  counts.Add("alice", +1);
+  counts.Add("alice", +1);
+  counts.Add("bob", +1);
+  EXPECT_EQ(counts.Count("alice"), 2);
+  EXPECT_EQ(counts.keys(), 2);
+  counts.Add("alice", -2);
+  EXPECT_EQ(counts.Count("alice"), 0);
+  EXPECT_EQ(counts.keys(), 1);
+  counts.Add("bob", -1);
+  EXPECT_EQ(counts.keys(), 0);
+}
+
 TEST(SessionTableTest, IdsAreLongRandomAndUnique) {
   SessionTable table({});
   std::set<std::string> ids;

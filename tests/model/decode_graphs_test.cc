@@ -59,7 +59,9 @@ TEST(DecodeGraphsTest, PaddedDecodeStepsEqualTheUnpaddedPass) {
     double tolerance, split_tolerance;
   };
   for (const Mode mode : {Mode{WeightDtype::kFloat32, KvDtype::kFloat32, 1e-5, 1e-5},
-                          Mode{WeightDtype::kFloat32, KvDtype::kBfloat16, 1e-5, 1e-5},
+                          // (1.1e-5 against torch 2.11's products, 4.9e-6 against 1.13's;
+                          // attending unrounded keys would differ by about 1e-3)
+                          Mode{WeightDtype::kFloat32, KvDtype::kBfloat16, 1e-5, 1e-4},
                           Mode{WeightDtype::kBfloat16, KvDtype::kBfloat16, 1e-3, 0.05}}) {
     ModelConfig c = testing::SmallConfig();
     c.mem_len = 160;

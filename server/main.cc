@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, version_policy, "latest",
 ABSL_FLAG(double, repository_poll_seconds, 0,
           "rescan --model_repository this often, loading new versions and retiring removed ones (0: never; "
           "LoadModel and UnloadModel still work)");
+ABSL_FLAG(int32_t, repository_load_nice, 19,
+          "the repository's loads (polls, LoadModel) run this much nicer than the server, 19 at most, so that "
+          "they give way to the engine's steps (0: the server's priority)");
 ABSL_FLAG(int64_t, model_memory_budget, -1,
           "bytes the repository's loaded weights may hold together; a version that does not fit is refused with "
           "the figures. -1: twice what the versions loaded at start-up hold, or a quarter of the host's available "
@@ -193,6 +196,11 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (!(poll >= 0) || poll > 86400)
     return absl::InvalidArgumentError(absl::StrCat("--repository_poll_seconds must be in [0, 86400], got ", poll));
   o.repository_poll = poll == 0 ? absl::InfiniteDuration() : absl::Seconds(poll);
+  o.repository_load_nice = absl::GetFlag(FLAGS_repository_load_nice);
+  if (o.repository_load_nice < 0 || o.repository_load_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--repository_load_nice must be in [0, 19], got ", o.repository_load_nice));
+  }
   if (o.repository.dir.empty()) {
     o.model.path = absl::GetFlag(FLAGS_model).empty() ? BundledModel() : absl::GetFlag(FLAGS_model);
   }

@@ -307,7 +307,10 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
     std::cerr << "txl-server: model memory budget " << budget << " bytes (" << how << "): the start-up versions hold "
               << held << ", which leaves " << m.later_versions_bytes << " for versions loaded later" << std::endl;
   }
-  m.poller = std::make_unique<txl::RepositoryPoller>(m.repository.get(), o.repository_poll);
+  txl::RepositoryPollerConfig poller;
+  poller.interval = o.repository_poll;
+  poller.nice_increment = o.repository_load_nice;
+  m.poller = std::make_unique<txl::RepositoryPoller>(m.repository.get(), poller);
   m.what = absl::StrCat("repository ", o.repository.dir, " (", absl::StrJoin(states, ", "), ")");
   return m;
 }

@@ -29,6 +29,7 @@ struct ServerOptions {
   // start-up versions are loaded (serve.cc's DefaultModelBudget).
   int64_t model_memory_budget = -1;
   absl::Duration repository_poll = absl::InfiniteDuration();  // --repository_poll_seconds (0: never)
+  int repository_load_nice = 19;                              // --repository_load_nice
   ServiceConfig service;                                      // default_mem_len 0: the model's, once it is loaded
   SessionTableConfig table;
   SchedulerConfig scheduler;

@@ -1,11 +1,23 @@
 #include "server/engine/repository_poller.h"
 
+#include <algorithm>
+
 #include "base/log.h"
+#include "base/thread_nice.h"
 
 namespace txl {
 
-RepositoryPoller::RepositoryPoller(ModelRepository* repository, absl::Duration interval)
-    : repository_(repository), interval_(interval), thread_([this] { Loop(); }) {}
+namespace {
+
+int NiceAbove(int increment) {
+  const absl::StatusOr<int> now = ThisThreadNice();
+  return std::min(19, (now.ok() ? *now : 0) + std::max(0, increment));
+}
+
+}  // namespace
+
+RepositoryPoller::RepositoryPoller(ModelRepository* repository, RepositoryPollerConfig config)
+    : repository_(repository), config_(config), nice_(NiceAbove(config.nice_increment)), thread_([this] { Loop(); }) {}
 
 RepositoryPoller::~RepositoryPoller() { Stop(); }
 
@@ -30,8 +42,12 @@ int64_t RepositoryPoller::polls() const {
 }
 
 void RepositoryPoller::Loop() {
+  // Before any load starts a parallel loop, so that its team inherits it.
+  if (absl::Status s = SetThisThreadNice(nice_); !s.ok()) {
+    TXL_LOG(WARNING) << "model repository: loads run at the server's priority: " << s.message();
+  }
   bool failing = false;  // log a failure once, and the recovery
-  absl::Time next_poll = absl::Now() + interval_;
+  absl::Time next_poll = absl::Now() + config_.interval;
   while (true) {
     std::function<void()> work;
     {
@@ -49,7 +65,7 @@ void RepositoryPoller::Loop() {
       work();
       continue;
     }
-    next_poll = absl::Now() + interval_;
+    next_poll = absl::Now() + config_.interval;
     const absl::Status polled = repository_->Poll();
     if (!polled.ok() && !failing) TXL_LOG(WARNING) << "model repository: " << polled.message();
     if (polled.ok() && failing) TXL_LOG(INFO) << "model repository: polling again";

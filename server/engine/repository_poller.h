@@ -6,6 +6,19 @@
 // repository work a request asks for (Run: an explicit load or unload),
 // which may take seconds and so never runs on a transport's thread.
 //
+// Priority: the thread runs at a nice value `nice_increment` above the
+// thread that made the poller (19 at most), and any thread it starts (an
+// OpenMP team for a load's parallel loops) inherits it. A load (reading,
+// packing and timing the weights, the warm-up step) then gives way to the
+// engine's steps on a busy host (nice 19 weighs 1.5% of nice 0), which is
+// what keeps the live streams' inter-token gaps flat during a reload
+// (bench/reload.py, R2); a load on a saturated host takes longer instead.
+// The other side of inheritance: a pool the poller's thread started first
+// and others shared later would keep the low priority. A reload on the CPU
+// starts no thread (the server's thread list is unchanged after one); on a
+// GPU, the start-up load on the main thread has made the device's context,
+// and every version uses the same --device.
+//
 // Threading: the poller's thread calls Poll and the queued work, one at a
 // time; mu_ guards stopping_ and the queue. Stop (or the destructor) wakes
 // it and joins it, without waiting out the interval (a load in progress,
@@ -25,11 +38,17 @@
 
 namespace txl {
 
+struct RepositoryPollerConfig {
+  // > 0; absl::InfiniteDuration(): no polls, only the work Run queues.
+  absl::Duration interval = absl::InfiniteDuration();
+  // >= 0 (--repository_load_nice); 0 keeps the creating thread's priority.
+  int nice_increment = 19;
+};
+
 class RepositoryPoller {
  public:
-  // `repository` must outlive the poller; `interval` > 0
-  // (absl::InfiniteDuration(): no polls, only the work Run queues).
-  RepositoryPoller(ModelRepository* repository, absl::Duration interval);
+  // `repository` must outlive the poller.
+  RepositoryPoller(ModelRepository* repository, RepositoryPollerConfig config);
   ~RepositoryPoller();  // Stop()s
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
   // Queues `work` for the poller's thread; false (and `work` is dropped)
@@ -42,7 +61,8 @@ class RepositoryPoller {
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   ModelRepository* const repository_;
-  const absl::Duration interval_;
+  const RepositoryPollerConfig config_;
+  const int nice_;  // the creating thread's value plus the increment
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::function<void()>> work_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/read_file.h"
+#include "base/thread_nice.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -336,7 +338,7 @@ TEST_F(ModelRepositoryTest, APollerPicksUpAPublishedVersionAndOutlivesAMissingDi
   Put("char", 1);
   auto r = Open();
   ASSERT_NE(r, nullptr);
-  RepositoryPoller poller(r.get(), absl::Milliseconds(5));
+  RepositoryPoller poller(r.get(), RepositoryPollerConfig{absl::Milliseconds(5)});
   Put("char", 2);
   ASSERT_TRUE(Eventually([&] { return Newest(*r, "char") == 2; }));
   // The directory gone for a while: polls fail, and the loaded version goes on serving.
@@ -349,11 +351,39 @@ TEST_F(ModelRepositoryTest, APollerPicksUpAPublishedVersionAndOutlivesAMissingDi
   ASSERT_TRUE(Eventually([&] { return Newest(*r, "char") == 3; }));
 }
 
+// The loads run below the engine's priority, and so do the threads a load
+// starts (its parallel loops' team): bench/reload.py's R2.
+TEST_F(ModelRepositoryTest, APollersWorkAndTheThreadsItStartsRunAtTheLoweredNiceValue) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  const absl::StatusOr<int> server = ThisThreadNice();
+  ASSERT_TRUE(server.ok()) << server.status();
+  if (*server == 19) GTEST_SKIP() << "the test itself runs at the lowest priority: nothing can be lower";
+  for (const int increment : {0, 3, 19}) {
+    RepositoryPollerConfig config;
+    config.nice_increment = increment;
+    RepositoryPoller poller(r.get(), config);
+    absl::Notification ran;
+    absl::StatusOr<int> seen, started;
+    ASSERT_TRUE(poller.Run([&] {
+      seen = ThisThreadNice();
+      std::thread([&] { started = ThisThreadNice(); }).join();
+      ran.Notify();
+    }));
+    ran.WaitForNotification();
+    ASSERT_TRUE(seen.ok() && started.ok());
+    EXPECT_EQ(*seen, std::min(19, *server + increment)) << "increment " << increment;
+    EXPECT_EQ(*started, *seen) << "increment " << increment;
+  }
+  EXPECT_EQ(*ThisThreadNice(), *server);  // the caller's own is untouched
+}
+
 TEST_F(ModelRepositoryTest, StoppingAPollerDoesNotWaitOutItsInterval) {
   Put("char", 1);
   auto r = Open();
   ASSERT_NE(r, nullptr);
-  RepositoryPoller poller(r.get(), absl::Hours(1));
+  RepositoryPoller poller(r.get(), RepositoryPollerConfig{absl::Hours(1)});
   poller.Stop();  // would hang the test for an hour
   EXPECT_EQ(poller.polls(), 0);
 }
@@ -395,7 +425,7 @@ TEST_F(ModelRepositoryTest, APollerRunsQueuedWorkWithoutPollingAndFinishesItBefo
   Put("char", 1);
   auto r = Open();
   ASSERT_NE(r, nullptr);
-  RepositoryPoller poller(r.get(), absl::InfiniteDuration());
+  RepositoryPoller poller(r.get(), RepositoryPollerConfig{absl::InfiniteDuration()});
   absl::Notification loaded;
   Put("char", 2);
   ASSERT_TRUE(poller.Run([&] {

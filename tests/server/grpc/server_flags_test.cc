@@ -56,25 +56,31 @@ TEST(ServerPrecisionTest, ReportsTheDtypesItWasStartedWith) {
 
 // A bad name fails at start-up, before the model loads: exit 1 (as every
 // start-up failure) with a line naming the flag and the allowed values.
+// txl-server with `flag` beside a good model: it must exit 1 before
+// listening, its output containing `expected`.
+void ExpectRefusedAtStart(const std::string& flag, const std::string& expected) {
+  const std::string command = std::string(TXL_SERVER_BINARY) + " --model=" + ModelPath() +
+                              " --listen=127.0.0.1:0 --metrics_listen= --http_listen= " + flag + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << flag << ": " << output;
+  EXPECT_NE(output.find(expected), std::string::npos) << flag << ": " << output;
+  EXPECT_EQ(output.find("listening"), std::string::npos) << flag << ": " << output;
+}
+
 TEST(ServerPrecisionTest, BadDtypeNamesTheFlagAndExitsNonZero) {
-  struct Case {
-    std::string flag, expected;
-  };
-  for (const Case& t : {Case{"--dtype=fp8", "txl-server: dtype: unknown 'fp8' (use float32, bfloat16 or int8)"},
-                        Case{"--kv_dtype=int8", "txl-server: kv_dtype: unknown 'int8' (use float32 or bfloat16)"}}) {
-    const std::string command = std::string(TXL_SERVER_BINARY) + " --model=" + ModelPath() +
-                                " --listen=127.0.0.1:0 --metrics_listen= --http_listen= " + t.flag + " 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::string output;
-    char buf[512];
-    while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
-    const int status = pclose(pipe);
-    ASSERT_TRUE(WIFEXITED(status)) << output;
-    EXPECT_EQ(WEXITSTATUS(status), 1) << output;
-    EXPECT_NE(output.find(t.expected), std::string::npos) << output;
-    EXPECT_EQ(output.find("listening"), std::string::npos) << output;
-  }
+  ExpectRefusedAtStart("--dtype=fp8", "txl-server: dtype: unknown 'fp8' (use float32, bfloat16 or int8)");
+  ExpectRefusedAtStart("--kv_dtype=int8", "txl-server: kv_dtype: unknown 'int8' (use float32 or bfloat16)");
+}
+
+TEST(ServerFlagsTest, ARepositoryLoadNiceOutsideItsRangeNamesTheFlag) {
+  ExpectRefusedAtStart("--repository_load_nice=20", "--repository_load_nice must be in [0, 19], got 20");
+  ExpectRefusedAtStart("--repository_load_nice=-1", "--repository_load_nice must be in [0, 19], got -1");
 }
 
 // --kv_dtype bfloat16 halves what a session holds, as the API reports it

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "client/txl_client.h"
@@ -39,6 +41,14 @@ inline std::string ModelPath() {
     // Large weights make the distributions peaked, so greedy choices are
     // far from ties and batching differences could not flip them.
     EXPECT_TRUE(WriteInitialCheckpoint(p, c, Tokenizer::Byte(), 3, 0.3).ok());
+    // ctest runs each test in a process of its own: without this, every
+    // one of them left a checkpoint behind (the temp_files test).
+    // (The handler runs after `path` is destroyed: it reads a copy that never is.)
+    static const std::string* const written = new std::string(p);
+    std::atexit([] {
+      std::error_code ignored;  // the throwing form would terminate a passed test
+      std::filesystem::remove(*written, ignored);
+    });
     return p;
   }();
   return path;

@@ -64,10 +64,19 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
   ASSIGN_OR_RETURN(spec.input, DecodeInput(req.input()));
   // 0: 16, or the limit when that is less (a model's limits.json may set it lower).
   const int default_new_tokens = std::min(16, limits_.max_new_tokens);
+  spec.echo = req.echo();
   spec.max_new_tokens = req.max_new_tokens() == 0 ? default_new_tokens : req.max_new_tokens();
-  if (spec.max_new_tokens < 1 || spec.max_new_tokens > limits_.max_new_tokens) {
+  if (req.max_new_tokens() == -1 && spec.echo) {
+    spec.max_new_tokens = 0;  // the input's log-probs alone
+    if (spec.input.empty())
+      return absl::InvalidArgumentError("input: empty, and echo generating nothing has nothing to return");
+  } else if (req.max_new_tokens() == -1) {
+    return absl::InvalidArgumentError(
+        "max_new_tokens: -1 (none) is only for echo, which returns the input's log-probs");
+  } else if (spec.max_new_tokens < 1 || spec.max_new_tokens > limits_.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: must be in [1, ", limits_.max_new_tokens,
-                                                   "] (0: ", default_new_tokens, "), got ", req.max_new_tokens()));
+                                                   "] (0: ", default_new_tokens, "; -1: none, with echo), got ",
+                                                   req.max_new_tokens()));
   }
   spec.sampling.temperature = req.sampling().temperature();
   spec.sampling.top_k = req.sampling().top_k();

@@ -90,8 +90,8 @@ class RequestValidator {
   absl::StatusOr<std::vector<int>> DecodeInput(const v1::Input& in) const;
   // 0: the default; else in [1, max_mem_len].
   absl::StatusOr<int64_t> MemLen(int64_t requested) const;
-  // The request's input, max_new_tokens (0: 16, or the limit when less), sampling, stop tokens and
-  // sequences, logprobs. The session id is not looked at.
+  // The request's input, max_new_tokens (0: 16, or the limit when less; -1: none, only with
+  // echo), sampling, stop tokens and sequences, logprobs, echo. The session id is not looked at.
   absl::StatusOr<GenerateSpec> Spec(const v1::GenerateRequest& req) const;
 
   // Whole requests, checked in the order the service always has: the

@@ -31,12 +31,38 @@ bool WholeText(const Tokenizer& tokenizer, int id, std::string* text) {
   return true;
 }
 
+void FillScored(const ScoredTokenResult& t, const Tokenizer& tokenizer, v1::ScoredToken* token) {
+  token->set_id(t.id);
+  std::string text;
+  if (WholeText(tokenizer, t.id, &text)) token->set_text(std::move(text));
+  token->set_has_logprob(t.has_logprob);
+  if (t.has_logprob) token->set_logprob(t.logprob);
+}
+
+// An echoed input: each token's text is the whole characters it completes
+// (a byte-level model's split character goes with its last byte), so the
+// texts join into the input's text, as generated tokens' texts join into the
+// output.
+void FillEcho(const std::vector<ScoredTokenResult>& echo, const Tokenizer& tokenizer,
+              google::protobuf::RepeatedPtrField<v1::ScoredToken>* out) {
+  Utf8Stream text;
+  for (size_t i = 0; i < echo.size(); ++i) {
+    v1::ScoredToken* token = out->Add();
+    FillScored(echo[i], tokenizer, token);
+    auto bytes = tokenizer.TokenText(echo[i].id);
+    std::string whole = text.Push(bytes.ok() ? *bytes : std::string());
+    if (i + 1 == echo.size()) whole += text.Flush();
+    token->set_text(std::move(whole));
+  }
+}
+
 }  // namespace
 
 v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& events, int64_t position,
                                     const Tokenizer& tokenizer) {
   v1::GenerateResponse r;
   for (const GeneratedTokenEvent& e : events) {
+    FillEcho(e.echo, tokenizer, r.mutable_echo());
     v1::GeneratedToken* t = r.add_tokens();
     t->set_id(e.id);
     t->set_text(e.text);
@@ -54,8 +80,9 @@ v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& even
   return r;
 }
 
-v1::GenerateResponse FinalResponse(const GenerateResult& result) {
+v1::GenerateResponse FinalResponse(const GenerateResult& result, const Tokenizer& tokenizer) {
   v1::GenerateResponse r;
+  FillEcho(result.echo, tokenizer, r.mutable_echo());
   r.set_text(result.trailing_text);
   r.set_position(result.position);
   r.set_finish_reason(ToProto(result.finish));
@@ -72,15 +99,8 @@ v1::GenerateResponse FinalResponse(const GenerateResult& result) {
 void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out) {
   double total = 0;
   for (const ScoredTokenResult& t : result.scores) {
-    v1::ScoredToken* token = out->add_tokens();
-    token->set_id(t.id);
-    std::string text;
-    if (WholeText(tokenizer, t.id, &text)) token->set_text(std::move(text));
-    token->set_has_logprob(t.has_logprob);
-    if (t.has_logprob) {
-      token->set_logprob(t.logprob);
-      total += t.logprob;
-    }
+    FillScored(t, tokenizer, out->add_tokens());
+    if (t.has_logprob) total += t.logprob;
   }
   out->set_total_logprob(total);
   out->set_position(result.position);

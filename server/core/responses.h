@@ -19,7 +19,7 @@ namespace txl {
 v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& events, int64_t position,
                                     const Tokenizer& tokenizer);
 // A generation's last response: trailing text, finish reason, usage.
-v1::GenerateResponse FinalResponse(const GenerateResult& result);
+v1::GenerateResponse FinalResponse(const GenerateResult& result, const Tokenizer& tokenizer);
 // A score's per-token log-probs and their total.
 void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out);
 void FillSession(const SessionInfo& info, v1::Session* out);

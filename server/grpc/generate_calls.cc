@@ -26,8 +26,9 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
   absl::Status Start(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     ASSIGN_OR_RETURN(std::string principal, c_->Principal(ctx));
     ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx, principal, req));
-    Generate(principal, std::move(args), /*adopt=*/true, [this](absl::Status status, GenerateResult result) {
-      if (status.ok()) Send(FinalResponse(result));
+    auto model = args.model;
+    Generate(principal, std::move(args), /*adopt=*/true, [this, model](absl::Status status, GenerateResult result) {
+      if (status.ok()) Send(FinalResponse(result, model->tokenizer()));
       End(ToGrpcStatus(status));
     });
     return absl::OkStatus();
@@ -77,9 +78,10 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
     }
     const bool own = session == stream_session_;  // the stream's own session is never adopted
     args.session_id = session;
-    Generate(principal_, std::move(args), /*adopt=*/!own, [this](absl::Status status, GenerateResult result) {
+    auto model = args.model;
+    Generate(principal_, std::move(args), /*adopt=*/!own, [this, model](absl::Status status, GenerateResult result) {
       if (status.ok()) {
-        Send(FinalResponse(result));
+        Send(FinalResponse(result, model->tokenizer()));
         StartRead(&request_);  // the next turn
       } else {
         End(ToGrpcStatus(status));

@@ -74,8 +74,10 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
         if (auto call = weak.lock()) call->Response(TokensResponse(events, position, model->tokenizer()));
       });
     };
-    cb.on_done = [self](absl::Status status, GenerateResult result) {
-      self->x_->Run([self, status = std::move(status), result = std::move(result)] { self->Done(status, result); });
+    cb.on_done = [self, model](absl::Status status, GenerateResult result) {
+      self->x_->Run([self, model, status = std::move(status), result = std::move(result)] {
+        self->Done(status, result, model->tokenizer());
+      });
     };
     s_->core->Generate(*principal, *std::move(args), /*adopt=*/true, control_, std::move(cb));
   }
@@ -84,6 +86,11 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
   // One GenerateResponse: gathered, and streaming, sent as an event.
   void Response(const v1::GenerateResponse& response) {
     result_.Add(response);  // for the whole body, the usage event and the error path
+    std::string echo_text;  // the prompt, before the first token (or alone)
+    if (response.echo_size() > 0) {
+      echo_text = EchoText({response.echo().begin(), response.echo().end()});
+      result_.echo_text = echo_text;
+    }
     if (!p_.stream) return;
     if (!started_) {
       started_ = true;
@@ -92,9 +99,9 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     }
     std::string event =
         chat_ ? ChatChunk(id_, response, p_.logprobs, offset_ == 0 && !role_sent_, p_.request.session_id())
-              : CompletionChunk(id_, response, p_.logprobs, offset_, p_.request.session_id());
+              : CompletionChunk(id_, response, p_.logprobs, offset_, p_.request.session_id(), echo_text);
     role_sent_ = true;
-    offset_ += static_cast<int64_t>(response.text().size());
+    offset_ += static_cast<int64_t>(echo_text.size() + response.text().size());
     const int64_t bytes = static_cast<int64_t>(event.size());
     {
       absl::MutexLock lock(&mu_);
@@ -111,8 +118,8 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
     });
   }
 
-  void Done(absl::Status status, const GenerateResult& result) {
-    if (status.ok()) Response(FinalResponse(result));
+  void Done(absl::Status status, const GenerateResult& result, const Tokenizer& tokenizer) {
+    if (status.ok()) Response(FinalResponse(result, tokenizer));
     {
       absl::MutexLock lock(&mu_);
       // A client that left ended the call, whatever the job made of it.

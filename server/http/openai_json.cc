@@ -283,13 +283,22 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
                {"input.text", input_field, ""},
                {"input.tokens.ids", input_field, ""},
                {"session_id", "session_id", ""}};
-  if (!IntField(j, max_tokens_field, 1, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
+  if (!IntField(j, max_tokens_field, 0, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
       !IntField(j, "n", 1, std::numeric_limits<int32_t>::max(), &n, error) ||
-      !IntField(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed, error)) {
+      !IntField(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed, error) ||
+      !BoolField(j, "echo", &p->echo, error)) {
     return false;
   }
   if (n != 1) return fail(Bad("n", "only n = 1 is supported: send one request per completion"));
-  r.set_max_new_tokens(static_cast<int32_t>(max_tokens));
+  if (p->echo && chat) return fail(Bad("echo", "'echo' is for /v1/completions (chat has no prompt to echo)"));
+  r.set_echo(p->echo);
+  const bool max_tokens_zero = max_tokens == 0 && j.contains(max_tokens_field) && !j[max_tokens_field].is_null();
+  if (max_tokens_zero && !p->echo) {
+    return fail(Bad(max_tokens_field, absl::StrCat("'", max_tokens_field, "' must be at least 1",
+                                                   chat ? "" : " (0, generating nothing, only with 'echo')")));
+  }
+  // 0 with echo: the prompt's log-probs alone (the service's -1); absent: its default.
+  r.set_max_new_tokens(max_tokens_zero ? -1 : static_cast<int32_t>(max_tokens));
   float temperature = 1.0f, top_p = 1.0f;  // OpenAI's defaults
   if (!FloatField(j, "temperature", &temperature, error) || !FloatField(j, "top_p", &top_p, error)) return false;
   r.mutable_sampling()->set_temperature(temperature);
@@ -313,7 +322,6 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
   }
   // Options this server does not implement: refused when they would change
   // the result, rather than silently ignored.
-  if (auto it = j.find("echo"); it != j.end() && *it == true) return fail(Bad("echo", "'echo' is not supported"));
   for (const char* field : {"suffix", "tools", "functions", "response_format"}) {
     if (auto it = j.find(field); it != j.end() && !it->is_null()) {
       return fail(Bad(field, absl::StrCat("'", field, "' is not supported")));

@@ -60,6 +60,7 @@ struct CompletionParams {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // "logprobs" given (0 included): each token's log-prob is returned
+  bool echo = false;           // completions: the prompt too, in the text and the log-probs
   FieldNames fields;  // the request's names for the service's fields (max_tokens or max_completion_tokens, ...)
 };
 
@@ -75,6 +76,8 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
 struct CompletionResult {
   std::string text;
   std::vector<v1::GeneratedToken> tokens;
+  std::vector<v1::ScoredToken> echo;  // echo: the prompt's tokens
+  std::string echo_text;              // echo: the prompt's text, before `text`
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;
   int64_t position = 0;
@@ -92,15 +95,22 @@ struct CompletionId {
 
 // "length" or "stop" (a stop token or sequence); null while unfinished.
 nlohmann::json FinishReasonJson(v1::FinishReason f);
-// choices[0].logprobs for these tokens, `offset` bytes into the completion's text.
-nlohmann::json LogprobsJson(const std::vector<v1::GeneratedToken>& tokens, int64_t offset);
+// choices[0].logprobs for these tokens (after the echoed prompt's, whose
+// first has a null log-prob and whose alternatives are null), `offset` bytes
+// into the completion's text.
+nlohmann::json LogprobsJson(const std::vector<v1::ScoredToken>& echo, const std::vector<v1::GeneratedToken>& tokens,
+                            int64_t offset);
+// The echoed prompt's text: its tokens' texts joined (whole characters, as
+// the service splits them), which the log-probs' text offsets count.
+std::string EchoText(const std::vector<v1::ScoredToken>& echo);
 // The non-streaming response.
 std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bool logprobs);
 // One "data: {...}\n\n" event for a GenerateResponse; `offset`: text bytes
 // sent before it. `session` (empty for a stateless call) and the position
-// are named in every event of a session's completion.
+// are named in every event of a session's completion. `echo_text`: the
+// prompt's text, for the response that carries its tokens (echo).
 std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, int64_t offset,
-                            const std::string& session);
+                            const std::string& session, const std::string& echo_text = "");
 // The usage event (stream_options.include_usage): empty choices.
 std::string UsageChunk(const CompletionId& id, const v1::Usage& usage, int64_t position, const std::string& session);
 

@@ -21,6 +21,7 @@ json Identity(const CompletionId& id) {
 void CompletionResult::Add(const v1::GenerateResponse& r) {
   text += r.text();
   for (const auto& t : r.tokens()) tokens.push_back(t);
+  for (const auto& t : r.echo()) echo.push_back(t);
   if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish = r.finish_reason();
   if (r.has_usage()) usage = r.usage();
   position = r.position();
@@ -37,8 +38,16 @@ json FinishReasonJson(v1::FinishReason f) {
   }
 }
 
-json LogprobsJson(const std::vector<v1::GeneratedToken>& tokens, int64_t offset) {
+json LogprobsJson(const std::vector<v1::ScoredToken>& echo, const std::vector<v1::GeneratedToken>& tokens,
+                  int64_t offset) {
   json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& t : echo) {  // the prompt's: no alternatives
+    texts.push_back(t.text());
+    lps.push_back(t.has_logprob() ? json(t.logprob()) : json(nullptr));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(t.text().size());
+    tops.push_back(nullptr);
+  }
   for (const auto& t : tokens) {
     texts.push_back(t.text());
     lps.push_back(t.logprob());
@@ -52,10 +61,16 @@ json LogprobsJson(const std::vector<v1::GeneratedToken>& tokens, int64_t offset)
   return json{{"tokens", texts}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+std::string EchoText(const std::vector<v1::ScoredToken>& echo) {
+  std::string text;
+  for (const auto& t : echo) text += t.text();
+  return text;
+}
+
 std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
-  json choice{{"text", r.text},
+  json choice{{"text", r.echo_text + r.text},
               {"index", 0},
-              {"logprobs", logprobs ? LogprobsJson(r.tokens, 0) : json(nullptr)},
+              {"logprobs", logprobs ? LogprobsJson(r.echo, r.tokens, 0) : json(nullptr)},
               {"finish_reason", FinishReasonJson(r.finish)}};
   json out = Identity(id);
   out["choices"] = json::array({choice});
@@ -70,11 +85,13 @@ std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bo
 }
 
 std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& r, bool logprobs, int64_t offset,
-                            const std::string& session) {
+                            const std::string& session, const std::string& echo_text) {
   std::vector<v1::GeneratedToken> tokens(r.tokens().begin(), r.tokens().end());
-  json choice{{"text", r.text()},
+  std::vector<v1::ScoredToken> echo(r.echo().begin(), r.echo().end());
+  const bool any = !tokens.empty() || !echo.empty();
+  json choice{{"text", echo_text + r.text()},
               {"index", 0},
-              {"logprobs", logprobs && !tokens.empty() ? LogprobsJson(tokens, offset) : json(nullptr)},
+              {"logprobs", logprobs && any ? LogprobsJson(echo, tokens, offset) : json(nullptr)},
               {"finish_reason", FinishReasonJson(r.finish_reason())}};
   json out = Identity(id);
   out["choices"] = json::array({choice});

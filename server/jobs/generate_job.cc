@@ -22,9 +22,22 @@ void GenerateJob::Run(JobRunner& runner) {
     runner.Finish(*this, absl::InternalError("generate: nothing to feed"));
     return;
   }
-  if (!decoding_ && fed == 0) {
+  // Echo computes every input token: no cached or bounded start.
+  if (!decoding_ && fed == 0 && !spec_.echo) {
     if (absl::Status s = StartStateless(runner); !s.ok()) runner.Finish(*this, s);
   }
+  if (!decoding_ && spec_.max_new_tokens == 0 && prefill_left() == 0) {  // one token: nothing to predict
+    if (echo_.empty() && pending_len == 0) echo_.push_back({feed[0], false, 0.0f});
+    finish_ = Finish::kLength;
+    runner.Finish(*this, absl::OkStatus());
+  }
+}
+
+size_t GenerateJob::prefill_left() const {
+  // Generating nothing, the last input token is not fed (nothing follows
+  // it): it stays pending, as after a committed score.
+  const size_t total = spec_.max_new_tokens == 0 && !feed.empty() ? feed.size() - 1 : feed.size();
+  return total > fed ? total - fed : 0;
 }
 
 StepInput GenerateJob::Row(size_t n) {
@@ -33,9 +46,11 @@ StepInput GenerateJob::Row(size_t n) {
     in.tokens = {last_};
   } else {
     in = Slice(n);
+    // Echo: each fed token scores the next input token (none after the last).
+    if (spec_.echo) in.targets.assign(feed.begin() + fed + 1, feed.begin() + std::min(feed.size(), fed + n + 1));
   }
   in.session = state();
-  if (!decoding_ && n != prefill_left()) return in;  // mid-prefill: no output
+  if (!decoding_ && (n != prefill_left() || spec_.max_new_tokens == 0)) return in;  // no next token wanted
   // The model picks the token, or lists the tokens the draw and the
   // alternatives need (docs/DESIGN.md, "Sampling paths"): no whole row
   // leaves it, unless a bias or a penalty needs it.
@@ -45,7 +60,17 @@ StepInput GenerateJob::Row(size_t n) {
 }
 
 void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
-  if (!decoding_) fed += n;
+  if (!decoding_) {
+    if (spec_.echo) TakeEcho(out, n);
+    fed += n;
+    if (spec_.max_new_tokens == 0) {
+      if (prefill_left() == 0) {
+        finish_ = Finish::kLength;
+        runner.Finish(*this, absl::OkStatus());
+      }
+      return;
+    }
+  }
   // A pick, a list, a nucleus or a whole row (Row asks for one) arrives
   // after the prefill and after each decode.
   const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
@@ -85,6 +110,7 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     ev.logprob = logprob_in(out.top);
   }
   const int token = ev.id;
+  if (first) ev.echo = std::move(echo_);
   if (spec_.top_logprobs > 0)
     ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
   absl::StatusOr<std::string> bytes = lease.model->tokenizer().TokenText(token);
@@ -133,9 +159,22 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   runner.Finish(*this, absl::OkStatus());
 }
 
+void GenerateJob::TakeEcho(const StepOutput& out, size_t n) {
+  // This row fed feed[fed, fed + n): target k scored feed[fed + 1 + k].
+  if (fed == 0 && pending_len == 0) echo_.push_back({feed[0], false, 0.0f});  // the session's first token
+  for (size_t k = 0; k < out.target_logprobs.size() && k < n; ++k) {
+    const size_t pos = fed + 1 + k;
+    if (pos >= pending_len) echo_.push_back({feed[pos], true, out.target_logprobs[k]});
+  }
+}
+
 void GenerateJob::Settle(const absl::Status& status) {
   // A cancel (or a stall) that ended it before a step could.
   if (!finish_) finish_ = cancelled.load() || IsStalled(status) ? Finish::kCancelled : Finish::kLength;
+  if (!decoding_ && spec_.max_new_tokens == 0 && status.ok() && !feed.empty() && fed + 1 == feed.size()) {
+    lease.pending = {feed.back()};  // all but the last fed; the last pending
+    return;
+  }
   if (decoding_) {
     lease.pending = {last_};  // the last sampled token is never fed by this job
     if (finish_ != Finish::kStopSequence) trailing_text_ = text_.Finish();
@@ -155,6 +194,7 @@ Job::Answer GenerateJob::TakeAnswer() {
   r.generated_tokens = generated_tokens_;
   r.times = times;
   r.trailing_text = std::move(trailing_text_);
+  if (spec_.max_new_tokens == 0) r.echo = std::move(echo_);  // else the first token's event took it
   return [done = std::move(callbacks_.on_done), r = std::move(r)](absl::Status status, int64_t position) mutable {
     r.position = position;
     done(std::move(status), std::move(r));

@@ -2,13 +2,16 @@
 // then samples one token a step and feeds it back, until a stop token, a
 // stop sequence, max_new_tokens or a cancel. Each token goes out as it is
 // sampled (once journaled, for a journaled session); the last one stays
-// pending in the session.
+// pending in the session. With echo it also scores the input as it feeds it;
+// generating nothing (max_new_tokens 0, echo only) it feeds all but the last
+// input token, which stays pending.
 #ifndef TXL_SERVER_JOBS_GENERATE_JOB_H_
 #define TXL_SERVER_JOBS_GENERATE_JOB_H_
 
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "server/jobs/generate_spec.h"
 #include "server/jobs/job.h"
@@ -24,13 +27,16 @@ class GenerateJob final : public FeedJob {
   void Run(JobRunner& runner) override;
   Answer TakeAnswer() override;
   bool decoding() const override { return decoding_; }
-  size_t prefill_left() const override { return feed.size() - fed; }
+  size_t prefill_left() const override;
   StepInput Row(size_t n) override;
   void TakeOutput(JobRunner& runner, StepOutput& out, size_t n) override;
   void Settle(const absl::Status& status) override;
   bool logs_history() const override { return true; }
 
  private:
+  // Echo: the input tokens a prefill row of `n` scored.
+  void TakeEcho(const StepOutput& out, size_t n);
+
   GenerateSpec spec_;
   GenerateCallbacks callbacks_;
   // How it ended: set when a step ends it, else by Settle (a cancel, a
@@ -43,6 +49,7 @@ class GenerateJob final : public FeedJob {
   bool decoding_ = false;  // prefill done; feeding back sampled tokens
   int last_ = -1;          // the last sampled token (unfed)
   absl::Time last_token_at_;
+  std::vector<ScoredTokenResult> echo_;  // the input's, until the first token (or the end) takes them
 };
 
 }  // namespace txl

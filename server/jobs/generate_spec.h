@@ -12,12 +12,15 @@
 namespace txl {
 
 struct GenerateSpec {
-  std::vector<int> input;  // new tokens only
-  int max_new_tokens = 16;
+  std::vector<int> input;   // new tokens only
+  int max_new_tokens = 16;  // 0 only with echo: the input's log-probs alone
   SamplingConfig sampling;
   std::vector<int> stop_token_ids;
   std::vector<std::string> stop_sequences;
   int top_logprobs = 0;
+  // The input's log-probs too (GeneratedTokenEvent::echo): the whole input
+  // is fed, never a cached or bounded start.
+  bool echo = false;
 };
 
 }  // namespace txl

@@ -18,11 +18,18 @@
 
 namespace txl {
 
+struct ScoredTokenResult {
+  int id = 0;
+  bool has_logprob = false;  // false: no earlier token in the session
+  float logprob = 0;
+};
+
 struct GeneratedTokenEvent {
   int id = 0;
   std::string text;  // whole UTF-8 characters only; may be empty
   float logprob = 0;
   std::vector<std::pair<int, float>> top;  // when top_logprobs > 0
+  std::vector<ScoredTokenResult> echo;     // with the first token, when echo is asked for
 };
 
 enum class Finish { kLength, kStopToken, kStopSequence, kCancelled };
@@ -41,13 +48,8 @@ struct GenerateResult {
   int64_t input_tokens = 0;
   int64_t generated_tokens = 0;
   JobTimes times;
-  std::string trailing_text;  // text held back until the end (e.g. a partial character)
-};
-
-struct ScoredTokenResult {
-  int id = 0;
-  bool has_logprob = false;  // false: no earlier token in the session
-  float logprob = 0;
+  std::string trailing_text;            // text held back until the end (e.g. a partial character)
+  std::vector<ScoredTokenResult> echo;  // echo with no token generated (max_new_tokens none)
 };
 
 struct ScoreResult {

@@ -175,7 +175,10 @@ class HttpTest(unittest.TestCase):
             ("POST", "/v1/completions", {"prompt": "x", "seed": -3}, 400, "seed"),
             ("POST", "/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
             ("POST", "/v1/completions", {"prompt": "x", "session_id": 12}, 400, "session_id"),
-            ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo"),
+            ("POST", "/v1/completions", {"prompt": "x", "echo": "yes"}, 400, "echo"),
+            ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+            ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True}, 400,
+             "echo"),
             ("POST", "/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
              "stream_options"),
             ("POST", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),  # the service's check

@@ -24,6 +24,7 @@ struct Outcome {
   std::vector<std::vector<std::pair<int, float>>> top;  // each token's alternatives
   std::string text;
   std::vector<int64_t> positions;
+  std::vector<ScoredTokenResult> echo;  // a generation's echoed input, from its first token's event
   absl::Status status;
   GenerateResult result;
   ScoreResult score;
@@ -34,6 +35,7 @@ struct Outcome {
     GenerateCallbacks cb;
     cb.on_tokens = [this](std::vector<GeneratedTokenEvent> events, int64_t position) {
       for (auto& e : events) {
+        echo.insert(echo.end(), e.echo.begin(), e.echo.end());
         ids.push_back(e.id);
         top.push_back(e.top);
         text += e.text;

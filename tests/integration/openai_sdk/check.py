@@ -109,6 +109,39 @@ class SdkTest(unittest.TestCase):
             self.complete(prompt="x", max_tokens=1, presence_penalty=2.5)
         self.assertEqual(caught.exception.param, "presence_penalty")
 
+    def test_echo_returns_the_prompt_and_its_log_probs(self):
+        # Perplexity: max_tokens 0 with echo scores the prompt and generates nothing.
+        text = "ROMEO:\nWhat light through yonder window breaks?"
+        scored = self.complete(prompt=text, max_tokens=0, echo=True, logprobs=0)
+        choice = scored.choices[0]
+        self.assertEqual(choice.text, text)
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertEqual(choice.logprobs.tokens, list(text))
+        self.assertIsNone(choice.logprobs.token_logprobs[0])  # nothing precedes the first
+        self.assertTrue(all(lp < 0 for lp in choice.logprobs.token_logprobs[1:]))
+        self.assertEqual(choice.logprobs.text_offset, list(range(len(text))))
+        self.assertEqual((scored.usage.prompt_tokens, scored.usage.completion_tokens), (len(text), 0))
+        # The prompt's log-probs are the model's: a greedy continuation, echoed back as a prompt,
+        # scores each of its tokens with the log-prob its generation reported.
+        generated = self.complete(prompt=PROMPT, max_tokens=10, logprobs=0).choices[0]
+        again = self.complete(prompt=PROMPT + generated.text, max_tokens=0, echo=True, logprobs=0).choices[0]
+        for got, want in zip(again.logprobs.token_logprobs[len(PROMPT):], generated.logprobs.token_logprobs):
+            self.assertAlmostEqual(got, want, delta=1e-4)
+        # With tokens generated: the prompt first, in the text and in the log-probs, whole and streamed.
+        whole = self.complete(prompt=PROMPT, max_tokens=5, echo=True, logprobs=1).choices[0]
+        self.assertEqual(whole.text, PROMPT + generated.text[:5])
+        self.assertEqual(len(whole.logprobs.tokens), len(PROMPT) + 5)
+        self.assertIsNone(whole.logprobs.top_logprobs[0])  # the prompt's tokens have no alternatives
+        self.assertEqual(len(whole.logprobs.top_logprobs[-1]), 1)
+        for got, want in zip(whole.logprobs.token_logprobs[1:len(PROMPT)], again.logprobs.token_logprobs[1:]):
+            self.assertAlmostEqual(got, want, delta=1e-4)
+        streamed = "".join(c.choices[0].text for c in self.complete(prompt=PROMPT, max_tokens=5, echo=True,
+                                                                     stream=True) if c.choices)
+        self.assertEqual(streamed, whole.text)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(prompt="x", max_tokens=0)
+        self.assertEqual(caught.exception.param, "max_tokens")
+
     def test_refusals_surface_as_the_sdks_exceptions(self):
         with self.assertRaises(openai.BadRequestError) as caught:
             self.complete(prompt="x", n=2)

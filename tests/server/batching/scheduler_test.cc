@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -376,6 +377,97 @@ TEST_F(SchedulerTest, ScoreCommitsOrLeavesTheSessionUntouched) {
   EXPECT_TRUE(next.score.scores[0].has_logprob);
   EXPECT_NEAR(next.score.scores[0].logprob, std::log(0.9f), 1e-6);
   EXPECT_EQ(table_.Get("", id)->position, 3);
+}
+
+// Echo: a generation returns its input's log-probs, the ones Score gives,
+// with its first token; generating nothing (max_new_tokens 0) it feeds all
+// but the last input token, which stays pending, as a committed Score does.
+TEST_F(SchedulerTest, EchoScoresTheInputAsScoreDoes) {
+  Make();
+  scheduler_->Start();
+  const std::string id = NewSession(), other = NewSession();
+  GenerateSpec spec = Spec({5, 6, 9, 10}, 2);
+  spec.echo = true;
+  Outcome g;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), spec, g.Callbacks()).ok());
+  g.Wait();
+  ASSERT_TRUE(g.status.ok()) << g.status;
+  EXPECT_EQ(g.ids, (std::vector<int>{11, 12}));
+  EXPECT_TRUE(g.result.echo.empty());  // it came with the first token
+  Outcome s;
+  ASSERT_TRUE(scheduler_->SubmitScore(Lease(other), {5, 6, 9, 10}, false, s.Scored()).ok());
+  s.Wait();
+  ASSERT_EQ(g.echo.size(), 4u);
+  ASSERT_EQ(s.score.scores.size(), 4u);
+  EXPECT_FALSE(g.echo[0].has_logprob);  // nothing precedes it
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(g.echo[i].id, s.score.scores[i].id) << i;
+    EXPECT_EQ(g.echo[i].has_logprob, s.score.scores[i].has_logprob) << i;
+    EXPECT_FLOAT_EQ(g.echo[i].logprob, s.score.scores[i].logprob) << i;
+  }
+  EXPECT_NEAR(g.echo[1].logprob, std::log(0.9f), 1e-6);  // 6 follows 5
+
+  // Nothing generated: the pending 12 predicts the first input token.
+  spec = Spec({13, 20}, 0);
+  spec.echo = true;
+  Outcome only;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), spec, only.Callbacks()).ok());
+  only.Wait();
+  ASSERT_TRUE(only.status.ok()) << only.status;
+  EXPECT_TRUE(only.ids.empty());
+  EXPECT_EQ(only.result.generated_tokens, 0);
+  ASSERT_EQ(only.result.echo.size(), 2u);
+  EXPECT_TRUE(only.result.echo[0].has_logprob);
+  EXPECT_NEAR(only.result.echo[0].logprob, std::log(0.9f), 1e-6);  // 13 follows 12
+  EXPECT_LT(only.result.echo[1].logprob, std::log(0.01f));         // 20 does not follow 13
+  EXPECT_EQ(only.result.position, 8);
+  EXPECT_EQ(History(id), (std::vector<int>{5, 6, 9, 10, 11, 12, 13, 20}));
+  // The session goes on from the pending 20.
+  Outcome next;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({}, 1), next.Callbacks()).ok());
+  next.Wait();
+  EXPECT_EQ(next.ids, (std::vector<int>{21}));
+
+  // One token alone, on a fresh session: nothing to feed or predict.
+  spec = Spec({7}, 0);
+  spec.echo = true;
+  const std::string fresh = NewSession();
+  Outcome one;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(fresh), spec, one.Callbacks()).ok());
+  one.Wait();
+  ASSERT_TRUE(one.status.ok()) << one.status;
+  ASSERT_EQ(one.result.echo.size(), 1u);
+  EXPECT_FALSE(one.result.echo[0].has_logprob);
+  EXPECT_EQ(one.result.position, 1);
+  EXPECT_EQ(History(fresh), (std::vector<int>{7}));
+}
+
+// A stateless echo computes every input token: no bounded replay of a long
+// input (it would leave the first tokens unscored), no cached prefix.
+TEST_F(SchedulerTest, AStatelessEchoFeedsItsWholeInput) {
+  Make();
+  scheduler_->Start();
+  const int64_t mem_len = 4;  // a receptive field of 6
+  std::vector<int> input;
+  for (int i = 0; i < 20; ++i) input.push_back(i * 3 % 50);
+  int64_t fed = 0;
+  auto lease = table_.CreateAcquired("", served_, *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(lease.ok());
+  lease->throwaway = true;
+  GenerateSpec spec = Spec(input, 1);
+  spec.echo = true;
+  Outcome o;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(*std::move(lease), spec, o.Callbacks()).ok());
+  o.Wait();
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  for (const auto& step : engine_.steps()) fed += step.tokens;
+  EXPECT_EQ(fed, 20);
+  ASSERT_EQ(o.echo.size(), 20u);
+  EXPECT_FALSE(o.echo[0].has_logprob);
+  for (size_t i = 1; i < 20; ++i) {
+    EXPECT_EQ(o.echo[i].id, input[i]);
+    EXPECT_TRUE(o.echo[i].has_logprob) << i;
+  }
 }
 
 TEST_F(SchedulerTest, ForkCopiesHistoryAndThenDiverges) {

@@ -34,6 +34,29 @@ TEST(RequestValidationTest, AGenerationNeedsInputOrHistory) {
   EXPECT_TRUE(RequestValidator::Continuation(spec, 0).ok());
 }
 
+// max_new_tokens -1 (none) is echo's alone, and needs an input to echo.
+TEST(RequestValidationTest, GeneratingNothingIsOnlyForEcho) {
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("ab");
+  req.set_max_new_tokens(-1);
+  auto spec = Validator().Spec(req);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(), "max_new_tokens: -1 (none) is only for echo, which returns the input's log-probs");
+  req.set_echo(true);
+  spec = Validator().Spec(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_new_tokens, 0);
+  EXPECT_TRUE(spec->echo);
+  req.clear_input();
+  EXPECT_EQ(Validator().Spec(req).status().message(),
+            "input: empty, and echo generating nothing has nothing to return");
+  req.mutable_input()->set_text("ab");
+  req.set_max_new_tokens(-2);
+  EXPECT_EQ(Validator().Spec(req).status().message(),
+            absl::StrCat("max_new_tokens: must be in [1, ", RequestLimits{}.max_new_tokens,
+                         "] (0: 16; -1: none, with echo), got -2"));
+}
+
 // A top-k of the vocabulary or more limits nothing; left as it is, it would
 // make the model list every word (SamplingPlan::top_n) for a draw that walks
 // whole rows anyway.

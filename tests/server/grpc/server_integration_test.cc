@@ -207,6 +207,66 @@ TEST_F(ServerTest, ScoreWithoutCommitLeavesTheSession) {
   EXPECT_EQ(client_->GetSession(id)->position(), 7);
 }
 
+// GenerateRequest.echo through gRPC: the input's tokens with the log-probs
+// Score gives, in the first token's response, or (max_new_tokens -1, nothing
+// generated) in the last; never in `text`.
+TEST_F(ServerTest, EchoReturnsTheInputsLogProbsAsScoreDoes) {
+  const std::string text = "the quick brown fox";
+  v1::ScoreRequest score;
+  score.set_session_id(NewSession(*client_));
+  score.mutable_input()->set_text(text);
+  auto scored = client_->Score(score);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  for (const int max_new : {3, -1}) {
+    v1::GenerateRequest r = Gen("", text, 0);
+    r.set_max_new_tokens(max_new);
+    r.set_echo(true);
+    std::vector<v1::GenerateResponse> responses;
+    std::string generated;
+    const absl::Status s = client_->Generate(r, [&](const v1::GenerateResponse& resp) {
+      responses.push_back(resp);
+      generated += resp.text();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    const v1::GenerateResponse& with_echo = max_new > 0 ? responses.front() : responses.back();
+    EXPECT_EQ(max_new > 0 ? with_echo.tokens_size() : 0, max_new > 0 ? 1 : 0);
+    ASSERT_EQ(with_echo.echo_size(), scored->tokens_size()) << max_new;
+    for (int i = 0; i < with_echo.echo_size(); ++i) {
+      EXPECT_EQ(with_echo.echo(i).id(), scored->tokens(i).id());
+      EXPECT_EQ(with_echo.echo(i).text(), scored->tokens(i).text());
+      EXPECT_EQ(with_echo.echo(i).has_logprob(), scored->tokens(i).has_logprob());
+      EXPECT_NEAR(with_echo.echo(i).logprob(), scored->tokens(i).logprob(), 1e-5) << i;
+    }
+    int echoes = 0;
+    for (const auto& resp : responses) echoes += resp.echo_size() > 0 ? 1 : 0;
+    EXPECT_EQ(echoes, 1);
+    int tokens = 0;
+    for (const auto& resp : responses) tokens += resp.tokens_size();
+    EXPECT_EQ(tokens, max_new > 0 ? 3 : 0);
+    EXPECT_NE(generated.rfind(text, 0), 0u) << generated;  // the input is not in the text
+    EXPECT_EQ(responses.back().usage().generated_tokens(), max_new > 0 ? 3 : 0);
+  }
+  // A byte-level model splits 'é' in two tokens: its text goes with the
+  // second, and the texts join into the input.
+  v1::GenerateRequest accented = Gen("", "caf\xc3\xa9", 0);
+  accented.set_max_new_tokens(-1);
+  accented.set_echo(true);
+  const testing::Generated a = Stream(*client_, accented);
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_EQ(a.last.echo_size(), 5);
+  std::string joined;
+  for (const auto& t : a.last.echo()) joined += t.text();
+  EXPECT_EQ(joined, "caf\xc3\xa9");
+  EXPECT_EQ(a.last.echo(3).text(), "");
+  EXPECT_EQ(a.last.echo(4).text(), "\xc3\xa9");
+
+  v1::GenerateRequest none = Gen("", text, 0);
+  none.set_max_new_tokens(-1);
+  const absl::Status refused = Stream(*client_, none).status;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("only for echo"), absl::string_view::npos) << refused;
+}
+
 TEST_F(ServerTest, ConcurrentSessionsGetWhatEachGetsAlone) {
   // Half greedy, half seeded sampling: batching must change neither.
   const int kSessions = 8;

@@ -311,6 +311,8 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
   poller.interval = o.repository_poll;
   poller.nice_increment = o.repository_load_nice;
   m.poller = std::make_unique<txl::RepositoryPoller>(m.repository.get(), poller);
+  // A version's last session may end on the engine thread: its weights are freed on the poller's.
+  m.repository->SetReleaser(m.poller->Releaser());
   m.what = absl::StrCat("repository ", o.repository.dir, " (", absl::StrJoin(states, ", "), ")");
   return m;
 }

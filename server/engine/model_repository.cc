@@ -219,7 +219,7 @@ void ModelRepository::LoadOne(const std::string& model, const RepositoryVersion&
     e.bytes = 0;
   } else if (loaded.ok() && *loaded != nullptr) {
     e.state = VersionState::kReady;
-    e.served = std::move(*loaded);
+    e.served = Released(*std::move(loaded));
   } else {
     e.state = VersionState::kFailed;
     e.reason = loaded.ok() ? "the loader returned nothing" : std::string(loaded.status().message());
@@ -283,8 +283,9 @@ absl::StatusOr<std::shared_ptr<ServedVersion>> ModelRepository::Keep(const std::
   if (rv == nullptr) {
     return absl::NotFoundError(absl::StrCat("model \"", model, "\" version ", version, " is not in ", config_.dir));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<ServedVersion> loaded, loader_(model, *rv));
-  if (loaded == nullptr) return absl::InternalError("the loader returned nothing");
+  ASSIGN_OR_RETURN(std::shared_ptr<ServedVersion> owner, loader_(model, *rv));
+  if (owner == nullptr) return absl::InternalError("the loader returned nothing");
+  std::shared_ptr<ServedVersion> loaded = Released(std::move(owner));
   int64_t bytes = 0;
   if (sizer_ != nullptr) bytes = sizer_(*rv).value_or(0);
   absl::MutexLock l(&mu_);
@@ -324,6 +325,23 @@ absl::StatusOr<ModelRepository::Found> ModelRepository::Find(const std::string& 
                                             VersionStateName(StateOf(e)), e.reason.empty() ? "" : ": ", e.reason));
   }
   return Found{version, v->second.served};
+}
+
+std::shared_ptr<ServedVersion> ModelRepository::Released(std::shared_ptr<ServedVersion> owner) const {
+  ServedVersion* const version = owner.get();
+  return std::shared_ptr<ServedVersion>(version, [owner = std::move(owner), slot = releaser_](ServedVersion*) mutable {
+    VersionReleaser releaser;
+    {
+      absl::MutexLock l(&slot->mu);
+      releaser = slot->releaser;
+    }
+    if (!releaser || !releaser(&owner)) owner.reset();  // freed here
+  });
+}
+
+void ModelRepository::SetReleaser(VersionReleaser releaser) {
+  absl::MutexLock l(&releaser_->mu);
+  releaser_->releaser = std::move(releaser);
 }
 
 std::vector<std::shared_ptr<ServedVersion>> ModelRepository::Ready() const {

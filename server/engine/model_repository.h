@@ -14,7 +14,8 @@
 //   version is ready, at once when its directory is removed, or on Unload. A retiring
 //   version takes no new requests (Find skips it); whoever still holds it
 //   (a session bound to it) keeps it alive, and it is UNLOADED when the last
-//   holder lets go.
+//   holder lets go; it is then freed by the releaser (SetReleaser), not on
+//   the thread that let go.
 // - With a memory budget, a version is loaded only when the sizer's estimate
 //   fits beside the versions that hold memory (LOADING, READY, and RETIRING
 //   ones still held); otherwise it is FAILED with the figures, before any
@@ -65,6 +66,13 @@ struct ModelRepositoryConfig {
   // as the VersionSizer estimates them; 0: no limit.
   int64_t memory_budget_bytes = 0;
 };
+
+// Where a version goes when its last holder lets go, to be freed there
+// (RepositoryPoller::Releaser: the poller's thread) rather than on whichever
+// thread dropped it, the engine's for a session that expired. It takes the
+// version (moving from *version) and returns true, or returns false (it is
+// stopping) and the version is freed where it was dropped.
+using VersionReleaser = std::function<bool(std::shared_ptr<ServedVersion>* version)>;
 
 // Loads and checks one version; its error becomes the FAILED reason.
 using VersionLoader =
@@ -123,6 +131,11 @@ class ModelRepository {
   std::vector<std::shared_ptr<ServedVersion>> Ready() const ABSL_LOCKS_EXCLUDED(mu_);
   // The READY ones and the RETIRING ones still held, by model then version.
   std::vector<std::shared_ptr<ServedVersion>> Loaded() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Where the versions loaded from now on, and those already loaded, are
+  // freed once their last holder lets go (unset: where they are dropped). A
+  // version let go of counts as UNLOADED, and leaves the memory budget, as
+  // soon as it is handed over.
+  void SetReleaser(VersionReleaser releaser);
 
  private:
   struct Stamp {
@@ -139,6 +152,12 @@ class ModelRepository {
     std::weak_ptr<ServedVersion> retiring;  // RETIRING: held by others only
   };
   using Versions = std::map<int64_t, Entry>;
+  // The releaser, shared with every version's last reference, which may
+  // outlive the repository.
+  struct ReleaserSlot {
+    absl::Mutex mu;
+    VersionReleaser releaser ABSL_GUARDED_BY(mu);
+  };
 
   ModelRepository(const ModelRepositoryConfig& config, VersionLoader loader, VersionSizer sizer)
       : config_(config), loader_(std::move(loader)), sizer_(std::move(sizer)), budget_(config.memory_budget_bytes) {}
@@ -148,6 +167,9 @@ class ModelRepository {
   // Retires `e` (READY) for `why`; its reference goes to `dropped`.
   static void Retire(Entry& e, const std::string& why, Dropped* dropped);
   static VersionState StateOf(const Entry& e);
+  // What the repository hands out for a loaded version: when the last copy
+  // goes, `owner` goes to the releaser.
+  std::shared_ptr<ServedVersion> Released(std::shared_ptr<ServedVersion> owner) const;
   // Loads one version the poll chose (budget, loader), outside mu_.
   void LoadOne(const std::string& model, const RepositoryVersion& v) ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes held by the versions other than (model, version), and who holds them.
@@ -163,6 +185,7 @@ class ModelRepository {
   std::set<std::string> unloaded_ ABSL_GUARDED_BY(mu_);  // by Unload, until Load
   int64_t budget_ ABSL_GUARDED_BY(mu_);                  // bytes; 0: none (config_'s, or SetMemoryBudget's)
   std::string budget_note_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<ReleaserSlot> releaser_ = std::make_shared<ReleaserSlot>();
 };
 
 }  // namespace txl

@@ -17,9 +17,27 @@ int NiceAbove(int increment) {
 }  // namespace
 
 RepositoryPoller::RepositoryPoller(ModelRepository* repository, RepositoryPollerConfig config)
-    : repository_(repository), config_(config), nice_(NiceAbove(config.nice_increment)), thread_([this] { Loop(); }) {}
+    : repository_(repository), config_(config), nice_(NiceAbove(config.nice_increment)), thread_([this] { Loop(); }) {
+  absl::MutexLock l(&sink_->mu);
+  sink_->poller = this;
+}
 
-RepositoryPoller::~RepositoryPoller() { Stop(); }
+RepositoryPoller::~RepositoryPoller() {
+  {
+    absl::MutexLock l(&sink_->mu);
+    sink_->poller = nullptr;
+  }
+  Stop();
+}
+
+VersionReleaser RepositoryPoller::Releaser() const {
+  return [sink = sink_](std::shared_ptr<ServedVersion>* version) {
+    absl::MutexLock l(&sink->mu);
+    if (sink->poller == nullptr) return false;
+    // Refused once stopping: the work, and the version in it, are dropped here.
+    return sink->poller->Run([held = std::move(*version)]() mutable { held.reset(); });
+  };
+}
 
 void RepositoryPoller::Stop() {
   {

@@ -56,8 +56,17 @@ class RepositoryPoller {
   bool Run(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
   // Polls finished so far, failed ones included.
   int64_t polls() const ABSL_LOCKS_EXCLUDED(mu_);
+  // For ModelRepository::SetReleaser: a version let go of is freed on this
+  // thread, as queued work; once Stop has begun, or the poller is gone, it
+  // is refused (freed where it was dropped).
+  VersionReleaser Releaser() const;
 
  private:
+  // The releasers' way to this poller, which they may outlive.
+  struct Sink {
+    absl::Mutex mu;
+    RepositoryPoller* poller ABSL_GUARDED_BY(mu) = nullptr;
+  };
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   ModelRepository* const repository_;
@@ -67,6 +76,7 @@ class RepositoryPoller {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::function<void()>> work_ ABSL_GUARDED_BY(mu_);
   int64_t polls_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::shared_ptr<Sink> sink_ = std::make_shared<Sink>();
   std::thread thread_;
 };
 

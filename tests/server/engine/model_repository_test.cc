@@ -28,7 +28,11 @@ using ::testing::HasSubstr;
 
 struct FakeVersion : ServedVersion {
   explicit FakeVersion(int64_t v) : version(v) {}
+  ~FakeVersion() override {
+    if (on_free) on_free();
+  }
   int64_t version;
+  std::function<void()> on_free;  // runs on the thread that frees it
 };
 
 TEST(VersionPolicyTest, ParsesTheThreeFormsAndNamesABadOne) {
@@ -377,6 +381,65 @@ TEST_F(ModelRepositoryTest, APollersWorkAndTheThreadsItStartsRunAtTheLoweredNice
     EXPECT_EQ(*started, *seen) << "increment " << increment;
   }
   EXPECT_EQ(*ThisThreadNice(), *server);  // the caller's own is untouched
+}
+
+// A retiring version's last holder may be the engine thread (a session that
+// expired): the version is freed on the poller's thread instead; once the
+// poller stops, where it is dropped.
+TEST_F(ModelRepositoryTest, AVersionLetGoOfIsFreedOnThePollersThread) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  auto poller = std::make_unique<RepositoryPoller>(r.get(), RepositoryPollerConfig{});
+  r->SetReleaser(poller->Releaser());
+  std::thread::id poller_thread;
+  absl::Notification asked;
+  ASSERT_TRUE(poller->Run([&] {
+    poller_thread = std::this_thread::get_id();
+    asked.Notify();
+  }));
+  asked.WaitForNotification();
+  auto held = r->Find("char");
+  ASSERT_TRUE(held.ok());
+  std::thread::id freed_on;
+  absl::Notification freed;
+  static_cast<FakeVersion&>(*held->served).on_free = [&] {
+    freed_on = std::this_thread::get_id();
+    freed.Notify();
+  };
+  Put("char", 2);
+  ASSERT_TRUE(r->Poll().ok());  // version 2 ready; version 1 retires, held here
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kRetiring);
+  EXPECT_FALSE(freed.HasBeenNotified());
+  held->served.reset();  // the last holder lets go, on this thread
+  freed.WaitForNotification();
+  EXPECT_EQ(freed_on, poller_thread);
+  EXPECT_NE(freed_on, std::this_thread::get_id());
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kUnloaded);
+
+  // A stopped poller refuses: the version is freed where it is dropped.
+  held = r->Find("char");
+  ASSERT_TRUE(held.ok());
+  absl::Notification freed_here;
+  static_cast<FakeVersion&>(*held->served).on_free = [&] {
+    freed_on = std::this_thread::get_id();
+    freed_here.Notify();
+  };
+  poller->Stop();
+  ASSERT_TRUE(r->Unload("char").ok());
+  held->served.reset();
+  ASSERT_TRUE(freed_here.HasBeenNotified());
+  EXPECT_EQ(freed_on, std::this_thread::get_id());
+  // The releaser may outlive its poller.
+  poller.reset();
+  Put("char", 3);
+  ASSERT_TRUE(r->Load("char").ok());
+  held = r->Find("char");
+  ASSERT_TRUE(held.ok());
+  Put("char", 4);
+  ASSERT_TRUE(r->Poll().ok());
+  held->served.reset();  // freed here, without the poller
+  EXPECT_EQ(StateOf(*r, "char", 3), VersionState::kUnloaded);
 }
 
 TEST_F(ModelRepositoryTest, StoppingAPollerDoesNotWaitOutItsInterval) {

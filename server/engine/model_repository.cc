@@ -80,7 +80,8 @@ void ModelRepository::Retire(Entry& e, const std::string& why, Dropped* dropped)
 }
 
 VersionState ModelRepository::StateOf(const Entry& e) {
-  return e.state == VersionState::kRetiring && e.retiring.expired() ? VersionState::kUnloaded : e.state;
+  return e.state == VersionState::kRetiring && e.retiring.expired() && e.owner.expired() ? VersionState::kUnloaded
+                                                                                         : e.state;
 }
 
 absl::Status ModelRepository::Poll() {
@@ -118,7 +119,7 @@ absl::Status ModelRepository::Poll() {
         if (k != known.end()) {
           Entry& e = k->second;
           if (e.state == VersionState::kRetiring) {  // wanted again while still held
-            if (std::shared_ptr<ServedVersion> held = e.retiring.lock()) {
+            if (std::shared_ptr<ServedVersion> held = Held(e)) {
               e.served = std::move(held);
               e.state = VersionState::kReady;
               e.reason.clear();
@@ -219,6 +220,7 @@ void ModelRepository::LoadOne(const std::string& model, const RepositoryVersion&
     e.bytes = 0;
   } else if (loaded.ok() && *loaded != nullptr) {
     e.state = VersionState::kReady;
+    e.owner = *loaded;
     e.served = Released(*std::move(loaded));
   } else {
     e.state = VersionState::kFailed;
@@ -274,7 +276,7 @@ absl::StatusOr<std::shared_ptr<ServedVersion>> ModelRepository::Keep(const std::
       auto v = m->second.find(version);
       if (v != m->second.end()) {
         if (v->second.state == VersionState::kReady) return v->second.served;
-        if (std::shared_ptr<ServedVersion> held = v->second.retiring.lock()) return held;
+        if (std::shared_ptr<ServedVersion> held = Held(v->second)) return held;
       }
     }
   }
@@ -285,6 +287,7 @@ absl::StatusOr<std::shared_ptr<ServedVersion>> ModelRepository::Keep(const std::
   }
   ASSIGN_OR_RETURN(std::shared_ptr<ServedVersion> owner, loader_(model, *rv));
   if (owner == nullptr) return absl::InternalError("the loader returned nothing");
+  const std::weak_ptr<ServedVersion> weak_owner = owner;
   std::shared_ptr<ServedVersion> loaded = Released(std::move(owner));
   int64_t bytes = 0;
   if (sizer_ != nullptr) bytes = sizer_(*rv).value_or(0);
@@ -297,6 +300,7 @@ absl::StatusOr<std::shared_ptr<ServedVersion>> ModelRepository::Keep(const std::
   e.stamp = StampOf(rv->path);
   e.bytes = bytes;
   e.retiring = loaded;
+  e.owner = weak_owner;
   return loaded;
 }
 
@@ -337,6 +341,15 @@ std::shared_ptr<ServedVersion> ModelRepository::Released(std::shared_ptr<ServedV
     }
     if (!releaser || !releaser(&owner)) owner.reset();  // freed here
   });
+}
+
+std::shared_ptr<ServedVersion> ModelRepository::Held(Entry& e) const {
+  if (std::shared_ptr<ServedVersion> held = e.retiring.lock()) return held;
+  std::shared_ptr<ServedVersion> owner = e.owner.lock();  // let go of, and not freed yet
+  if (owner == nullptr) return nullptr;
+  std::shared_ptr<ServedVersion> again = Released(std::move(owner));
+  e.retiring = again;
+  return again;
 }
 
 void ModelRepository::SetReleaser(VersionReleaser releaser) {

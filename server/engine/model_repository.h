@@ -133,8 +133,8 @@ class ModelRepository {
   std::vector<std::shared_ptr<ServedVersion>> Loaded() const ABSL_LOCKS_EXCLUDED(mu_);
   // Where the versions loaded from now on, and those already loaded, are
   // freed once their last holder lets go (unset: where they are dropped). A
-  // version let go of counts as UNLOADED, and leaves the memory budget, as
-  // soon as it is handed over.
+  // version let go of stays RETIRING, and in the memory budget, until it is
+  // freed; wanted again meanwhile, it serves again without a load.
   void SetReleaser(VersionReleaser releaser);
 
  private:
@@ -150,6 +150,10 @@ class ModelRepository {
     bool over_budget = false;               // FAILED for the budget: tried again on each poll
     std::shared_ptr<ServedVersion> served;  // READY
     std::weak_ptr<ServedVersion> retiring;  // RETIRING: held by others only
+    // What the handed-out references wrap: alive until the version is freed
+    // (after the last of them goes, it waits with the releaser), and counted
+    // as RETIRING until then.
+    std::weak_ptr<ServedVersion> owner;
   };
   using Versions = std::map<int64_t, Entry>;
   // The releaser, shared with every version's last reference, which may
@@ -170,6 +174,9 @@ class ModelRepository {
   // What the repository hands out for a loaded version: when the last copy
   // goes, `owner` goes to the releaser.
   std::shared_ptr<ServedVersion> Released(std::shared_ptr<ServedVersion> owner) const;
+  // A RETIRING version's reference: a holder's, or a new one while it waits
+  // to be freed; null once freed.
+  std::shared_ptr<ServedVersion> Held(Entry& e) const;
   // Loads one version the poll chose (budget, loader), outside mu_.
   void LoadOne(const std::string& model, const RepositoryVersion& v) ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes held by the versions other than (model, version), and who holds them.

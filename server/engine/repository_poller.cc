@@ -32,10 +32,16 @@ RepositoryPoller::~RepositoryPoller() {
 
 VersionReleaser RepositoryPoller::Releaser() const {
   return [sink = sink_](std::shared_ptr<ServedVersion>* version) {
-    absl::MutexLock l(&sink->mu);
-    if (sink->poller == nullptr) return false;
-    // Refused once stopping: the work, and the version in it, are dropped here.
-    return sink->poller->Run([held = std::move(*version)]() mutable { held.reset(); });
+    // In a box that the work shares: refused, the version goes back to the
+    // caller, never freed under Sink::mu.
+    auto box = std::make_shared<std::shared_ptr<ServedVersion>>(std::move(*version));
+    bool queued = false;
+    {
+      absl::MutexLock l(&sink->mu);
+      if (sink->poller != nullptr) queued = sink->poller->RunFirst([box] { box->reset(); });
+    }
+    if (!queued) *version = std::move(*box);
+    return queued;
   };
 }
 
@@ -51,6 +57,13 @@ bool RepositoryPoller::Run(std::function<void()> work) {
   absl::MutexLock l(&mu_);
   if (stopping_) return false;
   work_.push_back(std::move(work));
+  return true;
+}
+
+bool RepositoryPoller::RunFirst(std::function<void()> work) {
+  absl::MutexLock l(&mu_);
+  if (stopping_) return false;
+  work_.push_front(std::move(work));
   return true;
 }
 

@@ -54,11 +54,14 @@ class RepositoryPoller {
   // Queues `work` for the poller's thread; false (and `work` is dropped)
   // once Stop has begun.
   bool Run(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
+  // As Run, ahead of the work already queued (a release: its memory may be
+  // what a queued load needs).
+  bool RunFirst(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
   // Polls finished so far, failed ones included.
   int64_t polls() const ABSL_LOCKS_EXCLUDED(mu_);
   // For ModelRepository::SetReleaser: a version let go of is freed on this
-  // thread, as queued work; once Stop has begun, or the poller is gone, it
-  // is refused (freed where it was dropped).
+  // thread (RunFirst); once Stop has begun, or the poller is gone, it is
+  // refused, and freed where it was dropped, after every lock here.
   VersionReleaser Releaser() const;
 
  private:

@@ -442,6 +442,45 @@ TEST_F(ModelRepositoryTest, AVersionLetGoOfIsFreedOnThePollersThread) {
   EXPECT_EQ(StateOf(*r, "char", 3), VersionState::kUnloaded);
 }
 
+// Let go of while the poller is busy, a version waits there to be freed: it
+// stays RETIRING (and in the memory budget) until then, and a Keep meanwhile
+// takes it back without a load.
+TEST_F(ModelRepositoryTest, AVersionWaitingToBeFreedIsStillHeld) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  RepositoryPoller poller(r.get(), RepositoryPollerConfig{});
+  r->SetReleaser(poller.Releaser());
+  auto held = r->Find("char");
+  ASSERT_TRUE(held.ok());
+  absl::Notification freed;
+  static_cast<FakeVersion&>(*held->served).on_free = [&] { freed.Notify(); };
+  Put("char", 2);
+  ASSERT_TRUE(r->Poll().ok());
+  absl::Notification busy, go_on;
+  ASSERT_TRUE(poller.Run([&] {
+    busy.Notify();
+    go_on.WaitForNotification();
+  }));
+  busy.WaitForNotification();
+  held->served.reset();  // queued on the busy poller
+  EXPECT_FALSE(freed.HasBeenNotified());
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kRetiring);
+  const int loads = loads_;
+  auto kept = r->Keep("char", 1);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(static_cast<FakeVersion&>(**kept).version, 1);
+  EXPECT_EQ(loads_, loads);  // the same weights, not loaded again
+  go_on.Notify();            // the queued release drops one reference, not the last
+  absl::Notification drained;
+  ASSERT_TRUE(poller.Run([&] { drained.Notify(); }));
+  drained.WaitForNotification();
+  EXPECT_FALSE(freed.HasBeenNotified());
+  kept->reset();
+  freed.WaitForNotification();
+  EXPECT_EQ(StateOf(*r, "char", 1), VersionState::kUnloaded);
+}
+
 TEST_F(ModelRepositoryTest, StoppingAPollerDoesNotWaitOutItsInterval) {
   Put("char", 1);
   auto r = Open();

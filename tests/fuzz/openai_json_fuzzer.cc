@@ -15,7 +15,8 @@
 //   - a body that is not a JSON object is refused (ParseCreateSession and ParsePosition also
 //     take an empty body), and a JSON object's refusal names a param;
 //   - what is accepted is what the body says, within the documented ranges: max_tokens (or
-//     max_completion_tokens) in [1, 2^31 - 1], default 16; n = 1; seed, mem_len,
+//     max_completion_tokens) in [1, 2^31 - 1], default 16, or 0 with a completion's echo (the
+//     service's -1); echo the body's, and never a chat's; n = 1; seed, mem_len,
 //     idle_ttl_seconds and position >= 0; logprobs and top_logprobs in [0, 2^31 - 1];
 //     temperature and top_p the body's, within a float's range (default 1); the stop strings;
 //     stream_options only with stream; the refused options absent; the session id the body's,
@@ -199,8 +200,15 @@ void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
         "the model is the body's, as it is");
   const char* max_field =
       doc.contains("max_completion_tokens") && !doc.contains("max_tokens") ? "max_completion_tokens" : "max_tokens";
+  const json* echo = Field(doc, "echo");
+  if (echo) Check(echo->is_boolean(), "'echo' a boolean");
+  Check(p.echo == (echo != nullptr && *echo == true) && r.echo() == p.echo, "echo is the body's");
   if (const json* max = Field(doc, max_field)) {
-    CheckInt(max, r.max_new_tokens(), 1, kInt32Max, 0, "max_tokens in [1, 2^31 - 1]");
+    if (p.echo && r.max_new_tokens() == -1) {
+      Check(max->is_number() && max->get<double>() == 0, "max_tokens 0 with echo: none (-1)");
+    } else {
+      CheckInt(max, r.max_new_tokens(), 1, kInt32Max, 0, "max_tokens in [1, 2^31 - 1]");
+    }
   } else {
     Check(r.max_new_tokens() == 0, "no max_tokens: 0, the service's default");
   }
@@ -224,7 +232,6 @@ void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
     }
   }
   if (const json* user = Field(doc, "user")) Check(user->is_string(), "'user' a string");
-  if (auto it = doc.find("echo"); it != doc.end()) Check(*it != true, "echo refused");
   for (const char* refused : {"suffix", "tools", "functions", "response_format"}) {
     Check(Field(doc, refused) == nullptr, "unsupported options refused");
   }
@@ -284,6 +291,7 @@ void CheckCompletion(const json& doc, const CompletionParams& p, bool header) {
 
 void CheckChat(const json& doc, const ChatParams& p, bool header) {
   CheckCommon(doc, p.completion, header);
+  Check(!p.completion.echo, "a chat has no echo");
   const v1::GenerateRequest& r = p.completion.request;
   Check(!r.has_input(), "the gateway renders the chat's input");
   const json* messages = Field(doc, "messages");

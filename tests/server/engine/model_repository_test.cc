@@ -363,7 +363,7 @@ TEST_F(ModelRepositoryTest, APollersWorkAndTheThreadsItStartsRunAtTheLoweredNice
   ASSERT_NE(r, nullptr);
   const absl::StatusOr<int> server = ThisThreadNice();
   ASSERT_TRUE(server.ok()) << server.status();
-  if (*server == 19) GTEST_SKIP() << "the test itself runs at the lowest priority: nothing can be lower";
+  // At nice 19 already (a niced runner), every increment keeps 19: the checks still hold.
   for (const int increment : {0, 3, 19}) {
     RepositoryPollerConfig config;
     config.nice_increment = increment;

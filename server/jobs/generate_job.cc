@@ -61,7 +61,7 @@ StepInput GenerateJob::Row(size_t n) {
 
 void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (!decoding_) {
-    if (spec_.echo) TakeEcho(out, n);
+    if (spec_.echo) AppendScores(out, n, &echo_);
     fed += n;
     if (spec_.max_new_tokens == 0) {
       if (prefill_left() == 0) {
@@ -157,15 +157,6 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     runner.KeepInStateCache(lease, all, {token});
   }
   runner.Finish(*this, absl::OkStatus());
-}
-
-void GenerateJob::TakeEcho(const StepOutput& out, size_t n) {
-  // This row fed feed[fed, fed + n): target k scored feed[fed + 1 + k].
-  if (fed == 0 && pending_len == 0) echo_.push_back({feed[0], false, 0.0f});  // the session's first token
-  for (size_t k = 0; k < out.target_logprobs.size() && k < n; ++k) {
-    const size_t pos = fed + 1 + k;
-    if (pos >= pending_len) echo_.push_back({feed[pos], true, out.target_logprobs[k]});
-  }
 }
 
 void GenerateJob::Settle(const absl::Status& status) {

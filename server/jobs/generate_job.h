@@ -34,9 +34,6 @@ class GenerateJob final : public FeedJob {
   bool logs_history() const override { return true; }
 
  private:
-  // Echo: the input tokens a prefill row of `n` scored.
-  void TakeEcho(const StepOutput& out, size_t n);
-
   GenerateSpec spec_;
   GenerateCallbacks callbacks_;
   // How it ended: set when a step ends it, else by Settle (a cancel, a

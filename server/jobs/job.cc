@@ -46,6 +46,14 @@ void FeedJob::KeepFedPrefix() {
   if (fed > 0) lease.pending = {feed[fed]};
 }
 
+void FeedJob::AppendScores(const StepOutput& out, size_t n, std::vector<ScoredTokenResult>* scores) const {
+  if (fed == 0 && pending_len == 0) scores->push_back({feed[0], false, 0.0f});  // nothing predicts it
+  for (size_t k = 0; k < out.target_logprobs.size() && k < n; ++k) {
+    const size_t pos = fed + 1 + k;
+    if (pos >= pending_len) scores->push_back({feed[pos], true, out.target_logprobs[k]});
+  }
+}
+
 StepInput FeedJob::Slice(size_t n) const {
   StepInput in;
   in.tokens.assign(feed.begin() + fed, feed.begin() + fed + n);

@@ -110,6 +110,10 @@ class FeedJob : public Job {
   // The history tokens the job added at positions [from, to): its input, then what it sampled.
   std::vector<int> Added(int64_t from, int64_t to) const;
   StepInput Slice(size_t n) const;  // feed[fed, fed + n)
+  // The log-probs a row of feed[fed, fed + n) gave its targets (each fed
+  // token's next), appended for the input tokens they score (a session's
+  // first token: none); before `fed` moves on. Score's, and Generate's echo.
+  void AppendScores(const StepOutput& out, size_t n, std::vector<ScoredTokenResult>* scores) const;
   // The state the step advances (Score without commit: a copy).
   virtual SessionState* state() { return lease.state.get(); }
 

@@ -30,16 +30,8 @@ StepInput ScoreJob::Row(size_t n) {
 }
 
 void ScoreJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
+  AppendScores(out, n, &scores_);
   fed += n;
-  // Scores come for feed positions fed-n+1 .. fed; report input tokens only.
-  const size_t first_target = fed - n + 1;
-  if (scores_.empty() && pending_len == 0) {
-    scores_.push_back({feed[0], false, 0.0f});  // the session's first token
-  }
-  for (size_t k = 0; k < out.target_logprobs.size(); ++k) {
-    const size_t pos = first_target + k;
-    if (pos >= pending_len) scores_.push_back({feed[pos], true, out.target_logprobs[k]});
-  }
   if (prefill_left() == 0) runner.Finish(*this, absl::OkStatus());
 }
 

@@ -30,6 +30,10 @@ ABSL_FLAG(int64_t, malloc_keep_bytes, int64_t{256} << 20,
           "freed memory glibc keeps for reuse, as txl-server's flag of that name (0: glibc's defaults)");
 ABSL_FLAG(int, threads, 2, "intra-op threads");
 ABSL_FLAG(int, prefill, 0, "time prefills of this many tokens (one fresh session each) instead of steps");
+ABSL_FLAG(int, feed, 1,
+          "tokens each of the first --feeders sessions feeds per timed step (the others feed 1): a step that "
+          "starts a turn, where a session feeds its pending token and the new input");
+ABSL_FLAG(int, feeders, -1, "sessions that feed --feed tokens per step (-1: all)");
 ABSL_FLAG(std::string, dtype, "float32",
           "weights of the layers' products: float32 (exact), bfloat16 or int8 (per-row scales)");
 ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
@@ -38,6 +42,9 @@ ABSL_FLAG(std::string, kernels, "auto", "auto, or generic (libtorch's ops, the G
 ABSL_FLAG(std::string, cuda_graphs, "auto", "decode steps as CUDA graphs: auto (on a GPU), on or off");
 ABSL_FLAG(bool, split_decode_attention, true,
           "the generic path's decode attention fused over key chunks (false: libtorch's tensor ops)");
+ABSL_FLAG(bool, decode_short_feeds, true,
+          "on the CPU kernels, a session feeding a few tokens feeds them a decode pass at a time (false: any "
+          "session feeding several tokens takes the step through the multi-token pass)");
 ABSL_FLAG(std::string, readout, "distribution",
           "what each step reads out: distribution (each session's whole row, to the host) or argmax (the model's "
           "greedy pick: one id per session crosses)");
@@ -83,6 +90,7 @@ int main(int argc, char** argv) {
   o.kernels = *kernels;
   o.decode_graphs = *graphs;
   o.split_decode_attention = absl::GetFlag(FLAGS_split_decode_attention);
+  o.decode_short_feeds = absl::GetFlag(FLAGS_decode_short_feeds);
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";
@@ -142,12 +150,21 @@ int main(int argc, char** argv) {
   }
   std::cerr << "step_loop: filled " << B << " sessions; stepping" << std::endl;
   std::vector<txl::StepInput> in(B);
+  const int feed = absl::GetFlag(FLAGS_feed);
+  const int feeders = absl::GetFlag(FLAGS_feeders) < 0 ? B : absl::GetFlag(FLAGS_feeders);
+  if (feed < 1) {
+    std::cerr << "step_loop: --feed must be at least 1\n";
+    return 2;
+  }
   int step = 0;
   auto fill = [&] {
     for (int b = 0; b < B; ++b) {
       in[b] = txl::StepInput();
       in[b].session = sessions[b].get();
       in[b].tokens = {(step * 7 + b) % vocab};
+      if (b < feeders) {
+        for (int t = 1; t < feed; ++t) in[b].tokens.push_back((step * 7 + b + t) % vocab);
+      }
       if (readout == "argmax") {
         in[b].plan.pick = txl::SamplingPlan::Pick::kArgmax;
       } else {
@@ -161,7 +178,10 @@ int main(int argc, char** argv) {
     if (absl::Status st = timed(in); !st.ok()) return fail(st);
   }
   const double m = median();
-  std::printf("sessions %d, memory %d: median step %.3f ms, %.1f tokens/s\n", B, mem, m * 1e3, B / m);
+  const int fed = B + std::min(feeders, B) * (feed - 1);
+  std::printf("sessions %d, memory %d: median step %.3f ms, %.1f tokens/s", B, mem, m * 1e3, fed / m);
+  if (feed > 1) std::printf(" (%d of them feeding %d tokens a step)", std::min(feeders, B), feed);
+  std::printf("\n");
   if (const std::string profile = absl::GetFlag(FLAGS_profile); !profile.empty()) {
     step_loop::ProfileConfig pc;
     pc.steps = absl::GetFlag(FLAGS_profile_steps);

@@ -28,6 +28,7 @@
 #include "model/device_memory.h"
 #include "server/batching/scheduler.h"
 #include "server/core/auth.h"
+#include "server/core/readmit_waiting.h"
 #include "server/durability/recovery.h"
 #include "server/durability/session_journal.h"
 #include "server/durability/shared_state_cache.h"
@@ -444,10 +445,15 @@ int Serve(ServerOptions o, sigset_t signals) {
         txl::RecoverSessions(journal->get(), &table, txl::RecordsOf(service_models, models->repository.get()));
     if (!recovered.ok()) return Fail(absl::StrCat("state store: ", recovered.status().message()));
     std::cout << "txl-server: state store " << (*journal)->Describe() << " as replica " << (*journal)->replica() << ": "
-              << *recovered << " session(s) recovered" << std::endl;
+              << *recovered << " session(s) recovered";
+    if (const int64_t waiting = (*journal)->waiting(); waiting > 0) {
+      std::cout << ", " << waiting << " kept waiting for room for their version under --model_memory_budget";
+    }
+    std::cout << std::endl;
   }
 
   o.metrics.versions = [service_models] { return service_models->List(); };
+  if (*journal) o.metrics.waiting_sessions = [j = journal->get()] { return j->waiting(); };
   auto metrics = txl::Metrics::Create(o.metrics, &table);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   auto metrics_http = StartMetricsPort(o, metrics->get());
@@ -482,6 +488,16 @@ int Serve(ServerOptions o, sigset_t signals) {
     http = *std::move(started);
   }
   scheduler.Start();
+  // Sessions recovered waiting for room for their version come back once a
+  // poll, an unload or a freed version makes room (the poller stops before
+  // the scheduler, in DrainAndStop).
+  if (*journal && models->poller) {
+    auto readmitter = std::make_shared<txl::WaitingReadmitter>(
+        journal->get(), models->repository.get(), &scheduler,
+        [poller = models->poller.get()] { poller->Run([] {}); });  // outlives the scheduler's jobs
+    models->poller->SetFollowUp([readmitter] { return readmitter->Run().again; });
+    models->poller->Run([] {});  // one now: the start-up's retirements may have made room already
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
   PrintStarted(o, model, models->what, port, metrics_http->get(), http.get(), transport, tokens->get());
   // Held no longer: a repository version is freed when its last holder lets go.

@@ -74,7 +74,8 @@ struct DecodeAttentionArgs {
 // a run of items reads one head's relative-position rows from cache. Each
 // item attends its held keys and the new one, and finally writes the new key
 // and value into the ring slot of the position that left the window (never a
-// held one, so a step that fails later changes nothing the session holds).
+// key this pass attends; a step's first pass overwrites nothing the session
+// held before it, and IncrementalModel::Step backs up what later ones do).
 // With bfloat16 rings the new key and value are rounded first, so the step
 // attends exactly what later steps will read.
 void DecodeAttention(const DecodeAttentionArgs& args, int64_t begin, int64_t end, KernelIsa isa = KernelIsa::kBest);

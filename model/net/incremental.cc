@@ -44,7 +44,8 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
       bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())),
       decode_graphs_(precision.decode_graphs && generic_),
-      split_decode_(precision.split_decode_attention && generic_) {
+      split_decode_(precision.split_decode_attention && generic_),
+      short_feeds_(precision.decode_short_feeds) {
   PrepareWeights();
 }
 
@@ -166,6 +167,40 @@ void IncrementalModel::WriteRows(SessionMemory& m, int64_t l, bool key, int64_t 
   pool.index_copy_(0, at_rows, rows.to(pool.scalar_type()));
 }
 
+IncrementalModel::RingBackup IncrementalModel::BackUpOverwritten(absl::Span<const StepInput> inputs,
+                                                                 const std::vector<size_t>& few) const {
+  RingBackup backup;
+  for (size_t i : few) {
+    auto* m = static_cast<SessionMemory*>(inputs[i].session);
+    const int64_t n = static_cast<int64_t>(inputs[i].tokens.size());
+    if (n < 2 || m->pool_ || m->mem_len_ <= 1 || !m->k_[0].defined()) continue;
+    // Committed: positions [position - length, position), slot p % mem_len.
+    const int64_t first = m->position_ - m->length_;
+    std::vector<int64_t> slots;
+    for (int64_t j = 1; j < n; ++j) {
+      const int64_t slot = (m->position_ + j) % m->mem_len_;
+      if (((slot - first % m->mem_len_) + m->mem_len_) % m->mem_len_ < m->length_) slots.push_back(slot);
+    }
+    if (slots.empty()) continue;
+    RingBackup::Saved saved{m, at::tensor(slots, at::TensorOptions().dtype(at::kLong)), {}, {}};
+    for (size_t l = 0; l < m->k_.size(); ++l) {
+      saved.k.push_back(m->k_[l].index_select(1, saved.slots));
+      saved.v.push_back(m->v_[l].index_select(1, saved.slots));
+    }
+    backup.saved.push_back(std::move(saved));
+  }
+  return backup;
+}
+
+void IncrementalModel::RingBackup::Restore() {
+  for (Saved& s : saved) {
+    for (size_t l = 0; l < s.k.size(); ++l) {
+      s.memory->k_[l].index_copy_(1, s.slots, s.k[l]);
+      s.memory->v_[l].index_copy_(1, s.slots, s.v[l]);
+    }
+  }
+}
+
 at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
   // Sessions come from this model (LanguageModel::NewSession, RestoreSession, Clone).
   std::vector<SessionMemory*> memories;
@@ -173,7 +208,6 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
   for (const StepInput& in : inputs) memories.push_back(static_cast<SessionMemory*>(in.session));
   std::vector<Pending> pending;
   pending.reserve(inputs.size());
-  int64_t max_n = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     SessionMemory* m = memories[i];
     const int64_t n = static_cast<int64_t>(inputs[i].tokens.size());
@@ -182,36 +216,60 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
     if (n > 0 && m->mem_len_ > 1) Reserve(m, std::min(m->mem_len_, m->position_ + n));
     pending.push_back(
         {m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()), std::vector<at::Tensor>(m->v_.size())});
-    max_n = std::max(max_n, n);
   }
+  // On the CPU kernels a session feeding a few tokens (a turn's start: its
+  // pending token and a short input) feeds them one decode pass at a time,
+  // beside the decoders, instead of taking the whole step through Pass:
+  // docs/MODEL.md, "Mixed steps".
   const bool can_decode = !decode_.empty();
-  std::vector<std::vector<at::Tensor>> parts(inputs.size());
-  for (int64_t start = 0; start < max_n; start += kPassTokens) {
-    std::vector<Pending*> batch;
-    std::vector<std::vector<int64_t>> tokens;
-    std::vector<size_t> which;
-    bool decode = can_decode;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const auto& t = inputs[i].tokens;
-      const int64_t n = static_cast<int64_t>(t.size());
-      if (start >= n) continue;
-      batch.push_back(&pending[i]);
-      tokens.emplace_back(t.begin() + start, t.begin() + std::min(n, start + kPassTokens));
-      which.push_back(i);
-      decode = decode && tokens.back().size() == 1 && !pending[i].replaced();
-    }
-    at::Tensor hidden = decode                         ? DecodePass(batch, tokens)
-                        : GraphEligible(batch, tokens) ? GraphDecodePass(batch, tokens)
-                                                       : Pass(batch, tokens);
-    int64_t offset = 0;
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const int64_t n = static_cast<int64_t>(tokens[b].size());
-      parts[which[b]].push_back(hidden.slice(0, offset, offset + n));
-      offset += n;
-      batch[b]->position += n;
-    }
+  std::vector<size_t> few, many;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const size_t n = inputs[i].tokens.size();
+    if (n == 0) continue;
+    (can_decode && short_feeds_ && n <= static_cast<size_t>(kDecodeFeedTokens) ? few : many).push_back(i);
   }
-  // Commit: nothing above touched the positions the sessions hold.
+  std::vector<std::vector<at::Tensor>> parts(inputs.size());
+  const auto passes = [&](const std::vector<size_t>& rows, int64_t chunk) {
+    int64_t most = 0;
+    for (size_t i : rows) most = std::max(most, static_cast<int64_t>(inputs[i].tokens.size()));
+    for (int64_t start = 0; start < most; start += chunk) {
+      std::vector<Pending*> batch;
+      std::vector<std::vector<int64_t>> tokens;
+      std::vector<size_t> which;
+      bool decode = can_decode;
+      for (size_t i : rows) {
+        const auto& t = inputs[i].tokens;
+        const int64_t n = static_cast<int64_t>(t.size());
+        if (start >= n) continue;
+        batch.push_back(&pending[i]);
+        tokens.emplace_back(t.begin() + start, t.begin() + std::min(n, start + chunk));
+        which.push_back(i);
+        decode = decode && tokens.back().size() == 1 && !pending[i].replaced();
+      }
+      at::Tensor hidden = decode                         ? DecodePass(batch, tokens)
+                          : GraphEligible(batch, tokens) ? GraphDecodePass(batch, tokens)
+                                                         : Pass(batch, tokens);
+      int64_t offset = 0;
+      for (size_t b = 0; b < batch.size(); ++b) {
+        const int64_t n = static_cast<int64_t>(tokens[b].size());
+        parts[which[b]].push_back(hidden.slice(0, offset, offset + n));
+        offset += n;
+        batch[b]->position += n;
+      }
+    }
+  };
+  // A later decode pass of a session writes into the slot of a position it
+  // still holds until the commit: kept, and put back if the step throws.
+  RingBackup backup = BackUpOverwritten(inputs, few);
+  try {
+    passes(few, 1);
+    passes(many, kPassTokens);  // without short feeds: every session, as one step
+  } catch (...) {
+    backup.Restore();
+    throw;
+  }
+  // Commit: the positions the sessions held are as they were, but for the
+  // slots BackUpOverwritten kept (already rewritten, as the commit wants).
   std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
     SessionMemory* mem = memories[i];

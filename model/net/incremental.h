@@ -62,6 +62,11 @@ class IncrementalModel {
     // split_decode_attention.h): the CUDA kernels on a GPU, their CPU run
     // with kGeneric. false: the tensor ops of every other pass.
     bool split_decode_attention = true;
+    // On the CPU kernels, a session feeding at most kDecodeFeedTokens tokens
+    // feeds them a decode pass at a time, beside the step's decoders, and
+    // only sessions feeding more go through Pass. false: any session feeding
+    // several tokens takes the whole step through Pass (for measurement).
+    bool decode_short_feeds = true;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -94,6 +99,9 @@ class IncrementalModel {
   void ReserveSessionMemory(int64_t bytes);
 
   static constexpr int64_t kPassTokens = 512;
+  // On the CPU kernels, a session feeding at most this many tokens feeds
+  // them a decode pass at a time (docs/MODEL.md, "Mixed steps").
+  static constexpr int64_t kDecodeFeedTokens = 3;
 
   // What the decode graphs did so far: padded passes, and of those how many
   // were captured and how many replayed (the rest ran eagerly).
@@ -170,6 +178,19 @@ class IncrementalModel {
   // sessions whose memory the pass replaces.
   static void KeepWindow(const PassGeometry& g, int64_t l, const at::Tensor& Kp, const at::Tensor& Vp,
                          std::vector<std::vector<at::Tensor>>& new_k, std::vector<std::vector<at::Tensor>>& new_v);
+  // The ring slots that a step's later decode passes write while they still
+  // hold a committed position (Step's `few` sessions), copied so that a
+  // step that throws puts them back.
+  struct RingBackup {
+    struct Saved {
+      SessionMemory* memory;
+      at::Tensor slots;              // [s] ring slots
+      std::vector<at::Tensor> k, v;  // per layer [H, s, dh]
+    };
+    std::vector<Saved> saved;
+    void Restore();
+  };
+  RingBackup BackUpOverwritten(absl::Span<const StepInput> inputs, const std::vector<size_t>& few) const;
   // One token per session, memories read and written in place (CPU, float).
   at::Tensor DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
   void Reserve(SessionMemory* memory, int64_t needed) const;
@@ -250,6 +271,7 @@ class IncrementalModel {
   // table that was rebuilt drops them all.
   bool decode_graphs_;
   bool split_decode_;  // Precision::split_decode_attention, on the generic path
+  bool short_feeds_;   // Precision::decode_short_feeds
   struct DecodeGraph {
     at::Tensor meta;
     std::unique_ptr<CapturedPass> captured;

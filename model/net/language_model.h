@@ -44,6 +44,10 @@ struct LanguageModelOptions {
   // (IncrementalModel::Precision::split_decode_attention); false only to
   // measure the tensor ops against it.
   bool split_decode_attention = true;
+  // On the CPU kernels, a session feeding a few tokens feeds them a decode
+  // pass at a time (IncrementalModel::Precision::decode_short_feeds); false
+  // only to measure the whole step through the multi-token pass.
+  bool decode_short_feeds = true;
 };
 
 class LanguageModel {

@@ -44,12 +44,18 @@ void Offloader::HandOff() {
   SessionTable* table = runner_->table();
   SessionJournal* journal = runner_->journal();
   for (const std::string& id : wanted) {
+    // Named a while ago: what holds now decides, on this thread, where an
+    // adoption since may have claimed it again (then the copy is kept).
+    const SessionJournal::Handoff what = journal->HandoffOf(id);
+    if (what == SessionJournal::Handoff::kKeep) continue;
     auto lease = table->TakeForSnapshot(id, /*any_tier=*/true);
-    if (!lease.ok() || !lease->durable) continue;  // gone, or busy: at the next heartbeat
-    if (lease->state) {                            // its current state, so the next replica replays nothing
-      if (auto image = runner_->ExportImage(*lease); image.ok()) journal->RecordSnapshot(id, *std::move(image));
+    if (!lease.ok() || !lease->durable) continue;  // gone, or busy: at the next heartbeat (a lost copy: when used)
+    if (what == SessionJournal::Handoff::kHandOver) {
+      if (lease->state) {  // its current state, so the next replica replays nothing
+        if (auto image = runner_->ExportImage(*lease); image.ok()) journal->RecordSnapshot(id, *std::move(image));
+      }
+      journal->RecordRelease(id);
     }
-    journal->RecordRelease(id);
     table->Discard(*std::move(lease));
   }
 }

@@ -166,12 +166,14 @@ void Scheduler::Tick() {
   SessionJournal* journal = runner_.journal();
   SchedulerObserver* observer = runner_.observer();
   std::vector<std::string> durable;
-  const int expired = runner_.table()->ExpireIdle(absl::Now(), &durable);
-  if (expired > 0 && observer) observer->OnSessionsExpired(expired);
+  const absl::Time now = absl::Now();
+  int expired = runner_.table()->ExpireIdle(now, &durable);
   if (journal) {
     for (const std::string& id : durable) journal->RecordDelete(id);
+    expired += journal->ExpireWaiting(now);  // those held out of the table, waiting for room for their version
     offloader_.HandOff();
   }
+  if (expired > 0 && observer) observer->OnSessionsExpired(expired);
   offloader_.Offload(/*tick=*/true);
   if (observer) observer->OnTick();
 }

@@ -194,9 +194,14 @@ void ServiceCore::WithAdoption(const std::string& principal, const std::string& 
     return;
   }
   // Quarantined at start-up: DATA_LOSS once for its owner (then NOT_FOUND).
-  if (absl::Status lost = journal->TakeQuarantined(id, principal); !lost.ok()) {
-    fail(lost);
-    return;
+  // Waiting for room for its version: FAILED_PRECONDITION saying so.
+  // Once its version is served here (loaded since), it is adopted as usual.
+  const auto served = [this](const std::string& fingerprint) { return models->WithFingerprint(fingerprint).ok(); };
+  for (absl::Status held : {journal->TakeQuarantined(id, principal), journal->Waiting(id, principal, served)}) {
+    if (!held.ok()) {
+      fail(held);
+      return;
+    }
   }
   auto adopted = [attempt, fail](absl::Status status) {
     absl::Status again = status.ok() ? attempt() : status;

@@ -2,6 +2,7 @@
 // delete, fork and rewind, each answered through its callback once the
 // session table, the engine thread or the journal is done with it.
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,22 @@ std::vector<SessionInfo> ServiceCore::ListSessions(const std::string& principal)
 }
 
 void ServiceCore::DeleteSession(const std::string& principal, const std::string& id, StatusDone done) const {
+  // Waiting for room for its version (held here, out of the table): deleted
+  // from the store as it is; if that fails, it waits again.
+  if (journal != nullptr) {
+    if (std::optional<SessionJournal::WaitingSession> waiting = journal->EndWait(id, principal)) {
+      if (absl::Status w = journal->Writable(); !w.ok()) {
+        journal->Wait(*std::move(waiting));
+        done(w);
+        return;
+      }
+      journal->RecordDelete(id, [journal = journal, waiting = *std::move(waiting), done](absl::Status written) {
+        if (!written.ok()) journal->Wait(waiting);
+        done(written);
+      });
+      return;
+    }
+  }
   WithAdoption(
       principal, id,
       [this, principal, id, done]() -> absl::Status {

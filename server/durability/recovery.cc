@@ -1,5 +1,7 @@
 #include "server/durability/recovery.h"
 
+#include <algorithm>
+
 #include "base/log.h"
 #include "base/status_macros.h"
 
@@ -44,6 +46,11 @@ absl::StatusOr<std::shared_ptr<ServedModel>> KeptFor(const JournalRecord& record
   return model;
 }
 
+// A waiting session's idle ttl, as SessionTable::AddIdle would give it.
+absl::Duration WaitingTtl(absl::Duration recorded, const SessionTableConfig& config) {
+  return recorded > absl::ZeroDuration() ? std::min(recorded, config.max_ttl) : config.default_ttl;
+}
+
 }  // namespace
 
 RecordModel RecordsOf(const ModelSource* models, ModelRepository* repository) {
@@ -52,6 +59,11 @@ RecordModel RecordsOf(const ModelSource* models, ModelRepository* repository) {
     if (!model.ok() && repository != nullptr && !record.meta.model.empty()) {
       auto kept = KeptFor(record, repository);
       if (kept.ok()) return kept;
+      if (absl::IsResourceExhausted(kept.status())) {  // the model memory budget: the session waits
+        return absl::ResourceExhaustedError(absl::StrCat("session ", record.meta.id, ": its version ",
+                                                         record.meta.model,
+                                                         " does not fit: ", kept.status().message()));
+      }
       return absl::FailedPreconditionError(absl::StrCat("session ", record.meta.id, ": ", model.status().message(),
                                                         "; its version ", record.meta.model,
                                                         " could not be loaded: ", kept.status().message()));
@@ -78,6 +90,16 @@ absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table
     auto record = journal->Recover(id);  // DATA_LOSS: reported and quarantined by Load
     if (!record.ok()) continue;
     auto model = model_of(*record);
+    if (absl::IsResourceExhausted(model.status())) {
+      SessionJournal::WaitingSession waiting{id, record->meta.owner, record->meta.model, record->image.fingerprint};
+      waiting.why = absl::StrCat(model.status().message(),
+                                 "; it is kept in the state store, and comes back once there is room for its version "
+                                 "(an unload, a version freed, or a restart with a larger budget)");
+      TXL_LOG(WARNING) << waiting.why;
+      waiting.expires = absl::Now() + WaitingTtl(record->meta.idle_ttl, table->config());
+      journal->Wait(std::move(waiting));  // still held here
+      continue;
+    }
     if (!model.ok()) {
       TXL_LOG(WARNING) << "session " << id << " not recovered: " << model.status().message();
       journal->RecordRelease(id);  // a replica that serves its model may adopt it

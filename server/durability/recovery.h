@@ -28,7 +28,8 @@ using RecordModel = std::function<absl::StatusOr<std::shared_ptr<ServedModel>>(c
 // With `repository` (start-up only: it loads), a record whose version is
 // not ready but whose meta names it (NAME@VERSION) has it loaded for its
 // session (ModelRepository::Keep), provided the file still has the
-// record's fingerprint.
+// record's fingerprint. RESOURCE_EXHAUSTED when that version does not fit
+// the model memory budget.
 RecordModel RecordsOf(const ModelSource* models, ModelRepository* repository = nullptr);
 
 // Registers a record's session in `table`, out of device memory, bound to
@@ -40,7 +41,10 @@ absl::Status AddRecordedSession(const JournalRecord& record, std::shared_ptr<Ser
 // Start-up: registers the sessions this replica held when it last ran (a
 // restart, or a crash). A damaged one is reported and quarantined, one of
 // a model not served is reported and let go (another replica may adopt it),
-// and the rest still load.
+// one whose version does not fit the model memory budget stays held here
+// and waits (SessionJournal::Wait: its requests are told why; WaitingReadmitter
+// brings it back once there is room, as a restart with room would), and the
+// rest still load.
 // Returns how many were registered.
 absl::StatusOr<int> RecoverSessions(SessionJournal* journal, SessionTable* table, const RecordModel& model_of);
 

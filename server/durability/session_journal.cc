@@ -143,11 +143,22 @@ void SessionJournal::RecordDelete(const std::string& id, Done done) {
 }
 
 void SessionJournal::RecordRelease(const std::string& id) {
+  int64_t claim = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tracked_.find(id);
+    if (it != tracked_.end()) claim = it->second.claim;  // this claim: not one made after it is queued
+  }
+  QueueRelease(id, claim);
+}
+
+void SessionJournal::QueueRelease(const std::string& id, int64_t claim) {
   std::vector<Op> ops(2);
   ops[0].kind = Op::kDeleteKey;
   ops[0].key = WantedKey(config_.replica, id);
   ops[1].kind = Op::kRelease;
   ops[1].session = id;
+  ops[1].claim = claim;
   Enqueue(std::move(ops));
 }
 

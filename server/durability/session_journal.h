@@ -213,11 +213,20 @@ class SessionJournal {
 
   // Called on the writer thread, at heartbeats, with the sessions this
   // replica holds that another replica asked for (see above), and with
-  // those another replica took over from it (Lost): either way the
-  // scheduler lets its copy go. Setting
-  // another (or null) waits for a call in progress, so the owner of a
-  // handler may clear it and then go.
+  // those another replica took over from it (Lost): the scheduler looks at
+  // its copies of them (HandoffOf) once idle. Setting another (or null)
+  // waits for a call in progress, so the owner of a handler may clear it
+  // and then go.
   void SetHandoffHandler(std::function<void(std::vector<std::string>)> handler);
+  // What to do now with the copy of a session the handler named, decided
+  // when the copy is taken (the engine thread, where sessions are claimed):
+  // hand it over (snapshot, release) while another replica still asks for
+  // it under this replica's current claim; discard it, writing nothing,
+  // while another replica holds it; otherwise keep it: it was claimed
+  // again since it was named (the copy is the new claim's), or it waits
+  // for room for its version (Wait).
+  enum class Handoff { kKeep, kDiscard, kHandOver };
+  Handoff HandoffOf(const std::string& id) const;
 
   const std::string& replica() const { return config_.replica; }
   std::string Describe() const { return backend_->Describe(); }
@@ -226,6 +235,44 @@ class SessionJournal {
   // DATA_LOSS once for its owner (`caller`; anyone when its owner is
   // unknown), then OK (it answers NOT_FOUND from then on).
   absl::Status TakeQuarantined(const std::string& id, const std::string& caller);
+
+  // A session recovered at start-up whose model version did not fit the
+  // model memory budget (recovery.h): it stays held by this replica, out of
+  // the live table, until its version is served here (a poll loaded it, or
+  // WaitingReadmitter kept it once there was room), until its idle ttl runs
+  // out (counted from the start of the wait), or until its owner deletes
+  // it; it is not handed to another replica.
+  struct WaitingSession {
+    std::string id, owner;
+    std::string model;        // NAME@VERSION (SessionMeta::model)
+    std::string fingerprint;  // its image's
+    std::string why;          // what its owner's requests are told
+    absl::Time expires = absl::InfiniteFuture();
+    absl::Time retry_at = absl::InfinitePast();  // after a failed adoption (WaitingReadmitter): not before
+    int64_t claim = 0;                           // EndWait's: the claim it ended under (Tracked::claim); 0 at start-up
+  };
+  // Wait does nothing for a session this replica does not track, one
+  // another replica took over (Lost), or one claimed again since EndWait
+  // (its claim differs: an adoption brought it back meanwhile). A claim
+  // (Adopt) ends the session's wait. Waiters leaves out the lost ones.
+  void Wait(WaitingSession session);
+  // For its owner (`caller`): OK once `served(fingerprint)` (the wait ends:
+  // it can be adopted here) or once another replica took it over (Lost: it
+  // is asked for there), else FAILED_PRECONDITION with `why`. OK for anyone
+  // else and for a session that does not wait.
+  absl::Status Waiting(const std::string& id, const std::string& caller,
+                       const std::function<bool(const std::string&)>& served);
+  // Ends the wait of `caller`'s session `id` and returns it (to Wait again
+  // should what follows fail); nullopt when it does not wait, for another,
+  // and for one another replica took over (its wait ends too).
+  std::optional<WaitingSession> EndWait(const std::string& id, const std::string& caller);
+  std::vector<WaitingSession> Waiters() const;
+  // Deletes from the store, as an expiry does, the waiting sessions whose
+  // ttl ran out by `now` (one another replica took over only stops
+  // waiting); returns how many were deleted.
+  int ExpireWaiting(absl::Time now);
+  bool IsWaiting(const std::string& id) const;
+  int64_t waiting() const;
 
  private:
   struct Op {
@@ -244,18 +291,21 @@ class SessionJournal {
     bool waits = false;             // its outcome is unknown until its session is resolved
     bool held_back = false;         // not sent: its session was unresolved (sent once it is)
     std::string token;              // kCreate: the holder token it writes
+    int64_t claim = -1;             // kRelease: the claim it ends (Tracked::claim)
     size_t log_bytes = 0;           // kRewind: the log's length once cut
     bool replace_snapshot = false;  // kRewind: the snapshot (and `meta`) written whatever its position
   };
   // What the journal knows of a session this replica holds (or held).
   struct Tracked {
     std::string token;               // the holder value of this replica's claim
+    int64_t claim = 0;               // which claim: a new one per Claim or create, kept by a re-fence's new token
     std::vector<std::string> maybe;  // claims whose outcome is unknown: the holder may be one of these
     int64_t durable = 0;             // its history written so far
     int64_t snapshot_at = -1;        // its stored snapshot's position (-1: unknown)
     int64_t log_bytes = 0;           // the stored log's length at `durable`
     bool lost = false;               // another replica holds it now
     bool verified = true;            // the hold is known since the last gap in the heartbeats
+    bool wanted = false;             // another replica asked for it under this claim (FindWanted)
     bool unresolved = false;         // a write's outcome is unknown (see the header)
     // What the unknown writes were: appends sent, and a create, delete or
     // release that may have landed (a rewind's own waiting op says where to).
@@ -273,6 +323,8 @@ class SessionJournal {
   // --- Construction and queueing (session_journal.cc). ---
   SessionJournal(const SessionJournalConfig& config, std::unique_ptr<StateBackend> backend);
   void Enqueue(std::vector<Op> ops);
+  // RecordRelease of one claim: written only while that claim is current.
+  void QueueRelease(const std::string& id, int64_t claim);
   std::string NewToken();
   // The session's durable position, or -1 when the journal has not seen it.
   int64_t DurableLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -330,12 +382,14 @@ class SessionJournal {
   int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;  // ops queued
   absl::Status error_ ABSL_GUARDED_BY(mu_);    // the last write's error; OK once one succeeds
   int64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t claims_ ABSL_GUARDED_BY(mu_) = 0;  // Tracked::claim's last
   std::map<std::string, Tracked> tracked_ ABSL_GUARDED_BY(mu_);
   absl::Time beat_sent_ ABSL_GUARDED_BY(mu_);                 // when the last heartbeat that was written was sent
   uint64_t nonce_ ABSL_GUARDED_BY(mu_) = 0;                   // NewToken's counter
   std::vector<std::string> newly_lost_ ABSL_GUARDED_BY(mu_);  // for the handoff handler, at the next heartbeat
   // Quarantined sessions not yet reported: id -> owner ("" unknown).
   std::map<std::string, std::string> unreported_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, WaitingSession> waiting_ ABSL_GUARDED_BY(mu_);  // Wait's sessions, by id
   // Its own mutex, held while the handler runs (see SetHandoffHandler).
   absl::Mutex handoff_mu_;
   std::function<void(std::vector<std::string>)> handoff_ ABSL_GUARDED_BY(handoff_mu_);

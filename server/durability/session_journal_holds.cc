@@ -82,6 +82,17 @@ void SessionJournal::SetHandoffHandler(std::function<void(std::vector<std::strin
   handoff_ = std::move(handler);
 }
 
+SessionJournal::Handoff SessionJournal::HandoffOf(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tracked_.find(id);
+  if (it == tracked_.end()) return Handoff::kKeep;
+  if (it->second.lost) return Handoff::kDiscard;
+  // Waiting for room for its version: kept for this replica's restart (an
+  // adoption never loads a version, so the one asking could only let it go).
+  if (waiting_.count(id) != 0) return Handoff::kKeep;
+  return it->second.wanted ? Handoff::kHandOver : Handoff::kKeep;
+}
+
 void SessionJournal::FindWanted() {
   {
     absl::MutexLock lock(&handoff_mu_);
@@ -117,6 +128,7 @@ void SessionJournal::FindWanted() {
       absl::MutexLock lock(&mu_);
       auto it = tracked_.find(id);
       ours = current && it != tracked_.end() && !it->second.lost && it->second.token == *holder;
+      if (ours) it->second.wanted = true;
     }
     if (ours) {
       wanted.push_back(id);

@@ -52,6 +52,88 @@ absl::Status SessionJournal::TakeQuarantined(const std::string& id, const std::s
       absl::StrCat("session ", EchoId(id), ": its saved state was damaged and it was quarantined at start-up"));
 }
 
+void SessionJournal::Wait(WaitingSession session) {
+  absl::MutexLock lock(&mu_);
+  auto t = tracked_.find(session.id);
+  if (t == tracked_.end() || t->second.lost) return;                   // not held here (now)
+  if (session.claim != 0 && t->second.claim != session.claim) return;  // adopted again since EndWait
+  std::string id = session.id;
+  waiting_[std::move(id)] = std::move(session);
+}
+
+absl::Status SessionJournal::Waiting(const std::string& id, const std::string& caller,
+                                     const std::function<bool(const std::string&)>& served) {
+  std::string fingerprint;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiting_.find(id);
+    if (it == waiting_.end() || it->second.owner != caller) return absl::OkStatus();
+    if (auto t = tracked_.find(id); t != tracked_.end() && t->second.lost) {
+      waiting_.erase(it);  // another replica took it over (this one paused): adopted from there
+      return absl::OkStatus();
+    }
+    fingerprint = it->second.fingerprint;
+  }
+  const bool now_served = served(fingerprint);  // outside mu_: it asks the repository
+  absl::MutexLock lock(&mu_);
+  auto it = waiting_.find(id);
+  if (it == waiting_.end()) return absl::OkStatus();
+  if (!now_served) return absl::FailedPreconditionError(it->second.why);
+  waiting_.erase(it);  // still held here: adopted by this replica as a restart would
+  return absl::OkStatus();
+}
+
+std::optional<SessionJournal::WaitingSession> SessionJournal::EndWait(const std::string& id,
+                                                                      const std::string& caller) {
+  absl::MutexLock lock(&mu_);
+  auto it = waiting_.find(id);
+  if (it == waiting_.end() || it->second.owner != caller) return std::nullopt;
+  WaitingSession ended = std::move(it->second);
+  waiting_.erase(it);
+  auto t = tracked_.find(id);
+  if (t == tracked_.end() || t->second.lost) return std::nullopt;  // another replica took it over
+  ended.claim = t->second.claim;
+  return ended;
+}
+
+std::vector<SessionJournal::WaitingSession> SessionJournal::Waiters() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WaitingSession> all;
+  for (const auto& [id, w] : waiting_) {
+    auto t = tracked_.find(id);
+    if (t == tracked_.end() || !t->second.lost) all.push_back(w);  // not one another replica took over
+  }
+  return all;
+}
+
+int SessionJournal::ExpireWaiting(absl::Time now) {
+  std::vector<std::string> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (now < it->second.expires) {
+        ++it;
+        continue;
+      }
+      auto t = tracked_.find(it->first);
+      if (t != tracked_.end() && !t->second.lost) expired.push_back(it->first);
+      it = waiting_.erase(it);
+    }
+  }
+  for (const std::string& id : expired) RecordDelete(id);
+  return static_cast<int>(expired.size());
+}
+
+bool SessionJournal::IsWaiting(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  return waiting_.count(id) != 0;
+}
+
+int64_t SessionJournal::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(waiting_.size());
+}
+
 absl::StatusOr<JournalRecord> SessionJournal::Load(const std::string& id) {
   if (!IsValidStateKey(id)) return absl::NotFoundError(absl::StrCat("session ", EchoId(id), " not found"));
   std::string token;
@@ -138,6 +220,8 @@ absl::StatusOr<JournalRecord> SessionJournal::Claim(const std::string& id, const
     absl::MutexLock lock(&mu_);
     Tracked& t = tracked_[id] = Tracked();
     t.token = token;
+    t.claim = ++claims_;
+    waiting_.erase(id);  // claimed to be served: whatever it waited for is over
   }
   absl::StatusOr<JournalRecord> record = Load(id);
   if (!record.ok() && !absl::IsDataLoss(record.status())) {

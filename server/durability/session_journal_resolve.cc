@@ -144,7 +144,7 @@ absl::Status SessionJournal::Resolve(const std::string& id) {
   TXL_LOG(WARNING) << "session " << id << ": a write's outcome was unknown; the state store holds position " << end
                    << (gone ? " (the session is gone)" : "") << (held ? "" : " under another replica")
                    << "; its waiting answers follow that";
-  if (held && t.release) RecordRelease(id);  // it did not land: again, with the new token
+  if (held && t.release) QueueRelease(id, t.claim);  // it did not land: again (the claim re-fenced, not a new one)
   // Still held: the appends sent that did not land are sent again, then
   // what waited goes through the writer again, in order.
   std::vector<Op> again;

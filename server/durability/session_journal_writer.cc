@@ -143,6 +143,7 @@ bool SessionJournal::BasisFor(Op& op, WriteBasis* basis) {
     }
     tracked_[op.session] = Tracked();
     tracked_[op.session].token = basis->token = op.token;
+    tracked_[op.session].claim = ++claims_;
   } else if (it == tracked_.end()) {
     op.result = absl::UnavailableError(
         absl::StrCat("session ", EchoId(op.session), " is not held by this replica in the state store"));
@@ -150,6 +151,8 @@ bool SessionJournal::BasisFor(Op& op, WriteBasis* basis) {
   } else if (it->second.lost) {
     op.result = Moved(op.session);
     return false;
+  } else if (op.kind == Op::kRelease && op.claim != it->second.claim) {
+    return false;  // claimed again since it was queued (an adoption): the new claim stays
   } else if (it->second.unresolved) {
     op.waits = op.held_back = true;  // nothing more is written until what landed is known
     return false;
@@ -270,6 +273,10 @@ absl::Status SessionJournal::Send(std::vector<std::pair<Op*, StoreWrite>>& group
       op.result = NotWritten(status);  // nothing of it was written
       if (op.kind == Op::kCreate) tracked_.erase(op.session);
       continue;
+    }
+    if (op.kind == Op::kRelease) {
+      auto now = tracked_.find(op.session);
+      if (now == tracked_.end() || now->second.claim != op.claim) continue;  // claimed again while it was written
     }
     Tracked& t = tracked_[op.session];
     if (failed == kWriteUnknown) {  // it may have landed, or may land later

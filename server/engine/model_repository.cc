@@ -160,6 +160,14 @@ absl::Status ModelRepository::Poll() {
   return absl::OkStatus();
 }
 
+std::string ModelRepository::OverBudget(const std::string& model, int64_t version, int64_t need) const {
+  std::string holders;
+  const int64_t used = BytesInUse(model, version, &holders);
+  if (used + need <= budget_) return "";
+  return absl::StrCat("needs ", need, " bytes, and --model_memory_budget ", budget_, budget_note_, " has ",
+                      std::max<int64_t>(0, budget_ - used), " left (", holders.empty() ? "nothing" : holders, " held)");
+}
+
 int64_t ModelRepository::BytesInUse(const std::string& model, int64_t version, std::string* holders) const {
   int64_t used = 0;
   for (const auto& [name, versions] : models_) {
@@ -198,14 +206,10 @@ void ModelRepository::LoadOne(const std::string& model, const RepositoryVersion&
         e.reason = std::string(need.status().message());
         return;
       }
-      std::string holders;
-      const int64_t used = BytesInUse(model, v.version, &holders);
-      if (used + *need > budget_) {
+      if (std::string over = OverBudget(model, v.version, *need); !over.empty()) {
         e.state = VersionState::kFailed;
         e.over_budget = true;
-        e.reason = absl::StrCat("needs ", *need, " bytes, and --model_memory_budget ", budget_, budget_note_, " has ",
-                                std::max<int64_t>(0, budget_ - used), " left (", holders.empty() ? "nothing" : holders,
-                                " held)");
+        e.reason = std::move(over);
         return;
       }
     }
@@ -244,6 +248,11 @@ absl::Status ModelRepository::Unload(const std::string& model) {
     }
   }
   return absl::OkStatus();
+}
+
+bool ModelRepository::Unloaded(const std::string& model) const {
+  absl::MutexLock l(&mu_);
+  return unloaded_.count(model) != 0;
 }
 
 absl::Status ModelRepository::Load(const std::string& model) {
@@ -285,12 +294,27 @@ absl::StatusOr<std::shared_ptr<ServedVersion>> ModelRepository::Keep(const std::
   if (rv == nullptr) {
     return absl::NotFoundError(absl::StrCat("model \"", model, "\" version ", version, " is not in ", config_.dir));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<ServedVersion> owner, loader_(model, *rv));
+  int64_t bytes = 0;
+  if (sizer_ != nullptr) {  // the budget holds here too: the sessions wait in the state store
+    absl::StatusOr<int64_t> need = sizer_(*rv);
+    absl::MutexLock l(&mu_);
+    if (budget_ > 0) {
+      if (!need.ok()) return need.status();
+      if (std::string over = OverBudget(model, version, *need); !over.empty()) {
+        return absl::ResourceExhaustedError(absl::StrCat("model \"", model, "\" version ", version, " ", over));
+      }
+    }
+    bytes = need.value_or(0);
+  }
+  absl::StatusOr<std::shared_ptr<ServedVersion>> made = loader_(model, *rv);
+  if (!made.ok()) {  // RESOURCE_EXHAUSTED means the budget alone (recovery.cc waits on it)
+    return absl::IsResourceExhausted(made.status()) ? absl::FailedPreconditionError(made.status().message())
+                                                    : made.status();
+  }
+  std::shared_ptr<ServedVersion> owner = *std::move(made);
   if (owner == nullptr) return absl::InternalError("the loader returned nothing");
   const std::weak_ptr<ServedVersion> weak_owner = owner;
   std::shared_ptr<ServedVersion> loaded = Released(std::move(owner));
-  int64_t bytes = 0;
-  if (sizer_ != nullptr) bytes = sizer_(*rv).value_or(0);
   absl::MutexLock l(&mu_);
   Entry& e = models_[model][version];
   e = Entry();

@@ -103,11 +103,15 @@ class ModelRepository {
   // A version sessions recovered from the state store are bound to, loaded
   // for them even when the policy serves a newer one: READY or still held,
   // as it is; else loaded from its file (outside mu_) as RETIRING, so that
-  // it takes no new sessions and is freed when the last of them ends. The
-  // memory budget does not refuse it (its sessions were acknowledged).
+  // it takes no new sessions and is freed when the last of them ends.
+  // RESOURCE_EXHAUSTED, with the figures, when it does not fit the memory
+  // budget, and for that alone (its sessions then wait: recovery.h);
   // NOT_FOUND when its file is gone; the loader's error when it fails.
   absl::StatusOr<std::shared_ptr<ServedVersion>> Keep(const std::string& model, int64_t version)
       ABSL_LOCKS_EXCLUDED(poll_mu_, mu_);
+
+  // Whether `model` was unloaded (Unload) and not loaded again since.
+  bool Unloaded(const std::string& model) const ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Found {
     int64_t version = 0;
@@ -179,6 +183,10 @@ class ModelRepository {
   std::shared_ptr<ServedVersion> Held(Entry& e) const;
   // Loads one version the poll chose (budget, loader), outside mu_.
   void LoadOne(const std::string& model, const RepositoryVersion& v) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why (model, version) needing `need` bytes does not fit the budget beside
+  // the versions holding memory (the figures), or empty when it fits.
+  std::string OverBudget(const std::string& model, int64_t version, int64_t need) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes held by the versions other than (model, version), and who holds them.
   int64_t BytesInUse(const std::string& model, int64_t version, std::string* holders) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -79,12 +79,13 @@ void RepositoryPoller::Loop() {
   }
   bool failing = false;  // log a failure once, and the recovery
   absl::Time next_poll = absl::Now() + config_.interval;
+  absl::Time next_follow_up = absl::InfiniteFuture();
   while (true) {
     std::function<void()> work;
     {
       absl::MutexLock l(&mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !work_.empty(); };
-      mu_.AwaitWithDeadline(absl::Condition(&woken), next_poll);
+      mu_.AwaitWithDeadline(absl::Condition(&woken), std::min(next_poll, next_follow_up));
       if (!work_.empty()) {
         work = std::move(work_.front());
         work_.pop_front();
@@ -94,16 +95,34 @@ void RepositoryPoller::Loop() {
     }
     if (work) {
       work();
-      continue;
+    } else if (absl::Now() >= next_poll) {
+      next_poll = absl::Now() + config_.interval;
+      const absl::Status polled = repository_->Poll();
+      if (!polled.ok() && !failing) TXL_LOG(WARNING) << "model repository: " << polled.message();
+      if (polled.ok() && failing) TXL_LOG(INFO) << "model repository: polling again";
+      failing = !polled.ok();
+      absl::MutexLock l(&mu_);
+      ++polls_;
     }
-    next_poll = absl::Now() + config_.interval;
-    const absl::Status polled = repository_->Poll();
-    if (!polled.ok() && !failing) TXL_LOG(WARNING) << "model repository: " << polled.message();
-    if (polled.ok() && failing) TXL_LOG(INFO) << "model repository: polling again";
-    failing = !polled.ok();
-    absl::MutexLock l(&mu_);
-    ++polls_;
+    bool stopping = false;
+    {
+      absl::MutexLock l(&mu_);
+      stopping = stopping_;
+    }
+    if (!stopping) next_follow_up = FollowUp();  // not once the server drains: only the queued work is left
   }
+}
+
+void RepositoryPoller::SetFollowUp(std::function<absl::Duration()> follow_up) {
+  absl::MutexLock l(&follow_up_mu_);
+  follow_up_ = std::move(follow_up);
+}
+
+absl::Time RepositoryPoller::FollowUp() {
+  absl::MutexLock l(&follow_up_mu_);
+  if (!follow_up_) return absl::InfiniteFuture();
+  const absl::Duration again = follow_up_();
+  return again == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + again;
 }
 
 }  // namespace txl

@@ -59,6 +59,11 @@ class RepositoryPoller {
   bool RunFirst(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
   // Polls finished so far, failed ones included.
   int64_t polls() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs on the poller's thread after each poll and each piece of work
+  // (WaitingReadmitter: room may have been made), and again at the latest
+  // after the duration it returns (infinite: no need); null: nothing. Not
+  // once Stop has begun. Setting another waits for a call in progress.
+  void SetFollowUp(std::function<absl::Duration()> follow_up) ABSL_LOCKS_EXCLUDED(follow_up_mu_);
   // For ModelRepository::SetReleaser: a version let go of is freed on this
   // thread (RunFirst); once Stop has begun, or the poller is gone, it is
   // refused, and freed where it was dropped, after every lock here.
@@ -71,6 +76,8 @@ class RepositoryPoller {
     RepositoryPoller* poller ABSL_GUARDED_BY(mu) = nullptr;
   };
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs the follow-up, if any; returns when it asks to run again.
+  absl::Time FollowUp() ABSL_LOCKS_EXCLUDED(follow_up_mu_);
 
   ModelRepository* const repository_;
   const RepositoryPollerConfig config_;
@@ -80,6 +87,9 @@ class RepositoryPoller {
   std::deque<std::function<void()>> work_ ABSL_GUARDED_BY(mu_);
   int64_t polls_ ABSL_GUARDED_BY(mu_) = 0;
   const std::shared_ptr<Sink> sink_ = std::make_shared<Sink>();
+  // Its own mutex, held while it runs (see SetFollowUp).
+  absl::Mutex follow_up_mu_;
+  std::function<absl::Duration()> follow_up_ ABSL_GUARDED_BY(follow_up_mu_);
   std::thread thread_;
 };
 

@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   m->AddStateCacheFamilies(r, table);
   m->AddModelFamilies(r);
   m->versions_ = config.versions;
+  m->waiting_sessions_ = config.waiting_sessions;
   m->TickModels();  // the versions' states from the start
   AddLimitFamilies(r, config);
   return m;
@@ -99,6 +100,14 @@ void Metrics::AddSessionFamilies(prometheus::Registry& r) {
   auto& sessions = BuildGauge().Name("txl_sessions").Help("Sessions by state").Register(r);
   sessions_idle_ = &sessions.Add({{"state", "idle"}});
   sessions_busy_ = &sessions.Add({{"state", "busy"}});
+  // Not a state of txl_sessions: they are out of the table, so not counted against --max_sessions.
+  sessions_waiting_ = &BuildGauge()
+                           .Name("txl_sessions_waiting")
+                           .Help(
+                               "Sessions held in the state store, waiting for room for their version under "
+                               "--model_memory_budget")
+                           .Register(r)
+                           .Add({});
   memory_bytes_ =
       &BuildGauge().Name("txl_session_memory_bytes").Help("Bytes of all session memories").Register(r).Add({});
   reserved_bytes_ = &BuildGauge()
@@ -296,6 +305,7 @@ void Metrics::OnTick() {
   const int64_t total = table_->size(), busy = table_->busy_count();
   sessions_busy_->Set(static_cast<double>(busy));
   sessions_idle_->Set(static_cast<double>(total - busy));
+  if (waiting_sessions_) sessions_waiting_->Set(static_cast<double>(waiting_sessions_()));
   memory_bytes_->Set(static_cast<double>(table_->memory_bytes()));
   reserved_bytes_->Set(static_cast<double>(table_->reserved_bytes()));
   checkpoint_bytes_->Set(static_cast<double>(table_->checkpoints().bytes()));

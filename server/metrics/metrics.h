@@ -40,6 +40,9 @@ struct MetricsConfig {
   // The model versions and their states (ModelSource::List), read at each
   // tick; null: no txl_model_version_state.
   std::function<std::vector<VersionStatus>()> versions;
+  // Sessions held out of the table, waiting for room for their version
+  // (SessionJournal::waiting), read at each tick; null: always 0.
+  std::function<int64_t()> waiting_sessions;
   // Limits exported as gauges.
   int64_t max_sessions = 0, max_queue = 0, session_memory_budget = 0;
 };
@@ -91,7 +94,8 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Counter *tokens_fed_ = nullptr, *tokens_generated_ = nullptr, *evicted_ttl_ = nullptr;
   prometheus::Histogram *ttft_ = nullptr, *itl_ = nullptr, *step_seconds_ = nullptr;
   prometheus::Histogram *batch_size_ = nullptr, *step_tokens_ = nullptr;
-  prometheus::Gauge *queue_depth_ = nullptr, *sessions_idle_ = nullptr, *sessions_busy_ = nullptr;
+  prometheus::Gauge *queue_depth_ = nullptr, *sessions_idle_ = nullptr, *sessions_busy_ = nullptr,
+                    *sessions_waiting_ = nullptr;
   prometheus::Gauge *memory_bytes_ = nullptr, *reserved_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* offloads_ = nullptr;
   prometheus::Family<prometheus::Counter>* restores_ = nullptr;
@@ -113,6 +117,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   StateCacheStats cache_seen_ ABSL_GUARDED_BY(cache_mu_);
   // Per model version (model_metrics.cc); labels come from the repository, never from clients.
   std::function<std::vector<VersionStatus>()> versions_;
+  std::function<int64_t()> waiting_sessions_;
   prometheus::Family<prometheus::Counter>*model_steps_ = nullptr, *model_fed_ = nullptr, *model_generated_ = nullptr;
   prometheus::Family<prometheus::Gauge>*model_sessions_ = nullptr, *model_state_ = nullptr;
   absl::Mutex model_mu_;

@@ -10,6 +10,9 @@
 - kill -9 after a reload, with a state store: the restarted server (whose policy serves version 2)
   loads version 1 again for the session journaled on it, which goes on exactly; a session migrated
   to version 2 (POST /v1/sessions/ID/migrate) before the kill comes back on version 2, as it was;
+- kill -9 after a reload, restarted with a --model_memory_budget with no room for version 1 beside
+  the versions the policy serves: the session on version 1 is not loaded but kept, its requests get
+  400 saying why, and a restart with room brings it back, exactly;
 - kill -9 while version 2 loads, with a state store: after the restart version 2 is ready, and each
   session is back on version 1 with every turn it was told was done, and goes on exactly.
 
@@ -24,6 +27,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import txl_procs  # noqa: E402
@@ -118,7 +122,7 @@ class RepositoryTest(unittest.TestCase):
                      "--repository_poll_seconds", "0.1", "--listen", "127.0.0.1:0", "--metrics_listen", "",
                      "--http_listen", "127.0.0.1:0", "--auth_tokens", tokens]
         if "state" in self._testMethodName:
-            self.argv += ["--state_dir", self.state_dir, "--replica_name", "r1"]
+            self.argv += ["--state_dir", self.state_dir, "--replica_name", "r1", "--metrics_listen", "127.0.0.1:0"]
         self.server = txl_procs.Server.from_argv(self.argv)
         self.http = Http(self.server.http_address)
 
@@ -145,6 +149,24 @@ class RepositoryTest(unittest.TestCase):
             return http_turns(server.http_address, "", TURNS, {})[1], grpc_turns(server.address, "", TURNS)[1]
         finally:
             server.stop(timeout=30, check=False)
+
+    def session_with_turns(self, turns):
+        """A new session on alpha, and the texts of its greedy turns over HTTP."""
+        status, s, _ = self.http.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
+        self.assertEqual(status, 200, s)
+        got = []
+        for turn in turns:
+            status, body, _ = self.http.json("POST", "/v1/completions", {"session_id": s["id"], "prompt": turn,
+                                                                         "max_tokens": 8, "temperature": 0},
+                                             self.headers)
+            self.assertEqual(status, 200, body)
+            got.append(body["choices"][0]["text"])
+        return s, got
+
+    def waiting_sessions(self):
+        """txl_sessions_waiting: sessions held waiting for room for their version."""
+        text = urllib.request.urlopen("http://%s/metrics" % self.server.metrics_address, timeout=10).read().decode()
+        return float(re.search(r"^txl_sessions_waiting (\S+)$", text, re.M).group(1))
 
     def wait_for(self, what, condition):
         deadline = time.monotonic() + 30
@@ -258,14 +280,7 @@ class RepositoryTest(unittest.TestCase):
     def test_a_restart_with_a_state_store_brings_a_session_back_on_its_version(self):
         expected = self.only_v1()[0]
         h = self.http
-        status, s, _ = h.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
-        self.assertEqual(status, 200, s)
-        got = []
-        for turn in TURNS[:2]:
-            status, body, _ = h.json("POST", "/v1/completions", {"session_id": s["id"], "prompt": turn,
-                                                                 "max_tokens": 8, "temperature": 0}, self.headers)
-            self.assertEqual(status, 200, body)
-            got.append(body["choices"][0]["text"])
+        s, got = self.session_with_turns(TURNS[:2])
         status, moved, _ = h.json("POST", "/v1/sessions", {"model": "alpha"}, self.headers)
         self.assertEqual(status, 200, moved)
         turn = {"session_id": moved["id"], "prompt": TURNS[0], "max_tokens": 8, "temperature": 0}
@@ -303,6 +318,60 @@ class RepositoryTest(unittest.TestCase):
         status, body, _ = h.json("POST", "/v1/completions", dict(turn, session_id=moved["id"]), self.headers)
         self.assertEqual(status, 200, body)
         self.assertEqual(body["choices"][0]["text"], moved_expected)
+
+    def test_a_restart_with_a_state_store_keeps_a_session_whose_version_does_not_fit_the_budget(self):
+        expected = self.only_v1()[0]
+        h = self.http
+        # alpha@1 and beta@1, of one shape: each holds half of this.
+        held = int(re.search(r"the start-up versions hold (\d+)", self.server.output).group(1))
+        s, got = self.session_with_turns(TURNS[:2])
+        doomed, _ = self.session_with_turns(TURNS[:1])  # deleted while it waits
+        publish(ARGS.bin_dir, self.repo, "alpha", 2, seed=11)
+        self.assertEqual(h.json("POST", "/v2/repository/models/alpha/load", None, self.headers)[0], 200)
+        self.assertEqual(self.models()["alpha"]["version"], 2)
+        h.close()
+        self.server.proc.kill()  # kill -9
+        self.server.proc.wait(30)
+        self.server.stop(timeout=30, check=False)
+        # Room for alpha@2 and beta@1, not for alpha@1 beside them.
+        self.server = txl_procs.Server.from_argv(self.argv + ["--model_memory_budget", str(held + held // 4)])
+        self.http = h = Http(self.server.http_address)
+        self.assertIn("0 session(s) recovered, 2 kept waiting for room for their version", self.server.output)
+        self.assertNotIn(("alpha", 1), {k for k, v in self.index().items() if v[0] in ("READY", "RETIRING")})
+        self.wait_for("two waiting sessions counted", lambda: self.waiting_sessions() == 2)  # at a tick
+        turn = {"session_id": s["id"], "prompt": TURNS[2], "max_tokens": 8, "temperature": 0}
+        for method, path, body in (("POST", "/v1/completions", turn), ("GET", "/v1/sessions/" + s["id"], None)):
+            status, answer, _ = h.json(method, path, body, self.headers)
+            self.assertEqual(status, 400, answer)
+            message = answer["error"]["message"]
+            for part in ("session " + s["id"], "its version alpha@1 does not fit", "--model_memory_budget",
+                         "kept in the state store", "comes back once there is room for its version"):
+                self.assertIn(part, message)
+        # Its owner may delete a waiting session: it is gone from the store.
+        status, body, _ = h.json("DELETE", "/v1/sessions/" + doomed["id"], None, self.headers)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(h.json("GET", "/v1/sessions/" + doomed["id"], None, self.headers)[0], 404)
+        self.wait_for("one waiting session", lambda: self.waiting_sessions() == 1)
+        # A graceful stop keeps the other; the restart's budget still has no room for alpha@1.
+        h.close()
+        self.server.stop(timeout=30)
+        self.server = txl_procs.Server.from_argv(self.server.argv)
+        self.http = h = Http(self.server.http_address)
+        self.assertIn("0 session(s) recovered, 1 kept waiting for room for their version", self.server.output)
+        # Unloading beta makes room, with no restart: alpha@1 is loaded for the session, which comes back
+        # and goes on exactly.
+        status, body, _ = h.json("POST", "/v2/repository/models/beta/unload", None, self.headers)
+        self.assertEqual(status, 200, body)
+        self.wait_for("the session back", lambda: h.json("GET", "/v1/sessions/" + s["id"], None,
+                                                         self.headers)[0] == 200)
+        self.assertEqual(self.index()[("alpha", 1)][0], "RETIRING")  # loaded for its session only
+        status, info, _ = h.json("GET", "/v1/sessions/" + s["id"], None, self.headers)
+        self.assertEqual(info["model"], "alpha@1", info)
+        self.wait_for("no waiting session", lambda: self.waiting_sessions() == 0)
+        status, body, _ = h.json("POST", "/v1/completions", turn, self.headers)
+        self.assertEqual(status, 200, body)
+        got.append(body["choices"][0]["text"])
+        self.assertEqual(got, expected)
 
     def test_a_kill_during_a_reload_with_a_state_store_loses_no_acknowledged_turn(self):
         ref_http, ref_grpc = self.only_v1()

@@ -88,12 +88,17 @@ class Node:
 # A client process that opens N Generate streams on one connection, reads one response of each,
 # says "started", and stops itself (SIGSTOP): from then on it reads nothing at all, as a client that
 # hangs or is too slow does; its socket buffers fill and the server's writes wait.
+# BDP probing is off, so each stream's HTTP/2 window stays at its initial 64 KiB. With it on, the
+# client's transport keeps reading for the streams the script has not reached yet and grows their
+# windows to megabytes: the first 32 streams (--max_batch) then hold their batch slots while the
+# client's transport, not the server, takes in hundreds of thousands of tokens, and the last streams'
+# first responses came after 40 to 90 s under ASan, and past the test's timeout in CI.
 STOPPED_CLIENT = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import grpc
 from txl.v1 import txl_pb2, txl_pb2_grpc
-channel = grpc.insecure_channel(sys.argv[2])
+channel = grpc.insecure_channel(sys.argv[2], options=[("grpc.http2.bdp_probe", 0)])
 stub = txl_pb2_grpc.TransformerXLStub(channel)
 req = txl_pb2.GenerateRequest(input=txl_pb2.Input(tokens=txl_pb2.TokenIds(ids=[1, 2, 3])),
                               max_new_tokens=int(sys.argv[4]), logprobs=20)

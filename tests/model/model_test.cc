@@ -403,6 +403,90 @@ TEST(IncrementalTest, LongInputBesideDecodesMatchesAlone) {
   EXPECT_LT(MaxAbsDiff(FeedInChunks(model, a, next, 1), FeedInChunks(model, a_alone, next, 4)), 1e-5);
 }
 
+// On the CPU kernels a session feeding at most kDecodeFeedTokens tokens
+// feeds them a decode pass at a time, beside the step's decoders (docs/
+// MODEL.md, "Mixed steps"). The answers are those of the multi-token pass,
+// with windows full, filling and wrapping, and of length one.
+IncrementalModel::Precision ShortFeeds(bool on) {
+  IncrementalModel::Precision p;
+  p.kernels = Kernels::kAuto;  // the CPU kernels: the generic path has no decode passes of its own
+  p.decode_short_feeds = on;
+  return p;
+}
+
+TEST(ShortFeedsTest, DecodedShortFeedsMatchTheMultiTokenPass) {
+  ModelConfig c = testing::Variants()[4].config;  // untied biases
+  IncrementalModel split(c, TestWeights(c, 31), at::kCPU, ShortFeeds(true));
+  IncrementalModel whole(c, TestWeights(c, 31), at::kCPU, ShortFeeds(false));
+  const std::vector<int64_t> history = {40, 3, 0, 25, 11, 9}, window = {12, 12, 8, 9, 1, 2};
+  const std::vector<int64_t> feed = {2, 3, 1, 7, 2, 3};
+  std::vector<SessionMemory> a, b;
+  for (size_t s = 0; s < history.size(); ++s) {
+    a.emplace_back(c.n_layer, window[s]);
+    b.emplace_back(c.n_layer, window[s]);
+    const auto prefix = RandomTokens(history[s], c.n_token, 500 + s);
+    if (prefix.empty()) continue;
+    FeedInChunks(split, a[s], prefix, 5);
+    FeedInChunks(whole, b[s], prefix, 5);
+  }
+  double worst = 0;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<StepInput> ia, ib;
+    for (size_t s = 0; s < history.size(); ++s) {
+      const auto toks = RandomTokens(feed[(s + round) % feed.size()], c.n_token, 700 + 10 * round + s);
+      ia.push_back(Row(&a[s], toks));
+      ib.push_back(Row(&b[s], toks));
+    }
+    at::Tensor got = LogProbs(c, split.weights(), split.Step(absl::MakeSpan(ia)));
+    at::Tensor want = LogProbs(c, whole.weights(), whole.Step(absl::MakeSpan(ib)));
+    worst = std::max(worst, MaxAbsDiff(got, want));
+  }
+  std::cout << "short feeds decoded vs the multi-token pass max|diff| = " << worst << "\n";
+  EXPECT_LT(worst, 1e-5);
+  for (size_t s = 0; s < history.size(); ++s) {
+    EXPECT_EQ(a[s].position(), b[s].position());
+    EXPECT_EQ(a[s].length(), b[s].length());
+  }
+}
+
+// The ATen ops one step of seven decoders and one session feeding two
+// tokens dispatches, windows full.
+int64_t MixedStepOps(IncrementalModel& model, const ModelConfig& c);
+
+TEST(ShortFeedsTest, AStepOfDecodersAndATwoTokenFeedTakesNoMultiTokenPass) {
+  ModelConfig c = testing::SmallConfig();
+  c.n_layer = 6;
+  IncrementalModel split(c, TestWeights(c, 32), at::kCPU, ShortFeeds(true));
+  IncrementalModel whole(c, TestWeights(c, 32), at::kCPU, ShortFeeds(false));
+  const int64_t with = MixedStepOps(split, c), without = MixedStepOps(whole, c);
+  std::cout << "7 decoders + a 2-token feed, " << c.n_layer << " layers: " << with << " ops decoded, " << without
+            << " through the multi-token pass\n";
+  ASSERT_GT(without, 10 * c.n_layer) << "the counter saw the step";
+  EXPECT_LT(4 * with, without);
+}
+
+// A step that throws after a short feed's later decode passes wrote into
+// slots its session still held puts them back: the session goes on exactly
+// as a twin that never took part.
+TEST(ShortFeedsTest, AStepThatThrowsLeavesTheShortFeedsWindowsAsTheyWere) {
+  ModelConfig c = testing::SmallConfig();
+  IncrementalModel model(c, TestWeights(c, 33), at::kCPU, ShortFeeds(true));
+  const auto prefix = RandomTokens(3 * c.mem_len, c.n_token, 34);
+  SessionMemory a(c.n_layer, c.mem_len), twin(c.n_layer, c.mem_len), other(c.n_layer, c.mem_len);
+  FeedInChunks(model, a, prefix, 7);
+  FeedInChunks(model, twin, prefix, 7);
+  ASSERT_EQ(a.length(), c.mem_len - 1) << "a full window: a second decode pass overwrites a held slot";
+  std::vector<int64_t> bad = RandomTokens(IncrementalModel::kDecodeFeedTokens + 2, c.n_token, 35);
+  bad.back() = c.n_token + 5;  // out of the vocabulary: the multi-token pass throws
+  std::vector<StepInput> items = {Row(&a, RandomTokens(IncrementalModel::kDecodeFeedTokens, c.n_token, 36)),
+                                  Row(&other, bad)};
+  EXPECT_THROW(model.Step(absl::MakeSpan(items)), c10::Error);
+  EXPECT_EQ(a.position(), twin.position());
+  EXPECT_EQ(a.length(), twin.length());
+  const auto next = RandomTokens(2 * c.mem_len, c.n_token, 37);
+  EXPECT_EQ(MaxAbsDiff(FeedInChunks(model, a, next, 1), FeedInChunks(model, twin, next, 1)), 0.0);
+}
+
 // Batched single-token steps (the decode kernel: one (session, head) per
 // item, head-major, the position term read per key) agree with each session
 // alone, with windows full, filling and wrapping.
@@ -633,6 +717,27 @@ int64_t DecodeStepOps(IncrementalModel& model, const ModelConfig& c, int batch) 
   const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&CountOp));
   t_ops = 0;
   model.Step(absl::MakeSpan(inputs));
+  at::removeCallback(handle);
+  return t_ops;
+}
+
+int64_t MixedStepOps(IncrementalModel& model, const ModelConfig& c) {
+  std::vector<SessionMemory> sessions;
+  for (int b = 0; b < 8; ++b) sessions.emplace_back(c.n_layer, c.mem_len);
+  for (int b = 0; b < 8; ++b) FeedInChunks(model, sessions[b], RandomTokens(2 * c.mem_len, c.n_token, 40 + b), 9);
+  auto step = [&](int round) {
+    std::vector<StepInput> inputs;
+    for (int b = 0; b < 8; ++b) {
+      std::vector<int64_t> toks = {static_cast<int64_t>((b + round) % c.n_token)};
+      if (b == 3) toks.push_back((b + round + 1) % c.n_token);
+      inputs.push_back(Row(&sessions[b], toks));
+    }
+    model.Step(absl::MakeSpan(inputs));
+  };
+  step(0);  // warm
+  const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&CountOp));
+  t_ops = 0;
+  step(1);
   at::removeCallback(handle);
   return t_ops;
 }

@@ -4,9 +4,12 @@
 // offloaded to host memory and to the store, and hand-overs.
 #include "server/batching/scheduler.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,12 +17,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/core/readmit_waiting.h"
 #include "server/durability/recovery.h"
 #include "server/durability/session_journal.h"
 #include "server/durability/state_backend.h"
+#include "server/engine/model_repository.h"
+#include "server/engine/model_source.h"
 #include "tests/server/durability/journal_fixture.h"
 #include "tests/server/fake_engine.h"
 #include "tests/server/job_outcome.h"
@@ -53,7 +60,7 @@ class DurableSchedulerTest : public ::testing::Test {
     scheduler_->Start();
   }
   // As the service makes a durable session: busy until its creation is written.
-  std::string NewSession(int64_t mem_len = 64) {
+  std::string NewSession(int64_t mem_len = 64, const std::string& model = "") {
     auto lease =
         table_->CreateAcquired("", served_, *engine_.NewSession(mem_len), absl::ZeroDuration(), {}, absl::Now(), "",
                                /*durable=*/true);
@@ -62,7 +69,7 @@ class DurableSchedulerTest : public ::testing::Test {
     auto info = table_->Get("", id);
     auto held = std::make_shared<SessionLease>(*std::move(lease));
     absl::Notification written;
-    journal_->RecordCreate(SessionMeta{id, "", mem_len, info->idle_ttl, info->created, {}}, Snapshot(0, {}, ""),
+    journal_->RecordCreate(SessionMeta{id, "", mem_len, info->idle_ttl, info->created, {}, model}, Snapshot(0, {}, ""),
                            [&, held](absl::Status s) {
                              EXPECT_TRUE(s.ok()) << s;
                              table_->Release(std::move(*held), absl::Now());
@@ -106,6 +113,23 @@ class DurableSchedulerTest : public ::testing::Test {
     scheduler_->Start();
     return recovered.ok() ? *recovered : -1;
   }
+  // A restart whose repository has no room for any session's version: they
+  // all wait (RecordsOf's RESOURCE_EXHAUSTED), out of the new table; the
+  // scheduler runs again.
+  void RestartWithNoRoom(SessionTableConfig table_config = {}) {
+    scheduler_.reset();
+    table_config.has_state_store = true;
+    table_ = std::make_unique<SessionTable>(table_config);
+    const RecordModel no_room = [](const JournalRecord& r) -> absl::StatusOr<std::shared_ptr<ServedModel>> {
+      return absl::ResourceExhaustedError(absl::StrCat("session ", r.meta.id, ": its version m@1 does not fit"));
+    };
+    auto recovered = RecoverSessions(journal_.get(), table_.get(), no_room);
+    ASSERT_TRUE(recovered.ok()) << recovered.status();
+    EXPECT_EQ(*recovered, 0);
+    scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{}, table_.get(), nullptr);
+    scheduler_->SetJournal(journal_.get());
+    scheduler_->Start();
+  }
   // Polls the store's tiers until `ok` holds (true) or 10 s pass (false).
   bool WaitForTiers(const std::function<bool(const SessionTable::TierCounts&)>& ok) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -114,6 +138,21 @@ class DurableSchedulerTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(5));
     }
     return true;
+  }
+  // Returns once the engine thread has run a whole tick (expiry, hand-overs)
+  // since the call: a session that expires at once goes only at a tick, and
+  // a second one only at the tick after the one that took the first.
+  void WaitForATick() {
+    for (int witness = 0; witness < 2; ++witness) {
+      auto lease = table_->CreateAcquired("", served_, *engine_.NewSession(8), absl::Milliseconds(1), {}, absl::Now(),
+                                          "", /*durable=*/false);
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      const std::string id = lease->id;
+      table_->Release(*std::move(lease), absl::Now());
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while (table_->Get("", id).ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+      ASSERT_FALSE(table_->Get("", id).ok()) << "no tick in 30 s";
+    }
   }
   // The history the journal rebuilds: the image's, plus what replays onto it.
   std::vector<int> JournalHistory(const std::string& id) {
@@ -192,6 +231,199 @@ TEST_F(DurableSchedulerTest, ARewindIsJournaledAndSurvivesARestartWithTheWholeHi
   seen.clear();
   ASSERT_TRUE(Generate(id, {}, 2, &seen).ok());
   EXPECT_EQ(seen, (std::vector<int>{'b', 'c'}));
+}
+
+// A session whose version does not fit the model memory budget at start-up
+// (RecordsOf's RESOURCE_EXHAUSTED) is not served but stays held by this
+// replica, so that a later restart with room recovers it; its owner is told
+// why until its version is served here.
+TEST_F(DurableSchedulerTest, ASessionWhoseVersionDoesNotFitWaitsHeldUntilARestartWithRoom) {
+  Make(SessionTableConfig{});
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 2).ok());
+  ASSERT_TRUE(journal_->Flush().ok());
+  const std::string fingerprint = engine_.fingerprint();
+  const RecordModel no_room = [](const JournalRecord& r) -> absl::StatusOr<std::shared_ptr<ServedModel>> {
+    return absl::ResourceExhaustedError(absl::StrCat("session ", r.meta.id, ": its version m@1 does not fit"));
+  };
+  const auto wait_at_restart = [&] {
+    scheduler_.reset();
+    table_ = std::make_unique<SessionTable>(SessionTableConfig{});
+    auto recovered = RecoverSessions(journal_.get(), table_.get(), no_room);
+    ASSERT_TRUE(recovered.ok()) << recovered.status();
+    EXPECT_EQ(*recovered, 0);
+  };
+  wait_at_restart();
+  EXPECT_EQ(journal_->waiting(), 1);
+  EXPECT_FALSE(table_->Get("", id).ok());
+  std::vector<std::string> asked;
+  const auto not_served = [&](const std::string& f) {
+    asked.push_back(f);
+    return false;
+  };
+  const absl::Status told = journal_->Waiting(id, "", not_served);
+  EXPECT_EQ(told.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(told.message(), ::testing::HasSubstr("its version m@1 does not fit"));
+  EXPECT_THAT(told.message(), ::testing::HasSubstr("comes back once there is room for its version"));
+  EXPECT_EQ(asked, std::vector<std::string>{fingerprint});
+  EXPECT_TRUE(journal_->Waiting(id, "someone else", not_served).ok());
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto held = journal_->Held();
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(*held, std::vector<std::string>{id});
+  // A restart with room: back, with its history.
+  EXPECT_EQ(RestartOnTheSameJournal(SchedulerConfig{}), 1);
+  EXPECT_EQ(table_->Get("", id)->position, 4);
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {}, 1, &seen).ok());
+  EXPECT_EQ(seen, (std::vector<int>{'e'}));
+  // Waiting again, the wait ends once its version is served here.
+  ASSERT_TRUE(journal_->Flush().ok());
+  wait_at_restart();
+  EXPECT_TRUE(journal_->Waiting(id, "", [](const std::string&) { return true; }).ok());
+  EXPECT_FALSE(journal_->IsWaiting(id));
+  EXPECT_EQ(journal_->waiting(), 0);
+}
+
+// A repository of model "m", versions 1 (the fixture's engine, so the
+// fixture's sessions are on it) and 2, and of model "other", version 1;
+// each version counts 100 bytes against a budget of 250, and the policy
+// serves the latest version of each: m@1 does not fit beside m@2 and other@1.
+class WaitingRepository {
+ public:
+  explicit WaitingRepository(const std::string& dir, std::shared_ptr<ServedModel> v1) : dir_(dir + "/repo") {
+    for (const char* path : {"/m/1", "/m/2", "/other/1"}) {
+      fs::create_directories(dir_ + path);
+      std::ofstream(dir_ + path + "/model.pt") << "weights";
+    }
+    VersionLoader loader = [v1](const std::string& name,
+                                const RepositoryVersion& v) -> absl::StatusOr<std::shared_ptr<ServedVersion>> {
+      if (name == "m" && v.version == 1) return std::shared_ptr<ServedVersion>(v1);
+      return std::shared_ptr<ServedVersion>(testing::FakeServed(name, v.version, name == "m" ? 300 : 400));
+    };
+    VersionSizer sizer = [this](const RepositoryVersion&) -> absl::StatusOr<int64_t> {
+      sized.fetch_add(1);
+      return 100;
+    };
+    auto r = ModelRepository::Create({dir_, *ParseVersionPolicy("latest"), 250}, loader, sizer);
+    EXPECT_TRUE(r.ok()) << r.status();
+    repository = *std::move(r);
+    models = RepositoryModels(repository.get());
+  }
+  std::atomic<int> sized{0};  // the sizer's calls
+  std::unique_ptr<ModelRepository> repository;
+  std::unique_ptr<ModelSource> models;
+
+ private:
+  const std::string dir_;
+};
+
+// A session recovered waiting for room for its version comes back with no
+// restart once room is made: WaitingReadmitter keeps the version and adopts
+// the session on it, and it goes on exactly. Until then, the readmitter
+// does not size the refused version again for nothing, and it leaves a
+// model an operator unloaded alone.
+TEST_F(DurableSchedulerTest, AWaitingSessionComesBackWithoutARestartOnceThereIsRoom) {
+  Make(SessionTableConfig{});
+  const std::string id = NewSession(64, "m@1");
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 2).ok());  // a b c d
+  ASSERT_TRUE(journal_->Flush().ok());
+  WaitingRepository repo(dir_, testing::FakeServed("m", 1));
+  ASSERT_NE(repo.repository, nullptr);
+  scheduler_.reset();
+  table_ = std::make_unique<SessionTable>(SessionTableConfig{});
+  auto recovered = RecoverSessions(journal_.get(), table_.get(), RecordsOf(repo.models.get(), repo.repository.get()));
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(*recovered, 0);
+  ASSERT_EQ(journal_->waiting(), 1);
+  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{}, table_.get(), nullptr);
+  scheduler_->SetJournal(journal_.get());
+  scheduler_->Start();
+
+  WaitingReadmitter readmitter(journal_.get(), repo.repository.get(), scheduler_.get());
+  int sized = repo.sized.load();
+  EXPECT_EQ(readmitter.Run().submitted, 0);  // still no room
+  EXPECT_EQ(repo.sized.load(), sized + 1);
+  EXPECT_EQ(readmitter.Run().submitted, 0);
+  EXPECT_EQ(repo.sized.load(), sized + 1) << "nothing was freed: the refused version is not sized again";
+  // Unloading m itself makes room, but an unloaded model is not loaded again behind the operator's back.
+  ASSERT_TRUE(repo.repository->Unload("m").ok());
+  EXPECT_EQ(readmitter.Run().submitted, 0);
+  EXPECT_EQ(repo.sized.load(), sized + 1);
+  // Loaded again (m@2 is back): no room again, and nothing sized for it.
+  ASSERT_TRUE(repo.repository->Load("m").ok());
+  sized = repo.sized.load();
+  EXPECT_EQ(readmitter.Run().submitted, 0);
+  EXPECT_EQ(repo.sized.load(), sized);
+  EXPECT_EQ(journal_->waiting(), 1);
+
+  // Room: the other model is unloaded (nothing holds it, so it is freed at once).
+  ASSERT_TRUE(repo.repository->Unload("other").ok());
+  EXPECT_EQ(readmitter.Run().submitted, 1);
+  EXPECT_EQ(journal_->waiting(), 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!table_->Get("", id).ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  auto info = table_->Get("", id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->model, "m@1");
+  EXPECT_EQ(info->position, 4);
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {}, 1, &seen).ok());
+  EXPECT_EQ(seen, (std::vector<int>{'e'}));
+}
+
+// A readmission with the store not writable loads nothing and tries again
+// after the backoff; a version whose file is gone lets its session go, as a
+// restart does.
+TEST_F(DurableSchedulerTest, AReadmissionWaitsForTheStoreAndLetsGoOfASessionWhoseVersionIsGone) {
+  journal_holder_timeout_ = absl::Milliseconds(40);
+  flaky_journal_ = true;
+  Make(SessionTableConfig{});
+  const std::string id = NewSession(64, "m@1");
+  ASSERT_TRUE(journal_->Flush().ok());
+  RestartWithNoRoom();
+  ASSERT_EQ(journal_->waiting(), 1);
+  WaitingRepository repo(dir_, testing::FakeServed("m", 1));
+  ASSERT_NE(repo.repository, nullptr);
+  ASSERT_TRUE(repo.repository->Unload("other").ok());  // room from now on
+  WaitingReadmitter readmitter(journal_.get(), repo.repository.get(), scheduler_.get());
+  flaky_->failing = true;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (journal_->Writable().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_FALSE(journal_->Writable().ok());
+  const int sized = repo.sized.load();
+  const Readmitted r = readmitter.Run();
+  EXPECT_EQ(r.submitted, 0);
+  EXPECT_EQ(r.again, kWaitingRetryBackoff);
+  EXPECT_EQ(repo.sized.load(), sized) << "nothing loaded while the store cannot take the adoption";
+  EXPECT_EQ(journal_->waiting(), 1);
+  flaky_->failing = false;
+  while (!journal_->Writable().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(journal_->Writable().ok());
+  // Its version's file is gone: let go (another replica serving it may adopt it), not waiting.
+  fs::remove_all(dir_ + "/repo/m/1");
+  EXPECT_EQ(readmitter.Run().submitted, 0);
+  EXPECT_EQ(journal_->waiting(), 0);
+  ASSERT_TRUE(journal_->Flush().ok());
+  auto held = journal_->Held();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(held->empty()) << "released";
+}
+
+// A waiting session is out of the table, so the table's expiry never sees
+// it: the tick expires it from the journal, and it is gone from the store.
+TEST_F(DurableSchedulerTest, AWaitingSessionExpiresAtATickWhenItsTtlRunsOut) {
+  Make(SessionTableConfig{});
+  const std::string id = NewSession();
+  ASSERT_TRUE(journal_->Flush().ok());
+  SessionTableConfig short_lived;
+  short_lived.max_ttl = absl::Milliseconds(1);  // its recorded ttl (10 min) is cut to this, as AddIdle would
+  RestartWithNoRoom(short_lived);
+  ASSERT_EQ(journal_->waiting(), 1);
+  WaitForATick();
+  EXPECT_EQ(journal_->waiting(), 0);
+  ASSERT_TRUE(journal_->Flush().ok());
+  EXPECT_TRUE(absl::IsNotFound(journal_->Load(id).status())) << journal_->Load(id).status();
 }
 
 TEST_F(DurableSchedulerTest, ARewindTheStoreCannotTakeLeavesTheSessionAsItWas) {
@@ -282,6 +514,11 @@ TEST_F(DurableSchedulerTest, AGenerationWhoseWritesHaveAnUnknownOutcomeIsAnswere
     position += 4;
     EXPECT_EQ(table_->Get("", id)->position, position);
   }
+  // The store is read-only until the writer's next write succeeds, which
+  // may come after the answer above (a request then is told to retry).
+  const absl::Time writable_by = absl::Now() + absl::Seconds(30);
+  while (!journal_->Writable().ok() && absl::Now() < writable_by) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(journal_->Writable().ok()) << journal_->Writable();
   std::vector<int> next;
   const absl::Status last = Generate(id, {}, 1, &next);
   ASSERT_TRUE(last.ok()) << last;
@@ -330,6 +567,50 @@ TEST_F(DurableSchedulerTest, ASessionAnotherReplicaAsksForIsHandedOverExactly) {
   EXPECT_EQ(won->position(), 5);
   EXPECT_EQ(won->tail.size(), 0u) << "a snapshot at the hand-over: nothing to replay";
   EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e'}));
+}
+
+// Regression (store_pauses, under ASan in CI): a replica that came back
+// from a pause and found its session taken over was told to let its copy go
+// at its next tick; a request adopted the session back before that tick,
+// and the tick then let go of the new claim (released it, discarded it):
+// the request that adopted it was answered NOT_FOUND.
+TEST_F(DurableSchedulerTest, ASessionAdoptedBackBeforeTheTickIsKeptByIt) {
+  journal_holder_timeout_ = absl::Milliseconds(200);
+  flaky_journal_ = true;
+  Make({});
+  const std::string id = NewSession();
+  ASSERT_TRUE(Generate(id, {'a', 'b'}, 3).ok());
+  // This replica's store stops answering (as a paused replica's would); b
+  // takes the session over once its heartbeat is old, goes on, lets it go.
+  flaky_->Pause();
+  auto b = Open(dir_, "b", journal_holder_timeout_);
+  absl::StatusOr<JournalRecord> taken = testing::TakeOver(b.get(), id, "");
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  b->RecordTokens(id, taken->position(), {'x'});
+  b->RecordRelease(id);
+  ASSERT_TRUE(b->Flush().ok());
+  // Right after a tick (the next is a second away) it answers again, and
+  // finds its hold lost: its engine thread is told to let the copy go.
+  WaitForATick();
+  flaky_->Resume(/*apply_late=*/false);
+  ASSERT_TRUE(testing::FindsItLost(journal_.get(), id));
+  // A request before that tick throws the copy away (NOT_FOUND: the tick
+  // came first after all), and adopts b's history.
+  absl::Status stale = Generate(id, {'y'}, 1);
+  EXPECT_TRUE(absl::IsUnavailable(stale) || absl::IsNotFound(stale)) << stale;
+  EXPECT_FALSE(table_->Get("", id).ok()) << "the lost copy was kept";
+  const std::unique_ptr<ModelSource> models = SingleModel(served_);
+  testing::Outcome adopted;
+  ASSERT_TRUE(scheduler_->SubmitAdopt("", id, RecordsOf(models.get()), adopted.Ended()).ok());
+  adopted.Wait();
+  ASSERT_TRUE(adopted.status.ok()) << adopted.status;
+  // The tick keeps it: it is this replica's again.
+  WaitForATick();
+  ASSERT_TRUE(table_->Get("", id).ok()) << "the adopted session was let go at the tick";
+  std::vector<int> out;
+  ASSERT_TRUE(Generate(id, {'y'}, 1, &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{'a', 'b', 'c', 'd', 'e', 'x', 'y', out[0]}));
 }
 
 // Regression: adoption claimed a session of a model this replica does not

@@ -55,12 +55,28 @@ struct ScopedDir {
 //    answer UNKNOWN and are kept, to be applied late by Resume(true) (the
 //    store applies what it had buffered) or dropped by Resume(false);
 //    Pause(/*writes_only=*/true): only the guarded writes hang (a
-//    connection that does: the heartbeats still get through).
+//    connection that does: the heartbeats still get through);
+//  - HoldWrites(): guarded writes block (the writer thread waits in one,
+//    what is queued behind it waits too) until LetWritesGo().
 class FlakyBackend : public StateBackend {
  public:
   explicit FlakyBackend(std::unique_ptr<StateBackend> inner) : inner_(std::move(inner)) {}
   std::atomic<bool> failing{false};
   std::atomic<int> lose_replies{0};
+  void HoldWrites() {
+    absl::MutexLock lock(&gate_mu_);
+    holding_ = true;
+  }
+  void LetWritesGo() {
+    absl::MutexLock lock(&gate_mu_);
+    holding_ = false;
+  }
+  // Waits up to 30 s for a write to block in HoldWrites(); false if none did.
+  bool AWriteIsHeld() {
+    absl::MutexLock lock(&gate_mu_);
+    auto held = [this]() ABSL_SHARED_LOCKS_REQUIRED(gate_mu_) { return held_ > 0; };
+    return gate_mu_.AwaitWithTimeout(absl::Condition(&held), absl::Seconds(30));
+  }
   void Pause(bool writes_only = false) {
     absl::MutexLock lock(&mu_);
     paused_ = true;
@@ -88,6 +104,13 @@ class FlakyBackend : public StateBackend {
   }
   bool AppliesLate() const override { return true; }  // Pause() keeps writes to apply late
   absl::Status Write(const std::vector<StoreWrite>& writes, std::vector<int>* outcomes) override {
+    {
+      absl::MutexLock lock(&gate_mu_);
+      ++held_;
+      auto open = [this]() ABSL_SHARED_LOCKS_REQUIRED(gate_mu_) { return !holding_; };
+      gate_mu_.Await(absl::Condition(&open));
+      --held_;
+    }
     {
       absl::MutexLock lock(&mu_);
       if (paused_) {
@@ -139,6 +162,9 @@ class FlakyBackend : public StateBackend {
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_only_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::vector<StoreWrite>> late_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex gate_mu_;
+  bool holding_ ABSL_GUARDED_BY(gate_mu_) = false;
+  int held_ ABSL_GUARDED_BY(gate_mu_) = 0;  // writes blocked by HoldWrites()
 };
 
 // A journal on the directory store `dir`; with `flaky`, the store is wrapped
@@ -176,6 +202,24 @@ inline std::pair<absl::Status, int64_t> Durable(SessionJournal* j, const std::st
   });
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   return out;
+}
+
+// `taker` adopting `id` once it may (its holder's heartbeat grew old: that
+// replica's store paused, say), retried for up to 30 s.
+inline absl::StatusOr<JournalRecord> TakeOver(SessionJournal* taker, const std::string& id, const std::string& caller) {
+  absl::StatusOr<JournalRecord> taken;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  do {
+    taken = taker->Adopt(id, caller);
+  } while (absl::IsUnavailable(taken.status()) && absl::Now() < deadline);
+  return taken;
+}
+
+// Whether `j` finds within 30 s that another replica took `id` over.
+inline bool FindsItLost(SessionJournal* j, const std::string& id) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!j->Lost(id) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  return j->Lost(id);
 }
 
 inline SessionMeta Meta(const std::string& id, const std::string& owner = "alice") {

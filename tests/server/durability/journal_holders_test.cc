@@ -1,14 +1,16 @@
 // The session journal's claims between replicas sharing a directory state
 // store: adoption once the holder is gone, the holder timeout, requests to
-// hand a session over, ids another replica holds, and a replica that lost
-// its hold while it was paused.
+// hand a session over, ids another replica holds, a replica that lost its
+// hold while it was paused, and a release that outlived its claim.
 #include "server/durability/session_journal.h"
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -23,11 +25,13 @@ namespace {
 
 using testing::Answer;
 using testing::Durable;
+using testing::FindsItLost;
 using testing::FlakyBackend;
 using testing::Meta;
 using testing::Open;
 using testing::ScopedDir;
 using testing::Snapshot;
+using testing::TakeOver;
 
 TEST(SessionJournalTest, AdoptionWaitsForTheHolderToGoAndOnlyOneReplicaWins) {
   const ScopedDir scoped("adopt");  // removed after the journals below stop
@@ -162,11 +166,7 @@ TEST(SessionJournalTest, AReplicaThatLostItsHoldCanNeitherWriteNorServeTheSessio
   EXPECT_TRUE(a->CheckHold("s1").ok());
   // a stops answering (its heartbeats fail, as when it is paused); b takes over once a's beat is old.
   flaky->Pause();
-  absl::StatusOr<JournalRecord> taken;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  do {
-    taken = b->Adopt("s1", "alice");
-  } while (absl::IsUnavailable(taken.status()) && absl::Now() < deadline);
+  absl::StatusOr<JournalRecord> taken = TakeOver(b.get(), "s1", "alice");
   ASSERT_TRUE(taken.ok()) << taken.status();
   b->RecordTokens("s1", 2, {30});
   ASSERT_TRUE(Durable(b.get(), "s1", 3).first.ok());
@@ -202,6 +202,145 @@ TEST(SessionJournalTest, AReplicaThatLostItsHoldCanNeitherWriteNorServeTheSessio
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->tail, (std::vector<int>{1, 2, 30})) << "one history: b's";
   a->SetHandoffHandler(nullptr);
+}
+
+// Regression: a session waiting for room for its version (held by this
+// replica, out of its table) that another replica took over while this one
+// was paused kept waiting here: its requests were refused (the version
+// does not fit) instead of being asked of the replica that holds it.
+TEST(SessionJournalTest, AWaitingSessionTakenOverByAnotherReplicaWaitsNoMore) {
+  const ScopedDir scoped("waiting");
+  FlakyBackend* flaky = nullptr;
+  auto a = Open(scoped.path, "a", absl::Milliseconds(200), &flaky);
+  auto b = Open(scoped.path, "b", absl::Milliseconds(200));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  a->Wait({"s1", "alice", "m@1", "fingerprint", "its version does not fit (test)"});
+  const auto not_served = [](const std::string&) { return false; };
+  EXPECT_TRUE(absl::IsFailedPrecondition(a->Waiting("s1", "alice", not_served)));
+  flaky->Pause();
+  absl::StatusOr<JournalRecord> taken = TakeOver(b.get(), "s1", "alice");
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  flaky->Resume(/*apply_late=*/false);
+  ASSERT_TRUE(FindsItLost(a.get(), "s1"));
+  // Not offered for readmission, nor deleted when its ttl runs out here: b holds it.
+  EXPECT_TRUE(a->Waiters().empty());
+  absl::Status waiting = a->Waiting("s1", "alice", not_served);
+  EXPECT_TRUE(waiting.ok()) << waiting;
+  EXPECT_FALSE(a->IsWaiting("s1"));
+  a->Wait({"s1", "alice", "m@1", "fingerprint", "put back after a failed adoption (test)"});
+  EXPECT_FALSE(a->IsWaiting("s1")) << "a session another replica holds does not wait here";
+}
+
+// A session waiting for room for its version (out of the table, so no
+// table expiry sees it) is deleted from the store once its idle ttl runs
+// out, as an expired session is; one another replica took over is not.
+TEST(SessionJournalTest, AWaitingSessionWhoseTtlRanOutIsDeletedFromTheStore) {
+  const ScopedDir scoped("waiting_ttl");
+  FlakyBackend* flaky = nullptr;
+  auto a = Open(scoped.path, "a", absl::Milliseconds(200), &flaky);
+  auto b = Open(scoped.path, "b", absl::Milliseconds(200));
+  for (const char* id : {"s1", "s2"}) a->RecordCreate(Meta(id), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  const absl::Time now = absl::Now();
+  for (const char* id : {"s1", "s2"})
+    a->Wait({id, "alice", "m@1", "fingerprint", "no room (test)", now + absl::Minutes(1)});
+  EXPECT_EQ(a->ExpireWaiting(now), 0);
+  EXPECT_EQ(a->waiting(), 2);
+  // s2 is taken over by b while a is paused.
+  flaky->Pause();
+  ASSERT_TRUE(TakeOver(b.get(), "s2", "alice").ok());
+  flaky->Resume(/*apply_late=*/false);
+  ASSERT_TRUE(FindsItLost(a.get(), "s2"));
+  EXPECT_EQ(a->ExpireWaiting(now + absl::Minutes(2)), 1);
+  EXPECT_EQ(a->waiting(), 0);
+  ASSERT_TRUE(a->Flush().ok());
+  EXPECT_TRUE(absl::IsNotFound(a->Load("s1").status())) << a->Load("s1").status();
+  auto held = a->Held();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(held->empty());
+  EXPECT_TRUE(b->Load("s2").ok()) << "the one b holds is still there";
+}
+
+// EndWait hands a waiting session back to its owner's caller only, once.
+TEST(SessionJournalTest, EndWaitEndsOnlyTheOwnersWaitAndOnlyOnce) {
+  const ScopedDir scoped("end_wait");
+  auto a = Open(scoped.path, "a", absl::Milliseconds(200));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  a->Wait({"s1", "alice", "m@1", "fingerprint", "no room (test)"});
+  EXPECT_FALSE(a->EndWait("s1", "bob").has_value());
+  EXPECT_TRUE(a->IsWaiting("s1"));
+  std::optional<SessionJournal::WaitingSession> ended = a->EndWait("s1", "alice");
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->model, "m@1");
+  EXPECT_FALSE(a->IsWaiting("s1"));
+  EXPECT_FALSE(a->EndWait("s1", "alice").has_value());
+  // Put back under the claim it ended under: it waits again.
+  a->Wait(*ended);
+  EXPECT_TRUE(a->IsWaiting("s1"));
+}
+
+// Regression (review): a readmission whose adoption failed put its session
+// back to wait even when its owner's request had adopted it meanwhile: the
+// session was live and waiting at once, its requests were refused ("does not
+// fit"), and its ttl would have deleted it from the store while in use. A
+// claim now ends a wait, and a session claimed again since EndWait does
+// not wait again.
+TEST(SessionJournalTest, AClaimEndsAWaitAndASessionClaimedAgainDoesNotWaitAgain) {
+  const ScopedDir scoped("wait_claim");
+  auto a = Open(scoped.path, "a", absl::Milliseconds(200));
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  // The owner's adoption after the readmitter's failed one: put back, then claimed.
+  a->Wait({"s1", "alice", "m@1", "fingerprint", "no room (test)"});
+  std::optional<SessionJournal::WaitingSession> ended = a->EndWait("s1", "alice");
+  ASSERT_TRUE(ended.has_value());
+  a->Wait(*ended);
+  ASSERT_TRUE(a->IsWaiting("s1"));
+  ASSERT_TRUE(a->Adopt("s1", "alice").ok());
+  EXPECT_FALSE(a->IsWaiting("s1")) << "adopted: its wait is over";
+  // The owner's adoption before the readmitter's failed one: not put back.
+  a->Wait({"s1", "alice", "m@1", "fingerprint", "no room (test)"});
+  ended = a->EndWait("s1", "alice");
+  ASSERT_TRUE(ended.has_value());
+  ASSERT_TRUE(a->Adopt("s1", "alice").ok());
+  a->Wait(*ended);
+  EXPECT_FALSE(a->IsWaiting("s1")) << "claimed again since EndWait: it is live, not waiting";
+}
+
+// Regression: a release queued under one claim (a session handed over) and
+// written after the replica claimed the session again (a request adopted
+// it back meanwhile) ended the new claim: the replica served a session it
+// no longer held, and every write of it was refused.
+TEST(SessionJournalTest, AReleaseQueuedBeforeTheSessionIsClaimedAgainLeavesTheNewClaim) {
+  const ScopedDir scoped("release");
+  FlakyBackend* flaky = nullptr;
+  auto a = Open(scoped.path, "a", absl::Seconds(10), &flaky);
+  a->RecordCreate(Meta("s0"), Snapshot(0, {}, ""), nullptr);
+  a->RecordCreate(Meta("s1"), Snapshot(0, {}, ""), nullptr);
+  ASSERT_TRUE(a->Flush().ok());
+  flaky->HoldWrites();
+  absl::Cleanup let_go = [flaky] { flaky->LetWritesGo(); };  // also when an assertion ends the test
+  a->RecordTokens("s0", 0, {1});                             // the writer waits in this write...
+  ASSERT_TRUE(flaky->AWriteIsHeld());
+  a->RecordRelease("s1");  // ...and the release waits behind it
+  auto again = a->Adopt("s1", "alice");
+  ASSERT_TRUE(again.ok()) << again.status();
+  flaky->LetWritesGo();
+  ASSERT_TRUE(a->Flush().ok());
+  EXPECT_TRUE(a->CheckHold("s1").ok());
+  auto held = a->Held();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, (std::vector<std::string>{"s0", "s1"}));
+  a->RecordTokens("s1", 0, {7});
+  EXPECT_TRUE(Durable(a.get(), "s1", 1).first.ok()) << "the new claim's writes are refused";
+  // A release queued under the current claim still ends it.
+  a->RecordRelease("s1");
+  ASSERT_TRUE(a->Flush().ok());
+  held = a->Held();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, (std::vector<std::string>{"s0"}));
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "base/read_file.h"
 #include "base/thread_nice.h"
@@ -355,6 +357,42 @@ TEST_F(ModelRepositoryTest, APollerPicksUpAPublishedVersionAndOutlivesAMissingDi
   ASSERT_TRUE(Eventually([&] { return Newest(*r, "char") == 3; }));
 }
 
+// The follow-up (WaitingReadmitter in the server) runs on the poller's
+// thread after each piece of work and each poll, and again once the
+// duration it returns has passed, with no poll interval.
+TEST_F(ModelRepositoryTest, APollersFollowUpRunsAfterItsWorkAndAgainWhenItAsks) {
+  Put("char", 1);
+  auto r = Open();
+  ASSERT_NE(r, nullptr);
+  RepositoryPoller poller(r.get(), RepositoryPollerConfig{absl::InfiniteDuration()});
+  absl::Mutex mu;
+  std::vector<std::string> seen;  // what ran, in order
+  int follow_ups = 0;
+  poller.SetFollowUp([&] {
+    absl::MutexLock l(&mu);
+    seen.push_back("follow-up");
+    // The first asks to run again in 10 ms; later ones ask for nothing.
+    return ++follow_ups == 1 ? absl::Milliseconds(10) : absl::InfiniteDuration();
+  });
+  ASSERT_TRUE(poller.Run([&] {
+    absl::MutexLock l(&mu);
+    seen.push_back("work");
+  }));
+  {
+    absl::MutexLock l(&mu);
+    auto twice = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return follow_ups >= 2; };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&twice), absl::Seconds(30))) << "no follow-up asked for";
+    EXPECT_EQ(seen, (std::vector<std::string>{"work", "follow-up", "follow-up"}));
+  }
+  poller.SetFollowUp(nullptr);
+  absl::Notification ran;
+  ASSERT_TRUE(poller.Run([&] { ran.Notify(); }));
+  ran.WaitForNotification();
+  poller.Stop();
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(follow_ups, 2) << "none after it was cleared, nor unasked";
+}
+
 // The loads run below the engine's priority, and so do the threads a load
 // starts (its parallel loops' team): bench/reload.py's R2.
 TEST_F(ModelRepositoryTest, APollersWorkAndTheThreadsItStartsRunAtTheLoweredNiceValue) {
@@ -521,6 +559,30 @@ TEST_F(ModelRepositoryTest, KeepLoadsAVersionThePolicyPassedOverForItsSessionsOn
   EXPECT_THAT(gone.status().message(), HasSubstr("version 5"));
   Put("char", 3, "bad");
   EXPECT_THAT(r->Keep("char", 3).status().message(), HasSubstr("damaged checkpoint"));
+}
+
+// Keep (a recovered session's version) holds to the budget like a poll's
+// load: refused before loading, with the figures, and kept once it fits.
+TEST_F(ModelRepositoryTest, KeepRefusesAVersionOverTheMemoryBudgetBeforeLoadingIt) {
+  Put("char", 1);
+  Put("char", 2);
+  auto created = ModelRepository::Create({dir_, *ParseVersionPolicy("latest"), 1000}, Loader(),
+                                         [](const RepositoryVersion&) -> absl::StatusOr<int64_t> { return 600; });
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ModelRepository> r = *std::move(created);
+  ASSERT_EQ(loads_, 1);  // version 2
+  auto refused = r->Keep("char", 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("model \"char\" version 1 needs 600 bytes, and --model_memory_budget 1000 has 400 left "
+                        "(char version 2 READY 600 held)"));
+  EXPECT_EQ(loads_, 1);
+  EXPECT_EQ(r->HeldBytes(), 600);
+  ASSERT_TRUE(r->SetMemoryBudget(1200).ok());
+  auto kept = r->Keep("char", 1);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(loads_, 2);
+  EXPECT_EQ(r->HeldBytes(), 1200);
 }
 
 TEST_F(ModelRepositoryTest, APollerRunsQueuedWorkWithoutPollingAndFinishesItBeforeStopping) {

@@ -168,6 +168,14 @@ class DurableSchedulerTest : public ::testing::Test {
     return h;
   }
 
+  // For tests that wait for a heartbeat (the store writable again, a
+  // hand-over asked for): beats every 250 ms. Not shorter: a gap between
+  // beats of over half the timeout is a pause, and CheckHold then refuses
+  // requests until the next beat. At 40 ms, CI's loaded 2-core runs saw
+  // such gaps refuse requests these tests expect to be served
+  // (ARewindTheStoreCannotTakeLeavesTheSessionAsItWas's first Generate).
+  static constexpr absl::Duration kQuickBeats = absl::Seconds(1);
+
   std::string dir_;
   absl::Duration journal_holder_timeout_ = absl::Seconds(10);
   bool flaky_journal_ = false;  // Make() opens the journal on a FlakyBackend (flaky_)
@@ -376,7 +384,7 @@ TEST_F(DurableSchedulerTest, AWaitingSessionComesBackWithoutARestartOnceThereIsR
 // after the backoff; a version whose file is gone lets its session go, as a
 // restart does.
 TEST_F(DurableSchedulerTest, AReadmissionWaitsForTheStoreAndLetsGoOfASessionWhoseVersionIsGone) {
-  journal_holder_timeout_ = absl::Milliseconds(40);
+  journal_holder_timeout_ = kQuickBeats;
   flaky_journal_ = true;
   Make(SessionTableConfig{});
   const std::string id = NewSession(64, "m@1");
@@ -427,7 +435,7 @@ TEST_F(DurableSchedulerTest, AWaitingSessionExpiresAtATickWhenItsTtlRunsOut) {
 }
 
 TEST_F(DurableSchedulerTest, ARewindTheStoreCannotTakeLeavesTheSessionAsItWas) {
-  journal_holder_timeout_ = absl::Milliseconds(40);
+  journal_holder_timeout_ = kQuickBeats;
   flaky_journal_ = true;
   Make(SessionTableConfig{});
   const std::string id = NewSession();
@@ -449,7 +457,7 @@ TEST_F(DurableSchedulerTest, ARewindTheStoreCannotTakeLeavesTheSessionAsItWas) {
 // Regression (issue 13, 2): a request refused UNAVAILABLE by a failing store
 // still changed the in-memory session (and later the store).
 TEST_F(DurableSchedulerTest, AStoreFailureRollsTheSessionBackAndRefusesChangesUntilItRecovers) {
-  journal_holder_timeout_ = absl::Milliseconds(40);  // heartbeats every 10 ms
+  journal_holder_timeout_ = kQuickBeats;
   flaky_journal_ = true;
   Make(SessionTableConfig{});
   const std::string id = NewSession();
@@ -551,7 +559,7 @@ TEST_F(DurableSchedulerTest, OffloadedSessionsComeBackExactlyFromHostAndFromTheS
 
 TEST_F(DurableSchedulerTest, ASessionAnotherReplicaAsksForIsHandedOverExactly) {
   SessionTableConfig sc;
-  journal_holder_timeout_ = absl::Milliseconds(40);  // beats (and looks for requests) every 10 ms
+  journal_holder_timeout_ = kQuickBeats;
   Make(sc);
   const std::string id = NewSession();
   ASSERT_TRUE(Generate(id, {'a', 'b'}, 3).ok());
@@ -701,7 +709,7 @@ TEST_F(DurableSchedulerTest, ARecoveredSessionReplaysOnlyTheReceptiveField) {
 // thread went on calling the scheduler's hand-over handler after the
 // scheduler was gone (AddressSanitizer: stack-use-after-scope in txl-server).
 TEST_F(DurableSchedulerTest, TheJournalNoLongerCallsASchedulerThatIsGone) {
-  journal_holder_timeout_ = absl::Milliseconds(40);  // beats (and looks for requests) every 10 ms
+  journal_holder_timeout_ = kQuickBeats;
   Make(SessionTableConfig{});
   const std::string id = NewSession();
   ASSERT_TRUE(Generate(id, {'a'}, 1).ok());

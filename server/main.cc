@@ -106,6 +106,8 @@ ABSL_FLAG(int64_t, default_mem_len, 0, "a new session's window (0: the model's m
 ABSL_FLAG(int64_t, max_mem_len, 4096, "largest mem_len a client may ask for");
 ABSL_FLAG(int, max_new_tokens, 4096, "largest max_new_tokens a request may ask for");
 ABSL_FLAG(int64_t, max_input_tokens, 65536, "largest input of one request, in tokens");
+ABSL_FLAG(int, max_n, 16,
+          "most choices one request may ask for (n, best_of: each is a session for the call's length), in [1, 128]");
 ABSL_FLAG(double, drain_timeout, 10, "seconds in-flight requests get to finish on SIGTERM");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC port (with --tls_key; empty: plaintext)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
@@ -247,6 +249,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   service.max_mem_len = absl::GetFlag(FLAGS_max_mem_len);
   service.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   service.max_input_tokens = absl::GetFlag(FLAGS_max_input_tokens);
+  service.max_n = absl::GetFlag(FLAGS_max_n);
+  if (service.max_n < 1 || service.max_n > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_n must be in [1, 128], got ", service.max_n));
+  }
   service.model_path = o.model.path;
   service.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);
   if (service.max_stream_buffer_bytes < 1) return absl::InvalidArgumentError("--max_stream_buffer_bytes must be >= 1");

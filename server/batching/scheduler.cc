@@ -91,6 +91,11 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, 
   return commit ? EnqueueWritable(std::move(job)) : Enqueue(std::move(job));
 }
 
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitBranch(SessionLease lease, std::vector<int> input, int copies,
+                                                             BranchDone done) {
+  return EnqueueWritable(std::make_shared<BranchJob>(std::move(lease), input, copies, std::move(done)));
+}
+
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, absl::Duration idle_ttl,
                                                            std::map<std::string, std::string> labels, int64_t position,
                                                            SessionMade done) {

@@ -36,6 +36,7 @@
 #include "server/batching/offload.h"
 #include "server/durability/session_journal.h"
 #include "server/engine/engine.h"
+#include "server/jobs/branch_job.h"
 #include "server/jobs/generate_spec.h"
 #include "server/jobs/job.h"
 #include "server/jobs/job_runner.h"
@@ -72,6 +73,11 @@ class Scheduler {
                                                       GenerateCallbacks callbacks);
   absl::StatusOr<std::shared_ptr<Job>> SubmitScore(SessionLease lease, std::vector<int> input, bool commit,
                                                    ScoreDone done);
+  // A throw-away session's prompt, fed once and copied `copies` times
+  // (BranchJob): `done` gets the sessions, each then the caller's to submit
+  // or give back.
+  absl::StatusOr<std::shared_ptr<Job>> SubmitBranch(SessionLease lease, std::vector<int> input, int copies,
+                                                    BranchDone done);
   // `position` 0: the source as it is; else as it was there (RewindJob's rules).
   absl::StatusOr<std::shared_ptr<Job>> SubmitFork(SessionLease source, absl::Duration idle_ttl,
                                                   std::map<std::string, std::string> labels, int64_t position,

@@ -5,12 +5,17 @@
 #include <utility>
 
 #include "base/status_macros.h"
+#include "server/core/choices.h"
 #include "server/core/service_core.h"
 
 namespace txl {
 
 void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool adopt,
                            std::shared_ptr<JobControl> control, GenerateCallbacks callbacks) const {
+  if (args.best_of > 1) {
+    GenerateChoices(principal, std::move(args), std::move(control), std::move(callbacks));
+    return;
+  }
   auto cb = std::make_shared<GenerateCallbacks>(std::move(callbacks));
   WithAdoption(
       principal, adopt ? args.session_id : "",
@@ -33,6 +38,47 @@ void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool
         return absl::OkStatus();
       },
       [cb](absl::Status s) { cb->on_done(std::move(s), GenerateResult()); });
+}
+
+void ServiceCore::GenerateChoices(const std::string& principal, GenerateArgs args, std::shared_ptr<JobControl> control,
+                                  GenerateCallbacks callbacks) const {
+  const int count = args.best_of;
+  auto set = std::make_shared<ChoiceSet>(args.n, count, std::move(callbacks), [control] { control->Cancel(); });
+  auto refuse = [&](absl::Status s) { set->Fail(0, std::move(s)); };
+  if (!args.session_id.empty()) {  // request validation refuses it; a Converse turn's own session too
+    return refuse(absl::InvalidArgumentError("n: several choices need a request without a session"));
+  }
+  if (absl::Status s = RequestValidator::Continuation(args.spec, 0); !s.ok()) return refuse(s);
+  auto lease = Lease(principal, "", args.model);
+  if (!lease.ok()) return refuse(lease.status());
+  // Once the prompt is fed, each candidate is a generation on its own copy
+  // of the session, with its own seed stream, from the prompt's last token.
+  auto branched = [this, set, control, spec = args.spec, count](absl::StatusOr<Branches> b) {
+    control->Detach();
+    if (!b.ok()) return set->Fail(0, b.status());
+    set->Branched(b->input_tokens, b->times);
+    for (int i = 0; i < count; ++i) {
+      GenerateSpec choice = spec;
+      choice.input.clear();  // the pending token
+      if (spec.sampling.seed != 0) choice.sampling.seed = spec.sampling.seed + static_cast<uint64_t>(i);
+      std::shared_ptr<JobControl> child = control->AddChild();
+      GenerateCallbacks cb = set->For(i);
+      cb.on_done = [child, done = std::move(cb.on_done)](absl::Status status, GenerateResult result) {
+        child->Detach();
+        done(std::move(status), std::move(result));
+      };
+      auto job = scheduler->SubmitGenerate(std::move(b->leases[static_cast<size_t>(i)]), std::move(choice), cb);
+      if (!job.ok()) {
+        // The refused one was given back; those not submitted yet go back here.
+        for (int k = i + 1; k < count; ++k) table->GiveBack(std::move(b->leases[static_cast<size_t>(k)]), absl::Now());
+        return set->Fail(i, job.status());
+      }
+      child->Attach(*std::move(job));
+    }
+  };
+  auto job = scheduler->SubmitBranch(*std::move(lease), args.spec.input, count - 1, std::move(branched));
+  if (!job.ok()) return refuse(job.status());
+  control->Attach(*std::move(job));
 }
 
 void ServiceCore::Score(const std::string& principal, ScoreArgs args, bool commit, std::shared_ptr<JobControl> control,

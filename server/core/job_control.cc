@@ -8,18 +8,21 @@ void JobControl::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
   if (job_) scheduler_->Cancel(job_);
+  for (const auto& child : children_) child->Cancel();
 }
 
 void JobControl::Pause() {
   absl::MutexLock lock(&mu_);
   paused_ = true;
   if (job_) scheduler_->Pause(job_);
+  for (const auto& child : children_) child->Pause();
 }
 
 void JobControl::Resume() {
   absl::MutexLock lock(&mu_);
   paused_ = false;
   if (job_) scheduler_->Resume(job_);
+  for (const auto& child : children_) child->Resume();
 }
 
 bool JobControl::cancelled() const {
@@ -49,7 +52,20 @@ void JobControl::Detach() {
 
 bool JobControl::holds_job() const {
   absl::MutexLock lock(&mu_);
-  return job_ != nullptr;
+  if (job_ != nullptr) return true;
+  for (const auto& child : children_) {
+    if (child->holds_job()) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<JobControl> JobControl::AddChild() {
+  auto child = std::make_shared<JobControl>(scheduler_);
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) child->Cancel();
+  if (paused_) child->Pause();
+  children_.push_back(child);
+  return child;
 }
 
 }  // namespace txl

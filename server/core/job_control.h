@@ -3,13 +3,16 @@
 // the job is known apply once it is (a client that left before the job was
 // queued); after it ended they do nothing. A Converse stream keeps one for
 // all its turns, so a pause for a full buffer carries over to the next turn.
+// A call that runs several jobs at once (the choices of a generation with
+// n > 1) gives each a child control: what the call does reaches them all.
 //
 // Threading: thread-safe. Lock order: a caller's own lock, then this one,
-// then the scheduler's.
+// then its children's, then the scheduler's.
 #ifndef TXL_SERVER_CORE_JOB_CONTROL_H_
 #define TXL_SERVER_CORE_JOB_CONTROL_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -32,7 +35,11 @@ class JobControl {
   // not kept (a call would hold it, and what its callbacks hold, for nothing).
   void Attach(std::shared_ptr<Job> job);
   void Detach();
+  // This control's or a child's job.
   bool holds_job() const;
+  // A control for one more job of the same call: Cancel, Pause and Resume,
+  // made before or after, reach it too.
+  std::shared_ptr<JobControl> AddChild();
 
  private:
   Scheduler* const scheduler_;
@@ -40,7 +47,8 @@ class JobControl {
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
-  int ended_unattached_ ABSL_GUARDED_BY(mu_) = 0;  // jobs that ended before Attach
+  int ended_unattached_ ABSL_GUARDED_BY(mu_) = 0;                           // jobs that ended before Attach
+  std::vector<std::shared_ptr<JobControl>> children_ ABSL_GUARDED_BY(mu_);  // locked after mu_
 };
 
 }  // namespace txl

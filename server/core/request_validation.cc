@@ -155,6 +155,27 @@ absl::StatusOr<GenerateArgs> RequestValidator::Generate(const v1::GenerateReques
   GenerateArgs args;
   ASSIGN_OR_RETURN(args.session_id, ResolveSessionId(req.session_id(), metadata_session_id));
   ASSIGN_OR_RETURN(args.spec, Spec(req));
+  if (req.n() < 0 || req.n() > limits_.max_n) {
+    return absl::InvalidArgumentError(absl::StrCat("n: must be in [1, ", limits_.max_n, "] (0: 1), got ", req.n()));
+  }
+  args.n = std::max(1, req.n());
+  args.best_of = req.best_of() == 0 ? args.n : req.best_of();
+  if (args.best_of < args.n || args.best_of > limits_.max_n) {
+    return absl::InvalidArgumentError(absl::StrCat("best_of: must be in [n, ", limits_.max_n, "] = [", args.n, ", ",
+                                                   limits_.max_n, "] (0: n), got ", req.best_of()));
+  }
+  if (args.best_of > 1) {
+    const char* field = args.n > 1 ? "n" : "best_of";
+    if (!args.session_id.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field,
+                       ": several choices need a request without a session: a session has one history, and "
+                       "each choice would continue it differently (fork the session once per choice instead)"));
+    }
+    if (args.spec.echo) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": not with echo (ask for the prompt's log-probs alone)"));
+    }
+  }
   return args;
 }
 

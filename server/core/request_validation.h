@@ -42,6 +42,7 @@ struct RequestLimits {
   int max_stop_sequences = 16;
   int max_stop_sequence_bytes = 256;
   int max_stop_token_ids = 256;
+  int max_n = 16;  // choices (n, best_of) of one request
 };
 
 // The form of a session id: 128 bits as 32 lowercase hex characters.
@@ -65,6 +66,10 @@ struct GenerateArgs {
   std::string session_id;  // empty: a throw-away (or the stream's) session
   GenerateSpec spec;
   std::shared_ptr<ServedModel> model;  // the version its input was read for (ServiceCore's checks)
+  // Choices returned, and candidates drawn (the n best of best_of); above 1
+  // only without a session (ServiceCore::Generate).
+  int n = 1;
+  int best_of = 1;
 };
 
 // A Score call, checked.

@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "google/protobuf/util/time_util.h"
 #include "server/sampling/text_stream.h"
@@ -77,6 +78,7 @@ v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& even
     }
   }
   r.set_position(position);
+  if (!events.empty()) r.set_index(events.front().choice);  // a batch is one choice's
   return r;
 }
 
@@ -94,6 +96,26 @@ v1::GenerateResponse FinalResponse(const GenerateResult& result, const Tokenizer
   u->set_time_to_first_token_seconds(result.times.first_token_seconds);
   u->set_total_seconds(result.times.total_seconds);
   return r;
+}
+
+std::vector<v1::GenerateResponse> FinalResponses(const GenerateResult& result, const Tokenizer& tokenizer) {
+  if (result.choices.empty()) return {FinalResponse(result, tokenizer)};
+  std::vector<v1::GenerateResponse> out;
+  for (const ChoiceEnd& c : result.choices) {
+    v1::GenerateResponse r;
+    r.set_index(c.index);
+    r.set_text(c.trailing_text);
+    r.set_position(c.position);
+    r.set_finish_reason(ToProto(c.finish));
+    out.push_back(std::move(r));
+  }
+  v1::Usage* u = out.back().mutable_usage();
+  u->set_input_tokens(result.input_tokens);
+  u->set_generated_tokens(result.generated_tokens);
+  u->set_queue_seconds(result.times.queue_seconds);
+  u->set_time_to_first_token_seconds(result.times.first_token_seconds);
+  u->set_total_seconds(result.times.total_seconds);
+  return out;
 }
 
 void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out) {

@@ -17,6 +17,7 @@ struct ServiceConfig {
   int max_new_tokens = 4096;  // per request
   int64_t max_input_tokens = 65536;
   int max_top_logprobs = 20;
+  int max_n = 16;  // choices of one request (n, best_of)
   std::string model_path;
   std::string device;
   // The model's number formats, by name ("float32", "bfloat16", "int8"): the

@@ -65,12 +65,14 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ServiceCore::ModelFor(const std::st
 
 RequestLimits ServiceCore::Limits(const ServedModel* m) const {
   if (m == nullptr) {
-    return RequestLimits{0,
+    RequestLimits limits{0,
                          config.default_mem_len,
                          config.max_mem_len,
                          config.max_new_tokens,
                          config.max_input_tokens,
                          config.max_top_logprobs};
+    limits.max_n = config.max_n;
+    return limits;
   }
   const ModelLimits& own = m->limits();  // 0: the server's
   RequestLimits limits;
@@ -81,6 +83,7 @@ RequestLimits ServiceCore::Limits(const ServedModel* m) const {
   limits.max_new_tokens = static_cast<int>(ModelOrServer(own.max_new_tokens, config.max_new_tokens));
   limits.max_input_tokens = ModelOrServer(own.max_input_tokens, config.max_input_tokens);
   limits.max_top_logprobs = config.max_top_logprobs;
+  limits.max_n = config.max_n;
   return limits;
 }
 

@@ -144,6 +144,10 @@ class ServiceCore {
   // job. `control` cancels, pauses and resumes it. `on_tokens` runs on the
   // engine thread as tokens come; `on_done` exactly once: at once when the
   // request is refused before it is queued, else when the job ends.
+  // With best_of > 1 (choices.h) the prompt is fed once and each candidate
+  // generates on its own copy: `on_tokens` gets each choice's tokens, marked
+  // with its index, and `on_done` runs once, after the last, with every
+  // kept choice's end (GenerateResult::choices).
   void Generate(const std::string& principal, GenerateArgs args, bool adopt, std::shared_ptr<JobControl> control,
                 GenerateCallbacks callbacks) const;
   // A score of `args.input` after the session's history (committed to it when
@@ -182,6 +186,9 @@ class ServiceCore {
   // Runs `work` on the repository's thread and answers `done` with its
   // status; FAILED_PRECONDITION naming `what` without a repository.
   void OnRepository(const char* what, std::function<absl::Status(ModelRepository*)> work, StatusDone done) const;
+  // Generate's several choices (generation.cc).
+  void GenerateChoices(const std::string& principal, GenerateArgs args, std::shared_ptr<JobControl> control,
+                       GenerateCallbacks callbacks) const;
 };
 
 }  // namespace txl

@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/grpc/service.h"
 #include "server/grpc/streaming_call.h"
@@ -28,7 +29,9 @@ class GenerateCall final : public StreamingCall<grpc::ServerWriteReactor<v1::Gen
     ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx, principal, req));
     auto model = args.model;
     Generate(principal, std::move(args), /*adopt=*/true, [this, model](absl::Status status, GenerateResult result) {
-      if (status.ok()) Send(FinalResponse(result, model->tokenizer()));
+      if (status.ok()) {
+        for (v1::GenerateResponse& r : FinalResponses(result, model->tokenizer())) Send(std::move(r));
+      }
       End(ToGrpcStatus(status));
     });
     return absl::OkStatus();
@@ -71,6 +74,11 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
       request_.set_session_id(stream_session_);
     }
     ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx_, principal_, request_));
+    if (args.best_of > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(args.n > 1 ? "n" : "best_of",
+                                                     ": a Converse turn continues the stream's session; ask for "
+                                                     "several choices with Generate"));
+    }
     std::string session = args.session_id;
     if (session.empty()) {
       ASSIGN_OR_RETURN(stream_session_, c_->NewStreamSession(principal_, args.model));

@@ -20,7 +20,7 @@ void ChatRoute(const GatewayContext* s, std::shared_ptr<HttpExchange> x, ChatPar
     std::function<void(const CompletionResult&)> record;
     if (!session.empty()) {
       record = [s, session, messages = p.messages](const CompletionResult& r) {
-        s->chats->Record(session, messages, r.text, r.position);
+        s->chats->Record(session, messages, r.choices.front().text, r.position);  // a session's: one choice
       };
     }
     StartCompletion(s, std::move(x), std::move(p.completion), /*chat=*/true, std::move(record));

@@ -1,6 +1,8 @@
 #include "server/http/completion_call.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -86,22 +88,25 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
   // One GenerateResponse: gathered, and streaming, sent as an event.
   void Response(const v1::GenerateResponse& response) {
     result_.Add(response);  // for the whole body, the usage event and the error path
+    const size_t index = static_cast<size_t>(std::max(0, response.index()));
     std::string echo_text;  // the prompt, before the first token (or alone)
     if (response.echo_size() > 0) {
       echo_text = EchoText({response.echo().begin(), response.echo().end()});
-      result_.echo_text = echo_text;
+      result_.choices[index].echo_text = echo_text;
     }
     if (!p_.stream) return;
+    if (offsets_.size() <= index) offsets_.resize(index + 1, -1);
     if (!started_) {
       started_ = true;
       s_->Count(route_, 200);
       x_->StartStream(200, "text/event-stream");
     }
-    std::string event =
-        chat_ ? ChatChunk(id_, response, p_.logprobs, offset_ == 0 && !role_sent_, p_.request.session_id())
-              : CompletionChunk(id_, response, p_.logprobs, offset_, p_.request.session_id(), echo_text);
-    role_sent_ = true;
-    offset_ += static_cast<int64_t>(echo_text.size() + response.text().size());
+    int64_t& offset = offsets_[index];  // -1: nothing of this choice sent yet (chat: its role goes first)
+    const bool first = offset < 0;
+    if (first) offset = 0;
+    std::string event = chat_ ? ChatChunk(id_, response, p_.logprobs, first, p_.request.session_id())
+                              : CompletionChunk(id_, response, p_.logprobs, offset, p_.request.session_id(), echo_text);
+    offset += static_cast<int64_t>(echo_text.size() + response.text().size());
     const int64_t bytes = static_cast<int64_t>(event.size());
     {
       absl::MutexLock lock(&mu_);
@@ -119,7 +124,9 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
   }
 
   void Done(absl::Status status, const GenerateResult& result, const Tokenizer& tokenizer) {
-    if (status.ok()) Response(FinalResponse(result, tokenizer));
+    if (status.ok()) {
+      for (const v1::GenerateResponse& r : FinalResponses(result, tokenizer)) Response(r);
+    }
     {
       absl::MutexLock lock(&mu_);
       // A client that left ended the call, whatever the job made of it.
@@ -181,8 +188,7 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
   // The exchange thread's (see the class comment).
   CompletionResult result_;
   bool started_ = false;
-  bool role_sent_ = false;
-  int64_t offset_ = 0;
+  std::vector<int64_t> offsets_;  // by choice: text bytes sent (-1: none yet)
   absl::Mutex mu_;
   int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;  // event bytes sent and not yet on the wire
   bool paused_ ABSL_GUARDED_BY(mu_) = false;   // the job is paused for this client

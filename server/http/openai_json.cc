@@ -282,14 +282,16 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
                {"input", input_field, ""},
                {"input.text", input_field, ""},
                {"input.tokens.ids", input_field, ""},
-               {"session_id", "session_id", ""}};
+               {"session_id", "session_id", ""},
+               {"n", "n", " (0: "},  // 0 is not a client's n
+               {"best_of", "best_of", " (0: "}};
   if (!IntField(j, max_tokens_field, 0, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
       !IntField(j, "n", 1, std::numeric_limits<int32_t>::max(), &n, error) ||
       !IntField(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed, error) ||
       !BoolField(j, "echo", &p->echo, error)) {
     return false;
   }
-  if (n != 1) return fail(Bad("n", "only n = 1 is supported: send one request per completion"));
+  r.set_n(static_cast<int32_t>(n));  // the service checks it against --max_n and the session
   if (p->echo && chat) return fail(Bad("echo", "'echo' is for /v1/completions (chat has no prompt to echo)"));
   r.set_echo(p->echo);
   const bool max_tokens_zero = max_tokens == 0 && j.contains(max_tokens_field) && !j[max_tokens_field].is_null();
@@ -327,8 +329,12 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
       return fail(Bad(field, absl::StrCat("'", field, "' is not supported")));
     }
   }
-  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
-    return fail(Bad("best_of", "only best_of = 1 is supported"));
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
+    if (chat) return fail(Bad("best_of", "'best_of' is for /v1/completions (chat has n alone)"));
+    int64_t best_of = 0;
+    if (!IntField(j, "best_of", 1, std::numeric_limits<int32_t>::max(), &best_of, error)) return false;
+    if (best_of < n) return fail(Bad("best_of", absl::StrCat("'best_of' must be at least n (", n, "), got ", best_of)));
+    r.set_best_of(static_cast<int32_t>(best_of));
   }
   float presence = 0.0f, frequency = 0.0f;
   if (!FloatField(j, "presence_penalty", &presence, error) || !FloatField(j, "frequency_penalty", &frequency, error)) {
@@ -360,6 +366,8 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
   }
 
   if (!BoolField(j, "stream", &p->stream, error)) return false;
+  // The best are known only once every candidate has ended.
+  if (p->stream && r.best_of() > r.n()) return fail(Bad("best_of", "'best_of' above n cannot be streamed"));
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return fail(Bad("stream_options", "'stream_options' must be an object"));
     if (!p->stream) return fail(Bad("stream_options", "'stream_options' is only allowed with 'stream': true"));

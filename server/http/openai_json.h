@@ -71,14 +71,19 @@ struct CompletionParams {
 absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const std::string& session_header,
                                                  HttpError* error);
 
-// What one completion has produced so far (the non-streaming response
-// gathers every GenerateResponse into it).
-struct CompletionResult {
+// What one choice of a completion has produced so far.
+struct CompletionChoice {
   std::string text;
   std::vector<v1::GeneratedToken> tokens;
   std::vector<v1::ScoredToken> echo;  // echo: the prompt's tokens
   std::string echo_text;              // echo: the prompt's text, before `text`
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+};
+
+// What one completion has produced so far (the non-streaming response
+// gathers every GenerateResponse into it).
+struct CompletionResult {
+  std::vector<CompletionChoice> choices = std::vector<CompletionChoice>(1);  // by GenerateResponse.index
   v1::Usage usage;
   int64_t position = 0;
   std::string session_id;  // only for a call that named a session (else a throw-away one's)
@@ -95,7 +100,7 @@ struct CompletionId {
 
 // "length" or "stop" (a stop token or sequence); null while unfinished.
 nlohmann::json FinishReasonJson(v1::FinishReason f);
-// choices[0].logprobs for these tokens (after the echoed prompt's, whose
+// A choice's logprobs for these tokens (after the echoed prompt's, whose
 // first has a null log-prob and whose alternatives are null), `offset` bytes
 // into the completion's text.
 nlohmann::json LogprobsJson(const std::vector<v1::ScoredToken>& echo, const std::vector<v1::GeneratedToken>& tokens,

@@ -1,6 +1,7 @@
 // The OpenAI-style JSON the HTTP routes send (openai_json.h): completion and
 // chat bodies, their stream chunks and usage events, sessions and scores.
 // Responses only; the requests' parsing is openai_json.cc.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,14 @@ json Identity(const CompletionId& id) {
 }  // namespace
 
 void CompletionResult::Add(const v1::GenerateResponse& r) {
-  text += r.text();
-  for (const auto& t : r.tokens()) tokens.push_back(t);
-  for (const auto& t : r.echo()) echo.push_back(t);
-  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish = r.finish_reason();
+  // The service numbers choices from 0 up to the request's n (at most --max_n).
+  const size_t index = static_cast<size_t>(std::max(0, r.index()));
+  if (choices.size() <= index) choices.resize(index + 1);
+  CompletionChoice& c = choices[index];
+  c.text += r.text();
+  for (const auto& t : r.tokens()) c.tokens.push_back(t);
+  for (const auto& t : r.echo()) c.echo.push_back(t);
+  if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) c.finish = r.finish_reason();
   if (r.has_usage()) usage = r.usage();
   position = r.position();
   if (!r.session_id().empty() && stateful) session_id = r.session_id();
@@ -68,12 +73,16 @@ std::string EchoText(const std::vector<v1::ScoredToken>& echo) {
 }
 
 std::string CompletionBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
-  json choice{{"text", r.echo_text + r.text},
-              {"index", 0},
-              {"logprobs", logprobs ? LogprobsJson(r.echo, r.tokens, 0) : json(nullptr)},
-              {"finish_reason", FinishReasonJson(r.finish)}};
+  json choices = json::array();
+  for (size_t i = 0; i < r.choices.size(); ++i) {
+    const CompletionChoice& c = r.choices[i];
+    choices.push_back({{"text", c.echo_text + c.text},
+                       {"index", i},
+                       {"logprobs", logprobs ? LogprobsJson(c.echo, c.tokens, 0) : json(nullptr)},
+                       {"finish_reason", FinishReasonJson(c.finish)}});
+  }
   json out = Identity(id);
-  out["choices"] = json::array({choice});
+  out["choices"] = std::move(choices);
   out["usage"] = json{{"prompt_tokens", r.usage.input_tokens()},
                       {"completion_tokens", r.usage.generated_tokens()},
                       {"total_tokens", r.usage.input_tokens() + r.usage.generated_tokens()}};
@@ -90,7 +99,7 @@ std::string CompletionChunk(const CompletionId& id, const v1::GenerateResponse& 
   std::vector<v1::ScoredToken> echo(r.echo().begin(), r.echo().end());
   const bool any = !tokens.empty() || !echo.empty();
   json choice{{"text", echo_text + r.text()},
-              {"index", 0},
+              {"index", r.index()},
               {"logprobs", logprobs && any ? LogprobsJson(echo, tokens, offset) : json(nullptr)},
               {"finish_reason", FinishReasonJson(r.finish_reason())}};
   json out = Identity(id);
@@ -166,12 +175,16 @@ json ChatLogprobs(const std::vector<v1::GeneratedToken>& tokens) {
 }  // namespace
 
 std::string ChatBody(const CompletionId& id, const CompletionResult& r, bool logprobs) {
-  json choice{{"index", 0},
-              {"message", {{"role", "assistant"}, {"content", r.text}}},
-              {"logprobs", logprobs ? ChatLogprobs(r.tokens) : json(nullptr)},
-              {"finish_reason", FinishReasonJson(r.finish)}};
+  json choices = json::array();
+  for (size_t i = 0; i < r.choices.size(); ++i) {
+    const CompletionChoice& c = r.choices[i];
+    choices.push_back({{"index", i},
+                       {"message", {{"role", "assistant"}, {"content", c.text}}},
+                       {"logprobs", logprobs ? ChatLogprobs(c.tokens) : json(nullptr)},
+                       {"finish_reason", FinishReasonJson(c.finish)}});
+  }
   json out = ChatIdentity(id, "chat.completion");
-  out["choices"] = json::array({choice});
+  out["choices"] = std::move(choices);
   out["usage"] = Usage(r.usage);
   if (!r.session_id.empty()) {
     out["session_id"] = r.session_id;
@@ -186,7 +199,7 @@ std::string ChatChunk(const CompletionId& id, const v1::GenerateResponse& r, boo
   json delta = json::object();
   if (first) delta["role"] = "assistant";
   if (!r.text().empty() || first) delta["content"] = r.text();
-  json choice{{"index", 0},
+  json choice{{"index", r.index()},
               {"delta", delta},
               {"logprobs", logprobs && !tokens.empty() ? ChatLogprobs(tokens) : json(nullptr)},
               {"finish_reason", FinishReasonJson(r.finish_reason())}};

@@ -30,6 +30,7 @@ struct GeneratedTokenEvent {
   float logprob = 0;
   std::vector<std::pair<int, float>> top;  // when top_logprobs > 0
   std::vector<ScoredTokenResult> echo;     // with the first token, when echo is asked for
+  int choice = 0;                          // of a call with several (ServiceCore::Generate's n)
 };
 
 enum class Finish { kLength, kStopToken, kStopSequence, kCancelled };
@@ -41,6 +42,15 @@ struct JobTimes {
   double total_seconds = 0;        // until its end
 };
 
+// One choice's end, in a call with several (ServiceCore::Generate's n).
+struct ChoiceEnd {
+  int index = 0;
+  Finish finish = Finish::kLength;
+  int64_t generated_tokens = 0;
+  int64_t position = 0;       // its throw-away session's, afterwards
+  std::string trailing_text;  // as GenerateResult's
+};
+
 struct GenerateResult {
   std::string session_id;  // empty: a throw-away session
   Finish finish = Finish::kLength;
@@ -50,6 +60,9 @@ struct GenerateResult {
   JobTimes times;
   std::string trailing_text;            // text held back until the end (e.g. a partial character)
   std::vector<ScoredTokenResult> echo;  // echo with no token generated (max_new_tokens none)
+  // A call with several choices: each one's end, by index; the fields above
+  // are then the call's (the prompt once, every candidate's tokens).
+  std::vector<ChoiceEnd> choices;
 };
 
 struct ScoreResult {

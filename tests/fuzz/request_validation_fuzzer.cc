@@ -51,6 +51,7 @@ RequestLimits Limits(const Tokenizer& t) {
   l.max_new_tokens = 32;
   l.max_input_tokens = 24;
   l.max_top_logprobs = 5;
+  l.max_n = 3;
   return l;
 }
 
@@ -73,7 +74,7 @@ bool StartsWithField(const absl::Status& s) {
   static const char* const kFields[] = {
       "session_id: ",       "input.tokens.ids[", "input.text: ",     "input: ",    "max_new_tokens: ",
       "sampling.",          "stop_token_ids[",   "stop_sequences[",  "logprobs: ", "mem_len: ",
-      "idle_ttl_seconds: ", "stop_token_ids: ",  "stop_sequences: ",
+      "idle_ttl_seconds: ", "stop_token_ids: ",  "stop_sequences: ", "n: ",        "best_of: ",
   };
   const std::string m(s.message());
   for (const char* f : kFields)
@@ -167,6 +168,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     CheckSessionId(args->session_id, req.session_id(), md);
     CheckSpec(setup, req, args->spec);
+    const int max_n = setup.validator.limits().max_n;
+    Check(args->n >= 1 && args->n <= args->best_of && args->best_of <= max_n, "1 <= n <= best_of <= max_n");
+    if (args->best_of > 1) Check(args->session_id.empty() && !args->spec.echo, "choices only stateless, no echo");
   } else {
     v1::ScoreRequest req;
     if (!req.ParseFromString(bytes)) return 0;

@@ -1,0 +1,240 @@
+// ServiceCore::Generate with several choices (n, best_of: server/core/choices.h
+// and server/jobs/branch_job.h) against the fake engine: the prompt fed
+// once, each choice's seed stream, best_of's ranking, refusals and cancels.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "server/core/service_core.h"
+#include "server/engine/model_source.h"
+#include "tests/server/fake_engine.h"
+
+namespace txl {
+namespace {
+
+using testing::FakeEngine;
+using testing::FakeOf;
+
+// One call's callbacks, by choice; `dones` counts on_done (it must run once).
+struct Call {
+  absl::Mutex mu;
+  std::map<int, std::vector<int>> ids ABSL_GUARDED_BY(mu);
+  std::map<int, double> logprob ABSL_GUARDED_BY(mu);
+  int dones ABSL_GUARDED_BY(mu) = 0;
+  absl::Status status;
+  GenerateResult result;
+  absl::Notification first_token, done;
+
+  GenerateCallbacks Callbacks() {
+    GenerateCallbacks cb;
+    cb.on_tokens = [this](std::vector<GeneratedTokenEvent> events, int64_t) {
+      {
+        absl::MutexLock lock(&mu);
+        for (const GeneratedTokenEvent& e : events) {
+          ids[e.choice].push_back(e.id);
+          logprob[e.choice] += e.logprob;
+        }
+      }
+      if (!first_token.HasBeenNotified()) first_token.Notify();
+    };
+    cb.on_done = [this](absl::Status s, GenerateResult r) {
+      {
+        absl::MutexLock lock(&mu);
+        if (++dones > 1) return;  // counted, and reported by the test
+      }
+      status = std::move(s);
+      result = std::move(r);
+      done.Notify();
+    };
+    return cb;
+  }
+  void Wait() { ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30))); }
+  std::vector<int> Ids(int choice) {
+    absl::MutexLock lock(&mu);
+    return ids[choice];
+  }
+  double Logprob(int choice) {
+    absl::MutexLock lock(&mu);
+    return logprob[choice];
+  }
+  int Dones() {
+    absl::MutexLock lock(&mu);
+    return dones;
+  }
+};
+
+class ChoicesTest : public ::testing::Test {
+ protected:
+  void Make(SessionTableConfig table_config = {}) {
+    table_ = std::make_unique<SessionTable>(table_config);
+    scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{}, table_.get(), nullptr);
+    scheduler_->Start();
+    ServiceParts parts;
+    parts.models = models_.get();
+    parts.table = table_.get();
+    parts.scheduler = scheduler_.get();
+    core_ = std::make_unique<ServiceCore>(std::move(parts));
+  }
+  void TearDown() override {
+    core_.reset();
+    scheduler_.reset();
+  }
+  GenerateArgs Args(int n, int best_of, int max_new, float temperature = 0, uint64_t seed = 0) {
+    GenerateArgs args;
+    args.model = served_;
+    args.n = n;
+    args.best_of = best_of;
+    args.spec.input = prompt_;
+    args.spec.max_new_tokens = max_new;
+    args.spec.sampling.temperature = temperature;
+    args.spec.sampling.seed = seed;
+    return args;
+  }
+  // Starts the call; `control` may be kept to cancel it.
+  void Start(GenerateArgs args, Call* call, std::shared_ptr<JobControl> control = nullptr) {
+    core_->Generate("", std::move(args), /*adopt=*/false, control ? control : core_->NewJobControl(),
+                    call->Callbacks());
+  }
+  int64_t FedTokens() const {
+    int64_t n = 0;
+    for (const auto& step : FakeOf(*served_).steps()) n += step.tokens;
+    return n;
+  }
+  bool NoSessionLeft() const { return table_->SessionsByModel().empty(); }
+
+  const std::vector<int> prompt_ = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+  std::shared_ptr<ServedModel> served_ = testing::FakeServed();
+  std::unique_ptr<ModelSource> models_ = SingleModel(served_);
+  std::unique_ptr<SessionTable> table_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ServiceCore> core_;
+};
+
+TEST_F(ChoicesTest, ThePromptIsFedOnceAndEveryChoiceGoesOnFromIt) {
+  Make();
+  Call call;
+  Start(Args(/*n=*/3, /*best_of=*/3, /*max_new=*/4), &call);
+  call.Wait();
+  ASSERT_TRUE(call.status.ok()) << call.status;
+  EXPECT_EQ(call.Dones(), 1);
+  ASSERT_EQ(call.result.choices.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(call.Ids(i), (std::vector<int>{20, 21, 22, 23})) << "greedy: each goes on from the whole prompt";
+    EXPECT_EQ(call.result.choices[i].index, i);
+    EXPECT_EQ(call.result.choices[i].generated_tokens, 4);
+    EXPECT_EQ(call.result.choices[i].finish, Finish::kLength);
+  }
+  EXPECT_EQ(call.result.input_tokens, 10) << "the prompt counted once";
+  EXPECT_EQ(call.result.generated_tokens, 12);
+  // The first 9 prompt tokens once; then each choice feeds the last one and
+  // 3 of its 4 tokens (the last stays pending). Three separate calls: 39.
+  EXPECT_EQ(FedTokens(), 9 + 3 * (1 + 3));
+  EXPECT_TRUE(NoSessionLeft()) << "every copy is thrown away at its end";
+}
+
+TEST_F(ChoicesTest, EachChoiceDrawsFromItsOwnSeedStreamAndSeededCallsRepeat) {
+  Make();
+  Call together;
+  Start(Args(3, 3, 16, /*temperature=*/1, /*seed=*/7), &together);
+  together.Wait();
+  ASSERT_TRUE(together.status.ok()) << together.status;
+  std::vector<std::vector<int>> alone;
+  for (int i = 0; i < 3; ++i) {
+    Call single;
+    Start(Args(1, 1, 16, 1, 7 + i), &single);
+    single.Wait();
+    ASSERT_TRUE(single.status.ok()) << single.status;
+    EXPECT_TRUE(single.result.choices.empty()) << "one choice: the plain result";
+    alone.push_back(single.Ids(0));
+    EXPECT_EQ(together.Ids(i), alone.back()) << "choice " << i << " draws as a call seeded " << 7 + i;
+  }
+  EXPECT_FALSE(alone[0] == alone[1] && alone[1] == alone[2]) << "the seeds chosen here draw different texts";
+  Call again;
+  Start(Args(3, 3, 16, 1, 7), &again);
+  again.Wait();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(again.Ids(i), together.Ids(i));
+}
+
+TEST_F(ChoicesTest, BestOfKeepsTheNWithTheHighestTotalLogProbBestFirst) {
+  Make();
+  // Each candidate as a call of its own: choice i of a seeded call draws as one seeded seed + i.
+  std::vector<std::pair<double, std::vector<int>>> candidates;
+  for (int i = 0; i < 4; ++i) {
+    Call single;
+    Start(Args(1, 1, 12, 1, 5 + i), &single);
+    single.Wait();
+    ASSERT_TRUE(single.status.ok()) << single.status;
+    candidates.emplace_back(single.Logprob(0), single.Ids(0));
+  }
+  std::vector<size_t> best = {0, 1, 2, 3};
+  std::stable_sort(best.begin(), best.end(),
+                   [&](size_t a, size_t b) { return candidates[a].first > candidates[b].first; });
+  ASSERT_NE(candidates[best[1]].first, candidates[best[2]].first) << "a tie at the cut: pick other seeds";
+  Call call;
+  Start(Args(/*n=*/2, /*best_of=*/4, 12, 1, 5), &call);
+  call.Wait();
+  ASSERT_TRUE(call.status.ok()) << call.status;
+  ASSERT_EQ(call.result.choices.size(), 2u);
+  EXPECT_EQ(call.Ids(0), candidates[best[0]].second);
+  EXPECT_EQ(call.Ids(1), candidates[best[1]].second);
+  EXPECT_TRUE(call.Ids(2).empty()) << "the others never reach the transport";
+  EXPECT_EQ(call.result.generated_tokens, 4 * 12) << "every candidate's tokens are counted";
+  EXPECT_TRUE(NoSessionLeft());
+}
+
+TEST_F(ChoicesTest, ACopyTheTableRefusesFailsTheCallOnceAndLeavesNoSession) {
+  SessionTableConfig config;
+  config.max_sessions_per_principal = 2;  // each choice is a session
+  Make(config);
+  Call call;
+  Start(Args(3, 3, 4), &call);
+  call.Wait();
+  EXPECT_TRUE(absl::IsResourceExhausted(call.status)) << call.status;
+  EXPECT_TRUE(NoSessionLeft());
+  Call fits;  // two choices fit
+  Start(Args(2, 2, 4), &fits);
+  fits.Wait();
+  EXPECT_TRUE(fits.status.ok()) << fits.status;
+  EXPECT_EQ(call.Dones(), 1);
+}
+
+TEST_F(ChoicesTest, ACancelEndsEveryChoiceAndTheCallIsAnsweredOnce) {
+  Make();
+  Call call;
+  std::shared_ptr<JobControl> control = core_->NewJobControl();
+  Start(Args(3, 3, 4000), &call, control);
+  ASSERT_TRUE(call.first_token.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  control->Cancel();
+  call.Wait();
+  ASSERT_TRUE(call.status.ok()) << call.status;
+  ASSERT_EQ(call.result.choices.size(), 3u);
+  for (const ChoiceEnd& c : call.result.choices) {
+    EXPECT_EQ(c.finish, Finish::kCancelled) << c.index;
+    EXPECT_LT(c.generated_tokens, 4000) << c.index;
+  }
+  EXPECT_EQ(call.Dones(), 1);
+  EXPECT_TRUE(NoSessionLeft());
+}
+
+TEST_F(ChoicesTest, ACallWithNothingToFeedIsRefusedBeforeAnyJob) {
+  Make();
+  Call call;
+  GenerateArgs args = Args(2, 2, 4);
+  args.spec.input.clear();
+  Start(std::move(args), &call);
+  call.Wait();
+  EXPECT_TRUE(absl::IsInvalidArgument(call.status)) << call.status;
+  EXPECT_EQ(FedTokens(), 0);
+  EXPECT_TRUE(NoSessionLeft());
+}
+
+}  // namespace
+}  // namespace txl

@@ -102,8 +102,9 @@ void ChoiceSet::Finish(Actions& out) {
   r.input_tokens = input_tokens_;
   for (const Candidate& c : candidates_) r.generated_tokens += c.end.generated_tokens;
   r.times.queue_seconds = times_.queue_seconds;
-  r.times.first_token_seconds = first_token_seconds_.value_or(0);
   r.times.total_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+  // Held for best_of, the first token reaches the transport only now.
+  r.times.first_token_seconds = best_of_ > n_ ? r.times.total_seconds : first_token_seconds_.value_or(0);
   for (int j = 0; j < static_cast<int>(order.size()); ++j) {
     Candidate& c = candidates_[static_cast<size_t>(order[static_cast<size_t>(j)])];
     for (auto& [events, position] : c.held) {

@@ -43,6 +43,7 @@ void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool
 void ServiceCore::GenerateChoices(const std::string& principal, GenerateArgs args, std::shared_ptr<JobControl> control,
                                   GenerateCallbacks callbacks) const {
   const int count = args.best_of;
+  args.spec.call_start = absl::Now();  // each choice's time to its first token counts from here
   auto set = std::make_shared<ChoiceSet>(args.n, count, std::move(callbacks), [control] { control->Cancel(); });
   auto refuse = [&](absl::Status s) { set->Fail(0, std::move(s)); };
   if (!args.session_id.empty()) {  // request validation refuses it; a Converse turn's own session too

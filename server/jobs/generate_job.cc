@@ -11,6 +11,7 @@ namespace txl {
 GenerateJob::GenerateJob(SessionLease lease, GenerateSpec spec, GenerateCallbacks callbacks)
     : FeedJob(std::move(lease), spec.input),
       spec_(std::move(spec)),
+      started_(spec_.call_start == absl::InfinitePast() ? submitted : spec_.call_start),
       callbacks_(std::move(callbacks)),
       sampler_(spec_.sampling, std::random_device{}()),
       text_(spec_.stop_sequences) {}
@@ -121,12 +122,12 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     o->OnTokensGenerated(1);
     if (lease.model != nullptr) o->OnModelTokenGenerated(lease.model->ref());
     if (generated_tokens_ == 0) {
-      o->OnFirstToken(SecondsSince(submitted));
+      o->OnFirstToken(SecondsSince(started_));
     } else {
       o->OnInterTokenGap(absl::ToDoubleSeconds(now - last_token_at_));
     }
   }
-  if (generated_tokens_ == 0) times.first_token_seconds = SecondsSince(submitted);
+  if (generated_tokens_ == 0) times.first_token_seconds = SecondsSince(started_);
   last_token_at_ = now;
   decoding_ = true;
   last_ = token;

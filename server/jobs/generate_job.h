@@ -35,6 +35,7 @@ class GenerateJob final : public FeedJob {
 
  private:
   GenerateSpec spec_;
+  const absl::Time started_;  // what the time to its first token counts from
   GenerateCallbacks callbacks_;
   // How it ended: set when a step ends it, else by Settle (a cancel, a
   // stall, or an error before the end).

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "server/sampling/sampler.h"
 
 namespace txl {
@@ -21,6 +22,10 @@ struct GenerateSpec {
   // The input's log-probs too (GeneratedTokenEvent::echo): the whole input
   // is fed, never a cached or bounded start.
   bool echo = false;
+  // A choice of a call with several (ServiceCore::Generate's n): when the
+  // call began, which its time to the first token counts from (its job
+  // starts once the prompt is fed). InfinitePast: the job's submission.
+  absl::Time call_start = absl::InfinitePast();
 };
 
 }  // namespace txl

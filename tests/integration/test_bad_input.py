@@ -235,6 +235,14 @@ class BadInputTest(unittest.TestCase):
         self.expect("converse: bad turn", "Converse", Gen(session_id=C, input=text("a"), logprobs=99), INVALID,
                     "logprobs")
         self.expect("converse: throw-away turn without input", "Converse", Gen(max_new_tokens=1), INVALID, "input")
+        # Several choices: only without a session, within --max_n, best_of from n; a Converse turn
+        # continues a session, so never there.
+        self.expect("n with a session", "Generate", gen(n=2), INVALID, "n: several choices need a request without")
+        self.expect("n over max_n", "Generate", Gen(input=text("a"), n=17), INVALID, "n: must be in [1, 16]")
+        self.expect("n negative", "Generate", Gen(input=text("a"), n=-1), INVALID, "n: must be in")
+        self.expect("best_of under n", "Generate", Gen(input=text("a"), n=3, best_of=2), INVALID, "best_of: must be")
+        self.expect("best_of with echo", "Generate", Gen(input=text("a"), best_of=2, echo=True), INVALID, "best_of")
+        self.expect("converse: n", "Converse", Gen(input=text("a"), n=2), INVALID, "n: a Converse turn")
         self.assertGreaterEqual(self.cases, 30)
 
     def test_2_busy_session(self):

@@ -110,6 +110,72 @@ class HttpTest(unittest.TestCase):
             self.assertEqual(stopped["choices"][0]["finish_reason"], "stop")
             self.assertEqual(stopped["choices"][0]["text"], choice["text"][:4])
 
+    def test_n_choices_whole_streamed_and_best_of(self):
+        """n choices of one prompt: choice i draws as a call seeded seed + i, streamed events carry their
+        index, usage counts the prompt once; best_of keeps the n highest total log-probs, best first."""
+        req = {"prompt": "Hello there", "max_tokens": 10, "temperature": 1, "seed": 42, "logprobs": 0}
+
+        def alone(seed):
+            status, body, _ = self.http.json("POST", "/v1/completions", dict(req, seed=seed))
+            self.assertEqual(status, 200, body)
+            lp = body["choices"][0]["logprobs"]["token_logprobs"]
+            return body["choices"][0]["text"], sum(lp)
+
+        singles = [alone(42 + i) for i in range(3)]
+        status, whole, _ = self.http.json("POST", "/v1/completions", dict(req, n=3))
+        self.assertEqual(status, 200, whole)
+        self.assertEqual([c["index"] for c in whole["choices"]], [0, 1, 2])
+        self.assertEqual([c["text"] for c in whole["choices"]], [t for t, _ in singles])
+        self.assertEqual([c["finish_reason"] for c in whole["choices"]], ["length"] * 3)
+        self.assertEqual(whole["usage"], {"prompt_tokens": 11, "completion_tokens": 30, "total_tokens": 41})
+        self.assertEqual(len({t for t, _ in singles}), 3, "the seeds chosen draw three texts")
+
+        status, events, raw = self.http.stream("/v1/completions", dict(req, n=3, stream=True,
+                                                                        stream_options={"include_usage": True}))
+        self.assertEqual(status, 200, raw)
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(events[-2]["usage"], whole["usage"])
+        texts, finishes = {}, {}
+        for e in events[:-2]:
+            (c,) = e["choices"]
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+            if c["finish_reason"]:
+                self.assertNotIn(c["index"], finishes, "one finish per choice")
+                finishes[c["index"]] = c["finish_reason"]
+        self.assertEqual(texts, {i: c["text"] for i, c in enumerate(whole["choices"])})
+        self.assertEqual(finishes, {0: "length", 1: "length", 2: "length"})
+        order = [e["choices"][0]["index"] for e in events[:-2]]
+        self.assertNotEqual(order, sorted(order), "the choices' events interleave")
+
+        status, best, _ = self.http.json("POST", "/v1/completions", dict(req, n=2, best_of=3))
+        self.assertEqual(status, 200, best)
+        ranked = sorted(singles, key=lambda s: -s[1])
+        self.assertEqual([c["text"] for c in best["choices"]], [t for t, _ in ranked[:2]])
+        self.assertEqual(best["usage"]["completion_tokens"], 30, "every candidate's tokens count")
+
+        status, chat, _ = self.http.json("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "n": 2, "temperature": 1,
+            "seed": 3})
+        self.assertEqual(status, 200, chat)
+        self.assertEqual([c["index"] for c in chat["choices"]], [0, 1])
+        self.assertEqual(chat["usage"]["completion_tokens"], 10)
+
+        # gRPC: the same choices, each response marked with its index; each choice's last response
+        # has its finish_reason, and the call's last the usage.
+        with grpc.insecure_channel(self.server.address) as channel:
+            stub = txl_pb2_grpc.TransformerXLStub(channel)
+            responses = list(stub.Generate(txl_pb2.GenerateRequest(
+                input=txl_pb2.Input(text="Hello there"), max_new_tokens=10, n=3,
+                sampling=txl_pb2.SamplingParams(temperature=1, seed=42))))
+        got = {}
+        for r in responses:
+            got[r.index] = got.get(r.index, "") + r.text
+        self.assertEqual(got, texts)
+        finals = [r for r in responses if r.finish_reason]
+        self.assertEqual(sorted(r.index for r in finals), [0, 1, 2])
+        self.assertEqual([r.HasField("usage") for r in responses], [False] * (len(responses) - 1) + [True])
+        self.assertEqual((responses[-1].usage.input_tokens, responses[-1].usage.generated_tokens), (11, 30))
+
     def test_session_continuation_feeds_only_new_text(self):
         status, s, _ = self.http.json("POST", "/v1/sessions", {"labels": {"who": "test"}})
         self.assertEqual(status, 200, s)
@@ -163,7 +229,14 @@ class HttpTest(unittest.TestCase):
             ("POST", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
             ("POST", "/v1/completions", {"prompt": {"text": "x"}}, 400, "prompt"),
             ("POST", "/v1/completions", {"prompt": [1, -2]}, 400, "prompt"),
-            ("POST", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+            ("POST", "/v1/completions", {"prompt": "x", "n": 2, "session_id": sid}, 400, "n"),  # one history
+            ("POST", "/v1/completions", {"prompt": "x", "n": 17}, 400, "n"),  # over --max_n
+            ("POST", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
+            ("POST", "/v1/completions", {"prompt": "x", "n": 2, "echo": True}, 400, "n"),
+            ("POST", "/v1/completions", {"prompt": "x", "n": 2, "best_of": 1}, 400, "best_of"),
+            ("POST", "/v1/completions", {"prompt": "x", "best_of": 2, "stream": True}, 400, "best_of"),
+            ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400,
+             "best_of"),
             ("POST", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
             ("POST", "/v1/completions", {"prompt": "x", "max_tokens": -5}, 400, "max_tokens"),
             ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),

@@ -142,9 +142,37 @@ class SdkTest(unittest.TestCase):
             self.complete(prompt="x", max_tokens=0)
         self.assertEqual(caught.exception.param, "max_tokens")
 
+    def test_n_and_best_of(self):
+        # n choices of one prompt, each drawn as a call seeded seed + i; usage counts the prompt once.
+        kw = {"prompt": PROMPT, "max_tokens": 20, "temperature": 1, "seed": 21}
+        singles = [self.complete(**dict(kw, seed=21 + i, logprobs=0)).choices[0] for i in range(3)]
+        three = self.complete(**kw, n=3)
+        self.assertEqual([c.index for c in three.choices], [0, 1, 2])
+        self.assertEqual([c.text for c in three.choices], [c.text for c in singles])
+        self.assertEqual((three.usage.prompt_tokens, three.usage.completion_tokens), (6, 60))
+        texts = {}
+        for chunk in self.complete(**kw, n=3, stream=True):
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+        self.assertEqual(texts, {i: c.text for i, c in enumerate(three.choices)})
+        # best_of: the n with the highest total log-prob, best first; every candidate's tokens billed.
+        best = self.complete(**kw, n=2, best_of=3)
+        ranked = sorted(singles, key=lambda c: -sum(c.logprobs.token_logprobs))
+        self.assertEqual([c.text for c in best.choices], [c.text for c in ranked[:2]])
+        self.assertEqual(best.usage.completion_tokens, 60)
+        chat = self.chat(max_tokens=6, n=2, temperature=1, seed=4)
+        self.assertEqual([c.index for c in chat.choices], [0, 1])
+        self.assertTrue(all(c.message.role == "assistant" for c in chat.choices))
+        # A session has one history: several choices on it are refused, naming n.
+        session = self.client.post("/sessions", body={}, cast_to=object)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(prompt="x", n=2, extra_body={"session_id": session["id"]})
+        self.assertEqual(caught.exception.param, "n")
+        self.assertEqual(self.client.get("/sessions/" + session["id"], cast_to=object)["position"], 0)
+
     def test_refusals_surface_as_the_sdks_exceptions(self):
         with self.assertRaises(openai.BadRequestError) as caught:
-            self.complete(prompt="x", n=2)
+            self.complete(prompt="x", n=99)
         self.assertEqual(caught.exception.status_code, 400)
         self.assertEqual(caught.exception.param, "n")
         with self.assertRaises(openai.BadRequestError) as caught:

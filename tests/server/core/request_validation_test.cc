@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace txl {
@@ -55,6 +56,42 @@ TEST(RequestValidationTest, GeneratingNothingIsOnlyForEcho) {
   EXPECT_EQ(Validator().Spec(req).status().message(),
             absl::StrCat("max_new_tokens: must be in [1, ", RequestLimits{}.max_new_tokens,
                          "] (0: 16; -1: none, with echo), got -2"));
+}
+
+// n and best_of: 0 means 1 and n; several choices only without a session
+// (and its metadata), never with echo, and at most max_n.
+TEST(RequestValidationTest, ChoicesAreBoundedAndStateless) {
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("ab");
+  auto args = Validator().Generate(req, nullptr);
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->n, 1);
+  EXPECT_EQ(args->best_of, 1);
+  req.set_n(3);
+  args = Validator().Generate(req, nullptr);
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->n, 3);
+  EXPECT_EQ(args->best_of, 3);
+  req.set_best_of(RequestLimits{}.max_n);
+  EXPECT_TRUE(Validator().Generate(req, nullptr).ok());
+  req.set_best_of(RequestLimits{}.max_n + 1);
+  EXPECT_EQ(Validator().Generate(req, nullptr).status().message(),
+            absl::StrCat("best_of: must be in [n, 16] = [3, 16] (0: n), got ", RequestLimits{}.max_n + 1));
+  req.set_best_of(2);
+  EXPECT_TRUE(absl::StartsWith(Validator().Generate(req, nullptr).status().message(), "best_of: must be in [n"));
+  req.set_best_of(0);
+  req.set_n(-1);
+  EXPECT_EQ(Validator().Generate(req, nullptr).status().message(), "n: must be in [1, 16] (0: 1), got -1");
+  req.set_n(2);
+  const std::string session = "0123456789abcdef0123456789abcdef";
+  auto with_session = Validator().Generate(req, &session);  // the txl-session-id metadata
+  EXPECT_TRUE(absl::StartsWith(with_session.status().message(), "n: several choices need a request without a session"))
+      << with_session.status();
+  req.set_n(1);
+  req.set_best_of(2);
+  req.set_echo(true);
+  EXPECT_EQ(Validator().Generate(req, nullptr).status().message(),
+            "best_of: not with echo (ask for the prompt's log-probs alone)");
 }
 
 // A top-k of the vocabulary or more limits nothing; left as it is, it would

@@ -150,6 +150,13 @@ TEST(OpenAiJsonTest, TheServicesRefusalsNameTheFieldTheClientSent) {
        "top_logprobs: must be in [0, 20], got 21"},
       {R"({"prompt": "x", "stop": ["a", ""]})", false, "stop", "stop[1]: must not be empty"},
       {R"({"prompt": [1, 300]})", false, "prompt", "prompt[1]: 300 is outside [0, 256)"},
+      {R"({"prompt": "x", "n": 17})", false, "n", "n: must be in [1, 16], got 17"},
+      {R"({"prompt": "x", "n": 2, "best_of": 17})", false, "best_of", "best_of: must be in [n, 16] = [2, 16], got 17"},
+      {R"({"prompt": "x", "n": 2, "session_id": "0123456789abcdef0123456789abcdef"})", false, "n",
+       "n: several choices need a request without a session: a session has one history, and each choice would "
+       "continue it differently (fork the session once per choice instead)"},
+      {R"({"prompt": "x", "best_of": 3, "echo": true})", false, "best_of",
+       "best_of: not with echo (ask for the prompt's log-probs alone)"},
   };
   for (const Case& c : cases) {
     const HttpError e = ServiceRefusal(c.body, c.chat);
@@ -157,6 +164,73 @@ TEST(OpenAiJsonTest, TheServicesRefusalsNameTheFieldTheClientSent) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_EQ(e.message, c.message) << c.body;
   }
+}
+
+// n and best_of reach the request; what OpenAI refuses is a 400 naming the field.
+TEST(OpenAiJsonTest, NAndBestOfReachTheRequest) {
+  HttpError e;
+  auto p = ParseCompletion(R"({"prompt": "x", "n": 2, "best_of": 5})", "", &e);
+  ASSERT_TRUE(p.ok()) << e.message;
+  EXPECT_EQ(p->request.n(), 2);
+  EXPECT_EQ(p->request.best_of(), 5);
+  p = ParseCompletion(R"({"prompt": "x", "n": 3, "stream": true})", "", &e);
+  ASSERT_TRUE(p.ok()) << e.message;
+  EXPECT_EQ(p->request.n(), 3);
+  EXPECT_EQ(p->request.best_of(), 0) << "absent: the service's n";
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"prompt": "x", "n": 0})", "n"},
+      {R"({"prompt": "x", "n": 3, "best_of": 2})", "best_of"},
+      {R"({"prompt": "x", "n": 2, "best_of": 3, "stream": true})", "best_of"},  // the best are known at the end
+  };
+  for (const auto& [body, field] : refused) {
+    const Refusal r = Completion(body);
+    ASSERT_TRUE(r.refused) << body;
+    EXPECT_EQ(r.error.param, field) << body;
+  }
+  EXPECT_FALSE(Completion(R"({"prompt": "x", "n": 2, "best_of": 2, "stream": true})").refused);
+  EXPECT_FALSE(ParseChat(R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 2})", "", &e).ok());
+  EXPECT_EQ(e.param, "best_of");
+  auto chat = ParseChat(R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", "", &e);
+  ASSERT_TRUE(chat.ok()) << e.message;
+  EXPECT_EQ(chat->completion.request.n(), 2);
+}
+
+// Each choice's responses gather under its index; the usage is the call's.
+TEST(OpenAiJsonTest, ChoicesRenderByIndex) {
+  CompletionResult r;
+  auto response = [](int index, const std::string& text, v1::FinishReason finish) {
+    v1::GenerateResponse g;
+    g.set_index(index);
+    g.set_text(text);
+    g.add_tokens()->set_text(text);
+    g.set_finish_reason(finish);
+    return g;
+  };
+  r.Add(response(1, "b", v1::FINISH_REASON_UNSPECIFIED));
+  r.Add(response(0, "a", v1::FINISH_REASON_UNSPECIFIED));
+  r.Add(response(1, "B", v1::FINISH_REASON_STOP_SEQUENCE));
+  v1::GenerateResponse last = response(0, "A", v1::FINISH_REASON_LENGTH);
+  last.mutable_usage()->set_input_tokens(4);
+  last.mutable_usage()->set_generated_tokens(9);
+  r.Add(last);
+  const CompletionId id{"cmpl-1", 1, "m"};
+  const nlohmann::json body = nlohmann::json::parse(CompletionBody(id, r, /*logprobs=*/true));
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][0]["index"], 0);
+  EXPECT_EQ(body["choices"][0]["text"], "aA");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["text"], "bB");
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(body["choices"][1]["logprobs"]["text_offset"], nlohmann::json::array({0, 1})) << "each choice's own";
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(body["usage"]["total_tokens"], 13);
+  const nlohmann::json chat = nlohmann::json::parse(ChatBody(id, r, false));
+  EXPECT_EQ(chat["choices"][1]["message"]["content"], "bB");
+  const std::string chunk = ChatChunk(id, response(1, "z", v1::FINISH_REASON_UNSPECIFIED), false, true, "");
+  const nlohmann::json event = nlohmann::json::parse(chunk.substr(6));  // after "data: "
+  EXPECT_EQ(event["choices"][0]["index"], 1);
+  EXPECT_EQ(event["choices"][0]["delta"]["role"], "assistant");
 }
 
 TEST(OpenAiJsonTest, OtherRefusalsKeepTheirMessageAndNameNoField) {

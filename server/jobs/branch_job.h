@@ -34,10 +34,7 @@ class BranchJob final : public FeedJob {
 
   void Run(JobRunner& runner) override;
   Answer TakeAnswer() override;
-  size_t prefill_left() const override {
-    const size_t total = feed.empty() ? 0 : feed.size() - 1;
-    return total > fed ? total - fed : 0;
-  }
+  size_t prefill_left() const override { return LeftBeforeLast(); }
   StepInput Row(size_t n) override;
   void TakeOutput(JobRunner& runner, StepOutput& out, size_t n) override;
   void Settle(const absl::Status& status) override;

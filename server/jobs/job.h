@@ -110,6 +110,12 @@ class FeedJob : public Job {
   // The history tokens the job added at positions [from, to): its input, then what it sampled.
   std::vector<int> Added(int64_t from, int64_t to) const;
   StepInput Slice(size_t n) const;  // feed[fed, fed + n)
+  // What is left to feed of all but the last token (which stays pending):
+  // the prefill_left of the kinds that predict nothing past their input.
+  size_t LeftBeforeLast() const {
+    const size_t total = feed.empty() ? 0 : feed.size() - 1;
+    return total > fed ? total - fed : 0;
+  }
   // The log-probs a row of feed[fed, fed + n) gave its targets (each fed
   // token's next), appended for the input tokens they score (a session's
   // first token: none); before `fed` moves on. Score's, and Generate's echo.

@@ -52,14 +52,14 @@ int64_t Scheduler::queue_depth() const {
   return static_cast<int64_t>(queue_.size());
 }
 
-absl::StatusOr<std::shared_ptr<Job>> Scheduler::Enqueue(std::shared_ptr<Job> job) {
+absl::StatusOr<std::shared_ptr<Job>> Scheduler::Enqueue(std::shared_ptr<Job> job, bool admitted) {
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     const int max_queue = runner_.config().max_queue;
-    if (draining_) {
+    if (draining_ && !admitted) {
       refused = absl::UnavailableError("the server is shutting down");
-    } else if (static_cast<int64_t>(queue_.size()) >= max_queue) {
+    } else if (static_cast<int64_t>(queue_.size()) >= max_queue && !admitted) {
       refused = absl::ResourceExhaustedError(absl::StrCat("the request queue is full (max_queue=", max_queue, ")"));
     } else {
       queue_.push_back(job);
@@ -94,6 +94,12 @@ absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitScore(SessionLease lease, 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitBranch(SessionLease lease, std::vector<int> input, int copies,
                                                              BranchDone done) {
   return EnqueueWritable(std::make_shared<BranchJob>(std::move(lease), input, copies, std::move(done)));
+}
+
+std::shared_ptr<Job> Scheduler::SubmitChoice(SessionLease lease, GenerateSpec spec, GenerateCallbacks callbacks) {
+  // Never refused: a throw-away session is never journaled, and its call was admitted.
+  return *Enqueue(std::make_shared<GenerateJob>(std::move(lease), std::move(spec), std::move(callbacks)),
+                  /*admitted=*/true);
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Scheduler::SubmitFork(SessionLease source, absl::Duration idle_ttl,

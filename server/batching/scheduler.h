@@ -78,6 +78,10 @@ class Scheduler {
   // or give back.
   absl::StatusOr<std::shared_ptr<Job>> SubmitBranch(SessionLease lease, std::vector<int> input, int copies,
                                                     BranchDone done);
+  // One choice of a call whose prompt BranchJob fed: part of a request
+  // already admitted, so neither draining nor --max_queue refuses it (the
+  // call was counted once, when it was queued). A throw-away session only.
+  std::shared_ptr<Job> SubmitChoice(SessionLease lease, GenerateSpec spec, GenerateCallbacks callbacks);
   // `position` 0: the source as it is; else as it was there (RewindJob's rules).
   absl::StatusOr<std::shared_ptr<Job>> SubmitFork(SessionLease source, absl::Duration idle_ttl,
                                                   std::map<std::string, std::string> labels, int64_t position,
@@ -107,7 +111,9 @@ class Scheduler {
   int64_t active() const { return runner_.active.load(); }
 
  private:
-  absl::StatusOr<std::shared_ptr<Job>> Enqueue(std::shared_ptr<Job> job);
+  // `admitted`: part of a request already queued once (SubmitChoice): no
+  // draining or max_queue refusal.
+  absl::StatusOr<std::shared_ptr<Job>> Enqueue(std::shared_ptr<Job> job, bool admitted = false);
   // Refuses a change to a journaled session the state store cannot take, giving the lease back.
   absl::StatusOr<std::shared_ptr<Job>> EnqueueWritable(std::shared_ptr<Job> job);
   void Loop();

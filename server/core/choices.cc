@@ -1,6 +1,7 @@
 #include "server/core/choices.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace txl {
@@ -32,7 +33,8 @@ void ChoiceSet::Tokens(int index, std::vector<GeneratedTokenEvent> events, int64
   {
     absl::MutexLock lock(&mu_);
     Candidate& c = candidates_[static_cast<size_t>(index)];
-    for (const GeneratedTokenEvent& e : events) c.logprob += e.logprob;
+    // A NaN (a broken row) ranks last rather than breaking the sort's order.
+    for (const GeneratedTokenEvent& e : events) c.logprob += std::isnan(e.logprob) ? -INFINITY : e.logprob;
     if (!first_token_seconds_) first_token_seconds_ = absl::ToDoubleSeconds(absl::Now() - start_);
     if (best_of_ > n_) {  // which ones go out is known only at the end
       c.held.emplace_back(std::move(events), position);
@@ -62,7 +64,7 @@ void ChoiceSet::Ended(int index, absl::Status status, GenerateResult result) {
   for (auto& a : actions) a();
 }
 
-void ChoiceSet::Fail(int first_not_started, absl::Status status) {
+void ChoiceSet::Fail(absl::Status status) {
   Actions actions;
   bool failed = false;
   {
@@ -71,7 +73,7 @@ void ChoiceSet::Fail(int first_not_started, absl::Status status) {
       status_ = std::move(status);
       failed = true;
     }
-    for (int i = first_not_started; i < best_of_; ++i) {
+    for (int i = 0; i < best_of_; ++i) {
       Candidate& c = candidates_[static_cast<size_t>(i)];
       if (c.ended) continue;
       c.ended = true;

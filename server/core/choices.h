@@ -36,9 +36,9 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
   void Branched(int64_t input_tokens, const JobTimes& times);
   // Candidate `index`'s callbacks, for its GenerateJob.
   GenerateCallbacks For(int index);
-  // The call failed before its choices could all start; each candidate not
-  // started yet ends with `status` (those started end as their jobs do).
-  void Fail(int first_not_started, absl::Status status);
+  // The call failed before its choices started (a refusal, or the prompt's
+  // feed failed): on_done gets `status`.
+  void Fail(absl::Status status);
 
  private:
   struct Candidate {

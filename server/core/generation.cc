@@ -10,6 +10,16 @@
 
 namespace txl {
 
+namespace {
+
+// Choice i's seed: seed + i, skipping 0 (a fresh random seed) when it wraps.
+uint64_t ChoiceSeed(uint64_t seed, int i) {
+  const uint64_t s = seed + static_cast<uint64_t>(i);
+  return s < seed ? s + 1 : s;
+}
+
+}  // namespace
+
 void ServiceCore::Generate(const std::string& principal, GenerateArgs args, bool adopt,
                            std::shared_ptr<JobControl> control, GenerateCallbacks callbacks) const {
   if (args.best_of > 1) {
@@ -45,7 +55,7 @@ void ServiceCore::GenerateChoices(const std::string& principal, GenerateArgs arg
   const int count = args.best_of;
   args.spec.call_start = absl::Now();  // each choice's time to its first token counts from here
   auto set = std::make_shared<ChoiceSet>(args.n, count, std::move(callbacks), [control] { control->Cancel(); });
-  auto refuse = [&](absl::Status s) { set->Fail(0, std::move(s)); };
+  auto refuse = [&](absl::Status s) { set->Fail(std::move(s)); };
   if (!args.session_id.empty()) {  // request validation refuses it; a Converse turn's own session too
     return refuse(absl::InvalidArgumentError("n: several choices need a request without a session"));
   }
@@ -56,25 +66,20 @@ void ServiceCore::GenerateChoices(const std::string& principal, GenerateArgs arg
   // of the session, with its own seed stream, from the prompt's last token.
   auto branched = [this, set, control, spec = args.spec, count](absl::StatusOr<Branches> b) {
     control->Detach();
-    if (!b.ok()) return set->Fail(0, b.status());
+    if (!b.ok()) return set->Fail(b.status());
     set->Branched(b->input_tokens, b->times);
     for (int i = 0; i < count; ++i) {
       GenerateSpec choice = spec;
       choice.input.clear();  // the pending token
-      if (spec.sampling.seed != 0) choice.sampling.seed = spec.sampling.seed + static_cast<uint64_t>(i);
+      if (spec.sampling.seed != 0) choice.sampling.seed = ChoiceSeed(spec.sampling.seed, i);
       std::shared_ptr<JobControl> child = control->AddChild();
       GenerateCallbacks cb = set->For(i);
       cb.on_done = [child, done = std::move(cb.on_done)](absl::Status status, GenerateResult result) {
         child->Detach();
         done(std::move(status), std::move(result));
       };
-      auto job = scheduler->SubmitGenerate(std::move(b->leases[static_cast<size_t>(i)]), std::move(choice), cb);
-      if (!job.ok()) {
-        // The refused one was given back; those not submitted yet go back here.
-        for (int k = i + 1; k < count; ++k) table->GiveBack(std::move(b->leases[static_cast<size_t>(k)]), absl::Now());
-        return set->Fail(i, job.status());
-      }
-      child->Attach(*std::move(job));
+      // Part of a call already admitted: neither a drain nor a full queue refuses it.
+      child->Attach(scheduler->SubmitChoice(std::move(b->leases[static_cast<size_t>(i)]), std::move(choice), cb));
     }
   };
   auto job = scheduler->SubmitBranch(*std::move(lease), args.spec.input, count - 1, std::move(branched));

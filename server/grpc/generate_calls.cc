@@ -69,16 +69,16 @@ class ConverseCall final : public StreamingCall<grpc::ServerBidiReactor<v1::Gene
 
  private:
   absl::Status Turn() {
+    if (request_.n() > 1 || request_.best_of() > 1) {  // before the stream's session is named in it
+      return absl::InvalidArgumentError(absl::StrCat(request_.n() > 1 ? "n" : "best_of",
+                                                     ": a Converse turn continues the stream's session; ask for "
+                                                     "several choices with Generate"));
+    }
     // A turn naming no session continues the stream's own, on its version.
     if (request_.session_id().empty() && !stream_session_.empty() && !ServiceContext::MetadataSessionId(ctx_)) {
       request_.set_session_id(stream_session_);
     }
     ASSIGN_OR_RETURN(GenerateArgs args, c_->ValidGenerate(ctx_, principal_, request_));
-    if (args.best_of > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(args.n > 1 ? "n" : "best_of",
-                                                     ": a Converse turn continues the stream's session; ask for "
-                                                     "several choices with Generate"));
-    }
     std::string session = args.session_id;
     if (session.empty()) {
       ASSIGN_OR_RETURN(stream_session_, c_->NewStreamSession(principal_, args.model));

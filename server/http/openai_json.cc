@@ -330,9 +330,9 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
     }
   }
   if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
-    if (chat) return fail(Bad("best_of", "'best_of' is for /v1/completions (chat has n alone)"));
     int64_t best_of = 0;
     if (!IntField(j, "best_of", 1, std::numeric_limits<int32_t>::max(), &best_of, error)) return false;
+    if (chat && best_of != 1) return fail(Bad("best_of", "'best_of' is for /v1/completions (chat has n alone)"));
     if (best_of < n) return fail(Bad("best_of", absl::StrCat("'best_of' must be at least n (", n, "), got ", best_of)));
     r.set_best_of(static_cast<int32_t>(best_of));
   }

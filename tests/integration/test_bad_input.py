@@ -243,6 +243,8 @@ class BadInputTest(unittest.TestCase):
         self.expect("best_of under n", "Generate", Gen(input=text("a"), n=3, best_of=2), INVALID, "best_of: must be")
         self.expect("best_of with echo", "Generate", Gen(input=text("a"), best_of=2, echo=True), INVALID, "best_of")
         self.expect("converse: n", "Converse", Gen(input=text("a"), n=2), INVALID, "n: a Converse turn")
+        self.expect("converse: best_of", "Converse", Gen(session_id=C, input=text("a"), best_of=2), INVALID,
+                    "best_of: a Converse turn")
         self.assertGreaterEqual(self.cases, 30)
 
     def test_2_busy_session(self):

@@ -3,6 +3,7 @@
 // once, each choice's seed stream, best_of's ranking, refusals and cancels.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,9 +73,9 @@ struct Call {
 
 class ChoicesTest : public ::testing::Test {
  protected:
-  void Make(SessionTableConfig table_config = {}) {
+  void Make(SessionTableConfig table_config = {}, SchedulerConfig config = {}) {
     table_ = std::make_unique<SessionTable>(table_config);
-    scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{}, table_.get(), nullptr);
+    scheduler_ = std::make_unique<Scheduler>(config, table_.get(), nullptr);
     scheduler_->Start();
     ServiceParts parts;
     parts.models = models_.get();
@@ -161,6 +162,33 @@ TEST_F(ChoicesTest, EachChoiceDrawsFromItsOwnSeedStreamAndSeededCallsRepeat) {
   Start(Args(3, 3, 16, 1, 7), &again);
   again.Wait();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(again.Ids(i), together.Ids(i));
+}
+
+// A seed whose stream wraps skips 0, which would mean "a fresh random seed".
+TEST_F(ChoicesTest, ASeedStreamThatWrapsStaysSeeded) {
+  Make();
+  const uint64_t last = std::numeric_limits<uint64_t>::max();
+  Call together, after_the_wrap;
+  Start(Args(2, 2, 16, 1, last), &together);
+  Start(Args(1, 1, 16, 1, 1), &after_the_wrap);
+  together.Wait();
+  after_the_wrap.Wait();
+  EXPECT_EQ(together.Ids(1), after_the_wrap.Ids(0));
+}
+
+// Regression: the choices went through the admission of a new request, so
+// a call whose prompt had been fed failed when the queue was full (or the
+// server draining) as they were submitted.
+TEST_F(ChoicesTest, ACallAdmittedOnceIsNotRefusedForItsChoices) {
+  SchedulerConfig config;
+  config.max_queue = 1;  // the call's one place: its BranchJob's
+  Make({}, config);
+  Call call;
+  Start(Args(3, 3, 4), &call);
+  call.Wait();
+  EXPECT_TRUE(call.status.ok()) << call.status;
+  EXPECT_EQ(call.result.choices.size(), 3u);
+  EXPECT_TRUE(NoSessionLeft());
 }
 
 TEST_F(ChoicesTest, BestOfKeepsTheNWithTheHighestTotalLogProbBestFirst) {

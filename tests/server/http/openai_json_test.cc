@@ -190,6 +190,8 @@ TEST(OpenAiJsonTest, NAndBestOfReachTheRequest) {
   EXPECT_FALSE(Completion(R"({"prompt": "x", "n": 2, "best_of": 2, "stream": true})").refused);
   EXPECT_FALSE(ParseChat(R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 2})", "", &e).ok());
   EXPECT_EQ(e.param, "best_of");
+  EXPECT_TRUE(ParseChat(R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 1})", "", &e).ok())
+      << "1, the default some clients send, asks for nothing";
   auto chat = ParseChat(R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", "", &e);
   ASSERT_TRUE(chat.ok()) << e.message;
   EXPECT_EQ(chat->completion.request.n(), 2);

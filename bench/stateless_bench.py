@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""S1, S2: what clients without a session pay, over HTTP, against a txl-server started here.
+"""S1, S2, S3: what clients without a session pay, over HTTP, against a txl-server started here.
 
 S1 (long prompts): streamed completions without a session ("max_tokens": 1, "temperature": 0),
 prompts of --short and --long characters of Shakespeare (default 1,000 and 64,000 characters:
@@ -15,6 +15,12 @@ adding a user message of about 200 characters and --tokens generated ones, two w
   session    the same conversation on a session ("session_id"): the server feeds only the new message.
 The row is each turn's time to the first event, median over --reps conversations; the ratio
 stateless/session of turns 5-8 is what a state cache would bring to 1.
+
+S3 (several choices of one prompt): a completion with "n": --choices (the prompt fed once, its
+state copied per choice) against --choices completions of the same length sent at once on their
+own connections (each feeds its prompt), --choice-prompt characters and --tokens tokens each,
+temperature 1. Each repetition takes fresh prompts, so the state cache helps neither way. The row
+is the median wall time of each way; separate/together is what feeding the prompt once saves.
 
 Standard library only; runs with /usr/bin/python3. Reuses http_bench.py's Client and server start.
 """
@@ -104,6 +110,53 @@ def chat(client, corpus, turns, tokens, stateless, seed):
     return out
 
 
+def choices(host, port, corpus, n, prompt_chars, tokens, reps):
+    """S3: one call with n choices against n calls at once; fresh prompts every time."""
+    import threading
+
+    def prompt(k):
+        start = (k * 7919 * prompt_chars) % (len(corpus) - prompt_chars)
+        return corpus[start:start + prompt_chars]
+
+    def body(k, **kw):
+        return dict({"prompt": prompt(k), "max_tokens": tokens, "temperature": 1, "seed": 1 + k}, **kw)
+
+    clients = [Client(host, port) for _ in range(n)]
+    together, separate, k = [], [], 0
+    try:
+        for _ in range(reps):
+            k += 1
+            t0 = time.perf_counter()
+            out = clients[0].json_call("POST", "/v1/completions", body(k, n=n))
+            together.append(time.perf_counter() - t0)
+            if len(out["choices"]) != n or out["usage"]["completion_tokens"] != n * tokens:
+                raise HarnessError("S3: n=%d answered %d choices, usage %s" % (n, len(out["choices"]), out["usage"]))
+            k += 1
+            errors = []
+
+            def one(c, i, k=k):
+                try:
+                    c.json_call("POST", "/v1/completions", dict(body(k), seed=100 + i))
+                except HarnessError as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=one, args=(c, i)) for i, c in enumerate(clients)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            separate.append(time.perf_counter() - t0)
+            if errors:
+                raise errors[0]
+    finally:
+        for c in clients:
+            c.close()
+    a, b = statistics.median(together), statistics.median(separate)
+    return {"choices": n, "prompt_chars": prompt_chars, "tokens": tokens, "together_ms": 1e3 * a,
+            "separate_ms": 1e3 * b, "ratio": b / a}
+
+
 def main():
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     ap = argparse.ArgumentParser(description="S1, S2: what clients without a session pay (HTTP, a server started "
@@ -116,7 +169,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=32, help="S2's max_tokens per turn")
     ap.add_argument("--reps", type=int, default=5, help="repetitions; rows give the median")
     ap.add_argument("--threads", type=int, default=0, help="txl-server --threads (0: its default)")
-    ap.add_argument("--only", default="S1,S2", help="which: S1, S2 or both")
+    ap.add_argument("--only", default="S1,S2,S3", help="which: S1, S2, S3 (comma-separated)")
+    ap.add_argument("--choices", type=int, default=4, help="S3's n")
+    ap.add_argument("--choice-prompt", type=int, default=2000, help="S3's prompt, in characters")
     ap.add_argument("--flag", action="append", default=[],
                     help="one more txl-server flag, e.g. --flag=--state_cache_budget=0 (repeatable)")
     ap.add_argument("--json", default="", help="write the figures here")
@@ -156,6 +211,11 @@ def main():
                 log("S2 turn %d: stateless %.1f ms, session %.1f ms: %.2fx" % (t + 1, 1e3 * a, 1e3 * b, a / b))
             late = [r["ratio"] for r in rows if r["turn"] >= 5]
             result["S2"] = {"turns": rows, "late_turns_ratio": statistics.median(late) if late else None}
+        if "S3" in args.only:
+            result["S3"] = choices(host, port, corpus, args.choices, args.choice_prompt, args.tokens, args.reps)
+            log("S3: n=%d together %.1f ms, %d calls at once %.1f ms: %.2fx" %
+                (args.choices, result["S3"]["together_ms"], args.choices, result["S3"]["separate_ms"],
+                 result["S3"]["ratio"]))
         client.close()
     except HarnessError as e:
         log("FAILED: %s" % e)

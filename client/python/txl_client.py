@@ -76,9 +76,11 @@ def make_input(text=None, tokens=None):
 
 def make_generate_request(text=None, tokens=None, *, session_id="", max_new_tokens=32, temperature=0.0,
                           top_k=0, top_p=0.0, seed=0, stop_token_ids=(), stop_sequences=(), logprobs=0,
-                          logit_bias=None, presence_penalty=0.0, frequency_penalty=0.0):
+                          logit_bias=None, presence_penalty=0.0, frequency_penalty=0.0, echo=False, n=0, best_of=0):
     """A txl.v1.GenerateRequest. temperature 0 is greedy; seed 0 is random. logit_bias: {token id: bias in
-    [-100, 100]} (-100 bans the token); the penalties are OpenAI's, in [-2, 2]."""
+    [-100, 100]} (-100 bans the token); the penalties are OpenAI's, in [-2, 2]. echo: the input's log-probs
+    too. n > 1: that many choices of one prompt, without a session (each response's `index` names its
+    choice); best_of: the n best of that many candidates."""
     return txl_pb2.GenerateRequest(
         session_id=session_id,
         input=make_input(text, tokens),
@@ -89,6 +91,9 @@ def make_generate_request(text=None, tokens=None, *, session_id="", max_new_toke
         stop_token_ids=list(stop_token_ids),
         stop_sequences=list(stop_sequences),
         logprobs=logprobs,
+        echo=echo,
+        n=n,
+        best_of=best_of,
     )
 
 

@@ -255,6 +255,16 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual([top[0] for _, _, top in draw(2, temperature=0.0)], [i for i, _, _ in greedy],
                          "greedy's token is its first alternative")
 
+    def test_several_choices_by_index(self):
+        texts = {}
+        for r in self.client.generate("once upon a ", max_new_tokens=12, temperature=1.0, seed=5, n=3):
+            texts[r.index] = texts.get(r.index, "") + r.text
+        self.assertEqual(sorted(texts), [0, 1, 2])
+        for i in range(3):  # choice i draws as a call seeded 5 + i
+            alone = "".join(r.text for r in self.client.generate("once upon a ", max_new_tokens=12,
+                                                                 temperature=1.0, seed=5 + i))
+            self.assertEqual(texts[i], alone)
+
     def test_bad_arguments_are_invalid_argument(self):
         with self.assertRaises(grpc.RpcError) as e:
             list(self.client.generate("a", max_new_tokens=1, temperature=-1.0))

@@ -9,13 +9,42 @@
 A test script imports it from its own directory, like txl_procs.
 """
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
 import txl_procs
+
+
+def listen_port():
+    """A free port below the kernel's ephemeral range, so that no process binding port 0 (the
+    replicas and servers of tests running beside this one) can take it before nginx binds it.
+
+    Regression (nginx_affinity in CI): free_port()'s port was taken in that gap by another test's
+    txl-server serving the same tiny model; nginx could not listen and exited, the readiness call
+    was answered by that server, and the test's "proxied" sessions lived there."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    if low <= 11000:
+        return txl_procs.free_port()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return txl_procs.free_port()
 
 
 def render(template, values):
@@ -40,8 +69,8 @@ class NginxProxy:
         os.makedirs(self.run_dir)
         os.chmod(work_dir, 0o755)  # nginx workers may run as another user when we are root
         os.chmod(self.run_dir, 0o777)
-        self.address = f"127.0.0.1:{txl_procs.free_port()}"
-        self.http_address = f"127.0.0.1:{txl_procs.free_port()}"
+        self.address = f"127.0.0.1:{listen_port()}"
+        self.http_address = f"127.0.0.1:{listen_port()}"
         self.access_log = os.path.join(self.run_dir, "access.log")
         with open(conf_template) as f:
             conf = render(f.read(), {
@@ -70,8 +99,10 @@ class NginxProxy:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nginx exited: {self.proc.stdout.read()}")
-            if ready():
-                return self
+            # Ready only once this nginx served the call: its log has it, and it still runs.
+            if ready() and os.path.exists(self.access_log) and os.path.getsize(self.access_log) > 0:
+                if self.proc.poll() is None:
+                    return self
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"nginx did not start proxying within {timeout} s")

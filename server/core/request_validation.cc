@@ -133,7 +133,27 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
         absl::StrCat("logprobs: must be in [0, ", limits_.max_top_logprobs, "], got ", req.logprobs()));
   }
   spec.top_logprobs = req.logprobs();
+  if (!req.grammar().empty()) {
+    ASSIGN_OR_RETURN(spec.grammar, ParseGrammar(req.grammar()));
+  }
   return spec;
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ParseGrammar(const std::string& text) const {
+  if (tokenizer_ == nullptr) return absl::InvalidArgumentError("grammar: no model to check it against");
+  if (tokenizer_->kind() == TokenizerKind::kWord) {
+    return absl::InvalidArgumentError(
+        "grammar: not yet for a word-level model (its words join with spaces); byte- and character-level models "
+        "only");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar, Grammar::Parse(text));
+  const GrammarState start(grammar);
+  for (int id = 0; id < tokenizer_->vocab_size(); ++id) {
+    absl::StatusOr<std::string> piece = tokenizer_->TokenText(id);
+    if (piece.ok() && !piece->empty() && start.Allows(*piece)) return grammar;
+  }
+  return absl::InvalidArgumentError(
+      "grammar: no token of the model's vocabulary can begin it (root's first characters are not in it)");
 }
 
 absl::StatusOr<NewSessionArgs> RequestValidator::CreateSession(const v1::CreateSessionRequest& req,

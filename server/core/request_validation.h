@@ -96,8 +96,11 @@ class RequestValidator {
   // 0: the default; else in [1, max_mem_len].
   absl::StatusOr<int64_t> MemLen(int64_t requested) const;
   // The request's input, max_new_tokens (0: 16, or the limit when less; -1: none, only with
-  // echo), sampling, stop tokens and sequences, logprobs, echo. The session id is not looked at.
+  // echo), sampling, stop tokens and sequences, logprobs, echo, grammar. The session id is not looked at.
   absl::StatusOr<GenerateSpec> Spec(const v1::GenerateRequest& req) const;
+  // A request's grammar (server/sampling/grammar.h), for this model: parsed,
+  // on a byte- or character-level model, and some token can begin it.
+  absl::StatusOr<std::shared_ptr<const Grammar>> ParseGrammar(const std::string& text) const;
 
   // Whole requests, checked in the order the service always has: the
   // request's own fields and the id (field against metadata) as each RPC

@@ -283,6 +283,7 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
                {"input.text", input_field, ""},
                {"input.tokens.ids", input_field, ""},
                {"session_id", "session_id", ""},
+               {"grammar", "grammar", ""},
                {"n", "n", " (0: "},  // 0 is not a client's n
                {"best_of", "best_of", " (0: "}};
   if (!IntField(j, max_tokens_field, 0, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
@@ -318,6 +319,11 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
     } else {
       return fail(Bad("stop", "'stop' must be a string or an array of strings"));
     }
+  }
+  // The constrained-output extension: a grammar the text must follow (as llama.cpp's server names it).
+  if (auto it = j.find("grammar"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return fail(Bad("grammar", "'grammar' must be a string (the grammar's text)"));
+    r.set_grammar(it->get<std::string>());
   }
   if (auto it = j.find("user"); it != j.end() && !it->is_null() && !it->is_string()) {
     return fail(Bad("user", "'user' must be a string"));

@@ -14,7 +14,12 @@ GenerateJob::GenerateJob(SessionLease lease, GenerateSpec spec, GenerateCallback
       started_(spec_.call_start == absl::InfinitePast() ? submitted : spec_.call_start),
       callbacks_(std::move(callbacks)),
       sampler_(spec_.sampling, std::random_device{}()),
-      text_(spec_.stop_sequences) {}
+      text_(spec_.stop_sequences) {
+  if (spec_.grammar) {
+    grammar_.emplace(spec_.grammar);
+    sampler_.AdjustEveryRow();  // each row is masked to what can continue the text
+  }
+}
 
 void GenerateJob::Run(JobRunner& runner) {
   // Request validation refuses a generation with nothing to continue from;
@@ -87,8 +92,24 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   auto logprob_in = [&](const TokenList& list) {
     return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
   };
-  if (whole) {  // the bias and penalties applied; log-probs are the adjusted distribution's
-    const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution);
+  if (whole) {  // the bias, penalties and grammar applied; log-probs are the adjusted distribution's
+    std::vector<bool> allowed;
+    bool any_allowed = false;
+    if (grammar_) {  // the tokens whose text can continue the output
+      const Tokenizer& tokenizer = lease.model->tokenizer();
+      allowed.resize(out.last_distribution.size());
+      for (size_t id = 0; id < allowed.size(); ++id) {
+        absl::StatusOr<std::string> piece = tokenizer.TokenText(static_cast<int>(id));
+        allowed[id] = piece.ok() && !piece->empty() && grammar_->Allows(*piece);
+        any_allowed = any_allowed || allowed[id];
+      }
+      if (!any_allowed) {
+        runner.Finish(*this, absl::FailedPreconditionError(
+                                 "grammar: no token of the model's vocabulary can continue the output here"));
+        return;
+      }
+    }
+    const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution, grammar_ ? &allowed : nullptr);
     ev.id = adjusted.empty() ? -1 : sampler_.Sample(adjusted);
     if (ev.id < 0) {
       runner.Finish(*this, absl::InternalError("generate: the model's distribution holds NaN or +inf"));
@@ -115,6 +136,7 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (spec_.top_logprobs > 0)
     ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
   absl::StatusOr<std::string> bytes = lease.model->tokenizer().TokenText(token);
+  if (grammar_) grammar_->Advance(bytes.ok() ? *bytes : std::string());  // the mask allowed it
   TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());
   ev.text = std::move(text.text);
   const absl::Time now = absl::Now();
@@ -143,7 +165,7 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
       std::find(spec_.stop_token_ids.begin(), spec_.stop_token_ids.end(), token) != spec_.stop_token_ids.end();
   if (text.stopped) {
     finish_ = Finish::kStopSequence;
-  } else if (stop_token) {
+  } else if (stop_token || (grammar_ && grammar_->Complete())) {  // a whole root ends it as a stop token does
     finish_ = Finish::kStopToken;
   } else if (generated_tokens_ >= spec_.max_new_tokens) {
     finish_ = Finish::kLength;

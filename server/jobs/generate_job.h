@@ -15,6 +15,7 @@
 
 #include "server/jobs/generate_spec.h"
 #include "server/jobs/job.h"
+#include "server/sampling/grammar.h"
 #include "server/sampling/sampler.h"
 #include "server/sampling/text_stream.h"
 
@@ -48,6 +49,7 @@ class GenerateJob final : public FeedJob {
   int last_ = -1;          // the last sampled token (unfed)
   absl::Time last_token_at_;
   std::vector<ScoredTokenResult> echo_;  // the input's, until the first token (or the end) takes them
+  std::optional<GrammarState> grammar_;  // constrained output: where the text so far is in its grammar
 };
 
 }  // namespace txl

@@ -4,10 +4,12 @@
 #ifndef TXL_SERVER_JOBS_GENERATE_SPEC_H_
 #define TXL_SERVER_JOBS_GENERATE_SPEC_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "server/sampling/grammar.h"
 #include "server/sampling/sampler.h"
 
 namespace txl {
@@ -26,6 +28,8 @@ struct GenerateSpec {
   // call began, which its time to the first token counts from (its job
   // starts once the prompt is fed). InfinitePast: the job's submission.
   absl::Time call_start = absl::InfinitePast();
+  // Constrained output: what the generated text must follow (null: nothing).
+  std::shared_ptr<const Grammar> grammar;
 };
 
 }  // namespace txl

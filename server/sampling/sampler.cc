@@ -39,7 +39,7 @@ Sampler::Sampler(const SamplingConfig& config, uint64_t seed)
       rng_(config.seed != 0 ? config.seed : seed),
       adjusts_(!config.logit_bias.empty() || config.presence_penalty != 0.0f || config.frequency_penalty != 0.0f) {}
 
-std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs) const {
+std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs, const std::vector<bool>* allowed) const {
   for (float x : logprobs) {
     if (std::isnan(x) || x == INFINITY) return {};  // a damaged row: the job fails the request
   }
@@ -51,6 +51,11 @@ std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs) const {
   }
   for (const auto& [token, draws] : counts_) {
     if (token < n) row[token] -= config_.frequency_penalty * draws + config_.presence_penalty;
+  }
+  if (allowed != nullptr) {
+    for (int token = 0; token < n; ++token) {
+      if (token >= static_cast<int>(allowed->size()) || !(*allowed)[static_cast<size_t>(token)]) row[token] = -INFINITY;
+    }
   }
   // A log-softmax again: log-probs of the adjusted distribution.
   float best = -INFINITY;

@@ -85,10 +85,14 @@ class Sampler {
   // (StepInput::want_last_distribution) and Plan asks the model for
   // nothing; the job draws with Sample(Adjusted(row)).
   bool Adjusts() const { return adjusts_; }
+  // A constraint (a grammar) will mask each row: the draws take the whole
+  // row, as with a bias.
+  void AdjustEveryRow() { adjusts_ = true; }
   // The row with the bias and penalties applied, as log-probs again (a
-  // log-softmax; a banned token's is -inf). Empty when the row holds a NaN
-  // or +inf, or nothing is left to draw.
-  std::vector<float> Adjusted(absl::Span<const float> logprobs) const;
+  // log-softmax; a banned token's is -inf). With `allowed` (one flag per
+  // token), the tokens it does not allow are banned too. Empty when the row
+  // holds a NaN or +inf, or nothing is left to draw.
+  std::vector<float> Adjusted(absl::Span<const float> logprobs, const std::vector<bool>* allowed = nullptr) const;
   // A token drawn, for the penalties.
   void Count(int token);
 

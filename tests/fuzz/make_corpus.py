@@ -273,6 +273,21 @@ def openai_json_seeds():
     return [(name, bytes([parser]) + data) for name, parser, data in seeds]
 
 
+def grammar_seeds():
+    """grammar_fuzzer.cc's input: a grammar, a NUL, then a text to read."""
+    json_like = (b'root ::= value\nvalue ::= "{" ws (pair ("," ws pair)*)? "}" ws | "[" ws (value ("," ws value)*)? "]" ws'
+                 b' | "\\"" [^"\\\\]* "\\"" ws | "-"? [0-9]+ ws | "true" | "null"\n'
+                 b'pair ::= "\\"" [a-z]* "\\"" ":" ws value\nws ::= [ \\t\\n]*\n')
+    return [
+        ("literal", b'root ::= "ab" [0-9]+ ("x" | "yz")?\0ab12yz'),
+        ("json", json_like + b'\0{"a": [1, -2, {"b": null}], "c": "d"}'),
+        ("escapes", b'root ::= "\\"" [^"\\\\\\n]* "\\"" [\\x41-\\x43] . "\\t"\0"caf\xc3\xa9"Bz\t'),
+        ("comment", b'# a comment\nroot ::= item* "."  # dots\nitem ::= [a-z] | "-"\0ab-c.'),
+        ("left_recursive", b'root ::= root "a" | "b"\0ba'),
+        ("unclosed", b'root ::= ("a" | [b-\0a'),
+    ]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build-dir", default=os.path.join(HERE, "..", "..", "build"))
@@ -283,6 +298,7 @@ def main():
     write_seeds("checkpoint", checkpoint_seeds(build))
     write_seeds("session_import", session_import_seeds())
     write_seeds("openai_json", openai_json_seeds())
+    write_seeds("grammar", grammar_seeds())
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ bool StartsWithField(const absl::Status& s) {
       "session_id: ",       "input.tokens.ids[", "input.text: ",     "input: ",    "max_new_tokens: ",
       "sampling.",          "stop_token_ids[",   "stop_sequences[",  "logprobs: ", "mem_len: ",
       "idle_ttl_seconds: ", "stop_token_ids: ",  "stop_sequences: ", "n: ",        "best_of: ",
+      "grammar: ",
   };
   const std::string m(s.message());
   for (const char* f : kFields)

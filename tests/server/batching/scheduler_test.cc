@@ -47,6 +47,43 @@ TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
   EXPECT_FALSE(table_.Get("", id)->busy);
 }
 
+// Constrained output: each token is drawn from those whose text can continue
+// the grammar, and the generation ends, as at a stop token, once the text is
+// a whole root; max_new_tokens cuts it short, a valid prefix.
+TEST_F(SchedulerTest, AGrammarHoldsTheOutputToItAndEndsItWhenWhole) {
+  Make();
+  scheduler_->Start();
+  // The fake model counts (q, r, s, ...); held to this, it stops at w, and its
+  // other draws (a tenth of the mass, over every byte) stay in the classes.
+  auto grammar = Grammar::Parse(R"(root ::= "r" [s-v]+ ("," [s-v]+)* "w")");
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(seed);
+    GenerateSpec spec = Spec({'q'}, 200);
+    spec.sampling.temperature = 1.0f;
+    spec.sampling.seed = seed;
+    spec.grammar = *grammar;
+    const std::string id = NewSession();
+    Outcome o;
+    ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), spec, o.Callbacks()).ok());
+    o.Wait();
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    GrammarState check(*grammar);
+    EXPECT_TRUE(check.Advance(o.text) && check.Complete()) << o.text;
+    EXPECT_EQ(o.result.finish, Finish::kStopToken) << o.text;
+  }
+  GenerateSpec spec = Spec({'q'}, 2);
+  spec.sampling.temperature = 1.0f;
+  spec.grammar = *grammar;
+  Outcome cut;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(NewSession()), spec, cut.Callbacks()).ok());
+  cut.Wait();
+  EXPECT_EQ(cut.result.finish, Finish::kLength);
+  ASSERT_EQ(cut.text.size(), 2u);
+  EXPECT_EQ(cut.text[0], 'r');
+  EXPECT_TRUE(cut.text[1] >= 's' && cut.text[1] <= 'v') << cut.text;
+}
+
 // The engine picks the token itself (greedy, or a draw at any temperature),
 // or lists the tokens the request needs (top-k candidates, top-N
 // alternatives, a nucleus), so no n_token row leaves the model for any

@@ -94,6 +94,29 @@ TEST(RequestValidationTest, ChoicesAreBoundedAndStateless) {
             "best_of: not with echo (ask for the prompt's log-probs alone)");
 }
 
+// A grammar is parsed for the request's model: its refusals name the line;
+// a word-level model, or a vocabulary that cannot begin it, is refused.
+TEST(RequestValidationTest, AGrammarIsCheckedAgainstTheModel) {
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("ab");
+  req.set_grammar("root ::= \"x\" [0-9]+");
+  auto spec = Validator().Spec(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_NE(spec->grammar, nullptr);
+  req.set_grammar("root ::= \"x\" (");
+  EXPECT_EQ(Validator().Spec(req).status().message(), "grammar: line 1, column 14: a group is not closed ())");
+  const Tokenizer chars = *Tokenizer::CharFromCorpus("abc xyz");
+  req.set_grammar("root ::= \"{\" [a-z]* \"}\"");
+  EXPECT_EQ(RequestValidator(RequestLimits{}, chars).Spec(req).status().message(),
+            "grammar: no token of the model's vocabulary can begin it (root's first characters are not in it)");
+  const Tokenizer words = *Tokenizer::WordFromSymbols({"the", "cat", "<eos>", "<unk>"});
+  req.clear_input();
+  req.mutable_input()->mutable_tokens()->add_ids(1);
+  req.set_grammar("root ::= \"cat\"");
+  EXPECT_TRUE(absl::StartsWith(RequestValidator(RequestLimits{}, words).Spec(req).status().message(),
+                               "grammar: not yet for a word-level model"));
+}
+
 // A top-k of the vocabulary or more limits nothing; left as it is, it would
 // make the model list every word (SamplingPlan::top_n) for a draw that walks
 // whole rows anyway.

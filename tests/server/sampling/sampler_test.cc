@@ -115,6 +115,26 @@ TEST(SamplerTest, LogitBiasBansForcesAndShifts) {
   EXPECT_EQ(greedy.Sample(greedy.Adjusted(LogProbs({0.3, 0.5, 0.2}))), 2);
 }
 
+// A grammar's mask (constrained output): the tokens it does not allow are
+// banned, the rest renormalised, and the draw never leaves them.
+TEST(SamplerTest, AMaskBansTheTokensItDoesNotAllow) {
+  SamplingConfig c;
+  c.temperature = 1.0f;
+  Sampler s(c, 5);
+  EXPECT_FALSE(s.Adjusts());
+  s.AdjustEveryRow();
+  ASSERT_TRUE(s.Adjusts());
+  EXPECT_TRUE(s.Plan(0).empty()) << "the whole row is drawn here";
+  const std::vector<bool> allowed = {true, false, true};
+  const std::vector<float> masked = s.Adjusted(LogProbs({0.2, 0.6, 0.2}), &allowed);
+  EXPECT_EQ(masked[1], -INFINITY);
+  EXPECT_NEAR(std::exp(masked[0]), 0.5, 1e-6);
+  EXPECT_NEAR(std::exp(masked[2]), 0.5, 1e-6);
+  for (int i = 0; i < 2000; ++i) EXPECT_NE(s.Sample(masked), 1);
+  const std::vector<bool> none = {false, false, false};
+  EXPECT_TRUE(s.Adjusted(LogProbs({0.2, 0.6, 0.2}), &none).empty()) << "nothing left to draw";
+}
+
 // OpenAI's penalties: a drawn token's logit loses frequency_penalty per draw
 // and presence_penalty once; tokens never drawn are unchanged.
 TEST(SamplerTest, PenaltiesCountTheTokensDrawn) {

@@ -148,6 +148,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ParseGrammar(co
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar, Grammar::Parse(text));
   const GrammarState start(grammar);
+  if (!start.CanContinue()) return absl::InvalidArgumentError("grammar: root matches only the empty text");
   for (int id = 0; id < tokenizer_->vocab_size(); ++id) {
     absl::StatusOr<std::string> piece = tokenizer_->TokenText(id);
     if (piece.ok() && !piece->empty() && start.Allows(*piece)) return grammar;

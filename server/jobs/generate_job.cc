@@ -1,6 +1,7 @@
 #include "server/jobs/generate_job.h"
 
 #include <algorithm>
+#include <bitset>
 #include <cmath>
 #include <random>
 
@@ -97,10 +98,12 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     bool any_allowed = false;
     if (grammar_) {  // the tokens whose text can continue the output
       const Tokenizer& tokenizer = lease.model->tokenizer();
+      const std::bitset<256> next = grammar_->NextBytes();  // a token must begin with one
       allowed.resize(out.last_distribution.size());
       for (size_t id = 0; id < allowed.size(); ++id) {
         absl::StatusOr<std::string> piece = tokenizer.TokenText(static_cast<int>(id));
-        allowed[id] = piece.ok() && !piece->empty() && grammar_->Allows(*piece);
+        allowed[id] = piece.ok() && !piece->empty() && next.test(static_cast<unsigned char>((*piece)[0])) &&
+                      grammar_->Allows(*piece);
         any_allowed = any_allowed || allowed[id];
       }
       if (!any_allowed) {
@@ -110,6 +113,13 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
       }
     }
     const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution, grammar_ ? &allowed : nullptr);
+    if (adjusted.empty() && grammar_ &&
+        std::all_of(out.last_distribution.begin(), out.last_distribution.end(),
+                    [](float x) { return !std::isnan(x) && x != INFINITY; })) {
+      runner.Finish(*this,
+                    absl::FailedPreconditionError("grammar: logit_bias bans every token the grammar allows here"));
+      return;
+    }
     ev.id = adjusted.empty() ? -1 : sampler_.Sample(adjusted);
     if (ev.id < 0) {
       runner.Finish(*this, absl::InternalError("generate: the model's distribution holds NaN or +inf"));

@@ -55,6 +55,7 @@ class GrammarParser {
   absl::string_view text_;
   const GrammarLimits limits_;
   size_t pos_ = 0;
+  int nesting_ = 0;  // groups open at pos_
   std::vector<Grammar::Rule> rules_;
   std::vector<bool> defined_;
   std::vector<size_t> mentioned_at_;
@@ -241,8 +242,12 @@ absl::StatusOr<GrammarParser::Sequence> GrammarParser::ParseItem(const std::stri
     any.bytes.set();
     seq.push_back(any);
   } else if (c == '(') {
+    if (++nesting_ > limits_.max_nesting) {
+      return Error(at, absl::StrCat("groups nested more than ", limits_.max_nesting, " deep"));
+    }
     ++pos_;
     auto group = ParseAlternatives(base, /*in_group=*/true);
+    --nesting_;
     if (!group.ok()) return group.status();
     ++pos_;  // ), which ParseAlternatives found
     auto id = Made(base, *std::move(group));
@@ -390,11 +395,30 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarParser::Run() {
   if (!productive[static_cast<size_t>(root->second)]) {
     return Error(0, "root derives no finite text (every alternative needs a rule that never ends)");
   }
+  // An alternative that needs a rule that never ends can never be whole:
+  // dropped, so that a text cut short is always a valid beginning. A rule
+  // that derives some text keeps at least one alternative.
+  for (size_t r = 0; r < rules_.size(); ++r) {
+    if (!productive[r]) continue;
+    auto& alts = rules_[r].alternatives;
+    alts.erase(std::remove_if(alts.begin(), alts.end(),
+                              [&](const Sequence& alt) {
+                                return std::any_of(alt.begin(), alt.end(), [&](const Element& e) {
+                                  return e.is_rule && !productive[static_cast<size_t>(e.rule)];
+                                });
+                              }),
+               alts.end());
+  }
   auto g = std::shared_ptr<Grammar>(new Grammar());
   g->rules_ = std::move(rules_);
   g->root_ = root->second;
   g->limits_ = limits_;
-  return std::shared_ptr<const Grammar>(std::move(g));
+  std::shared_ptr<const Grammar> grammar = std::move(g);
+  if (GrammarState(grammar).truncated()) {
+    return Error(0, absl::StrCat("the grammar is too ambiguous: its start alone takes more than ",
+                                 limits_.max_steps_per_byte, " steps (rules that can match nothing, in many ways)"));
+  }
+  return grammar;
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> Grammar::Parse(absl::string_view text, const GrammarLimits& limits) {
@@ -422,21 +446,31 @@ void Dedupe(std::vector<GrammarState::Stack>* stacks, int limit) {
 
 GrammarState::GrammarState(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
   const auto& root = grammar_->rules()[static_cast<size_t>(grammar_->root())];
+  int budget = grammar_->limits().max_steps_per_byte;
   for (size_t a = 0; a < root.alternatives.size(); ++a) {
-    Expand({Position{grammar_->root(), static_cast<int>(a), 0}}, &stacks_);
+    Expand({Position{grammar_->root(), static_cast<int>(a), 0}}, &stacks_, &budget);
   }
   Dedupe(&stacks_, grammar_->limits().max_stacks);
 }
 
-void GrammarState::Expand(Stack stack, std::vector<Stack>* out) const {
+void GrammarState::Expand(Stack stack, std::vector<Stack>* out, int* budget) const {
   const auto& rules = grammar_->rules();
   const size_t limit = static_cast<size_t>(grammar_->limits().max_stacks) * 4;
+  const size_t max_depth = static_cast<size_t>(grammar_->limits().max_depth);
   std::vector<Stack> work;
   work.push_back(std::move(stack));
   while (!work.empty() && out->size() < limit) {
     Stack s = std::move(work.back());
     work.pop_back();
     while (true) {
+      if (--*budget < 0) {  // the parses not found yet are dropped (see GrammarLimits)
+        truncated_ = true;
+        return;
+      }
+      if (s.size() > max_depth) {  // this parse is dropped
+        truncated_ = true;
+        break;
+      }
       if (s.empty()) {  // root is whole
         out->push_back(std::move(s));
         break;
@@ -470,6 +504,7 @@ void GrammarState::Expand(Stack stack, std::vector<Stack>* out) const {
 std::vector<GrammarState::Stack> GrammarState::Step(const std::vector<Stack>& stacks, unsigned char byte) const {
   const auto& rules = grammar_->rules();
   std::vector<Stack> out;
+  int budget = grammar_->limits().max_steps_per_byte;  // for this byte, all its parses together
   for (const Stack& s : stacks) {
     if (s.empty()) continue;
     const Position& p = s.back();
@@ -478,10 +513,22 @@ std::vector<GrammarState::Stack> GrammarState::Step(const std::vector<Stack>& st
     if (!e.bytes.test(byte)) continue;
     Stack t = s;
     ++t.back().element;
-    Expand(std::move(t), &out);
+    Expand(std::move(t), &out, &budget);
   }
   Dedupe(&out, grammar_->limits().max_stacks);
   return out;
+}
+
+std::bitset<256> GrammarState::NextBytes() const {
+  std::bitset<256> next;
+  for (const Stack& s : stacks_) {
+    if (s.empty()) continue;
+    const Position& p = s.back();
+    next |= grammar_->rules()[static_cast<size_t>(p.rule)]
+                .alternatives[static_cast<size_t>(p.alternative)][static_cast<size_t>(p.element)]
+                .bytes;
+  }
+  return next;
 }
 
 bool GrammarState::Allows(absl::string_view text) const {

@@ -36,6 +36,13 @@ struct GrammarLimits {
   int64_t max_text_bytes = 64 << 10;  // of the grammar's text
   int max_rules = 1024;               // named and made by groups and repetitions
   int max_stacks = 1024;              // parses a state may follow at once (an ambiguous grammar's)
+  int max_nesting = 64;               // groups inside groups
+  // Work for one byte: the steps taken to find every parse it opens (a
+  // grammar with many ways to match nothing could take exponentially many).
+  // Past it the parses not found yet are dropped: what is followed still
+  // reads only valid text. A grammar whose start passes it is refused.
+  int max_steps_per_byte = 20000;
+  int max_depth = 4096;  // rules open inside one another in one parse (nesting of the text)
 };
 
 class Grammar {
@@ -81,6 +88,10 @@ class GrammarState {
   bool Complete() const;
   // Some byte may still follow.
   bool CanContinue() const;
+  // The bytes that may come next.
+  std::bitset<256> NextBytes() const;
+  // Some step ran out of GrammarLimits::max_steps_per_byte (parses were dropped).
+  bool truncated() const { return truncated_; }
 
   // A position in an alternative: the element it reads next.
   struct Position {
@@ -92,13 +103,15 @@ class GrammarState {
   using Stack = std::vector<Position>;
 
  private:
-  // The stacks `stack` stands for, each with a byte set on top (or empty).
-  void Expand(Stack stack, std::vector<Stack>* out) const;
+  // The stacks `stack` stands for, each with a byte set on top (or empty),
+  // within `*budget` steps (each taken from it).
+  void Expand(Stack stack, std::vector<Stack>* out, int* budget) const;
   // The stacks after one byte; empty when none reads it.
   std::vector<Stack> Step(const std::vector<Stack>& stacks, unsigned char byte) const;
 
   std::shared_ptr<const Grammar> grammar_;
   std::vector<Stack> stacks_;  // sorted, no repeats
+  mutable bool truncated_ = false;
 };
 
 }  // namespace txl

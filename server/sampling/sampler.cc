@@ -60,7 +60,7 @@ std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs, const std
   // A log-softmax again: log-probs of the adjusted distribution.
   float best = -INFINITY;
   for (float x : row) best = std::max(best, x);
-  if (!std::isfinite(best)) return {};  // everything banned (request validation refuses that)
+  if (!std::isfinite(best)) return {};  // everything banned (a bias alone: request validation refuses that)
   double total = 0;
   for (float x : row) total += std::exp(static_cast<double>(x - best));
   const float log_total = best + static_cast<float>(std::log(total));

@@ -116,10 +116,44 @@ TEST(GrammarTest, RefusalsNameTheLineAndWhatIsWrong) {
     EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(g.status().message().find(want), std::string::npos) << text << ": " << g.status();
   }
+  // Regression (review): 65,000 open groups recursed the parser off its stack.
+  EXPECT_NE(Grammar::Parse("root ::= " + std::string(65000, '(')).status().message().find("nested more than 64 deep"),
+            std::string::npos);
   GrammarLimits small;
   small.max_text_bytes = 8;
   EXPECT_NE(Grammar::Parse("root ::= \"abcdef\"", small).status().message().find("more than the limit of 8"),
             std::string::npos);
+}
+
+// Regression (review): rules that match nothing in 2^41 ways hung the step
+// that expanded them. Now a byte's work is bounded: a grammar whose start
+// passes it is refused, and one that passes it later keeps only valid parses.
+TEST(GrammarTest, AGrammarWithExponentiallyManyEmptyMatchesIsBounded) {
+  std::string nested = "root ::= \"x\" \"y\" a0 \"z\"\n";
+  for (int k = 0; k < 40; ++k)
+    nested += "a" + std::to_string(k) + " ::= a" + std::to_string(k + 1) + " a" + std::to_string(k + 1) + "\n";
+  nested += "a40 ::= \"\"\n";
+  auto g = Grammar::Parse(nested);
+  ASSERT_TRUE(g.ok()) << g.status();  // its start reads "x" alone
+  GrammarState s(*g);
+  ASSERT_TRUE(s.Advance("x"));
+  EXPECT_FALSE(s.Allows("yq"));
+  const bool read = s.Advance("y");  // bounded: returns, whatever it found
+  EXPECT_TRUE(!read || s.truncated() || s.Allows("z"));
+  std::string first = nested;
+  first.replace(first.find("\"x\" \"y\" a0"), 11, "a0 \"x\" \"y\"");
+  EXPECT_NE(Grammar::Parse(first).status().message().find("too ambiguous"), std::string::npos)
+      << Grammar::Parse(first).status();
+}
+
+// Regression (review): an alternative that needs a rule that never ends
+// could be taken, and its text could never be whole.
+TEST(GrammarTest, AnAlternativeThatCanNeverEndIsNeverTaken) {
+  auto g = Parsed("root ::= \"a\" | \"b\" loop\nloop ::= \"c\" loop");
+  ASSERT_NE(g, nullptr);
+  GrammarState s(g);
+  EXPECT_TRUE(s.Allows("a"));
+  EXPECT_FALSE(s.Allows("b"));
 }
 
 }  // namespace

@@ -16,12 +16,12 @@
 //     take an empty body), and a JSON object's refusal names a param;
 //   - what is accepted is what the body says, within the documented ranges: max_tokens (or
 //     max_completion_tokens) in [1, 2^31 - 1], default 16, or 0 with a completion's echo (the
-//     service's -1); echo the body's, and never a chat's; n = 1; seed, mem_len,
-//     idle_ttl_seconds and position >= 0; logprobs and top_logprobs in [0, 2^31 - 1];
-//     temperature and top_p the body's, within a float's range (default 1); the stop strings;
-//     stream_options only with stream; the refused options absent; the session id the body's,
-//     else the header's; the prompt, messages (roles system, user or assistant, content the
-//     text parts joined), score input (token ids in [0, 2^31 - 1]) and labels as given;
+//     service's -1); echo the body's, and never a chat's; n and best_of (>= n, at most 1 on a chat, never above n when
+//     streamed) and the grammar the body's; seed, mem_len, idle_ttl_seconds and position >= 0; logprobs and
+//     top_logprobs in [0, 2^31 - 1]; temperature and top_p the body's, within a float's range (default 1); the stop
+//     strings; stream_options only with stream; the refused options absent; the session id the body's, else the
+//     header's; the prompt, messages (roles system, user or assistant, content the text parts joined), score input
+//     (token ids in [0, 2^31 - 1]) and labels as given;
 //   - parsing the same body twice gives the same outcome.
 // A broken property calls __builtin_trap(), which libFuzzer reports as a crash.
 //
@@ -78,6 +78,7 @@ const std::set<std::string>& ParamsOf(int parser) {
                                                         "functions",
                                                         "response_format",
                                                         "best_of",
+                                                        "grammar",
                                                         "presence_penalty",
                                                         "frequency_penalty",
                                                         "logit_bias",
@@ -212,7 +213,7 @@ void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
   } else {
     Check(r.max_new_tokens() == 0, "no max_tokens: 0, the service's default");
   }
-  if (const json* n = Field(doc, "n")) Check(n->is_number() && n->get<double>() == 1, "n is 1");
+  CheckInt(Field(doc, "n"), r.n(), 1, kInt32Max, 1, "n in [1, 2^31 - 1], the body's (default 1)");
   Check(r.sampling().seed() <= static_cast<uint64_t>(kInt64Max), "seed >= 0");
   CheckInt(Field(doc, "seed"), static_cast<int64_t>(r.sampling().seed()), 0, kInt64Max, 0, "seed is the body's");
   Check(r.sampling().temperature() == FloatField(doc, "temperature", 1.0f), "temperature is the body's, default 1");
@@ -235,7 +236,15 @@ void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
   for (const char* refused : {"suffix", "tools", "functions", "response_format"}) {
     Check(Field(doc, refused) == nullptr, "unsupported options refused");
   }
-  if (const json* best_of = Field(doc, "best_of")) Check(*best_of == 1, "best_of is 1");
+  if (const json* best_of = Field(doc, "best_of")) {
+    CheckInt(best_of, r.best_of(), r.n(), kInt32Max, 0, "best_of in [n, 2^31 - 1], the body's");
+  } else {
+    Check(r.best_of() == 0, "no best_of: 0, the service's n");
+  }
+  Check(!p.stream || r.best_of() <= r.n(), "best_of above n is never streamed");
+  const json* grammar = Field(doc, "grammar");
+  Check(grammar ? grammar->is_string() && grammar->get<std::string>() == r.grammar() : r.grammar().empty(),
+        "the grammar is the body's, as it is");
   Check(r.sampling().presence_penalty() == FloatField(doc, "presence_penalty", 0.0f), "presence_penalty, default 0");
   Check(r.sampling().frequency_penalty() == FloatField(doc, "frequency_penalty", 0.0f), "frequency_penalty, default 0");
   if (const json* bias = Field(doc, "logit_bias")) {
@@ -292,6 +301,7 @@ void CheckCompletion(const json& doc, const CompletionParams& p, bool header) {
 void CheckChat(const json& doc, const ChatParams& p, bool header) {
   CheckCommon(doc, p.completion, header);
   Check(!p.completion.echo, "a chat has no echo");
+  Check(p.completion.request.best_of() <= 1, "a chat's best_of is 1 at most");
   const v1::GenerateRequest& r = p.completion.request;
   Check(!r.has_input(), "the gateway renders the chat's input");
   const json* messages = Field(doc, "messages");

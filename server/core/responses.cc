@@ -82,6 +82,18 @@ v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& even
   return r;
 }
 
+namespace {
+
+void FillUsage(const GenerateResult& result, v1::Usage* u) {
+  u->set_input_tokens(result.input_tokens);
+  u->set_generated_tokens(result.generated_tokens);
+  u->set_queue_seconds(result.times.queue_seconds);
+  u->set_time_to_first_token_seconds(result.times.first_token_seconds);
+  u->set_total_seconds(result.times.total_seconds);
+}
+
+}  // namespace
+
 v1::GenerateResponse FinalResponse(const GenerateResult& result, const Tokenizer& tokenizer) {
   v1::GenerateResponse r;
   FillEcho(result.echo, tokenizer, r.mutable_echo());
@@ -89,12 +101,7 @@ v1::GenerateResponse FinalResponse(const GenerateResult& result, const Tokenizer
   r.set_position(result.position);
   r.set_finish_reason(ToProto(result.finish));
   r.set_session_id(result.session_id);
-  v1::Usage* u = r.mutable_usage();
-  u->set_input_tokens(result.input_tokens);
-  u->set_generated_tokens(result.generated_tokens);
-  u->set_queue_seconds(result.times.queue_seconds);
-  u->set_time_to_first_token_seconds(result.times.first_token_seconds);
-  u->set_total_seconds(result.times.total_seconds);
+  FillUsage(result, r.mutable_usage());
   return r;
 }
 
@@ -109,12 +116,7 @@ std::vector<v1::GenerateResponse> FinalResponses(const GenerateResult& result, c
     r.set_finish_reason(ToProto(c.finish));
     out.push_back(std::move(r));
   }
-  v1::Usage* u = out.back().mutable_usage();
-  u->set_input_tokens(result.input_tokens);
-  u->set_generated_tokens(result.generated_tokens);
-  u->set_queue_seconds(result.times.queue_seconds);
-  u->set_time_to_first_token_seconds(result.times.first_token_seconds);
-  u->set_total_seconds(result.times.total_seconds);
+  FillUsage(result, out.back().mutable_usage());  // the call's, in its last response
   return out;
 }
 

@@ -9,6 +9,14 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+grpc::Status AbandonedCallStatus(std::chrono::system_clock::time_point deadline,
+                                 std::chrono::system_clock::time_point now) {
+  // No deadline is the time point's maximum: subtracting the slack cannot wrap.
+  if (deadline - kDeadlineSlack <= now)
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline expired");
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+}
+
 absl::StatusOr<std::string> ServiceContext::Principal(grpc::CallbackServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");

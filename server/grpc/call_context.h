@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -21,6 +22,17 @@
 namespace txl {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// How far ahead of the server's deadline a client's may run: the server
+// starts its clock when the request arrives, so the client's library gives
+// up that much earlier and cancels, which the server cannot tell from any
+// other cancel.
+inline constexpr std::chrono::milliseconds kDeadlineSlack{250};
+// The status a call the client abandoned is counted with: DEADLINE_EXCEEDED
+// when `deadline` had passed at `now`, or was within kDeadlineSlack of it;
+// CANCELLED otherwise.
+grpc::Status AbandonedCallStatus(std::chrono::system_clock::time_point deadline,
+                                 std::chrono::system_clock::time_point now);
 
 // The caller and the session a call names.
 struct CallTarget {

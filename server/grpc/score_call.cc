@@ -47,11 +47,7 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
   // A call the client abandoned counts as what ended it: its deadline or its cancel.
   void End(const absl::Status& s) {
     grpc::Status g = ToGrpcStatus(s);
-    if (control_->cancelled()) {
-      const bool expired = ctx_->deadline() <= std::chrono::system_clock::now();
-      g = expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline expired")
-                  : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-    }
+    if (control_->cancelled()) g = AbandonedCallStatus(ctx_->deadline(), std::chrono::system_clock::now());
     c_->Count("Score", g);
     Finish(g);
   }

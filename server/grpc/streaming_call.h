@@ -6,6 +6,7 @@
 #define TXL_SERVER_GRPC_STREAMING_CALL_H_
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -146,8 +147,8 @@ class StreamingCall : public Base {
     if (ending_) {
       finished_ = true;
       // A call the client abandoned (cancel, deadline, disconnect) is counted
-      // as such, whatever the job made of it.
-      if (cancelled_) return {Action::kFinish, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client")};
+      // as such (AbandonedCallStatus), whatever the job made of it.
+      if (cancelled_) return {Action::kFinish, AbandonedCallStatus(ctx_->deadline(), std::chrono::system_clock::now())};
       return {Action::kFinish, status_};
     }
     return {};

@@ -26,6 +26,7 @@
 #include "base/read_file.h"
 #include "base/status_macros.h"
 #include "model/device_memory.h"
+#include "model/net/shared_slot_pools.h"
 #include "server/batching/scheduler.h"
 #include "server/core/auth.h"
 #include "server/core/readmit_waiting.h"
@@ -276,7 +277,12 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
   ceilings.max_new_tokens = o.service.max_new_tokens;
   ceilings.max_input_tokens = o.service.max_input_tokens;
   ceilings.max_sessions = o.table.max_sessions;
-  auto repository = txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(o.model, ceilings),
+  // Versions of one shape share one session pool on the generic path (a GPU):
+  // the pool reserved for the session budget below serves a rollout's old and
+  // new versions alike.
+  txl::LanguageModelOptions versions = o.model;
+  versions.shared_pools = std::make_shared<txl::SharedSlotPools>();
+  auto repository = txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(versions, ceilings),
                                                  txl::ServedModelSizer(o.model));
   if (!repository.ok()) {
     return absl::Status(repository.status().code(),

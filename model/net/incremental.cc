@@ -118,6 +118,17 @@ void IncrementalModel::ReserveSessionMemory(int64_t bytes) {
   pool_->Reserve(SlotPool::kReservedRows + bytes / per_row);
 }
 
+void IncrementalModel::JoinSharedPool(SharedSlotPools& pools) {
+  if (!pool_) return;
+  SharedSlotPools::Shape shape;
+  shape.n_layer = config_.n_layer;
+  shape.heads = pool_->heads();
+  shape.d_head = pool_->d_head();
+  shape.dtype = static_cast<int>(kv_type());
+  shape.device = device_.str();
+  pool_ = pools.Join(shape, pool_);
+}
+
 void IncrementalModel::Adopt(SessionMemory* m) const {
   if (!pool_ || m->pool_ == pool_) return;
   if (m->capacity_ == 0) {

@@ -26,6 +26,7 @@
 #include "model/net/gemv_calibration.h"
 #include "model/net/huge_pages.h"
 #include "model/net/session_memory.h"
+#include "model/net/shared_slot_pools.h"
 #include "model/net/slot_pool.h"
 #include "model/net/weights.h"
 #include "model/precision.h"
@@ -97,6 +98,11 @@ class IncrementalModel {
   // its padding row); a no-op on the CPU kernels. Throws c10::Error when the
   // device cannot.
   void ReserveSessionMemory(int64_t bytes);
+  // Generic path: from now on, this model's sessions take their rows from
+  // the pool `pools` holds for its shape (it joins with its own pool where
+  // there is none yet); a no-op on the CPU kernels. Call it before the model
+  // serves (sessions made before keep the pool they took rows from).
+  void JoinSharedPool(SharedSlotPools& pools);
 
   static constexpr int64_t kPassTokens = 512;
   // On the CPU kernels, a session feeding at most this many tokens feeds

@@ -127,6 +127,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
     lm->fingerprint_ = absl::StrFormat("%016x", h);
     lm->dtype_ = options.dtype;
     lm->kv_dtype_ = options.kv_dtype;
+    lm->shared_pools_ = options.shared_pools;
     return lm;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("moving the model to ", device->str(), ": ", e.what_without_backtrace()));
@@ -144,6 +145,10 @@ absl::Status LanguageModel::ReserveSessionMemory(int64_t bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("allocating ", bytes, " bytes of session memory on ", device_name_,
                                                      ": ", e.what_without_backtrace()));
   }
+}
+
+void LanguageModel::JoinSharedPool() {
+  if (shared_pools_) model_->JoinSharedPool(*shared_pools_);
 }
 
 absl::StatusOr<std::unique_ptr<SessionState>> LanguageModel::NewSession(int64_t mem_len) const {

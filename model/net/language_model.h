@@ -23,6 +23,7 @@ namespace txl {
 
 class IncrementalModel;
 class OutputLayer;
+class SharedSlotPools;  // model/net/shared_slot_pools.h
 
 // Sets libtorch's intra-op thread count for the process (threads >= 1).
 void SetThreads(int threads);
@@ -48,6 +49,11 @@ struct LanguageModelOptions {
   // pass at a time (IncrementalModel::Precision::decode_short_feeds); false
   // only to measure the whole step through the multi-token pass.
   bool decode_short_feeds = true;
+  // On the generic path, the models loaded with one SharedSlotPools share
+  // their sessions' pool with the others of their shape once they join it
+  // (LanguageModel::JoinSharedPool): a repository's versions of one
+  // architecture hold one pool, not one each. Null: the model keeps its own.
+  std::shared_ptr<SharedSlotPools> shared_pools;
 };
 
 class LanguageModel {
@@ -103,6 +109,11 @@ class LanguageModel {
   // (growing needs the old pool and the new at once). RESOURCE_EXHAUSTED
   // when the device cannot; a no-op on the CPU kernels.
   absl::Status ReserveSessionMemory(int64_t bytes);
+  // Joins LanguageModelOptions::shared_pools (a no-op without it and on the
+  // CPU kernels). Before the model serves, on the thread that will drive it
+  // or before that thread steps it: a checked model (a warm-up step on its
+  // own pool) then shares the pool of the versions already serving.
+  void JoinSharedPool();
 
   // Advances every input's session by its tokens, in one batched forward
   // pass. Bad input (a token or target outside [0, n_token), a session
@@ -122,6 +133,7 @@ class LanguageModel {
   KvDtype kv_dtype_ = KvDtype::kFloat32;
   std::unique_ptr<IncrementalModel> model_;
   std::unique_ptr<OutputLayer> output_;  // reads model_'s output weights
+  std::shared_ptr<SharedSlotPools> shared_pools_;
 };
 
 }  // namespace txl

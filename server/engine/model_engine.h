@@ -35,6 +35,8 @@ class ModelEngine : public Engine {
   const LanguageModel& model() const { return *model_; }
   // Start-up only, before the engine thread runs (LanguageModel::ReserveSessionMemory).
   absl::Status ReserveSessionMemory(int64_t bytes) { return model_->ReserveSessionMemory(bytes); }
+  // Before the engine thread steps it (LanguageModel::JoinSharedPool).
+  void JoinSharedPool() { model_->JoinSharedPool(); }
 
  private:
   explicit ModelEngine(std::unique_ptr<LanguageModel> model) : model_(std::move(model)) {}

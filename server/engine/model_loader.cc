@@ -69,6 +69,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const LanguageModel
   if (absl::Status warm = WarmUp(**engine, config); !warm.ok()) {
     return absl::Status(warm.code(), absl::StrCat(what, ": warm-up step: ", warm.message()));
   }
+  // Checked on a pool of its own; it serves from the one its shape shares.
+  (*engine)->JoinSharedPool();
   return std::make_unique<ServedModel>(name, v.version, *std::move(engine), config, tokenizer, v.path, *limits);
 }
 

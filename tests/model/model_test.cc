@@ -693,6 +693,69 @@ TEST(SlotPoolTest, AReservedPoolHoldsItsBudgetWithoutGrowing) {
   EXPECT_EQ(native.pool(), nullptr);
 }
 
+// A repository's versions of one shape share one session pool
+// (SharedSlotPools): a rollout's new version serves from the pool reserved
+// for the budget without growing it, each model's answers are those of a
+// pool of its own, bit for bit, and a model of another shape keeps its own.
+TEST(SlotPoolTest, ModelsOfOneShapeShareTheReservedPoolOnceTheyJoinIt) {
+  const ModelConfig c = testing::SmallConfig();
+  const TxlWeights w1 = TestWeights(c, 31), w2 = TestWeights(c, 32);
+  SharedSlotPools pools;
+  IncrementalModel v1 = GenericModel(c, w1), v2 = GenericModel(c, w2);
+  v1.JoinSharedPool(pools);
+  const int64_t full = 2 * c.n_layer * c.mem_len * c.n_head * c.d_head * 4;
+  v1.ReserveSessionMemory(6 * full);
+  const SlotPool* before = v2.pool();
+  v2.JoinSharedPool(pools);
+  ASSERT_EQ(v2.pool(), v1.pool());
+  EXPECT_NE(before, v1.pool());
+  const int64_t rows = v1.pool()->rows(), generation = v1.pool()->generation();
+  IncrementalModel alone1 = GenericModel(c, w1), alone2 = GenericModel(c, w2);
+  {
+    // Three sessions on each version, interleaved in the one pool.
+    std::vector<SessionMemory> shared, own;
+    for (int i = 0; i < 12; ++i) (i < 6 ? shared : own).emplace_back(c.n_layer, c.mem_len);
+    for (int round = 0; round < 3; ++round) {
+      for (int i = 0; i < 6; ++i) {
+        const std::vector<int64_t> tokens = RandomTokens(c.mem_len - 1 + round, c.n_token, 100 * round + i);
+        IncrementalModel& m = i % 2 ? v2 : v1;
+        IncrementalModel& mine = i % 2 ? alone2 : alone1;
+        const at::Tensor a = FeedInChunks(m, shared[i], tokens, 4);
+        const at::Tensor b = FeedInChunks(mine, own[i], tokens, 4);
+        EXPECT_TRUE(at::equal(a, b)) << "round " << round << " session " << i;
+      }
+    }
+    EXPECT_EQ(v1.pool()->rows(), rows) << "six full windows fit the reserved pool";
+    EXPECT_EQ(v1.pool()->generation(), generation);
+  }
+  EXPECT_EQ(v1.pool()->free_rows(), v1.pool()->rows() - SlotPool::kReservedRows);
+  // Another shape (bfloat16 keys) keeps a pool of its own.
+  IncrementalModel other = GenericModel(c, w1, KvDtype::kBfloat16);
+  other.JoinSharedPool(pools);
+  EXPECT_NE(other.pool(), v1.pool());
+  EXPECT_EQ(pools.live(), 2);
+  // The CPU kernels have no pool to share.
+  IncrementalModel native(c, w1, at::kCPU);
+  native.JoinSharedPool(pools);
+  EXPECT_EQ(native.pool(), nullptr);
+}
+
+TEST(SlotPoolTest, ASharedPoolIsFreedWithItsLastHolder) {
+  const ModelConfig c = testing::SmallConfig();
+  SharedSlotPools pools;
+  {
+    IncrementalModel v1 = GenericModel(c, TestWeights(c, 33));
+    v1.JoinSharedPool(pools);
+    EXPECT_EQ(pools.live(), 1);
+  }
+  EXPECT_EQ(pools.live(), 0) << "no model or session holds it";
+  IncrementalModel v2 = GenericModel(c, TestWeights(c, 34));
+  const SlotPool* own = v2.pool();
+  v2.JoinSharedPool(pools);
+  EXPECT_EQ(v2.pool(), own) << "the shape's pool is gone: the model's own becomes it";
+  EXPECT_EQ(pools.live(), 1);
+}
+
 // The ATen ops this thread dispatches (views and nested calls included):
 // what a GPU would launch, or more.
 thread_local int64_t t_ops = 0;

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/net/checkpoint.h"
+#include "model/net/shared_slot_pools.h"
 #include "tests/model/model_fixture.h"
 
 namespace txl {
@@ -62,6 +63,36 @@ TEST_F(ModelLoaderTest, AGoodVersionLoadsAndSteps) {
   in.tokens = {'h', 'i'};
   ASSERT_TRUE((*served)->engine()->Step(absl::MakeSpan(&in, 1)).ok());
   EXPECT_EQ((*session)->position(), 2);
+}
+
+// The versions a repository loads with one SharedSlotPools share their
+// shape's session pool once checked (a GPU reserves it once for the session
+// budget); another shape has its own, and a load the checks refuse joins none.
+TEST_F(ModelLoaderTest, CheckedVersionsOfOneShapeShareTheirSessionPool) {
+  LanguageModelOptions options;
+  options.kernels = Kernels::kGeneric;  // the path that pools sessions, as a GPU's
+  options.shared_pools = std::make_shared<SharedSlotPools>();
+  auto v1 = LoadServedModel(options, "tiny", Put("tiny", 1, 1));
+  auto v2 = LoadServedModel(options, "tiny", Put("tiny", 2, 2));
+  ASSERT_TRUE(v1.ok() && v2.ok());
+  EXPECT_EQ(options.shared_pools->live(), 1) << "v1 and v2 hold one pool";
+  const RepositoryVersion damaged = Put("tiny", 3, 3);
+  ASSERT_TRUE(WriteFile(damaged.path, ReadFile(damaged.path)->substr(0, 1000)).ok());
+  ASSERT_FALSE(LoadServedModel(options, "tiny", damaged).ok());
+  LanguageModelOptions bf16 = options;
+  bf16.kv_dtype = KvDtype::kBfloat16;
+  auto other = LoadServedModel(bf16, "tiny", Put("tiny", 4, 4));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(options.shared_pools->live(), 2) << "bfloat16 keys are another shape";
+  // Sessions of both versions step side by side in the shared pool.
+  for (const auto* served : {&*v1, &*v2}) {
+    auto session = (*served)->engine()->NewSession(12);
+    ASSERT_TRUE(session.ok());
+    StepInput in;
+    in.session = session->get();
+    in.tokens = {'o', 'k'};
+    ASSERT_TRUE((*served)->engine()->Step(absl::MakeSpan(&in, 1)).ok());
+  }
 }
 
 TEST_F(ModelLoaderTest, ATruncatedFileIsRefusedNamingTheVersionAndTheFile) {

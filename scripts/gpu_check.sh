@@ -25,8 +25,10 @@
 #              on a random base-shaped model, 1 and 32 sessions at memory 800: float32 with the
 #              split decode attention (with and without graphs) and the tensor ops, and bfloat16
 #              weights and memories; a 2,048-token prefill (time to the first token) in float32
-#              and bfloat16; all of it in profile.txt
-#   servers    python_client, rewind, refusals, offload and durability with every server on the
+#              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
+#              decode_short_feeds; all of it in profile.txt
+#   servers    python_client, rewind, refusals, offload, durability and model_repository (a
+#              rollout's versions sharing one session pool) with every server on the
 #              device (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the
 #              test gives its own (TXL_TEST_SERVER_DEFAULTS)
 #   transfer   a session exported on the device imports on the CPU, and back: the same greedy
@@ -269,6 +271,13 @@ profile_runs() {
       done
     done
   done
+  # A mixed step (docs/MODEL.md, "Mixed steps"): 8 sessions, one of them feeding 2 tokens, with
+  # graphs: a token a pass (two padded passes) against the whole step through the multi-token pass.
+  for case_ in true false; do
+    echo "== mixed step, float32, 8 sessions, one feeding 2 tokens, decode_short_feeds=$case_"
+    "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions 8 --mem 800 --steps $steps \
+      --feed 2 --feeders 1 --readout argmax --cuda_graphs=on --decode_short_feeds=$case_ "${more[@]}" || return 1
+  done
   # Time to the first token: a 2,048-token prompt into a fresh session (its prefill and whole row).
   for dtype in float32 bfloat16; do
     echo "== prefill of $prompt tokens, $dtype"
@@ -279,7 +288,7 @@ profile_runs() {
 
 servers() {
   local suite bad=0
-  for suite in python_client rewind refusals offload durability; do
+  for suite in python_client rewind refusals offload durability model_repository; do
     echo "== $suite"
     # Several servers share the GPU: each gets a 1 GiB pool unless its test sets a budget.
     TXL_TEST_SERVER_FLAGS="--device $DEVICE" TXL_TEST_SERVER_DEFAULTS="--session_memory_budget=1073741824" timeout 300 "$PY" "$SRC/tests/integration/test_$suite.py" \

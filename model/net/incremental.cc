@@ -184,19 +184,32 @@ IncrementalModel::RingBackup IncrementalModel::BackUpOverwritten(absl::Span<cons
   for (size_t i : few) {
     auto* m = static_cast<SessionMemory*>(inputs[i].session);
     const int64_t n = static_cast<int64_t>(inputs[i].tokens.size());
-    if (n < 2 || m->pool_ || m->mem_len_ <= 1 || !m->k_[0].defined()) continue;
+    const bool pooled = m->pool_ != nullptr && !m->slots_.empty();
+    if (n < 2 || m->mem_len_ <= 1 || m->length_ == 0) continue;
+    if (!pooled && (m->pool_ != nullptr || m->k_.empty() || !m->k_[0].defined())) continue;
     // Committed: positions [position - length, position), slot p % mem_len.
     const int64_t first = m->position_ - m->length_;
     std::vector<int64_t> slots;
     for (int64_t j = 1; j < n; ++j) {
       const int64_t slot = (m->position_ + j) % m->mem_len_;
-      if (((slot - first % m->mem_len_) + m->mem_len_) % m->mem_len_ < m->length_) slots.push_back(slot);
+      if (((slot - first % m->mem_len_) + m->mem_len_) % m->mem_len_ < m->length_) {
+        slots.push_back(pooled ? m->slots_[slot] : slot);
+      }
     }
     if (slots.empty()) continue;
     RingBackup::Saved saved{m, at::tensor(slots, at::TensorOptions().dtype(at::kLong)), {}, {}};
-    for (size_t l = 0; l < m->k_.size(); ++l) {
-      saved.k.push_back(m->k_[l].index_select(1, saved.slots));
-      saved.v.push_back(m->v_[l].index_select(1, saved.slots));
+    if (pooled) {
+      backup.pool = m->pool_.get();
+      saved.slots = saved.slots.to(device_);
+      for (int64_t l = 0; l < config_.n_layer; ++l) {
+        saved.k.push_back(m->pool_->keys(l).index_select(0, saved.slots));
+        saved.v.push_back(m->pool_->values(l).index_select(0, saved.slots));
+      }
+    } else {
+      for (size_t l = 0; l < m->k_.size(); ++l) {
+        saved.k.push_back(m->k_[l].index_select(1, saved.slots));
+        saved.v.push_back(m->v_[l].index_select(1, saved.slots));
+      }
     }
     backup.saved.push_back(std::move(saved));
   }
@@ -206,10 +219,19 @@ IncrementalModel::RingBackup IncrementalModel::BackUpOverwritten(absl::Span<cons
 void IncrementalModel::RingBackup::Restore() {
   for (Saved& s : saved) {
     for (size_t l = 0; l < s.k.size(); ++l) {
-      s.memory->k_[l].index_copy_(1, s.slots, s.k[l]);
-      s.memory->v_[l].index_copy_(1, s.slots, s.v[l]);
+      if (s.memory->pool_ != nullptr && !s.memory->slots_.empty()) {
+        pool->keys(static_cast<int64_t>(l)).index_copy_(0, s.slots, s.k[l]);
+        pool->values(static_cast<int64_t>(l)).index_copy_(0, s.slots, s.v[l]);
+      } else {
+        s.memory->k_[l].index_copy_(1, s.slots, s.k[l]);
+        s.memory->v_[l].index_copy_(1, s.slots, s.v[l]);
+      }
     }
   }
+}
+
+bool IncrementalModel::RingBackup::Holds(const SessionMemory* memory) const {
+  return std::any_of(saved.begin(), saved.end(), [memory](const Saved& s) { return s.memory == memory; });
 }
 
 at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
@@ -228,18 +250,24 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
     pending.push_back(
         {m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()), std::vector<at::Tensor>(m->v_.size())});
   }
-  // On the CPU kernels a session feeding a few tokens (a turn's start: its
-  // pending token and a short input) feeds them one decode pass at a time,
-  // beside the decoders, instead of taking the whole step through Pass:
-  // docs/MODEL.md, "Mixed steps".
+  // A session feeding a few tokens (a turn's start: its pending token and a
+  // short input) feeds them one token a pass, beside the decoders, instead
+  // of taking the whole step through Pass: docs/MODEL.md, "Mixed steps". On
+  // the CPU kernels those passes are DecodePass; on the generic path, with
+  // decode graphs only, padded graph passes (eager, a token a pass
+  // dispatches more ops than one Pass of the step).
   const bool can_decode = !decode_.empty();
+  const bool split = short_feeds_ && (can_decode || (pool_ != nullptr && decode_graphs_));
   std::vector<size_t> few, many;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const size_t n = inputs[i].tokens.size();
     if (n == 0) continue;
-    (can_decode && short_feeds_ && n <= static_cast<size_t>(kDecodeFeedTokens) ? few : many).push_back(i);
+    (split && n <= static_cast<size_t>(kDecodeFeedTokens) ? few : many).push_back(i);
   }
   std::vector<std::vector<at::Tensor>> parts(inputs.size());
+  // A later pass of a session writes into the slot of a position it still
+  // holds until the commit: kept, and put back if the step throws.
+  RingBackup backup = BackUpOverwritten(inputs, few);
   const auto passes = [&](const std::vector<size_t>& rows, int64_t chunk) {
     int64_t most = 0;
     for (size_t i : rows) most = std::max(most, static_cast<int64_t>(inputs[i].tokens.size()));
@@ -257,9 +285,9 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
         which.push_back(i);
         decode = decode && tokens.back().size() == 1 && !pending[i].replaced();
       }
-      at::Tensor hidden = decode                         ? DecodePass(batch, tokens)
-                          : GraphEligible(batch, tokens) ? GraphDecodePass(batch, tokens)
-                                                         : Pass(batch, tokens);
+      at::Tensor hidden = decode                                 ? DecodePass(batch, tokens)
+                          : GraphEligible(batch, tokens, backup) ? GraphDecodePass(batch, tokens)
+                                                                 : Pass(batch, tokens);
       int64_t offset = 0;
       for (size_t b = 0; b < batch.size(); ++b) {
         const int64_t n = static_cast<int64_t>(tokens[b].size());
@@ -269,9 +297,6 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
       }
     }
   };
-  // A later decode pass of a session writes into the slot of a position it
-  // still holds until the commit: kept, and put back if the step throws.
-  RingBackup backup = BackUpOverwritten(inputs, few);
   try {
     passes(few, 1);
     passes(many, kPassTokens);  // without short feeds: every session, as one step

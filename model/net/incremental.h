@@ -63,10 +63,11 @@ class IncrementalModel {
     // split_decode_attention.h): the CUDA kernels on a GPU, their CPU run
     // with kGeneric. false: the tensor ops of every other pass.
     bool split_decode_attention = true;
-    // On the CPU kernels, a session feeding at most kDecodeFeedTokens tokens
-    // feeds them a decode pass at a time, beside the step's decoders, and
-    // only sessions feeding more go through Pass. false: any session feeding
-    // several tokens takes the whole step through Pass (for measurement).
+    // A session feeding at most kDecodeFeedTokens tokens feeds them a pass
+    // of one token at a time, beside the step's decoders (decode passes on
+    // the CPU kernels, padded graph passes on the generic path with decode
+    // graphs), and only sessions feeding more go through Pass. false: any
+    // session feeding several tokens takes the whole step through Pass.
     bool decode_short_feeds = true;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
@@ -105,8 +106,9 @@ class IncrementalModel {
   void JoinSharedPool(SharedSlotPools& pools);
 
   static constexpr int64_t kPassTokens = 512;
-  // On the CPU kernels, a session feeding at most this many tokens feeds
-  // them a decode pass at a time (docs/MODEL.md, "Mixed steps").
+  // A session feeding at most this many tokens feeds them a pass of one
+  // token at a time: a decode pass on the CPU kernels, a padded graph pass
+  // (or Pass) on the generic path (docs/MODEL.md, "Mixed steps").
   static constexpr int64_t kDecodeFeedTokens = 3;
 
   // What the decode graphs did so far: padded passes, and of those how many
@@ -149,7 +151,12 @@ class IncrementalModel {
                     std::vector<std::vector<at::Tensor>>& new_v);
   // Decode graphs (incremental_graphs.cc): whether a pass can be padded to a
   // bucket, and the padded pass, replayed from its capture where there is one.
-  bool GraphEligible(const std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) const;
+  struct RingBackup;  // below
+  // A padded pass writes each session's key into the slot of its next
+  // position at once: eligible where that slot held no committed position
+  // when the step began, or `backup` kept it.
+  bool GraphEligible(const std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens,
+                     const RingBackup& backup) const;
   at::Tensor GraphDecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
   // The held positions of a session in layer l, in order, [length, H, dh] float32.
   at::Tensor Held(const Pending& p, int64_t l, bool key) const;
@@ -186,15 +193,17 @@ class IncrementalModel {
                          std::vector<std::vector<at::Tensor>>& new_k, std::vector<std::vector<at::Tensor>>& new_v);
   // The ring slots that a step's later decode passes write while they still
   // hold a committed position (Step's `few` sessions), copied so that a
-  // step that throws puts them back.
+  // step that throws puts them back. A pooled memory's are its pool rows.
   struct RingBackup {
     struct Saved {
       SessionMemory* memory;
-      at::Tensor slots;              // [s] ring slots
-      std::vector<at::Tensor> k, v;  // per layer [H, s, dh]
+      at::Tensor slots;              // [s] ring slots; pooled: their pool rows
+      std::vector<at::Tensor> k, v;  // per layer [H, s, dh]; pooled: [s, H, dh]
     };
     std::vector<Saved> saved;
+    SlotPool* pool = nullptr;  // where the pooled ones go back to
     void Restore();
+    bool Holds(const SessionMemory* memory) const;
   };
   RingBackup BackUpOverwritten(absl::Span<const StepInput> inputs, const std::vector<size_t>& few) const;
   // One token per session, memories read and written in place (CPU, float).

@@ -16,13 +16,18 @@
 namespace txl {
 
 bool IncrementalModel::GraphEligible(const std::vector<Pending*>& batch,
-                                     const std::vector<std::vector<int64_t>>& tokens) const {
+                                     const std::vector<std::vector<int64_t>>& tokens, const RingBackup& backup) const {
   if (!decode_graphs_ || pool_ == nullptr || batch.empty()) return false;
   for (size_t b = 0; b < batch.size(); ++b) {
     const Pending* p = batch[b];
     // One token, after a memory that the pool holds and keeps (a window of
     // one holds nothing) and that this step has not replaced.
-    if (tokens[b].size() != 1 || p->replaced() || p->memory->mem_len() <= 1 || p->memory->pool_ != pool_) return false;
+    const SessionMemory* m = p->memory;
+    if (tokens[b].size() != 1 || p->replaced() || m->mem_len() <= 1 || m->pool_ != pool_) return false;
+    // Its key goes to position p->position's slot, which held committed
+    // position p->position - mem_len unless that is before the step's first.
+    const bool overwrites = p->position - m->mem_len_ >= m->position_ - m->length_;
+    if (overwrites && !backup.Holds(m)) return false;
   }
   return true;
 }

@@ -45,9 +45,10 @@ struct LanguageModelOptions {
   // (IncrementalModel::Precision::split_decode_attention); false only to
   // measure the tensor ops against it.
   bool split_decode_attention = true;
-  // On the CPU kernels, a session feeding a few tokens feeds them a decode
-  // pass at a time (IncrementalModel::Precision::decode_short_feeds); false
-  // only to measure the whole step through the multi-token pass.
+  // A session feeding a few tokens feeds them a pass of one token at a time:
+  // decode passes on the CPU kernels, padded graph passes on the generic path
+  // with decode graphs (IncrementalModel::Precision::decode_short_feeds);
+  // false only to measure the whole step through the multi-token pass.
   bool decode_short_feeds = true;
   // On the generic path, the models loaded with one SharedSlotPools share
   // their sessions' pool with the others of their shape once they join it

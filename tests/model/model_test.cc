@@ -403,21 +403,36 @@ TEST(IncrementalTest, LongInputBesideDecodesMatchesAlone) {
   EXPECT_LT(MaxAbsDiff(FeedInChunks(model, a, next, 1), FeedInChunks(model, a_alone, next, 4)), 1e-5);
 }
 
-// On the CPU kernels a session feeding at most kDecodeFeedTokens tokens
-// feeds them a decode pass at a time, beside the step's decoders (docs/
-// MODEL.md, "Mixed steps"). The answers are those of the multi-token pass,
-// with windows full, filling and wrapping, and of length one.
-IncrementalModel::Precision ShortFeeds(bool on) {
+// A session feeding at most kDecodeFeedTokens tokens feeds them a pass of
+// one token at a time, beside the step's decoders (docs/MODEL.md, "Mixed
+// steps"): decode passes on the CPU kernels; on the generic path with decode
+// graphs, padded graph passes (run eagerly on a CPU). The answers are those of the
+// multi-token pass, with windows full, filling and wrapping, and of length one.
+enum class Path { kCpu, kGeneric, kGenericGraphs };
+constexpr Path kPaths[] = {Path::kCpu, Path::kGeneric, Path::kGenericGraphs};
+const char* PathName(Path path) {
+  return path == Path::kCpu ? "cpu kernels" : path == Path::kGeneric ? "generic" : "generic, graphs";
+}
+IncrementalModel::Precision ShortFeeds(bool on, Path path = Path::kCpu) {
   IncrementalModel::Precision p;
-  p.kernels = Kernels::kAuto;  // the CPU kernels: the generic path has no decode passes of its own
+  p.kernels = path == Path::kCpu ? Kernels::kAuto : Kernels::kGeneric;
+  p.decode_graphs = path == Path::kGenericGraphs;
   p.decode_short_feeds = on;
   return p;
 }
 
-TEST(ShortFeedsTest, DecodedShortFeedsMatchTheMultiTokenPass) {
+class ShortFeedsTest : public ::testing::TestWithParam<Path> {};
+INSTANTIATE_TEST_SUITE_P(Paths, ShortFeedsTest, ::testing::ValuesIn(kPaths),
+                         [](const ::testing::TestParamInfo<Path>& info) {
+                           return std::string(info.param == Path::kCpu       ? "CpuKernels"
+                                              : info.param == Path::kGeneric ? "Generic"
+                                                                             : "GenericGraphs");
+                         });
+
+TEST_P(ShortFeedsTest, DecodedShortFeedsMatchTheMultiTokenPass) {
   ModelConfig c = testing::Variants()[4].config;  // untied biases
-  IncrementalModel split(c, TestWeights(c, 31), at::kCPU, ShortFeeds(true));
-  IncrementalModel whole(c, TestWeights(c, 31), at::kCPU, ShortFeeds(false));
+  IncrementalModel split(c, TestWeights(c, 31), at::kCPU, ShortFeeds(true, GetParam()));
+  IncrementalModel whole(c, TestWeights(c, 31), at::kCPU, ShortFeeds(false, GetParam()));
   const std::vector<int64_t> history = {40, 3, 0, 25, 11, 9}, window = {12, 12, 8, 9, 1, 2};
   const std::vector<int64_t> feed = {2, 3, 1, 7, 2, 3};
   std::vector<SessionMemory> a, b;
@@ -441,7 +456,8 @@ TEST(ShortFeedsTest, DecodedShortFeedsMatchTheMultiTokenPass) {
     at::Tensor want = LogProbs(c, whole.weights(), whole.Step(absl::MakeSpan(ib)));
     worst = std::max(worst, MaxAbsDiff(got, want));
   }
-  std::cout << "short feeds decoded vs the multi-token pass max|diff| = " << worst << "\n";
+  std::cout << PathName(GetParam()) << ": short feeds a token a pass vs the multi-token pass max|diff| = " << worst
+            << "\n";
   EXPECT_LT(worst, 1e-5);
   for (size_t s = 0; s < history.size(); ++s) {
     EXPECT_EQ(a[s].position(), b[s].position());
@@ -453,26 +469,38 @@ TEST(ShortFeedsTest, DecodedShortFeedsMatchTheMultiTokenPass) {
 // tokens dispatches, windows full.
 int64_t MixedStepOps(IncrementalModel& model, const ModelConfig& c);
 
-TEST(ShortFeedsTest, AStepOfDecodersAndATwoTokenFeedTakesNoMultiTokenPass) {
+TEST_P(ShortFeedsTest, AStepOfDecodersAndATwoTokenFeedTakesNoMultiTokenPass) {
   ModelConfig c = testing::SmallConfig();
   c.n_layer = 6;
-  IncrementalModel split(c, TestWeights(c, 32), at::kCPU, ShortFeeds(true));
-  IncrementalModel whole(c, TestWeights(c, 32), at::kCPU, ShortFeeds(false));
+  IncrementalModel split(c, TestWeights(c, 32), at::kCPU, ShortFeeds(true, GetParam()));
+  IncrementalModel whole(c, TestWeights(c, 32), at::kCPU, ShortFeeds(false, GetParam()));
   const int64_t with = MixedStepOps(split, c), without = MixedStepOps(whole, c);
-  std::cout << "7 decoders + a 2-token feed, " << c.n_layer << " layers: " << with << " ops decoded, " << without
-            << " through the multi-token pass\n";
+  std::cout << PathName(GetParam()) << ", 7 decoders + a 2-token feed, " << c.n_layer << " layers: " << with
+            << " ops a token a pass, " << without << " through the multi-token pass\n";
   ASSERT_GT(without, 10 * c.n_layer) << "the counter saw the step";
-  EXPECT_LT(4 * with, without);
+  if (GetParam() == Path::kCpu) EXPECT_LT(4 * with, without);
+  if (GetParam() == Path::kGeneric) EXPECT_EQ(with, without) << "eager, the generic path keeps one Pass";
+  if (GetParam() == Path::kGenericGraphs) {
+    // Both passes padded; on a GPU each is one graph launch (the eager
+    // count here is what a capture records).
+    EXPECT_EQ(split.graph_counts().padded, 2 * 2) << "the warm step's two passes and the counted step's";
+  }
 }
 
 // A step that throws after a short feed's later decode passes wrote into
 // slots its session still held puts them back: the session goes on exactly
 // as a twin that never took part.
-TEST(ShortFeedsTest, AStepThatThrowsLeavesTheShortFeedsWindowsAsTheyWere) {
+TEST_P(ShortFeedsTest, AStepThatThrowsLeavesTheShortFeedsWindowsAsTheyWere) {
   ModelConfig c = testing::SmallConfig();
-  IncrementalModel model(c, TestWeights(c, 33), at::kCPU, ShortFeeds(true));
+  IncrementalModel model(c, TestWeights(c, 33), at::kCPU, ShortFeeds(true, GetParam()));
   const auto prefix = RandomTokens(3 * c.mem_len, c.n_token, 34);
   SessionMemory a(c.n_layer, c.mem_len), twin(c.n_layer, c.mem_len), other(c.n_layer, c.mem_len);
+  {
+    // The position table grows to its largest first (a padded pass's bucket
+    // may be wider than the window): a twin fed later must meet the same one.
+    SessionMemory warm(c.n_layer, c.mem_len);
+    FeedInChunks(model, warm, prefix, 7);
+  }
   FeedInChunks(model, a, prefix, 7);
   FeedInChunks(model, twin, prefix, 7);
   ASSERT_EQ(a.length(), c.mem_len - 1) << "a full window: a second decode pass overwrites a held slot";

@@ -13,6 +13,22 @@ namespace txl {
 
 double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
 
+namespace {
+// An engine image's bytes beyond its memory's (SessionState::AppendTo's header).
+constexpr int64_t kImageHeaderRoom = 4096;
+}  // namespace
+
+JobRunner::JobRunner(const SchedulerConfig& config, SessionTable* table, SchedulerObserver* observer)
+    : config_(config), table_(table), observer_(observer) {
+  const int64_t budget = table_->checkpoints().config().budget_bytes;
+  if (config_.checkpoint_buffers > 0 && budget > 0) {
+    ImageBuffersConfig buffers;
+    buffers.stock = config_.checkpoint_buffers;
+    buffers.max_bytes = std::max<int64_t>(1, std::min<int64_t>(buffers.max_bytes, budget / 4));
+    if (auto made = ImageBuffers::Create(buffers); made.ok()) image_buffers_ = *std::move(made);
+  }
+}
+
 bool JobRunner::Prepare(Job& job) {
   if (job.cancelled.load()) {
     // A generation stopped mid-stream succeeded with what it sent.
@@ -112,8 +128,11 @@ void JobRunner::ReturnLease(Job& job) {
 
 void JobRunner::Checkpoint(const SessionLease& lease) {
   CheckpointStore& store = table_->checkpoints();
-  if (!store.WouldKeep(lease.state->memory_bytes())) return;
-  auto image = std::make_shared<std::string>();
+  const int64_t bytes = lease.state->memory_bytes();
+  if (!store.WouldKeep(bytes)) return;
+  // Room for the memory and the image's header, its pages touched already.
+  auto image =
+      std::make_shared<std::string>(image_buffers_ ? image_buffers_->Take(bytes + kImageHeaderRoom) : std::string());
   if (!lease.state->AppendTo(image.get()).ok()) return;  // a cache: a failed copy only costs a replay later
   store.Put(lease.id, lease.position(), std::move(image), lease.pending);
 }

@@ -24,14 +24,14 @@
 #include "server/engine/engine.h"
 #include "server/jobs/job.h"
 #include "server/jobs/scheduler_config.h"
+#include "server/sessions/image_buffers.h"
 #include "server/sessions/session_table.h"
 
 namespace txl {
 
 class JobRunner {
  public:
-  JobRunner(const SchedulerConfig& config, SessionTable* table, SchedulerObserver* observer)
-      : config_(config), table_(table), observer_(observer) {}
+  JobRunner(const SchedulerConfig& config, SessionTable* table, SchedulerObserver* observer);
 
   void set_journal(SessionJournal* journal) { journal_ = journal; }
   // The state cache's entries in the state store, shared by its replicas (may stay null).
@@ -95,6 +95,7 @@ class JobRunner {
   SchedulerObserver* const observer_;
   SessionJournal* journal_ = nullptr;
   SharedStateCache* shared_cache_ = nullptr;
+  std::unique_ptr<ImageBuffers> image_buffers_;  // null: config_.checkpoint_buffers 0, or no checkpoints
 };
 
 double SecondsSince(absl::Time t);

@@ -21,6 +21,11 @@ struct SchedulerConfig {
   // A generation paused because its client stopped reading (Pause) is
   // cancelled once paused this long (StalledError).
   absl::Duration stall_timeout = absl::Seconds(30);
+  // Turn checkpoints' images are copied into buffers a thread of their own
+  // faulted in beforehand (ImageBuffers): this many kept ready, within a
+  // quarter of --checkpoint_budget and 64 MiB. 0: none (the copy faults its
+  // pages in on the engine thread).
+  int checkpoint_buffers = 4;
 };
 
 // Hooks for metrics; every method is called on the engine thread.

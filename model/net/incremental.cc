@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/kernels/decode_kernels.h"
 #include "model/kernels/decode_step.h"
+#include "model/net/incremental_pass.h"
 #include "model/net/txl_math.h"
 
 namespace txl {
@@ -126,7 +127,12 @@ void IncrementalModel::JoinSharedPool(SharedSlotPools& pools) {
   shape.d_head = pool_->d_head();
   shape.dtype = static_cast<int>(kv_type());
   shape.device = device_.str();
-  pool_ = pools.Join(shape, pool_);
+  std::shared_ptr<SlotPool> joined = pools.Join(shape, pool_);
+  if (joined == pool_) return;
+  // Captures hold the old pool's addresses (it is freed with its last holder).
+  pool_ = std::move(joined);
+  graphs_.clear();
+  graphs_pool_ = nullptr;
 }
 
 void IncrementalModel::Adopt(SessionMemory* m) const {
@@ -197,10 +203,10 @@ IncrementalModel::RingBackup IncrementalModel::BackUpOverwritten(absl::Span<cons
       }
     }
     if (slots.empty()) continue;
-    RingBackup::Saved saved{m, at::tensor(slots, at::TensorOptions().dtype(at::kLong)), {}, {}};
+    RingBackup::Saved saved{
+        m, pooled ? Upload(slots, device_) : at::tensor(slots, at::TensorOptions().dtype(at::kLong)), {}, {}};
     if (pooled) {
       backup.pool = m->pool_.get();
-      saved.slots = saved.slots.to(device_);
       for (int64_t l = 0; l < config_.n_layer; ++l) {
         saved.k.push_back(m->pool_->keys(l).index_select(0, saved.slots));
         saved.v.push_back(m->pool_->values(l).index_select(0, saved.slots));
@@ -264,6 +270,12 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
     if (n == 0) continue;
     (split && n <= static_cast<size_t>(kDecodeFeedTokens) ? few : many).push_back(i);
   }
+  // On the generic path a pass with a window of one cannot be padded: its
+  // token passes would all be eager Passes, more than the step's one.
+  if (!can_decode && std::any_of(few.begin(), few.end(), [&](size_t i) { return memories[i]->mem_len_ <= 1; })) {
+    many.insert(many.end(), few.begin(), few.end());
+    few.clear();
+  }
   std::vector<std::vector<at::Tensor>> parts(inputs.size());
   // A later pass of a session writes into the slot of a position it still
   // holds until the commit: kept, and put back if the step throws.
@@ -300,22 +312,27 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
   try {
     passes(few, 1);
     passes(many, kPassTokens);  // without short feeds: every session, as one step
+    // Commit the memories a pass built aside. A write that throws leaves the
+    // short feeds' windows restored (a replaced window written before it
+    // stays written: its session's positions are not advanced).
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Pending& p = pending[i];
+      if (!p.replaced()) continue;
+      for (size_t l = 0; l < p.k.size(); ++l) {
+        WriteRows(*memories[i], static_cast<int64_t>(l), true, p.position - p.length, p.k[l]);
+        WriteRows(*memories[i], static_cast<int64_t>(l), false, p.position - p.length, p.v[l]);
+      }
+    }
   } catch (...) {
     backup.Restore();
     throw;
   }
-  // Commit: the positions the sessions held are as they were, but for the
-  // slots BackUpOverwritten kept (already rewritten, as the commit wants).
+  // The positions the sessions held are as they were, but for the slots
+  // BackUpOverwritten kept (already rewritten, as the commit wants).
   std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
     SessionMemory* mem = memories[i];
     Pending& p = pending[i];
-    if (p.replaced()) {
-      for (size_t l = 0; l < p.k.size(); ++l) {
-        WriteRows(*mem, static_cast<int64_t>(l), true, p.position - p.length, p.k[l]);
-        WriteRows(*mem, static_cast<int64_t>(l), false, p.position - p.length, p.v[l]);
-      }
-    }
     mem->length_ = p.length;
     mem->position_ = p.position;
     for (at::Tensor& t : parts[i]) all.push_back(std::move(t));

@@ -117,6 +117,8 @@ class IncrementalModel {
     int64_t padded = 0, captured = 0, replayed = 0;
   };
   const GraphCounts& graph_counts() const { return graph_counts_; }
+  // Buckets with a decode graph's metadata (and, on a GPU, its capture).
+  int64_t graphs_held() const { return static_cast<int64_t>(graphs_.size()); }
   // Why the decode graphs turned themselves off (a capture failed), or empty.
   const std::string& graph_error() const { return graph_error_; }
 
@@ -293,6 +295,7 @@ class IncrementalModel {
   };
   std::map<DecodeBucket, DecodeGraph> graphs_;
   int64_t graphs_pool_generation_ = -1;
+  const SlotPool* graphs_pool_ = nullptr;  // the pool the captures were made on
   int64_t graphs_rel_size_ = -1;
   GraphCounts graph_counts_;
   std::string graph_error_;

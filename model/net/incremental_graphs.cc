@@ -72,8 +72,9 @@ at::Tensor IncrementalModel::GraphDecodePass(std::vector<Pending*>& batch,
 
   // Captures hold the pool's and the table's addresses.
   EnsureRelTable(Kp);
-  if (pool_->generation() != graphs_pool_generation_ || rel_size_ != graphs_rel_size_) {
+  if (pool_.get() != graphs_pool_ || pool_->generation() != graphs_pool_generation_ || rel_size_ != graphs_rel_size_) {
     graphs_.clear();
+    graphs_pool_ = pool_.get();
     graphs_pool_generation_ = pool_->generation();
     graphs_rel_size_ = rel_size_;
   }

@@ -26,6 +26,8 @@ constexpr int64_t kQueryBlock = 128;
 // The scores' scale, 1 / sqrt(dh).
 double ScoreScale(int64_t dh) { return 1.0 / std::sqrt(static_cast<double>(dh)); }
 
+}  // namespace
+
 // `values` on `device` in one copy: on a GPU from pinned host memory and
 // without waiting for it (the caching host allocator keeps the buffer until
 // the copy is done).
@@ -37,8 +39,6 @@ at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device) 
   if (count > 0) std::memcpy(host.data_ptr<int64_t>(), values.data(), count * sizeof(int64_t));
   return host.to(device, /*non_blocking=*/true);
 }
-
-}  // namespace
 
 IncrementalModel::PassGeometry IncrementalModel::Geometry(const std::vector<Pending*>& batch,
                                                           const std::vector<std::vector<int64_t>>& tokens) const {

@@ -18,14 +18,16 @@ namespace txl {
 
 namespace {
 
-// One step of two tokens on a fresh session: what a damaged weight (a NaN,
-// an infinity) or a kernel that does not run on this host shows first.
+// One step of four tokens on a fresh session: what a damaged weight (a NaN,
+// an infinity) or a kernel that does not run on this host shows first. Four
+// is more than a short feed (docs/MODEL.md, "Mixed steps"), so the step is one
+// multi-token pass: on a GPU it captures no decode graph on the loader's thread.
 absl::Status WarmUp(Engine& engine, const ModelConfig& config) {
   ASSIGN_OR_RETURN(std::unique_ptr<SessionState> session, engine.NewSession(std::max<int64_t>(1, config.mem_len)));
   const int n = static_cast<int>(config.n_token);
   StepInput in;
   in.session = session.get();
-  in.tokens = {0, 1 % n};
+  in.tokens = {0, 1 % n, 2 % n, 3 % n};
   in.targets = {1 % n};
   in.want_last_distribution = true;
   ASSIGN_OR_RETURN(std::vector<StepOutput> out, engine.Step(absl::MakeSpan(&in, 1)));

@@ -120,6 +120,7 @@ class StreamingCall : public Base {
   void Abandon() {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
+    stalled_ = true;
     queue_.clear();
     buffered_ = 0;
   }
@@ -148,6 +149,7 @@ class StreamingCall : public Base {
       finished_ = true;
       // A call the client abandoned (cancel, deadline, disconnect) is counted
       // as such (AbandonedCallStatus), whatever the job made of it.
+      if (stalled_) return {Action::kFinish, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the server")};
       if (cancelled_) return {Action::kFinish, AbandonedCallStatus(ctx_->deadline(), std::chrono::system_clock::now())};
       return {Action::kFinish, status_};
     }
@@ -172,6 +174,7 @@ class StreamingCall : public Base {
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool stalled_ ABSL_GUARDED_BY(mu_) = false;  // the server cancelled it: its client stopped reading
   bool paused_ ABSL_GUARDED_BY(mu_) = false;   // the call's jobs are paused for this client
   int64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;  // bytes queued or in the write in flight
   grpc::Status status_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 // Moving sessions between servers: ExportSession streams a session's image
 // out in chunks; ImportSession reads one in and makes a session of it.
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -14,13 +15,14 @@ namespace txl {
 // chunks, one write at a time. Deletes itself in OnDone.
 class ExportCall final : public grpc::ServerWriteReactor<v1::SessionChunk> {
  public:
-  ExportCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const v1::ExportSessionRequest& req) : c_(c) {
+  ExportCall(const ServiceContext* c, grpc::CallbackServerContext* ctx, const v1::ExportSessionRequest& req)
+      : c_(c), ctx_(ctx) {
     absl::Status s = Start(ctx, req);
     if (!s.ok()) End(ToGrpcStatus(s));
   }
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    if (!ok) {  // the client gave up: its deadline, a cancel or a disconnect
+      End(AbandonedCallStatus(ctx_->deadline(), std::chrono::system_clock::now()));
       return;
     }
     Next();
@@ -59,6 +61,7 @@ class ExportCall final : public grpc::ServerWriteReactor<v1::SessionChunk> {
   }
 
   const ServiceContext* c_;
+  grpc::CallbackServerContext* ctx_;
   std::string data_;  // set once, on the engine thread, before the first write
   size_t offset_ = 0;
   v1::SessionChunk chunk_;

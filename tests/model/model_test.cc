@@ -484,6 +484,7 @@ TEST_P(ShortFeedsTest, AStepOfDecodersAndATwoTokenFeedTakesNoMultiTokenPass) {
     // Both passes padded; on a GPU each is one graph launch (the eager
     // count here is what a capture records).
     EXPECT_EQ(split.graph_counts().padded, 2 * 2) << "the warm step's two passes and the counted step's";
+    EXPECT_LT(with, without);
   }
 }
 
@@ -766,6 +767,28 @@ TEST(SlotPoolTest, ModelsOfOneShapeShareTheReservedPoolOnceTheyJoinIt) {
   IncrementalModel native(c, w1, at::kCPU);
   native.JoinSharedPool(pools);
   EXPECT_EQ(native.pool(), nullptr);
+}
+
+// Decode graphs hold their pool's addresses: a model that joins another
+// pool drops the ones made on its own (a GPU would replay them on freed memory).
+TEST(SlotPoolTest, JoiningAnotherPoolDropsTheGraphsMadeOnTheModelsOwn) {
+  const ModelConfig c = testing::SmallConfig();
+  IncrementalModel::Precision p;
+  p.kernels = Kernels::kGeneric;
+  p.decode_graphs = true;
+  SharedSlotPools pools;
+  IncrementalModel first(c, TestWeights(c, 35), at::kCPU, p), later(c, TestWeights(c, 36), at::kCPU, p);
+  first.JoinSharedPool(pools);
+  SessionMemory s(c.n_layer, c.mem_len);
+  FeedInChunks(later, s, RandomTokens(6, c.n_token, 1), 3);
+  FeedInChunks(later, s, RandomTokens(1, c.n_token, 2), 1);  // a padded pass on the model's own pool
+  ASSERT_EQ(later.graphs_held(), 1);
+  later.JoinSharedPool(pools);
+  EXPECT_EQ(later.graphs_held(), 0);
+  SessionMemory t(c.n_layer, c.mem_len);
+  FeedInChunks(later, t, RandomTokens(6, c.n_token, 1), 3);
+  FeedInChunks(later, t, RandomTokens(1, c.n_token, 2), 1);
+  EXPECT_EQ(later.graphs_held(), 1) << "made again on the shared pool";
 }
 
 TEST(SlotPoolTest, ASharedPoolIsFreedWithItsLastHolder) {

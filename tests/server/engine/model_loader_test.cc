@@ -67,18 +67,27 @@ TEST_F(ModelLoaderTest, AGoodVersionLoadsAndSteps) {
 
 // The versions a repository loads with one SharedSlotPools share their
 // shape's session pool once checked (a GPU reserves it once for the session
-// budget); another shape has its own, and a load the checks refuse joins none.
+// budget); another shape has its own, and a load its warm-up refuses leaves none.
 TEST_F(ModelLoaderTest, CheckedVersionsOfOneShapeShareTheirSessionPool) {
   LanguageModelOptions options;
   options.kernels = Kernels::kGeneric;  // the path that pools sessions, as a GPU's
   options.shared_pools = std::make_shared<SharedSlotPools>();
+  // A version that loads but fails its warm-up step (finite weights whose
+  // products overflow) leaves no pool behind.
+  const RepositoryVersion damaged = Put("tiny", 3, 3);
+  auto checkpoint = LoadCheckpoint(damaged.path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  checkpoint->weights->layers[0].ff1_w.mul_(1e30f);
+  checkpoint->weights->layers[0].ff2_w.mul_(1e30f);
+  ASSERT_TRUE(SaveCheckpoint(damaged.path, checkpoint->config, checkpoint->tokenizer, *checkpoint->weights).ok());
+  const auto refused = LoadServedModel(options, "tiny", damaged);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("warm-up step"));
+  EXPECT_EQ(options.shared_pools->live(), 0);
   auto v1 = LoadServedModel(options, "tiny", Put("tiny", 1, 1));
   auto v2 = LoadServedModel(options, "tiny", Put("tiny", 2, 2));
   ASSERT_TRUE(v1.ok() && v2.ok());
   EXPECT_EQ(options.shared_pools->live(), 1) << "v1 and v2 hold one pool";
-  const RepositoryVersion damaged = Put("tiny", 3, 3);
-  ASSERT_TRUE(WriteFile(damaged.path, ReadFile(damaged.path)->substr(0, 1000)).ok());
-  ASSERT_FALSE(LoadServedModel(options, "tiny", damaged).ok());
   LanguageModelOptions bf16 = options;
   bf16.kv_dtype = KvDtype::kBfloat16;
   auto other = LoadServedModel(bf16, "tiny", Put("tiny", 4, 4));
@@ -93,6 +102,11 @@ TEST_F(ModelLoaderTest, CheckedVersionsOfOneShapeShareTheirSessionPool) {
     in.tokens = {'o', 'k'};
     ASSERT_TRUE((*served)->engine()->Step(absl::MakeSpan(&in, 1)).ok());
   }
+  // v2 holds the pool v1 made: with v1 gone it is still there.
+  v1->reset();
+  EXPECT_EQ(options.shared_pools->live(), 2);
+  v2->reset();
+  EXPECT_EQ(options.shared_pools->live(), 1) << "the bfloat16 version's alone";
 }
 
 TEST_F(ModelLoaderTest, ATruncatedFileIsRefusedNamingTheVersionAndTheFile) {

@@ -33,8 +33,9 @@ PACKAGES=(
   chromium chromium-driver python3-selenium curl
   # The official OpenAI Python SDK test (pip installs the pinned SDK into a venv in the build tree).
   python3-venv
-  # Real peers of the deployment tests (tests/integration): the proxy, the scraper, YAML.
-  nginx-light prometheus python3-yaml
+  # Real peers of the deployment tests (tests/integration): the proxy, the scraper, YAML; and a
+  # JSON Schema validator for response_format's outputs (test_http.py).
+  nginx-light prometheus python3-yaml python3-jsonschema
   # The security tests make their CA and certificates with the openssl CLI.
   openssl
   # The Redis state store: its client library, and the server its tests run on loopback.

@@ -88,7 +88,7 @@ build-tsan/tests/server_test --gtest_repeat=20 --gtest_brief=1
 phase fuzz
 configure build-fuzz -DTXL_FUZZ=ON
 cmake --build build-fuzz -j "$JOBS" --target tokenizer_fuzzer request_validation_fuzzer checkpoint_fuzzer \
-  session_import_fuzzer openai_json_fuzzer grammar_fuzzer
+  session_import_fuzzer openai_json_fuzzer grammar_fuzzer json_schema_fuzzer
 ctest --test-dir build-fuzz --output-on-failure -j "$JOBS" -L fuzz
 grep -a -E '^([0-9]+/[0-9]+ Test: |stat::number_of_executed_units|stat::average_exec_per_sec)' \
   build-fuzz/Testing/Temporary/LastTest.log || true

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/sampling/json_schema.h"
 #include "server/sampling/sampler.h"
 
 namespace txl {
@@ -136,7 +137,43 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
   if (!req.grammar().empty()) {
     ASSIGN_OR_RETURN(spec.grammar, ParseGrammar(req.grammar()));
   }
+  if (req.response_format().type() != v1::ResponseFormat::TYPE_TEXT) {
+    if (spec.grammar != nullptr) {
+      return absl::InvalidArgumentError("response_format: give it or a grammar, not both (it is written as one)");
+    }
+    ASSIGN_OR_RETURN(spec.grammar, ResponseFormatGrammar(req.response_format()));
+  } else if (!req.response_format().json_schema().empty()) {
+    return absl::InvalidArgumentError("response_format.json_schema: only with type TYPE_JSON_SCHEMA");
+  }
   return spec;
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ResponseFormatGrammar(
+    const v1::ResponseFormat& format) const {
+  std::string text;
+  if (format.type() == v1::ResponseFormat::TYPE_JSON_OBJECT) {
+    if (!format.json_schema().empty()) {
+      return absl::InvalidArgumentError("response_format.json_schema: only with type TYPE_JSON_SCHEMA");
+    }
+    text = JsonObjectGrammar();
+  } else if (format.type() == v1::ResponseFormat::TYPE_JSON_SCHEMA) {
+    if (format.json_schema().empty()) return absl::InvalidArgumentError("response_format.json_schema: required");
+    absl::StatusOr<std::string> written = JsonSchemaGrammar(format.json_schema());
+    if (!written.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("response_format.json_schema: ", written.status().message()));
+    }
+    text = *std::move(written);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("response_format.type: unknown value ", format.type()));
+  }
+  absl::StatusOr<std::shared_ptr<const Grammar>> grammar = ParseGrammar(text);
+  if (!grammar.ok()) {
+    // ParseGrammar's messages start "grammar: " (the model's vocabulary, or a limit the schema's grammar passed).
+    std::string why(grammar.status().message());
+    if (why.rfind("grammar: ", 0) == 0) why = why.substr(9);
+    return absl::Status(grammar.status().code(), absl::StrCat("response_format: ", why));
+  }
+  return grammar;
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ParseGrammar(const std::string& text) const {

@@ -101,6 +101,9 @@ class RequestValidator {
   // A request's grammar (server/sampling/grammar.h), for this model: parsed,
   // on a byte- or character-level model, and some token can begin it.
   absl::StatusOr<std::shared_ptr<const Grammar>> ParseGrammar(const std::string& text) const;
+  // A request's response_format (json_object or json_schema), written as a
+  // grammar (server/sampling/json_schema.h) and parsed as ParseGrammar does.
+  absl::StatusOr<std::shared_ptr<const Grammar>> ResponseFormatGrammar(const v1::ResponseFormat& format) const;
 
   // Whole requests, checked in the order the service always has: the
   // request's own fields and the id (field against metadata) as each RPC

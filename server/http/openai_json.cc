@@ -254,6 +254,41 @@ namespace {
 
 // The fields /v1/completions and /v1/chat/completions share: the model,
 // sampling, stop, n, stream, the session, and the options refused.
+// response_format: text, json_object, or json_schema with its schema (taken
+// from `body` again, in its own key order: properties are written in order).
+bool ParseResponseFormat(const json& j, const std::string& body, v1::GenerateRequest* r, HttpError* error) {
+  auto it = j.find("response_format");
+  if (it == j.end() || it->is_null()) return true;
+  const char* kTypes = "\"text\", \"json_object\" or \"json_schema\"";
+  if (!it->is_object()) {
+    *error = Bad("response_format", absl::StrCat("'response_format' must be an object whose 'type' is ", kTypes));
+    return false;
+  }
+  auto type = it->find("type");
+  const std::string t = type != it->end() && type->is_string() ? type->get<std::string>() : "";
+  v1::ResponseFormat* f = r->mutable_response_format();
+  if (t == "text") {
+    f->set_type(v1::ResponseFormat::TYPE_TEXT);
+  } else if (t == "json_object") {
+    f->set_type(v1::ResponseFormat::TYPE_JSON_OBJECT);
+  } else if (t == "json_schema") {
+    auto spec = it->find("json_schema");
+    if (spec == it->end() || !spec->is_object() || !spec->contains("schema")) {
+      *error = Bad("response_format.json_schema",
+                   "'response_format.json_schema' must be an object with the JSON Schema in 'schema'");
+      return false;
+    }
+    // Parsed once already, so it parses again.
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
+    f->set_type(v1::ResponseFormat::TYPE_JSON_SCHEMA);
+    f->set_json_schema(ordered["response_format"]["json_schema"]["schema"].dump());
+  } else {
+    *error = Bad("response_format.type", absl::StrCat("'response_format.type' must be ", kTypes));
+    return false;
+  }
+  return true;
+}
+
 bool ParseCommon(const json& j, const std::string& session_header, bool chat, CompletionParams* p, HttpError* error) {
   auto fail = [&](HttpError e) {
     *error = std::move(e);
@@ -284,6 +319,9 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
                {"input.tokens.ids", input_field, ""},
                {"session_id", "session_id", ""},
                {"grammar", "grammar", ""},
+               {"response_format", "response_format", ""},
+               {"response_format.type", "response_format.type", ""},
+               {"response_format.json_schema", "response_format.json_schema.schema", ""},
                {"n", "n", " (0: "},  // 0 is not a client's n
                {"best_of", "best_of", " (0: "}};
   if (!IntField(j, max_tokens_field, 0, std::numeric_limits<int32_t>::max(), &max_tokens, error) ||
@@ -330,7 +368,7 @@ bool ParseCommon(const json& j, const std::string& session_header, bool chat, Co
   }
   // Options this server does not implement: refused when they would change
   // the result, rather than silently ignored.
-  for (const char* field : {"suffix", "tools", "functions", "response_format"}) {
+  for (const char* field : {"suffix", "tools", "functions"}) {
     if (auto it = j.find(field); it != j.end() && !it->is_null()) {
       return fail(Bad(field, absl::StrCat("'", field, "' is not supported")));
     }
@@ -400,7 +438,7 @@ absl::StatusOr<CompletionParams> ParseCompletion(const std::string& body, const 
   ASSIGN_OR_RETURN(json j, ParseBody(body, error));
   CompletionParams p;
   v1::GenerateRequest& r = p.request;
-  if (!ParseCommon(j, session_header, /*chat=*/false, &p, error)) {
+  if (!ParseCommon(j, session_header, /*chat=*/false, &p, error) || !ParseResponseFormat(j, body, &p.request, error)) {
     return absl::InvalidArgumentError(error->message);
   }
   // prompt: a string, one string in an array, or token ids.
@@ -441,7 +479,8 @@ absl::StatusOr<ChatParams> ParseChat(const std::string& body, const std::string&
   };
   ASSIGN_OR_RETURN(json j, ParseBody(body, error));
   ChatParams p;
-  if (!ParseCommon(j, session_header, /*chat=*/true, &p.completion, error)) {
+  if (!ParseCommon(j, session_header, /*chat=*/true, &p.completion, error) ||
+      !ParseResponseFormat(j, body, &p.completion.request, error)) {
     return absl::InvalidArgumentError(error->message);
   }
   auto messages = j.find("messages");

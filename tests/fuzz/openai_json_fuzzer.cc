@@ -77,6 +77,9 @@ const std::set<std::string>& ParamsOf(int parser) {
                                                         "tools",
                                                         "functions",
                                                         "response_format",
+                                                        "response_format.type",
+                                                        "response_format.json_schema",
+                                                        "response_format.json_schema.schema",
                                                         "best_of",
                                                         "grammar",
                                                         "presence_penalty",
@@ -233,8 +236,25 @@ void CheckCommon(const json& doc, const CompletionParams& p, bool header) {
     }
   }
   if (const json* user = Field(doc, "user")) Check(user->is_string(), "'user' a string");
-  for (const char* refused : {"suffix", "tools", "functions", "response_format"}) {
+  for (const char* refused : {"suffix", "tools", "functions"}) {
     Check(Field(doc, refused) == nullptr, "unsupported options refused");
+  }
+  const v1::ResponseFormat& format = r.response_format();
+  if (const json* fmt = Field(doc, "response_format")) {
+    Check(fmt->is_object() && fmt->contains("type") && (*fmt)["type"].is_string(), "response_format has a type");
+    const std::string type = (*fmt)["type"].get<std::string>();
+    if (type == "json_schema") {
+      Check(format.type() == v1::ResponseFormat::TYPE_JSON_SCHEMA &&
+                json::parse(format.json_schema()) == (*fmt)["json_schema"]["schema"],
+            "json_schema: the body's schema, as JSON");
+    } else {
+      Check(type == "text" || type == "json_object", "response_format's type one of three");
+      Check(format.json_schema().empty() &&
+                (format.type() == v1::ResponseFormat::TYPE_JSON_OBJECT) == (type == "json_object"),
+            "text and json_object carry no schema");
+    }
+  } else {
+    Check(format.type() == v1::ResponseFormat::TYPE_TEXT && format.json_schema().empty(), "no response_format: text");
   }
   if (const json* best_of = Field(doc, "best_of")) {
     CheckInt(best_of, r.best_of(), r.n(), kInt32Max, 0, "best_of in [n, 2^31 - 1], the body's");

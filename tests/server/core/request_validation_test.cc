@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/sampling/grammar.h"
 
 namespace txl {
 namespace {
@@ -115,6 +116,47 @@ TEST(RequestValidationTest, AGrammarIsCheckedAgainstTheModel) {
   req.set_grammar("root ::= \"cat\"");
   EXPECT_TRUE(absl::StartsWith(RequestValidator(RequestLimits{}, words).Spec(req).status().message(),
                                "grammar: not yet for a word-level model"));
+}
+
+// response_format: written as a grammar (json_schema.h), checked as one
+// against the model; not beside a grammar; each refusal names its field.
+TEST(RequestValidationTest, AResponseFormatIsWrittenAsAGrammarAndChecked) {
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("ab");
+  req.mutable_response_format()->set_type(v1::ResponseFormat::TYPE_JSON_OBJECT);
+  auto spec = Validator().Spec(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_NE(spec->grammar, nullptr);
+  GrammarState object(spec->grammar);
+  EXPECT_TRUE(object.Advance(R"({"a": [1, true]})") && object.Complete());
+  req.mutable_response_format()->set_type(v1::ResponseFormat::TYPE_JSON_SCHEMA);
+  req.mutable_response_format()->set_json_schema(R"({"type": "array", "items": {"type": "integer"}})");
+  spec = Validator().Spec(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  GrammarState array(spec->grammar);
+  EXPECT_TRUE(array.Advance("[1, 2]") && array.Complete());
+  EXPECT_FALSE(GrammarState(spec->grammar).Allows("{"));
+  auto refusal = [&](const v1::GenerateRequest& r, const Tokenizer* tokenizer = nullptr) {
+    auto s = tokenizer ? RequestValidator(RequestLimits{}, *tokenizer).Spec(r) : Validator().Spec(r);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.status().message());
+  };
+  req.mutable_response_format()->set_json_schema(R"({"type": "integer", "minimum": 0})");
+  EXPECT_EQ(refusal(req), "response_format.json_schema: the schema: 'minimum' is not supported");
+  req.mutable_response_format()->clear_json_schema();
+  EXPECT_EQ(refusal(req), "response_format.json_schema: required");
+  req.mutable_response_format()->set_type(v1::ResponseFormat::TYPE_JSON_OBJECT);
+  req.mutable_response_format()->set_json_schema("{}");
+  EXPECT_EQ(refusal(req), "response_format.json_schema: only with type TYPE_JSON_SCHEMA");
+  req.mutable_response_format()->clear_json_schema();
+  req.set_grammar("root ::= \"x\"");
+  EXPECT_EQ(refusal(req), "response_format: give it or a grammar, not both (it is written as one)");
+  req.clear_grammar();
+  const Tokenizer chars = *Tokenizer::CharFromCorpus("abc xyz");  // no '{'
+  EXPECT_EQ(refusal(req, &chars),
+            "response_format: no token of the model's vocabulary can begin it (root's first characters are not in it)");
+  req.mutable_response_format()->set_type(static_cast<v1::ResponseFormat::Type>(7));
+  EXPECT_EQ(refusal(req), "response_format.type: unknown value 7");
 }
 
 // A top-k of the vocabulary or more limits nothing; left as it is, it would

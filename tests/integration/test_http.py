@@ -176,6 +176,14 @@ class HttpTest(unittest.TestCase):
         self.assertEqual([r.HasField("usage") for r in responses], [False] * (len(responses) - 1) + [True])
         self.assertEqual((responses[-1].usage.input_tokens, responses[-1].usage.generated_tokens), (11, 30))
 
+    def sampled_choices(self, fields, calls):
+        """The choices of `calls` completions of 10 choices each at temperature 1, with `fields`."""
+        for call in range(calls):
+            status, body, _ = self.http.json("POST", "/v1/completions", dict({
+                "prompt": "JSON: ", "max_tokens": 400, "temperature": 1, "seed": 1 + 10 * call, "n": 10}, **fields))
+            self.assertEqual(status, 200, body)
+            yield from body["choices"]
+
     def test_a_grammar_holds_100_sampled_texts_to_valid_json(self):
         """Constrained output at temperature 1 (the tiny model's random weights, its byte vocabulary): 10
         calls of 10 choices each; every text that ends (finish "stop") parses as JSON, and nearly all end
@@ -190,18 +198,13 @@ string ::= "\"" [a-z] [a-z]? [a-z]? "\""
 number ::= "-"? [1-9] [0-9]? ( "." [0-9] )?
 '''
         finished = 0
-        for call in range(10):
-            status, body, _ = self.http.json("POST", "/v1/completions", {
-                "prompt": "JSON: ", "max_tokens": 400, "temperature": 1, "seed": 1 + 10 * call, "n": 10,
-                "grammar": grammar})
-            self.assertEqual(status, 200, body)
-            for c in body["choices"]:
-                if c["finish_reason"] == "stop":
-                    finished += 1
-                    self.assertIsInstance(json.loads(c["text"]), dict, c["text"])
-                else:
-                    self.assertEqual(c["finish_reason"], "length")
-                    self.assertTrue(c["text"].startswith("{"), c["text"])
+        for c in self.sampled_choices({"grammar": grammar}, calls=10):
+            if c["finish_reason"] == "stop":
+                finished += 1
+                self.assertIsInstance(json.loads(c["text"]), dict, c["text"])
+            else:
+                self.assertEqual(c["finish_reason"], "length")
+                self.assertTrue(c["text"].startswith("{"), c["text"])
         self.assertGreaterEqual(finished, 95)
         # Streamed, the same text; on a session, too (only its new tokens follow the grammar).
         req = {"prompt": "JSON: ", "max_tokens": 400, "temperature": 1, "seed": 3, "grammar": grammar}
@@ -239,17 +242,12 @@ number ::= "-"? [1-9] [0-9]? ( "." [0-9] )?
         finished = 0
         for k, schema in enumerate(self.SCHEMAS):
             fmt = {"type": "json_schema", "json_schema": {"name": "s%d" % k, "schema": schema, "strict": True}}
-            for call in range(2):
-                status, body, _ = self.http.json("POST", "/v1/completions", {
-                    "prompt": "JSON: ", "max_tokens": 400, "temperature": 1, "seed": 1 + 10 * call, "n": 10,
-                    "response_format": fmt})
-                self.assertEqual(status, 200, body)
-                for c in body["choices"]:
-                    if c["finish_reason"] == "stop":
-                        finished += 1
-                        jsonschema.validate(json.loads(c["text"]), schema)
-                    else:
-                        self.assertEqual(c["finish_reason"], "length")
+            for c in self.sampled_choices({"response_format": fmt}, calls=2):
+                if c["finish_reason"] == "stop":
+                    finished += 1
+                    jsonschema.validate(json.loads(c["text"]), schema)
+                else:
+                    self.assertEqual(c["finish_reason"], "length")
         self.assertGreaterEqual(finished, 95)
         # Properties come in the schema's order (the body's, not sorted).
         fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": {

@@ -1,7 +1,7 @@
 """The official OpenAI Python SDK (PyPI "openai", pinned in openai_sdk/requirements.txt) against a
 real txl-server's HTTP port, with base_url pointing at it: completions and chat, whole and
-streamed, usage, n and best_of, a session continued through session_id, logit_bias and the penalties, echo (the
-prompt's log-probs), and 400/404 refusals surfacing as the SDK's exceptions (openai_sdk/check.py).
+streamed, usage, n and best_of, response_format, a session continued through session_id, logit_bias and the
+penalties, echo (the prompt's log-probs), and 400/404 refusals surfacing as the SDK's exceptions (openai_sdk/check.py).
 
 The SDK lives in a virtual environment inside the build tree (--cache), made with this interpreter
 and filled by pip from PyPI once; nothing is installed system-wide. check.py runs in that
@@ -48,7 +48,7 @@ class OpenAiSdkTest(unittest.TestCase):
                                  timeout=180, env=dict(os.environ, TXL_BASE_URL="http://%s/v1" % server.http_address))
             sys.stderr.write(run.stderr)
             self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-            self.assertIn("Ran 7 tests", run.stderr)
+            self.assertIn("Ran 8 tests", run.stderr)
         finally:
             self.assertEqual(server.stop(), 0)
 

@@ -3,6 +3,7 @@
 Runs inside the SDK's own virtual environment, started by test_openai_sdk.py; it imports nothing
 of this project. Greedy requests (temperature 0), so whole and streamed answers must agree.
 """
+import json
 import os
 import unittest
 
@@ -169,6 +170,22 @@ class SdkTest(unittest.TestCase):
             self.complete(prompt="x", n=2, extra_body={"session_id": session["id"]})
         self.assertEqual(caught.exception.param, "n")
         self.assertEqual(self.client.get("/sessions/" + session["id"], cast_to=object)["position"], 0)
+
+    def test_response_format(self):
+        # The bundled model's vocabulary can write an integer (its one digit is 3), not an object.
+        fmt = {"type": "json_schema", "json_schema": {"name": "count", "schema": {"type": "integer"}, "strict": True}}
+        choice = self.chat(max_tokens=8, response_format=fmt).choices[0]
+        self.assertEqual(choice.finish_reason, "stop")
+        self.assertIsInstance(json.loads(choice.message.content), int)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.chat(max_tokens=8, response_format={"type": "json_object"})
+        self.assertEqual(caught.exception.param, "response_format")
+        self.assertIn("vocabulary", str(caught.exception))
+        fmt["json_schema"]["schema"] = {"type": "integer", "minimum": 1}
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.chat(max_tokens=8, response_format=fmt)
+        self.assertEqual(caught.exception.param, "response_format.json_schema.schema")
+        self.assertIn("'minimum' is not supported", str(caught.exception))
 
     def test_refusals_surface_as_the_sdks_exceptions(self):
         with self.assertRaises(openai.BadRequestError) as caught:

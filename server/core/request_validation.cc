@@ -168,9 +168,17 @@ absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ResponseFormatG
   }
   absl::StatusOr<std::shared_ptr<const Grammar>> grammar = ParseGrammar(text);
   if (!grammar.ok()) {
-    // ParseGrammar's messages start "grammar: " (the model's vocabulary, or a limit the schema's grammar passed).
+    // ParseGrammar's messages start "grammar: ": the model's vocabulary, or
+    // a limit the schema's grammar passed ("grammar: line L, column C: more
+    // than 1024 rules ..."), which is the schema's size, not a line of it.
     std::string why(grammar.status().message());
     if (why.rfind("grammar: ", 0) == 0) why = why.substr(9);
+    if (why.rfind("line ", 0) == 0) {
+      const size_t what = why.find(": ");
+      return absl::InvalidArgumentError(
+          absl::StrCat("response_format.json_schema: the schema is too large to follow (its grammar has ",
+                       what == std::string::npos ? why : why.substr(what + 2), ")"));
+    }
     return absl::Status(grammar.status().code(), absl::StrCat("response_format: ", why));
   }
   return grammar;

@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/sampling/json_schema.h"
 
 namespace txl {
 namespace {
@@ -278,8 +280,34 @@ bool ParseResponseFormat(const json& j, const std::string& body, v1::GenerateReq
                    "'response_format.json_schema' must be an object with the JSON Schema in 'schema'");
       return false;
     }
-    // Parsed once already, so it parses again.
-    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
+    // Again in order, response_format alone; its nesting and keys bounded
+    // before dump() recurses over it (the core bounds its bytes). The body
+    // parsed once already, so it parses again.
+    using Ordered = nlohmann::ordered_json;
+    std::string too_large;
+    int keys = 0;
+    bool in_format = false;  // within the body's response_format (the other fields are skipped)
+    Ordered ordered;
+    try {
+      ordered = Ordered::parse(body, [&](int depth, Ordered::parse_event_t event, Ordered& parsed) {
+        if (event == Ordered::parse_event_t::key && depth == 1) {
+          in_format = parsed == "response_format";
+          return in_format;
+        }
+        if (!in_format || depth < 1) return true;
+        if (depth > kMaxSchemaNesting) {
+          too_large = absl::StrCat("the schema nests deeper than ", kMaxSchemaNesting);
+        } else if (event == Ordered::parse_event_t::key && ++keys > kMaxSchemaKeys) {
+          too_large = absl::StrCat("the schema has more than ", kMaxSchemaKeys, " keys");
+        }
+        if (!too_large.empty()) throw std::length_error(too_large);
+        return true;
+      });
+    } catch (const std::length_error&) {
+      *error =
+          Bad("response_format.json_schema.schema", absl::StrCat("'response_format.json_schema.schema': ", too_large));
+      return false;
+    }
     f->set_type(v1::ResponseFormat::TYPE_JSON_SCHEMA);
     f->set_json_schema(ordered["response_format"]["json_schema"]["schema"].dump());
   } else {

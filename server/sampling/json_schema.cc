@@ -1,8 +1,10 @@
 #include "server/sampling/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -19,13 +21,16 @@ namespace {
 using Json = nlohmann::ordered_json;  // keeps the properties' order
 
 // Any JSON value; a schema's rules refer to these. A string's characters
-// are whole UTF-8 sequences (no overlong forms or surrogates).
+// are whole UTF-8 sequences (no overlong forms or surrogates) or escapes of
+// one character (\u escapes outside the surrogates: a pair would be one
+// character of JSON Schema's length, two of this grammar's).
 constexpr char kJsonRules[] = R"(ws ::= [ \n]?
 json-value ::= json-object | json-array | json-string | json-number | "true" | "false" | "null"
 json-object ::= "{" ws (json-string ws ":" ws json-value (ws "," ws json-string ws ":" ws json-value)* ws)? "}"
 json-array ::= "[" ws (json-value (ws "," ws json-value)* ws)? "]"
 json-string ::= "\"" json-char* "\""
-json-char ::= [\x20-\x21\x23-\x5b\x5d-\x7f] | json-utf8 | "\\" (["\\/bfnrt] | "u" json-hex json-hex json-hex json-hex)
+json-char ::= [\x20-\x21\x23-\x5b\x5d-\x7f] | json-utf8 | "\\" (["\\/bfnrt] | "u" json-bmp)
+json-bmp ::= [0-9a-cA-CeEfF] json-hex json-hex json-hex | [dD] [0-7] json-hex json-hex
 json-hex ::= [0-9a-fA-F]
 json-utf8 ::= [\xc2-\xdf] json-tail | "\xe0" [\xa0-\xbf] json-tail | [\xe1-\xec\xee-\xef] json-tail json-tail | "\xed" [\x80-\x9f] json-tail | "\xf0" [\x90-\xbf] json-tail json-tail | [\xf1-\xf3] json-tail json-tail json-tail | "\xf4" [\x80-\x8f] json-tail json-tail
 json-tail ::= [\x80-\xbf]
@@ -74,7 +79,10 @@ bool OfType(const Json& v, const std::string& type) {
   if (type == "array") return v.is_array();
   if (type == "string") return v.is_string();
   if (type == "number") return v.is_number();
-  if (type == "integer") return v.is_number_integer() || v.is_number_unsigned();
+  if (type == "integer") {
+    return v.is_number_integer() || v.is_number_unsigned() ||
+           (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  }
   if (type == "boolean") return v.is_boolean();
   return v.is_null();  // "null"
 }
@@ -108,6 +116,9 @@ class SchemaCompiler {
     if (it == s.end()) return none;
     if (!it->is_number_integer() && !it->is_number_unsigned()) {
       return Bad(path, absl::StrCat("'", key, "' must be a whole number"));
+    }
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxSchemaBound)) {
+      return Bad(path, absl::StrCat("'", key, "' above ", kMaxSchemaBound, " is not supported, got ", it->dump()));
     }
     const auto v = it->get<int64_t>();
     if (v < 0) return Bad(path, absl::StrCat("'", key, "' must be at least 0, got ", v));
@@ -146,7 +157,16 @@ class SchemaCompiler {
       }
       if (types.empty()) return Bad(path, "'type' is an empty array");
     }
-    if (s.contains("const") || s.contains("enum")) return Choices(s, types, path);
+    if (s.contains("const") || s.contains("enum")) {
+      // Only `type` may narrow them: the values are written as they are.
+      for (const auto& [key, unused] : s.items()) {
+        if (key != "const" && key != "enum" && key != "type" && Annotations().count(key) == 0) {
+          return Bad(path, absl::StrCat("'", key, "' beside '", s.contains("enum") ? "enum" : "const",
+                                        "' is not supported (list only the values it allows)"));
+        }
+      }
+      return Choices(s, types, path);
+    }
     if (auto it = s.find("anyOf"); it != s.end()) {
       for (const auto& [key, unused] : s.items()) {
         if (key != "anyOf" && Annotations().count(key) == 0) {
@@ -225,11 +245,12 @@ class SchemaCompiler {
     return Rule(body + " \"\\\"\"");
   }
 
-  // Up to `n` (>= 1) more of `item`: nested rules, since n optional items in
-  // a row would each match the same text.
+  // Up to `n` (>= 1) more of `item`: nested rules, one a level (an empty
+  // alternative ends each), since n optional items in a row would each
+  // match the same text.
   std::string UpTo(int n, const std::string& item) {
     std::string rest;
-    for (int i = 0; i < n; ++i) rest = Rule(absl::StrCat("(", item, rest.empty() ? "" : " " + rest, ")?"));
+    for (int i = 0; i < n; ++i) rest = Rule(absl::StrCat(item, rest.empty() ? "" : " " + rest, " |"));
     return rest;
   }
 
@@ -291,20 +312,23 @@ class SchemaCompiler {
     // (each after a comma); first[k], from k on with none written yet.
     const size_t m = names.size();
     std::vector<std::string> after(m + 1), first(m + 1);
+    bool all_optional = true;
     for (size_t k = m; k-- > 0;) {
       const std::string pair = Rule(absl::StrCat(Literal(Json(names[k]).dump()), " ws \":\" ws ", values[k]));
       const bool needed = required.count(names[k]) > 0;
       const std::string then = after[k + 1].empty() ? "" : " " + after[k + 1];
       const std::string comma = absl::StrCat("ws \",\" ws ", pair);
       after[k] = Rule(needed ? comma + then : absl::StrCat("(", comma, ")?", then));
-      if (needed) {
+      // first[k] never matches nothing: an object whose properties are all
+      // optional is "{" ws (first[0] ws)? "}", so "{}" has one place for a blank.
+      if (needed || first[k + 1].empty()) {
         first[k] = Rule(pair + then);
-      } else if (first[k + 1].empty()) {
-        first[k] = Rule(absl::StrCat("(", pair, ")?"));
       } else {
         first[k] = Rule(absl::StrCat(pair, then, " | ", first[k + 1]));
       }
+      all_optional = all_optional && !needed;
     }
+    if (all_optional) return Rule(absl::StrCat("\"{\" ws (", first[0], " ws)? \"}\""));
     return Rule(absl::StrCat("\"{\" ws ", first[0], " ws \"}\""));
   }
 
@@ -317,9 +341,27 @@ class SchemaCompiler {
 std::string JsonObjectGrammar() { return absl::StrCat("root ::= json-object\n", kJsonRules); }
 
 absl::StatusOr<std::string> JsonSchemaGrammar(absl::string_view schema) {
+  if (static_cast<int64_t>(schema.size()) > kMaxSchemaBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the schema is ", schema.size(), " bytes, more than the limit of ", kMaxSchemaBytes));
+  }
+  // Read with its nesting and keys counted: the copies and dumps below
+  // recurse, and an ordered object's insertion costs its keys so far.
+  std::string too_large;
+  int keys = 0;
   Json parsed;
   try {
-    parsed = Json::parse(schema.begin(), schema.end());
+    parsed = Json::parse(schema.begin(), schema.end(), [&](int depth, Json::parse_event_t event, Json&) {
+      if (depth > kMaxSchemaNesting) {
+        too_large = absl::StrCat("the schema nests deeper than ", kMaxSchemaNesting);
+      } else if (event == Json::parse_event_t::key && ++keys > kMaxSchemaKeys) {
+        too_large = absl::StrCat("the schema has more than ", kMaxSchemaKeys, " keys");
+      }
+      if (!too_large.empty()) throw std::length_error(too_large);
+      return true;
+    });
+  } catch (const std::length_error&) {
+    return absl::InvalidArgumentError(too_large);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("the schema is not JSON: ", e.what()));
   }

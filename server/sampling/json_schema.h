@@ -21,6 +21,7 @@
 #ifndef TXL_SERVER_SAMPLING_JSON_SCHEMA_H_
 #define TXL_SERVER_SAMPLING_JSON_SCHEMA_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -32,6 +33,11 @@ namespace txl {
 inline constexpr int kMaxSchemaBound = 256;
 // Schemas nested deeper than this are refused.
 inline constexpr int kMaxSchemaDepth = 32;
+// Bounds on a schema's JSON text, checked as it is read (before anything
+// recurses over it): bytes, nesting of JSON values, and object keys.
+inline constexpr int64_t kMaxSchemaBytes = 64 << 10;
+inline constexpr int kMaxSchemaNesting = 128;
+inline constexpr int kMaxSchemaKeys = 4096;
 
 // A grammar whose texts are the JSON objects.
 std::string JsonObjectGrammar();

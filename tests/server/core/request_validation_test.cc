@@ -143,6 +143,14 @@ TEST(RequestValidationTest, AResponseFormatIsWrittenAsAGrammarAndChecked) {
   };
   req.mutable_response_format()->set_json_schema(R"({"type": "integer", "minimum": 0})");
   EXPECT_EQ(refusal(req), "response_format.json_schema: the schema: 'minimum' is not supported");
+  // A schema within its own bounds whose grammar passes the grammar's rule limit: named in its terms.
+  std::string five = R"({"properties": {)";
+  for (int i = 0; i < 5; ++i)
+    five += absl::StrCat(i ? "," : "", "\"p", i, "\": {\"type\": \"string\", \"maxLength\": 256}");
+  req.mutable_response_format()->set_json_schema(five + "}}");
+  EXPECT_EQ(refusal(req),
+            "response_format.json_schema: the schema is too large to follow (its grammar has more than 1024 rules "
+            "(groups and repetitions count))");
   req.mutable_response_format()->clear_json_schema();
   EXPECT_EQ(refusal(req), "response_format.json_schema: required");
   req.mutable_response_format()->set_type(v1::ResponseFormat::TYPE_JSON_OBJECT);

@@ -7,7 +7,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "server/core/request_validation.h"
+#include "server/sampling/json_schema.h"
 
 namespace txl {
 namespace {
@@ -167,6 +169,45 @@ TEST(OpenAiJsonTest, TheServicesRefusalsNameTheFieldTheClientSent) {
 }
 
 // n and best_of reach the request; what OpenAI refuses is a 400 naming the field.
+// response_format reaches the request: json_object, and a json_schema's
+// schema in the body's own key order. A schema nested very deep or with very
+// many keys is refused as it is read (dump() recurses, and an ordered
+// object's insertion costs its keys so far): 400 naming the schema's field,
+// not a crashed thread.
+TEST(OpenAiJsonTest, AResponseFormatReachesTheRequestInItsOwnOrder) {
+  HttpError e;
+  auto p = ParseCompletion(R"({"prompt": "x", "response_format": {"type": "json_object"}})", "", &e);
+  ASSERT_TRUE(p.ok()) << e.message;
+  EXPECT_EQ(p->request.response_format().type(), v1::ResponseFormat::TYPE_JSON_OBJECT);
+  p = ParseCompletion(R"({"z": {"k2": 0, "k1": 0}, "prompt": "x", "response_format": {"type": "json_schema",
+                          "json_schema": {"name": "n", "schema": {"properties": {"zeta": {}, "alpha": {}}}}}})",
+                      "", &e);
+  ASSERT_TRUE(p.ok()) << e.message;
+  EXPECT_EQ(p->request.response_format().type(), v1::ResponseFormat::TYPE_JSON_SCHEMA);
+  EXPECT_EQ(p->request.response_format().json_schema(), R"({"properties":{"zeta":{},"alpha":{}}})");
+  const std::string deep = std::string(100000, '[') + "1" + std::string(100000, ']');
+  const std::string deep_body =
+      R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"const": )" + deep +
+      "}}}}";
+  Refusal r = Completion(deep_body);
+  ASSERT_TRUE(r.refused);
+  EXPECT_EQ(r.error.param, "response_format.json_schema.schema");
+  EXPECT_NE(r.error.message.find("nests deeper than 128"), std::string::npos) << r.error.message;
+  std::string keys = R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {)";
+  for (int i = 0; i <= kMaxSchemaKeys; ++i) absl::StrAppend(&keys, i ? "," : "", "\"k", i, "\": 0");
+  r = Completion(keys + "}}}}");
+  ASSERT_TRUE(r.refused);
+  EXPECT_EQ(r.error.param, "response_format.json_schema.schema");
+  EXPECT_NE(r.error.message.find("more than 4096 keys"), std::string::npos) << r.error.message;
+  // Keys elsewhere in the body are not read again in order, nor counted.
+  std::string junk = R"({"prompt": "x", "junk": {)";
+  for (int i = 0; i < 20000; ++i) absl::StrAppend(&junk, i ? "," : "", "\"k", i, "\": 0");
+  junk += R"(}, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}})";
+  p = ParseCompletion(junk, "", &e);
+  ASSERT_TRUE(p.ok()) << e.message;
+  EXPECT_EQ(p->request.response_format().json_schema(), R"({"type":"integer"})");
+}
+
 TEST(OpenAiJsonTest, NAndBestOfReachTheRequest) {
   HttpError e;
   auto p = ParseCompletion(R"({"prompt": "x", "n": 2, "best_of": 5})", "", &e);

@@ -122,6 +122,41 @@ TEST(JsonSchemaTest, ArraysStringsChoicesAndNesting) {
   EXPECT_NE(Compiled(R"({"type": "array", "minItems": 3, "maxItems": 256})"), nullptr);
 }
 
+// Found in review: escapes of surrogates, keywords beside enum and const
+// left unchecked, bounds that together passed the grammar's rule limit, a
+// bound beyond int64, and two blanks in an empty object of optional properties.
+TEST(JsonSchemaTest, ReviewedCornersHoldToTheSchema) {
+  auto strings = Compiled(R"({"type": "string", "minLength": 2})");
+  ASSERT_NE(strings, nullptr);
+  EXPECT_TRUE(Matches(strings, R"("\u00e9\uFFFD")"));
+  EXPECT_FALSE(Matches(strings, R"("\udc00\u0041")")) << "a lone surrogate";
+  EXPECT_FALSE(Matches(strings, R"("\ud83d\ude00")")) << "a pair: one character of JSON Schema's";
+  EXPECT_EQ(Refusal(R"({"type": "string", "enum": ["ab", "abcdef"], "maxLength": 3})"),
+            "the schema: 'maxLength' beside 'enum' is not supported (list only the values it allows)");
+  EXPECT_EQ(Refusal(R"({"const": "a", "anyOf": [{"type": "integer"}]})"),
+            "the schema: 'anyOf' beside 'const' is not supported (list only the values it allows)");
+  auto ints = Compiled(R"({"type": "integer", "enum": [1.0, 2]})");
+  ASSERT_NE(ints, nullptr);
+  EXPECT_TRUE(Matches(ints, "1.0"));
+  EXPECT_NE(Compiled(R"({"type": "object", "properties": {"a": {"type": "string", "maxLength": 256},
+                         "b": {"type": "string", "maxLength": 256}, "c": {"type": "array", "maxItems": 256}}})"),
+            nullptr);
+  EXPECT_EQ(Refusal(R"({"type": "string", "maxLength": 18446744073709551615})"),
+            "the schema: 'maxLength' above 256 is not supported, got 18446744073709551615");
+  auto optional = Compiled(R"({"properties": {"a": {"const": 1}}})");
+  ASSERT_NE(optional, nullptr);
+  EXPECT_TRUE(Matches(optional, "{ }"));
+  EXPECT_FALSE(Matches(optional, "{  }"));
+  // Read with bounds before anything recurses over it.
+  std::string deep = "1";
+  for (int i = 0; i < 200; ++i) deep = "[" + deep + "]";
+  EXPECT_EQ(Refusal(R"({"const": )" + deep + "}"), "the schema nests deeper than 128");
+  std::string keys = R"({"examples": {)";
+  for (int i = 0; i <= kMaxSchemaKeys; ++i) keys += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 0";
+  EXPECT_EQ(Refusal(keys + "}}"), "the schema has more than 4096 keys");
+  EXPECT_EQ(Refusal(std::string(70000, ' ') + "{}"), "the schema is 70002 bytes, more than the limit of 65536");
+}
+
 TEST(JsonSchemaTest, UnsupportedSchemasAreRefusedNamingTheKeywordAndWhere) {
   EXPECT_EQ(Refusal(R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}})"),
             "properties.age: 'minimum' is not supported");

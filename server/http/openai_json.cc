@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "server/sampling/json_schema.h"
+#include "server/sampling/json_bounds.h"
 
 namespace txl {
 namespace {
@@ -284,8 +284,7 @@ bool ParseResponseFormat(const json& j, const std::string& body, v1::GenerateReq
     // before dump() recurses over it (the core bounds its bytes). The body
     // parsed once already, so it parses again.
     using Ordered = nlohmann::ordered_json;
-    std::string too_large;
-    int keys = 0;
+    JsonBounds bounds;
     bool in_format = false;  // within the body's response_format (the other fields are skipped)
     Ordered ordered;
     try {
@@ -294,18 +293,12 @@ bool ParseResponseFormat(const json& j, const std::string& body, v1::GenerateReq
           in_format = parsed == "response_format";
           return in_format;
         }
-        if (!in_format || depth < 1) return true;
-        if (depth > kMaxSchemaNesting) {
-          too_large = absl::StrCat("the schema nests deeper than ", kMaxSchemaNesting);
-        } else if (event == Ordered::parse_event_t::key && ++keys > kMaxSchemaKeys) {
-          too_large = absl::StrCat("the schema has more than ", kMaxSchemaKeys, " keys");
-        }
-        if (!too_large.empty()) throw std::length_error(too_large);
+        if (in_format && depth >= 1) bounds.Count(depth, event == Ordered::parse_event_t::key);
         return true;
       });
     } catch (const std::length_error&) {
-      *error =
-          Bad("response_format.json_schema.schema", absl::StrCat("'response_format.json_schema.schema': ", too_large));
+      *error = Bad("response_format.json_schema.schema",
+                   absl::StrCat("'response_format.json_schema.schema': ", bounds.why()));
       return false;
     }
     f->set_type(v1::ResponseFormat::TYPE_JSON_SCHEMA);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "server/sampling/json_bounds.h"
 
 namespace txl {
 
@@ -345,23 +346,16 @@ absl::StatusOr<std::string> JsonSchemaGrammar(absl::string_view schema) {
     return absl::InvalidArgumentError(
         absl::StrCat("the schema is ", schema.size(), " bytes, more than the limit of ", kMaxSchemaBytes));
   }
-  // Read with its nesting and keys counted: the copies and dumps below
-  // recurse, and an ordered object's insertion costs its keys so far.
-  std::string too_large;
-  int keys = 0;
+  // Read with its nesting and keys counted: the copies and dumps below recurse.
+  JsonBounds bounds;
   Json parsed;
   try {
     parsed = Json::parse(schema.begin(), schema.end(), [&](int depth, Json::parse_event_t event, Json&) {
-      if (depth > kMaxSchemaNesting) {
-        too_large = absl::StrCat("the schema nests deeper than ", kMaxSchemaNesting);
-      } else if (event == Json::parse_event_t::key && ++keys > kMaxSchemaKeys) {
-        too_large = absl::StrCat("the schema has more than ", kMaxSchemaKeys, " keys");
-      }
-      if (!too_large.empty()) throw std::length_error(too_large);
+      bounds.Count(depth, event == Json::parse_event_t::key);
       return true;
     });
   } catch (const std::length_error&) {
-    return absl::InvalidArgumentError(too_large);
+    return absl::InvalidArgumentError(bounds.why());
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("the schema is not JSON: ", e.what()));
   }

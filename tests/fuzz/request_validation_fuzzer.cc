@@ -72,10 +72,25 @@ const Setup& SetupFor(int which) {
 
 bool StartsWithField(const absl::Status& s) {
   static const char* const kFields[] = {
-      "session_id: ",       "input.tokens.ids[", "input.text: ",     "input: ",    "max_new_tokens: ",
-      "sampling.",          "stop_token_ids[",   "stop_sequences[",  "logprobs: ", "mem_len: ",
-      "idle_ttl_seconds: ", "stop_token_ids: ",  "stop_sequences: ", "n: ",        "best_of: ",
+      "session_id: ",
+      "input.tokens.ids[",
+      "input.text: ",
+      "input: ",
+      "max_new_tokens: ",
+      "sampling.",
+      "stop_token_ids[",
+      "stop_sequences[",
+      "logprobs: ",
+      "mem_len: ",
+      "idle_ttl_seconds: ",
+      "stop_token_ids: ",
+      "stop_sequences: ",
+      "n: ",
+      "best_of: ",
       "grammar: ",
+      "response_format: ",
+      "response_format.json_schema: ",
+      "response_format.type: ",
   };
   const std::string m(s.message());
   for (const char* f : kFields)

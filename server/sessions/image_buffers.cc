@@ -30,18 +30,22 @@ int ImageBuffers::Target() const {
   return static_cast<int>(std::min<int64_t>(config_.stock, config_.max_bytes / want_bytes_));
 }
 
+namespace {
+// Whether `s` holds an image of `bytes` without holding much more: the
+// checkpoint budget counts an image's size, not its capacity.
+bool Fits(const std::string& s, int64_t bytes) {
+  const auto room = static_cast<int64_t>(s.capacity());
+  return room >= bytes && room <= bytes + bytes / 4;
+}
+}  // namespace
+
 std::string ImageBuffers::Take(int64_t bytes) {
   absl::MutexLock lock(&mu_);
   want_bytes_ = bytes;
-  // The smallest ready buffer that holds `bytes` without holding much more:
-  // the checkpoint budget counts an image's size, not its capacity.
+  // The smallest ready buffer that fits.
   auto best = ready_.end();
   for (auto it = ready_.begin(); it != ready_.end(); ++it) {
-    const auto room = static_cast<int64_t>(it->capacity());
-    if (room >= bytes && room <= bytes + bytes / 4 &&
-        (best == ready_.end() || room < static_cast<int64_t>(best->capacity()))) {
-      best = it;
-    }
+    if (Fits(*it, bytes) && (best == ready_.end() || it->capacity() < best->capacity())) best = it;
   }
   if (best == ready_.end()) return std::string();
   std::string out = std::move(*best);
@@ -59,19 +63,14 @@ void ImageBuffers::Loop() {
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stopping_) return true;
         int fit = 0;
-        for (const std::string& s : ready_) {
-          const auto room = static_cast<int64_t>(s.capacity());
-          fit += room >= want_bytes_ && room <= want_bytes_ + want_bytes_ / 4;
-        }
+        for (const std::string& s : ready_) fit += Fits(s, want_bytes_);
         return fit < Target() || fit < static_cast<int>(ready_.size());
       };
       mu_.Await(absl::Condition(&work));
       if (stopping_) return;
       ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
-                                  [this](const std::string& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                    const auto room = static_cast<int64_t>(s.capacity());
-                                    return room < want_bytes_ || room > want_bytes_ + want_bytes_ / 4;
-                                  }),
+                                  [this](const std::string& s)
+                                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !Fits(s, want_bytes_); }),
                    ready_.end());
       if (static_cast<int>(ready_.size()) >= Target()) continue;
       bytes = want_bytes_;

@@ -28,6 +28,18 @@ ModelConfig Tiny() {
   return c;
 }
 
+// One step of `text`'s bytes on a fresh session of `served`; the session.
+std::unique_ptr<SessionState> StepNewSession(ServedModel& served, const std::string& text) {
+  auto session = served.engine()->NewSession(12);
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return nullptr;
+  StepInput in;
+  in.session = session->get();
+  in.tokens.assign(text.begin(), text.end());
+  EXPECT_TRUE(served.engine()->Step(absl::MakeSpan(&in, 1)).ok());
+  return *std::move(session);
+}
+
 class ModelLoaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -56,13 +68,9 @@ TEST_F(ModelLoaderTest, AGoodVersionLoadsAndSteps) {
   EXPECT_EQ((*served)->version(), 3);
   EXPECT_EQ((*served)->config().n_layer, 3);
   EXPECT_EQ((*served)->tokenizer().vocab_size(), 256);
-  auto session = (*served)->engine()->NewSession(12);
-  ASSERT_TRUE(session.ok());
-  StepInput in;
-  in.session = session->get();
-  in.tokens = {'h', 'i'};
-  ASSERT_TRUE((*served)->engine()->Step(absl::MakeSpan(&in, 1)).ok());
-  EXPECT_EQ((*session)->position(), 2);
+  const std::unique_ptr<SessionState> session = StepNewSession(**served, "hi");
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->position(), 2);
 }
 
 // The versions a repository loads with one SharedSlotPools share their
@@ -94,14 +102,7 @@ TEST_F(ModelLoaderTest, CheckedVersionsOfOneShapeShareTheirSessionPool) {
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(options.shared_pools->live(), 2) << "bfloat16 keys are another shape";
   // Sessions of both versions step side by side in the shared pool.
-  for (const auto* served : {&*v1, &*v2}) {
-    auto session = (*served)->engine()->NewSession(12);
-    ASSERT_TRUE(session.ok());
-    StepInput in;
-    in.session = session->get();
-    in.tokens = {'o', 'k'};
-    ASSERT_TRUE((*served)->engine()->Step(absl::MakeSpan(&in, 1)).ok());
-  }
+  for (const auto* served : {&*v1, &*v2}) EXPECT_NE(StepNewSession(**served, "ok"), nullptr);
   // v2 holds the pool v1 made: with v1 gone it is still there.
   v1->reset();
   EXPECT_EQ(options.shared_pools->live(), 2);

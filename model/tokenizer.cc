@@ -148,6 +148,19 @@ std::string Abbreviated(const json& j) {
 }  // namespace
 
 Tokenizer::Tokenizer(TokenizerKind kind, std::vector<std::string> symbols) : kind_(kind), symbols_(std::move(symbols)) {
+  for (int i = 0; i < static_cast<int>(symbols_.size()); ++i) {
+    if (kind_ != TokenizerKind::kWord || symbols_[static_cast<size_t>(i)] != kEos) text_order_.push_back(i);
+  }
+  std::sort(text_order_.begin(), text_order_.end(),
+            [&](int a, int b) { return symbols_[static_cast<size_t>(a)] < symbols_[static_cast<size_t>(b)]; });
+  shared_prefix_.assign(text_order_.size(), 0);
+  for (size_t i = 1; i < text_order_.size(); ++i) {
+    const std::string& a = symbols_[static_cast<size_t>(text_order_[i - 1])];
+    const std::string& b = symbols_[static_cast<size_t>(text_order_[i])];
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    shared_prefix_[i] = static_cast<int>(n);
+  }
   if (kind_ == TokenizerKind::kByte) return;  // Encode needs no lookup
   ids_.reserve(symbols_.size());
   for (size_t i = 0; i < symbols_.size(); ++i) ids_.emplace(symbols_[i], static_cast<int>(i));
@@ -384,6 +397,19 @@ absl::StatusOr<std::string> Tokenizer::TokenText(int id) const {
   if (id < 0 || static_cast<size_t>(id) >= symbols_.size())
     return absl::InvalidArgumentError(OutOfRange(id, symbols_.size()));
   return symbols_[id];
+}
+
+absl::StatusOr<std::string> Tokenizer::AppendedText(int id, bool* after_word) const {
+  if (id < 0 || static_cast<size_t>(id) >= symbols_.size())
+    return absl::InvalidArgumentError(OutOfRange(id, symbols_.size()));
+  if (kind_ != TokenizerKind::kWord) return symbols_[static_cast<size_t>(id)];
+  if (id == eos_id_) {
+    *after_word = false;
+    return std::string("\n");
+  }
+  std::string text = *after_word ? absl::StrCat(" ", symbols_[static_cast<size_t>(id)]) : symbols_[id];
+  *after_word = true;
+  return text;
 }
 
 }  // namespace txl

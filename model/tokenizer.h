@@ -53,6 +53,23 @@ class Tokenizer {
   absl::StatusOr<std::string> Decode(absl::Span<const int> ids) const;
   // The bytes of one id; for word level the word itself (also "<eos>").
   absl::StatusOr<std::string> TokenText(int id) const;
+  // The bytes id adds to a decoded text, as Decode writes it: the symbol at
+  // byte and char level; at word level "\n" for <eos>, and a word with a
+  // space before it when *after_word (a word since the last newline).
+  // Updates *after_word.
+  absl::StatusOr<std::string> AppendedText(int id, bool* after_word) const;
+  // Whether a word-level text ending in id goes on with a space (id is a
+  // word, not <eos>); false at byte and char level.
+  bool EndsAfterWord(int id) const { return kind_ == TokenizerKind::kWord && id >= 0 && id != eos_id_; }
+  int eos_id() const { return eos_id_; }  // -1: none (always at byte and char level)
+
+  // The ids in the byte order of their symbols (<eos> left out at word
+  // level), and for each the length of the prefix it shares with the one
+  // before it: a walk over every symbol that shares work between common
+  // prefixes (server/sampling/token_masker.h).
+  const std::vector<int>& ids_in_text_order() const { return text_order_; }
+  const std::vector<int>& shared_prefix() const { return shared_prefix_; }
+  const std::vector<std::string>& symbols() const { return symbols_; }  // by id
 
  private:
   Tokenizer(TokenizerKind kind, std::vector<std::string> symbols);
@@ -62,6 +79,7 @@ class Tokenizer {
   std::unordered_map<std::string, int> ids_;
   int unk_id_ = -1;  // -1: not in the vocab
   int eos_id_ = -1;
+  std::vector<int> text_order_, shared_prefix_;
 };
 
 }  // namespace txl

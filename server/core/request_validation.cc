@@ -134,22 +134,24 @@ absl::StatusOr<GenerateSpec> RequestValidator::Spec(const v1::GenerateRequest& r
         absl::StrCat("logprobs: must be in [0, ", limits_.max_top_logprobs, "], got ", req.logprobs()));
   }
   spec.top_logprobs = req.logprobs();
+  CheckedGrammar constraint;
   if (!req.grammar().empty()) {
-    ASSIGN_OR_RETURN(spec.grammar, ParseGrammar(req.grammar()));
+    ASSIGN_OR_RETURN(constraint, ParseGrammar(req.grammar()));
   }
   if (req.response_format().type() != v1::ResponseFormat::TYPE_TEXT) {
-    if (spec.grammar != nullptr) {
+    if (constraint.grammar != nullptr) {
       return absl::InvalidArgumentError("response_format: give it or a grammar, not both (it is written as one)");
     }
-    ASSIGN_OR_RETURN(spec.grammar, ResponseFormatGrammar(req.response_format()));
+    ASSIGN_OR_RETURN(constraint, ResponseFormatGrammar(req.response_format()));
   } else if (!req.response_format().json_schema().empty()) {
     return absl::InvalidArgumentError("response_format.json_schema: only with type TYPE_JSON_SCHEMA");
   }
+  spec.grammar = std::move(constraint.grammar);
+  spec.masker = std::move(constraint.masker);
   return spec;
 }
 
-absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ResponseFormatGrammar(
-    const v1::ResponseFormat& format) const {
+absl::StatusOr<CheckedGrammar> RequestValidator::ResponseFormatGrammar(const v1::ResponseFormat& format) const {
   std::string text;
   if (format.type() == v1::ResponseFormat::TYPE_JSON_OBJECT) {
     if (!format.json_schema().empty()) {
@@ -166,7 +168,13 @@ absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ResponseFormatG
   } else {
     return absl::InvalidArgumentError(absl::StrCat("response_format.type: unknown value ", format.type()));
   }
-  absl::StatusOr<std::shared_ptr<const Grammar>> grammar = ParseGrammar(text);
+  // A word-level model's first word is spaced when the prompt ends in a word
+  // (Tokenizer::AppendedText): JSON may begin with that blank. The written
+  // grammar's first line is its root's one definition.
+  if (tokenizer_ != nullptr && tokenizer_->kind() == TokenizerKind::kWord && absl::StartsWith(text, "root ::= ")) {
+    text.insert(9, "\" \"? ");
+  }
+  absl::StatusOr<CheckedGrammar> grammar = ParseGrammar(text);
   if (!grammar.ok()) {
     // ParseGrammar's messages start "grammar: ": the model's vocabulary, or
     // a limit the schema's grammar passed ("grammar: line L, column C: more
@@ -184,22 +192,12 @@ absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ResponseFormatG
   return grammar;
 }
 
-absl::StatusOr<std::shared_ptr<const Grammar>> RequestValidator::ParseGrammar(const std::string& text) const {
+absl::StatusOr<CheckedGrammar> RequestValidator::ParseGrammar(const std::string& text) const {
   if (tokenizer_ == nullptr) return absl::InvalidArgumentError("grammar: no model to check it against");
-  if (tokenizer_->kind() == TokenizerKind::kWord) {
-    return absl::InvalidArgumentError(
-        "grammar: not yet for a word-level model (its words join with spaces); byte- and character-level models "
-        "only");
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar, Grammar::Parse(text));
-  const GrammarState start(grammar);
-  if (!start.CanContinue()) return absl::InvalidArgumentError("grammar: root matches only the empty text");
-  for (int id = 0; id < tokenizer_->vocab_size(); ++id) {
-    absl::StatusOr<std::string> piece = tokenizer_->TokenText(id);
-    if (piece.ok() && !piece->empty() && start.Allows(*piece)) return grammar;
-  }
-  return absl::InvalidArgumentError(
-      "grammar: no token of the model's vocabulary can begin it (root's first characters are not in it)");
+  if (grammars_ != nullptr && &grammars_->tokenizer() == tokenizer_) return grammars_->Get(text);
+  GrammarCacheConfig keep_none;
+  keep_none.capacity = 0;
+  return GrammarCache(*tokenizer_, keep_none).Get(text);
 }
 
 absl::StatusOr<NewSessionArgs> RequestValidator::CreateSession(const v1::CreateSessionRequest& req,

@@ -25,6 +25,7 @@
 #include "model/tokenizer.h"
 #include "proto/txl/v1/txl.pb.h"
 #include "server/jobs/generate_spec.h"
+#include "server/sampling/grammar_cache.h"
 
 namespace txl {
 
@@ -83,7 +84,9 @@ class RequestValidator {
  public:
   // `tokenizer` (the model version's) must outlive the validator: a
   // validator is made per request, for the version the request names.
-  RequestValidator(const RequestLimits& limits, const Tokenizer& tokenizer) : limits_(limits), tokenizer_(&tokenizer) {}
+  // `grammars`: the model's kept grammars (for its tokenizer), or null.
+  RequestValidator(const RequestLimits& limits, const Tokenizer& tokenizer, GrammarCache* grammars = nullptr)
+      : limits_(limits), tokenizer_(&tokenizer), grammars_(grammars) {}
   // No model yet (an import's settings, whose model its image names): the
   // checks that need none; input is refused.
   explicit RequestValidator(const RequestLimits& limits) : limits_(limits), tokenizer_(nullptr) {}
@@ -99,11 +102,11 @@ class RequestValidator {
   // echo), sampling, stop tokens and sequences, logprobs, echo, grammar. The session id is not looked at.
   absl::StatusOr<GenerateSpec> Spec(const v1::GenerateRequest& req) const;
   // A request's grammar (server/sampling/grammar.h), for this model: parsed,
-  // on a byte- or character-level model, and some token can begin it.
-  absl::StatusOr<std::shared_ptr<const Grammar>> ParseGrammar(const std::string& text) const;
+  // some token can begin it, and its masker (GrammarCache's, when given).
+  absl::StatusOr<CheckedGrammar> ParseGrammar(const std::string& text) const;
   // A request's response_format (json_object or json_schema), written as a
   // grammar (server/sampling/json_schema.h) and parsed as ParseGrammar does.
-  absl::StatusOr<std::shared_ptr<const Grammar>> ResponseFormatGrammar(const v1::ResponseFormat& format) const;
+  absl::StatusOr<CheckedGrammar> ResponseFormatGrammar(const v1::ResponseFormat& format) const;
 
   // Whole requests, checked in the order the service always has: the
   // request's own fields and the id (field against metadata) as each RPC
@@ -124,6 +127,7 @@ class RequestValidator {
  private:
   RequestLimits limits_;
   const Tokenizer* tokenizer_;
+  GrammarCache* grammars_ = nullptr;
 };
 
 }  // namespace txl

@@ -94,7 +94,7 @@ int64_t ServiceCore::MaxSessions(const ServedModel& m) const {
 }
 
 RequestValidator ServiceCore::Validator(const ServedModel& m) const {
-  return RequestValidator(Limits(&m), m.tokenizer());
+  return RequestValidator(Limits(&m), m.tokenizer(), &m.grammars());
 }
 
 absl::StatusOr<NewSessionArgs> ServiceCore::CheckImport(const v1::CreateSessionRequest& settings,

@@ -1,9 +1,8 @@
 // ServedModel: one loaded version of a model as the server serves it: its
 // engine, config and tokenizer, under the repository's model name and
-// version. Torch-free (the engine is behind Engine); model_loader.h makes
-// them from checkpoints. Whoever holds one (a session bound to the version)
-// keeps it loaded: ModelRepository unloads a retiring version when its last
-// holder lets go.
+// version, and the grammars its requests sent (GrammarCache). Torch-free (the engine is behind Engine); model_loader.h
+// makes them from checkpoints. Whoever holds one (a session bound to the version) keeps it loaded: ModelRepository
+// unloads a retiring version when its last holder lets go.
 #ifndef TXL_SERVER_ENGINE_SERVED_MODEL_H_
 #define TXL_SERVER_ENGINE_SERVED_MODEL_H_
 
@@ -17,6 +16,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/model_limits.h"
 #include "server/engine/model_repository.h"
+#include "server/sampling/grammar_cache.h"
 
 namespace txl {
 
@@ -44,6 +44,8 @@ class ServedModel : public ServedVersion {
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const std::string& path() const { return path_; }
   const ModelLimits& limits() const { return limits_; }
+  // The grammars its requests sent last, with their masks for its vocabulary.
+  GrammarCache& grammars() const { return grammars_; }
 
  private:
   const std::string name_;
@@ -54,6 +56,7 @@ class ServedModel : public ServedVersion {
   const std::string path_;
   const ModelLimits limits_;
   const std::string ref_;
+  mutable GrammarCache grammars_{tokenizer_};
 };
 
 }  // namespace txl

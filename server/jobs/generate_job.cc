@@ -1,7 +1,6 @@
 #include "server/jobs/generate_job.h"
 
 #include <algorithm>
-#include <bitset>
 #include <cmath>
 #include <random>
 
@@ -94,25 +93,23 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
   };
   if (whole) {  // the bias, penalties and grammar applied; log-probs are the adjusted distribution's
-    std::vector<bool> allowed;
-    bool any_allowed = false;
+    std::shared_ptr<const TokenMask> mask;
     if (grammar_) {  // the tokens whose text can continue the output
       const Tokenizer& tokenizer = lease.model->tokenizer();
-      const std::bitset<256> next = grammar_->NextBytes();  // a token must begin with one
-      allowed.resize(out.last_distribution.size());
-      for (size_t id = 0; id < allowed.size(); ++id) {
-        absl::StatusOr<std::string> piece = tokenizer.TokenText(static_cast<int>(id));
-        allowed[id] = piece.ok() && !piece->empty() && next.test(static_cast<unsigned char>((*piece)[0])) &&
-                      grammar_->Allows(*piece);
-        any_allowed = any_allowed || allowed[id];
+      if (masker_ == nullptr) {  // the spec's when it was made for this model's vocabulary
+        masker_ = spec_.masker != nullptr && &spec_.masker->tokenizer() == &tokenizer
+                      ? spec_.masker
+                      : TokenMasker::Create(spec_.grammar, tokenizer);
       }
-      if (!any_allowed) {
+      if (first) after_word_ = tokenizer.EndsAfterWord(feed.back());
+      mask = masker_->Next(*grammar_, after_word_);
+      if (mask->count == 0 || mask->allowed.size() != out.last_distribution.size()) {
         runner.Finish(*this, absl::FailedPreconditionError(
                                  "grammar: no token of the model's vocabulary can continue the output here"));
         return;
       }
     }
-    const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution, grammar_ ? &allowed : nullptr);
+    const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution, mask ? &mask->allowed : nullptr);
     if (adjusted.empty() && grammar_ &&
         std::all_of(out.last_distribution.begin(), out.last_distribution.end(),
                     [](float x) { return !std::isnan(x) && x != INFINITY; })) {
@@ -145,7 +142,9 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (first) ev.echo = std::move(echo_);
   if (spec_.top_logprobs > 0)
     ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
-  absl::StatusOr<std::string> bytes = lease.model->tokenizer().TokenText(token);
+  // The text as the tokenizer's Decode writes it (at word level, words joined by spaces).
+  if (first) after_word_ = lease.model->tokenizer().EndsAfterWord(feed.back());
+  absl::StatusOr<std::string> bytes = lease.model->tokenizer().AppendedText(token, &after_word_);
   if (grammar_) grammar_->Advance(bytes.ok() ? *bytes : std::string());  // the mask allowed it
   TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());
   ev.text = std::move(text.text);

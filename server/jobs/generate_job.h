@@ -18,6 +18,7 @@
 #include "server/sampling/grammar.h"
 #include "server/sampling/sampler.h"
 #include "server/sampling/text_stream.h"
+#include "server/sampling/token_masker.h"
 
 namespace txl {
 
@@ -50,6 +51,8 @@ class GenerateJob final : public FeedJob {
   absl::Time last_token_at_;
   std::vector<ScoredTokenResult> echo_;  // the input's, until the first token (or the end) takes them
   std::optional<GrammarState> grammar_;  // constrained output: where the text so far is in its grammar
+  std::shared_ptr<TokenMasker> masker_;  // the spec's, or one of its own
+  bool after_word_ = false;              // word level: the text so far ends in a word (the next is spaced)
 };
 
 }  // namespace txl

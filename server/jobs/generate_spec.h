@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "server/sampling/grammar.h"
 #include "server/sampling/sampler.h"
+#include "server/sampling/token_masker.h"
 
 namespace txl {
 
@@ -30,6 +31,9 @@ struct GenerateSpec {
   absl::Time call_start = absl::InfinitePast();
   // Constrained output: what the generated text must follow (null: nothing).
   std::shared_ptr<const Grammar> grammar;
+  // Its masks for the model's vocabulary, shared by the generations that
+  // follow the same grammar (GrammarCache); null: the job makes its own.
+  std::shared_ptr<TokenMasker> masker;
 };
 
 }  // namespace txl

@@ -103,6 +103,7 @@ class GrammarState {
   using Stack = std::vector<Position>;
 
  private:
+  friend class TokenMasker;  // steps parse sets of its own, and reads a state's
   // The stacks `stack` stands for, each with a byte set on top (or empty),
   // within `*budget` steps (each taken from it).
   void Expand(Stack stack, std::vector<Stack>* out, int* budget) const;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -357,6 +358,41 @@ TEST(TokenizerTest, CopiesAreIndependentValues) {
   a = Tokenizer::Byte();
   EXPECT_EQ(b.kind(), TokenizerKind::kWord);
   EXPECT_EQ(b.Encode("x\n").value(), (std::vector<int>{1, 0}));
+}
+
+// What a generation streams token by token is what Decode writes for the
+// whole: at word level, words joined by spaces and <eos> as a newline.
+TEST(TokenizerTest, AppendedTextsMakeDecodesText) {
+  const Tokenizer words = *Tokenizer::WordFromSymbols({"the", "cat", "<eos>", "sat", "<unk>"});
+  const Tokenizer chars = *Tokenizer::CharFromCorpus("ab c\n");
+  for (const Tokenizer* tok : {&words, &chars}) {
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<int> ids(static_cast<size_t>(rng() % 12));
+      for (int& id : ids) id = static_cast<int>(rng() % static_cast<unsigned>(tok->vocab_size()));
+      std::string streamed;
+      bool after_word = false;
+      for (int id : ids) streamed += *tok->AppendedText(id, &after_word);
+      EXPECT_EQ(streamed, *tok->Decode(ids));
+      EXPECT_EQ(after_word, !ids.empty() && tok->EndsAfterWord(ids.back()));
+    }
+  }
+  bool after_word = true;
+  EXPECT_EQ(*words.AppendedText(1, &after_word), " cat");
+  EXPECT_EQ(*words.AppendedText(2, &after_word), "\n");
+  EXPECT_FALSE(after_word);
+  EXPECT_FALSE(words.AppendedText(9, &after_word).ok());
+}
+
+// The text order walks every symbol once, sorted by bytes, each with the
+// prefix it shares with the one before.
+TEST(TokenizerTest, TextOrderSortsTheSymbolsAndCountsSharedPrefixes) {
+  const Tokenizer words = *Tokenizer::WordFromSymbols({"cat", "<eos>", "ca", "b", "cats", "\xc3\xa9"});
+  std::vector<std::string> seen;
+  for (int id : words.ids_in_text_order()) seen.push_back(words.symbols()[static_cast<size_t>(id)]);
+  EXPECT_EQ(seen, (std::vector<std::string>{"b", "ca", "cat", "cats", "\xc3\xa9"})) << "<eos> is left out";
+  EXPECT_EQ(words.shared_prefix(), (std::vector<int>{0, 0, 2, 3, 0}));
+  EXPECT_EQ(Tokenizer::Byte().ids_in_text_order().size(), 256u);
 }
 
 }  // namespace

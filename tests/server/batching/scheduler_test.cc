@@ -84,6 +84,48 @@ TEST_F(SchedulerTest, AGrammarHoldsTheOutputToItAndEndsItWhenWhole) {
   EXPECT_TRUE(cut.text[1] >= 's' && cut.text[1] <= 'v') << cut.text;
 }
 
+// A word-level model's text is spaced as Tokenizer::Decode writes the same
+// ids (words joined by spaces, <eos> as a newline), and a grammar holds that
+// text: its masks see each word with the space before it.
+TEST_F(SchedulerTest, AWordLevelModelsTextIsSpacedAsDecodeWritesItAndAGrammarHoldsIt) {
+  Make();
+  scheduler_->Start();
+  ModelConfig config;
+  config.n_token = 4;
+  const Tokenizer words = *Tokenizer::WordFromSymbols({"a", "b", "c", "<eos>"});
+  auto served = std::make_shared<ServedModel>("words", 1, std::make_unique<testing::FakeEngine>(4), config, words);
+  auto session = [&] {
+    auto info =
+        table_.Create("", served, *testing::FakeOf(*served).NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info->id;
+  };
+  Outcome greedy;  // the fake model counts: a, then b c <eos> a b
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(session()), Spec({0}, 5), greedy.Callbacks()).ok());
+  greedy.Wait();
+  ASSERT_TRUE(greedy.status.ok()) << greedy.status;
+  EXPECT_EQ(greedy.text, " b c\na b");
+  auto grammar = Grammar::Parse(R"(root ::= " b" (" " [a-c])* "\n")");
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    SCOPED_TRACE(seed);
+    GenerateSpec spec = Spec({0}, 50);
+    spec.sampling.temperature = 1.0f;
+    spec.sampling.seed = seed;
+    spec.grammar = *grammar;
+    Outcome o;
+    ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(session()), spec, o.Callbacks()).ok());
+    o.Wait();
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.result.finish, Finish::kStopToken) << o.text;
+    GrammarState check(*grammar);
+    EXPECT_TRUE(check.Advance(o.text) && check.Complete()) << o.text;
+    std::vector<int> all = {0};
+    all.insert(all.end(), o.ids.begin(), o.ids.end());
+    EXPECT_EQ("a" + o.text, *words.Decode(all));
+  }
+}
+
 // The engine picks the token itself (greedy, or a draw at any temperature),
 // or lists the tokens the request needs (top-k candidates, top-N
 // alternatives, a nucleus), so no n_token row leaves the model for any

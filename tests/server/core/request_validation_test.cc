@@ -96,7 +96,7 @@ TEST(RequestValidationTest, ChoicesAreBoundedAndStateless) {
 }
 
 // A grammar is parsed for the request's model: its refusals name the line;
-// a word-level model, or a vocabulary that cannot begin it, is refused.
+// a vocabulary that cannot begin it is refused; word-level models take them.
 TEST(RequestValidationTest, AGrammarIsCheckedAgainstTheModel) {
   v1::GenerateRequest req;
   req.mutable_input()->set_text("ab");
@@ -114,8 +114,49 @@ TEST(RequestValidationTest, AGrammarIsCheckedAgainstTheModel) {
   req.clear_input();
   req.mutable_input()->mutable_tokens()->add_ids(1);
   req.set_grammar("root ::= \"cat\"");
-  EXPECT_TRUE(absl::StartsWith(RequestValidator(RequestLimits{}, words).Spec(req).status().message(),
-                               "grammar: not yet for a word-level model"));
+  auto word_spec = RequestValidator(RequestLimits{}, words).Spec(req);
+  ASSERT_TRUE(word_spec.ok()) << word_spec.status();
+  EXPECT_NE(word_spec->masker, nullptr) << "word-level models take grammars too";
+  req.set_grammar("root ::= \"dog\"");
+  EXPECT_EQ(RequestValidator(RequestLimits{}, words).Spec(req).status().message(),
+            "grammar: no token of the model's vocabulary can begin it (root's first characters are not in it)");
+}
+
+// A word-level model's JSON may begin with the space its first word carries
+// after a prompt ending in a word (Tokenizer::AppendedText).
+TEST(RequestValidationTest, AWordLevelModelsJsonMayBeginWithItsWordsSpace) {
+  const Tokenizer words = *Tokenizer::WordFromSymbols({"{", "}", "\"", "a", ":", "<eos>"});
+  v1::GenerateRequest req;
+  req.mutable_input()->mutable_tokens()->add_ids(3);
+  req.mutable_response_format()->set_type(v1::ResponseFormat::TYPE_JSON_OBJECT);
+  auto spec = RequestValidator(RequestLimits{}, words).Spec(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const char* text : {"{}", " { }", R"( { " a " : " a " })"}) {
+    GrammarState state(spec->grammar);
+    EXPECT_TRUE(state.Advance(text) && state.Complete()) << text;
+  }
+  GrammarState twice(spec->grammar);
+  EXPECT_FALSE(twice.Advance("  {")) << "one blank, not two";
+}
+
+// With the model's GrammarCache, calls that send the same grammar share its
+// masker (its masks are walked once for all of them).
+TEST(RequestValidationTest, CallsSendingTheSameGrammarShareItsMasker) {
+  const Tokenizer chars = *Tokenizer::CharFromCorpus("abc xyz");
+  GrammarCache cache(chars);
+  v1::GenerateRequest req;
+  req.mutable_input()->set_text("ab");
+  req.set_grammar("root ::= \"x\" [a-c]+");
+  auto one = RequestValidator(RequestLimits{}, chars, &cache).Spec(req);
+  auto two = RequestValidator(RequestLimits{}, chars, &cache).Spec(req);
+  auto alone = RequestValidator(RequestLimits{}, chars).Spec(req);
+  ASSERT_TRUE(one.ok() && two.ok() && alone.ok());
+  EXPECT_EQ(one->masker, two->masker);
+  EXPECT_NE(one->masker, alone->masker);
+  const Tokenizer other = *Tokenizer::CharFromCorpus("abc xyz");  // a cache is for its own tokenizer only
+  auto elsewhere = RequestValidator(RequestLimits{}, other, &cache).Spec(req);
+  ASSERT_TRUE(elsewhere.ok());
+  EXPECT_EQ(&elsewhere->masker->tokenizer(), &other);
 }
 
 // response_format: written as a grammar (json_schema.h), checked as one

@@ -1,0 +1,122 @@
+#include "server/sampling/token_masker.h"
+
+#include <utility>
+
+namespace txl {
+
+std::shared_ptr<TokenMasker> TokenMasker::Create(std::shared_ptr<const Grammar> grammar, const Tokenizer& tokenizer,
+                                                 const TokenMaskerLimits& limits) {
+  return std::shared_ptr<TokenMasker>(new TokenMasker(std::move(grammar), tokenizer, limits));
+}
+
+TokenMasker::TokenMasker(std::shared_ptr<const Grammar> grammar, const Tokenizer& tokenizer,
+                         const TokenMaskerLimits& limits)
+    : tokenizer_(tokenizer), limits_(limits), start_(std::move(grammar)) {}
+
+void TokenMasker::Reset() {
+  nodes_.clear();
+  ids_.clear();
+  mask_bytes_ = 0;
+}
+
+int TokenMasker::Intern(std::vector<GrammarState::Stack> stacks) {
+  if (stacks.empty()) return kDead;
+  auto it = ids_.find(stacks);
+  if (it != ids_.end()) return it->second;
+  const int id = static_cast<int>(nodes_.size());
+  auto node = std::make_unique<Node>();
+  node->next.fill(kUnknown);
+  node->stacks = stacks;
+  nodes_.push_back(std::move(node));
+  ids_.emplace(std::move(stacks), id);
+  return id;
+}
+
+int TokenMasker::Go(int node, unsigned char byte) {
+  int32_t& next = nodes_[static_cast<size_t>(node)]->next[byte];
+  if (next != kUnknown) return next;
+  // Intern may grow nodes_, so the step's result is written through a fresh look-up.
+  const int to = Intern(start_.Step(nodes_[static_cast<size_t>(node)]->stacks, byte));
+  nodes_[static_cast<size_t>(node)]->next[byte] = to;
+  return to;
+}
+
+std::shared_ptr<const TokenMask> TokenMasker::Walk(int node, bool after_word, bool first_only) {
+  auto mask = std::make_shared<TokenMask>();
+  const std::vector<std::string>& symbols = tokenizer_.symbols();
+  mask->allowed.assign(symbols.size(), false);
+  const bool words = tokenizer_.kind() == TokenizerKind::kWord;
+  if (words && tokenizer_.eos_id() >= 0 && Go(node, '\n') != kDead) {  // <eos> is a newline, never spaced
+    mask->allowed[static_cast<size_t>(tokenizer_.eos_id())] = true;
+    ++mask->count;
+    if (first_only) return mask;
+  }
+  const int from = words && after_word ? Go(node, ' ') : node;
+  if (from == kDead) return mask;
+  const std::vector<int>& order = tokenizer_.ids_in_text_order();
+  const std::vector<int>& shared = tokenizer_.shared_prefix();
+  // at[d]: the node after the symbol's first d bytes (kDead once refused;
+  // nothing is kept past a refusal, so a symbol sharing that prefix is refused
+  // as soon as it is reached).
+  std::vector<int> at = {from};
+  for (size_t i = 0; i < order.size(); ++i) {
+    const std::string& symbol = symbols[static_cast<size_t>(order[i])];
+    const size_t keep = static_cast<size_t>(shared[i]) + 1;
+    if (at.size() > keep) at.resize(keep);
+    int state = at.back();
+    while (state != kDead && at.size() <= symbol.size()) {
+      state = Go(state, static_cast<unsigned char>(symbol[at.size() - 1]));
+      at.push_back(state);
+    }
+    if (state != kDead && !symbol.empty() && at.size() == symbol.size() + 1) {
+      mask->allowed[static_cast<size_t>(order[i])] = true;
+      ++mask->count;
+      if (first_only) return mask;
+    }
+  }
+  return mask;
+}
+
+std::shared_ptr<const TokenMask> TokenMasker::Next(const GrammarState& state, bool after_word) {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(nodes_.size()) > limits_.max_states) Reset();
+  const int node = Intern(state.stacks_);
+  if (node == kDead) {  // nothing may follow: no token
+    auto none = std::make_shared<TokenMask>();
+    none->allowed.assign(tokenizer_.symbols().size(), false);
+    return none;
+  }
+  const bool spaced = after_word && tokenizer_.kind() == TokenizerKind::kWord;
+  if (auto kept = nodes_[static_cast<size_t>(node)]->masks[spaced]; kept != nullptr) {
+    ++stats_.reused;
+    return kept;
+  }
+  std::shared_ptr<const TokenMask> mask = Walk(node, spaced, /*first_only=*/false);
+  ++stats_.walks;
+  const int64_t bytes = static_cast<int64_t>(mask->allowed.size() / 8 + 1);
+  if (mask_bytes_ + bytes > limits_.max_mask_bytes) {  // drop the kept masks, keep the automaton
+    for (auto& n : nodes_) n->masks[0] = n->masks[1] = nullptr;
+    mask_bytes_ = 0;
+  }
+  // Walk may have grown nodes_; the node's index still holds.
+  nodes_[static_cast<size_t>(node)]->masks[spaced] = mask;
+  mask_bytes_ += bytes;
+  return mask;
+}
+
+bool TokenMasker::SomeTokenCanBegin() {
+  absl::MutexLock lock(&mu_);
+  const int node = Intern(start_.stacks_);
+  if (node == kDead) return false;
+  if (Walk(node, false, /*first_only=*/true)->count > 0) return true;
+  return tokenizer_.kind() == TokenizerKind::kWord && Walk(node, true, /*first_only=*/true)->count > 0;
+}
+
+TokenMasker::Stats TokenMasker::stats() const {
+  absl::MutexLock lock(&mu_);
+  Stats s = stats_;
+  s.states = static_cast<int>(nodes_.size());
+  return s;
+}
+
+}  // namespace txl

@@ -1,0 +1,87 @@
+// TokenMasker: which tokens of a model's vocabulary may come next under a
+// grammar (constrained output, GenerateJob). Two things make it cheap for a
+// large (word) vocabulary:
+//   - it walks the symbols in byte order (Tokenizer::ids_in_text_order), so
+//     symbols that share a prefix share its steps, and a prefix the grammar
+//     refuses skips every symbol under it;
+//   - it remembers the grammar's steps between parse sets (a deterministic
+//     automaton built as it is met) and the mask of each parse set and word
+//     context it has walked: a later step from the same place is a lookup.
+// One masker serves every generation of one grammar on one model (the
+// choices of a call, and the calls that send the same grammar:
+// GrammarCache), so the work is done once for all of them.
+//
+// Threading: thread-safe (one mutex; a walk holds it). Masks are immutable.
+#ifndef TXL_SERVER_SAMPLING_TOKEN_MASKER_H_
+#define TXL_SERVER_SAMPLING_TOKEN_MASKER_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "model/tokenizer.h"
+#include "server/sampling/grammar.h"
+
+namespace txl {
+
+struct TokenMaskerLimits {
+  int max_states = 4096;             // parse sets remembered; past it the automaton starts again
+  int64_t max_mask_bytes = 8 << 20;  // masks kept (vocab/8 bytes each); past it they are dropped
+};
+
+struct TokenMask {
+  std::vector<bool> allowed;  // by token id
+  int64_t count = 0;          // tokens allowed
+};
+
+class TokenMasker {
+ public:
+  // The tokenizer must outlive the masker (it is the served model's).
+  static std::shared_ptr<TokenMasker> Create(std::shared_ptr<const Grammar> grammar, const Tokenizer& tokenizer,
+                                             const TokenMaskerLimits& limits = {});
+
+  // The tokens whose text (Tokenizer::AppendedText: at word level with a
+  // space before a word when after_word) the state allows next.
+  std::shared_ptr<const TokenMask> Next(const GrammarState& state, bool after_word) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether some token can begin the grammar's text, in either word context.
+  bool SomeTokenCanBegin() ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Stats {
+    int64_t walks = 0;   // masks computed by a walk over the vocabulary
+    int64_t reused = 0;  // masks answered from what was kept
+    int states = 0;      // parse sets in the automaton now
+  };
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  TokenMasker(std::shared_ptr<const Grammar> grammar, const Tokenizer& tokenizer, const TokenMaskerLimits& limits);
+
+  static constexpr int kUnknown = -2, kDead = -1;
+  struct Node {
+    std::vector<GrammarState::Stack> stacks;
+    std::array<int32_t, 256> next;              // by byte: a node, kDead, or kUnknown
+    std::shared_ptr<const TokenMask> masks[2];  // by after_word
+  };
+  int Intern(std::vector<GrammarState::Stack> stacks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int Go(int node, unsigned char byte) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<const TokenMask> Walk(int node, bool after_word, bool first_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Reset() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Tokenizer& tokenizer_;
+  const TokenMaskerLimits limits_;
+  const GrammarState start_;  // also what steps the parse sets (GrammarState's own rules)
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::vector<GrammarState::Stack>, int> ids_ ABSL_GUARDED_BY(mu_);
+  int64_t mask_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace txl
+
+#endif  // TXL_SERVER_SAMPLING_TOKEN_MASKER_H_

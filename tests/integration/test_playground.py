@@ -3,7 +3,8 @@ driven by chromium-driver through python3-selenium, against a real txl-server on
 
 The test loads the page, creates a session, types a prompt and generates; waits for streamed text;
 continues the same session and checks the position the page shows against GET /v1/sessions/{id};
-undoes the second turn and retries the first (both rewind the session); forks and deletes. It saves a screenshot (--screenshot) as the test's artefact.
+undoes the second turn and retries the first (both rewind the session); forks and deletes. It saves a screenshot (--screenshot) as the test's artefact. A second test holds a generation to a JSON schema from the output box, and
+shows the server's refusals of the others.
 
 Run by CTest: /usr/bin/python3 test_playground.py --bin-dir BUILD --stubs BUILD/client/python/gen
               --model MODEL --screenshot BUILD/tests/playground.png
@@ -120,6 +121,52 @@ class PlaygroundTest(unittest.TestCase):
             self.session(fork)
         self.assertEqual(gone.exception.code, 404)
         self.assertEqual(self.session(sid)["position"], shown2)  # the source is untouched
+
+    def choose_format(self, value, schema=None):
+        from selenium.webdriver.support.ui import Select
+        Select(self.browser.find_element(By.ID, "format")).select_by_value(value)
+        box = self.browser.find_element(By.ID, "schema")
+        self.assertEqual(box.is_displayed(), value == "json_schema")
+        if schema is not None:
+            box.clear()
+            box.send_keys(schema)
+
+    def submit(self, prompt):
+        box = self.browser.find_element(By.ID, "prompt")
+        box.clear()
+        box.send_keys(prompt)
+        self.browser.find_element(By.ID, "generate").click()
+
+    def test_the_output_box_holds_the_text_to_a_json_schema(self):
+        self.browser.get(self.base + "/")
+        self.wait.until(lambda b: self.text("model").startswith("shakespeare_char"))
+        limit = self.browser.find_element(By.ID, "max_tokens")
+        limit.clear()
+        limit.send_keys("8")
+        # The bundled model's one digit is 3: an integer is "3", and a whole root ends the text.
+        self.choose_format("json_schema", '{"type": "integer"}')
+        self.submit("ROMEO:")
+        self.wait.until(lambda b: self.text("status").startswith("done"))
+        self.assertEqual(self.text("status"), "done: 1 tokens (stop)")
+        self.assertEqual(self.text("output"), "ROMEO:3")
+        # The server's refusals reach the status line, naming what is wrong; nothing is generated.
+        self.choose_format("json_schema", '{"type": "integer", "minimum": 1}')
+        self.submit("ROMEO:")
+        self.wait.until(lambda b: "minimum" in self.text("status"))
+        self.assertIn("'minimum' is not supported", self.text("status"))
+        # A refused call fed nothing: its prompt goes back to the box, and the output is as it was.
+        self.assertEqual(self.browser.find_element(By.ID, "prompt").get_attribute("value"), "ROMEO:")
+        self.assertEqual(self.text("output"), "ROMEO:3")
+        self.choose_format("json_object")
+        self.submit("ROMEO:")
+        self.wait.until(lambda b: "vocabulary" in self.text("status"))
+        self.assertIn("no token of the model's vocabulary can begin it", self.text("status"))
+        # A box that is not JSON is refused by the page itself.
+        self.choose_format("json_schema", '{"type": ')
+        self.submit("ROMEO:")
+        self.wait.until(lambda b: self.text("status").startswith("schema: not JSON"))
+        self.assertEqual(self.text("output"), "ROMEO:3")
+        self.choose_format("text")
 
 
 if __name__ == "__main__":

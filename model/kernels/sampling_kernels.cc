@@ -90,19 +90,27 @@ NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_
 int DrawInIdOrder(const float* row, int64_t n, float temperature, double u) {
   if (n <= 0) return -1;
   const float best = Best(row, n), inv_t = 1.f / temperature;
-  // Blocks of 8 summed the same way in both passes, so the walk meets the
-  // same partial sums the total was made of.
-  auto block_sum = [&](int64_t i, V8* w) {
+  // Blocks of 8, each summed once: the walk meets the same partial sums the
+  // total was made of, and computes weights again only for the block the
+  // goal falls in (and for the last possible token, when u rounds up).
+  auto block_weights = [&](int64_t i) {
     V8 x;
-    *w = Weights8(row + i, best, inv_t, &x);
+    return Weights8(row + i, best, inv_t, &x);
+  };
+  auto block_sum = [](const V8& w) {
     double s = 0;
-    for (int l = 0; l < 8; ++l) s += (*w)[l];
+    for (int l = 0; l < 8; ++l) s += w[l];
     return s;
   };
   const int64_t full = n / 8 * 8;
+  thread_local std::vector<double> sums;
+  sums.resize(static_cast<size_t>(full / 8));
   double total = 0;
-  V8 w;
-  for (int64_t i = 0; i < full; i += 8) total += block_sum(i, &w);
+  for (int64_t i = 0; i < full; i += 8) {
+    const double s = block_sum(block_weights(i));
+    sums[static_cast<size_t>(i / 8)] = s;
+    total += s;
+  }
   for (int64_t i = full; i < n; ++i) {
     float x;
     total += Weight1(row[i], best, inv_t, &x);
@@ -110,22 +118,19 @@ int DrawInIdOrder(const float* row, int64_t n, float temperature, double u) {
   if (!std::isfinite(total)) return -1;  // NaN or +inf in the row
   const double goal = u * total;
   double acc = 0;
-  int last_possible = -1;
+  int64_t last_possible = -1;  // the last token with weight, in blocks walked token by token
+  int64_t last_block = -1;     // the last block passed whole that holds any weight
   for (int64_t i = 0; i < full; i += 8) {
-    const double s = block_sum(i, &w);
+    const double s = sums[static_cast<size_t>(i / 8)];
     if (acc + s <= goal) {
       acc += s;
-      for (int l = 7; l >= 0; --l) {
-        if (w[l] > 0) {
-          last_possible = static_cast<int>(i + l);
-          break;
-        }
-      }
+      if (s > 0) last_block = i;
       continue;
     }
+    const V8 w = block_weights(i);
     for (int l = 0; l < 8; ++l) {
       acc += w[l];
-      if (w[l] > 0) last_possible = static_cast<int>(i + l);
+      if (w[l] > 0) last_possible = i + l;
       if (goal < acc) return static_cast<int>(i + l);
     }
   }
@@ -133,10 +138,17 @@ int DrawInIdOrder(const float* row, int64_t n, float temperature, double u) {
     float x;
     const float wi = Weight1(row[i], best, inv_t, &x);
     acc += wi;
-    if (wi > 0) last_possible = static_cast<int>(i);
+    if (wi > 0) last_possible = i;
     if (goal < acc) return static_cast<int>(i);
   }
-  return last_possible;  // u * total rounded up to the total
+  // u * total rounded up to the total: the last token with weight.
+  if (last_block > last_possible) {
+    const V8 w = block_weights(last_block);
+    for (int l = 7; l >= 0; --l) {
+      if (w[l] > 0) return static_cast<int>(last_block + l);
+    }
+  }
+  return static_cast<int>(last_possible);
 }
 
 }  // namespace txl

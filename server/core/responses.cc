@@ -24,12 +24,19 @@ v1::FinishReason ToProto(Finish f) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-// The token's text, when it is whole UTF-8.
-bool WholeText(const Tokenizer& tokenizer, int id, std::string* text) {
-  auto t = tokenizer.TokenText(id);
+// A token's text, when it is whole UTF-8.
+bool WholeUtf8(absl::StatusOr<std::string> t, std::string* text) {
   if (!t.ok() || !IsValidUtf8(*t)) return false;
   *text = *std::move(t);
   return true;
+}
+bool WholeText(const Tokenizer& tokenizer, int id, std::string* text) {
+  return WholeUtf8(tokenizer.TokenText(id), text);
+}
+// The text the token adds after what came before (at word level, a word
+// after a word is spaced).
+bool WholeAppendedText(const Tokenizer& tokenizer, int id, bool after_word, std::string* text) {
+  return WholeUtf8(tokenizer.AppendedText(id, &after_word), text);
 }
 
 void FillScored(const ScoredTokenResult& t, const Tokenizer& tokenizer, v1::ScoredToken* token) {
@@ -47,10 +54,11 @@ void FillScored(const ScoredTokenResult& t, const Tokenizer& tokenizer, v1::Scor
 void FillEcho(const std::vector<ScoredTokenResult>& echo, const Tokenizer& tokenizer,
               google::protobuf::RepeatedPtrField<v1::ScoredToken>* out) {
   Utf8Stream text;
+  bool after_word = false;  // the input's text as Decode writes it
   for (size_t i = 0; i < echo.size(); ++i) {
     v1::ScoredToken* token = out->Add();
     FillScored(echo[i], tokenizer, token);
-    auto bytes = tokenizer.TokenText(echo[i].id);
+    auto bytes = tokenizer.AppendedText(echo[i].id, &after_word);
     std::string whole = text.Push(bytes.ok() ? *bytes : std::string());
     if (i + 1 == echo.size()) whole += text.Flush();
     token->set_text(std::move(whole));
@@ -74,7 +82,7 @@ v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& even
       alt->set_id(id);
       alt->set_logprob(lp);
       std::string text;
-      if (WholeText(tokenizer, id, &text)) alt->set_text(std::move(text));
+      if (WholeAppendedText(tokenizer, id, e.after_word, &text)) alt->set_text(std::move(text));
     }
   }
   r.set_position(position);

@@ -144,6 +144,7 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
   // The text as the tokenizer's Decode writes it (at word level, words joined by spaces).
   if (first) after_word_ = lease.model->tokenizer().EndsAfterWord(feed.back());
+  ev.after_word = after_word_;
   absl::StatusOr<std::string> bytes = lease.model->tokenizer().AppendedText(token, &after_word_);
   if (grammar_) grammar_->Advance(bytes.ok() ? *bytes : std::string());  // the mask allowed it
   TextStream::Update text = text_.Push(bytes.ok() ? *bytes : std::string());

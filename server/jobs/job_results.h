@@ -29,8 +29,11 @@ struct GeneratedTokenEvent {
   std::string text;  // whole UTF-8 characters only; may be empty
   float logprob = 0;
   std::vector<std::pair<int, float>> top;  // when top_logprobs > 0
-  std::vector<ScoredTokenResult> echo;     // with the first token, when echo is asked for
-  int choice = 0;                          // of a call with several (ServiceCore::Generate's n)
+  // Word level: a word came before this token since the last newline, so
+  // its text (and an alternative's) has a space before it (Tokenizer::AppendedText).
+  bool after_word = false;
+  std::vector<ScoredTokenResult> echo;  // with the first token, when echo is asked for
+  int choice = 0;                       // of a call with several (ServiceCore::Generate's n)
 };
 
 enum class Finish { kLength, kStopToken, kStopSequence, kCancelled };

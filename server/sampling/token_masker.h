@@ -29,8 +29,12 @@
 namespace txl {
 
 struct TokenMaskerLimits {
-  int max_states = 4096;             // parse sets remembered; past it the automaton starts again
-  int64_t max_mask_bytes = 8 << 20;  // masks kept (vocab/8 bytes each); past it they are dropped
+  // Parse sets remembered (each about 1 KiB and its stacks). A walk that
+  // meets more steps the rest without remembering them, so one grammar's
+  // walk is bounded whatever the vocabulary; the next Next starts again.
+  int max_states = 2048;
+  int64_t max_stack_positions = 1 << 18;  // summed over the remembered parse sets (12 bytes each)
+  int64_t max_mask_bytes = 4 << 20;       // masks kept (vocab/8 bytes each); past it they are dropped
 };
 
 struct TokenMask {
@@ -51,9 +55,12 @@ class TokenMasker {
   bool SomeTokenCanBegin() ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
-    int64_t walks = 0;   // masks computed by a walk over the vocabulary
-    int64_t reused = 0;  // masks answered from what was kept
-    int states = 0;      // parse sets in the automaton now
+    int64_t walks = 0;          // masks computed by a walk over the vocabulary
+    int64_t reused = 0;         // masks answered from what was kept
+    int64_t unremembered = 0;   // steps taken past the limits, not remembered
+    int64_t masks_dropped = 0;  // kept masks dropped for max_mask_bytes
+    int states = 0;             // parse sets in the automaton now
+    int64_t mask_bytes = 0;     // of the masks kept now
   };
   Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -61,23 +68,33 @@ class TokenMasker {
  private:
   TokenMasker(std::shared_ptr<const Grammar> grammar, const Tokenizer& tokenizer, const TokenMaskerLimits& limits);
 
-  static constexpr int kUnknown = -2, kDead = -1;
+  // Node ids: >= 0 a remembered parse set; kDead none; at or below
+  // kUnremembered, a walk's parse set at depth kUnremembered - id, held in
+  // path_ while the walk is below it (past the limits).
+  static constexpr int kUnknown = -2, kDead = -1, kUnremembered = -3;
+  using Stacks = std::vector<GrammarState::Stack>;
   struct Node {
-    std::vector<GrammarState::Stack> stacks;
+    const Stacks* stacks = nullptr;             // the key in ids_
     std::array<int32_t, 256> next;              // by byte: a node, kDead, or kUnknown
     std::shared_ptr<const TokenMask> masks[2];  // by after_word
   };
-  int Intern(std::vector<GrammarState::Stack> stacks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int Go(int node, unsigned char byte) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node of `stacks`: remembered, or (past the limits) kept at path_[depth].
+  int Intern(Stacks stacks, size_t depth) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Stacks& StacksOf(int node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node after `byte` from `node`, which is `depth` bytes into the walk.
+  int Go(int node, unsigned char byte, size_t depth) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<const TokenMask> Walk(int node, bool after_word, bool first_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reset() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Tokenizer& tokenizer_;
   const TokenMaskerLimits limits_;
-  const GrammarState start_;  // also what steps the parse sets (GrammarState's own rules)
   mutable absl::Mutex mu_;
+  // The start, and what steps the parse sets (a step writes its truncated_).
+  const GrammarState start_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);
-  std::map<std::vector<GrammarState::Stack>, int> ids_ ABSL_GUARDED_BY(mu_);
+  std::map<Stacks, int> ids_ ABSL_GUARDED_BY(mu_);
+  int64_t stack_positions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Stacks> path_ ABSL_GUARDED_BY(mu_);  // a walk's parse sets past the limits, by depth
   int64_t mask_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };

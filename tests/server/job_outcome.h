@@ -24,7 +24,8 @@ struct Outcome {
   std::vector<std::vector<std::pair<int, float>>> top;  // each token's alternatives
   std::string text;
   std::vector<int64_t> positions;
-  std::vector<ScoredTokenResult> echo;  // a generation's echoed input, from its first token's event
+  std::vector<ScoredTokenResult> echo;      // a generation's echoed input, from its first token's event
+  std::vector<GeneratedTokenEvent> events;  // as they came
   absl::Status status;
   GenerateResult result;
   ScoreResult score;
@@ -35,6 +36,7 @@ struct Outcome {
     GenerateCallbacks cb;
     cb.on_tokens = [this](std::vector<GeneratedTokenEvent> events, int64_t position) {
       for (auto& e : events) {
+        this->events.push_back(e);
         echo.insert(echo.end(), e.echo.begin(), e.echo.end());
         ids.push_back(e.id);
         top.push_back(e.top);

@@ -90,6 +90,20 @@ TEST(SamplingKernelsTest, TheIdOrderDrawWalksTheRowInIdOrder) {
   EXPECT_LT(boundary, 5) << "float rounding moves only draws that land on a boundary";
 }
 
+// A goal at the total (u rounded up to 1) walks past every token: the draw
+// is the last token with weight, wherever it lies in its block of 8 and
+// whatever impossible tokens follow it.
+TEST(SamplingKernelsTest, AGoalAtTheTotalDrawsTheLastPossibleToken) {
+  for (int64_t n : {int64_t{64}, int64_t{67}, int64_t{5003}}) {
+    for (int64_t last : {n - 1, n - 4, n - 9, n / 2 + 3, int64_t{0}}) {
+      std::vector<float> row = Row(n, 7 + n, 2.0f);
+      for (int64_t i = last + 1; i < n; ++i) row[static_cast<size_t>(i)] = -INFINITY;
+      EXPECT_EQ(DrawInIdOrder(row.data(), n, 0.8f, 1.0), last) << "n " << n;
+      EXPECT_EQ(DrawInIdOrder(row.data(), n, 1.0f, 0.0), 0) << "n " << n;
+    }
+  }
+}
+
 TEST(SamplingKernelsTest, ARowWithNaNGivesNoAnswer) {
   std::vector<float> row = Row(100, 1, 1.0f);
   row[40] = std::numeric_limits<float>::quiet_NaN();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "server/core/responses.h"
 #include "tests/server/batching/scheduler_fixture.h"
 #include "tests/server/fake_engine.h"
 #include "tests/server/job_outcome.h"
@@ -107,12 +108,17 @@ TEST_F(SchedulerTest, AWordLevelModelsTextIsSpacedAsDecodeWritesItAndAGrammarHol
   EXPECT_EQ(greedy.text, " b c\na b");
   auto grammar = Grammar::Parse(R"(root ::= " b" (" " [a-c])* "\n")");
   ASSERT_TRUE(grammar.ok()) << grammar.status();
+  // The calls share the model's masker (as RequestValidator hands it out):
+  // the places the first calls walked are look-ups for the later ones.
+  auto checked = served->grammars().Get(R"(root ::= " b" (" " [a-c])* "\n")");
+  ASSERT_TRUE(checked.ok()) << checked.status();
   for (uint64_t seed = 1; seed <= 10; ++seed) {
     SCOPED_TRACE(seed);
     GenerateSpec spec = Spec({0}, 50);
     spec.sampling.temperature = 1.0f;
     spec.sampling.seed = seed;
-    spec.grammar = *grammar;
+    spec.grammar = checked->grammar;
+    spec.masker = checked->masker;
     Outcome o;
     ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(session()), spec, o.Callbacks()).ok());
     o.Wait();
@@ -124,6 +130,34 @@ TEST_F(SchedulerTest, AWordLevelModelsTextIsSpacedAsDecodeWritesItAndAGrammarHol
     all.insert(all.end(), o.ids.begin(), o.ids.end());
     EXPECT_EQ("a" + o.text, *words.Decode(all));
   }
+  EXPECT_LE(checked->masker->stats().walks, 4) << "two places, in two word contexts at most";
+  EXPECT_GT(checked->masker->stats().reused, 10);
+  // A masker made for another vocabulary is not used: the job makes its own.
+  const Tokenizer other = *Tokenizer::WordFromSymbols({"a", "b", "c", "<eos>"});
+  GenerateSpec spec = Spec({0}, 50);
+  spec.grammar = checked->grammar;
+  spec.masker = TokenMasker::Create(checked->grammar, other);
+  Outcome o;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(session()), spec, o.Callbacks()).ok());
+  o.Wait();
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(o.text, " b c\n");
+  EXPECT_EQ(spec.masker->stats().walks + spec.masker->stats().reused, 0);
+  // Alternatives and echoed input are spaced as the text is.
+  spec = Spec({0, 1}, 2);
+  spec.top_logprobs = 2;
+  spec.echo = true;
+  Outcome alts;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(session()), spec, alts.Callbacks()).ok());
+  alts.Wait();
+  ASSERT_TRUE(alts.status.ok()) << alts.status;
+  ASSERT_EQ(alts.events.size(), 2u);
+  const v1::GenerateResponse first = TokensResponse({alts.events[0]}, 3, words);
+  EXPECT_EQ(first.tokens(0).text(), " c");
+  EXPECT_EQ(first.tokens(0).top(0).text(), " c") << "the likeliest alternative is the token";
+  ASSERT_EQ(first.echo_size(), 2);
+  EXPECT_EQ(first.echo(0).text() + first.echo(1).text(), "a b");
+  EXPECT_EQ(TokensResponse({alts.events[1]}, 4, words).tokens(0).text(), "\n");
 }
 
 // The engine picks the token itself (greedy, or a draw at any temperature),

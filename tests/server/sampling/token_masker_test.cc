@@ -117,21 +117,50 @@ TEST(TokenMaskerTest, APlaceAlreadyWalkedIsALookUp) {
   EXPECT_EQ(masker->stats().walks, 2);
 }
 
-TEST(TokenMaskerTest, KeptMasksAndStatesStayWithinTheirLimits) {
+TEST(TokenMaskerTest, KeptMasksStayWithinTheirBytes) {
   const Tokenizer bytes = Tokenizer::Byte();
   auto g = Parsed(R"(root ::= [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] "!")");
   TokenMaskerLimits limits;
-  limits.max_states = 3;
   limits.max_mask_bytes = 2 * (256 / 8 + 1);  // two masks
   auto masker = TokenMasker::Create(g, bytes, limits);
   GrammarState state(g);
   for (int i = 0; i < 6; ++i) {
-    const auto mask = masker->Next(state, false);
-    EXPECT_EQ(mask->count, 26) << i;
+    EXPECT_EQ(masker->Next(state, false)->allowed, OneByOne(state, bytes, false)) << i;
     ASSERT_TRUE(state.Advance("q"));
-    EXPECT_LE(masker->stats().states, limits.max_states + 2) << "reset once past the limit";
+    EXPECT_LE(masker->stats().mask_bytes, limits.max_mask_bytes);
   }
-  EXPECT_EQ(masker->Next(state, false)->allowed, OneByOne(state, bytes, false));
+  EXPECT_EQ(masker->stats().walks, 6);
+  EXPECT_GE(masker->stats().masks_dropped, 4);
+}
+
+// A grammar whose parse sets remember every byte read (a palindrome's first
+// half) meets a new set at every prefix of the vocabulary: past max_states a
+// walk steps on without remembering, so its memory stays bounded, and the
+// masks are still exact.
+TEST(TokenMaskerTest, AWalkPastTheStateLimitStepsOnWithoutRememberingAndStaysExact) {
+  const Tokenizer words = RandomWords(2000, 6);
+  auto g = Parsed(R"(root ::= s
+s ::= "a" s "a" | "b" s "b" | "e" s "e" | "t" s "t" | "." | "1"
+)");
+  TokenMaskerLimits limits;
+  limits.max_states = 40;
+  auto masker = TokenMasker::Create(g, words, limits);
+  GrammarState state(g);
+  bool after_word = false;
+  for (const char* next : {"ab", "et", "ta"}) {
+    for (bool spaced : {false, true}) {
+      EXPECT_EQ(masker->Next(state, spaced)->allowed, OneByOne(state, words, spaced)) << next;
+      EXPECT_LE(masker->stats().states, limits.max_states);
+    }
+    ASSERT_TRUE(state.Advance(next));
+  }
+  EXPECT_GT(masker->stats().unremembered, 0);
+  limits.max_states = 4096;
+  limits.max_stack_positions = 30;  // the sets' bytes bound it too
+  auto small = TokenMasker::Create(g, words, limits);
+  GrammarState fresh(g);
+  EXPECT_EQ(small->Next(fresh, after_word)->allowed, OneByOne(fresh, words, after_word));
+  EXPECT_GT(small->stats().unremembered, 0);
 }
 
 TEST(GrammarCacheTest, TheSameTextSharesOneMaskerAndRefusalsAreNotKept) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces model/bundled/shakespeare_char.pt, the server's default model:
 # a character-level Transformer-XL trained on tinyshakespeare for 30 minutes
-# of wall time on the 2-core reference machine (figures: model/bundled/README.md).
+# of wall time on the 2-core reference machine (figures: README.md, "Training and the bundled model").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}

@@ -58,7 +58,12 @@ void ChoiceSet::Ended(int index, absl::Status status, GenerateResult result) {
       status_ = std::move(status);
       failed = true;
     }
-    if (++ended_ == best_of_) Finish(actions);
+    if (++ended_ == best_of_) {
+      Finish(actions);
+    } else if (best_of_ == n_ && status_.ok() && transport_.on_choice_end) {  // its end goes out now
+      c.end.sent = true;
+      actions.push_back([on_end = transport_.on_choice_end, end = c.end] { on_end(end); });
+    }
   }
   if (failed && on_error_) on_error_();
   for (auto& a : actions) a();

@@ -6,6 +6,8 @@
 // highest total log-prob go out, numbered 0..n-1 from the best. The
 // transport's on_done runs once, after the last choice: each kept choice's
 // end, and the call's usage (the prompt once, every candidate's tokens).
+// Without best_of, a choice that ends before the last goes to the
+// transport's on_choice_end as it ends, when the transport has one.
 //
 // Threading: thread-safe; the transport's callbacks run outside the lock,
 // in order (the choices' jobs all run on the engine thread).

@@ -117,15 +117,20 @@ std::vector<v1::GenerateResponse> FinalResponses(const GenerateResult& result, c
   if (result.choices.empty()) return {FinalResponse(result, tokenizer)};
   std::vector<v1::GenerateResponse> out;
   for (const ChoiceEnd& c : result.choices) {
-    v1::GenerateResponse r;
-    r.set_index(c.index);
-    r.set_text(c.trailing_text);
-    r.set_position(c.position);
-    r.set_finish_reason(ToProto(c.finish));
-    out.push_back(std::move(r));
+    if (!c.sent) out.push_back(ChoiceEndResponse(c));
   }
+  if (out.empty()) out.emplace_back();            // every end went out as it came: the usage alone
   FillUsage(result, out.back().mutable_usage());  // the call's, in its last response
   return out;
+}
+
+v1::GenerateResponse ChoiceEndResponse(const ChoiceEnd& c) {
+  v1::GenerateResponse r;
+  r.set_index(c.index);
+  r.set_text(c.trailing_text);
+  r.set_position(c.position);
+  r.set_finish_reason(ToProto(c.finish));
+  return r;
 }
 
 void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out) {

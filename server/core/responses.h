@@ -21,9 +21,10 @@ v1::GenerateResponse TokensResponse(const std::vector<GeneratedTokenEvent>& even
 // A generation's last response: trailing text, finish reason, usage.
 v1::GenerateResponse FinalResponse(const GenerateResult& result, const Tokenizer& tokenizer);
 // Its last responses: FinalResponse's one, or with several choices one per
-// choice (its index, trailing text and finish reason), the call's usage in
-// the last.
+// choice not sent as it ended (ChoiceEnd::sent), the call's usage in the last.
 std::vector<v1::GenerateResponse> FinalResponses(const GenerateResult& result, const Tokenizer& tokenizer);
+// One choice's end: its index, trailing text, position and finish reason.
+v1::GenerateResponse ChoiceEndResponse(const ChoiceEnd& end);
 // A score's per-token log-probs and their total.
 void FillScore(const ScoreResult& result, const Tokenizer& tokenizer, v1::ScoreResponse* out);
 void FillSession(const SessionInfo& info, v1::Session* out);

@@ -103,6 +103,7 @@ class StreamingCall : public Base {
     cb.on_tokens = [this, model = args.model](std::vector<GeneratedTokenEvent> events, int64_t position) {
       Send(TokensResponse(events, position, model->tokenizer()));
     };
+    cb.on_choice_end = [this](ChoiceEnd end) { Send(ChoiceEndResponse(end)); };
     cb.on_done = [this, after = std::move(after)](absl::Status status, GenerateResult result) {
       // A client that stopped reading cannot take even the status: the
       // write in flight would never complete, so the call is cancelled.

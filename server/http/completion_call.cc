@@ -76,6 +76,13 @@ class CompletionCall final : public std::enable_shared_from_this<CompletionCall>
         if (auto call = weak.lock()) call->Response(TokensResponse(events, position, model->tokenizer()));
       });
     };
+    cb.on_choice_end = [weak](ChoiceEnd end) {  // after its tokens: the same queue
+      auto call = weak.lock();
+      if (call == nullptr) return;
+      call->x_->Run([weak, end = std::move(end)] {
+        if (auto call = weak.lock()) call->Response(ChoiceEndResponse(end));
+      });
+    };
     cb.on_done = [self, model](absl::Status status, GenerateResult result) {
       self->x_->Run([self, model, status = std::move(status), result = std::move(result)] {
         self->Done(status, result, model->tokenizer());

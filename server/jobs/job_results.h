@@ -52,6 +52,7 @@ struct ChoiceEnd {
   int64_t generated_tokens = 0;
   int64_t position = 0;       // its throw-away session's, afterwards
   std::string trailing_text;  // as GenerateResult's
+  bool sent = false;          // given to GenerateCallbacks::on_choice_end as it came
 };
 
 struct GenerateResult {
@@ -78,6 +79,10 @@ using TokensCallback = std::function<void(std::vector<GeneratedTokenEvent>, int6
 struct GenerateCallbacks {
   TokensCallback on_tokens;
   std::function<void(absl::Status, GenerateResult)> on_done;
+  // Several choices (n > 1, best_of == n): a choice that ends before the
+  // last one, as it ends, after its tokens (its end is then marked `sent` in
+  // on_done's GenerateResult::choices). Unset: every end comes with on_done.
+  std::function<void(ChoiceEnd)> on_choice_end;
 };
 using ScoreDone = std::function<void(absl::Status, ScoreResult)>;
 using SessionMade = std::function<void(absl::StatusOr<SessionInfo>)>;  // Fork, Import

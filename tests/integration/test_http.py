@@ -146,6 +146,23 @@ class HttpTest(unittest.TestCase):
         self.assertEqual(finishes, {0: "length", 1: "length", 2: "length"})
         order = [e["choices"][0]["index"] for e in events[:-2]]
         self.assertNotEqual(order, sorted(order), "the choices' events interleave")
+        # A choice that ends first sends its finish_reason as it ends, while the others go on.
+        status, events, raw = self.http.stream("/v1/completions", {
+            "prompt": "x", "max_tokens": 20, "n": 8, "temperature": 1, "seed": 9, "stream": True,
+            "grammar": 'root ::= "a" | "b" [a-z] [a-z] [a-z] [a-z] [a-z] [a-z]'})
+        self.assertEqual(status, 200, raw)
+        chunks = [e["choices"][0] for e in events[:-1]]
+        ended_texts, finished_at, last_token_at = {}, {}, {}
+        for k, c in enumerate(chunks):
+            ended_texts[c["index"]] = ended_texts.get(c["index"], "") + c["text"]
+            if c["text"]:
+                last_token_at[c["index"]] = k
+            if c["finish_reason"]:
+                finished_at[c["index"]] = k
+        short = [i for i, t in ended_texts.items() if t == "a"]
+        long_ = [i for i, t in ended_texts.items() if len(t) == 7]
+        self.assertTrue(short and long_ and len(short) + len(long_) == 8, ended_texts)
+        self.assertLess(max(finished_at[i] for i in short), max(last_token_at[i] for i in long_))
 
         status, best, _ = self.http.json("POST", "/v1/completions", dict(req, n=2, best_of=3))
         self.assertEqual(status, 200, best)

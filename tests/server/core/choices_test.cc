@@ -3,6 +3,7 @@
 // once, each choice's seed stream, best_of's ranking, refusals and cancels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/core/responses.h"
 #include "server/core/service_core.h"
 #include "server/engine/model_source.h"
 #include "tests/server/fake_engine.h"
@@ -28,6 +30,10 @@ struct Call {
   absl::Mutex mu;
   std::map<int, std::vector<int>> ids ABSL_GUARDED_BY(mu);
   std::map<int, double> logprob ABSL_GUARDED_BY(mu);
+  // With ends as they come: what came, in order ({choice, true} for an end).
+  bool ends_as_they_come = false;
+  std::vector<std::pair<int, bool>> order ABSL_GUARDED_BY(mu);
+  std::vector<ChoiceEnd> ends ABSL_GUARDED_BY(mu);
   int dones ABSL_GUARDED_BY(mu) = 0;
   absl::Status status;
   GenerateResult result;
@@ -41,10 +47,18 @@ struct Call {
         for (const GeneratedTokenEvent& e : events) {
           ids[e.choice].push_back(e.id);
           logprob[e.choice] += e.logprob;
+          order.emplace_back(e.choice, false);
         }
       }
       if (!first_token.HasBeenNotified()) first_token.Notify();
     };
+    if (ends_as_they_come) {
+      cb.on_choice_end = [this](ChoiceEnd end) {
+        absl::MutexLock lock(&mu);
+        order.emplace_back(end.index, true);
+        ends.push_back(std::move(end));
+      };
+    }
     cb.on_done = [this](absl::Status s, GenerateResult r) {
       {
         absl::MutexLock lock(&mu);
@@ -162,6 +176,55 @@ TEST_F(ChoicesTest, EachChoiceDrawsFromItsOwnSeedStreamAndSeededCallsRepeat) {
   Start(Args(3, 3, 16, 1, 7), &again);
   again.Wait();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(again.Ids(i), together.Ids(i));
+}
+
+// A choice that ends before the others goes to the transport as it ends,
+// after its tokens and while the others go on; on_done's result marks it
+// sent, and FinalResponses leaves it out (the last one's carries the usage).
+TEST_F(ChoicesTest, AChoiceThatEndsFirstIsSentAsItEnds) {
+  Make();
+  int checked = 0;
+  for (uint64_t seed = 1; seed <= 40 && checked < 3; ++seed) {
+    GenerateArgs args = Args(3, 3, 12, /*temperature=*/1, seed);
+    args.spec.stop_token_ids = {22};  // the fake model counts 20, 21, 22 unless a draw strays
+    Call call;
+    call.ends_as_they_come = true;
+    Start(std::move(args), &call);
+    call.Wait();
+    ASSERT_TRUE(call.status.ok()) << call.status;
+    absl::MutexLock lock(&call.mu);
+    std::map<int, int64_t> lengths;
+    for (const ChoiceEnd& c : call.result.choices) lengths[c.index] = c.generated_tokens;
+    if (lengths[0] == lengths[1] && lengths[1] == lengths[2]) continue;  // they end in one step
+    ++checked;
+    SCOPED_TRACE(seed);
+    ASSERT_FALSE(call.ends.empty());
+    for (const ChoiceEnd& sent : call.ends) {
+      // Its end came after all its tokens, and before the longest choice's last token.
+      const auto at = std::find(call.order.begin(), call.order.end(), std::make_pair(sent.index, true));
+      EXPECT_EQ(std::count(at, call.order.end(), std::make_pair(sent.index, false)), 0);
+      int longest = 0;
+      for (const auto& [i, n] : lengths) longest = n > lengths[longest] ? i : longest;
+      if (lengths[sent.index] < lengths[longest]) {
+        EXPECT_GT(std::count(at, call.order.end(), std::make_pair(longest, false)), 0);
+      }
+      EXPECT_TRUE(call.result.choices[static_cast<size_t>(sent.index)].sent);
+      EXPECT_EQ(sent.generated_tokens, lengths[sent.index]);
+    }
+    const std::vector<v1::GenerateResponse> last = FinalResponses(call.result, served_->tokenizer());
+    EXPECT_EQ(last.size() + call.ends.size(), 3u) << "each end once";
+    EXPECT_TRUE(last.back().has_usage());
+    EXPECT_EQ(last.back().usage().generated_tokens(), lengths[0] + lengths[1] + lengths[2]);
+  }
+  EXPECT_EQ(checked, 3) << "seeds whose choices end at different steps";
+  // Without the callback, every end comes with on_done, as before.
+  Call plain;
+  GenerateArgs args = Args(3, 3, 12, 1, 1);
+  args.spec.stop_token_ids = {22};
+  Start(std::move(args), &plain);
+  plain.Wait();
+  for (const ChoiceEnd& c : plain.result.choices) EXPECT_FALSE(c.sent);
+  EXPECT_EQ(FinalResponses(plain.result, served_->tokenizer()).size(), 3u);
 }
 
 // A seed whose stream wraps skips 0, which would mean "a fresh random seed".

@@ -119,7 +119,6 @@ std::vector<v1::GenerateResponse> FinalResponses(const GenerateResult& result, c
   for (const ChoiceEnd& c : result.choices) {
     if (!c.sent) out.push_back(ChoiceEndResponse(c));
   }
-  if (out.empty()) out.emplace_back();            // every end went out as it came: the usage alone
   FillUsage(result, out.back().mutable_usage());  // the call's, in its last response
   return out;
 }

@@ -147,7 +147,8 @@ class ServiceCore {
   // With best_of > 1 (choices.h) the prompt is fed once and each candidate
   // generates on its own copy: `on_tokens` gets each choice's tokens, marked
   // with its index, and `on_done` runs once, after the last, with every
-  // kept choice's end (GenerateResult::choices).
+  // kept choice's end (GenerateResult::choices); without best_of above n, a
+  // choice that ends before the last goes to `on_choice_end` as it ends.
   void Generate(const std::string& principal, GenerateArgs args, bool adopt, std::shared_ptr<JobControl> control,
                 GenerateCallbacks callbacks) const;
   // A score of `args.input` after the session's history (committed to it when

@@ -66,7 +66,7 @@ class JsonModelTest(unittest.TestCase):
 
     def choices(self, fmt, seed):
         status, body, _ = self.http.json("POST", "/v1/completions", {
-            "prompt": PROMPT, "max_tokens": 600, "temperature": 1, "n": 10, "seed": seed,
+            "prompt": PROMPT, "max_tokens": 1000, "temperature": 1, "n": 10, "seed": seed,
             "response_format": fmt})
         self.assertEqual(status, 200, body)
         self.assertEqual(len(body["choices"]), 10)

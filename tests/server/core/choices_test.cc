@@ -225,6 +225,17 @@ TEST_F(ChoicesTest, AChoiceThatEndsFirstIsSentAsItEnds) {
   plain.Wait();
   for (const ChoiceEnd& c : plain.result.choices) EXPECT_FALSE(c.sent);
   EXPECT_EQ(FinalResponses(plain.result, served_->tokenizer()).size(), 3u);
+  // best_of above n: which candidates are kept is known only at the end, so no end goes early.
+  Call best;
+  best.ends_as_they_come = true;
+  args = Args(2, 3, 12, 1, 1);
+  args.spec.stop_token_ids = {22};
+  Start(std::move(args), &best);
+  best.Wait();
+  ASSERT_TRUE(best.status.ok()) << best.status;
+  absl::MutexLock lock(&best.mu);
+  EXPECT_TRUE(best.ends.empty());
+  EXPECT_EQ(best.result.choices.size(), 2u);
 }
 
 // A seed whose stream wraps skips 0, which would mean "a fresh random seed".

@@ -123,8 +123,26 @@ class Bench {
   // from it, the model's argmax (greedy), the model's draw (temperature 1,
   // or 0.8 over the whole row), one target's log-prob (Score), the model's
   // list of 40 and the host's top-k draw from it, or the model's list of 5
-  // (greedy with logprobs 5: the token and its alternatives).
-  enum class Readout { kNone, kDistribution, kTopP, kArgmax, kDraw, kScore, kTopK, kTopN, kDrawTempered };
+  // (greedy with logprobs 5: the token and its alternatives), or the
+  // model's constrained draw at temperature 1 (SamplingPlan::allowed) under
+  // a constraint that allows 99% of the words (its first pick is nearly
+  // always taken, as inside a JSON string), or 8 words (nearly always
+  // refused and drawn again): of the shortlist (as JSON's punctuation is,
+  // being frequent), or spread over the clusters.
+  enum class Readout {
+    kNone,
+    kDistribution,
+    kTopP,
+    kArgmax,
+    kDraw,
+    kScore,
+    kTopK,
+    kTopN,
+    kDrawTempered,
+    kDrawAllowingMost,
+    kDrawAllowingFew,
+    kDrawAllowingFewSpread
+  };
   static const char* ReadoutName(Readout r);
   int ZipfToken();
   double MeanEntropy(const std::vector<SessionState*>& sessions);
@@ -208,6 +226,7 @@ class Bench {
   double sink_ = 0;
   std::mt19937_64 draw_rng_{7};
   std::vector<double> zipf_cdf_;
+  std::shared_ptr<const txl::AllowedTokens> allowing_most_, allowing_few_, allowing_spread_;  // kDrawAllowing*
   txl::Sampler top_p_{TopSampling(0, 0.9f), 7};
   txl::Sampler top_k_{TopSampling(40, 0.0f), 7};
   static txl::SamplingConfig TopSampling(int top_k, float top_p) {

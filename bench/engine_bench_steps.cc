@@ -85,6 +85,14 @@ const char* Bench::ReadoutName(Readout r) {
     case Readout::kScore: return "Score (one target's log-prob, Zipf-ranked targets)";
     case Readout::kTopK: return "top-k 40 at temperature 0.8 (the model's list + the host's draw)";
     case Readout::kTopN: return "greedy with 5 alternatives (the model's list of 5)";
+    case Readout::kDrawAllowingMost:
+      return "temperature 1 under a constraint allowing 99% of the words (the model's constrained draw)";
+    case Readout::kDrawAllowingFew:
+      return "temperature 1 under a constraint allowing 8 words of the shortlist (the model's constrained draw, drawn "
+             "again from the head)";
+    case Readout::kDrawAllowingFewSpread:
+      return "temperature 1 under a constraint allowing 8 words spread over the clusters (the model's constrained "
+             "draw, drawn again from the whole row)";
   }
   return "";
 }
@@ -136,6 +144,26 @@ double Bench::TimedSteps(const std::vector<SessionState*>& sessions, int n, Lang
 }
 
 double Bench::ReadoutSteps(const std::vector<SessionState*>& sessions, int n, Readout readout, LanguageModel* lm) {
+  if (allowing_most_ == nullptr) {
+    const int64_t V = config_.n_token;
+    const int64_t shortlist = config_.cutoffs.empty() ? V : config_.cutoffs.front();
+    auto most = std::make_shared<txl::AllowedTokens>(), few = std::make_shared<txl::AllowedTokens>(),
+         spread = std::make_shared<txl::AllowedTokens>();
+    for (auto* a : {most.get(), few.get(), spread.get()}) a->words.assign(static_cast<size_t>((V + 63) / 64), 0);
+    auto allow = [](txl::AllowedTokens* a, int64_t id) {
+      a->words[static_cast<size_t>(id / 64)] |= uint64_t{1} << (id % 64);
+    };
+    for (int64_t t = 0; t < V; ++t) {
+      if (t % 100 != 7) allow(most.get(), t);
+    }
+    for (int64_t t = 0; t < 8; ++t) {
+      allow(few.get(), (t * 2477 + 11) % shortlist);
+      allow(spread.get(), (t * 33461 + 11) % V);
+    }
+    allowing_most_ = std::move(most);
+    allowing_few_ = std::move(few);
+    allowing_spread_ = std::move(spread);
+  }
   auto fill = [&](size_t, StepInput& x) {
     x.tokens = {static_cast<int>((counter_++ * 7919) % config_.n_token)};
     switch (readout) {
@@ -158,6 +186,16 @@ double Bench::ReadoutSteps(const std::vector<SessionState*>& sessions, int n, Re
       case Readout::kScore: x.targets = {ZipfToken()}; break;
       case Readout::kTopK: x.plan.top_n = top_k_.TopCandidates(); break;
       case Readout::kTopN: x.plan.top_n = 5; break;
+      case Readout::kDrawAllowingMost:
+      case Readout::kDrawAllowingFew:
+      case Readout::kDrawAllowingFewSpread:
+        x.plan.pick = SamplingPlan::Pick::kDraw;
+        x.plan.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+        x.plan.fallback_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(draw_rng_);
+        x.plan.allowed = readout == Readout::kDrawAllowingMost  ? allowing_most_
+                         : readout == Readout::kDrawAllowingFew ? allowing_few_
+                                                                : allowing_spread_;
+        break;
     }
   };
   auto read = [&](StepOutput& o) {

@@ -84,6 +84,9 @@ void Bench::WRows(std::vector<Row>* rows) {
                                                    {Readout::kTopK, "top-k"},
                                                    {Readout::kTopP, "top-p"},
                                                    {Readout::kDrawTempered, "draw-0.8"},
+                                                   {Readout::kDrawAllowingMost, "constrained-most"},
+                                                   {Readout::kDrawAllowingFew, "constrained-few"},
+                                                   {Readout::kDrawAllowingFewSpread, "constrained-spread"},
                                                    {Readout::kDistribution, "rows"}};
   for (const auto& kind : kinds) {
     const Readout readout = kind.first;  // a variable, not a binding: lambdas capture it below

@@ -35,6 +35,15 @@ class SessionState {
   virtual absl::Status AppendTo(std::string* out) const = 0;
 };
 
+// The tokens a constrained pick may take (SamplingPlan::allowed): token id
+// t is allowed when bit t % 64 of words[t / 64] is set.
+struct AllowedTokens {
+  std::vector<uint64_t> words;
+  bool contains(int64_t id) const {
+    return id >= 0 && static_cast<size_t>(id / 64) < words.size() && ((words[id / 64] >> (id % 64)) & 1) != 0;
+  }
+};
+
 // What leaves the model for the token after the last one, instead of the
 // whole distribution: nothing (kNone, no list), the model's own pick (argmax
 // or a draw), a nucleus listing, the top-n list. A list can come with a
@@ -67,6 +76,22 @@ struct SamplingPlan {
   // of them). What logprobs > 0 and top-k sampling need; independent of
   // `pick`.
   int top_n = 0;
+  // A constraint (constrained output): the pick (kArgmax or kDraw) takes
+  // only these tokens, exactly as from the distribution renormalised over
+  // them. The unconstrained pick comes first, as above; if `allowed` holds
+  // it, it is the token. Else the model picks again over the allowed tokens (the
+  // others at -inf): an argmax, or the id-order draw at
+  // `fallback_uniform`. Accepting a draw from p when it lands in A, and
+  // else drawing from p restricted to A, gives each t in A the probability
+  // p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A): exact, and only the rows
+  // whose first pick the constraint refuses compute more (the head, and the
+  // clusters that hold an allowed token).
+  // The picked log-prob stays the model's own (before the constraint).
+  // A row with no allowed token to pick (none finite, or a NaN among them)
+  // gets picked -1; the step's other rows are answered.
+  // `top_n` lists are not constrained. Null: no constraint.
+  std::shared_ptr<const AllowedTokens> allowed;
+  double fallback_uniform = 0;  // kDraw with `allowed`: in [0, 1)
 
   // Nothing leaves the model for the token after the last one.
   bool empty() const { return pick == Pick::kNone && nucleus_p <= 0 && top_n <= 0; }

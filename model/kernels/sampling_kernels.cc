@@ -151,4 +151,43 @@ int DrawInIdOrder(const float* row, int64_t n, float temperature, double u) {
   return static_cast<int>(last_possible);
 }
 
+int ConstrainedPick(const float* row, int64_t n, const SamplingPlan& plan, int first) {
+  if (plan.allowed == nullptr || plan.allowed->contains(first)) return first;
+  const AllowedTokens& allowed = *plan.allowed;
+  // The allowed tokens' log-probs, -inf between
+  // them, over the mask's span [lo, hi): the tokens outside weigh nothing
+  // in either pick.
+  const int64_t words = std::min<int64_t>(static_cast<int64_t>(allowed.words.size()), (n + 63) / 64);
+  int64_t lo = n, hi = 0;
+  for (int64_t w = 0; w < words; ++w) {
+    if (const uint64_t word = allowed.words[static_cast<size_t>(w)]; word != 0) {
+      lo = std::min(lo, w * 64 + __builtin_ctzll(word));
+      hi = std::min(n, w * 64 + 64 - __builtin_clzll(word));
+    }
+  }
+  if (lo >= hi) return -1;
+  thread_local std::vector<float> masked;
+  masked.assign(static_cast<size_t>(hi - lo), -INFINITY);
+  bool any = false;
+  for (int64_t w = lo / 64; w * 64 < hi; ++w) {
+    const uint64_t word = allowed.words[static_cast<size_t>(w)];
+    if (word == 0) continue;  // most of a narrow mask
+    for (int64_t i = std::max(lo, w * 64); i < std::min(hi, w * 64 + 64); ++i) {
+      if (((word >> (i - w * 64)) & 1) == 0) continue;
+      if (std::isnan(row[i]) || row[i] == INFINITY) return -1;  // a damaged row, as DrawInIdOrder says
+      if (row[i] > -INFINITY) {
+        masked[static_cast<size_t>(i - lo)] = row[i];
+        any = true;
+      }
+    }
+  }
+  if (!any) return -1;
+  if (plan.pick == SamplingPlan::Pick::kArgmax) {
+    return static_cast<int>(lo + (std::max_element(masked.begin(), masked.end()) - masked.begin()));
+  }
+  const int drawn =
+      DrawInIdOrder(masked.data(), static_cast<int64_t>(masked.size()), plan.temperature, plan.fallback_uniform);
+  return drawn < 0 ? -1 : static_cast<int>(lo + drawn);
+}
+
 }  // namespace txl

@@ -31,6 +31,15 @@ NucleusList NucleusOf(const float* row, int64_t n, float temperature, float top_
 // holds NaN or +inf.
 int DrawInIdOrder(const float* row, int64_t n, float temperature, double u);
 
+// A constrained pick (SamplingPlan::allowed) from the whole row, given the
+// unconstrained pick `first` (the argmax, or the draw at plan.uniform):
+// `first` if plan.allowed holds it, else the argmax (plan.pick kArgmax)
+// or DrawInIdOrder at plan.fallback_uniform over the row with every
+// token the constraint refuses at -inf (walked over the allowed tokens'
+// span only: the same token, to the rounding of its block sums). -1 if an
+// allowed token's log-prob is NaN or +inf, or none is finite.
+int ConstrainedPick(const float* row, int64_t n, const SamplingPlan& plan, int first);
+
 }  // namespace txl
 
 #endif  // TXL_MODEL_KERNELS_SAMPLING_KERNELS_H_

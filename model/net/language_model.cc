@@ -222,6 +222,7 @@ std::vector<StepOutput> SampleWholeRows(const OutputLayer& output, int64_t V, ab
       const float* row = rows.data_ptr<float>() + r * V;
       if (plan.pick == SamplingPlan::Pick::kDraw) {
         out[r].picked = DrawInIdOrder(row, V, plan.temperature, plan.uniform);
+        if (out[r].picked >= 0) out[r].picked = ConstrainedPick(row, V, plan, out[r].picked);
         if (out[r].picked >= 0) out[r].picked_logprob = row[out[r].picked];
       }
       if (plan.nucleus_p > 0) {
@@ -257,6 +258,20 @@ absl::Status CheckStepInputs(absl::Span<const StepInput> inputs, int64_t V) {
       return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": nucleus_p ", plan.nucleus_p,
                                                      " must be in (0, 1) and temperature ", plan.temperature, " > 0"));
     }
+    if (plan.allowed != nullptr) {
+      if (plan.pick == SamplingPlan::Pick::kNone || plan.nucleus_p != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step input ", i, ": a constraint (allowed tokens) needs a pick and no nucleus"));
+      }
+      if (static_cast<int64_t>(plan.allowed->words.size()) * 64 < V) {
+        return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": the allowed tokens cover ",
+                                                       plan.allowed->words.size() * 64, " ids of ", V));
+      }
+      if (plan.pick == SamplingPlan::Pick::kDraw && !(plan.fallback_uniform >= 0 && plan.fallback_uniform < 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step input ", i, ": fallback uniform ", plan.fallback_uniform, " is outside [0, 1)"));
+      }
+    }
     if (plan.top_n < 0)
       return absl::InvalidArgumentError(absl::StrCat("step input ", i, ": top_n ", plan.top_n, " is negative"));
     if ((in.want_last_distribution || !plan.empty()) && in.tokens.empty()) {
@@ -285,7 +300,8 @@ absl::Status CheckStepInputs(absl::Span<const StepInput> inputs, int64_t V) {
 // out.
 struct RowPlan {
   std::vector<int64_t> target_rows, argmax_rows, dist_rows, best_rows, draw_rows, top_rows;
-  std::vector<int64_t> whole_rows;  // SamplesWholeRow
+  std::vector<size_t> best_inputs, draw_inputs;  // the input of each best and draw row
+  std::vector<int64_t> whole_rows;               // SamplesWholeRow
   std::vector<int> targets;
   int top_n = 0;
   std::vector<double> uniforms;
@@ -302,9 +318,13 @@ RowPlan PlanRows(absl::Span<const StepInput> inputs) {
     }
     const int64_t last = offset + static_cast<int64_t>(in.tokens.size()) - 1;
     if (in.want_last_distribution) r.dist_rows.push_back(last);
-    if (in.plan.pick == SamplingPlan::Pick::kArgmax) r.best_rows.push_back(last);
+    if (in.plan.pick == SamplingPlan::Pick::kArgmax) {
+      r.best_rows.push_back(last);
+      r.best_inputs.push_back(static_cast<size_t>(&in - inputs.data()));
+    }
     if (in.plan.pick == SamplingPlan::Pick::kDraw && in.plan.temperature == 1.0f) {
       r.draw_rows.push_back(last);
+      r.draw_inputs.push_back(static_cast<size_t>(&in - inputs.data()));
       r.uniforms.push_back(in.plan.uniform);
     }
     if (SamplesWholeRow(in)) r.whole_rows.push_back(last);
@@ -350,6 +370,36 @@ RowReadouts ReadRows(const OutputLayer& output, int64_t V, absl::Span<const Step
   if (!plan.best_rows.empty()) r.best = output.BestTokens(rows_of(plan.best_rows, 0, plan.best_rows.size()));
   if (!plan.draw_rows.empty())
     r.drawn = output.DrawTokens(rows_of(plan.draw_rows, 0, plan.draw_rows.size()), plan.uniforms);
+  // Constrained picks (SamplingPlan::allowed) that the constraint refuses
+  // are picked again over their whole rows; the others cost nothing more.
+  auto pick_again = [&](const std::vector<int64_t>& rows, const std::vector<size_t>& of, TokenPicks& picks) {
+    std::vector<size_t> refused;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const SamplingPlan& p = inputs[of[k]].plan;
+      if (p.allowed != nullptr && !p.allowed->contains(picks.ids[k])) refused.push_back(k);
+    }
+    if (refused.empty()) return;
+    std::vector<int64_t> part;
+    std::vector<const AllowedTokens*> allowed;
+    for (size_t k : refused) {
+      part.push_back(rows[k]);
+      allowed.push_back(inputs[of[k]].plan.allowed.get());
+    }
+    // Only the clusters that hold an allowed token: a mask of the shortlist's words reads the head alone.
+    const at::Tensor whole =
+        output.AllowedLogProbs(rows_of(part, 0, part.size()), allowed).to(at::kCPU, at::kFloat).contiguous();
+    at::parallel_for(0, static_cast<int64_t>(refused.size()), 1, [&](int64_t from, int64_t to) {
+      for (int64_t j = from; j < to; ++j) {
+        const size_t k = refused[static_cast<size_t>(j)];
+        const int64_t width = whole.size(1);  // up to the last cluster an allowed token is in
+        const float* row = whole.data_ptr<float>() + j * width;
+        picks.ids[k] = ConstrainedPick(row, width, inputs[of[k]].plan, picks.ids[k]);
+        picks.logprobs[k] = picks.ids[k] >= 0 ? row[picks.ids[k]] : 0.0f;
+      }
+    });
+  };
+  pick_again(plan.best_rows, plan.best_inputs, r.best);
+  pick_again(plan.draw_rows, plan.draw_inputs, r.drawn);
   // One selection for the batch at its largest n; each row keeps its own
   // prefix (the first n of a longer list are the top n).
   if (!plan.top_rows.empty()) r.tops = output.TopTokens(rows_of(plan.top_rows, 0, plan.top_rows.size()), plan.top_n);
@@ -385,7 +435,9 @@ absl::Status FillOutputs(absl::Span<const StepInput> inputs, int64_t V, RowReado
     }
     if (SamplesWholeRow(in)) {
       StepOutput& whole = r.sampled[x++];
-      if ((plan.pick == SamplingPlan::Pick::kDraw && whole.picked < 0) || (plan.nucleus_p > 0 && whole.nucleus.empty()))
+      // A constrained row with nothing to pick fails its own request (picked -1), not the step's.
+      if ((plan.pick == SamplingPlan::Pick::kDraw && whole.picked < 0 && plan.allowed == nullptr) ||
+          (plan.nucleus_p > 0 && whole.nucleus.empty()))
         return absl::InternalError(absl::StrCat("model step: the log-probs of step input ", i, " are not finite"));
       if (plan.pick == SamplingPlan::Pick::kDraw) {
         out[i].picked = whole.picked;

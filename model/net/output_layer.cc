@@ -1,6 +1,7 @@
 #include "model/net/output_layer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "model/net/txl_math.h"
@@ -71,6 +72,35 @@ at::Tensor OutputLayer::LogProbs(const at::Tensor& hidden) const {
   std::vector<at::Tensor> pieces = {head.slice(-1, 0, ends_[1])};
   for (int64_t i = 1; i <= nc; ++i) pieces.push_back(ClusterLogProbs(hidden, head, i));
   return at::cat(pieces, -1);
+}
+
+at::Tensor OutputLayer::AllowedLogProbs(const at::Tensor& hidden,
+                                        const std::vector<const AllowedTokens*>& allowed) const {
+  at::Tensor head = HeadLogProbs(hidden);
+  const int64_t nc = c_.n_clusters();
+  if (nc == 0) return head;
+  // Whether some row allows a token of cluster i: a word of 64 ids at a time.
+  auto holds = [&](int64_t i) {
+    for (const AllowedTokens* a : allowed) {
+      for (int64_t w = ends_[i] / 64; w * 64 < ends_[i + 1] && w < static_cast<int64_t>(a->words.size()); ++w) {
+        uint64_t word = a->words[static_cast<size_t>(w)];
+        if (w * 64 < ends_[i]) word &= ~uint64_t{0} << (ends_[i] - w * 64);
+        if ((w + 1) * 64 > ends_[i + 1]) word &= ~uint64_t{0} >> ((w + 1) * 64 - ends_[i + 1]);
+        if (word != 0) return true;
+      }
+    }
+    return false;
+  };
+  int64_t last = 0;  // the last cluster that holds one
+  for (int64_t i = 1; i <= nc; ++i) {
+    if (holds(i)) last = i;
+  }
+  std::vector<at::Tensor> pieces = {head.slice(-1, 0, ends_[1])};
+  for (int64_t i = 1; i <= last; ++i) {
+    pieces.push_back(holds(i) ? ClusterLogProbs(hidden, head, i)
+                              : at::full({hidden.size(0), ends_[i + 1] - ends_[i]}, -INFINITY, head.options()));
+  }
+  return pieces.size() == 1 ? pieces[0] : at::cat(pieces, -1);
 }
 
 std::vector<float> OutputLayer::TargetLogProbs(const at::Tensor& hidden, const std::vector<int>& targets) const {

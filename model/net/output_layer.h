@@ -32,6 +32,12 @@ class OutputLayer {
 
   // [rows, n_token] log-probs in id order (what a sampler needs).
   at::Tensor LogProbs(const at::Tensor& hidden) const;
+  // LogProbs where it matters for constrained picks (SamplingPlan::allowed):
+  // allowed[r] the tokens row r may take. Only the clusters that hold one
+  // of them, in some row, are computed; the columns of the others are -inf,
+  // and the columns after the last such cluster are left out (the rows may
+  // be narrower than n_token). The entries computed are LogProbs' own.
+  at::Tensor AllowedLogProbs(const at::Tensor& hidden, const std::vector<const AllowedTokens*>& allowed) const;
 
   // log p(targets[r] | hidden[r]); hidden [rows, d_model]. A row whose
   // target is in the shortlist reads only the head; one in a cluster adds

@@ -17,7 +17,7 @@ GenerateJob::GenerateJob(SessionLease lease, GenerateSpec spec, GenerateCallback
       text_(spec_.stop_sequences) {
   if (spec_.grammar) {
     grammar_.emplace(spec_.grammar);
-    sampler_.AdjustEveryRow();  // each row is masked to what can continue the text
+    sampler_.Constrain();  // each pick takes only what can continue the text
   }
 }
 
@@ -57,12 +57,39 @@ StepInput GenerateJob::Row(size_t n) {
   }
   in.session = state();
   if (!decoding_ && (n != prefill_left() || spec_.max_new_tokens == 0)) return in;  // no next token wanted
-  // The model picks the token, or lists the tokens the draw and the
-  // alternatives need (docs/DESIGN.md, "Sampling paths"): no whole row
-  // leaves it, unless a bias or a penalty needs it.
-  in.plan = sampler_.Plan(spec_.top_logprobs);
-  in.want_last_distribution = sampler_.Adjusts();  // a bias or penalties: drawn here from the whole row
+  // The text so far ends in a word (word level): the next word is spaced.
+  if (!decoding_) after_word_ = lease.model->tokenizer().EndsAfterWord(feed.back());
+  // The first token's mask; a later token's was taken with the token before it (TakeOutput).
+  if (grammar_ && !decoding_) {
+    absl::StatusOr<std::shared_ptr<const TokenMask>> mask = NextMask();
+    if (!mask.ok()) {  // no token can begin the text here: the row asks for nothing, and TakeOutput ends the call
+      dead_end_ = mask.status();
+      return in;
+    }
+    mask_ = *std::move(mask);
+  }
+  // The model picks the token (constrained, with a grammar), or lists the
+  // tokens the draw and the alternatives need (docs/DESIGN.md, "Sampling
+  // paths"): no whole row leaves it, unless a bias, a penalty, or a
+  // grammar under top-k or top-p needs it.
+  in.plan = sampler_.Plan(spec_.top_logprobs,
+                          mask_ == nullptr ? nullptr : std::shared_ptr<const AllowedTokens>(mask_, &mask_->bits));
+  in.want_last_distribution = sampler_.Adjusts();  // drawn here from the whole row
   return in;
+}
+
+absl::StatusOr<std::shared_ptr<const TokenMask>> GenerateJob::NextMask() {
+  const Tokenizer& tokenizer = lease.model->tokenizer();
+  if (masker_ == nullptr) {  // the spec's when it was made for this model's vocabulary
+    masker_ = spec_.masker != nullptr && &spec_.masker->tokenizer() == &tokenizer
+                  ? spec_.masker
+                  : TokenMasker::Create(spec_.grammar, tokenizer);
+  }
+  std::shared_ptr<const TokenMask> mask = masker_->Next(*grammar_, after_word_);
+  if (mask->count == 0 || static_cast<int64_t>(mask->allowed.size()) != lease.model->config().n_token) {
+    return absl::FailedPreconditionError("grammar: no token of the model's vocabulary can continue the output here");
+  }
+  return mask;
 }
 
 void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
@@ -81,8 +108,18 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   // after the prefill and after each decode.
   const bool picked = out.picked >= 0, listed = !out.top.empty(), nucleus = !out.nucleus.empty();
   const bool whole = sampler_.Adjusts() && !out.last_distribution.empty();
+  const bool wanted = decoding_ || prefill_left() == 0;  // this row asked for the next token
+  if (!dead_end_.ok() && wanted) {                       // Row met a dead end
+    runner.Finish(*this, dead_end_);
+    return;
+  }
+  if (mask_ != nullptr && !sampler_.Adjusts() && !picked && wanted) {  // the model's constrained pick found none
+    runner.Finish(*this, absl::InternalError("generate: no token the grammar allows has a finite log-prob (the "
+                                             "model's distribution holds NaN or +inf)"));
+    return;
+  }
   if (!picked && !listed && !nucleus && !whole) {
-    if (decoding_ || prefill_left() == 0) {  // a row that asked for the next token got none
+    if (wanted) {  // a row that asked for the next token got none
       runner.Finish(*this, absl::InternalError("generate: the step gave no next token"));
     }
     return;  // mid-prefill
@@ -92,32 +129,20 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   auto logprob_in = [&](const TokenList& list) {
     return std::find_if(list.begin(), list.end(), [&](const auto& t) { return t.first == ev.id; })->second;
   };
-  if (whole) {  // the bias, penalties and grammar applied; log-probs are the adjusted distribution's
-    std::shared_ptr<const TokenMask> mask;
-    if (grammar_) {  // the tokens whose text can continue the output
-      const Tokenizer& tokenizer = lease.model->tokenizer();
-      if (masker_ == nullptr) {  // the spec's when it was made for this model's vocabulary
-        masker_ = spec_.masker != nullptr && &spec_.masker->tokenizer() == &tokenizer
-                      ? spec_.masker
-                      : TokenMasker::Create(spec_.grammar, tokenizer);
-      }
-      if (first) after_word_ = tokenizer.EndsAfterWord(feed.back());
-      mask = masker_->Next(*grammar_, after_word_);
-      if (mask->count == 0 || mask->allowed.size() != out.last_distribution.size()) {
-        runner.Finish(*this, absl::FailedPreconditionError(
-                                 "grammar: no token of the model's vocabulary can continue the output here"));
-        return;
-      }
+  if (whole) {  // the bias and penalties applied; log-probs are the adjusted distribution's
+    const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution);
+    if (adjusted.empty()) {
+      runner.Finish(*this, absl::InternalError("generate: the model's distribution holds NaN or +inf"));
+      return;
     }
-    const std::vector<float> adjusted = sampler_.Adjusted(out.last_distribution, mask ? &mask->allowed : nullptr);
-    if (adjusted.empty() && grammar_ &&
-        std::all_of(out.last_distribution.begin(), out.last_distribution.end(),
-                    [](float x) { return !std::isnan(x) && x != INFINITY; })) {
+    // A grammar draws only what can continue the text; the log-probs stay the adjusted row's.
+    const std::vector<float> drawn_from = mask_ != nullptr ? Masked(adjusted, mask_->bits) : std::vector<float>();
+    if (mask_ != nullptr && std::none_of(drawn_from.begin(), drawn_from.end(), [](float x) { return x > -INFINITY; })) {
       runner.Finish(*this,
                     absl::FailedPreconditionError("grammar: logit_bias bans every token the grammar allows here"));
       return;
     }
-    ev.id = adjusted.empty() ? -1 : sampler_.Sample(adjusted);
+    ev.id = sampler_.Sample(mask_ != nullptr ? drawn_from : adjusted);
     if (ev.id < 0) {
       runner.Finish(*this, absl::InternalError("generate: the model's distribution holds NaN or +inf"));
       return;
@@ -130,7 +155,7 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
     }
   } else if (picked) {
     ev.id = out.picked;
-    ev.logprob = out.picked_logprob;
+    ev.logprob = out.picked_logprob;  // the model's own, before a grammar's constraint
   } else if (nucleus) {
     ev.id = sampler_.SampleFromNucleus(out.nucleus, out.nucleus_total);
     ev.logprob = logprob_in(out.nucleus);
@@ -142,8 +167,11 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   if (first) ev.echo = std::move(echo_);
   if (spec_.top_logprobs > 0)
     ev.top = TokenList(out.top.begin(), out.top.begin() + std::min<size_t>(out.top.size(), spec_.top_logprobs));
+  if (mask_ != nullptr && !mask_->bits.contains(token)) {  // the model's constrained pick: never
+    runner.Finish(*this, absl::InternalError("generate: the model picked a token the grammar does not allow"));
+    return;
+  }
   // The text as the tokenizer's Decode writes it (at word level, words joined by spaces).
-  if (first) after_word_ = lease.model->tokenizer().EndsAfterWord(feed.back());
   ev.after_word = after_word_;
   absl::StatusOr<std::string> bytes = lease.model->tokenizer().AppendedText(token, &after_word_);
   if (grammar_) grammar_->Advance(bytes.ok() ? *bytes : std::string());  // the mask allowed it
@@ -182,6 +210,14 @@ void GenerateJob::TakeOutput(JobRunner& runner, StepOutput& out, size_t n) {
   } else if (cancelled.load()) {
     finish_ = Finish::kCancelled;
   } else {
+    if (grammar_) {  // the next token's mask, before a step feeds this one: a dead end ends the call here
+      absl::StatusOr<std::shared_ptr<const TokenMask>> next = NextMask();
+      if (!next.ok()) {
+        runner.Finish(*this, next.status());
+        return;
+      }
+      mask_ = *std::move(next);
+    }
     return;
   }
   if (lease.throwaway && finish_ != Finish::kCancelled) {  // the end of the generation, its last token pending

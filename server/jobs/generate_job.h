@@ -53,6 +53,14 @@ class GenerateJob final : public FeedJob {
   std::optional<GrammarState> grammar_;  // constrained output: where the text so far is in its grammar
   std::shared_ptr<TokenMasker> masker_;  // the spec's, or one of its own
   bool after_word_ = false;              // word level: the text so far ends in a word (the next is spaced)
+  // The tokens that can continue the text: the first token's taken by Row,
+  // each next one's by TakeOutput with the token before it, so a dead end
+  // ends the call before a step feeds that token.
+  std::shared_ptr<const TokenMask> mask_;
+  absl::Status dead_end_;  // Row found no token that can begin the text
+  // The tokens the grammar allows for the next token (Row: mask_, or null
+  // when no token of the vocabulary can continue the text).
+  absl::StatusOr<std::shared_ptr<const TokenMask>> NextMask();
 };
 
 }  // namespace txl

@@ -39,7 +39,19 @@ Sampler::Sampler(const SamplingConfig& config, uint64_t seed)
       rng_(config.seed != 0 ? config.seed : seed),
       adjusts_(!config.logit_bias.empty() || config.presence_penalty != 0.0f || config.frequency_penalty != 0.0f) {}
 
-std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs, const std::vector<bool>* allowed) const {
+void Sampler::Constrain() {
+  if (TopCandidates() > 0 || NucleusOnly()) adjusts_ = true;  // the model's lists are not constrained
+}
+
+std::vector<float> Masked(absl::Span<const float> row, const AllowedTokens& allowed) {
+  std::vector<float> masked(row.size(), -INFINITY);
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (allowed.contains(static_cast<int64_t>(i))) masked[i] = row[i];
+  }
+  return masked;
+}
+
+std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs) const {
   for (float x : logprobs) {
     if (std::isnan(x) || x == INFINITY) return {};  // a damaged row: the job fails the request
   }
@@ -51,11 +63,6 @@ std::vector<float> Sampler::Adjusted(absl::Span<const float> logprobs, const std
   }
   for (const auto& [token, draws] : counts_) {
     if (token < n) row[token] -= config_.frequency_penalty * draws + config_.presence_penalty;
-  }
-  if (allowed != nullptr) {
-    for (int token = 0; token < n; ++token) {
-      if (token >= static_cast<int>(allowed->size()) || !(*allowed)[static_cast<size_t>(token)]) row[token] = -INFINITY;
-    }
   }
   // A log-softmax again: log-probs of the adjusted distribution.
   float best = -INFINITY;
@@ -146,10 +153,22 @@ int Sampler::Sample(absl::Span<const float> logprobs) {
 
 int Sampler::TopCandidates() const { return config_.temperature > 0.0f && config_.top_k > 0 ? config_.top_k : 0; }
 
-SamplingPlan Sampler::Plan(int alternatives) {
+SamplingPlan Sampler::Plan(int alternatives, std::shared_ptr<const AllowedTokens> allowed) {
   SamplingPlan plan;
   if (adjusts_) return plan;  // the whole row (GenerateJob asks for it) and Sample
   plan.top_n = alternatives;
+  if (allowed != nullptr) {  // greedy or a plain temperature (Constrain): the model's constrained pick
+    plan.allowed = std::move(allowed);
+    plan.temperature = Greedy() ? 1.0f : config_.temperature;
+    if (Greedy()) {
+      plan.pick = SamplingPlan::Pick::kArgmax;
+    } else {
+      plan.pick = SamplingPlan::Pick::kDraw;
+      plan.uniform = NextUniform();
+      plan.fallback_uniform = NextUniform();
+    }
+    return plan;
+  }
   const int candidates = TopCandidates();
   if (candidates > 0) {
     plan.top_n = std::max(candidates, alternatives);

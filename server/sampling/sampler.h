@@ -11,6 +11,7 @@
 #define TXL_SERVER_SAMPLING_SAMPLER_H_
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
@@ -81,18 +82,19 @@ class Sampler {
   // holding the nucleus. Uses one uniform, as Sample does.
   int SampleFromNucleus(absl::Span<const std::pair<int, float>> nucleus, double total);
 
-  // True with a logit bias or a penalty: the draw then needs the whole row
-  // (StepInput::want_last_distribution) and Plan asks the model for
-  // nothing; the job draws with Sample(Adjusted(row)).
+  // True when the draw needs the whole row (StepInput::want_last_distribution)
+  // and Plan asks the model for nothing: with a logit bias or a penalty,
+  // and with a constraint (Constrain) under top-k or top-p. The job then
+  // draws with Sample(Adjusted(row)), masked (Masked) under a constraint.
   bool Adjusts() const { return adjusts_; }
-  // A constraint (a grammar) will mask each row: the draws take the whole
-  // row, as with a bias.
-  void AdjustEveryRow() { adjusts_ = true; }
+  // A constraint (a grammar) will allow only some tokens at each step.
+  // Greedy and plain temperatures keep the model's own pick, constrained
+  // (Plan's `allowed`); top-k and top-p take the whole row.
+  void Constrain();
   // The row with the bias and penalties applied, as log-probs again (a
-  // log-softmax; a banned token's is -inf). With `allowed` (one flag per
-  // token), the tokens it does not allow are banned too. Empty when the row
-  // holds a NaN or +inf, or nothing is left to draw.
-  std::vector<float> Adjusted(absl::Span<const float> logprobs, const std::vector<bool>* allowed = nullptr) const;
+  // log-softmax; a banned token's is -inf). Empty when the row holds a NaN
+  // or +inf, or nothing is left to draw.
+  std::vector<float> Adjusted(absl::Span<const float> logprobs) const;
   // A token drawn, for the penalties.
   void Count(int token);
 
@@ -103,7 +105,10 @@ class Sampler {
   // nucleus; else the model's draw at NextUniform(), taken here
   // (SampleFromTop and SampleFromNucleus take theirs when they draw).
   // `alternatives` > 0 (a request's logprobs): that many are listed too.
-  SamplingPlan Plan(int alternatives);
+  // With `allowed` (a constraint's tokens, after Constrain) the pick is the
+  // model's constrained pick (SamplingPlan::allowed), drawn at two
+  // uniforms; the list stays the model's own.
+  SamplingPlan Plan(int alternatives, std::shared_ptr<const AllowedTokens> allowed = nullptr);
 
  private:
   struct Candidate {
@@ -123,6 +128,11 @@ class Sampler {
   bool adjusts_ = false;
   std::vector<std::pair<int, int>> counts_;  // token, draws; in first-drawn order
 };
+
+// `row` with every token `allowed` does not hold at -inf: a constraint's
+// row for Sample (its log-probs are not renormalised; Sample needs no
+// more).
+std::vector<float> Masked(absl::Span<const float> row, const AllowedTokens& allowed);
 
 // The n most likely tokens, most likely first (ties: lower id first); a heap
 // of n, not a sort of the vocabulary.

@@ -67,14 +67,30 @@ int TokenMasker::Go(int node, unsigned char byte, size_t depth) {
   return to;
 }
 
-std::shared_ptr<const TokenMask> TokenMasker::Walk(int node, bool after_word, bool first_only) {
+namespace {
+
+// A mask that allows nothing yet, for a vocabulary of n tokens.
+std::shared_ptr<TokenMask> NoToken(size_t n) {
   auto mask = std::make_shared<TokenMask>();
+  mask->allowed.assign(n, false);
+  mask->bits.words.assign((n + 63) / 64, 0);
+  return mask;
+}
+
+void Allow(TokenMask& mask, int id) {
+  mask.allowed[static_cast<size_t>(id)] = true;
+  mask.bits.words[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+  ++mask.count;
+}
+
+}  // namespace
+
+std::shared_ptr<const TokenMask> TokenMasker::Walk(int node, bool after_word, bool first_only) {
   const std::vector<std::string>& symbols = tokenizer_.symbols();
-  mask->allowed.assign(symbols.size(), false);
+  std::shared_ptr<TokenMask> mask = NoToken(symbols.size());
   const bool words = tokenizer_.kind() == TokenizerKind::kWord;
   if (words && tokenizer_.eos_id() >= 0 && Go(node, '\n', 0) != kDead) {  // <eos> is a newline, never spaced
-    mask->allowed[static_cast<size_t>(tokenizer_.eos_id())] = true;
-    ++mask->count;
+    Allow(*mask, tokenizer_.eos_id());
     if (first_only) return mask;
   }
   // A symbol's bytes are at depths 1.. (a spaced word's space at 1, its first
@@ -98,8 +114,7 @@ std::shared_ptr<const TokenMask> TokenMasker::Walk(int node, bool after_word, bo
       at.push_back(state);
     }
     if (state != kDead && !symbol.empty() && at.size() == symbol.size() + 1) {
-      mask->allowed[static_cast<size_t>(order[i])] = true;
-      ++mask->count;
+      Allow(*mask, order[i]);
       if (first_only) return mask;
     }
   }
@@ -111,9 +126,7 @@ std::shared_ptr<const TokenMask> TokenMasker::Next(const GrammarState& state, bo
   if (static_cast<int>(nodes_.size()) >= limits_.max_states) Reset();  // the automaton starts again
   const int node = Intern(state.stacks_, 0);
   if (node == kDead) {  // nothing may follow: no token
-    auto none = std::make_shared<TokenMask>();
-    none->allowed.assign(tokenizer_.symbols().size(), false);
-    return none;
+    return NoToken(tokenizer_.symbols().size());
   }
   const bool spaced = after_word && tokenizer_.kind() == TokenizerKind::kWord;
   if (node < 0) return Walk(node, spaced, /*first_only=*/false);  // a place past the limits: not kept
@@ -123,7 +136,7 @@ std::shared_ptr<const TokenMask> TokenMasker::Next(const GrammarState& state, bo
   }
   std::shared_ptr<const TokenMask> mask = Walk(node, spaced, /*first_only=*/false);
   ++stats_.walks;
-  const int64_t bytes = static_cast<int64_t>(mask->allowed.size() / 8 + 1);
+  const int64_t bytes = static_cast<int64_t>(mask->allowed.size() / 8 + 1 + mask->bits.words.size() * 8);
   if (mask_bytes_ + bytes > limits_.max_mask_bytes) {  // drop the kept masks, keep the automaton
     for (auto& n : nodes_) {
       for (auto& m : n->masks) {

@@ -498,6 +498,114 @@ TEST_F(LanguageModelTest, TemperedDrawsAndNucleiStayInTheModel) {
   EXPECT_EQ((*out)[2].picked, -1);
 }
 
+// A constrained pick (SamplingPlan::allowed) is the unconstrained pick when
+// the constraint allows it, else the pick over the whole row with the other
+// tokens at -inf (ConstrainedPick), for argmax, the draw at temperature 1
+// (the cheap path, picked again where refused) and a tempered draw. The
+// log-prob stays the model's own. Constraints without a pick, or shorter
+// than the vocabulary, are refused.
+TEST_F(LanguageModelTest, ConstrainedPicksTakeOnlyTheAllowedTokens) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  const std::vector<int> history = {3, 1, 4, 1, 5};
+  auto reference = *model->NewSession(10);
+  StepInput ref;
+  ref.session = reference.get();
+  ref.tokens = history;
+  ref.want_last_distribution = true;
+  auto ref_out = model->Step(absl::MakeSpan(&ref, 1));
+  ASSERT_TRUE(ref_out.ok()) << ref_out.status();
+  const std::vector<float> d = (*ref_out)[0].last_distribution;
+  const int64_t V = static_cast<int64_t>(d.size());
+  const int best = static_cast<int>(std::max_element(d.begin(), d.end()) - d.begin());
+  const int drawn = DrawInIdOrder(d.data(), V, 1.0f, 0.37), tempered = DrawInIdOrder(d.data(), V, 0.6f, 0.37);
+  auto all_but = [&](int refused) {
+    auto a = std::make_shared<AllowedTokens>();
+    a->words.assign(static_cast<size_t>((V + 63) / 64), ~uint64_t{0});
+    a->words[static_cast<size_t>(refused / 64)] &= ~(uint64_t{1} << (refused % 64));
+    return a;
+  };
+  auto only = [&](std::vector<int> ids) {
+    auto a = std::make_shared<AllowedTokens>();
+    a->words.assign(static_cast<size_t>((V + 63) / 64), 0);
+    for (int id : ids) a->words[static_cast<size_t>(id / 64)] |= uint64_t{1} << (id % 64);
+    return a;
+  };
+  std::vector<std::unique_ptr<SessionState>> s;
+  std::vector<StepInput> in(8);
+  for (size_t i = 0; i < in.size(); ++i) {
+    s.push_back(*model->NewSession(10));
+    in[i].session = s.back().get();
+    in[i].tokens = history;
+    in[i].plan.pick = i < 2 ? SamplingPlan::Pick::kArgmax : SamplingPlan::Pick::kDraw;
+    in[i].plan.uniform = 0.37;
+    in[i].plan.fallback_uniform = 0.81;
+  }
+  in[0].plan.allowed = only({best, (best + 1) % static_cast<int>(V)});  // allows the argmax
+  in[1].plan.allowed = all_but(best);
+  in[2].plan.allowed = only({drawn});  // allows the draw
+  in[3].plan.allowed = all_but(drawn);
+  in[4].plan.allowed = all_but(tempered);
+  in[4].plan.temperature = 0.6f;
+  in[5].plan.allowed = all_but(drawn);
+  in[5].plan.top_n = 3;  // a list is not constrained
+  // Two refused rows of one step, with masks in different bins: the
+  // shortlist's words, and the last cluster's (the rows are as wide as the
+  // last cluster either holds, and the middle ones are not computed).
+  ASSERT_GE(config_.cutoffs.size(), 2u);
+  std::vector<int> shortlist, last_cluster;
+  for (int t = 0; t < config_.cutoffs.front(); ++t) {
+    if (t != drawn) shortlist.push_back(t);
+  }
+  for (int t = static_cast<int>(config_.cutoffs.back()); t < V; ++t) {
+    if (t != drawn) last_cluster.push_back(t);
+  }
+  in[6].plan.allowed = only(shortlist);
+  in[7].plan.allowed = only(last_cluster);
+
+  // Refused before anything runs.
+  in[0].plan.pick = SamplingPlan::Pick::kNone;
+  auto refused = model->Step(absl::MakeSpan(in));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("needs a pick"), std::string::npos) << refused.status();
+  in[0].plan.pick = SamplingPlan::Pick::kArgmax;
+  std::shared_ptr<const AllowedTokens> short_one = std::make_shared<AllowedTokens>();  // no words
+  std::swap(in[1].plan.allowed, short_one);
+  refused = model->Step(absl::MakeSpan(in));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("cover 0 ids of"), std::string::npos) << refused.status();
+  std::swap(in[1].plan.allowed, short_one);
+  EXPECT_EQ(s[0]->position(), 0);
+
+  auto out = model->Step(absl::MakeSpan(in));
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<float> masked_d(d);
+  masked_d[static_cast<size_t>(best)] = -INFINITY;
+  EXPECT_EQ((*out)[0].picked, best);
+  EXPECT_EQ((*out)[1].picked, std::max_element(masked_d.begin(), masked_d.end()) - masked_d.begin());
+  EXPECT_EQ((*out)[2].picked, drawn);
+  masked_d = d;
+  masked_d[static_cast<size_t>(drawn)] = -INFINITY;
+  const int redrawn = DrawInIdOrder(masked_d.data(), V, 1.0f, 0.81);
+  EXPECT_EQ((*out)[3].picked, redrawn);
+  EXPECT_EQ((*out)[3].picked, ConstrainedPick(d.data(), V, in[3].plan, drawn));
+  EXPECT_EQ((*out)[4].picked, ConstrainedPick(d.data(), V, in[4].plan, tempered));
+  EXPECT_NE((*out)[4].picked, tempered);
+  EXPECT_EQ((*out)[5].picked, redrawn);
+  EXPECT_EQ((*out)[6].picked, ConstrainedPick(d.data(), V, in[6].plan, drawn));
+  EXPECT_LT((*out)[6].picked, config_.cutoffs.front());
+  EXPECT_EQ((*out)[7].picked, ConstrainedPick(d.data(), V, in[7].plan, drawn));
+  EXPECT_GE((*out)[7].picked, config_.cutoffs.back());
+  ASSERT_EQ((*out)[5].top.size(), 3u);
+  EXPECT_EQ((*out)[5].top[0].first, best) << "the list is the model's own";
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_GE((*out)[i].picked, 0) << i;
+    EXPECT_TRUE(in[i].plan.allowed->contains((*out)[i].picked)) << i;
+    EXPECT_NEAR((*out)[i].picked_logprob, d[static_cast<size_t>((*out)[i].picked)], 1e-5) << "the model's own, " << i;
+    EXPECT_TRUE((*out)[i].last_distribution.empty()) << "no row left, " << i;
+  }
+}
+
 // Regression (generic path): the slot pool grew inside a step, under
 // InferenceMode, into tensors that nothing outside a step may change, so the
 // next fork (Clone) of any session failed. Several sessions with long windows

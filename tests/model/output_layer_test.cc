@@ -50,6 +50,38 @@ TEST_P(OutputLayerTest, LogProbsMatchTheTrainersRows) {
   EXPECT_LT(testing::MaxAbsDiff(out.LogProbs(hidden_), rows_), 1e-6);
 }
 
+// A constrained pick's rows (AllowedLogProbs): the clusters that hold an
+// allowed token, in any row, are LogProbs' own; the others are -inf, and
+// the rows end with the last cluster that holds one. Masks
+// cut at every bin's edges (a word of 64 ids straddles them in these small
+// vocabularies).
+TEST_P(OutputLayerTest, AllowedLogProbsComputeOnlyTheClustersThatHoldAnAllowedToken) {
+  OutputLayer out(c_, w_);
+  const at::Tensor full = out.LogProbs(hidden_);
+  std::vector<int64_t> ends = {0};
+  for (int64_t cut : c_.cutoffs) ends.push_back(cut);
+  ends.push_back(c_.n_token);
+  for (size_t bin = 0; bin + 1 < ends.size(); ++bin) {
+    for (int64_t id : {ends[bin], ends[bin + 1] - 1}) {  // one token of this bin, at either edge
+      AllowedTokens one;
+      one.words.assign(static_cast<size_t>((c_.n_token + 63) / 64), 0);
+      one.words[static_cast<size_t>(id / 64)] |= uint64_t{1} << (id % 64);
+      const std::vector<const AllowedTokens*> allowed(static_cast<size_t>(hidden_.size(0)), &one);
+      const at::Tensor got = out.AllowedLogProbs(hidden_, allowed);
+      ASSERT_EQ(got.size(0), full.size(0));
+      ASSERT_EQ(got.size(1), ends[bin + 1]) << "up to the bin that holds the token";
+      for (size_t b = 0; b <= bin; ++b) {
+        const at::Tensor part = got.slice(1, ends[b], ends[b + 1]), want = full.slice(1, ends[b], ends[b + 1]);
+        if (b == 0 || b == bin) {  // the head is always computed
+          EXPECT_TRUE(at::equal(part, want)) << "token " << id << ", bin " << b;
+        } else {
+          EXPECT_TRUE(at::all(part == -INFINITY).item<bool>()) << "token " << id << ", bin " << b;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(OutputLayerTest, TargetLogProbsAreTheRowsEntries) {
   OutputLayer out(c_, w_);
   std::vector<int> targets;

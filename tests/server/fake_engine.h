@@ -110,6 +110,9 @@ class FakeEngine : public Engine {
                             ? static_cast<int>(std::max_element(d.begin(), d.end()) - d.begin())
                             : DrawInIdOrder(d.data(), static_cast<int64_t>(d.size()), inputs[i].plan.temperature,
                                             inputs[i].plan.uniform);
+        // A constraint, as the model applies it (SamplingPlan::allowed).
+        out[i].picked = ConstrainedPick(d.data(), static_cast<int64_t>(d.size()), inputs[i].plan, out[i].picked);
+        if (out[i].picked < 0) return absl::InternalError("fake engine: the constraint allows no token");
         out[i].picked_logprob = d[out[i].picked];
         ++picks_;
       }

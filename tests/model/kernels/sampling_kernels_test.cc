@@ -104,6 +104,57 @@ TEST(SamplingKernelsTest, AGoalAtTheTotalDrawsTheLastPossibleToken) {
   }
 }
 
+// ConstrainedPick: the first pick when allowed, else the pick over the row
+// with every refused token at -inf, whichever ids the mask spans (a narrow
+// mask is walked over its own span only, to the same token). A refused
+// NaN does not spoil it; an allowed NaN or +inf, or no allowed finite
+// token, gives -1.
+TEST(SamplingKernelsTest, AConstrainedPickIsThePickOverTheAllowedTokens) {
+  const int64_t n = 1000;
+  std::vector<float> row = Row(n, 4, 3.0f);
+  std::mt19937_64 rng(8);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto allowed = std::make_shared<AllowedTokens>();
+    allowed->words.assign(static_cast<size_t>((n + 63) / 64), 0);
+    // Masks from one token to most of the row, and spans of every width.
+    const int64_t from = static_cast<int64_t>(rng() % n), span = 1 + static_cast<int64_t>(rng() % (n - from));
+    const int64_t every = 1 + static_cast<int64_t>(rng() % 9);
+    for (int64_t id = from; id < from + span; id += every) allowed->words[id / 64] |= uint64_t{1} << (id % 64);
+    std::vector<float> masked(row.size(), -INFINITY);
+    for (int64_t id = 0; id < n; ++id) {
+      if (allowed->contains(id)) masked[static_cast<size_t>(id)] = row[static_cast<size_t>(id)];
+    }
+    SamplingPlan plan;
+    plan.allowed = allowed;
+    plan.pick = trial % 2 == 0 ? SamplingPlan::Pick::kDraw : SamplingPlan::Pick::kArgmax;
+    plan.temperature = trial % 3 == 0 ? 0.7f : 1.0f;
+    plan.fallback_uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    const int refused = static_cast<int>(from == 0 ? n - 1 : from - 1);  // outside the mask
+    const int want = plan.pick == SamplingPlan::Pick::kArgmax
+                         ? static_cast<int>(std::max_element(masked.begin(), masked.end()) - masked.begin())
+                         : DrawInIdOrder(masked.data(), n, plan.temperature, plan.fallback_uniform);
+    if (!allowed->contains(refused)) {
+      EXPECT_EQ(ConstrainedPick(row.data(), n, plan, refused), want) << "trial " << trial;
+    }
+    EXPECT_EQ(ConstrainedPick(row.data(), n, plan, static_cast<int>(from)), from) << "an allowed first pick stays";
+  }
+  auto one = std::make_shared<AllowedTokens>();
+  one->words.assign(static_cast<size_t>((n + 63) / 64), 0);
+  one->words[0] = 0b100;  // token 2
+  SamplingPlan plan;
+  plan.pick = SamplingPlan::Pick::kDraw;
+  plan.allowed = one;
+  std::vector<float> spoiled = row;
+  spoiled[5] = std::numeric_limits<float>::quiet_NaN();  // refused anyway
+  EXPECT_EQ(ConstrainedPick(spoiled.data(), n, plan, 5), 2);
+  spoiled[2] = -INFINITY;
+  EXPECT_EQ(ConstrainedPick(spoiled.data(), n, plan, 5), -1) << "nothing allowed can be drawn";
+  spoiled[2] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(ConstrainedPick(spoiled.data(), n, plan, 5), -1) << "an allowed NaN: a damaged row";
+  spoiled[2] = INFINITY;
+  EXPECT_EQ(ConstrainedPick(spoiled.data(), n, plan, 5), -1) << "an allowed +inf: a damaged row";
+}
+
 TEST(SamplingKernelsTest, ARowWithNaNGivesNoAnswer) {
   std::vector<float> row = Row(100, 1, 1.0f);
   row[40] = std::numeric_limits<float>::quiet_NaN();

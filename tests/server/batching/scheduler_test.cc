@@ -23,6 +23,15 @@ using testing::FakeSession;
 using testing::Outcome;
 using testing::SchedulerTest;
 
+// A fake word-level model of the words a, b, c and <eos> (it counts: a, b,
+// c, <eos>, a, ...).
+std::shared_ptr<ServedModel> FakeWordModel() {
+  ModelConfig config;
+  config.n_token = 4;
+  return std::make_shared<ServedModel>("words", 1, std::make_unique<testing::FakeEngine>(4), config,
+                                       *Tokenizer::WordFromSymbols({"a", "b", "c", "<eos>"}));
+}
+
 TEST_F(SchedulerTest, GenerateFeedsInputAndKeepsEveryTokenInHistory) {
   Make();
   scheduler_->Start();
@@ -85,16 +94,109 @@ TEST_F(SchedulerTest, AGrammarHoldsTheOutputToItAndEndsItWhenWhole) {
   EXPECT_TRUE(cut.text[1] >= 's' && cut.text[1] <= 'v') << cut.text;
 }
 
+// Under a grammar, greedy and plain temperatures keep the model's own pick,
+// constrained (SamplingPlan::allowed): no whole row leaves the model, the
+// tokens are ConstrainedPick's at the seed's two uniforms a token, and every
+// log-prob (the token's, the alternatives') is the model's, before the
+// mask. Top-k takes the whole row and masks it on the host.
+TEST_F(SchedulerTest, AGrammarKeepsTheModelsPickConstrainedAndItsLogProbs) {
+  Make();
+  scheduler_->Start();
+  auto grammar = Grammar::Parse(R"(root ::= "r" [s-v]+ ("," [s-v]+)* "w")");
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  auto masker = TokenMasker::Create(*grammar, served_->tokenizer());
+  GenerateSpec spec = Spec({'q'}, 200);
+  spec.sampling.temperature = 1.0f;
+  spec.grammar = *grammar;
+  spec.top_logprobs = 2;
+  bool refused_some = false;  // a first pick the grammar refused, drawn again
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    SCOPED_TRACE(seed);
+    spec.sampling.seed = seed;
+    const int64_t picks = engine_.picks(), rows = engine_.distributions();
+    Outcome o;
+    ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(NewSession()), spec, o.Callbacks()).ok());
+    o.Wait();
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(engine_.distributions() - rows, 0) << "no whole row left the model";
+    EXPECT_EQ(engine_.picks() - picks, static_cast<int64_t>(o.ids.size()));
+    Sampler uniforms(spec.sampling, 0);
+    GrammarState state(*grammar);
+    int last = 'q';
+    ASSERT_EQ(o.events.size(), o.ids.size());
+    for (size_t i = 0; i < o.ids.size(); ++i) {
+      const std::vector<float> d = engine_.Distribution(last);
+      SamplingPlan plan;
+      plan.pick = SamplingPlan::Pick::kDraw;
+      plan.uniform = uniforms.NextUniform();
+      plan.fallback_uniform = uniforms.NextUniform();
+      std::shared_ptr<const TokenMask> mask = masker->Next(state, false);
+      plan.allowed = std::shared_ptr<const AllowedTokens>(mask, &mask->bits);
+      const int first = DrawInIdOrder(d.data(), static_cast<int64_t>(d.size()), 1.0f, plan.uniform);
+      refused_some |= !mask->bits.contains(first);
+      ASSERT_EQ(o.ids[i], ConstrainedPick(d.data(), static_cast<int64_t>(d.size()), plan, first)) << i;
+      EXPECT_EQ(o.events[i].logprob, d[static_cast<size_t>(o.ids[i])]) << "the model's own log-prob, " << i;
+      EXPECT_EQ(o.events[i].top, TopN(d, 2)) << "the model's own alternatives, " << i;
+      ASSERT_TRUE(state.Advance(std::string(1, static_cast<char>(o.ids[i]))));
+      last = o.ids[i];
+    }
+    EXPECT_TRUE(state.Complete());
+  }
+  EXPECT_TRUE(refused_some) << "a tenth of the fake model's mass is on bytes the grammar refuses";
+
+  spec.sampling.top_k = 3;  // the model's lists are not constrained: the whole row, masked here
+  const int64_t rows_before = engine_.distributions();
+  Outcome top_k;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(NewSession()), spec, top_k.Callbacks()).ok());
+  top_k.Wait();
+  ASSERT_TRUE(top_k.status.ok()) << top_k.status;
+  EXPECT_EQ(engine_.distributions() - rows_before, static_cast<int64_t>(top_k.ids.size()));
+  GrammarState check(*grammar);
+  EXPECT_TRUE(check.Advance(top_k.text) && check.Complete()) << top_k.text;
+  int last = 'q';
+  for (size_t i = 0; i < top_k.ids.size(); ++i) {
+    EXPECT_NEAR(top_k.events[i].logprob, engine_.Distribution(last)[static_cast<size_t>(top_k.ids[i])], 1e-5) << i;
+    last = top_k.ids[i];
+  }
+}
+
+// Regression: where no token can continue the grammar's text (a dead end),
+// the call ends FAILED_PRECONDITION before a step feeds its last token. That
+// step used to run: it fed the token, which was also left pending, so the
+// session's history held it twice.
+TEST_F(SchedulerTest, AGrammarsDeadEndFeedsNoTokenTwice) {
+  Make();
+  scheduler_->Start();
+  auto served = FakeWordModel();
+  auto info =
+      table_.Create("", served, *testing::FakeOf(*served).NewSession(64), absl::ZeroDuration(), {}, absl::Now());
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto grammar = Grammar::Parse(R"(root ::= " b" " x")");  // no word "x"
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  GenerateSpec spec = Spec({0}, 5);
+  spec.grammar = *grammar;
+  Outcome o;
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(info->id), spec, o.Callbacks()).ok());
+  o.Wait();
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+  EXPECT_EQ(o.ids, (std::vector<int>{1}));
+  EXPECT_EQ(History(info->id), (std::vector<int>{0, 1})) << "b once: pending, not fed";
+  Outcome next;  // the fake model counts: after b, c
+  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(info->id), Spec({}, 1), next.Callbacks()).ok());
+  next.Wait();
+  ASSERT_TRUE(next.status.ok()) << next.status;
+  EXPECT_EQ(next.ids, (std::vector<int>{2}));
+  EXPECT_EQ(History(info->id), (std::vector<int>{0, 1, 2}));
+}
+
 // A word-level model's text is spaced as Tokenizer::Decode writes the same
 // ids (words joined by spaces, <eos> as a newline), and a grammar holds that
 // text: its masks see each word with the space before it.
 TEST_F(SchedulerTest, AWordLevelModelsTextIsSpacedAsDecodeWritesItAndAGrammarHoldsIt) {
   Make();
   scheduler_->Start();
-  ModelConfig config;
-  config.n_token = 4;
-  const Tokenizer words = *Tokenizer::WordFromSymbols({"a", "b", "c", "<eos>"});
-  auto served = std::make_shared<ServedModel>("words", 1, std::make_unique<testing::FakeEngine>(4), config, words);
+  auto served = FakeWordModel();
+  const Tokenizer& words = served->tokenizer();
   auto session = [&] {
     auto info =
         table_.Create("", served, *testing::FakeOf(*served).NewSession(64), absl::ZeroDuration(), {}, absl::Now());

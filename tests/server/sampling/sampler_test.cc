@@ -115,24 +115,40 @@ TEST(SamplerTest, LogitBiasBansForcesAndShifts) {
   EXPECT_EQ(greedy.Sample(greedy.Adjusted(LogProbs({0.3, 0.5, 0.2}))), 2);
 }
 
-// A grammar's mask (constrained output): the tokens it does not allow are
-// banned, the rest renormalised, and the draw never leaves them.
-TEST(SamplerTest, AMaskBansTheTokensItDoesNotAllow) {
+// A grammar's mask (constrained output): greedy and plain temperatures keep
+// the model's pick, constrained and drawn at two uniforms; top-k and top-p
+// take the whole row, which Masked bans to what the grammar allows.
+TEST(SamplerTest, AConstraintKeepsTheModelsPickOrMasksTheWholeRow) {
+  auto allowed = std::make_shared<AllowedTokens>();
+  allowed->words = {0b101};  // tokens 0 and 2
   SamplingConfig c;
   c.temperature = 1.0f;
+  c.seed = 9;
   Sampler s(c, 5);
-  EXPECT_FALSE(s.Adjusts());
-  s.AdjustEveryRow();
-  ASSERT_TRUE(s.Adjusts());
-  EXPECT_TRUE(s.Plan(0).empty()) << "the whole row is drawn here";
-  const std::vector<bool> allowed = {true, false, true};
-  const std::vector<float> masked = s.Adjusted(LogProbs({0.2, 0.6, 0.2}), &allowed);
+  s.Constrain();
+  EXPECT_FALSE(s.Adjusts()) << "a plain temperature: the model draws";
+  const SamplingPlan plan = s.Plan(2, allowed);
+  EXPECT_EQ(plan.pick, SamplingPlan::Pick::kDraw);
+  EXPECT_EQ(plan.allowed, allowed);
+  EXPECT_EQ(plan.top_n, 2);
+  Sampler same(c, 5);
+  EXPECT_EQ(plan.uniform, same.NextUniform());
+  EXPECT_EQ(plan.fallback_uniform, same.NextUniform()) << "two uniforms a token";
+
+  SamplingConfig g;  // greedy
+  Sampler greedy(g, 5);
+  greedy.Constrain();
+  EXPECT_EQ(greedy.Plan(0, allowed).pick, SamplingPlan::Pick::kArgmax);
+
+  c.top_k = 2;
+  Sampler top_k(c, 5);
+  top_k.Constrain();
+  ASSERT_TRUE(top_k.Adjusts()) << "the model's lists are not constrained";
+  EXPECT_TRUE(top_k.Plan(0, allowed).empty()) << "the whole row is drawn here";
+  const std::vector<float> masked = Masked(LogProbs({0.2, 0.6, 0.2}), *allowed);
   EXPECT_EQ(masked[1], -INFINITY);
-  EXPECT_NEAR(std::exp(masked[0]), 0.5, 1e-6);
-  EXPECT_NEAR(std::exp(masked[2]), 0.5, 1e-6);
-  for (int i = 0; i < 2000; ++i) EXPECT_NE(s.Sample(masked), 1);
-  const std::vector<bool> none = {false, false, false};
-  EXPECT_TRUE(s.Adjusted(LogProbs({0.2, 0.6, 0.2}), &none).empty()) << "nothing left to draw";
+  EXPECT_NEAR(std::exp(masked[0]), 0.2, 1e-6) << "not renormalised";
+  for (int i = 0; i < 2000; ++i) EXPECT_NE(top_k.Sample(masked), 1);
 }
 
 // OpenAI's penalties: a drawn token's logit loses frequency_penalty per draw

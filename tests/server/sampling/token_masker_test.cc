@@ -63,6 +63,10 @@ void CompareAlongRandomTexts(const std::shared_ptr<const Grammar>& g, const Toke
       const std::vector<bool> want = OneByOne(state, tok, after_word);
       ASSERT_EQ(mask->allowed, want) << "text " << t << ", step " << step;
       ASSERT_EQ(mask->count, std::count(want.begin(), want.end(), true));
+      for (size_t id = 0; id < want.size(); ++id) {  // the model's form of the same mask
+        ASSERT_EQ(mask->bits.contains(static_cast<int64_t>(id)), want[id]) << "text " << t << ", token " << id;
+      }
+      ASSERT_FALSE(mask->bits.contains(static_cast<int64_t>(want.size()))) << "past the vocabulary";
       ++compared;
       if (mask->count == 0) break;
       int pick = static_cast<int>(rng() % static_cast<unsigned>(mask->count));

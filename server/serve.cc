@@ -145,8 +145,10 @@ absl::StatusOr<std::unique_ptr<txl::BearerTokens>> LoadTokens(const ServerOption
 
 // The settings that depend on the loaded model: the default window, the
 // import limit, the device and number formats it runs in, and on a GPU the
-// session memory budget and its pool.
-absl::Status FitToModel(txl::ModelEngine* engine, int64_t later_versions_bytes, ServerOptions* o) {
+// session memory budget and its pool. `pools`, a repository's, then hold
+// their rows within the session memory budget together.
+absl::Status FitToModel(txl::ModelEngine* engine, int64_t later_versions_bytes, txl::SharedSlotPools* pools,
+                        ServerOptions* o) {
   const txl::LanguageModel& model = engine->model();
   const txl::ModelConfig& mc = model.config();
   if (o->service.default_mem_len == 0) {
@@ -196,6 +198,9 @@ absl::Status FitToModel(txl::ModelEngine* engine, int64_t later_versions_bytes, 
                 << ")" << std::endl;
     }
   }
+  // A repository's pools of every shape together (PoolBudget): the pool
+  // reserved below gives its free tail to another architecture's.
+  if (pools != nullptr && o->table.memory_budget_bytes > 0) pools->Limit(o->table.memory_budget_bytes);
   if (model.device() != "cpu" && o->table.memory_budget_bytes > 0) {
     // The pool of session memory, allocated once for the whole budget:
     // admission then keeps every step within it (docs/OPERATIONS.md, "Flags",
@@ -224,6 +229,8 @@ struct ServedModels {
   std::unique_ptr<txl::ModelRepository> repository;
   std::unique_ptr<txl::RepositoryPoller> poller;
   std::unique_ptr<txl::ModelSource> source;
+  // A repository's session pools, one per shape (SharedSlotPools).
+  std::shared_ptr<txl::SharedSlotPools> pools;
   // The settings that follow a model follow this one (FitToModel); held
   // only until the server has started.
   std::shared_ptr<txl::ServedModel> first;
@@ -281,7 +288,8 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
   // the pool reserved for the session budget below serves a rollout's old and
   // new versions alike.
   txl::LanguageModelOptions versions = o.model;
-  versions.shared_pools = std::make_shared<txl::SharedSlotPools>();
+  m.pools = std::make_shared<txl::SharedSlotPools>();
+  versions.shared_pools = m.pools;
   auto repository = txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(versions, ceilings),
                                                  txl::ServedModelSizer(o.model));
   if (!repository.ok()) {
@@ -436,7 +444,7 @@ int Serve(ServerOptions o, sigset_t signals) {
   if (!models.ok()) return Fail(std::string(models.status().message()));
   auto* first_engine = dynamic_cast<txl::ModelEngine*>(models->first->engine());
   if (first_engine == nullptr) return Fail("the model's engine is not a ModelEngine");
-  if (absl::Status fit = FitToModel(first_engine, models->later_versions_bytes, &o); !fit.ok())
+  if (absl::Status fit = FitToModel(first_engine, models->later_versions_bytes, models->pools.get(), &o); !fit.ok())
     return Fail(std::string(fit.message()));
   const txl::LanguageModel& model = first_engine->model();
   const txl::ModelSource* service_models = models->source.get();

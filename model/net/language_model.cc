@@ -465,6 +465,8 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
     const at::Tensor hidden = model_->Step(inputs);
     RowReadouts readouts = ReadRows(*output_, V, inputs, PlanRows(inputs), hidden, model_->device());
     RETURN_IF_ERROR(FillOutputs(inputs, V, readouts, out));
+  } catch (const c10::OutOfMemoryError& e) {  // the device, or the pools' budget (PoolBudget)
+    return absl::ResourceExhaustedError(absl::StrCat("model step: ", e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("model step failed: ", e.what_without_backtrace()));
   }

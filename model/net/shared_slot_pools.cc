@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "model/net/pool_budget.h"
+#include "model/net/slot_pool.h"
+
 namespace txl {
 
 std::shared_ptr<SlotPool> SharedSlotPools::Join(const Shape& shape, std::shared_ptr<SlotPool> own) {
@@ -13,6 +16,7 @@ std::shared_ptr<SlotPool> SharedSlotPools::Join(const Shape& shape, std::shared_
   std::weak_ptr<SlotPool>& joined = pools_[key];
   if (std::shared_ptr<SlotPool> pool = joined.lock()) return pool;  // (it may have expired since the sweep)
   joined = own;
+  if (budget_) own->CountAgainst(budget_, own);
   return own;
 }
 
@@ -21,6 +25,19 @@ int SharedSlotPools::live() const {
   int n = 0;
   for (const auto& [key, pool] : pools_) n += pool.expired() ? 0 : 1;
   return n;
+}
+
+void SharedSlotPools::Limit(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  budget_ = std::make_shared<PoolBudget>(bytes);
+  for (const auto& [key, weak] : pools_) {
+    if (std::shared_ptr<SlotPool> pool = weak.lock()) pool->CountAgainst(budget_, pool);
+  }
+}
+
+int64_t SharedSlotPools::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return budget_ ? budget_->held() : 0;
 }
 
 }  // namespace txl

@@ -2,7 +2,8 @@
 // models of one process share, one per pool shape. A repository's versions
 // of one architecture then hold their sessions' memory in one pool, which a
 // GPU sizes once for the whole session budget, instead of one pool each
-// (docs/OPERATIONS.md, "Model repository").
+// (docs/OPERATIONS.md, "Model repository"). With a limit (Limit), the
+// pools of every shape hold their rows within one budget (pool_budget.h).
 //
 // Torch-free, so that the server can make one and hand it to every load
 // (LanguageModelOptions::shared_pools). A pool is shared only by models
@@ -22,6 +23,7 @@
 
 namespace txl {
 
+class PoolBudget;
 class SlotPool;
 
 class SharedSlotPools {
@@ -40,11 +42,18 @@ class SharedSlotPools {
   std::shared_ptr<SlotPool> Join(const Shape& shape, std::shared_ptr<SlotPool> own);
   // Pools some model or session still holds.
   int live() const;
+  // Counts every pool, those live now and those joined later, against
+  // `bytes` together: the session memory budget (once, before the engine
+  // thread starts).
+  void Limit(int64_t bytes);
+  // What the pools hold against the limit (0 without one).
+  int64_t held_bytes() const;
 
  private:
   using Key = std::tuple<int64_t, int64_t, int64_t, int, std::string>;
   mutable absl::Mutex mu_;
   std::map<Key, std::weak_ptr<SlotPool>> pools_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<PoolBudget> budget_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace txl

@@ -1,47 +1,80 @@
 #include "model/net/slot_pool.h"
 
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <utility>
+
+#include "model/net/pool_budget.h"
 
 namespace txl {
 
 SlotPool::SlotPool(int64_t n_layer, int64_t heads, int64_t d_head, const at::TensorOptions& options)
     : heads_(heads), d_head_(d_head), options_(options), k_(n_layer), v_(n_layer) {
-  Grow(64);
+  Grow(64, 64);
   absl::MutexLock lock(&mu_);
-  free_.erase(std::remove_if(free_.begin(), free_.end(), [](int64_t r) { return r < kReservedRows; }), free_.end());
+  free_.erase(free_.begin(), free_.lower_bound(kReservedRows));
 }
 
-void SlotPool::Grow(int64_t rows) {
-  // Normal tensors even when a step (under InferenceMode) grows the pool:
-  // forks and imports write rows outside any step, which inference tensors
-  // refuse.
-  c10::InferenceMode normal_tensors(false);
-  for (std::vector<at::Tensor>* pool : {&k_, &v_}) {
-    for (at::Tensor& t : *pool) {
-      at::Tensor grown = at::zeros({rows, heads_, d_head_}, options_);
-      if (rows_ > 0) grown.slice(0, 0, rows_).copy_(t);
-      t = grown;
+SlotPool::~SlotPool() {
+  if (budget_) budget_->Return(held_bytes());
+}
+
+void SlotPool::CountAgainst(std::shared_ptr<PoolBudget> budget, const std::shared_ptr<SlotPool>& self) {
+  if (budget_) budget_->Return(held_bytes());
+  budget->Count(self, held_bytes());
+  budget_ = std::move(budget);
+}
+
+void SlotPool::Grow(int64_t rows, int64_t at_least) {
+  int64_t granted = 0;
+  if (budget_) {
+    const int64_t per = id_bytes();
+    const absl::StatusOr<int64_t> bytes = budget_->Grant(this, (rows - rows_) * per, (at_least - rows_) * per);
+    TORCH_CHECK_WITH(OutOfMemoryError, bytes.ok(), bytes.status().message());
+    granted = *bytes;
+    rows = rows_ + granted / per;
+    if (rows <= rows_) {
+      budget_->Return(granted);
+      return;
     }
   }
+  // Normal tensors even when a step (under InferenceMode) grows the pool:
+  // forks and imports write rows outside any step, which inference tensors
+  // refuse. Replaced only once every layer's is made.
+  c10::InferenceMode normal_tensors(false);
+  std::vector<at::Tensor> k(k_.size()), v(v_.size());
+  try {
+    for (size_t l = 0; l < k_.size(); ++l) {
+      for (auto [to, from] : {std::pair{&k[l], &k_[l]}, std::pair{&v[l], &v_[l]}}) {
+        *to = at::zeros({rows, heads_, d_head_}, options_);
+        if (rows_ > 0) to->slice(0, 0, rows_).copy_(*from);
+      }
+    }
+  } catch (...) {
+    if (budget_) budget_->Return(granted);
+    throw;
+  }
+  k_.swap(k);
+  v_.swap(v);
   ++generation_;
   absl::MutexLock lock(&mu_);
-  // Handed out from the back: the lowest ids first.
-  for (int64_t r = rows - 1; r >= rows_; --r) free_.push_back(r);
+  for (int64_t r = rows_; r < rows; ++r) free_.insert(free_.end(), r);
   rows_ = rows;
 }
 
 std::vector<int64_t> SlotPool::Take(int64_t n) {
   if (n <= 0) return {};
-  if (free_rows() < n) Grow(std::max(2 * rows_, rows_ + n));
+  if (const int64_t free = free_rows(); free < n) Grow(std::max(2 * rows_, rows_ + n), rows_ + n - free);
   std::vector<int64_t> taken;
   {
     absl::MutexLock lock(&mu_);
-    taken.assign(free_.end() - n, free_.end());
-    free_.resize(free_.size() - n);
+    auto end = free_.begin();
+    std::advance(end, n);
+    taken.assign(free_.begin(), end);  // the lowest: free rows gather at the top
+    free_.erase(free_.begin(), end);
   }
-  std::reverse(taken.begin(), taken.end());
   try {
     const at::Tensor ids = at::tensor(taken, at::TensorOptions().dtype(at::kLong)).to(options_.device());
     for (std::vector<at::Tensor>* pool : {&k_, &v_}) {
@@ -55,12 +88,41 @@ std::vector<int64_t> SlotPool::Take(int64_t n) {
 }
 
 void SlotPool::Reserve(int64_t rows) {
-  if (rows > rows_) Grow(rows);
+  if (rows > rows_) Grow(rows, rows_);
+}
+
+int64_t SlotPool::Trim(int64_t bytes) {
+  const int64_t per = id_bytes();
+  int64_t tail = 0;  // free rows at the top
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = free_.rbegin(); it != free_.rend() && *it == rows_ - 1 - tail; ++it) ++tail;
+  }
+  const int64_t drop = std::min(tail, std::max((bytes + per - 1) / per, tail / 2));
+  if (drop <= 0) return 0;
+  // Only Take (this thread) takes rows: the tail stays free while it is copied.
+  const int64_t keep = rows_ - drop;
+  c10::InferenceMode normal_tensors(false);
+  std::vector<at::Tensor> k(k_.size()), v(v_.size());
+  for (size_t l = 0; l < k_.size(); ++l) {
+    k[l] = k_[l].slice(0, 0, keep).clone();
+    v[l] = v_[l].slice(0, 0, keep).clone();
+  }
+  k_.swap(k);
+  v_.swap(v);
+  ++generation_;
+  {
+    absl::MutexLock lock(&mu_);
+    free_.erase(free_.lower_bound(keep), free_.end());
+    rows_ = keep;
+  }
+  if (budget_) budget_->Return(drop * per);
+  return drop * per;
 }
 
 void SlotPool::Give(absl::Span<const int64_t> rows) {
   absl::MutexLock lock(&mu_);
-  free_.insert(free_.end(), rows.rbegin(), rows.rend());
+  free_.insert(rows.begin(), rows.end());
 }
 
 int64_t SlotPool::free_rows() const {

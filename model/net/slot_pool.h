@@ -4,22 +4,29 @@
 // per ring slot, the same in every layer, so a step gathers every session's
 // keys of a layer with one indexed op and writes the new ones with another.
 //
-// Threading: Take, Grow and the tensors belong to the engine thread (the one
-// that drives the model); Give may come from any thread (a session freed
-// where its last owner let go), so the free list has its own lock.
+// Rows are handed out lowest first, so that the free rows gather at the
+// top, where Trim can give them back.
+//
+// Threading: Take, Grow, Trim and the tensors belong to the engine thread
+// (the one that drives the model); Give may come from any thread (a session
+// freed where its last owner let go), so the free list has its own lock.
 #ifndef TXL_MODEL_NET_SLOT_POOL_H_
 #define TXL_MODEL_NET_SLOT_POOL_H_
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 
 namespace txl {
+
+class PoolBudget;
 
 class SlotPool {
  public:
@@ -34,16 +41,24 @@ class SlotPool {
   SlotPool(int64_t n_layer, int64_t heads, int64_t d_head, const at::TensorOptions& options);
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
+  ~SlotPool();
 
   // `n` rows, zeroed in every layer (a row may have held another session's
   // keys: images copy every slot). Grows the pool, keeping its contents, when
-  // too few are free; throws c10::Error when the device is out of memory.
+  // too few are free; throws c10::OutOfMemoryError when the device is out of
+  // memory or the budget refuses.
   std::vector<int64_t> Take(int64_t n);
   void Give(absl::Span<const int64_t> rows);
-  // Grows the pool to at least `rows` rows now (start-up, outside any step),
-  // so that steps within that many never grow it: a GPU sizes its pool from
-  // the session memory budget, and admission keeps sessions within it.
+  // Grows the pool to `rows` rows now (start-up, outside any step), or as
+  // near as its budget allows, so that steps within that many never grow it:
+  // a GPU sizes its pool from the session memory budget, and admission keeps
+  // sessions within it.
   void Reserve(int64_t rows);
+  // Gives back free rows from the top: at least `bytes` where the free top
+  // holds them, and at least half of that top. Returns the bytes freed.
+  int64_t Trim(int64_t bytes);
+  // Counts this pool's rows against `budget` from now on (SharedSlotPools::Limit).
+  void CountAgainst(std::shared_ptr<PoolBudget> budget, const std::shared_ptr<SlotPool>& self);
 
   at::Tensor& keys(int64_t layer) { return k_[layer]; }  // [rows, H, dh]
   at::Tensor& values(int64_t layer) { return v_[layer]; }
@@ -51,21 +66,27 @@ class SlotPool {
   int64_t heads() const { return heads_; }
   int64_t d_head() const { return d_head_; }
   int64_t rows() const { return rows_; }  // allocated, free or not
+  // What one row id holds: keys and values of every layer.
+  int64_t id_bytes() const { return 2 * static_cast<int64_t>(k_.size()) * row_bytes(); }
+  // What a budget counts: every row but the padding and discard ones.
+  int64_t held_bytes() const { return (rows_ - kReservedRows) * id_bytes(); }
   // Counts the times the tensors were replaced by larger ones (a captured
   // step that holds their addresses is stale once it changes).
   int64_t generation() const { return generation_; }
   int64_t free_rows() const;
 
  private:
-  void Grow(int64_t rows);
+  // To `rows` rows, or fewer but at least `at_least` where the budget says so.
+  void Grow(int64_t rows, int64_t at_least);
 
   const int64_t heads_, d_head_;
   const at::TensorOptions options_;
   int64_t rows_ = 0;
   int64_t generation_ = 0;
   std::vector<at::Tensor> k_, v_;
+  std::shared_ptr<PoolBudget> budget_;
   mutable absl::Mutex mu_;
-  std::vector<int64_t> free_ ABSL_GUARDED_BY(mu_);
+  absl::btree_set<int64_t> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace txl

@@ -70,7 +70,11 @@ void BatchStep::Run(const std::vector<std::shared_ptr<Job>>& active) {
     }
   }
   if (!out.ok()) {
-    for (FeedJob* job : rows) runner_->Finish(*job, absl::InternalError(out.status().message()));
+    // Out of device memory, or of the session pools' budget: RESOURCE_EXHAUSTED,
+    // as admission would have said. Anything else is the server's fault.
+    const absl::StatusCode code =
+        absl::IsResourceExhausted(out.status()) ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal;
+    for (FeedJob* job : rows) runner_->Finish(*job, absl::Status(code, out.status().message()));
     return;
   }
   for (size_t r = 0; r < rows.size(); ++r) rows[r]->TakeOutput(*runner_, (*out)[r], counts[r]);

@@ -811,6 +811,116 @@ TEST(SlotPoolTest, ASharedPoolIsFreedWithItsLastHolder) {
   EXPECT_EQ(pools.live(), 1);
 }
 
+// Rows go out lowest first, so the free ones gather at the top, where Trim
+// gives them back: at least what it is asked for and half the free tail,
+// never a row below a held one, keeping what the held rows hold.
+TEST(SlotPoolTest, RowsAreTakenLowestFirstAndTrimGivesBackTheFreeTop) {
+  SlotPool pool(2, 3, 4, at::TensorOptions().dtype(at::kFloat));
+  ASSERT_EQ(pool.rows(), 64);
+  const std::vector<int64_t> a = pool.Take(10);
+  EXPECT_EQ(a, (std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  pool.keys(1).index_fill_(0, at::tensor(a), 5.0);
+  pool.Give(std::vector<int64_t>{4, 3});
+  EXPECT_EQ(pool.Take(1), std::vector<int64_t>{3}) << "the lowest free row";
+  const int64_t generation = pool.generation();
+  EXPECT_EQ(pool.Trim(pool.id_bytes()), 26 * pool.id_bytes()) << "half of the 52 free rows at the top";
+  EXPECT_EQ(pool.rows(), 38);
+  EXPECT_GT(pool.generation(), generation) << "the tensors were replaced";
+  EXPECT_EQ(pool.Trim(std::int64_t{1} << 40), 26 * pool.id_bytes()) << "the rest of the free top";
+  EXPECT_EQ(pool.rows(), 12);
+  EXPECT_EQ(pool.free_rows(), 1) << "row 4, below held rows, stays";
+  EXPECT_EQ(pool.Trim(std::int64_t{1} << 40), 0);
+  const std::vector<int64_t> held{2, 5, 6, 7, 8, 9, 10, 11};
+  EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(held)).eq(5).all().item<bool>());
+  EXPECT_TRUE(pool.keys(0).index_select(0, at::tensor(held)).eq(0).all().item<bool>());
+  const std::vector<int64_t> more = pool.Take(3);  // row 4, then growth
+  EXPECT_EQ(more.front(), 4);
+  EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(held)).eq(5).all().item<bool>()) << "kept across the growth";
+}
+
+// A repository's architectures each have a pool of their shape; with a
+// limit (SharedSlotPools::Limit, the session memory budget) they hold their
+// rows within it together. The start-up shape's pool is reserved for what
+// is left, another shape's growth takes that pool's free tail, answers stay
+// those of unbudgeted pools bit for bit, and past the budget a step is
+// refused (c10::OutOfMemoryError, RESOURCE_EXHAUSTED above the model) and
+// changes nothing.
+TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
+  const ModelConfig c = testing::SmallConfig();
+  const TxlWeights w = TestWeights(c, 41);
+  SharedSlotPools pools;
+  IncrementalModel a = GenericModel(c, w), b = GenericModel(c, w, KvDtype::kBfloat16);
+  IncrementalModel alone_a = GenericModel(c, w), alone_b = GenericModel(c, w, KvDtype::kBfloat16);
+  a.JoinSharedPool(pools);
+  b.JoinSharedPool(pools);
+  ASSERT_NE(a.pool(), b.pool());
+  const int64_t full_a = c.mem_len * a.pool()->id_bytes();  // a float32 session's full window
+  const int64_t budget = 24 * full_a;
+  pools.Limit(budget);
+  a.ReserveSessionMemory(budget);  // as the server does: what the other pools leave
+  EXPECT_LE(pools.held_bytes(), budget);
+  EXPECT_GT(pools.held_bytes(), budget - a.pool()->id_bytes());
+  const int64_t reserved_rows = a.pool()->rows();
+
+  std::vector<SessionMemory> on_a, on_b, mine_a, mine_b;
+  const auto fill = [&](IncrementalModel& m, IncrementalModel& alone, std::vector<SessionMemory>& sessions,
+                        std::vector<SessionMemory>& mine, int seed) {
+    sessions.emplace_back(c.n_layer, c.mem_len);
+    mine.emplace_back(c.n_layer, c.mem_len);
+    const std::vector<int64_t> tokens = RandomTokens(c.mem_len, c.n_token, seed);
+    return at::equal(FeedInChunks(m, sessions.back(), tokens, c.mem_len),
+                     FeedInChunks(alone, mine.back(), tokens, c.mem_len));
+  };
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(fill(a, alone_a, on_a, mine_a, 10 + i));
+  const int64_t generation = a.pool()->generation();
+  for (int i = 0; i < 8; ++i) {  // more than the bfloat16 pool's 64 rows: it grows from a's free top
+    EXPECT_TRUE(fill(b, alone_b, on_b, mine_b, 20 + i)) << "session " << i;
+    EXPECT_LE(pools.held_bytes(), budget);
+  }
+  EXPECT_LT(a.pool()->rows(), reserved_rows) << "a's free top went to b";
+  EXPECT_GT(a.pool()->generation(), generation);
+  for (size_t i = 0; i < on_a.size(); ++i) {  // a's sessions kept their keys
+    const std::vector<int64_t> next = RandomTokens(3, c.n_token, 30 + static_cast<int>(i));
+    EXPECT_TRUE(at::equal(FeedInChunks(a, on_a[i], next, 1), FeedInChunks(alone_a, mine_a[i], next, 1)));
+  }
+
+  // Float32 sessions until the budget refuses one.
+  bool refused = false;
+  for (int i = 0; i < 40 && !refused; ++i) {
+    SessionMemory s(c.n_layer, c.mem_len);
+    const std::vector<int64_t> tokens = RandomTokens(c.mem_len, c.n_token, 50 + i);
+    const StepInput in = Row(&s, tokens);
+    try {
+      a.Step(absl::MakeConstSpan(&in, 1));
+      on_a.push_back(std::move(s));
+      mine_a.emplace_back(c.n_layer, c.mem_len);
+      FeedInChunks(alone_a, mine_a.back(), tokens, c.mem_len);
+    } catch (const c10::OutOfMemoryError& e) {
+      refused = true;
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("--session_memory_budget"), std::string::npos)
+          << e.what_without_backtrace();
+      EXPECT_EQ(s.position(), 0) << "a refused step feeds nothing";
+    }
+    ASSERT_LE(pools.held_bytes(), budget);
+  }
+  ASSERT_TRUE(refused);
+  const int64_t in_use = static_cast<int64_t>(on_a.size()) * full_a + static_cast<int64_t>(on_b.size()) * full_a / 2;
+  EXPECT_GT(in_use + full_a + 2 * SlotPool::kReservedRows * a.pool()->id_bytes(), budget)
+      << "refused only once the sessions held about the whole budget";
+  // Room again once a session ends; the others answer as before.
+  on_a.erase(on_a.begin());
+  mine_a.erase(mine_a.begin());
+  EXPECT_TRUE(fill(a, alone_a, on_a, mine_a, 99));
+  for (size_t i = 0; i < on_b.size(); ++i) {
+    const std::vector<int64_t> next = RandomTokens(2, c.n_token, 60 + static_cast<int>(i));
+    EXPECT_TRUE(at::equal(FeedInChunks(b, on_b[i], next, 1), FeedInChunks(alone_b, mine_b[i], next, 1)));
+  }
+  on_a.clear();
+  on_b.clear();
+  EXPECT_EQ(a.pool()->free_rows(), a.pool()->rows() - SlotPool::kReservedRows);
+  EXPECT_EQ(b.pool()->free_rows(), b.pool()->rows() - SlotPool::kReservedRows);
+}
+
 // The ATen ops this thread dispatches (views and nested calls included):
 // what a GPU would launch, or more.
 thread_local int64_t t_ops = 0;

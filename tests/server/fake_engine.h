@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -86,10 +87,7 @@ class FakeEngine : public Engine {
 
   absl::StatusOr<std::vector<StepOutput>> Step(absl::Span<StepInput> inputs) override {
     absl::MutexLock lock(&mu_);
-    if (fail_next_) {
-      fail_next_ = false;
-      return absl::InternalError("injected engine failure");
-    }
+    if (!fail_next_.ok()) return std::exchange(fail_next_, absl::OkStatus());
     std::vector<StepOutput> out(inputs.size());
     int64_t tokens = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -141,9 +139,9 @@ class FakeEngine : public Engine {
     return out;
   }
 
-  void FailNextStep() {
+  void FailNextStep(absl::Status status = absl::InternalError("injected engine failure")) {
     absl::MutexLock lock(&mu_);
-    fail_next_ = true;
+    fail_next_ = std::move(status);
   }
   struct StepRecord {
     int rows;
@@ -171,7 +169,7 @@ class FakeEngine : public Engine {
  private:
   const int64_t vocab_;
   mutable absl::Mutex mu_;
-  bool fail_next_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fail_next_ ABSL_GUARDED_BY(mu_);
   std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
   int64_t distributions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t picks_ ABSL_GUARDED_BY(mu_) = 0;

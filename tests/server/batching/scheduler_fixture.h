@@ -67,6 +67,24 @@ class SchedulerTest : public ::testing::Test {
     return *submitted;
   }
 
+  // A generation whose step fails with `injected`: the status it ends with,
+  // and whether its session was left as it was.
+  absl::Status FailedStep(absl::Status injected, bool* unchanged) {
+    Make();
+    const std::string id = NewSession();
+    Outcome first;
+    EXPECT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({1, 2, 3}, 2), first.Callbacks()).ok());
+    scheduler_->Start();
+    first.Wait();
+    const std::vector<int> before = History(id);
+    engine_.FailNextStep(std::move(injected));
+    Outcome failed;
+    EXPECT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({9}, 2), failed.Callbacks()).ok());
+    failed.Wait();
+    *unchanged = History(id) == before && !table_.Get("", id)->busy;
+    return failed.status;
+  }
+
   std::shared_ptr<ServedModel> served_ = FakeServed();
   FakeEngine& engine_ = FakeOf(*served_);
   SessionTable table_{SessionTableConfig{}};

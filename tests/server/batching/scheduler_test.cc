@@ -776,20 +776,21 @@ TEST_F(SchedulerTest, StopTokenAndStopSequence) {
 }
 
 TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
-  Make();
-  const std::string id = NewSession();
-  Outcome first;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({1, 2, 3}, 2), first.Callbacks()).ok());
-  scheduler_->Start();
-  first.Wait();
-  const std::vector<int> before = History(id);
-  engine_.FailNextStep();
-  Outcome failed;
-  ASSERT_TRUE(scheduler_->SubmitGenerate(Lease(id), Spec({9}, 2), failed.Callbacks()).ok());
-  failed.Wait();
-  EXPECT_EQ(failed.status.code(), absl::StatusCode::kInternal);
-  EXPECT_EQ(History(id), before);
-  EXPECT_FALSE(table_.Get("", id)->busy);
+  bool unchanged = false;
+  EXPECT_EQ(FailedStep(absl::InternalError("injected engine failure"), &unchanged).code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(unchanged);
+}
+
+// A step out of device memory, or refused by the session pools' budget
+// (PoolBudget), is RESOURCE_EXHAUSTED, as admission would have answered, not
+// the server's fault; the session is unchanged.
+TEST_F(SchedulerTest, AStepOutOfMemoryIsResourceExhaustedAndChangesNoSession) {
+  bool unchanged = false;
+  const absl::Status status =
+      FailedStep(absl::ResourceExhaustedError("model step: session memory pools: 4096 more bytes needed"), &unchanged);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("session memory pools"), std::string::npos) << status;
+  EXPECT_TRUE(unchanged);
 }
 
 TEST_F(SchedulerTest, ThrowAwaySessionIsGoneAfterTheRequest) {

@@ -33,10 +33,12 @@ using testing::TinyConfig;
 // Publishes `name` version `version`: written beside the repository's
 // layout, then renamed into it, as `txl-train --publish` does.
 void Publish(const fs::path& dir, const std::string& name, int version, uint64_t seed,
-             const Tokenizer& tokenizer = Tokenizer::Byte(), int64_t mem_len = TinyConfig().mem_len) {
+             const Tokenizer& tokenizer = Tokenizer::Byte(), int64_t mem_len = TinyConfig().mem_len,
+             int64_t n_layer = TinyConfig().n_layer) {
   ModelConfig c = TinyConfig();
   c.n_token = tokenizer.vocab_size();
   c.mem_len = mem_len;
+  c.n_layer = n_layer;
   const fs::path staging = dir / name / (".staging-" + std::to_string(version));
   fs::create_directories(staging);
   ASSERT_TRUE(WriteInitialCheckpoint((staging / "model.pt").string(), c, tokenizer, seed, 0.3).ok());
@@ -394,6 +396,67 @@ TEST_F(RepositoryServerTest, MetricsCountEachVersionApart) {
   r.set_model("no-such-model");
   EXPECT_FALSE(Stream(*client_, r).status.ok());
   EXPECT_EQ(testing::HttpGet(server_->metrics_port, "/metrics").find("no-such-model"), std::string::npos);
+}
+
+// Two architectures (2 and 3 layers) on the generic kernels, whose session
+// pools share --session_memory_budget (PoolBudget): 16 two-layer windows.
+// Two-layer sessions come and go, leaving their pool's top free; three-layer
+// sessions then need more than the budget's room, and take it from there.
+// None is refused, and a two-layer session that lived through it answers as
+// its fork did before. Without the trim, the fourth three-layer session is
+// refused (RESOURCE_EXHAUSTED).
+TEST(RepositoryPoolsServerTest, ArchitecturesShareTheSessionBudgetAndGiveEachOtherFreeRows) {
+  const fs::path dir = fs::temp_directory_path() / ("txl_repo_pools_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  Publish(dir, "alpha", 1, 3);
+  Publish(dir, "deep", 1, 5, Tokenizer::Byte(), TinyConfig().mem_len, /*n_layer=*/3);
+  const ModelConfig c = TinyConfig();
+  const int64_t window = 2 * c.n_layer * c.mem_len * c.n_head * c.d_head * 4;  // alpha's, float32
+  std::string output;
+  auto server = ServerProcess::Start(TXL_SERVER_BINARY,
+                                     {"--model_repository=" + dir.string(), "--kernels=generic",
+                                      "--session_memory_budget=" + std::to_string(16 * window)},
+                                     &output);
+  ASSERT_NE(server, nullptr) << output;
+  auto client = Connect(*server);
+  const auto session = [&](const std::string& model) {
+    v1::CreateSessionRequest r;
+    r.set_model(model);
+    auto s = client->CreateSession(r);
+    EXPECT_TRUE(s.ok()) << model << ": " << s.status();
+    return s.ok() ? s->session_id() : "";
+  };
+  const std::string fill(c.mem_len + 6, 'x');  // more than a window: every slot held
+
+  const std::string lived = session("alpha");
+  ASSERT_TRUE(Stream(*client, Gen(lived, "Hello there", 6)).status.ok());
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(lived);
+  auto reference = client->ForkSession(fork);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const Generated expected = Stream(*client, Gen(reference->session_id(), ", friend", 12));
+  ASSERT_TRUE(expected.status.ok()) << expected.status;
+  ASSERT_TRUE(client->DeleteSession(reference->session_id()).ok());
+
+  std::vector<std::string> gone;
+  for (int i = 0; i < 8; ++i) {
+    gone.push_back(session("alpha"));
+    const Generated g = Stream(*client, Gen(gone.back(), fill, 1));
+    ASSERT_TRUE(g.status.ok()) << "alpha session " << i << ": " << g.status;
+  }
+  for (const std::string& id : gone) ASSERT_TRUE(client->DeleteSession(id).ok());
+  std::vector<std::string> deep;
+  for (int i = 0; i < 8; ++i) {
+    deep.push_back(session("deep"));
+    const Generated g = Stream(*client, Gen(deep.back(), fill, 1));
+    ASSERT_TRUE(g.status.ok()) << "deep session " << i << ": " << g.status;
+  }
+  const Generated continued = Stream(*client, Gen(lived, ", friend", 12));
+  ASSERT_TRUE(continued.status.ok()) << continued.status;
+  EXPECT_EQ(continued.ids, expected.ids);
+  client.reset();
+  server.reset();
+  fs::remove_all(dir);
 }
 
 TEST(SingleModelServerTest, LoadAndUnloadNeedARepository) {

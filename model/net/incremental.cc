@@ -328,17 +328,20 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
     throw;
   }
   // The positions the sessions held are as they were, but for the slots
-  // BackUpOverwritten kept (already rewritten, as the commit wants).
+  // BackUpOverwritten kept (already rewritten, as the commit wants). The
+  // output is made first: a step that throws moves no session.
   std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    SessionMemory* mem = memories[i];
-    Pending& p = pending[i];
-    mem->length_ = p.length;
-    mem->position_ = p.position;
     for (at::Tensor& t : parts[i]) all.push_back(std::move(t));
   }
-  if (all.empty()) return at::empty({0, config_.d_model}, at::TensorOptions().device(device_));
-  return all.size() == 1 ? all[0] : at::cat(all, 0);
+  const at::Tensor hidden = all.empty()       ? at::empty({0, config_.d_model}, at::TensorOptions().device(device_))
+                            : all.size() == 1 ? all[0]
+                                              : at::cat(all, 0);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    memories[i]->length_ = pending[i].length;
+    memories[i]->position_ = pending[i].position;
+  }
+  return hidden;
 }
 
 at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) {

@@ -21,6 +21,11 @@ absl::StatusOr<int64_t> PoolBudget::Grant(const SlotPool* pool, int64_t want, in
   {
     absl::MutexLock lock(&mu_);
     room = limit_ - held_;
+    if (need <= 0) {  // a reservation: what there is room for, trimming nothing
+      const int64_t granted = std::clamp<int64_t>(room, 0, want);
+      held_ += granted;
+      return granted;
+    }
     if (room < need) {
       for (auto it = pools_.begin(); it != pools_.end();) {
         std::shared_ptr<SlotPool> other = it->lock();

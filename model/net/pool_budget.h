@@ -34,7 +34,8 @@ class PoolBudget {
   void Count(const std::shared_ptr<SlotPool>& pool, int64_t held);
   // Between `need` and `want` more bytes for `pool`, trimming the other
   // pools' free tops when the room left is under `need`; RESOURCE_EXHAUSTED
-  // when they cannot make it.
+  // when they cannot make it. With `need` 0 (a reservation), what room there
+  // is, up to `want`, trimming nothing.
   absl::StatusOr<int64_t> Grant(const SlotPool* pool, int64_t want, int64_t need);
   void Return(int64_t bytes);
 

@@ -43,8 +43,8 @@ class SharedSlotPools {
   // Pools some model or session still holds.
   int live() const;
   // Counts every pool, those live now and those joined later, against
-  // `bytes` together: the session memory budget (once, before the engine
-  // thread starts).
+  // `bytes` together: the session memory budget, set before the engine
+  // thread starts. A later call replaces the limit.
   void Limit(int64_t bytes);
   // What the pools hold against the limit (0 without one).
   int64_t held_bytes() const;

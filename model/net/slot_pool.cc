@@ -33,31 +33,30 @@ void SlotPool::Grow(int64_t rows, int64_t at_least) {
     const int64_t per = id_bytes();
     const absl::StatusOr<int64_t> bytes = budget_->Grant(this, (rows - rows_) * per, (at_least - rows_) * per);
     TORCH_CHECK_WITH(OutOfMemoryError, bytes.ok(), bytes.status().message());
-    granted = *bytes;
-    rows = rows_ + granted / per;
-    if (rows <= rows_) {
-      budget_->Return(granted);
-      return;
-    }
+    rows = rows_ + *bytes / per;
+    granted = (rows - rows_) * per;
+    budget_->Return(*bytes - granted);  // whole rows only
+    if (rows <= rows_) return;
   }
   // Normal tensors even when a step (under InferenceMode) grows the pool:
   // forks and imports write rows outside any step, which inference tensors
-  // refuse. Replaced only once every layer's is made.
+  // refuse. One tensor at a time, so the old and new pools are not both
+  // held whole; a tensor replaced before a failure is only larger than
+  // rows_, which nothing reads past.
   c10::InferenceMode normal_tensors(false);
-  std::vector<at::Tensor> k(k_.size()), v(v_.size());
   try {
-    for (size_t l = 0; l < k_.size(); ++l) {
-      for (auto [to, from] : {std::pair{&k[l], &k_[l]}, std::pair{&v[l], &v_[l]}}) {
-        *to = at::zeros({rows, heads_, d_head_}, options_);
-        if (rows_ > 0) to->slice(0, 0, rows_).copy_(*from);
+    for (std::vector<at::Tensor>* pool : {&k_, &v_}) {
+      for (at::Tensor& t : *pool) {
+        at::Tensor grown = at::zeros({rows, heads_, d_head_}, options_);
+        if (rows_ > 0) grown.slice(0, 0, rows_).copy_(t.slice(0, 0, rows_));
+        t = grown;
       }
     }
   } catch (...) {
     if (budget_) budget_->Return(granted);
+    ++generation_;
     throw;
   }
-  k_.swap(k);
-  v_.swap(v);
   ++generation_;
   absl::MutexLock lock(&mu_);
   for (int64_t r = rows_; r < rows; ++r) free_.insert(free_.end(), r);
@@ -93,30 +92,30 @@ void SlotPool::Reserve(int64_t rows) {
 
 int64_t SlotPool::Trim(int64_t bytes) {
   const int64_t per = id_bytes();
-  int64_t tail = 0;  // free rows at the top
+  int64_t drop = 0;
   {
+    // Only Take (this thread) takes rows: the free top is not held, and
+    // leaves the free list before the tensors shrink.
     absl::MutexLock lock(&mu_);
-    for (auto it = free_.rbegin(); it != free_.rend() && *it == rows_ - 1 - tail; ++it) ++tail;
-  }
-  const int64_t drop = std::min(tail, std::max((bytes + per - 1) / per, tail / 2));
-  if (drop <= 0) return 0;
-  // Only Take (this thread) takes rows: the tail stays free while it is copied.
-  const int64_t keep = rows_ - drop;
-  c10::InferenceMode normal_tensors(false);
-  std::vector<at::Tensor> k(k_.size()), v(v_.size());
-  for (size_t l = 0; l < k_.size(); ++l) {
-    k[l] = k_[l].slice(0, 0, keep).clone();
-    v[l] = v_[l].slice(0, 0, keep).clone();
-  }
-  k_.swap(k);
-  v_.swap(v);
-  ++generation_;
-  {
-    absl::MutexLock lock(&mu_);
-    free_.erase(free_.lower_bound(keep), free_.end());
-    rows_ = keep;
+    int64_t top = 0;
+    for (auto it = free_.rbegin(); it != free_.rend() && *it == rows_ - 1 - top; ++it) ++top;
+    drop = std::min(top, std::max((bytes + per - 1) / per, top / 2));
+    if (drop <= 0) return 0;
+    rows_ -= drop;
+    free_.erase(free_.lower_bound(rows_), free_.end());
   }
   if (budget_) budget_->Return(drop * per);
+  // One tensor at a time, so that a trim needs one layer's kept rows beside
+  // the pool, not the whole pool's. Where the device cannot make even that
+  // (c10::OutOfMemoryError, to the step that asked), the rest stay larger
+  // than rows_ (nothing reads past it) until the pool next grows or is trimmed.
+  c10::InferenceMode normal_tensors(false);
+  ++generation_;
+  for (std::vector<at::Tensor>* pool : {&k_, &v_}) {
+    for (at::Tensor& t : *pool) {
+      if (t.size(0) > rows_) t = t.slice(0, 0, rows_).clone();
+    }
+  }
   return drop * per;
 }
 

@@ -13,6 +13,7 @@
 #include "model/net/archive.h"
 #include "model/net/checkpoint.h"
 #include "model/net/language_model.h"
+#include "model/net/shared_slot_pools.h"
 #include "tests/model/model_fixture.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -346,6 +347,51 @@ TEST_F(LanguageModelTest, ReservingSessionMemoryTheDeviceCannotHoldIsResourceExh
   } else {
     EXPECT_TRUE(huge.ok()) << "the CPU kernels keep no pool";
   }
+}
+
+// A step that needs more pool rows than the session pools' budget allows
+// (SharedSlotPools::Limit) is RESOURCE_EXHAUSTED, naming the budget, and
+// moves no session; the sessions already in the pool go on.
+TEST_F(LanguageModelTest, AStepPastThePoolsBudgetIsResourceExhaustedAndMovesNoSession) {
+  ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
+  LanguageModelOptions o = Options("cpu");
+  o.kernels = Kernels::kGeneric;
+  o.shared_pools = std::make_shared<SharedSlotPools>();
+  auto model = LanguageModel::Create(o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->JoinSharedPool();
+  o.shared_pools->Limit(int64_t{1} << 40);
+  const int64_t own = o.shared_pools->held_bytes();  // the pool's first rows
+  ASSERT_GT(own, 0);
+  o.shared_pools->Limit(own);  // no room to grow
+  ASSERT_EQ(o.shared_pools->held_bytes(), own);
+  std::vector<std::unique_ptr<SessionState>> held;
+  absl::Status refused;
+  std::vector<int> tokens;
+  for (int i = 0; i <= config_.mem_len; ++i) tokens.push_back(i % 5);  // a full window
+  for (int i = 0; i < 100 && refused.ok(); ++i) {
+    auto s = (*model)->NewSession(config_.mem_len);
+    ASSERT_TRUE(s.ok()) << s.status();
+    StepInput in;
+    in.session = s->get();
+    in.tokens = tokens;
+    auto out = (*model)->Step(absl::MakeSpan(&in, 1));
+    if (out.ok()) {
+      held.push_back(*std::move(s));
+      continue;
+    }
+    refused = out.status();
+    EXPECT_EQ((*s)->position(), 0) << "a refused step moves no session";
+  }
+  ASSERT_FALSE(held.empty());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--session_memory_budget"), std::string::npos) << refused;
+  EXPECT_EQ(o.shared_pools->held_bytes(), own) << "nothing grew";
+  StepInput next;
+  next.session = held.front().get();
+  next.tokens = {1};
+  EXPECT_TRUE((*model)->Step(absl::MakeSpan(&next, 1)).ok());
+  EXPECT_EQ(held.front()->position(), config_.mem_len + 2);
 }
 
 TEST_F(LanguageModelTest, RejectsUnknownAndUnavailableDevices) {

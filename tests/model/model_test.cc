@@ -873,9 +873,13 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
   };
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(fill(a, alone_a, on_a, mine_a, 10 + i));
   const int64_t generation = a.pool()->generation();
+  // What the budget counts is what the pools hold, in whole rows.
+  const auto counted = [&] { return a.pool()->held_bytes() + b.pool()->held_bytes(); };
+  EXPECT_EQ(pools.held_bytes(), counted());
   for (int i = 0; i < 8; ++i) {  // more than the bfloat16 pool's 64 rows: it grows from a's free top
     EXPECT_TRUE(fill(b, alone_b, on_b, mine_b, 20 + i)) << "session " << i;
     EXPECT_LE(pools.held_bytes(), budget);
+    EXPECT_EQ(pools.held_bytes(), counted());
   }
   EXPECT_LT(a.pool()->rows(), reserved_rows) << "a's free top went to b";
   EXPECT_GT(a.pool()->generation(), generation);
@@ -902,6 +906,7 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
       EXPECT_EQ(s.position(), 0) << "a refused step feeds nothing";
     }
     ASSERT_LE(pools.held_bytes(), budget);
+    EXPECT_EQ(pools.held_bytes(), counted());
   }
   ASSERT_TRUE(refused);
   const int64_t in_use = static_cast<int64_t>(on_a.size()) * full_a + static_cast<int64_t>(on_b.size()) * full_a / 2;
@@ -917,6 +922,7 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
   }
   on_a.clear();
   on_b.clear();
+  EXPECT_EQ(pools.held_bytes(), counted());
   EXPECT_EQ(a.pool()->free_rows(), a.pool()->rows() - SlotPool::kReservedRows);
   EXPECT_EQ(b.pool()->free_rows(), b.pool()->rows() - SlotPool::kReservedRows);
 }

@@ -783,8 +783,9 @@ TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
 
 // A step out of device memory, or refused by the session pools' budget
 // (PoolBudget), is RESOURCE_EXHAUSTED, as admission would have answered, not
-// the server's fault; the session is unchanged.
-TEST_F(SchedulerTest, AStepOutOfMemoryIsResourceExhaustedAndChangesNoSession) {
+// the server's fault. (That the model moves no session then is
+// LanguageModelTest.AStepPastThePoolsBudgetIsResourceExhaustedAndMovesNoSession.)
+TEST_F(SchedulerTest, AStepOutOfMemoryIsResourceExhaustedNotInternal) {
   bool unchanged = false;
   const absl::Status status =
       FailedStep(absl::ResourceExhaustedError("model step: session memory pools: 4096 more bytes needed"), &unchanged);

@@ -28,9 +28,10 @@
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
 #              decode_short_feeds; all of it in profile.txt
 #   servers    python_client, rewind, refusals, offload, durability and model_repository (a
-#              rollout's versions sharing one session pool) with every server on the
-#              device (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the
-#              test gives its own (TXL_TEST_SERVER_DEFAULTS)
+#              rollout's versions sharing one session pool; two architectures' pools within one
+#              budget, the start-up one reserved) with every server on the device
+#              (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the test gives
+#              its own (TXL_TEST_SERVER_DEFAULTS)
 #   transfer   a session exported on the device imports on the CPU, and back: the same greedy
 #              continuation
 #   train      300 txl-train steps on the device, dropout off: the first loss equals the CPU's

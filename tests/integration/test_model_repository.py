@@ -14,7 +14,13 @@
   the versions the policy serves: the session on version 1 is not loaded but kept, its requests get
   400 saying why, and a restart with room brings it back, exactly;
 - kill -9 while version 2 loads, with a state store: after the restart version 2 is ready, and each
-  session is back on version 1 with every turn it was told was done, and goes on exactly.
+  session is back on version 1 with every turn it was told was done, and goes on exactly;
+- two architectures under one --session_memory_budget: one's sessions come and go, the other's then
+  fill its pool from the first's free rows; none is refused, and a session that lived through it
+  answers as its fork did before.
+
+Every server gets TXL_TEST_SERVER_FLAGS (txl_procs.Server.test_argv): model_repository_generic runs
+them all on the generic kernels, and scripts/gpu_check.sh on the GPU.
 
 Run by CTest: /usr/bin/python3 test_model_repository.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
@@ -40,11 +46,13 @@ TOKEN = "repo-test-token-0123456789"
 TURNS = ["Once upon", " a time", " there was"]
 
 
-def publish(bin_dir, repo, name, version, seed):
-    """Writes NAME/.staging-VERSION/model.pt, then renames it to NAME/VERSION, as a publisher should."""
+def publish(bin_dir, repo, name, version, seed, **config):
+    """Writes NAME/.staging-VERSION/model.pt (TINY_CONFIG updated with `config`), then renames it to
+    NAME/VERSION, as a publisher should."""
     staging = os.path.join(repo, name, ".staging-%d" % version)
     os.makedirs(staging, exist_ok=True)
-    txl_procs.tiny_model(bin_dir, staging, name="model.pt", init_args=txl_procs.TINY_INIT_ARGS + ("--seed", str(seed)))
+    txl_procs.tiny_model(bin_dir, staging, name="model.pt", init_args=txl_procs.TINY_INIT_ARGS + ("--seed", str(seed)),
+                         **config)
     os.remove(os.path.join(staging, "c.json"))
     os.rename(staging, os.path.join(repo, name, str(version)))
 
@@ -123,6 +131,8 @@ class RepositoryTest(unittest.TestCase):
                      "--http_listen", "127.0.0.1:0", "--auth_tokens", tokens]
         if "state" in self._testMethodName:
             self.argv += ["--state_dir", self.state_dir, "--replica_name", "r1", "--metrics_listen", "127.0.0.1:0"]
+        # (--kernels generic for model_repository_generic, --device cuda on a GPU: scripts/gpu_check.sh)
+        self.argv = txl_procs.Server.test_argv(self.argv)
         self.server = txl_procs.Server.from_argv(self.argv)
         self.http = Http(self.server.http_address)
 
@@ -276,6 +286,48 @@ class RepositoryTest(unittest.TestCase):
         for sid, _ in results.values():
             self.assertEqual(self.http.json("DELETE", "/v1/sessions/" + sid, None, self.headers)[0], 200)
         self.wait_for("alpha@1 unloaded", lambda: self.index()[("alpha", 1)][0] == "UNLOADED")
+
+    def test_two_architectures_share_the_session_budget_and_give_each_other_free_rows(self):
+        """alpha (2 layers) and deep (3) under one --session_memory_budget of 16 alpha windows: on the
+        generic path (model_repository_generic, a GPU) each has a session pool of its own shape, and
+        the pools together stay within it (docs/MODEL.md, "Pools of several shapes"). alpha's sessions
+        come and go, leaving its pool's top free (on a GPU that pool was reserved for the whole budget);
+        deep's then take rows from there. None is refused, and an alpha session that lived through it
+        answers as its fork did before."""
+        self.server.stop(timeout=30, check=False)
+        self.http.close()
+        publish(ARGS.bin_dir, self.repo, "deep", 1, seed=7, n_layer=txl_procs.TINY_CONFIG["n_layer"] + 1)
+        c = txl_procs.TINY_CONFIG
+        window = 2 * c["n_layer"] * c["mem_len"] * c["n_head"] * c["d_head"] * 4  # alpha's, float32
+        self.server = txl_procs.Server.from_argv(self.argv + ["--session_memory_budget", str(16 * window)])
+        self.http = h = Http(self.server.http_address)
+
+        def session(model):
+            status, s, _ = h.json("POST", "/v1/sessions", {"model": model}, self.headers)
+            self.assertEqual(status, 200, s)
+            return s["id"]
+
+        def turn(sid, prompt, n):
+            status, body, _ = h.json("POST", "/v1/completions", {"session_id": sid, "prompt": prompt,
+                                                                 "max_tokens": n, "temperature": 0}, self.headers)
+            self.assertEqual(status, 200, body)
+            return body["choices"][0]["text"]
+
+        fill = "x" * (c["mem_len"] + 8)  # more than a window: every slot held
+        lived = session("alpha")
+        turn(lived, TURNS[0], 6)
+        status, fork, _ = h.json("POST", "/v1/sessions/%s/fork" % lived, {}, self.headers)
+        self.assertEqual(status, 200, fork)
+        expected = turn(fork["id"], TURNS[1], 12)
+        self.assertEqual(h.json("DELETE", "/v1/sessions/" + fork["id"], None, self.headers)[0], 200)
+        gone = [session("alpha") for _ in range(8)]
+        for sid in gone:
+            turn(sid, fill, 1)
+        for sid in gone:
+            self.assertEqual(h.json("DELETE", "/v1/sessions/" + sid, None, self.headers)[0], 200)
+        for _ in range(8):
+            turn(session("deep"), fill, 1)
+        self.assertEqual(turn(lived, TURNS[1], 12), expected)
 
     def test_a_restart_with_a_state_store_brings_a_session_back_on_its_version(self):
         expected = self.only_v1()[0]

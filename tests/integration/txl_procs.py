@@ -84,26 +84,27 @@ class Server:
     """
 
     def __init__(self, bin_dir, model, *flags, metrics=False, http=False, flagfile=None):
-        # TXL_TEST_SERVER_FLAGS: flags for every server a test starts, after its own (so they win):
-        # scripts/gpu_check.sh runs the server tests with "--device cuda" this way.
-        # TXL_TEST_SERVER_DEFAULTS: flags before the test's own (so a test's own win): on a GPU,
-        # where several servers share the device, a --session_memory_budget for each.
-        extra = shlex.split(os.environ.get("TXL_TEST_SERVER_FLAGS", ""))
+        self._start(self.test_argv([os.path.join(bin_dir, "server", "txl-server")] +
+                                   ([f"--flagfile={flagfile}"] if flagfile else []) +
+                                   ["--model", model, "--listen", "127.0.0.1:0",
+                                    "--metrics_listen", "127.0.0.1:0" if metrics else "",
+                                    "--http_listen", "127.0.0.1:0" if http else "", *flags]))
+
+    @staticmethod
+    def test_argv(argv):
+        """`argv` (the binary, then the test's own flags) with the environment's flags for every test
+        server. TXL_TEST_SERVER_FLAGS: after the test's own (so they win): scripts/gpu_check.sh runs
+        the server tests with "--device cuda" this way. TXL_TEST_SERVER_DEFAULTS: before them (so a
+        test's own win): on a GPU, where several servers share the device, a --session_memory_budget
+        for each."""
         defaults = shlex.split(os.environ.get("TXL_TEST_SERVER_DEFAULTS", ""))
-        self._start([os.path.join(bin_dir, "server", "txl-server")] +
-                    ([f"--flagfile={flagfile}"] if flagfile else []) +
-                    ["--model", model, "--listen", "127.0.0.1:0",
-                     "--metrics_listen", "127.0.0.1:0" if metrics else "",
-                     "--http_listen", "127.0.0.1:0" if http else "", *defaults, *flags, *extra])
-        # The suites CTest runs again on the generic path must really be on it.
-        if "--kernels=generic" in extra or "--kernels generic" in " ".join(extra):
-            if "generic: libtorch ops" not in self.output:
-                self.stop(timeout=30, check=False)
-                raise RuntimeError("TXL_TEST_SERVER_FLAGS asks for --kernels generic, but the server "
-                                   "reports other kernels:\n%s" % self.output)
+        extra = shlex.split(os.environ.get("TXL_TEST_SERVER_FLAGS", ""))
+        return [argv[0], *defaults, *argv[1:], *extra]
 
     @classmethod
     def from_argv(cls, argv):
+        """Runs `argv` as given; a test that builds its own command line passes it through test_argv
+        first, so that TXL_TEST_SERVER_FLAGS reach it too."""
         server = cls.__new__(cls)
         server._start(list(argv))
         return server
@@ -128,6 +129,13 @@ class Server:
             m = re.match(r"txl-server: http on (\S+)\s*$", line)
             if m:
                 self.http_address = m.group(1)
+        # The suites CTest runs again on the generic path must really be on it: every server they
+        # start, those with a command line of their own too.
+        extra = " ".join(shlex.split(os.environ.get("TXL_TEST_SERVER_FLAGS", "")))
+        if ("--kernels=generic" in extra or "--kernels generic" in extra) and "generic: libtorch ops" not in self.output:
+            self.stop(timeout=30, check=False)
+            raise RuntimeError("TXL_TEST_SERVER_FLAGS asks for --kernels generic, but the server reports other "
+                               "kernels: %s\n%s" % (" ".join(argv), self.output))
 
     @property
     def output(self):

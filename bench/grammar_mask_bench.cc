@@ -128,8 +128,7 @@ Figures Run(const std::shared_ptr<const txl::Grammar>& grammar, const txl::Token
       // The model's draw: uniform among the allowed words.
       int pick = static_cast<int>(rng() % static_cast<uint64_t>(std::max<int64_t>(mask->count, 1)));
       int id = 0;
-      while (id < static_cast<int>(mask->allowed.size()) && (!mask->allowed[static_cast<size_t>(id)] || pick-- > 0))
-        ++id;
+      while (id < words.vocab_size() && (!mask->bits.contains(id) || pick-- > 0)) ++id;
       bool aw = after_word[static_cast<size_t>(s)];
       state.Advance(*words.AppendedText(id, &aw));
       after_word[static_cast<size_t>(s)] = aw;

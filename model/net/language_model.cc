@@ -388,11 +388,12 @@ RowReadouts ReadRows(const OutputLayer& output, int64_t V, absl::Span<const Step
     // Only the clusters that hold an allowed token: a mask of the shortlist's words reads the head alone.
     const at::Tensor whole =
         output.AllowedLogProbs(rows_of(part, 0, part.size()), allowed).to(at::kCPU, at::kFloat).contiguous();
+    const int64_t width = whole.size(1);  // up to the last cluster an allowed token is in
+    const float* rows_data = whole.data_ptr<float>();
     at::parallel_for(0, static_cast<int64_t>(refused.size()), 1, [&](int64_t from, int64_t to) {
       for (int64_t j = from; j < to; ++j) {
         const size_t k = refused[static_cast<size_t>(j)];
-        const int64_t width = whole.size(1);  // up to the last cluster an allowed token is in
-        const float* row = whole.data_ptr<float>() + j * width;
+        const float* row = rows_data + j * width;
         picks.ids[k] = ConstrainedPick(row, width, inputs[of[k]].plan, picks.ids[k]);
         picks.logprobs[k] = picks.ids[k] >= 0 ? row[picks.ids[k]] : 0.0f;
       }

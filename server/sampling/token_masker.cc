@@ -72,13 +72,11 @@ namespace {
 // A mask that allows nothing yet, for a vocabulary of n tokens.
 std::shared_ptr<TokenMask> NoToken(size_t n) {
   auto mask = std::make_shared<TokenMask>();
-  mask->allowed.assign(n, false);
   mask->bits.words.assign((n + 63) / 64, 0);
   return mask;
 }
 
 void Allow(TokenMask& mask, int id) {
-  mask.allowed[static_cast<size_t>(id)] = true;
   mask.bits.words[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
   ++mask.count;
 }
@@ -136,7 +134,7 @@ std::shared_ptr<const TokenMask> TokenMasker::Next(const GrammarState& state, bo
   }
   std::shared_ptr<const TokenMask> mask = Walk(node, spaced, /*first_only=*/false);
   ++stats_.walks;
-  const int64_t bytes = static_cast<int64_t>(mask->allowed.size() / 8 + 1 + mask->bits.words.size() * 8);
+  const int64_t bytes = static_cast<int64_t>(mask->bits.words.size() * 8);
   if (mask_bytes_ + bytes > limits_.max_mask_bytes) {  // drop the kept masks, keep the automaton
     for (auto& n : nodes_) {
       for (auto& m : n->masks) {

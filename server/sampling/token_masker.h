@@ -35,13 +35,12 @@ struct TokenMaskerLimits {
   // walk is bounded whatever the vocabulary; the next Next starts again.
   int max_states = 2048;
   int64_t max_stack_positions = 1 << 18;  // summed over the remembered parse sets (12 bytes each)
-  int64_t max_mask_bytes = 4 << 20;       // masks kept (vocab/4 bytes each: two forms); past it they are dropped
+  int64_t max_mask_bytes = 4 << 20;       // masks kept (vocab/8 bytes each); past it they are dropped
 };
 
 struct TokenMask {
-  std::vector<bool> allowed;  // by token id
-  AllowedTokens bits;         // the same, as the model's constrained pick takes it
-  int64_t count = 0;          // tokens allowed
+  AllowedTokens bits;  // by token id, as the model's constrained pick takes it
+  int64_t count = 0;   // tokens allowed
 };
 
 class TokenMasker {

@@ -468,6 +468,7 @@ int Serve(ServerOptions o, sigset_t signals) {
 
   o.metrics.versions = [service_models] { return service_models->List(); };
   if (*journal) o.metrics.waiting_sessions = [j = journal->get()] { return j->waiting(); };
+  if (models->pools) o.metrics.session_pool_bytes = [pools = models->pools] { return pools->held_bytes(); };
   auto metrics = txl::Metrics::Create(o.metrics, &table);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   auto metrics_http = StartMetricsPort(o, metrics->get());

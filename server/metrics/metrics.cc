@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsConfig& co
   m->AddModelFamilies(r);
   m->versions_ = config.versions;
   m->waiting_sessions_ = config.waiting_sessions;
+  m->session_pool_bytes_ = config.session_pool_bytes;
   m->TickModels();  // the versions' states from the start
   AddLimitFamilies(r, config);
   return m;
@@ -115,6 +116,13 @@ void Metrics::AddSessionFamilies(prometheus::Registry& r) {
                          .Help("Full-window bytes of all sessions (what the memory budget counts)")
                          .Register(r)
                          .Add({});
+  pool_bytes_ = &BuildGauge()
+                     .Name("txl_session_pool_bytes")
+                     .Help(
+                         "Bytes the session pools of a repository's architectures hold together against the "
+                         "session memory budget (generic kernels and GPUs; 0 otherwise)")
+                     .Register(r)
+                     .Add({});
 }
 
 // Offload (--host_memory_budget) and the state store: where sessions are, how they move.
@@ -306,6 +314,7 @@ void Metrics::OnTick() {
   sessions_busy_->Set(static_cast<double>(busy));
   sessions_idle_->Set(static_cast<double>(total - busy));
   if (waiting_sessions_) sessions_waiting_->Set(static_cast<double>(waiting_sessions_()));
+  if (session_pool_bytes_) pool_bytes_->Set(static_cast<double>(session_pool_bytes_()));
   memory_bytes_->Set(static_cast<double>(table_->memory_bytes()));
   reserved_bytes_->Set(static_cast<double>(table_->reserved_bytes()));
   checkpoint_bytes_->Set(static_cast<double>(table_->checkpoints().bytes()));

@@ -43,6 +43,10 @@ struct MetricsConfig {
   // Sessions held out of the table, waiting for room for their version
   // (SessionJournal::waiting), read at each tick; null: always 0.
   std::function<int64_t()> waiting_sessions;
+  // Bytes a repository's session pools hold against the session memory
+  // budget together (SharedSlotPools::held_bytes), read at each tick; null:
+  // always 0.
+  std::function<int64_t()> session_pool_bytes;
   // Limits exported as gauges.
   int64_t max_sessions = 0, max_queue = 0, session_memory_budget = 0;
 };
@@ -96,7 +100,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   prometheus::Histogram *batch_size_ = nullptr, *step_tokens_ = nullptr;
   prometheus::Gauge *queue_depth_ = nullptr, *sessions_idle_ = nullptr, *sessions_busy_ = nullptr,
                     *sessions_waiting_ = nullptr;
-  prometheus::Gauge *memory_bytes_ = nullptr, *reserved_bytes_ = nullptr;
+  prometheus::Gauge *memory_bytes_ = nullptr, *reserved_bytes_ = nullptr, *pool_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* offloads_ = nullptr;
   prometheus::Family<prometheus::Counter>* restores_ = nullptr;
   prometheus::Family<prometheus::Histogram>* offload_seconds_ = nullptr;
@@ -118,6 +122,7 @@ class Metrics : public SchedulerObserver, public ServiceMetrics {
   // Per model version (model_metrics.cc); labels come from the repository, never from clients.
   std::function<std::vector<VersionStatus>()> versions_;
   std::function<int64_t()> waiting_sessions_;
+  std::function<int64_t()> session_pool_bytes_;
   prometheus::Family<prometheus::Counter>*model_steps_ = nullptr, *model_fed_ = nullptr, *model_generated_ = nullptr;
   prometheus::Family<prometheus::Gauge>*model_sessions_ = nullptr, *model_state_ = nullptr;
   absl::Mutex model_mu_;

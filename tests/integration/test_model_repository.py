@@ -299,8 +299,15 @@ class RepositoryTest(unittest.TestCase):
         publish(ARGS.bin_dir, self.repo, "deep", 1, seed=7, n_layer=txl_procs.TINY_CONFIG["n_layer"] + 1)
         c = txl_procs.TINY_CONFIG
         window = 2 * c["n_layer"] * c["mem_len"] * c["n_head"] * c["d_head"] * 4  # alpha's, float32
-        self.server = txl_procs.Server.from_argv(self.argv + ["--session_memory_budget", str(16 * window)])
+        budget = 16 * window
+        self.server = txl_procs.Server.from_argv(self.argv + ["--session_memory_budget", str(budget),
+                                                              "--metrics_listen", "127.0.0.1:0"])
         self.http = h = Http(self.server.http_address)
+        pooled = "generic: libtorch ops" in self.server.output  # the CPU kernels keep no pools
+
+        def pool_bytes():
+            text = urllib.request.urlopen("http://%s/metrics" % self.server.metrics_address, timeout=10).read().decode()
+            return float(re.search(r"^txl_session_pool_bytes (\S+)$", text, re.M).group(1))
 
         def session(model):
             status, s, _ = h.json("POST", "/v1/sessions", {"model": model}, self.headers)
@@ -328,6 +335,10 @@ class RepositoryTest(unittest.TestCase):
         for _ in range(8):
             turn(session("deep"), fill, 1)
         self.assertEqual(turn(lived, TURNS[1], 12), expected)
+        # txl_session_pool_bytes: the pools together, within the budget (refreshed once a second).
+        if pooled:
+            self.wait_for("txl_session_pool_bytes", lambda: pool_bytes() > 0)
+        self.assertLessEqual(pool_bytes(), budget)
 
     def test_a_restart_with_a_state_store_brings_a_session_back_on_its_version(self):
         expected = self.only_v1()[0]

@@ -367,40 +367,52 @@ RowReadouts ReadRows(const OutputLayer& output, int64_t V, absl::Span<const Step
     TokenPicks p = output.BestTokens(rows_of(plan.argmax_rows, from, std::min(plan.argmax_rows.size(), from + kBlock)));
     r.target_best.ids.insert(r.target_best.ids.end(), p.ids.begin(), p.ids.end());
   }
-  if (!plan.best_rows.empty()) r.best = output.BestTokens(rows_of(plan.best_rows, 0, plan.best_rows.size()));
-  if (!plan.draw_rows.empty())
-    r.drawn = output.DrawTokens(rows_of(plan.draw_rows, 0, plan.draw_rows.size()), plan.uniforms);
   // Constrained picks (SamplingPlan::allowed) that the constraint refuses
-  // are picked again over their whole rows; the others cost nothing more.
-  auto pick_again = [&](const std::vector<int64_t>& rows, const std::vector<size_t>& of, TokenPicks& picks) {
-    std::vector<size_t> refused;
-    for (size_t k = 0; k < rows.size(); ++k) {
+  // are picked again over their rows' allowed clusters; the others cost
+  // nothing more. Rows with a constraint compute the head once for both.
+  auto constrained = [&](const std::vector<size_t>& of) {
+    return std::any_of(of.begin(), of.end(), [&](size_t i) { return inputs[i].plan.allowed != nullptr; });
+  };
+  auto pick_again = [&](const at::Tensor& block, const at::Tensor& head, const std::vector<size_t>& of,
+                        TokenPicks& picks) {
+    std::vector<int64_t> refused;
+    std::vector<const AllowedTokens*> allowed;
+    for (size_t k = 0; k < of.size(); ++k) {
       const SamplingPlan& p = inputs[of[k]].plan;
-      if (p.allowed != nullptr && !p.allowed->contains(picks.ids[k])) refused.push_back(k);
+      if (p.allowed != nullptr && !p.allowed->contains(picks.ids[k])) {
+        refused.push_back(static_cast<int64_t>(k));
+        allowed.push_back(p.allowed.get());
+      }
     }
     if (refused.empty()) return;
-    std::vector<int64_t> part;
-    std::vector<const AllowedTokens*> allowed;
-    for (size_t k : refused) {
-      part.push_back(rows[k]);
-      allowed.push_back(inputs[of[k]].plan.allowed.get());
-    }
+    const at::Tensor which = at::tensor(refused, at::kLong).to(device);
     // Only the clusters that hold an allowed token: a mask of the shortlist's words reads the head alone.
-    const at::Tensor whole =
-        output.AllowedLogProbs(rows_of(part, 0, part.size()), allowed).to(at::kCPU, at::kFloat).contiguous();
+    const at::Tensor whole = output.AllowedLogProbs(block.index_select(0, which), allowed, head.index_select(0, which))
+                                 .to(at::kCPU, at::kFloat)
+                                 .contiguous();
     const int64_t width = whole.size(1);  // up to the last cluster an allowed token is in
     const float* rows_data = whole.data_ptr<float>();
     at::parallel_for(0, static_cast<int64_t>(refused.size()), 1, [&](int64_t from, int64_t to) {
       for (int64_t j = from; j < to; ++j) {
-        const size_t k = refused[static_cast<size_t>(j)];
+        const size_t k = static_cast<size_t>(refused[static_cast<size_t>(j)]);
         const float* row = rows_data + j * width;
         picks.ids[k] = ConstrainedPick(row, width, inputs[of[k]].plan, picks.ids[k]);
         picks.logprobs[k] = picks.ids[k] >= 0 ? row[picks.ids[k]] : 0.0f;
       }
     });
   };
-  pick_again(plan.best_rows, plan.best_inputs, r.best);
-  pick_again(plan.draw_rows, plan.draw_inputs, r.drawn);
+  if (!plan.best_rows.empty()) {
+    const at::Tensor block = rows_of(plan.best_rows, 0, plan.best_rows.size());
+    const at::Tensor head = constrained(plan.best_inputs) ? output.HeadLogProbs(block) : at::Tensor();
+    r.best = output.BestTokens(block, head);
+    if (head.defined()) pick_again(block, head, plan.best_inputs, r.best);
+  }
+  if (!plan.draw_rows.empty()) {
+    const at::Tensor block = rows_of(plan.draw_rows, 0, plan.draw_rows.size());
+    const at::Tensor head = constrained(plan.draw_inputs) ? output.HeadLogProbs(block) : at::Tensor();
+    r.drawn = output.DrawTokens(block, plan.uniforms, head);
+    if (head.defined()) pick_again(block, head, plan.draw_inputs, r.drawn);
+  }
   // One selection for the batch at its largest n; each row keeps its own
   // prefix (the first n of a longer list are the top n).
   if (!plan.top_rows.empty()) r.tops = output.TopTokens(rows_of(plan.top_rows, 0, plan.top_rows.size()), plan.top_n);

@@ -74,9 +74,9 @@ at::Tensor OutputLayer::LogProbs(const at::Tensor& hidden) const {
   return at::cat(pieces, -1);
 }
 
-at::Tensor OutputLayer::AllowedLogProbs(const at::Tensor& hidden,
-                                        const std::vector<const AllowedTokens*>& allowed) const {
-  at::Tensor head = HeadLogProbs(hidden);
+at::Tensor OutputLayer::AllowedLogProbs(const at::Tensor& hidden, const std::vector<const AllowedTokens*>& allowed,
+                                        const at::Tensor& given_head) const {
+  const at::Tensor head = given_head.defined() ? given_head : HeadLogProbs(hidden);
   const int64_t nc = c_.n_clusters();
   if (nc == 0) return head;
   // Whether some row allows a token of cluster i: a word of 64 ids at a time.
@@ -129,10 +129,10 @@ std::vector<float> OutputLayer::TargetLogProbs(const at::Tensor& hidden, const s
   return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + rows);
 }
 
-TokenPicks OutputLayer::BestTokens(const at::Tensor& hidden) const {
+TokenPicks OutputLayer::BestTokens(const at::Tensor& hidden, const at::Tensor& given_head) const {
   const int64_t rows = hidden.size(0);
   if (rows == 0) return {};
-  at::Tensor head = HeadLogProbs(hidden);
+  const at::Tensor head = given_head.defined() ? given_head : HeadLogProbs(hidden);
   // argmax, not max(dim): its ties are documented to go to the first index.
   auto best_of = [](const at::Tensor& lp) {
     at::Tensor i = lp.argmax(1);
@@ -158,12 +158,13 @@ TokenPicks OutputLayer::BestTokens(const at::Tensor& hidden) const {
   return out;
 }
 
-TokenPicks OutputLayer::DrawTokens(const at::Tensor& hidden, const std::vector<double>& uniforms) const {
+TokenPicks OutputLayer::DrawTokens(const at::Tensor& hidden, const std::vector<double>& uniforms,
+                                   const at::Tensor& given_head) const {
   const int64_t rows = hidden.size(0);
   if (rows == 0) return {};
   const at::Device device = hidden.device();
   const int64_t shortlist = ends_[1], nc = c_.n_clusters();
-  at::Tensor head = HeadLogProbs(hidden);
+  const at::Tensor head = given_head.defined() ? given_head : HeadLogProbs(hidden);
   // The head's entries in the walk's order: shortlist words, then clusters
   // 1..nc (whose words follow the shortlist in id order).
   at::Tensor walk = head;

@@ -37,7 +37,10 @@ class OutputLayer {
   // of them, in some row, are computed; the columns of the others are -inf,
   // and the columns after the last such cluster are left out (the rows may
   // be narrower than n_token). The entries computed are LogProbs' own.
-  at::Tensor AllowedLogProbs(const at::Tensor& hidden, const std::vector<const AllowedTokens*>& allowed) const;
+  // `head`, where given, is HeadLogProbs(hidden), computed once for several
+  // readouts of the same rows (here and in BestTokens, DrawTokens).
+  at::Tensor AllowedLogProbs(const at::Tensor& hidden, const std::vector<const AllowedTokens*>& allowed,
+                             const at::Tensor& head = {}) const;
 
   // log p(targets[r] | hidden[r]); hidden [rows, d_model]. A row whose
   // target is in the shortlist reads only the head; one in a cluster adds
@@ -47,14 +50,15 @@ class OutputLayer {
   // The most likely token of each row (ties: the lower id) and its log-prob.
   // A cluster is computed only for the rows whose cluster entry in the head
   // is above their best word so far (no word of it can beat that otherwise).
-  TokenPicks BestTokens(const at::Tensor& hidden) const;
+  TokenPicks BestTokens(const at::Tensor& hidden, const at::Tensor& head = {}) const;
 
   // One draw per row at temperature 1: the first token in id order whose
   // cumulative probability exceeds uniforms[r] (in [0, 1)) times the total.
   // The head's entries are walked first (shortlist words, then one entry per
   // cluster in id order); only rows that land on a cluster compute its
   // logits.
-  TokenPicks DrawTokens(const at::Tensor& hidden, const std::vector<double>& uniforms) const;
+  TokenPicks DrawTokens(const at::Tensor& hidden, const std::vector<double>& uniforms,
+                        const at::Tensor& head = {}) const;
 
   // The n most likely tokens of each row, most likely first (ties: the lower
   // id): exactly the first n of the row sorted that way. Each bin gives its
@@ -63,8 +67,10 @@ class OutputLayer {
   // bin's cut bring all the tied words, so the cut is made on the host.
   std::vector<TokenList> TopTokens(const at::Tensor& hidden, int n) const;
 
+  // The head's log-probs, [rows, shortlist + clusters]: where every readout starts.
+  at::Tensor HeadLogProbs(const at::Tensor& hidden) const;
+
  private:
-  at::Tensor HeadLogProbs(const at::Tensor& hidden) const;  // [rows, shortlist + clusters]
   at::Tensor ClusterLogProbs(const at::Tensor& hidden, const at::Tensor& head, int64_t i) const;
 
   ModelConfig c_;

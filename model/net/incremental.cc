@@ -241,6 +241,16 @@ bool IncrementalModel::RingBackup::Holds(const SessionMemory* memory) const {
 }
 
 at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
+  at::Tensor out;
+  const absl::Status stepped = Step(inputs, [&out](const at::Tensor& hidden) {
+    out = hidden;
+    return absl::OkStatus();
+  });
+  (void)stepped;  // the readout above cannot fail
+  return out;
+}
+
+absl::Status IncrementalModel::Step(absl::Span<const StepInput> inputs, const Readout& readout) {
   // Sessions come from this model (LanguageModel::NewSession, RestoreSession, Clone).
   std::vector<SessionMemory*> memories;
   memories.reserve(inputs.size());
@@ -312,6 +322,18 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
   try {
     passes(few, 1);
     passes(many, kPassTokens);  // without short feeds: every session, as one step
+    // The caller's readout, before anything commits.
+    std::vector<at::Tensor> all;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (at::Tensor& t : parts[i]) all.push_back(std::move(t));
+    }
+    const at::Tensor hidden = all.empty()       ? at::empty({0, config_.d_model}, at::TensorOptions().device(device_))
+                              : all.size() == 1 ? all[0]
+                                                : at::cat(all, 0);
+    if (absl::Status read = readout(hidden); !read.ok()) {
+      backup.Restore();
+      return read;
+    }
     // Commit the memories a pass built aside. A write that throws leaves the
     // short feeds' windows restored (a replaced window written before it
     // stays written: its session's positions are not advanced).
@@ -328,20 +350,12 @@ at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
     throw;
   }
   // The positions the sessions held are as they were, but for the slots
-  // BackUpOverwritten kept (already rewritten, as the commit wants). The
-  // output is made first: a step that throws moves no session.
-  std::vector<at::Tensor> all;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    for (at::Tensor& t : parts[i]) all.push_back(std::move(t));
-  }
-  const at::Tensor hidden = all.empty()       ? at::empty({0, config_.d_model}, at::TensorOptions().device(device_))
-                            : all.size() == 1 ? all[0]
-                                              : at::cat(all, 0);
+  // BackUpOverwritten kept (already rewritten, as the commit wants).
   for (size_t i = 0; i < inputs.size(); ++i) {
     memories[i]->length_ = pending[i].length;
     memories[i]->position_ = pending[i].position;
   }
-  return hidden;
+  return absl::OkStatus();
 }
 
 at::Tensor IncrementalModel::DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens) {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/kernels/decode_kernels.h"
@@ -86,6 +87,13 @@ class IncrementalModel {
   // invariant). Memories change only when the whole step succeeds; on an
   // exception (c10::Error) every session is left as it was.
   at::Tensor Step(absl::Span<const StepInput> inputs);
+  // What the caller reads from a step's hidden states before the memories
+  // commit (LanguageModel::Step: picks, log-probs, rows).
+  using Readout = std::function<absl::Status(const at::Tensor& hidden)>;
+  // Step, with `readout` run on the hidden states before any memory
+  // commits: when it fails (a status, or an exception) every session is
+  // left as it was too, and its status is returned.
+  absl::Status Step(absl::Span<const StepInput> inputs, const Readout& readout);
 
   const ModelConfig& config() const { return config_; }
   // The layers' product matrices are of the weight dtype (int8: see

@@ -475,17 +475,17 @@ absl::StatusOr<std::vector<StepOutput>> LanguageModel::Step(absl::Span<StepInput
   std::vector<StepOutput> out(inputs.size());
   try {
     c10::InferenceMode guard;
-    at::Tensor hidden;
+    // The readout runs before the memories commit, so a step that fails
+    // anywhere moves no session (IncrementalModel::Step).
+    const IncrementalModel::Readout readout = [&](const at::Tensor& hidden) {
+      RowReadouts readouts = ReadRows(*output_, V, inputs, PlanRows(inputs), hidden, model_->device());
+      return FillOutputs(inputs, V, readouts, out);
+    };
     try {
-      hidden = model_->Step(inputs);
-    } catch (const c10::OutOfMemoryError& e) {
-      // The device, or the pools' budget (PoolBudget), before any session
-      // moved (IncrementalModel::Step commits last): RESOURCE_EXHAUSTED.
-      // Past this point the sessions have moved, and a failure is INTERNAL.
+      RETURN_IF_ERROR(model_->Step(inputs, readout));
+    } catch (const c10::OutOfMemoryError& e) {  // the device's, or the pools' budget (PoolBudget)
       return absl::ResourceExhaustedError(absl::StrCat("model step: ", e.what_without_backtrace()));
     }
-    RowReadouts readouts = ReadRows(*output_, V, inputs, PlanRows(inputs), hidden, model_->device());
-    RETURN_IF_ERROR(FillOutputs(inputs, V, readouts, out));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("model step failed: ", e.what_without_backtrace()));
   }

@@ -86,8 +86,11 @@ absl::StatusOr<std::shared_ptr<const TokenMask>> GenerateJob::NextMask() {
                   : TokenMasker::Create(spec_.grammar, tokenizer);
   }
   std::shared_ptr<const TokenMask> mask = masker_->Next(*grammar_, after_word_);
-  const int64_t words = (lease.model->config().n_token + 63) / 64;  // the model's vocabulary, in AllowedTokens' words
-  if (mask->count == 0 || static_cast<int64_t>(mask->bits.words.size()) != words) {
+  if (mask->vocab != lease.model->config().n_token) {
+    return absl::InternalError(
+        absl::StrCat("grammar: a mask of ", mask->vocab, " tokens for a model of ", lease.model->config().n_token));
+  }
+  if (mask->count == 0) {
     return absl::FailedPreconditionError("grammar: no token of the model's vocabulary can continue the output here");
   }
   return mask;

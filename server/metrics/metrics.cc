@@ -116,13 +116,15 @@ void Metrics::AddSessionFamilies(prometheus::Registry& r) {
                          .Help("Full-window bytes of all sessions (what the memory budget counts)")
                          .Register(r)
                          .Add({});
-  pool_bytes_ = &BuildGauge()
-                     .Name("txl_session_pool_bytes")
-                     .Help(
-                         "Bytes the session pools of a repository's architectures hold together against the "
-                         "session memory budget (generic kernels and GPUs; 0 otherwise)")
-                     .Register(r)
-                     .Add({});
+  pool_bytes_ =
+      &BuildGauge()
+           .Name("txl_session_pool_bytes")
+           .Help(
+               "Bytes the session pools of a repository's architectures hold together against the "
+               "session memory budget (with --model_repository and a budget, on the generic kernels and GPUs; 0 "
+               "otherwise)")
+           .Register(r)
+           .Add({});
 }
 
 // Offload (--host_memory_budget) and the state store: where sessions are, how they move.

@@ -73,6 +73,7 @@ namespace {
 std::shared_ptr<TokenMask> NoToken(size_t n) {
   auto mask = std::make_shared<TokenMask>();
   mask->bits.words.assign((n + 63) / 64, 0);
+  mask->vocab = static_cast<int64_t>(n);
   return mask;
 }
 

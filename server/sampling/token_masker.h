@@ -41,6 +41,7 @@ struct TokenMaskerLimits {
 struct TokenMask {
   AllowedTokens bits;  // by token id, as the model's constrained pick takes it
   int64_t count = 0;   // tokens allowed
+  int64_t vocab = 0;   // the vocabulary's size: tokens 0..vocab-1
 };
 
 class TokenMasker {

@@ -552,6 +552,49 @@ TEST(IncrementalTest, BatchedDecodeStepsMatchAlone) {
   for (size_t b = 0; b < history.size(); ++b) EXPECT_EQ(batched[b].length(), alone[b].length());
 }
 
+// A step whose readout fails (LanguageModel::Step reads picks and log-probs
+// there, before the memories commit) moves no session, with a status or an
+// exception: a decoding session, a short feed over a full ring (its
+// overwritten slots put back) and a long feed. Each then answers as a copy
+// taken before the failure, bit for bit.
+TEST(IncrementalTest, AFailedReadoutMovesNoSession) {
+  const ModelConfig c = testing::SmallConfig();
+  IncrementalModel model(c, TestWeights(c, 13), at::kCPU, testing::TestPrecision());
+  const std::vector<int64_t> history = {30, 30, 5}, feed = {1, 2, 20};
+  for (int throws = 0; throws < 2; ++throws) {
+    std::vector<SessionMemory> sessions, copies;
+    for (size_t b = 0; b < history.size(); ++b) {
+      sessions.emplace_back(c.n_layer, c.mem_len);
+      FeedInChunks(model, sessions[b], RandomTokens(history[b], c.n_token, 70 + static_cast<int>(b)), 7);
+      copies.push_back(sessions[b].Copy());
+    }
+    std::vector<std::vector<int64_t>> tokens;
+    std::vector<StepInput> items;
+    for (size_t b = 0; b < history.size(); ++b) {
+      tokens.push_back(RandomTokens(feed[b], c.n_token, 80 + static_cast<int>(b)));
+      items.push_back(Row(&sessions[b], tokens[b]));
+    }
+    int64_t rows_read = 0;
+    const auto readout = [&](const at::Tensor& hidden) -> absl::Status {
+      rows_read = hidden.size(0);
+      if (throws) TORCH_CHECK(false, "injected readout failure");
+      return absl::InternalError("injected readout failure");
+    };
+    if (throws) {
+      EXPECT_THROW((void)model.Step(absl::MakeConstSpan(items), readout), c10::Error);
+    } else {
+      EXPECT_EQ(model.Step(absl::MakeConstSpan(items), readout).code(), absl::StatusCode::kInternal);
+    }
+    EXPECT_EQ(rows_read, 1 + 2 + 20) << "the readout saw the step's rows";
+    for (size_t b = 0; b < history.size(); ++b) {
+      EXPECT_EQ(sessions[b].position(), history[b]) << "session " << b;
+      EXPECT_TRUE(
+          at::equal(FeedInChunks(model, sessions[b], tokens[b], 1), FeedInChunks(model, copies[b], tokens[b], 1)))
+          << (throws ? "thrown, " : "a status, ") << "session " << b;
+    }
+  }
+}
+
 // The decode kernel's own paths: head size 64 (values summed in registers),
 // key counts that are and are not multiples of its 4-key groups and 8-lane
 // softmax blocks, scores large enough that most softmax numerators underflow,

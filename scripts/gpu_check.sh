@@ -27,9 +27,10 @@
 #              weights and memories; a 2,048-token prefill (time to the first token) in float32
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
 #              decode_short_feeds; all of it in profile.txt
-#   servers    python_client, rewind, refusals, offload, durability and model_repository (a
-#              rollout's versions sharing one session pool; two architectures' pools within one
-#              budget, the start-up one reserved) with every server on the device
+#   servers    python_client, rewind, refusals, offload (of a file, and of a repository of one),
+#              durability and model_repository (a rollout's versions sharing one session pool; two
+#              architectures' pools within one budget, the start-up one reserved) with every
+#              server on the device
 #              (TXL_TEST_SERVER_FLAGS), each with a 1 GiB session budget unless the test gives
 #              its own (TXL_TEST_SERVER_DEFAULTS)
 #   transfer   a session exported on the device imports on the CPU, and back: the same greedy
@@ -289,11 +290,13 @@ profile_runs() {
 
 servers() {
   local suite bad=0
-  for suite in python_client rewind refusals offload durability model_repository; do
+  local -a suites=(python_client rewind refusals offload "offload --repository" durability model_repository)
+  for suite in "${suites[@]}"; do
     echo "== $suite"
+    local -a words=($suite)
     # Several servers share the GPU: each gets a 1 GiB pool unless its test sets a budget.
-    TXL_TEST_SERVER_FLAGS="--device $DEVICE" TXL_TEST_SERVER_DEFAULTS="--session_memory_budget=1073741824" timeout 300 "$PY" "$SRC/tests/integration/test_$suite.py" \
-      --bin-dir "$W" --stubs "$W/client/python/gen" || bad=1
+    TXL_TEST_SERVER_FLAGS="--device $DEVICE" TXL_TEST_SERVER_DEFAULTS="--session_memory_budget=1073741824" timeout 300 "$PY" "$SRC/tests/integration/test_${words[0]}.py" \
+      --bin-dir "$W" --stubs "$W/client/python/gen" "${words[@]:1}" || bad=1
   done
   return $bad
 }

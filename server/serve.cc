@@ -145,8 +145,8 @@ absl::StatusOr<std::unique_ptr<txl::BearerTokens>> LoadTokens(const ServerOption
 
 // The settings that depend on the loaded model: the default window, the
 // import limit, the device and number formats it runs in, and on a GPU the
-// session memory budget and its pool. `pools`, a repository's, then hold
-// their rows within the session memory budget together.
+// session memory budget and its pool. `pools` then hold their rows within
+// the session memory budget together.
 absl::Status FitToModel(txl::ModelEngine* engine, int64_t later_versions_bytes, txl::SharedSlotPools* pools,
                         ServerOptions* o) {
   const txl::LanguageModel& model = engine->model();
@@ -198,9 +198,16 @@ absl::Status FitToModel(txl::ModelEngine* engine, int64_t later_versions_bytes, 
                 << ")" << std::endl;
     }
   }
-  // A repository's pools of every shape together (PoolBudget): the pool
-  // reserved below gives its free tail to another architecture's.
-  if (pools != nullptr && o->table.memory_budget_bytes > 0) pools->Limit(o->table.memory_budget_bytes);
+  // The pools of every shape together (PoolBudget): the pool reserved below
+  // gives its free top to another architecture's. Offload admits sessions
+  // past the budget and moves idle ones out after the step, so there the
+  // pools grow past it by what a step needs, where admission would refuse.
+  if (pools != nullptr && o->table.memory_budget_bytes > 0) {
+    txl::PoolBudgetConfig budget;
+    budget.limit_bytes = o->table.memory_budget_bytes;
+    budget.grow_past = o->table.host_memory_budget_bytes > 0;
+    pools->Limit(budget);
+  }
   if (model.device() != "cpu" && o->table.memory_budget_bytes > 0) {
     // The pool of session memory, allocated once for the whole budget:
     // admission then keeps every step within it (docs/OPERATIONS.md, "Flags",
@@ -229,8 +236,9 @@ struct ServedModels {
   std::unique_ptr<txl::ModelRepository> repository;
   std::unique_ptr<txl::RepositoryPoller> poller;
   std::unique_ptr<txl::ModelSource> source;
-  // A repository's session pools, one per shape (SharedSlotPools).
-  std::shared_ptr<txl::SharedSlotPools> pools;
+  // The session pools, one per shape (SharedSlotPools): a repository's
+  // versions share them, and a --model file's pool counts as theirs do.
+  std::shared_ptr<txl::SharedSlotPools> pools = std::make_shared<txl::SharedSlotPools>();
   // The settings that follow a model follow this one (FitToModel); held
   // only until the server has started.
   std::shared_ptr<txl::ServedModel> first;
@@ -267,9 +275,12 @@ absl::StatusOr<std::pair<int64_t, std::string>> DefaultModelBudget(const ServerO
 
 absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
   ServedModels m;
+  txl::LanguageModelOptions options = o.model;
+  options.shared_pools = m.pools;
   if (o.repository.dir.empty()) {
-    auto engine = txl::ModelEngine::Create(o.model);
+    auto engine = txl::ModelEngine::Create(options);
     if (!engine.ok()) return engine.status();
+    (*engine)->JoinSharedPool();  // its pool then counts against the session memory budget (FitToModel)
     const txl::LanguageModel& model = (*engine)->model();
     // A repository of one: the file's stem, version 1 (docs/OPERATIONS.md, "Model repository").
     m.first = std::make_shared<txl::ServedModel>(std::filesystem::path(o.model.path).stem().string(), 1,
@@ -287,10 +298,7 @@ absl::StatusOr<ServedModels> OpenModels(const ServerOptions& o) {
   // Versions of one shape share one session pool on the generic path (a GPU):
   // the pool reserved for the session budget below serves a rollout's old and
   // new versions alike.
-  txl::LanguageModelOptions versions = o.model;
-  m.pools = std::make_shared<txl::SharedSlotPools>();
-  versions.shared_pools = m.pools;
-  auto repository = txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(versions, ceilings),
+  auto repository = txl::ModelRepository::Create(o.repository, txl::ServedModelLoader(options, ceilings),
                                                  txl::ServedModelSizer(o.model));
   if (!repository.ok()) {
     return absl::Status(repository.status().code(),
@@ -468,7 +476,7 @@ int Serve(ServerOptions o, sigset_t signals) {
 
   o.metrics.versions = [service_models] { return service_models->List(); };
   if (*journal) o.metrics.waiting_sessions = [j = journal->get()] { return j->waiting(); };
-  if (models->pools) o.metrics.session_pool_bytes = [pools = models->pools] { return pools->held_bytes(); };
+  o.metrics.session_pool_bytes = [pools = models->pools] { return pools->held_bytes(); };
   auto metrics = txl::Metrics::Create(o.metrics, &table);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   auto metrics_http = StartMetricsPort(o, metrics->get());

@@ -20,7 +20,7 @@ absl::StatusOr<int64_t> PoolBudget::Grant(const SlotPool* pool, int64_t want, in
   int64_t room = 0;
   {
     absl::MutexLock lock(&mu_);
-    room = limit_ - held_;
+    room = config_.limit_bytes - held_;
     if (need <= 0) {  // a reservation: what there is room for, trimming nothing
       const int64_t granted = std::clamp<int64_t>(room, 0, want);
       held_ += granted;
@@ -49,13 +49,14 @@ absl::StatusOr<int64_t> PoolBudget::Grant(const SlotPool* pool, int64_t want, in
   }
   others.clear();  // (a pool whose last holder went meanwhile returns its bytes here)
   absl::MutexLock lock(&mu_);
-  room = limit_ - held_;
-  if (room < need) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "session memory pools: ", need, " more bytes needed, but the pools hold ", held_, " of their ", limit_,
-        "-byte budget (--session_memory_budget) and the other pools gave ", trimmed, " from their free tops"));
+  room = config_.limit_bytes - held_;
+  if (room < need && !config_.grow_past) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session memory pools: ", need, " more bytes needed, but the pools hold ", held_, " of their ",
+                     config_.limit_bytes, "-byte budget (--session_memory_budget) and the other pools gave ", trimmed,
+                     " from their free tops"));
   }
-  const int64_t granted = std::min(want, room);
+  const int64_t granted = std::max(need, std::min(want, room));  // (room >= need unless grow_past)
   held_ += granted;
   return granted;
 }

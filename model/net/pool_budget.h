@@ -4,8 +4,10 @@
 // (docs/MODEL.md, "Pools of several shapes").
 //
 // A pool asks before it grows (Grant). When the room left is short, the
-// budget takes it from the other pools' free tops (SlotPool::Trim), and
-// refuses, naming the figures, when even that is not enough.
+// budget takes it from the other pools' free tops (SlotPool::Trim). When even
+// that is not enough it refuses, naming the figures; or, where session
+// offload lets the sessions in flight pass the budget (grow_past), it grants
+// what is needed past the limit.
 //
 // Torch-free. Grant trims other pools, so it runs on the engine thread (the
 // one that steps every pool) or before that thread starts; Return may come
@@ -25,25 +27,34 @@ namespace txl {
 
 class SlotPool;
 
+struct PoolBudgetConfig {
+  int64_t limit_bytes = 0;
+  // Past the limit, once the other pools' free tops are taken: grant only
+  // what is needed (session offload admits sessions past the budget, and
+  // moves idle ones out after the step), instead of refusing (admission
+  // keeps the sessions within it).
+  bool grow_past = false;
+};
+
 class PoolBudget {
  public:
-  explicit PoolBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+  explicit PoolBudget(const PoolBudgetConfig& config) : config_(config) {}
 
   // Counts `held` bytes of `pool` from now on, over the limit or not (a
   // pool made before the budget was set).
   void Count(const std::shared_ptr<SlotPool>& pool, int64_t held);
   // Between `need` and `want` more bytes for `pool`, trimming the other
-  // pools' free tops when the room left is under `need`; RESOURCE_EXHAUSTED
-  // when they cannot make it. With `need` 0 (a reservation), what room there
-  // is, up to `want`, trimming nothing.
+  // pools' free tops when the room left is under `need`; when they cannot
+  // make it, RESOURCE_EXHAUSTED, or `need` with grow_past. With `need` 0 (a
+  // reservation), what room there is, up to `want`, trimming nothing.
   absl::StatusOr<int64_t> Grant(const SlotPool* pool, int64_t want, int64_t need);
   void Return(int64_t bytes);
 
-  int64_t limit() const { return limit_; }
+  int64_t limit() const { return config_.limit_bytes; }
   int64_t held() const;
 
  private:
-  const int64_t limit_;
+  const PoolBudgetConfig config_;
   mutable absl::Mutex mu_;
   int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::weak_ptr<SlotPool>> pools_ ABSL_GUARDED_BY(mu_);

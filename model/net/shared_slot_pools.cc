@@ -27,9 +27,9 @@ int SharedSlotPools::live() const {
   return n;
 }
 
-void SharedSlotPools::Limit(int64_t bytes) {
+void SharedSlotPools::Limit(const PoolBudgetConfig& budget) {
   absl::MutexLock lock(&mu_);
-  budget_ = std::make_shared<PoolBudget>(bytes);
+  budget_ = std::make_shared<PoolBudget>(budget);
   for (const auto& [key, weak] : pools_) {
     if (std::shared_ptr<SlotPool> pool = weak.lock()) pool->CountAgainst(budget_, pool);
   }

@@ -20,10 +20,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "model/net/pool_budget.h"
 
 namespace txl {
 
-class PoolBudget;
 class SlotPool;
 
 class SharedSlotPools {
@@ -43,9 +43,9 @@ class SharedSlotPools {
   // Pools some model or session still holds.
   int live() const;
   // Counts every pool, those live now and those joined later, against
-  // `bytes` together: the session memory budget, set before the engine
-  // thread starts. A later call replaces the limit.
-  void Limit(int64_t bytes);
+  // one budget together (the session memory budget), set before the engine
+  // thread starts. A later call replaces it.
+  void Limit(const PoolBudgetConfig& budget);
   // What the pools hold against the limit (0 without one).
   int64_t held_bytes() const;
 

@@ -43,8 +43,8 @@ struct MetricsConfig {
   // Sessions held out of the table, waiting for room for their version
   // (SessionJournal::waiting), read at each tick; null: always 0.
   std::function<int64_t()> waiting_sessions;
-  // Bytes a repository's session pools hold against the session memory
-  // budget together (SharedSlotPools::held_bytes), read at each tick; null:
+  // Bytes the session pools hold against the session memory budget
+  // together (SharedSlotPools::held_bytes), read at each tick; null:
   // always 0.
   std::function<int64_t()> session_pool_bytes;
   // Limits exported as gauges.

@@ -11,11 +11,16 @@ one restore per session per round), sessions by tier with at most 3 + 1 in devic
 host tier within its budget. Then 6 clients drive 5 sessions each concurrently, 2 turns each, again
 equal to the control's.
 
+With --repository the budgeted server serves the model as a repository of one: on the generic
+path its session pools then count against the device budget (SharedSlotPools::Limit), which
+offload lets the running sessions pass.
+
 Run by CTest: /usr/bin/python3 test_offload.py --bin-dir BUILD --stubs BUILD/client/python/gen
 """
 import concurrent.futures
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -111,9 +116,21 @@ class OffloadTest(unittest.TestCase):
         device_budget, host_budget = DEVICE_SESSIONS * window, HOST_SESSIONS * (window + 256)
         print(f"window {window} bytes: device budget {device_budget}, host budget {host_budget}", file=sys.stderr)
 
-        node = Node(txl_procs.Server(ARGS.bin_dir, model, "--state_dir", os.path.join(tmp, "state"),
-                                     "--session_memory_budget", str(device_budget),
-                                     "--host_memory_budget", str(host_budget), metrics=True))
+        flags = ["--state_dir", os.path.join(tmp, "state"), "--session_memory_budget", str(device_budget),
+                 "--host_memory_budget", str(host_budget)]
+        if ARGS.repository:
+            # The same model as a repository of one: its session pools then count against the
+            # session memory budget (SharedSlotPools::Limit), which offload lets sessions pass.
+            version = os.path.join(tmp, "repository", "tiny", "1")
+            os.makedirs(version)
+            shutil.copy(model, os.path.join(version, "model.pt"))
+            server = txl_procs.Server.from_argv(txl_procs.Server.test_argv(
+                [os.path.join(ARGS.bin_dir, "server", "txl-server"), "--model_repository", os.path.dirname(
+                    os.path.dirname(version)), "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0",
+                 "--http_listen", "", *flags]))
+        else:
+            server = txl_procs.Server(ARGS.bin_dir, model, *flags, metrics=True)
+        node = Node(server)
         try:
             sids = [f"{i + 1:02x}" * 16 for i in range(SESSIONS)]
             for i, sid in enumerate(sids):
@@ -189,7 +206,8 @@ class OffloadTest(unittest.TestCase):
 
 
 def main():
-    txl_procs.run_stub_tests(globals(), __doc__)
+    txl_procs.run_stub_tests(globals(), __doc__, [("--repository", dict(
+        action="store_true", help="serve the model as a repository of one (--model_repository)"))])
 
 
 if __name__ == "__main__":

@@ -360,10 +360,13 @@ TEST_F(LanguageModelTest, AStepPastThePoolsBudgetIsResourceExhaustedAndMovesNoSe
   auto model = LanguageModel::Create(o);
   ASSERT_TRUE(model.ok()) << model.status();
   (*model)->JoinSharedPool();
-  o.shared_pools->Limit(int64_t{1} << 40);
+  PoolBudgetConfig budget;
+  budget.limit_bytes = int64_t{1} << 40;
+  o.shared_pools->Limit(budget);
   const int64_t own = o.shared_pools->held_bytes();  // the pool's first rows
   ASSERT_GT(own, 0);
-  o.shared_pools->Limit(own);  // no room to grow
+  budget.limit_bytes = own;  // no room to grow
+  o.shared_pools->Limit(budget);
   ASSERT_EQ(o.shared_pools->held_bytes(), own);
   std::vector<std::unique_ptr<SessionState>> held;
   absl::Status refused;

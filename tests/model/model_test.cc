@@ -899,7 +899,9 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
   ASSERT_NE(a.pool(), b.pool());
   const int64_t full_a = c.mem_len * a.pool()->id_bytes();  // a float32 session's full window
   const int64_t budget = 24 * full_a;
-  pools.Limit(budget);
+  PoolBudgetConfig limit;
+  limit.limit_bytes = budget;
+  pools.Limit(limit);
   a.ReserveSessionMemory(budget);  // as the server does: what the other pools leave
   EXPECT_LE(pools.held_bytes(), budget);
   EXPECT_GT(pools.held_bytes(), budget - a.pool()->id_bytes());
@@ -968,6 +970,51 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
   EXPECT_EQ(pools.held_bytes(), counted());
   EXPECT_EQ(a.pool()->free_rows(), a.pool()->rows() - SlotPool::kReservedRows);
   EXPECT_EQ(b.pool()->free_rows(), b.pool()->rows() - SlotPool::kReservedRows);
+}
+
+// Where offload admits sessions past the session memory budget
+// (--host_memory_budget), the pools' budget grows past its limit instead of
+// refusing: by what is needed, once the other pools' free tops are taken,
+// and no more. Without grow_past the same growth is refused.
+TEST(SlotPoolTest, ABudgetThatGrowsPastItsLimitTakesTheOthersFreeTopsFirstThenOnlyWhatIsNeeded) {
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+  for (const bool grow_past : {false, true}) {
+    SCOPED_TRACE(grow_past ? "grow_past" : "refuse");
+    SharedSlotPools pools;
+    auto a = pools.Join({1, 2, 4, static_cast<int>(at::kFloat), "cpu"}, std::make_shared<SlotPool>(1, 2, 4, f32));
+    auto b = pools.Join({2, 2, 4, static_cast<int>(at::kFloat), "cpu"}, std::make_shared<SlotPool>(2, 2, 4, f32));
+    PoolBudgetConfig limit;
+    limit.limit_bytes = a->held_bytes() + b->held_bytes();  // 62 rows each: no room to grow
+    limit.grow_past = grow_past;
+    pools.Limit(limit);
+    ASSERT_EQ(pools.held_bytes(), limit.limit_bytes);
+    const std::vector<int64_t> held_b = b->Take(30);  // b's free top: rows 32..63
+    const std::vector<int64_t> first = a->Take(62);
+    const std::vector<int64_t> more = a->Take(4);  // past a's rows: b's free top gives the room
+    EXPECT_LT(b->rows(), 64) << "b's free top was trimmed";
+    EXPECT_EQ(pools.held_bytes(), a->held_bytes() + b->held_bytes());
+    EXPECT_LE(pools.held_bytes(), limit.limit_bytes);
+    // Take b's free top until none is left above its held rows.
+    const std::vector<int64_t> rest_b = b->Take(b->free_rows());
+    ASSERT_EQ(b->Trim(int64_t{1} << 40), 0);
+    const int64_t a_rows = a->rows(), before = pools.held_bytes();
+    const int64_t past = 3 + a->free_rows();  // three rows more than a has
+    if (!grow_past) {
+      EXPECT_THROW(a->Take(past), c10::OutOfMemoryError);
+      EXPECT_EQ(a->rows(), a_rows);
+      EXPECT_EQ(pools.held_bytes(), before);
+      continue;
+    }
+    const std::vector<int64_t> over = a->Take(past);
+    EXPECT_EQ(over.size(), static_cast<size_t>(past));
+    EXPECT_EQ(a->rows(), a_rows + 3) << "grown by what was needed, not doubled";
+    EXPECT_EQ(pools.held_bytes(), before + 3 * a->id_bytes());
+    EXPECT_GT(pools.held_bytes(), limit.limit_bytes);
+    a->Give(over);
+    EXPECT_EQ(b->Take(2).size(), 2u);
+    EXPECT_LE(pools.held_bytes(), limit.limit_bytes) << "b's growth took a's freed top: back within the limit";
+    EXPECT_EQ(pools.held_bytes(), a->held_bytes() + b->held_bytes());
+  }
 }
 
 // The ATen ops this thread dispatches (views and nested calls included):

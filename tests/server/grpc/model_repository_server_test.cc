@@ -459,6 +459,46 @@ TEST(RepositoryPoolsServerTest, ArchitecturesShareTheSessionBudgetAndGiveEachOth
   fs::remove_all(dir);
 }
 
+// A --model file's session pool counts against --session_memory_budget as
+// a repository's pools do (SharedSlotPools::Limit). With the budget's
+// sessions filled, a Score that does not commit (a copy that admission does
+// not count) is refused RESOURCE_EXHAUSTED naming the budget, and its
+// session answers afterwards as it did before. Before, the file's pool grew
+// past the budget.
+TEST(SingleModelServerTest, AFileServersPoolHoldsItsRowsWithinTheSessionBudget) {
+  const ModelConfig c = TinyConfig();
+  const int64_t window = 2 * c.n_layer * c.mem_len * c.n_head * c.d_head * 4;  // float32
+  auto server = testing::StartServer({"--kernels=generic", "--session_memory_budget=" + std::to_string(3 * window)});
+  ASSERT_NE(server, nullptr);
+  auto client = Connect(*server);
+  const std::string fill(c.mem_len + 6, 'x');  // more than a window: every slot held
+  const auto filled = [&] {
+    auto s = client->CreateSession(v1::CreateSessionRequest());
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return std::string();
+    const Generated g = Stream(*client, Gen(s->session_id(), fill, 1));
+    EXPECT_TRUE(g.status.ok()) << g.status;
+    return s->session_id();
+  };
+  const std::string a = filled();
+  v1::ScoreRequest probe;
+  probe.set_session_id(a);
+  probe.mutable_input()->set_text(" a probe");
+  probe.set_commit(false);
+  auto before = client->Score(probe);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_FALSE(filled().empty());
+  const std::string third = filled();
+  ASSERT_FALSE(third.empty());
+  auto refused = client->Score(probe);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("--session_memory_budget"));
+  ASSERT_TRUE(client->DeleteSession(third).ok());
+  auto after = client->Score(probe);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->DebugString(), before->DebugString());
+}
+
 TEST(SingleModelServerTest, LoadAndUnloadNeedARepository) {
   auto server = testing::StartServer();
   ASSERT_NE(server, nullptr);

@@ -108,6 +108,11 @@ struct StepInput {
   // What else leaves the model for the token after the last one: a pick,
   // a nucleus, a list (SamplingPlan; a request's Sampler::Plan builds it).
   SamplingPlan plan;
+  // A state that admission has not counted, built beside a session's own (a
+  // rewind's, a fork's or a migration's rebuild, stepped alone): on the
+  // generic path its rows are refused past the session pools' budget, where
+  // a counted session's are granted (slot_pool.h, SlotPool::Admitted).
+  bool uncounted = false;
 };
 
 // Tokens with their log-probs, most likely first (ties: the lower id).

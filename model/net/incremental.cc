@@ -80,13 +80,13 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
 // Grows a session's rings to hold `needed` slots (at most mem_len), keeping
 // their contents. Growth jumps to mem_len once past half of it, so a session
 // filled by a prefill is allocated once.
-void IncrementalModel::Reserve(SessionMemory* m, int64_t needed) const {
+void IncrementalModel::Reserve(SessionMemory* m, int64_t needed, SlotPool::Admitted use) const {
   if (needed <= m->capacity_) return;
   const int64_t M = m->mem_len_;
   int64_t cap = std::max(needed, std::min(M, 2 * m->capacity_));
   if (2 * cap > M) cap = M;
   if (pool_) {  // more rows; the held ones stay where they are (Step adopted the memory)
-    const std::vector<int64_t> more = pool_->Take(cap - m->capacity_);
+    const std::vector<int64_t> more = pool_->Take(cap - m->capacity_, use);
     m->pool_ = pool_;
     m->slots_.insert(m->slots_.end(), more.begin(), more.end());
     m->capacity_ = cap;
@@ -135,13 +135,13 @@ void IncrementalModel::JoinSharedPool(SharedSlotPools& pools) {
   graphs_pool_ = nullptr;
 }
 
-void IncrementalModel::Adopt(SessionMemory* m) const {
+void IncrementalModel::Adopt(SessionMemory* m, SlotPool::Admitted use) const {
   if (!pool_ || m->pool_ == pool_) return;
   if (m->capacity_ == 0) {
     m->pool_ = pool_;
     return;
   }
-  std::vector<int64_t> slots = pool_->Take(m->capacity_);
+  std::vector<int64_t> slots = pool_->Take(m->capacity_, use);
   try {
     const at::Tensor rows = at::tensor(slots, at::TensorOptions().dtype(at::kLong)).to(device_);
     for (int64_t l = 0; l < static_cast<int64_t>(m->k_.size()); ++l) {
@@ -261,8 +261,9 @@ absl::Status IncrementalModel::Step(absl::Span<const StepInput> inputs, const Re
     SessionMemory* m = memories[i];
     const int64_t n = static_cast<int64_t>(inputs[i].tokens.size());
     // Room for every position the step will hold (contents kept: invisible).
-    if (n > 0 && pool_) Adopt(m);
-    if (n > 0 && m->mem_len_ > 1) Reserve(m, std::min(m->mem_len_, m->position_ + n));
+    const SlotPool::Admitted use = inputs[i].uncounted ? SlotPool::Admitted::kNo : SlotPool::Admitted::kYes;
+    if (n > 0 && pool_) Adopt(m, use);
+    if (n > 0 && m->mem_len_ > 1) Reserve(m, std::min(m->mem_len_, m->position_ + n), use);
     pending.push_back(
         {m, m->length_, m->position_, std::vector<at::Tensor>(m->k_.size()), std::vector<at::Tensor>(m->v_.size())});
   }

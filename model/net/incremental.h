@@ -218,9 +218,9 @@ class IncrementalModel {
   RingBackup BackUpOverwritten(absl::Span<const StepInput> inputs, const std::vector<size_t>& few) const;
   // One token per session, memories read and written in place (CPU, float).
   at::Tensor DecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
-  void Reserve(SessionMemory* memory, int64_t needed) const;
+  void Reserve(SessionMemory* memory, int64_t needed, SlotPool::Admitted use) const;
   // Generic path: moves a memory's rings into the pool (no-op if it is there).
-  void Adopt(SessionMemory* memory) const;
+  void Adopt(SessionMemory* memory, SlotPool::Admitted use) const;
   // Positions [first, first + n) of a memory's layer-l keys (or values) as
   // [n, H, dh] of the kv type, from its rings or its pool rows; and writes.
   at::Tensor HeldRows(const SessionMemory& m, int64_t l, bool key, int64_t first, int64_t n) const;

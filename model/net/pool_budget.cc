@@ -14,7 +14,7 @@ void PoolBudget::Count(const std::shared_ptr<SlotPool>& pool, int64_t held) {
   held_ += held;
 }
 
-absl::StatusOr<int64_t> PoolBudget::Grant(const SlotPool* pool, int64_t want, int64_t need) {
+absl::StatusOr<int64_t> PoolBudget::Grant(const SlotPool* pool, int64_t want, int64_t need, bool admitted) {
   want = std::max(want, need);
   std::vector<std::shared_ptr<SlotPool>> others;
   int64_t room = 0;
@@ -50,13 +50,13 @@ absl::StatusOr<int64_t> PoolBudget::Grant(const SlotPool* pool, int64_t want, in
   others.clear();  // (a pool whose last holder went meanwhile returns its bytes here)
   absl::MutexLock lock(&mu_);
   room = config_.limit_bytes - held_;
-  if (room < need && !config_.grow_past) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("session memory pools: ", need, " more bytes needed, but the pools hold ", held_, " of their ",
-                     config_.limit_bytes, "-byte budget (--session_memory_budget) and the other pools gave ", trimmed,
-                     " from their free tops"));
+  if (room < need && !admitted && !config_.grow_past) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session memory pools: a copy or a rebuild needs ", need, " more bytes, but the pools hold ", held_,
+        " of their ", config_.limit_bytes, "-byte budget (--session_memory_budget) and the other pools gave ", trimmed,
+        " from their free tops"));
   }
-  const int64_t granted = std::max(need, std::min(want, room));  // (room >= need unless grow_past)
+  const int64_t granted = std::max(need, std::min(want, room));  // (room >= need unless past the limit)
   held_ += granted;
   return granted;
 }

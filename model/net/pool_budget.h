@@ -5,9 +5,11 @@
 //
 // A pool asks before it grows (Grant). When the room left is short, the
 // budget takes it from the other pools' free tops (SlotPool::Trim). When even
-// that is not enough it refuses, naming the figures; or, where session
-// offload lets the sessions in flight pass the budget (grow_past), it grants
-// what is needed past the limit.
+// that is not enough, it grants what is needed past the limit for rows that
+// admission has counted (a session's own window: failing its step would
+// break admission's promise), and refuses a copy, naming the figures. Where
+// session offload lets the sessions in flight pass the budget (grow_past),
+// it refuses nothing.
 //
 // Torch-free. Grant trims other pools, so it runs on the engine thread (the
 // one that steps every pool) or before that thread starts; Return may come
@@ -44,10 +46,11 @@ class PoolBudget {
   // pool made before the budget was set).
   void Count(const std::shared_ptr<SlotPool>& pool, int64_t held);
   // Between `need` and `want` more bytes for `pool`, trimming the other
-  // pools' free tops when the room left is under `need`; when they cannot
-  // make it, RESOURCE_EXHAUSTED, or `need` with grow_past. With `need` 0 (a
-  // reservation), what room there is, up to `want`, trimming nothing.
-  absl::StatusOr<int64_t> Grant(const SlotPool* pool, int64_t want, int64_t need);
+  // pools' free tops when the room left is under `need`. When they cannot
+  // make it: `need`, past the limit, for an `admitted` session's rows or with
+  // grow_past; RESOURCE_EXHAUSTED otherwise. With `need` 0 (a reservation),
+  // what room there is, up to `want`, trimming nothing.
+  absl::StatusOr<int64_t> Grant(const SlotPool* pool, int64_t want, int64_t need, bool admitted);
   void Return(int64_t bytes);
 
   int64_t limit() const { return config_.limit_bytes; }

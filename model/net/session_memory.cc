@@ -90,7 +90,7 @@ SessionMemory SessionMemory::Copy() const {
   copy.capacity_ = capacity_;
   if (pool_) {  // rows of the same pool, copied layer by layer
     copy.pool_ = pool_;
-    copy.slots_ = pool_->Take(static_cast<int64_t>(slots_.size()));
+    copy.slots_ = pool_->Take(static_cast<int64_t>(slots_.size()), SlotPool::Admitted::kNo);
     const at::Device device = pool_->keys(0).device();
     const auto lopt = at::TensorOptions().dtype(at::kLong);
     const at::Tensor from = at::tensor(slots_, lopt).to(device), to = at::tensor(copy.slots_, lopt).to(device);

@@ -12,7 +12,7 @@ namespace txl {
 
 SlotPool::SlotPool(int64_t n_layer, int64_t heads, int64_t d_head, const at::TensorOptions& options)
     : heads_(heads), d_head_(d_head), options_(options), k_(n_layer), v_(n_layer) {
-  Grow(64, 64);
+  Grow(64, 64, Admitted::kYes);
   absl::MutexLock lock(&mu_);
   free_.erase(free_.begin(), free_.lower_bound(kReservedRows));
 }
@@ -27,11 +27,12 @@ void SlotPool::CountAgainst(std::shared_ptr<PoolBudget> budget, const std::share
   budget_ = std::move(budget);
 }
 
-void SlotPool::Grow(int64_t rows, int64_t at_least) {
+void SlotPool::Grow(int64_t rows, int64_t at_least, Admitted use) {
   int64_t granted = 0;
   if (budget_) {
     const int64_t per = id_bytes();
-    const absl::StatusOr<int64_t> bytes = budget_->Grant(this, (rows - rows_) * per, (at_least - rows_) * per);
+    const absl::StatusOr<int64_t> bytes =
+        budget_->Grant(this, (rows - rows_) * per, (at_least - rows_) * per, use == Admitted::kYes);
     TORCH_CHECK_WITH(OutOfMemoryError, bytes.ok(), bytes.status().message());
     rows = rows_ + *bytes / per;
     granted = (rows - rows_) * per;
@@ -63,9 +64,9 @@ void SlotPool::Grow(int64_t rows, int64_t at_least) {
   rows_ = rows;
 }
 
-std::vector<int64_t> SlotPool::Take(int64_t n) {
+std::vector<int64_t> SlotPool::Take(int64_t n, Admitted use) {
   if (n <= 0) return {};
-  if (const int64_t free = free_rows(); free < n) Grow(std::max(2 * rows_, rows_ + n), rows_ + n - free);
+  if (const int64_t free = free_rows(); free < n) Grow(std::max(2 * rows_, rows_ + n), rows_ + n - free, use);
   std::vector<int64_t> taken;
   {
     absl::MutexLock lock(&mu_);
@@ -87,7 +88,7 @@ std::vector<int64_t> SlotPool::Take(int64_t n) {
 }
 
 void SlotPool::Reserve(int64_t rows) {
-  if (rows > rows_) Grow(rows, rows_);
+  if (rows > rows_) Grow(rows, rows_, Admitted::kYes);
 }
 
 int64_t SlotPool::Trim(int64_t bytes) {

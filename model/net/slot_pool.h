@@ -43,11 +43,20 @@ class SlotPool {
   SlotPool& operator=(const SlotPool&) = delete;
   ~SlotPool();
 
+  // Whether admission has counted what the rows are for. A session's own
+  // window (kYes) has been, so the budget grants its rows past the limit
+  // rather than fail an admitted session's step. A copy
+  // (SessionMemory::Copy: a Score that does not commit, a fork's or a
+  // choice's copy) or a state rebuilt beside a session (StepInput::uncounted)
+  // has not (kNo), and is refused there (docs/MODEL.md, "Pools of several
+  // shapes").
+  enum class Admitted { kYes, kNo };
+
   // `n` rows, zeroed in every layer (a row may have held another session's
   // keys: images copy every slot). Grows the pool, keeping its contents, when
   // too few are free; throws c10::OutOfMemoryError when the device is out of
   // memory or the budget refuses.
-  std::vector<int64_t> Take(int64_t n);
+  std::vector<int64_t> Take(int64_t n, Admitted use);
   void Give(absl::Span<const int64_t> rows);
   // Grows the pool to `rows` rows now (start-up, outside any step), or as
   // near as its budget allows, so that steps within that many never grow it:
@@ -77,7 +86,7 @@ class SlotPool {
 
  private:
   // To `rows` rows, or fewer but at least `at_least` where the budget says so.
-  void Grow(int64_t rows, int64_t at_least);
+  void Grow(int64_t rows, int64_t at_least, Admitted use);
 
   const int64_t heads_, d_head_;
   const at::TensorOptions options_;

@@ -28,6 +28,9 @@ class Engine {
   virtual absl::StatusOr<std::unique_ptr<SessionState>> NewSessionAt(int64_t mem_len, int64_t position) = 0;
   // How many of its last history tokens a state of window `mem_len` depends on.
   virtual int64_t ReceptiveField(int64_t mem_len) const = 0;
+  // The bytes a session of window `mem_len` holds when full: what admission
+  // counts (SessionState::full_memory_bytes).
+  virtual int64_t FullMemoryBytes(int64_t mem_len) const = 0;
   // A session from SessionState::AppendTo's bytes; INVALID_ARGUMENT when
   // they are damaged or fit another model. Engine thread only.
   virtual absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) = 0;

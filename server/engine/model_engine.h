@@ -25,6 +25,7 @@ class ModelEngine : public Engine {
     return model_->NewSessionAt(mem_len, position);
   }
   int64_t ReceptiveField(int64_t mem_len) const override { return model_->ReceptiveField(mem_len); }
+  int64_t FullMemoryBytes(int64_t mem_len) const override { return model_->FullMemoryBytes(mem_len); }
   absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) override {
     return model_->RestoreSession(data);
   }

@@ -230,7 +230,7 @@ absl::Status JobRunner::CheckWritable(const SessionLease& lease) const {
 }
 
 absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(Engine& engine, const IdleSession& idle,
-                                                                 int64_t* fed) {
+                                                                 RebuildFor rebuilt_for, int64_t* fed) {
   const size_t field = static_cast<size_t>(engine.ReceptiveField(idle.mem_len));
   const size_t skip = idle.feed.size() > field ? idle.feed.size() - field : 0;
   std::unique_ptr<SessionState> state;
@@ -245,6 +245,7 @@ absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(Engine& engine,
     StepInput in;
     in.session = state.get();
     in.tokens.assign(idle.feed.begin() + at, idle.feed.begin() + at + n);
+    in.uncounted = rebuilt_for == RebuildFor::kBeside;
     RETURN_IF_ERROR(engine.Step(absl::MakeSpan(&in, 1)).status());
   }
   const int64_t end = idle.start + static_cast<int64_t>(idle.feed.size());
@@ -257,6 +258,7 @@ absl::StatusOr<std::unique_ptr<SessionState>> JobRunner::Rebuild(Engine& engine,
 }
 
 absl::Status JobRunner::Materialize(Job& job) {
+  RETURN_IF_ERROR(table_->BringBack(job.lease.id));  // (before anything is read: it stays where it is)
   const absl::Time start = absl::Now();
   const char* from = "host";
   std::shared_ptr<const IdleSession> idle = job.lease.idle;
@@ -291,7 +293,7 @@ absl::Status JobRunner::Materialize(Job& job) {
       }
     }
   }
-  ASSIGN_OR_RETURN(job.lease.state, Rebuild(EngineOf(job.lease), *idle));
+  ASSIGN_OR_RETURN(job.lease.state, Rebuild(EngineOf(job.lease), *idle, RebuildFor::kTheSession));
   job.lease.idle.reset();
   if (observer_) observer_->OnRestore(from, SecondsSince(start));
   return absl::OkStatus();

@@ -58,11 +58,17 @@ class JobRunner {
   absl::StatusOr<std::string> ExportImage(const SessionLease& lease) const;
   // Keeps the session's state as a turn checkpoint (SessionTable::checkpoints).
   void Checkpoint(const SessionLease& lease);
+  // Whom a rebuilt state is for: the session itself, back into device
+  // memory (admission counted its window), or a state beside the session's
+  // own (a rewind's, a fork's, a migration's), which admission has not
+  // counted: on the generic path its rows are refused past the session
+  // pools' budget (StepInput::uncounted), and that request alone fails.
+  enum class RebuildFor { kTheSession, kBeside };
   // A state of `engine` from its image (empty: fresh at `idle.start`) with
   // `idle.feed` fed into it. A feed longer than the model's receptive field
   // is cut to its last tokens, fed into an empty state where they begin
   // (bounded replay, docs/SESSIONS.md). `fed`: the tokens it fed.
-  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(Engine& engine, const IdleSession& idle,
+  absl::StatusOr<std::unique_ptr<SessionState>> Rebuild(Engine& engine, const IdleSession& idle, RebuildFor rebuilt_for,
                                                         int64_t* fed = nullptr);
   // Journals a session made on the engine thread (fork, import), held busy
   // in `lease` meanwhile, from its image; then releases it (or drops it if

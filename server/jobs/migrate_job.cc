@@ -39,7 +39,7 @@ void MigrateJob::Run(JobRunner& runner) {
     idle.feed.pop_back();
   }
   int64_t replayed = 0;
-  auto state = runner.Rebuild(engine, idle, &replayed);
+  auto state = runner.Rebuild(engine, idle, JobRunner::RebuildFor::kBeside, &replayed);
   if (!state.ok()) {
     runner.Finish(*this, state.status());  // the session is as it was
     return;

@@ -122,7 +122,8 @@ absl::StatusOr<StateAt> RebuildAt(JobRunner& runner, const SessionLease& lease, 
     tokens.pop_back();
   }
   idle.feed = std::move(tokens);
-  ASSIGN_OR_RETURN(out.state, runner.Rebuild(JobRunner::EngineOf(lease), idle, &out.replayed));
+  ASSIGN_OR_RETURN(out.state,
+                   runner.Rebuild(JobRunner::EngineOf(lease), idle, JobRunner::RebuildFor::kBeside, &out.replayed));
   if (anchor.checkpoint) runner.table()->checkpoints().Touch(lease.id, anchor.position);
   out.served = anchor.image && out.replayed == 0 ? "checkpoint" : "replay";
   out.history = history->Prefix(position);

@@ -1,6 +1,7 @@
 #include "server/sessions/session_table.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -194,7 +195,9 @@ absl::StatusOr<SessionLease> SessionTable::Acquire(const std::string& caller, co
   if (e.info.busy) return absl::AbortedError(absl::StrCat("session ", EchoId(id), " is busy with another request"));
   e.info.last_used = now;
   SessionLease lease = CheckOut(id, e);
-  if (!e.resident) {  // its request brings it back into device memory
+  // With offload its request brings it back into device memory now, and
+  // offload makes room; without, its restore asks first (BringBack).
+  if (!e.resident && offloading()) {
     e.resident = true;
     reserved_bytes_ += e.reserved_bytes;
   }
@@ -217,7 +220,11 @@ void SessionTable::Release(SessionLease lease, absl::Time now) {
   e.since_snapshot = lease.since_snapshot;
   e.history = std::move(lease.history);
   e.durable = lease.durable;
-  if (e.state) {  // a restored session learns its window's size only now
+  if (e.state) {        // back in device memory: its window's exact size, now that its state is there
+    if (!e.resident) {  // (a restore that did not ask BringBack)
+      e.resident = true;
+      reserved_bytes_ += e.reserved_bytes;
+    }
     reserved_bytes_ += e.state->full_memory_bytes() - e.reserved_bytes;
     e.reserved_bytes = e.state->full_memory_bytes();
   } else {  // it never made it back (its restore failed, or it never ran): still idle where it was
@@ -347,8 +354,12 @@ absl::Status SessionTable::AddIdle(const std::string& id, const std::string& own
   e.durable = true;
   e.since_snapshot = since_snapshot;  // its log's length: the next request may fold it
   e.history = std::move(history);
-  // What it will reserve once back in device memory: the window it had.
-  e.reserved_bytes = 0;
+  // What it reserves once back in device memory (Acquire): its window's,
+  // counted before its restore runs, as an offloaded session's is. (A
+  // window out of range counts nothing: its restore refuses it.)
+  const int64_t window =
+      e.model != nullptr && e.model->engine() != nullptr ? e.model->engine()->FullMemoryBytes(e.info.mem_len) : 0;
+  e.reserved_bytes = window == std::numeric_limits<int64_t>::max() ? 0 : window;
   return absl::OkStatus();
 }
 
@@ -374,6 +385,22 @@ std::vector<std::string> OldestCovering(const Map& sessions, int64_t over, Pick 
 }
 
 }  // namespace
+
+absl::Status SessionTable::BringBack(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.resident) return absl::OkStatus();
+  Entry& e = it->second;
+  if (config_.memory_budget_bytes > 0 && reserved_bytes_ + e.reserved_bytes > config_.memory_budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session memory budget reached (session_memory_budget=", config_.memory_budget_bytes,
+                     " bytes; sessions hold ", reserved_bytes_, ", bringing session ", EchoId(id),
+                     " back into device memory needs ", e.reserved_bytes, "): delete a session first"));
+  }
+  e.resident = true;
+  reserved_bytes_ += e.reserved_bytes;
+  return absl::OkStatus();
+}
 
 std::vector<std::string> SessionTable::DeviceOverflow() const {
   if (!offloading() || config_.memory_budget_bytes <= 0) return {};

@@ -189,6 +189,13 @@ class SessionTable {
   // Idle sessions in device memory to offload, least recently used first,
   // so that the rest fit memory_budget_bytes (empty unless offloading).
   std::vector<std::string> DeviceOverflow() const;
+  // Counts the window of session `id`, acquired out of device memory, as
+  // its state is about to be rebuilt there; RESOURCE_EXHAUSTED, naming the
+  // budget, when that would pass memory_budget_bytes (then it stays where
+  // it is). With offload, Acquire has counted it already: offload makes
+  // room. Without, only sessions read back from the state store (a restart,
+  // an adoption, a store failure's rollback) come back so.
+  absl::Status BringBack(const std::string& id);
   // Idle sessions in host memory to drop to the state store, least recently
   // used first, so that the rest fit the host budget (empty without a state store).
   std::vector<std::string> HostOverflow() const;
@@ -236,7 +243,7 @@ class SessionTable {
     std::shared_ptr<const IdleSession> idle;  // the host tier
     std::vector<int> pending;
     int64_t reserved_bytes = 0;
-    bool resident = true;  // in device memory (or on its way back, while busy)
+    bool resident = true;  // in device memory, counted (or on its way back: Acquire with offload, else BringBack)
     bool durable = false;
     int64_t since_snapshot = 0;
     TokenHistory history;

@@ -349,10 +349,11 @@ TEST_F(LanguageModelTest, ReservingSessionMemoryTheDeviceCannotHoldIsResourceExh
   }
 }
 
-// A step that needs more pool rows than the session pools' budget allows
-// (SharedSlotPools::Limit) is RESOURCE_EXHAUSTED, naming the budget, and
-// moves no session; the sessions already in the pool go on.
-TEST_F(LanguageModelTest, AStepPastThePoolsBudgetIsResourceExhaustedAndMovesNoSession) {
+// Past the session pools' budget (SharedSlotPools::Limit), a session's step
+// is granted its rows: admission counted its window. A copy, or a state
+// rebuilt beside a session, which it did not count, is RESOURCE_EXHAUSTED
+// naming the budget, and moves nothing.
+TEST_F(LanguageModelTest, PastThePoolsBudgetASessionsStepIsGrantedAndACopyIsResourceExhausted) {
   ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
   LanguageModelOptions o = Options("cpu");
   o.kernels = Kernels::kGeneric;
@@ -369,27 +370,38 @@ TEST_F(LanguageModelTest, AStepPastThePoolsBudgetIsResourceExhaustedAndMovesNoSe
   o.shared_pools->Limit(budget);
   ASSERT_EQ(o.shared_pools->held_bytes(), own);
   std::vector<std::unique_ptr<SessionState>> held;
-  absl::Status refused;
   std::vector<int> tokens;
   for (int i = 0; i <= config_.mem_len; ++i) tokens.push_back(i % 5);  // a full window
-  for (int i = 0; i < 100 && refused.ok(); ++i) {
+  // Sessions (admitted: their windows counted) step past the budget.
+  while (o.shared_pools->held_bytes() <= own) {
     auto s = (*model)->NewSession(config_.mem_len);
     ASSERT_TRUE(s.ok()) << s.status();
     StepInput in;
     in.session = s->get();
     in.tokens = tokens;
     auto out = (*model)->Step(absl::MakeSpan(&in, 1));
-    if (out.ok()) {
-      held.push_back(*std::move(s));
-      continue;
-    }
-    refused = out.status();
-    EXPECT_EQ((*s)->position(), 0) << "a refused step moves no session";
+    ASSERT_TRUE(out.ok()) << "session " << held.size() << ": " << out.status();
+    held.push_back(*std::move(s));
+    ASSERT_LT(held.size(), 100u);
   }
-  ASSERT_FALSE(held.empty());
-  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  EXPECT_NE(refused.message().find("--session_memory_budget"), std::string::npos) << refused;
-  EXPECT_EQ(o.shared_pools->held_bytes(), own) << "nothing grew";
+  // A copy (a Score that does not commit) is refused, and moves nothing.
+  const int64_t pool = o.shared_pools->held_bytes();
+  auto copy = held.front()->Clone();
+  EXPECT_EQ(copy.status().code(), absl::StatusCode::kResourceExhausted) << copy.status();
+  EXPECT_NE(copy.status().message().find("--session_memory_budget"), std::string::npos) << copy.status();
+  EXPECT_EQ(o.shared_pools->held_bytes(), pool) << "nothing grew";
+  // So is a state rebuilt beside a session's own (StepInput::uncounted).
+  auto beside = (*model)->NewSessionAt(config_.mem_len, 7);
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  StepInput rebuild;
+  rebuild.session = beside->get();
+  rebuild.tokens = tokens;
+  rebuild.uncounted = true;
+  auto refused = (*model)->Step(absl::MakeSpan(&rebuild, 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_EQ((*beside)->position(), 7) << "a refused step moves no session";
+  EXPECT_EQ(o.shared_pools->held_bytes(), pool) << "nothing grew";
+  EXPECT_EQ(held.front()->position(), config_.mem_len + 1);
   StepInput next;
   next.session = held.front().get();
   next.tokens = {1};

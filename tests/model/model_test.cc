@@ -653,13 +653,13 @@ IncrementalModel GenericModel(const ModelConfig& c, const TxlWeights& w, KvDtype
 TEST(SlotPoolTest, TakeGiveAndGrowKeepRowsAndNeverHandOutThePadRow) {
   SlotPool pool(2, 3, 4, at::TensorOptions().dtype(at::kFloat));
   const int64_t generation = pool.generation();
-  std::vector<int64_t> a = pool.Take(10);
+  std::vector<int64_t> a = pool.Take(10, SlotPool::Admitted::kYes);
   EXPECT_EQ(std::count(a.begin(), a.end(), SlotPool::kPadRow), 0);
   EXPECT_EQ(std::count(a.begin(), a.end(), SlotPool::kDiscardRow), 0);
   EXPECT_EQ(pool.generation(), generation) << "taking free rows keeps the tensors";
   pool.keys(1).index_fill_(0, at::tensor(a), 7.0);
   const int64_t before = pool.rows();
-  std::vector<int64_t> b = pool.Take(before);  // more than are free: the pool grows
+  std::vector<int64_t> b = pool.Take(before, SlotPool::Admitted::kYes);  // more than are free: the pool grows
   EXPECT_GT(pool.rows(), before);
   EXPECT_GT(pool.generation(), generation) << "growth replaces the tensors";
   EXPECT_EQ(std::count(b.begin(), b.end(), SlotPool::kPadRow), 0);
@@ -667,7 +667,7 @@ TEST(SlotPoolTest, TakeGiveAndGrowKeepRowsAndNeverHandOutThePadRow) {
   EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(a)).eq(7).all().item<bool>());  // kept across the growth
   EXPECT_EQ(pool.keys(0)[SlotPool::kPadRow].abs().sum().item<float>(), 0);
   pool.Give(a);
-  const std::vector<int64_t> again = pool.Take(10);  // a's rows, handed out zeroed
+  const std::vector<int64_t> again = pool.Take(10, SlotPool::Admitted::kYes);  // a's rows, handed out zeroed
   EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(again)).eq(0).all().item<bool>());
   std::vector<int64_t> all = b;
   all.insert(all.end(), again.begin(), again.end());
@@ -860,11 +860,11 @@ TEST(SlotPoolTest, ASharedPoolIsFreedWithItsLastHolder) {
 TEST(SlotPoolTest, RowsAreTakenLowestFirstAndTrimGivesBackTheFreeTop) {
   SlotPool pool(2, 3, 4, at::TensorOptions().dtype(at::kFloat));
   ASSERT_EQ(pool.rows(), 64);
-  const std::vector<int64_t> a = pool.Take(10);
+  const std::vector<int64_t> a = pool.Take(10, SlotPool::Admitted::kYes);
   EXPECT_EQ(a, (std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
   pool.keys(1).index_fill_(0, at::tensor(a), 5.0);
   pool.Give(std::vector<int64_t>{4, 3});
-  EXPECT_EQ(pool.Take(1), std::vector<int64_t>{3}) << "the lowest free row";
+  EXPECT_EQ(pool.Take(1, SlotPool::Admitted::kYes), std::vector<int64_t>{3}) << "the lowest free row";
   const int64_t generation = pool.generation();
   EXPECT_EQ(pool.Trim(pool.id_bytes()), 26 * pool.id_bytes()) << "half of the 52 free rows at the top";
   EXPECT_EQ(pool.rows(), 38);
@@ -876,7 +876,7 @@ TEST(SlotPoolTest, RowsAreTakenLowestFirstAndTrimGivesBackTheFreeTop) {
   const std::vector<int64_t> held{2, 5, 6, 7, 8, 9, 10, 11};
   EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(held)).eq(5).all().item<bool>());
   EXPECT_TRUE(pool.keys(0).index_select(0, at::tensor(held)).eq(0).all().item<bool>());
-  const std::vector<int64_t> more = pool.Take(3);  // row 4, then growth
+  const std::vector<int64_t> more = pool.Take(3, SlotPool::Admitted::kYes);  // row 4, then growth
   EXPECT_EQ(more.front(), 4);
   EXPECT_TRUE(pool.keys(1).index_select(0, at::tensor(held)).eq(5).all().item<bool>()) << "kept across the growth";
 }
@@ -885,9 +885,9 @@ TEST(SlotPoolTest, RowsAreTakenLowestFirstAndTrimGivesBackTheFreeTop) {
 // limit (SharedSlotPools::Limit, the session memory budget) they hold their
 // rows within it together. The start-up shape's pool is reserved for what
 // is left, another shape's growth takes that pool's free tail, answers stay
-// those of unbudgeted pools bit for bit, and past the budget a step is
-// refused (c10::OutOfMemoryError, RESOURCE_EXHAUSTED above the model) and
-// changes nothing.
+// those of unbudgeted pools bit for bit, and past the budget a copy is
+// refused (c10::OutOfMemoryError, RESOURCE_EXHAUSTED above the model) while
+// an admitted session's step is not.
 TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
   const ModelConfig c = testing::SmallConfig();
   const TxlWeights w = TestWeights(c, 41);
@@ -933,23 +933,19 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
     EXPECT_TRUE(at::equal(FeedInChunks(a, on_a[i], next, 1), FeedInChunks(alone_a, mine_a[i], next, 1)));
   }
 
-  // Float32 sessions until the budget refuses one.
+  // Float32 sessions, each after a copy of the last one (as a Score that
+  // does not commit makes), until the budget refuses a copy.
   bool refused = false;
   for (int i = 0; i < 40 && !refused; ++i) {
-    SessionMemory s(c.n_layer, c.mem_len);
-    const std::vector<int64_t> tokens = RandomTokens(c.mem_len, c.n_token, 50 + i);
-    const StepInput in = Row(&s, tokens);
     try {
-      a.Step(absl::MakeConstSpan(&in, 1));
-      on_a.push_back(std::move(s));
-      mine_a.emplace_back(c.n_layer, c.mem_len);
-      FeedInChunks(alone_a, mine_a.back(), tokens, c.mem_len);
+      const SessionMemory copy = on_a.back().Copy();
     } catch (const c10::OutOfMemoryError& e) {
       refused = true;
       EXPECT_NE(std::string(e.what_without_backtrace()).find("--session_memory_budget"), std::string::npos)
           << e.what_without_backtrace();
-      EXPECT_EQ(s.position(), 0) << "a refused step feeds nothing";
+      break;
     }
+    EXPECT_TRUE(fill(a, alone_a, on_a, mine_a, 50 + i));
     ASSERT_LE(pools.held_bytes(), budget);
     EXPECT_EQ(pools.held_bytes(), counted());
   }
@@ -957,10 +953,16 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
   const int64_t in_use = static_cast<int64_t>(on_a.size()) * full_a + static_cast<int64_t>(on_b.size()) * full_a / 2;
   EXPECT_GT(in_use + full_a + 2 * SlotPool::kReservedRows * a.pool()->id_bytes(), budget)
       << "refused only once the sessions held about the whole budget";
-  // Room again once a session ends; the others answer as before.
-  on_a.erase(on_a.begin());
-  mine_a.erase(mine_a.begin());
-  EXPECT_TRUE(fill(a, alone_a, on_a, mine_a, 99));
+  // An admitted session's step is not refused there: its rows pass the budget.
+  EXPECT_TRUE(fill(a, alone_a, on_a, mine_a, 98));
+  EXPECT_GT(pools.held_bytes(), budget);
+  EXPECT_EQ(pools.held_bytes(), counted());
+  // Room for a copy again once sessions end; the others answer as before.
+  for (int i = 0; i < 2; ++i) {
+    on_a.erase(on_a.begin());
+    mine_a.erase(mine_a.begin());
+  }
+  EXPECT_NO_THROW(on_a.back().Copy());
   for (size_t i = 0; i < on_b.size(); ++i) {
     const std::vector<int64_t> next = RandomTokens(2, c.n_token, 60 + static_cast<int>(i));
     EXPECT_TRUE(at::equal(FeedInChunks(b, on_b[i], next, 1), FeedInChunks(alone_b, mine_b[i], next, 1)));
@@ -972,14 +974,17 @@ TEST(SlotPoolTest, PoolsOfSeveralShapesHoldTheirRowsWithinOneBudget) {
   EXPECT_EQ(b.pool()->free_rows(), b.pool()->rows() - SlotPool::kReservedRows);
 }
 
-// Where offload admits sessions past the session memory budget
-// (--host_memory_budget), the pools' budget grows past its limit instead of
-// refusing: by what is needed, once the other pools' free tops are taken,
-// and no more. Without grow_past the same growth is refused.
-TEST(SlotPoolTest, ABudgetThatGrowsPastItsLimitTakesTheOthersFreeTopsFirstThenOnlyWhatIsNeeded) {
+// Past the pools' budget, once the other pools' free tops are taken, a
+// session's own rows are granted, by what is needed and no more: admission
+// has counted its window, and failing its step would break that promise. A
+// copy, which admission has not counted, is refused there, unless offload
+// lets the sessions pass the budget (grow_past). A later growth takes the
+// rows given back first.
+TEST(SlotPoolTest, PastTheBudgetASessionsRowsAreGrantedAndACopyIsRefusedUnlessOffloadLetsItPass) {
   const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+  constexpr SlotPool::Admitted kSession = SlotPool::Admitted::kYes, kCopy = SlotPool::Admitted::kNo;  // (a copy's)
   for (const bool grow_past : {false, true}) {
-    SCOPED_TRACE(grow_past ? "grow_past" : "refuse");
+    SCOPED_TRACE(grow_past ? "grow_past" : "admission");
     SharedSlotPools pools;
     auto a = pools.Join({1, 2, 4, static_cast<int>(at::kFloat), "cpu"}, std::make_shared<SlotPool>(1, 2, 4, f32));
     auto b = pools.Join({2, 2, 4, static_cast<int>(at::kFloat), "cpu"}, std::make_shared<SlotPool>(2, 2, 4, f32));
@@ -988,30 +993,29 @@ TEST(SlotPoolTest, ABudgetThatGrowsPastItsLimitTakesTheOthersFreeTopsFirstThenOn
     limit.grow_past = grow_past;
     pools.Limit(limit);
     ASSERT_EQ(pools.held_bytes(), limit.limit_bytes);
-    const std::vector<int64_t> held_b = b->Take(30);  // b's free top: rows 32..63
-    const std::vector<int64_t> first = a->Take(62);
-    const std::vector<int64_t> more = a->Take(4);  // past a's rows: b's free top gives the room
+    const std::vector<int64_t> held_b = b->Take(30, kSession);  // b's free top: rows 32..63
+    const std::vector<int64_t> first = a->Take(62, kSession);
+    const std::vector<int64_t> copy = a->Take(4, kCopy);  // past a's rows: b's free top gives the room
     EXPECT_LT(b->rows(), 64) << "b's free top was trimmed";
     EXPECT_EQ(pools.held_bytes(), a->held_bytes() + b->held_bytes());
     EXPECT_LE(pools.held_bytes(), limit.limit_bytes);
     // Take b's free top until none is left above its held rows.
-    const std::vector<int64_t> rest_b = b->Take(b->free_rows());
+    const std::vector<int64_t> rest_b = b->Take(b->free_rows(), kSession);
     ASSERT_EQ(b->Trim(int64_t{1} << 40), 0);
     const int64_t a_rows = a->rows(), before = pools.held_bytes();
     const int64_t past = 3 + a->free_rows();  // three rows more than a has
     if (!grow_past) {
-      EXPECT_THROW(a->Take(past), c10::OutOfMemoryError);
+      EXPECT_THROW(a->Take(past, kCopy), c10::OutOfMemoryError) << "a copy is refused";
       EXPECT_EQ(a->rows(), a_rows);
       EXPECT_EQ(pools.held_bytes(), before);
-      continue;
     }
-    const std::vector<int64_t> over = a->Take(past);
+    const std::vector<int64_t> over = a->Take(past, grow_past ? kCopy : kSession);
     EXPECT_EQ(over.size(), static_cast<size_t>(past));
     EXPECT_EQ(a->rows(), a_rows + 3) << "grown by what was needed, not doubled";
     EXPECT_EQ(pools.held_bytes(), before + 3 * a->id_bytes());
     EXPECT_GT(pools.held_bytes(), limit.limit_bytes);
     a->Give(over);
-    EXPECT_EQ(b->Take(2).size(), 2u);
+    EXPECT_EQ(b->Take(2, kCopy).size(), 2u);
     EXPECT_LE(pools.held_bytes(), limit.limit_bytes) << "b's growth took a's freed top: back within the limit";
     EXPECT_EQ(pools.held_bytes(), a->held_bytes() + b->held_bytes());
   }

@@ -62,6 +62,7 @@ class FakeEngine : public Engine {
     return std::unique_ptr<SessionState>(new FakeSession(mem_len, position));
   }
   int64_t ReceptiveField(int64_t mem_len) const override { return 2 * (mem_len - 1); }
+  int64_t FullMemoryBytes(int64_t mem_len) const override { return FakeSession(mem_len).full_memory_bytes(); }
 
   absl::StatusOr<std::unique_ptr<SessionState>> RestoreSession(const std::string& data) override {
     std::istringstream in(data);

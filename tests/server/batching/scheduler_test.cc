@@ -781,16 +781,15 @@ TEST_F(SchedulerTest, EngineFailureIsInternalAndChangesNoSession) {
   EXPECT_TRUE(unchanged);
 }
 
-// A step out of device memory, or refused by the session pools' budget
-// (PoolBudget), is RESOURCE_EXHAUSTED, as admission would have answered, not
-// the server's fault. (That the model moves no session then is
-// LanguageModelTest.AStepPastThePoolsBudgetIsResourceExhaustedAndMovesNoSession.)
+// A step out of device memory is RESOURCE_EXHAUSTED, as admission would
+// have answered, not the server's fault. (That the model moves no session
+// when a step fails is IncrementalTest.AFailedReadoutMovesNoSession.)
 TEST_F(SchedulerTest, AStepOutOfMemoryIsResourceExhaustedNotInternal) {
   bool unchanged = false;
-  const absl::Status status =
-      FailedStep(absl::ResourceExhaustedError("model step: session memory pools: 4096 more bytes needed"), &unchanged);
+  const absl::Status status = FailedStep(
+      absl::ResourceExhaustedError("model step: CUDA out of memory. Tried to allocate 4096 bytes"), &unchanged);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(status.message().find("session memory pools"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("out of memory"), std::string::npos) << status;
   EXPECT_TRUE(unchanged);
 }
 

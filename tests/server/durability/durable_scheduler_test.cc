@@ -102,9 +102,10 @@ class DurableSchedulerTest : public ::testing::Test {
   }
   // A new session table and scheduler that recover the journal's sessions, as
   // a restart does; returns how many.
-  int RestartOnTheSameJournal(SchedulerConfig config, std::shared_ptr<ServedModel> served = nullptr) {
+  int RestartOnTheSameJournal(SchedulerConfig config, std::shared_ptr<ServedModel> served = nullptr,
+                              SessionTableConfig table_config = {}) {
     scheduler_.reset();
-    table_ = std::make_unique<SessionTable>(SessionTableConfig{});
+    table_ = std::make_unique<SessionTable>(table_config);
     const std::unique_ptr<ModelSource> models = SingleModel(served ? served : served_);
     auto recovered = RecoverSessions(journal_.get(), table_.get(), RecordsOf(models.get()));
     EXPECT_TRUE(recovered.ok()) << recovered.status();
@@ -703,6 +704,34 @@ TEST_F(DurableSchedulerTest, ARecoveredSessionReplaysOnlyTheReceptiveField) {
   EXPECT_EQ(fed, engine_.ReceptiveField(4) + 1);  // the replay, then the pending token
   EXPECT_EQ(next, std::vector<int>{seen.back() + 1});
   EXPECT_EQ(table_->Get("", id)->position, 21);
+}
+
+// Without offload, a session recovered after a restart comes back into
+// device memory only within the session memory budget: while sessions
+// created since fill it, its request is RESOURCE_EXHAUSTED naming the
+// budget, and it stays in the store as it was; once there is room, it comes
+// back and goes on. Before, it came back past the budget.
+TEST_F(DurableSchedulerTest, ARecoveredSessionComesBackOnlyWithinTheSessionBudget) {
+  Make(SessionTableConfig{});
+  const std::string id = NewSession(/*mem_len=*/9);
+  std::vector<int> seen;
+  ASSERT_TRUE(Generate(id, {1, 2, 3}, 2, &seen).ok());
+  ASSERT_TRUE(journal_->Flush().ok());
+  SessionTableConfig one_window;
+  one_window.memory_budget_bytes = engine_.FullMemoryBytes(9);
+  ASSERT_EQ(RestartOnTheSameJournal({}, nullptr, one_window), 1);
+  const std::string other = NewSession(/*mem_len=*/9);  // fills the budget
+  const absl::Status refused = Generate(id, {4}, 1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("session_memory_budget"));
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("back into device memory"));
+  EXPECT_EQ(table_->reserved_bytes(), engine_.FullMemoryBytes(9)) << "the refused session counts nothing";
+  EXPECT_EQ(table_->Get("", id)->position, 5);
+  ASSERT_TRUE(table_->Delete("", other).ok());
+  std::vector<int> next;
+  ASSERT_TRUE(Generate(id, {4}, 1, &next).ok());
+  EXPECT_EQ(table_->Get("", id)->position, 7);
+  EXPECT_EQ(JournalHistory(id), (std::vector<int>{1, 2, 3, seen[0], seen[1], 4, next[0]}));
 }
 
 // Regression: the journal outlives the scheduler at shutdown, and its writer

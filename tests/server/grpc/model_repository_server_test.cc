@@ -461,10 +461,11 @@ TEST(RepositoryPoolsServerTest, ArchitecturesShareTheSessionBudgetAndGiveEachOth
 
 // A --model file's session pool counts against --session_memory_budget as
 // a repository's pools do (SharedSlotPools::Limit). With the budget's
-// sessions filled, a Score that does not commit (a copy that admission does
-// not count) is refused RESOURCE_EXHAUSTED naming the budget, and its
-// session answers afterwards as it did before. Before, the file's pool grew
-// past the budget.
+// sessions filled, what admission does not count is refused
+// RESOURCE_EXHAUSTED naming the budget: a Score that does not commit (a
+// copy), and a rewind to an earlier position (a state rebuilt beside the
+// session's own). The session answers afterwards as it did before. Before,
+// the file's pool grew past the budget.
 TEST(SingleModelServerTest, AFileServersPoolHoldsItsRowsWithinTheSessionBudget) {
   const ModelConfig c = TinyConfig();
   const int64_t window = 2 * c.n_layer * c.mem_len * c.n_head * c.d_head * 4;  // float32
@@ -493,6 +494,11 @@ TEST(SingleModelServerTest, AFileServersPoolHoldsItsRowsWithinTheSessionBudget) 
   auto refused = client->Score(probe);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("--session_memory_budget"));
+  const int64_t position = client->GetSession(a)->position();
+  auto rewound = client->RewindSession(a, position - 8);  // rebuilt from the start: no turn ends there
+  EXPECT_EQ(rewound.status().code(), absl::StatusCode::kResourceExhausted) << rewound.status();
+  EXPECT_THAT(rewound.status().message(), HasSubstr("--session_memory_budget"));
+  EXPECT_EQ(client->GetSession(a)->position(), position);
   ASSERT_TRUE(client->DeleteSession(third).ok());
   auto after = client->Score(probe);
   ASSERT_TRUE(after.ok()) << after.status();

@@ -193,6 +193,48 @@ TEST(SessionTableTest, MemoryBudgetReservesFullWindowsAndFreesThem) {
   EXPECT_TRUE(table.Create("", Model(), State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
 }
 
+// Sessions read back from the state store (a restart) count their windows
+// against the budget as their restores begin (BringBack), and only within
+// it: with room for one of two asked for together, the first comes back and
+// the second is refused, staying where it was; new sessions are refused
+// while the first is there. Before, a recovered session counted nothing
+// until its request ended, so admission let sessions in past the budget.
+TEST(SessionTableTest, RecoveredSessionsCountTheirWindowsAsTheyComeBackAndOnlyWithinTheBudget) {
+  SessionTableConfig config;
+  config.memory_budget_bytes = 2 * (9 - 1) * 8;  // two fake sessions of mem_len 9
+  SessionTable table(config);
+  for (const char* id : {"r1", "r2"}) {
+    auto idle = std::make_shared<IdleSession>();
+    idle->mem_len = 9;
+    ASSERT_TRUE(
+        table.AddIdle(id, "", Model(), absl::ZeroDuration(), {}, absl::Now(), idle, {}, 0, 0, TokenHistory()).ok());
+  }
+  EXPECT_EQ(table.reserved_bytes(), 0) << "out of device memory";
+  ASSERT_TRUE(table.Create("", Model(), State(9), absl::ZeroDuration(), {}, absl::Now()).ok());
+  auto r1 = table.Acquire("", "r1", absl::Now());
+  auto r2 = table.Acquire("", "r2", absl::Now());
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  EXPECT_EQ(table.reserved_bytes(), 64) << "acquired, not yet brought back";
+  ASSERT_TRUE(table.BringBack("r1").ok());
+  EXPECT_EQ(table.reserved_bytes(), 128);
+  const absl::Status full = table.BringBack("r2");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("back into device memory"), std::string::npos) << full;
+  EXPECT_EQ(table.Create("", Model(), State(9), absl::ZeroDuration(), {}, absl::Now()).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  table.Release(*std::move(r2), absl::Now());  // not restored: still out of device memory
+  EXPECT_EQ(table.reserved_bytes(), 128);
+  r1->state = State(9);  // restored
+  table.Release(*std::move(r1), absl::Now());
+  EXPECT_EQ(table.reserved_bytes(), 128);
+  ASSERT_TRUE(table.Delete("", "r1").ok());
+  EXPECT_EQ(table.reserved_bytes(), 64);
+  auto again = table.Acquire("", "r2", absl::Now());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(table.BringBack("r2").ok()) << "room again";
+  EXPECT_EQ(table.reserved_bytes(), 128);
+}
+
 TEST(SessionTableTest, TtlIsBoundedAndIdleSessionsExpire) {
   SessionTableConfig config;
   config.default_ttl = absl::Seconds(10);

@@ -354,9 +354,10 @@ absl::Status SessionTable::AddIdle(const std::string& id, const std::string& own
   e.durable = true;
   e.since_snapshot = since_snapshot;  // its log's length: the next request may fold it
   e.history = std::move(history);
-  // What it reserves once back in device memory (Acquire): its window's,
-  // counted before its restore runs, as an offloaded session's is. (A
-  // window out of range counts nothing: its restore refuses it.)
+  // What it reserves once back in device memory (BringBack, or Acquire with
+  // offload): its window's, counted before its restore runs, as an
+  // offloaded session's is. (A window out of range counts nothing: its
+  // restore refuses it.)
   const int64_t window =
       e.model != nullptr && e.model->engine() != nullptr ? e.model->engine()->FullMemoryBytes(e.info.mem_len) : 0;
   e.reserved_bytes = window == std::numeric_limits<int64_t>::max() ? 0 : window;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 
@@ -187,35 +188,44 @@ void IncrementalModel::WriteRows(SessionMemory& m, int64_t l, bool key, int64_t 
 IncrementalModel::RingBackup IncrementalModel::BackUpOverwritten(absl::Span<const StepInput> inputs,
                                                                  const std::vector<size_t>& few) const {
   RingBackup backup;
-  for (size_t i : few) {
-    auto* m = static_cast<SessionMemory*>(inputs[i].session);
-    const int64_t n = static_cast<int64_t>(inputs[i].tokens.size());
-    const bool pooled = m->pool_ != nullptr && !m->slots_.empty();
-    if (n < 2 || m->mem_len_ <= 1 || m->length_ == 0) continue;
-    if (!pooled && (m->pool_ != nullptr || m->k_.empty() || !m->k_[0].defined())) continue;
-    // Committed: positions [position - length, position), slot p % mem_len.
-    const int64_t first = m->position_ - m->length_;
-    std::vector<int64_t> slots;
-    for (int64_t j = 1; j < n; ++j) {
-      const int64_t slot = (m->position_ + j) % m->mem_len_;
-      if (((slot - first % m->mem_len_) + m->mem_len_) % m->mem_len_ < m->length_) {
-        slots.push_back(pooled ? m->slots_[slot] : slot);
+  std::vector<int64_t> pool_rows;
+  // A session's passes write positions [p, p + n) (p = position), position q
+  // into the slot of q - M; of those, the committed ones are [p - length, p).
+  auto overwritten = [&](size_t i, const std::function<void(int64_t)>& each) {
+    const auto* m = static_cast<const SessionMemory*>(inputs[i].session);
+    const int64_t n = static_cast<int64_t>(inputs[i].tokens.size()), M = m->mem_len_;
+    if (n == 0 || M <= 1) return;
+    const int64_t first = m->position_ - m->length_, end = std::min(m->position_, m->position_ + n - M);
+    for (int64_t c = first; c < end; ++c) each(c % M);
+  };
+  if (pool_ != nullptr) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto* m = static_cast<SessionMemory*>(inputs[i].session);
+      if (m->pool_ != pool_ || m->slots_.empty()) continue;
+      const size_t before = pool_rows.size();
+      overwritten(i, [&](int64_t slot) { pool_rows.push_back(m->slots_[slot]); });
+      if (pool_rows.size() > before) backup.pooled.push_back(m);
+    }
+    if (!pool_rows.empty()) {
+      backup.pool = pool_.get();
+      backup.pool_rows = Upload(pool_rows, device_);
+      for (int64_t l = 0; l < config_.n_layer; ++l) {
+        backup.pk.push_back(pool_->keys(l).index_select(0, backup.pool_rows));
+        backup.pv.push_back(pool_->values(l).index_select(0, backup.pool_rows));
       }
     }
+    return backup;
+  }
+  for (size_t i : few) {
+    auto* m = static_cast<SessionMemory*>(inputs[i].session);
+    if (m->pool_ != nullptr || m->k_.empty() || !m->k_[0].defined()) continue;
+    std::vector<int64_t> slots;
+    overwritten(i, [&](int64_t slot) { slots.push_back(slot); });
     if (slots.empty()) continue;
-    RingBackup::Saved saved{
-        m, pooled ? Upload(slots, device_) : at::tensor(slots, at::TensorOptions().dtype(at::kLong)), {}, {}};
-    if (pooled) {
-      backup.pool = m->pool_.get();
-      for (int64_t l = 0; l < config_.n_layer; ++l) {
-        saved.k.push_back(m->pool_->keys(l).index_select(0, saved.slots));
-        saved.v.push_back(m->pool_->values(l).index_select(0, saved.slots));
-      }
-    } else {
-      for (size_t l = 0; l < m->k_.size(); ++l) {
-        saved.k.push_back(m->k_[l].index_select(1, saved.slots));
-        saved.v.push_back(m->v_[l].index_select(1, saved.slots));
-      }
+    RingBackup::Saved saved{m, at::tensor(slots, at::TensorOptions().dtype(at::kLong)), {}, {}};
+    for (size_t l = 0; l < m->k_.size(); ++l) {
+      saved.k.push_back(m->k_[l].index_select(1, saved.slots));
+      saved.v.push_back(m->v_[l].index_select(1, saved.slots));
     }
     backup.saved.push_back(std::move(saved));
   }
@@ -223,21 +233,21 @@ IncrementalModel::RingBackup IncrementalModel::BackUpOverwritten(absl::Span<cons
 }
 
 void IncrementalModel::RingBackup::Restore() {
+  for (size_t l = 0; l < pk.size(); ++l) {
+    pool->keys(static_cast<int64_t>(l)).index_copy_(0, pool_rows, pk[l]);
+    pool->values(static_cast<int64_t>(l)).index_copy_(0, pool_rows, pv[l]);
+  }
   for (Saved& s : saved) {
     for (size_t l = 0; l < s.k.size(); ++l) {
-      if (s.memory->pool_ != nullptr && !s.memory->slots_.empty()) {
-        pool->keys(static_cast<int64_t>(l)).index_copy_(0, s.slots, s.k[l]);
-        pool->values(static_cast<int64_t>(l)).index_copy_(0, s.slots, s.v[l]);
-      } else {
-        s.memory->k_[l].index_copy_(1, s.slots, s.k[l]);
-        s.memory->v_[l].index_copy_(1, s.slots, s.v[l]);
-      }
+      s.memory->k_[l].index_copy_(1, s.slots, s.k[l]);
+      s.memory->v_[l].index_copy_(1, s.slots, s.v[l]);
     }
   }
 }
 
 bool IncrementalModel::RingBackup::Holds(const SessionMemory* memory) const {
-  return std::any_of(saved.begin(), saved.end(), [memory](const Saved& s) { return s.memory == memory; });
+  return std::find(pooled.begin(), pooled.end(), memory) != pooled.end() ||
+         std::any_of(saved.begin(), saved.end(), [memory](const Saved& s) { return s.memory == memory; });
 }
 
 at::Tensor IncrementalModel::Step(absl::Span<const StepInput> inputs) {
@@ -285,9 +295,17 @@ absl::Status IncrementalModel::Step(absl::Span<const StepInput> inputs, const Re
   // token passes would all be eager Passes, more than the step's one.
   if (!can_decode && std::any_of(few.begin(), few.end(), [&](size_t i) { return memories[i]->mem_len_ <= 1; })) {
     many.insert(many.end(), few.begin(), few.end());
+    std::sort(many.begin(), many.end());  // in input order, as the readout reads them
     few.clear();
   }
-  std::vector<std::vector<at::Tensor>> parts(inputs.size());
+  // Each pass's hidden states, and which inputs' tokens (in input order) and
+  // how many of each are its rows.
+  struct PassRows {
+    at::Tensor hidden;
+    std::vector<size_t> which;
+    std::vector<int64_t> n;
+  };
+  std::vector<PassRows> pass_rows;
   // A later pass of a session writes into the slot of a position it still
   // holds until the commit: kept, and put back if the step throws.
   RingBackup backup = BackUpOverwritten(inputs, few);
@@ -311,26 +329,41 @@ absl::Status IncrementalModel::Step(absl::Span<const StepInput> inputs, const Re
       at::Tensor hidden = decode                                 ? DecodePass(batch, tokens)
                           : GraphEligible(batch, tokens, backup) ? GraphDecodePass(batch, tokens)
                                                                  : Pass(batch, tokens);
-      int64_t offset = 0;
+      PassRows rows_of{hidden, which, {}};
       for (size_t b = 0; b < batch.size(); ++b) {
         const int64_t n = static_cast<int64_t>(tokens[b].size());
-        parts[which[b]].push_back(hidden.slice(0, offset, offset + n));
-        offset += n;
+        rows_of.n.push_back(n);
         batch[b]->position += n;
       }
+      pass_rows.push_back(std::move(rows_of));
     }
   };
   try {
     passes(few, 1);
     passes(many, kPassTokens);  // without short feeds: every session, as one step
-    // The caller's readout, before anything commits.
-    std::vector<at::Tensor> all;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      for (at::Tensor& t : parts[i]) all.push_back(std::move(t));
+    // The caller's readout, before anything commits: every session's rows in
+    // input order. A step of one pass (the usual) has them so already, and
+    // is read without slicing it per session (ops for every session).
+    at::Tensor hidden;
+    if (pass_rows.empty()) {
+      hidden = at::empty({0, config_.d_model}, at::TensorOptions().device(device_));
+    } else if (pass_rows.size() == 1 && std::is_sorted(pass_rows[0].which.begin(), pass_rows[0].which.end())) {
+      hidden = pass_rows[0].hidden;
+    } else {
+      std::vector<std::vector<at::Tensor>> parts(inputs.size());
+      for (const PassRows& r : pass_rows) {
+        int64_t offset = 0;
+        for (size_t b = 0; b < r.which.size(); ++b) {
+          parts[r.which[b]].push_back(r.hidden.slice(0, offset, offset + r.n[b]));
+          offset += r.n[b];
+        }
+      }
+      std::vector<at::Tensor> all;
+      for (std::vector<at::Tensor>& p : parts) {
+        for (at::Tensor& t : p) all.push_back(std::move(t));
+      }
+      hidden = at::cat(all, 0);
     }
-    const at::Tensor hidden = all.empty()       ? at::empty({0, config_.d_model}, at::TensorOptions().device(device_))
-                              : all.size() == 1 ? all[0]
-                                                : at::cat(all, 0);
     if (absl::Status read = readout(hidden); !read.ok()) {
       backup.Restore();
       return read;

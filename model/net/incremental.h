@@ -201,17 +201,23 @@ class IncrementalModel {
   // sessions whose memory the pass replaces.
   static void KeepWindow(const PassGeometry& g, int64_t l, const at::Tensor& Kp, const at::Tensor& Vp,
                          std::vector<std::vector<at::Tensor>>& new_k, std::vector<std::vector<at::Tensor>>& new_v);
-  // The ring slots that a step's later decode passes write while they still
-  // hold a committed position (Step's `few` sessions), copied so that a
-  // step that throws puts them back. A pooled memory's are its pool rows.
+  // The slots that a step writes while they still hold a position committed
+  // before it, copied so that a step that throws puts them back. Rings: the
+  // later decode passes of Step's `few` sessions (CPU kernels). The pool:
+  // every session's passes, which write their new keys in place (the
+  // generic path builds no memory aside), all sessions' rows in one copy
+  // per layer.
   struct RingBackup {
     struct Saved {
       SessionMemory* memory;
-      at::Tensor slots;              // [s] ring slots; pooled: their pool rows
-      std::vector<at::Tensor> k, v;  // per layer [H, s, dh]; pooled: [s, H, dh]
+      at::Tensor slots;              // [s] ring slots
+      std::vector<at::Tensor> k, v;  // per layer [H, s, dh]
     };
     std::vector<Saved> saved;
-    SlotPool* pool = nullptr;  // where the pooled ones go back to
+    SlotPool* pool = nullptr;                  // where the pooled rows go back to
+    at::Tensor pool_rows;                      // [r] on the device
+    std::vector<at::Tensor> pk, pv;            // per layer [r, H, dh]
+    std::vector<const SessionMemory*> pooled;  // whose rows pool_rows holds
     void Restore();
     bool Holds(const SessionMemory* memory) const;
   };

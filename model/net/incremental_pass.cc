@@ -72,7 +72,10 @@ IncrementalModel::PassGeometry IncrementalModel::Geometry(const std::vector<Pend
   for (int64_t b = 0; b < B; ++b) {
     const Pending* p = batch[b];
     const SessionMemory* s = p->memory;
-    g.in_place[b] = !p->replaced() && (p->position + g.n[b]) - (s->position_ - s->length_) <= g.M[b];
+    // A pooled memory is always written in place: Step's RingBackup kept
+    // the committed rows its passes overwrite.
+    g.in_place[b] =
+        !p->replaced() && (s->pool_ != nullptr || (p->position + g.n[b]) - (s->position_ - s->length_) <= g.M[b]);
   }
   return g;
 }
@@ -82,6 +85,12 @@ IncrementalModel::PoolPlan IncrementalModel::PlanPool(const std::vector<Pending*
   plan.gather =
       pool_ != nullptr && std::none_of(batch.begin(), batch.end(), [](const Pending* p) { return p->replaced(); });
   if (!plan.gather) return plan;
+  // One token a session: its slot holds no position the pass reads (a window
+  // keeps M - 1), so it is written first and gathered with the held rows.
+  // Several: a new key's slot may hold a key that an earlier query of the
+  // pass still reads, so every new key is laid over the gathered block and
+  // written after the gather, only those the window keeps.
+  plan.write_after_gather = !(g.N == 1 && g.uniform);
   const int64_t Kmax = g.Kmax;
   plan.gather_rows.assign(g.B * Kmax, SlotPool::kPadRow);
   int64_t offset = 0;
@@ -91,12 +100,17 @@ IncrementalModel::PoolPlan IncrementalModel::PlanPool(const std::vector<Pending*
     const bool pooled = g.in_place[b] && g.M[b] > 1;
     const std::vector<int64_t> old_rows = PoolRows(*p->memory, p->position - m, m);
     std::copy(old_rows.begin(), old_rows.end(), plan.gather_rows.begin() + b * Kmax);
-    const std::vector<int64_t> new_rows = pooled ? PoolRows(*p->memory, p->position, n) : std::vector<int64_t>();
+    // The new positions the window keeps: the last min(M - 1, m + n).
+    const int64_t kept = pooled ? std::min(n, std::min(g.M[b] - 1, g.K[b])) : 0;
+    const std::vector<int64_t> new_rows = PoolRows(*p->memory, p->position + n - kept, kept);
     for (int64_t i = 0; i < n; ++i) {
-      if (pooled) {
-        plan.gather_rows[b * Kmax + m + i] = new_rows[i];
-        plan.write_rows.push_back(new_rows[i]);
+      const int64_t k = i - (n - kept);  // its index among the kept, if it is one
+      if (k >= 0) {
+        plan.write_rows.push_back(new_rows[k]);
         plan.write_tok.push_back(offset + i);
+      }
+      if (k >= 0 && !plan.write_after_gather) {
+        plan.gather_rows[b * Kmax + m + i] = new_rows[k];
       } else {
         plan.patch_rows.push_back(b * Kmax + m + i);
         plan.patch_tok.push_back(offset + i);
@@ -189,15 +203,19 @@ std::pair<at::Tensor, at::Tensor> IncrementalModel::GatherKeys(const std::vector
                                                                const at::TensorOptions& fopt) const {
   const int64_t B = g.B, Kmax = g.Kmax, H = config_.n_head, dh = config_.d_head;
   at::Tensor Kp, Vp;
-  if (plan.gather) {  // the pool plan: new keys in, every session's out, the rest laid over
-    WritePool(plan, meta, l, k, v);
+  if (plan.gather) {  // the pool plan: every session's keys out, the new ones laid over or written first
+    if (!plan.write_after_gather) WritePool(plan, meta, l, k, v);
     for (const bool key : {true, false}) {
       const at::Tensor& pool = key ? pool_->keys(l) : pool_->values(l);
       const at::Tensor& fresh = key ? k : v;
       at::Tensor block = pool.index_select(0, meta.gather_rows).to(at::kFloat);  // [B * Kmax, H, dh]
-      if (!plan.patch_rows.empty()) block.index_copy_(0, meta.patch_rows, fresh.index_select(0, meta.patch_tok));
+      if (!plan.patch_rows.empty()) {
+        const bool every_token = static_cast<int64_t>(plan.patch_tok.size()) == fresh.size(0) && g.uniform;
+        block.index_copy_(0, meta.patch_rows, every_token ? fresh : fresh.index_select(0, meta.patch_tok));
+      }
       (key ? Kp : Vp) = block.view({B, Kmax, H, dh});
     }
+    if (plan.write_after_gather) WritePool(plan, meta, l, k, v);
   } else if (B == 1) {
     Kp = (g.m[0] > 0 ? at::cat({Held(*batch[0], l, true), k}, 0) : k.contiguous()).unsqueeze(0);
     Vp = (g.m[0] > 0 ? at::cat({Held(*batch[0], l, false), v}, 0) : v.contiguous()).unsqueeze(0);

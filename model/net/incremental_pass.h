@@ -28,23 +28,26 @@ struct IncrementalModel::PassGeometry {
   std::vector<int64_t> flat;  // the tokens, session by session
   bool uniform = true;        // every session feeds N tokens
   std::vector<int64_t> rows;  // token t's row of the padded [B * N] (empty when uniform)
-  // Where the new keys/values fit in free ring slots (the span from the
-  // oldest committed position to the newest new one is at most mem_len), they
-  // are written in place, never over a committed position; otherwise the
-  // pass builds the new held memory aside and the commit installs it.
+  // Written in place: a pooled memory always (Step's RingBackup keeps the
+  // committed rows it overwrites); a ring where the new keys/values fit in
+  // free slots (the span from the oldest committed position to the newest
+  // new one is at most mem_len). Otherwise (rings only) the pass builds the
+  // new held memory aside and the commit installs it.
   std::vector<char> in_place;
 };
 
-// The generic path with every memory in the pool (all but the later passes
-// of an input longer than kPassTokens): per layer, the new keys go into
-// their pool rows with one indexed copy, every session's keys come out as
-// [B, Kmax] with one indexed gather (padding reads the pool's zero row), and
-// new keys that cannot go into the pool yet (the window would drop a held
-// one, or there is no memory) are laid over the gathered block with a
-// third. Without the pool (gather false) each session's keys are copied one
-// by one.
+// The generic path, where every memory is in the pool: per layer, every
+// session's keys come out as [B, Kmax] with one indexed gather (padding
+// reads the pool's zero row), and the new keys that the windows keep go
+// into their pool rows with one indexed copy. One token a session: written
+// first and gathered with the rest. Several: laid over the gathered block
+// with a third copy, and written after the gather (a slot may hold a key
+// that the pass still reads). So a pass dispatches the same ops for any
+// number of sessions. Without the pool (gather false: the CPU kernels) each
+// session's keys are copied one by one.
 struct IncrementalModel::PoolPlan {
   bool gather = false;
+  bool write_after_gather = false;
   std::vector<int64_t> gather_rows;            // [B * Kmax]: each padded key's pool row
   std::vector<int64_t> write_rows, write_tok;  // the pool row of each new key that goes in, and its token
   std::vector<int64_t> patch_rows, patch_tok;  // the padded row of each new key laid over, and its token

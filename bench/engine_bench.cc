@@ -77,7 +77,8 @@ ABSL_FLAG(int, threads, 2, "intra-op threads (model and bandwidth probe alike)")
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, kernels, "auto", "auto or generic (libtorch ops, the GPU's code, on a CPU too)");
 ABSL_FLAG(std::string, cuda_graphs, "auto",
-          "decode steps as CUDA graphs in every group but G (which compares on and off): auto (on a GPU), on "
+          "decode steps and small passes as CUDA graphs in every group but G (which compares on and off): auto "
+          "(on a GPU), on "
           "or off; on a CPU, 'on' needs --kernels generic (the same padded steps, eagerly)");
 ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");

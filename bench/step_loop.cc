@@ -39,15 +39,17 @@ ABSL_FLAG(std::string, dtype, "float32",
 ABSL_FLAG(std::string, kv_dtype, "float32", "sessions' keys and values: float32 or bfloat16 (half the bytes)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, kernels, "auto", "auto, or generic (libtorch's ops, the GPU's code path, on a CPU)");
-ABSL_FLAG(std::string, cuda_graphs, "auto", "decode steps as CUDA graphs: auto (on a GPU), on or off");
+ABSL_FLAG(std::string, cuda_graphs, "auto",
+          "decode steps and small multi-token passes as CUDA graphs: auto (on a GPU), on or off");
 ABSL_FLAG(bool, split_decode_attention, true,
           "the generic path's decode attention fused over key chunks (false: libtorch's tensor ops)");
 ABSL_FLAG(bool, decode_short_feeds, true,
           "on the CPU kernels, a session feeding a few tokens feeds them a decode pass at a time (false: any "
           "session feeding several tokens takes the step through the multi-token pass)");
 ABSL_FLAG(std::string, readout, "distribution",
-          "what each step reads out: distribution (each session's whole row, to the host) or argmax (the model's "
-          "greedy pick: one id per session crosses)");
+          "what each step reads out: distribution (each session's whole row, to the host), argmax (the model's "
+          "greedy pick: one id per session crosses) or score (every fed token's target log-prob, as Score: with "
+          "--feed 64 --mem 640, NVIDIA's published scoring setting)");
 ABSL_FLAG(std::string, profile, "",
           "after the timed steps, profile --profile_steps more under libtorch's profiler, print the device's time by "
           "kernel, and write Chrome's trace to this file (\"-\": no trace file)");
@@ -83,8 +85,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (readout != "distribution" && readout != "argmax") {
-    std::cerr << "step_loop: --readout is distribution or argmax, not " << readout << "\n";
+  if (readout != "distribution" && readout != "argmax" && readout != "score") {
+    std::cerr << "step_loop: --readout is distribution, argmax or score, not " << readout << "\n";
     return 2;
   }
   o.kernels = *kernels;
@@ -167,6 +169,8 @@ int main(int argc, char** argv) {
       }
       if (readout == "argmax") {
         in[b].plan.pick = txl::SamplingPlan::Pick::kArgmax;
+      } else if (readout == "score") {
+        for (size_t t = 0; t < in[b].tokens.size(); ++t) in[b].targets.push_back((in[b].tokens[t] + 1) % vocab);
       } else {
         in[b].want_last_distribution = true;
       }

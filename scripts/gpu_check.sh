@@ -15,18 +15,19 @@
 #   eval       txl-eval on the CPU against the device at chunks 1, 7 and 64: float32 log-probs
 #              within 1e-4; bfloat16 weights and memories within the quality gate of
 #              docs/PERFORMANCE.md (bits per character within 0.5% of float32's)
-#   graphs     --cuda_graphs=on (decode steps as CUDA graphs; on a GPU the default, auto, is on):
-#              txl-eval at chunk 1 against the CPU (float32 within 1e-4, bfloat16 within the
-#              gate) and against --cuda_graphs=off; python_client and rewind with every server
+#   graphs     --cuda_graphs=on (decode steps and small passes as CUDA graphs; on a GPU the
+#              default, auto, is on): txl-eval at chunks 1 and 64 against the CPU (float32 within
+#              1e-4, bfloat16 within the gate) and against --cuda_graphs=off; python_client and rewind with every server
 #              on graphs; engine_bench groups G (graphs against none) and A (the split
 #              decode attention against tensor ops). Every other step runs with the default, so
 #              on a GPU with graphs.
-#   profile    where a decode step's device time goes: step_loop --profile (libtorch's profiler)
+#   profile    where a decode step's, a scoring step's and a prefill's device time goes: step_loop --profile
 #              on a random base-shaped model, 1 and 32 sessions at memory 800: float32 with the
 #              split decode attention (with and without graphs) and the tensor ops, and bfloat16
 #              weights and memories; a 2,048-token prefill (time to the first token) in float32
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
-#              decode_short_feeds; all of it in profile.txt
+#              decode_short_feeds; scoring 64-token segments at memory 640 (engine_bench's S),
+#              1 and 32 sessions, float32 and bfloat16; all of it in profile.txt
 #   servers    python_client, rewind, refusals, offload (of a file, and of a repository of one),
 #              durability and model_repository (a rollout's versions sharing one session pool; two
 #              architectures' pools within one budget, the start-up one reserved) with every
@@ -212,31 +213,36 @@ EOF
 }
 
 graphs() {
-  # Decode steps as CUDA graphs (--cuda_graphs): chunk 1 is one token per step, the captured path.
+  # Decode steps as CUDA graphs (--cuda_graphs): chunk 1 is one token per step, the captured decode
+  # path; chunk 64 is a 64-token pass per step, a padded multi-token pass (docs/MODEL.md, "Small
+  # multi-token passes, padded too").
   head -c 3000 "$CORPUS" >"$W/graphs.txt"
-  local dtype flags bad=0
+  local chunk dtype flags bad=0
+  for chunk in 1 64; do
   for dtype in float32 bfloat16; do
     if [ $dtype = float32 ]; then flags=(); else flags=(--dtype bfloat16 --kv_dtype bfloat16); fi
-    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --logprobs "$W/g.cpu" >"$W/g.cpu.json" ||
+    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk $chunk --logprobs "$W/g.cpu" >"$W/g.cpu.json" ||
       return 1
-    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --device $DEVICE "${flags[@]}" \
+    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk $chunk --device $DEVICE "${flags[@]}" \
       --cuda_graphs=off --logprobs "$W/g.plain" >"$W/g.plain.json" || return 1
-    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk 1 --device $DEVICE "${flags[@]}" \
+    "$W/tools/txl-eval" --model "$MODEL" --text "$W/graphs.txt" --chunk $chunk --device $DEVICE "${flags[@]}" \
       $GRAPH_FLAG --logprobs "$W/g.dev" >"$W/g.dev.json" || return 1
     cat "$W/g.cpu.json" "$W/g.plain.json" "$W/g.dev.json"
-    "$PY" - "$W/g.cpu" "$W/g.plain" "$W/g.dev" "$W/g.cpu.json" "$W/g.dev.json" $dtype <<'EOF' || bad=1
+    "$PY" - "$W/g.cpu" "$W/g.plain" "$W/g.dev" "$W/g.cpu.json" "$W/g.dev.json" $dtype $chunk <<'EOF' || bad=1
 import json, sys
 cpu, plain, dev = ([float(x) for x in open(p)] for p in sys.argv[1:4])
 bpc_cpu, bpc_dev = (json.loads(open(p).read().splitlines()[-1])["bpc"] for p in sys.argv[4:6])
-dtype = sys.argv[6]
+dtype, chunk = sys.argv[6], sys.argv[7]
 worst = max(abs(x - y) for x, y in zip(cpu, dev))
 same = max(abs(x - y) for x, y in zip(plain, dev))
 rel = (bpc_dev - bpc_cpu) / bpc_cpu
 ok = len(cpu) == len(dev) > 2000 and (worst <= 1e-4 if dtype == "float32" else abs(rel) < 0.005)
-print("%s chunk 1 with --cuda_graphs: max |cpu float32 - graphs| = %.3g, max |no graphs - graphs| = %.3g; "
-      "bpc %.6f vs %.6f (%+.4f%%): %s" % (dtype, worst, same, bpc_dev, bpc_cpu, 100 * rel, "ok" if ok else "OUT OF TOLERANCE"))
+print("%s chunk %s with --cuda_graphs: max |cpu float32 - graphs| = %.3g, max |no graphs - graphs| = %.3g; "
+      "bpc %.6f vs %.6f (%+.4f%%): %s" % (dtype, chunk, worst, same, bpc_dev, bpc_cpu, 100 * rel,
+                                         "ok" if ok else "OUT OF TOLERANCE"))
 sys.exit(0 if ok else 1)
 EOF
+  done
   done
   echo "== python_client and rewind with --cuda_graphs"
   for suite in python_client rewind; do
@@ -279,6 +285,15 @@ profile_runs() {
     echo "== mixed step, float32, 8 sessions, one feeding 2 tokens, decode_short_feeds=$case_"
     "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions 8 --mem 800 --steps $steps \
       --feed 2 --feeders 1 --readout argmax --cuda_graphs=on --decode_short_feeds=$case_ "${more[@]}" || return 1
+  done
+  # Scoring in NVIDIA's published setting (engine_bench's S): 64-token segments over a window of
+  # 640, every position's target read, one session and 32.
+  for dtype in float32 bfloat16; do
+    for n in "${sizes[@]}"; do
+      echo "== scoring 64-token segments, $dtype, $n session(s), memory 640"
+      "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 640 --steps $steps \
+        --feed 64 --readout score --dtype $dtype --kv_dtype $dtype --profile=- "${more[@]}" || return 1
+    done
   done
   # Time to the first token: a 2,048-token prompt into a fresh session (its prefill and whole row).
   for dtype in float32 bfloat16; do

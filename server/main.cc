@@ -74,9 +74,10 @@ ABSL_FLAG(std::string, kernels, "auto",
           "auto (the CPU's own kernels on a CPU, libtorch ops on a GPU) or generic (libtorch ops everywhere: "
           "the GPU's code, on a CPU too; slower there)");
 ABSL_FLAG(std::string, cuda_graphs, "auto",
-          "decode steps (one token per session) as CUDA graphs, captured once per bucket of sessions and "
+          "decode steps (one token per session) and small multi-token passes (up to 2,048 padded tokens: "
+          "scoring segments, prefill chunks) as CUDA graphs, captured once per bucket of sessions, tokens and "
           "keys and replayed: auto (on a GPU), on or off. On a CPU, 'on' needs --kernels generic, where the "
-          "same padded steps run eagerly (for testing)");
+          "same padded passes run eagerly (for testing)");
 ABSL_FLAG(int, max_batch, 32, "requests advanced together per engine step");
 ABSL_FLAG(int, max_batch_tokens, 2048, "tokens fed per engine step");
 ABSL_FLAG(int, prefill_chunk, 256, "tokens one request feeds per step while prefilling");

@@ -32,7 +32,28 @@ std::unique_ptr<CapturedPass> CapturedPass::Capture(const std::function<at::Tens
     c10::cuda::CUDAStreamGuard on_side(side);
     // The warm-up also sets up what a capture must not (cuBLAS's workspace
     // for this stream, lazily built kernels).
-    warm = body();
+    try {
+      warm = body();
+    } catch (...) {
+      // What it queued before it threw (pool writes among it) comes before
+      // anything the caller does next on the current stream (a restore).
+      at::cuda::CUDAEvent failed;
+      failed.record(side);
+      failed.block(current);
+      throw;
+    }
+  }
+  // The warm-up's result, copied on the current stream once the side stream
+  // is done, so that its memory belongs to the current stream. Given before
+  // the capture, so that a capture that fails still leaves it (a pass that
+  // writes keys it reads cannot run twice).
+  at::cuda::CUDAEvent done;
+  done.record(side);
+  done.block(current);
+  *eager = warm.clone();
+  warm.record_stream(current);
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
     // Thread-local: other threads' CUDA calls (none are expected) do not
     // break this capture.
     impl->graph.capture_begin(share != nullptr ? share->impl_->graph.pool() : c10::MempoolId_t{0, 0},
@@ -48,13 +69,6 @@ std::unique_ptr<CapturedPass> CapturedPass::Capture(const std::function<at::Tens
     }
     impl->graph.capture_end();
   }
-  // The warm-up's result, copied on the current stream once the side stream
-  // is done, so that its memory belongs to the current stream.
-  at::cuda::CUDAEvent done;
-  done.record(side);
-  done.block(current);
-  *eager = warm.clone();
-  warm.record_stream(current);
   return std::unique_ptr<CapturedPass>(new CapturedPass(std::move(impl)));
 }
 

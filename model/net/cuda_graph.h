@@ -21,8 +21,8 @@ class CapturedPass {
   // Whether passes on `device` can be captured in this build.
   static bool Capturable(const at::Device& device);
   // Runs `body` once on a side stream (the warm-up, whose result comes back
-  // in *eager, complete and safe to read on the current stream), then
-  // captures it. `share` (may be null) is an earlier capture whose private
+  // in *eager, complete and safe to read on the current stream, even when
+  // the capture then throws), then captures it. `share` (may be null) is an earlier capture whose private
   // memory pool this one shares: safe because passes never run concurrently
   // and each replay's output is copied before the next. Throws c10::Error.
   static std::unique_ptr<CapturedPass> Capture(const std::function<at::Tensor()>& body, at::Tensor* eager,

@@ -46,6 +46,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
       bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())),
       decode_graphs_(precision.decode_graphs && generic_),
+      pass_graphs_(decode_graphs_),
       split_decode_(precision.split_decode_attention && generic_),
       short_feeds_(precision.decode_short_feeds) {
   PrepareWeights();
@@ -326,9 +327,10 @@ absl::Status IncrementalModel::Step(absl::Span<const StepInput> inputs, const Re
         which.push_back(i);
         decode = decode && tokens.back().size() == 1 && !pending[i].replaced();
       }
-      at::Tensor hidden = decode                                 ? DecodePass(batch, tokens)
-                          : GraphEligible(batch, tokens, backup) ? GraphDecodePass(batch, tokens)
-                                                                 : Pass(batch, tokens);
+      at::Tensor hidden = decode                                     ? DecodePass(batch, tokens)
+                          : GraphEligible(batch, tokens, backup)     ? GraphDecodePass(batch, tokens)
+                          : PassGraphEligible(batch, tokens, backup) ? GraphPass(batch, tokens)
+                                                                     : Pass(batch, tokens);
       PassRows rows_of{hidden, which, {}};
       for (size_t b = 0; b < batch.size(); ++b) {
         const int64_t n = static_cast<int64_t>(tokens[b].size());

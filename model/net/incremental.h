@@ -119,15 +119,28 @@ class IncrementalModel {
   // (or Pass) on the generic path (docs/MODEL.md, "Mixed steps").
   static constexpr int64_t kDecodeFeedTokens = 3;
 
-  // What the decode graphs did so far: padded passes, and of those how many
-  // were captured and how many replayed (the rest ran eagerly).
+  // A multi-token pass is padded to a bucket (and on a GPU captured) when
+  // its padded tokens and score block are at most these: small passes,
+  // whose time is the launches' (a scoring step of 32 sessions' 64-token
+  // segments at a window of 640 is one), not large prefills, whose
+  // captures would each keep their own score blocks' memory.
+  static constexpr int64_t kPassGraphTokens = 2048;
+  static constexpr int64_t kPassGraphScores = int64_t{1} << 24;
+  // At most this many buckets of multi-token passes are held (each capture
+  // keeps its output); a pass of another bucket then runs unpadded.
+  static constexpr int64_t kPassGraphBuckets = 32;
+
+  // What the graphs did so far: padded decode passes, and of those how many
+  // were captured and how many replayed (the rest ran eagerly); the same for
+  // padded multi-token passes.
   struct GraphCounts {
     int64_t padded = 0, captured = 0, replayed = 0;
+    int64_t pass_padded = 0, pass_captured = 0, pass_replayed = 0;
   };
   const GraphCounts& graph_counts() const { return graph_counts_; }
-  // Buckets with a decode graph's metadata (and, on a GPU, its capture).
+  // Buckets with a graph's metadata (and, on a GPU, its capture).
   int64_t graphs_held() const { return static_cast<int64_t>(graphs_.size()); }
-  // Why the decode graphs turned themselves off (a capture failed), or empty.
+  // Why graphs turned themselves off (a capture failed), or empty.
   const std::string& graph_error() const { return graph_error_; }
 
  private:
@@ -168,6 +181,20 @@ class IncrementalModel {
   bool GraphEligible(const std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens,
                      const RingBackup& backup) const;
   at::Tensor GraphDecodePass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  // The same for a pass of several tokens a session (the most is 2 or more):
+  // eligible where the padded pass is within kPassGraphTokens and
+  // kPassGraphScores, its bucket is held or there is room for it
+  // (kPassGraphBuckets), and every session's overwritten slots are in `backup`.
+  bool PassGraphEligible(const std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens,
+                         const RingBackup& backup) const;
+  at::Tensor GraphPass(std::vector<Pending*>& batch, const std::vector<std::vector<int64_t>>& tokens);
+  // The geometry and pool plan of `bucket` with every session a padding
+  // one: token 0, no memory, its keys written to the pool's discard row.
+  static std::pair<PassGeometry, PoolPlan> Padded(const DecodeBucket& bucket);
+  // A padded pass of `bucket`: its metadata into the bucket's static
+  // buffer, then the capture's replay, a capture, or (on a CPU, or once a
+  // capture failed) the pass run eagerly. Returns [T, d] of the padded pass.
+  at::Tensor RunPadded(const DecodeBucket& bucket, const PassGeometry& g, const PoolPlan& plan);
   // The held positions of a session in layer l, in order, [length, H, dh] float32.
   at::Tensor Held(const Pending& p, int64_t l, bool key) const;
   // Layer l's new keys and values [T, H, dh] that go in place into their
@@ -301,6 +328,7 @@ class IncrementalModel {
   // the pool's and the position table's addresses: a pool that grew or a
   // table that was rebuilt drops them all.
   bool decode_graphs_;
+  bool pass_graphs_;   // multi-token passes padded too: with decode_graphs_, until a capture of one fails
   bool split_decode_;  // Precision::split_decode_attention, on the generic path
   bool short_feeds_;   // Precision::decode_short_feeds
   struct DecodeGraph {

@@ -165,10 +165,14 @@ std::string IncrementalModel::KernelPath() const {
                       device_.is_cpu() ? " (its CPU form)" : " (CUDA kernels)");
     }
     if (decode_graphs_) {
-      absl::StrAppend(&path, "; decode steps padded to buckets",
-                      CapturedPass::Capturable(device_) ? ", captured as CUDA graphs" : " (run eagerly: no CUDA)");
-    } else if (!graph_error_.empty()) {
-      absl::StrAppend(&path, "; decode graphs off after a failed capture: ", graph_error_);
+      absl::StrAppend(
+          &path,
+          pass_graphs_ ? "; decode steps and small passes padded to buckets" : "; decode steps padded to buckets",
+          CapturedPass::Capturable(device_) ? ", captured as CUDA graphs" : " (run eagerly: no CUDA)");
+    }
+    if (!graph_error_.empty()) {
+      absl::StrAppend(&path, decode_graphs_ ? "; pass graphs" : "; graphs",
+                      " off after a failed capture: ", graph_error_);
     }
     return path;
   }

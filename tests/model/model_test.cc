@@ -559,38 +559,53 @@ TEST(IncrementalTest, BatchedDecodeStepsMatchAlone) {
 // taken before the failure, bit for bit.
 TEST(IncrementalTest, AFailedReadoutMovesNoSession) {
   const ModelConfig c = testing::SmallConfig();
+  // The path under test, and the generic path with graphs, whose padded
+  // passes (decode steps and the multi-token one) write the pool at once.
   IncrementalModel model(c, TestWeights(c, 13), at::kCPU, testing::TestPrecision());
-  const std::vector<int64_t> history = {30, 30, 5}, feed = {1, 2, 20};
-  for (int throws = 0; throws < 2; ++throws) {
-    std::vector<SessionMemory> sessions, copies;
-    for (size_t b = 0; b < history.size(); ++b) {
-      sessions.emplace_back(c.n_layer, c.mem_len);
-      FeedInChunks(model, sessions[b], RandomTokens(history[b], c.n_token, 70 + static_cast<int>(b)), 7);
-      copies.push_back(sessions[b].Copy());
-    }
-    std::vector<std::vector<int64_t>> tokens;
-    std::vector<StepInput> items;
-    for (size_t b = 0; b < history.size(); ++b) {
-      tokens.push_back(RandomTokens(feed[b], c.n_token, 80 + static_cast<int>(b)));
-      items.push_back(Row(&sessions[b], tokens[b]));
-    }
-    int64_t rows_read = 0;
-    const auto readout = [&](const at::Tensor& hidden) -> absl::Status {
-      rows_read = hidden.size(0);
-      if (throws) TORCH_CHECK(false, "injected readout failure");
-      return absl::InternalError("injected readout failure");
-    };
-    if (throws) {
-      EXPECT_THROW((void)model.Step(absl::MakeConstSpan(items), readout), c10::Error);
-    } else {
-      EXPECT_EQ(model.Step(absl::MakeConstSpan(items), readout).code(), absl::StatusCode::kInternal);
-    }
-    EXPECT_EQ(rows_read, 1 + 2 + 20) << "the readout saw the step's rows";
-    for (size_t b = 0; b < history.size(); ++b) {
-      EXPECT_EQ(sessions[b].position(), history[b]) << "session " << b;
-      EXPECT_TRUE(
-          at::equal(FeedInChunks(model, sessions[b], tokens[b], 1), FeedInChunks(model, copies[b], tokens[b], 1)))
-          << (throws ? "thrown, " : "a status, ") << "session " << b;
+  IncrementalModel::Precision graphs;
+  graphs.kernels = Kernels::kGeneric;
+  graphs.decode_graphs = true;
+  IncrementalModel padded(c, TestWeights(c, 13), at::kCPU, graphs);
+  // A decoding session, a short feed over a full ring, a long feed over a
+  // short history, a several-token feed over a full ring.
+  const std::vector<int64_t> history = {30, 30, 5, 30}, feed = {1, 2, 20, 6};
+  for (IncrementalModel* m : {&model, &padded}) {
+    for (int throws = 0; throws < 2; ++throws) {
+      std::vector<SessionMemory> sessions, copies;
+      sessions.reserve(history.size());
+      copies.reserve(history.size());
+      for (size_t b = 0; b < history.size(); ++b) {
+        sessions.emplace_back(c.n_layer, c.mem_len);
+        FeedInChunks(*m, sessions[b], RandomTokens(history[b], c.n_token, 70 + static_cast<int>(b)), 7);
+        copies.push_back(sessions[b].Copy());
+      }
+      std::vector<std::vector<int64_t>> tokens;
+      std::vector<StepInput> items;
+      for (size_t b = 0; b < history.size(); ++b) {
+        tokens.push_back(RandomTokens(feed[b], c.n_token, 80 + static_cast<int>(b)));
+        items.push_back(Row(&sessions[b], tokens[b]));
+      }
+      int64_t rows_read = 0;
+      const auto readout = [&](const at::Tensor& hidden) -> absl::Status {
+        rows_read = hidden.size(0);
+        if (throws) TORCH_CHECK(false, "injected readout failure");
+        return absl::InternalError("injected readout failure");
+      };
+      const int64_t passes = m->graph_counts().pass_padded;
+      if (throws) {
+        EXPECT_THROW((void)m->Step(absl::MakeConstSpan(items), readout), c10::Error);
+      } else {
+        EXPECT_EQ(m->Step(absl::MakeConstSpan(items), readout).code(), absl::StatusCode::kInternal);
+      }
+      EXPECT_EQ(rows_read, 1 + 2 + 20 + 6) << "the readout saw the step's rows";
+      if (m == &padded) {
+        EXPECT_EQ(m->graph_counts().pass_padded, passes + 1) << "the long feeds took a padded pass";
+      }
+      for (size_t b = 0; b < history.size(); ++b) {
+        EXPECT_EQ(sessions[b].position(), history[b]) << "session " << b;
+        EXPECT_TRUE(at::equal(FeedInChunks(*m, sessions[b], tokens[b], 1), FeedInChunks(*m, copies[b], tokens[b], 1)))
+            << (m == &padded ? "padded, " : "") << (throws ? "thrown, " : "a status, ") << "session " << b;
+      }
     }
   }
 }

@@ -333,7 +333,9 @@ class IncrementalModel {
   bool short_feeds_;   // Precision::decode_short_feeds
   struct DecodeGraph {
     at::Tensor meta;
+    int64_t distances = 0;  // the pass's PassGeometry::D: a shape its capture holds
     std::unique_ptr<CapturedPass> captured;
+    bool warm_up_failed = false;  // a pass's: its bucket runs unpadded from then on
   };
   std::map<DecodeBucket, DecodeGraph> graphs_;
   int64_t graphs_pool_generation_ = -1;

@@ -107,7 +107,7 @@ bool IncrementalModel::PassGraphEligible(const std::vector<Pending*>& batch,
   const DecodeBucket bucket = DecodeBucket::ForPass(static_cast<int64_t>(batch.size()), most, held);
   const int64_t tokens_padded = bucket.sessions * bucket.tokens;
   if (tokens_padded > kPassGraphTokens || tokens_padded * config_.n_head * bucket.keys > kPassGraphScores) return false;
-  if (graphs_.count(bucket) > 0) return true;
+  if (const auto held = graphs_.find(bucket); held != graphs_.end()) return !held->second.warm_up_failed;
   const int64_t pass_buckets =
       std::count_if(graphs_.begin(), graphs_.end(), [](const auto& held) { return held.first.tokens > 1; });
   return pass_buckets < kPassGraphBuckets;
@@ -177,7 +177,15 @@ at::Tensor IncrementalModel::RunPadded(const DecodeBucket& bucket, const PassGeo
   const int64_t count = static_cast<int64_t>(values.size());
   DecodeGraph& graph = graphs_[bucket];
   const auto lopt = at::TensorOptions().dtype(at::kLong);
-  if (!graph.meta.defined()) graph.meta = at::empty({count}, lopt.device(device_));
+  if (!graph.meta.defined()) {
+    graph.meta = at::empty({count}, lopt.device(device_));
+    graph.distances = g.D;
+  }
+  // A bucket's pass has one shape: its metadata's length and its distances
+  // are what the capture holds.
+  TORCH_CHECK(graph.meta.numel() == count && graph.distances == g.D, "a padded pass of bucket (", bucket.sessions, ", ",
+              bucket.tokens, ", ", bucket.keys, ") changed shape: ", count, " metadata values and ", g.D,
+              " distances, against ", graph.meta.numel(), " and ", graph.distances);
   if (device_.is_cpu()) {
     std::memcpy(graph.meta.data_ptr<int64_t>(), values.data(), count * sizeof(int64_t));
   } else {  // from pinned memory, queued on the stream the pass runs on
@@ -206,9 +214,12 @@ at::Tensor IncrementalModel::RunPadded(const DecodeBucket& bucket, const PassGeo
       // x is the warm-up's result where the warm-up ran (Capture gives it
       // before it captures). A multi-token pass whose warm-up failed cannot
       // run again (its writes land on keys it reads): the step fails, Step's
-      // backup puts the keys back, and a later pass of the bucket tries
-      // again, since the capture itself did not fail.
-      if (!decode && !x.defined()) throw;
+      // backup puts the keys back, and later passes of the bucket run
+      // unpadded; other buckets keep their graphs, since no capture failed.
+      if (!decode && !x.defined()) {
+        graph.warm_up_failed = true;  // not again: the pass runs unpadded (it may need less memory)
+        throw;
+      }
       // These graphs off for good (KernelPath says why). A failed decode
       // capture turns every graph off; a multi-token pass's, only those.
       graph_error_ = e.what_without_backtrace();

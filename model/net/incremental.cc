@@ -46,7 +46,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       generic_(!device.is_cpu() || precision.kernels == Kernels::kGeneric),
       bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())),
       decode_graphs_(precision.decode_graphs && generic_),
-      pass_graphs_(decode_graphs_),
+      pass_graphs_(decode_graphs_ && precision.pass_graphs),
       split_decode_(precision.split_decode_attention && generic_),
       short_feeds_(precision.decode_short_feeds) {
   PrepareWeights();

@@ -59,6 +59,10 @@ class IncrementalModel {
     // graph and replayed. On a CPU with kGeneric the same padded passes run
     // eagerly (the tests' view of the graphs); ignored on the CPU kernels.
     bool decode_graphs = false;
+    // With decode_graphs, small multi-token passes padded and captured too
+    // (docs/MODEL.md, "Small multi-token passes, padded too"); false keeps
+    // them unpadded (tests of the decode graphs alone).
+    bool pass_graphs = true;
     // The generic path's decode passes (one token per session, every memory
     // in the pool) attend through SplitDecodeAttention (model/kernels/
     // split_decode_attention.h): the CUDA kernels on a GPU, their CPU run

@@ -21,11 +21,14 @@ using testing::RandomTokens;
 using testing::Row;
 using testing::TestWeights;
 
+// graphs: decode graphs; pass_graphs: multi-token passes padded too (off
+// for the decode graphs' own tests, whose prefills then match exactly).
 IncrementalModel Generic(const ModelConfig& c, const TxlWeights& w, bool graphs, WeightDtype dtype, KvDtype kv,
-                         bool split_decode_attention = true, bool short_feeds = true) {
+                         bool split_decode_attention = true, bool short_feeds = true, bool pass_graphs = false) {
   IncrementalModel::Precision p;
   p.kernels = Kernels::kGeneric;
   p.decode_graphs = graphs;
+  p.pass_graphs = pass_graphs;
   p.split_decode_attention = split_decode_attention;
   p.decode_short_feeds = short_feeds;
   p.dtype = dtype;
@@ -100,7 +103,7 @@ TEST(DecodeGraphsTest, PaddedDecodeStepsEqualTheUnpaddedPass) {
       const std::vector<int64_t> tokens = RandomTokens(prefill, c.n_token, seed);
       const StepInput ia = Row(&a.back(), tokens), ib = Row(&b.back(), tokens), it = Row(&t.back(), tokens);
       const at::Tensor ha = plain.Step(absl::MakeConstSpan(&ia, 1));
-      EXPECT_LT(MaxAbsDiff(ha, padded.Step(absl::MakeConstSpan(&ib, 1))), mode.tolerance) << "a padded prefill";
+      EXPECT_LT(MaxAbsDiff(ha, padded.Step(absl::MakeConstSpan(&ib, 1))), mode.tolerance) << "a prefill is not padded";
       EXPECT_LT(MaxAbsDiff(ha, tensor_ops.Step(absl::MakeConstSpan(&it, 1))), mode.tolerance)
           << "a prefill takes the tensor ops in both";
     };
@@ -192,7 +195,7 @@ TEST(PassGraphsTest, PaddedMultiTokenPassesEqualTheUnpaddedPass) {
     c.mem_len = 40;
     const TxlWeights w = TestWeights(c, 41);
     IncrementalModel plain = Generic(c, w, false, mode.dtype, mode.kv, true, false);
-    IncrementalModel padded = Generic(c, w, true, mode.dtype, mode.kv, true, false);
+    IncrementalModel padded = Generic(c, w, true, mode.dtype, mode.kv, true, false, true);
     const std::vector<int64_t> windows = {40, 5, 33, 2, 1, 20};
     std::vector<SessionMemory> a, b;
     a.reserve(32);
@@ -267,7 +270,7 @@ TEST(PassGraphsTest, PassesPastTheLimitRunUnpadded) {
   c.mem_len = 64;
   const TxlWeights w = TestWeights(c, 43);
   IncrementalModel plain = Generic(c, w, false, WeightDtype::kFloat32, KvDtype::kFloat32);
-  IncrementalModel padded = Generic(c, w, true, WeightDtype::kFloat32, KvDtype::kFloat32);
+  IncrementalModel padded = Generic(c, w, true, WeightDtype::kFloat32, KvDtype::kFloat32, true, true, true);
   std::vector<SessionMemory> a, b;
   a.reserve(5);
   b.reserve(5);
@@ -295,7 +298,7 @@ TEST(PassGraphsTest, PassesPastTheLimitRunUnpadded) {
   lc.mem_len = 6000;
   const TxlWeights lw = TestWeights(lc, 44);
   IncrementalModel long_plain = Generic(lc, lw, false, WeightDtype::kFloat32, KvDtype::kFloat32);
-  IncrementalModel long_padded = Generic(lc, lw, true, WeightDtype::kFloat32, KvDtype::kFloat32);
+  IncrementalModel long_padded = Generic(lc, lw, true, WeightDtype::kFloat32, KvDtype::kFloat32, true, true, true);
   long_padded.ReserveSessionMemory(int64_t{2} * lc.mem_len * lc.n_head * lc.d_head * 4 * 2);
   const int64_t rows = long_padded.pool()->rows();
   SessionMemory la(lc.n_layer, lc.mem_len), lb(lc.n_layer, lc.mem_len);

@@ -30,6 +30,8 @@
 // G    (a GPU, or --kernels generic) decode steps with decode graphs vs none,
 //      one session (G1) and 32 (G3); A the same with the split decode
 //      attention vs libtorch's tensor ops (A1, A3).
+// --dtype / --kv_dtype: the model P1, P3, S, G and A measure in reduced
+// precision (P1f against that precision's floor); the others refuse it.
 //
 // The parts: engine_bench.h (Bench, the rows, what every group shares) and
 // engine_bench_*.cc (Bench's methods by topic); this file holds the flags,
@@ -84,6 +86,10 @@ ABSL_FLAG(int, reps, 5, "interleaved repetitions; medians are reported");
 ABSL_FLAG(bool, quick, false, "tiny sizes and 2 repetitions: only checks that it works");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(int, sessions, 32, "concurrent sessions for P3 and P5");
+ABSL_FLAG(std::string, dtype, "float32",
+          "the layers' product weights of the model P1, P3, S, G and A measure: float32, bfloat16 or int8 (the "
+          "other groups need float32)");
+ABSL_FLAG(std::string, kv_dtype, "float32", "that model's keys and values: float32 or bfloat16");
 ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, S, Q, W, G, A)");
 
 using engine_bench::Bench;
@@ -286,6 +292,20 @@ int main(int argc, char** argv) {
   if (!kernels_or.ok()) Fail(std::string(kernels_or.status().message()));
   const txl::Kernels kernels = *kernels_or;
   if (absl::GetFlag(FLAGS_reps) < 1) Fail("--reps must be >= 1");
+  const auto dtype_or = txl::ParseWeightDtype(absl::GetFlag(FLAGS_dtype));
+  if (!dtype_or.ok()) Fail("--dtype: " + std::string(dtype_or.status().message()));
+  const auto kv_or = txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_or.ok()) Fail("--kv_dtype: " + std::string(kv_or.status().message()));
+  const bool reduced = *dtype_or != txl::WeightDtype::kFloat32 || *kv_or != txl::KvDtype::kFloat32;
+  if (reduced) {
+    // P2 and W compare the engine with float32 baselines, Q the formats with each other.
+    const std::vector<std::string> only = absl::GetFlag(FLAGS_only);
+    const std::vector<std::string> allowed = {"P1", "P3", "S", "G", "A"};
+    const bool fits = !only.empty() && std::all_of(only.begin(), only.end(), [&](const std::string& g) {
+      return std::find(allowed.begin(), allowed.end(), g) != allowed.end();
+    });
+    if (!fits) Fail("--dtype/--kv_dtype other than float32 measure only --only P1,P3,S,G,A (or some of them)");
+  }
   txl::SetThreads(threads);
 
   std::string temp;
@@ -300,7 +320,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   const auto graphs_or = txl::ParseDecodeGraphs(absl::GetFlag(FLAGS_cuda_graphs));
   if (!graphs_or.ok()) Fail(std::string(graphs_or.status().message()));
-  auto b = std::make_unique<Bench>(path, device, kernels, *graphs_or, threads, z);
+  auto b = std::make_unique<Bench>(path, device, kernels, *graphs_or, threads, z, *dtype_or, *kv_or);
   b->set_quick(quick);
   b->set_only(absl::GetFlag(FLAGS_only));
   try {
@@ -318,8 +338,10 @@ int main(int argc, char** argv) {
   gethostname(host, sizeof(host) - 1);
   const std::string wait_policy = std::getenv("OMP_WAIT_POLICY");
   std::cout << absl::StrFormat(
-      "\nengine_bench: shape %s, device %s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, %u cpus\n\n", shape, device,
-      threads, wait_policy, z.reps, quick ? " (quick)" : "", CpuModel(), std::thread::hardware_concurrency());
+      "\nengine_bench: shape %s, device %s, weights %s, memories %s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, %u "
+      "cpus\n\n",
+      shape, device, absl::GetFlag(FLAGS_dtype), absl::GetFlag(FLAGS_kv_dtype), threads, wait_policy, z.reps,
+      quick ? " (quick)" : "", CpuModel(), std::thread::hardware_concurrency());
   PrintTable(rows);
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {
@@ -330,6 +352,8 @@ int main(int argc, char** argv) {
         {"shape", shape},
         {"device", device},
         {"kernels", txl::KernelsName(kernels)},
+        {"dtype", absl::GetFlag(FLAGS_dtype)},
+        {"kv_dtype", absl::GetFlag(FLAGS_kv_dtype)},
         {"threads", threads},
         {"omp_wait_policy", wait_policy},
         {"reps", z.reps},

@@ -106,8 +106,11 @@ inline void Interleave(int reps, const std::function<double()>& a, const std::fu
 class Bench {
  public:
   // decode_graphs: the model of every group but G (which loads both kinds).
+  // precision: the number formats of the model the groups P1, P3, S, G and
+  // A measure (Q and W load their own).
   Bench(const std::string& path, const std::string& device, txl::Kernels kernels, txl::DecodeGraphs decode_graphs,
-        int threads, Sizes sizes);
+        int threads, Sizes sizes, txl::WeightDtype dtype = txl::WeightDtype::kFloat32,
+        txl::KvDtype kv_dtype = txl::KvDtype::kFloat32);
 
   const txl::ModelConfig& config() const { return config_; }
   void Sync() const;
@@ -216,6 +219,8 @@ class Bench {
   std::string device_;
   txl::Kernels kernels_;
   txl::DecodeGraphs decode_graphs_;
+  txl::WeightDtype dtype_;
+  txl::KvDtype kv_dtype_;
   bool cuda_;
   bool quick_ = false;
   std::vector<std::string> only_;

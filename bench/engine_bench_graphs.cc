@@ -77,6 +77,8 @@ std::unique_ptr<LanguageModel> Bench::LoadWith(txl::DecodeGraphs decode_graphs, 
   o.kernels = kernels_;
   o.decode_graphs = decode_graphs;
   o.split_decode_attention = split_decode_attention;
+  o.dtype = dtype_;
+  o.kv_dtype = kv_dtype_;
   return Must(LanguageModel::Create(o), "loading " + path_);
 }
 

@@ -10,8 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/engine_bench.h"
+#include "model/precision.h"
 
 namespace engine_bench {
 
@@ -46,6 +48,15 @@ std::vector<Row> Bench::Run() {
   // ---- P2: recompute the whole window vs the engine step, per window.
   for (int64_t w : Want("P2") ? sizes_.windows : std::vector<int64_t>{}) rows.push_back(RecomputeRow(w));
 
+  // Reduced precision (--dtype, --kv_dtype: P1, P3, S, G and A only): said in
+  // every row. Baselines (P1's hidden-state step) stay float32; P1f's floor
+  // counts the reduced weights and memories, its extra figures float32's.
+  if (dtype_ != txl::WeightDtype::kFloat32 || kv_dtype_ != txl::KvDtype::kFloat32) {
+    for (Row& r : rows) {
+      absl::StrAppend(&r.measurement, "; engine with ", txl::DtypeName(dtype_), " weights, ", txl::DtypeName(kv_dtype_),
+                      " memories");
+    }
+  }
   return rows;
 }
 
@@ -220,7 +231,10 @@ Row Bench::BandwidthFloorRow(const std::vector<SessionState*>& one) {
   Progress("P1f: bandwidth floor");
   Row f;
   f.id = "P1f";
-  const int64_t floor_bytes = FloorBytes(mem);
+  const bool reduced = dtype_ != txl::WeightDtype::kFloat32 || kv_dtype_ != txl::KvDtype::kFloat32;
+  const int64_t weight_bytes = dtype_ == txl::WeightDtype::kFloat32 ? 4 : dtype_ == txl::WeightDtype::kBfloat16 ? 2 : 1;
+  const int64_t floor_bytes =
+      reduced ? ReducedFloorBytes(mem, weight_bytes, kv_dtype_ == txl::KvDtype::kFloat32 ? 4 : 2) : FloorBytes(mem);
   f.measurement =
       absl::StrFormat("engine step vs bandwidth floor (%.1f MB read per step / measured bandwidth)", floor_bytes / 1e6);
   f.a_name = "engine step";

@@ -23,18 +23,22 @@ namespace engine_bench {
 using txl::SamplingPlan;
 
 Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, txl::DecodeGraphs decode_graphs,
-             int threads, Sizes sizes)
+             int threads, Sizes sizes, txl::WeightDtype dtype, txl::KvDtype kv_dtype)
     : sizes_(std::move(sizes)),
       path_(path),
       device_(device),
       kernels_(kernels),
       decode_graphs_(decode_graphs),
+      dtype_(dtype),
+      kv_dtype_(kv_dtype),
       cuda_(device != "cpu") {
   txl::LanguageModelOptions o;
   o.path = path;
   o.device = device;
   o.kernels = kernels;
   o.decode_graphs = decode_graphs;
+  o.dtype = dtype;
+  o.kv_dtype = kv_dtype;
   o.threads = threads;
   const auto start = Clock::now();
   lm_ = Must(LanguageModel::Create(o), "loading " + path);

@@ -46,6 +46,9 @@ ABSL_FLAG(bool, split_decode_attention, true,
 ABSL_FLAG(bool, decode_short_feeds, true,
           "on the CPU kernels, a session feeding a few tokens feeds them a decode pass at a time (false: any "
           "session feeding several tokens takes the step through the multi-token pass)");
+ABSL_FLAG(bool, bf16_activations, true,
+          "with --dtype bfloat16 on the generic path, bfloat16 between the layers' products (false: float32, each "
+          "product converting its input and its output)");
 ABSL_FLAG(std::string, readout, "distribution",
           "what each step reads out: distribution (each session's whole row, to the host), argmax (the model's "
           "greedy pick: one id per session crosses) or score (every fed token's target log-prob, as Score: with "
@@ -93,6 +96,7 @@ int main(int argc, char** argv) {
   o.decode_graphs = *graphs;
   o.split_decode_attention = absl::GetFlag(FLAGS_split_decode_attention);
   o.decode_short_feeds = absl::GetFlag(FLAGS_decode_short_feeds);
+  o.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";

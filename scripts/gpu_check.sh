@@ -24,7 +24,8 @@
 #   profile    where a decode step's, a scoring step's and a prefill's device time goes: step_loop --profile
 #              on a random base-shaped model, 1 and 32 sessions at memory 800: float32 with the
 #              split decode attention (with and without graphs) and the tensor ops, and bfloat16
-#              weights and memories; a 2,048-token prefill (time to the first token) in float32
+#              weights and memories (and with float32 activations, --bf16_activations=false, with
+#              graphs; also for scoring at 32 sessions); a 2,048-token prefill (time to the first token) in float32
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
 #              decode_short_feeds; scoring 64-token segments at memory 640 (engine_bench's S),
 #              1 and 32 sessions, float32 and bfloat16; all of it in profile.txt
@@ -42,9 +43,10 @@
 #   admission  a --session_memory_budget the device cannot hold stops start-up, naming the flag;
 #              one it can hold starts and serves
 #   bench      engine_bench on the device: P1 (one session's decode), P3 (32 sessions), S
-#              (scoring 64-token segments at batch 1 and 32)
-# Writes report.json, report.md, engine_bench.json, engine_bench_graphs.json, profile.txt and
-# logs.tar.gz (a log per step). Exit status: the number of failed steps.
+#              (scoring 64-token segments at batch 1 and 32), in float32 and again with bfloat16
+#              weights and memories
+# Writes report.json, report.md, engine_bench.json, engine_bench_bf16.json,
+# engine_bench_graphs.json, profile.txt and logs.tar.gz (a log per step). Exit status: the number of failed steps.
 #
 # --dry-run: here, without a GPU. The bundle is unpacked into an empty folder; the Python is a
 # virtual environment of its own (TXL_CUDA_CACHE/gpu-dryrun, made once: torch==2.11.0 from PyPI
@@ -279,6 +281,14 @@ profile_runs() {
       done
     done
   done
+  # bfloat16 with float32 activations (each product converting its input and output), against
+  # the default bfloat16 activations above: decode with graphs, and scoring at the larger size.
+  for n in "${sizes[@]}"; do
+    echo "== bfloat16, $n session(s), memory 800, cuda_graphs=on, bf16_activations=false"
+    "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 800 --steps $steps \
+      --dtype bfloat16 --kv_dtype bfloat16 --readout argmax --cuda_graphs=on --bf16_activations=false \
+      --profile=- "${more[@]}" || return 1
+  done
   # A mixed step (docs/MODEL.md, "Mixed steps"): 8 sessions, one of them feeding 2 tokens, with
   # graphs: a token a pass (two padded passes) against the whole step through the multi-token pass.
   for case_ in true false; do
@@ -295,6 +305,10 @@ profile_runs() {
         --feed 64 --readout score --dtype $dtype --kv_dtype $dtype --profile=- "${more[@]}" || return 1
     done
   done
+  echo "== scoring 64-token segments, bfloat16, ${sizes[-1]} session(s), memory 640, bf16_activations=false"
+  "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions "${sizes[-1]}" --mem 640 --steps $steps \
+    --feed 64 --readout score --dtype bfloat16 --kv_dtype bfloat16 --bf16_activations=false --profile=- \
+    "${more[@]}" || return 1
   # Time to the first token: a 2,048-token prompt into a fresh session (its prefill and whole row).
   for dtype in float32 bfloat16; do
     echo "== prefill of $prompt tokens, $dtype"
@@ -392,9 +406,14 @@ EOF
 }
 
 bench() {
-  local args=(--device $DEVICE --only P1,P3,S --json "$OUTDIR/engine_bench.json")
-  if [ "$DRY" = 1 ]; then args+=(--quick); else args+=(--shape base --reps 3); fi
-  "$W/bench/engine_bench" "${args[@]}"
+  local sizes=(--shape base --reps 3) bad=0
+  if [ "$DRY" = 1 ]; then sizes=(--quick); fi
+  "$W/bench/engine_bench" --device $DEVICE --only P1,P3,S --json "$OUTDIR/engine_bench.json" "${sizes[@]}" || bad=1
+  # Issue 35's scoring targets are in bfloat16: the same groups with bfloat16 weights and memories.
+  echo "== bfloat16 weights and memories"
+  "$W/bench/engine_bench" --device $DEVICE --only P1,P3,S --dtype bfloat16 --kv_dtype bfloat16 \
+    --json "$OUTDIR/engine_bench_bf16.json" "${sizes[@]}" || bad=1
+  return $bad
 }
 
 # Each step runs in a child bash (so that --budget can stop it with everything it started).
@@ -425,11 +444,11 @@ for line in open(os.path.join(logs, "results.tsv")):
     name, status, secs = line.rstrip("\n").split("\t")
     log = open(os.path.join(logs, name + ".log"), errors="replace").read().splitlines()
     steps.append({"step": name, "status": status, "seconds": int(secs), "tail": log[-12:]})
-bench = None
-if os.path.exists(os.path.join(out, "engine_bench.json")):
-    bench = json.load(open(os.path.join(out, "engine_bench.json")))
+def bench(name):
+    path = os.path.join(out, name)
+    return json.load(open(path)) if os.path.exists(path) else None
 report = {"device": device, "dry_run": dry, "bundle": open(manifest).read().splitlines()[:3], "steps": steps,
-          "engine_bench": bench}
+          "engine_bench": bench("engine_bench.json"), "engine_bench_bf16": bench("engine_bench_bf16.json")}
 json.dump(report, open(os.path.join(out, "report.json"), "w"), indent=1)
 with open(os.path.join(out, "report.md"), "w") as f:
     f.write("# gpu_check%s\n\n%s\n\n| step | result | seconds |\n|---|---|---|\n" % (

@@ -90,10 +90,11 @@ __global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
   __shared__ float weight[kSplitChunk];
   __shared__ int64_t value_at[kSplitChunk];  // the offset of each key's head-h values in the pool
   __shared__ float reduce[kWarps];
-  const float* q = a.q + b * a.q_stride + h * a.dh;
+  const int64_t q0 = b * a.q_stride + h * a.dh;
   for (int64_t d = t; d < a.dh; d += kThreads) {
-    qu[d] = q[d] + a.u[h * a.dh + d];
-    qv[d] = q[d] + a.v[h * a.dh + d];
+    const float q = SplitDecodeKv(a.q, a.q_bf16, q0 + d);
+    qu[d] = q + a.u[h * a.dh + d];
+    qv[d] = q + a.v[h * a.dh + d];
   }
   const int key = t / kLanes, lane = t % kLanes;
   const int64_t j = c * kSplitChunk + key;
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineChunks(SplitDecodeArgs
     float value = 0;
 #pragma unroll 4
     for (int64_t c = 0; c < chunks; ++c) value += a.Partial(b, h, c)[2 + d] * scale[c];
-    a.out[b * a.out_stride + h * a.dh + d] = value / sum;
+    SplitDecodeStore(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, value / sum);
   }
 }
 

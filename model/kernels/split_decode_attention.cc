@@ -11,10 +11,11 @@ void SplitDecodeAttentionCpu(const SplitDecodeArgs& a, int64_t begin, int64_t en
   std::vector<float> qu(a.dh), qv(a.dh), p(kSplitChunk);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / a.heads, h = item % a.heads;
-    const float* q = a.q + b * a.q_stride + h * a.dh;
+    const int64_t q0 = b * a.q_stride + h * a.dh;
     for (int64_t d = 0; d < a.dh; ++d) {
-      qu[d] = q[d] + a.u[h * a.dh + d];
-      qv[d] = q[d] + a.v[h * a.dh + d];
+      const float q = SplitDecodeKv(a.q, a.q_bf16, q0 + d);
+      qu[d] = q + a.u[h * a.dh + d];
+      qv[d] = q + a.v[h * a.dh + d];
     }
     for (int64_t c = 0; c < a.Chunks(); ++c) {
       const int64_t j0 = c * kSplitChunk;
@@ -35,7 +36,8 @@ void SplitDecodeAttentionCpu(const SplitDecodeArgs& a, int64_t begin, int64_t en
         for (int64_t d = 0; d < a.dh; ++d) out[2 + d] += w * SplitDecodeValue(a, b, h, j0 + t, d);
       }
     }
-    for (int64_t d = 0; d < a.dh; ++d) a.out[b * a.out_stride + h * a.dh + d] = SplitDecodeCombine(a, b, h, d);
+    for (int64_t d = 0; d < a.dh; ++d)
+      SplitDecodeStore(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, SplitDecodeCombine(a, b, h, d));
   }
 }
 

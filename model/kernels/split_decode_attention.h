@@ -38,9 +38,11 @@ constexpr int kSplitChunk = 64;
 struct SplitDecodeArgs {
   int64_t sessions = 0, heads = 0, dh = 0;
   int64_t keys = 0;  // padded keys per session: rows holds sessions * keys entries
-  // Session b's query for head h at q + b * q_stride + h * dh.
-  const float* q = nullptr;
+  // Session b's query for head h at element b * q_stride + h * dh of q,
+  // float32 or bfloat16 (q_bf16).
+  const void* q = nullptr;
   int64_t q_stride = 0;
+  bool q_bf16 = false;
   const float* u = nullptr;  // [heads, dh]: the content bias
   const float* v = nullptr;  // [heads, dh]: the position bias
   // The pool's keys and values, rows of [heads, dh], float32 or bfloat16.
@@ -54,8 +56,11 @@ struct SplitDecodeArgs {
   int64_t rel_size = 0;
   float scale = 1;
   float* partial = nullptr;  // [sessions, heads, Chunks(), dh + 2]: max, sum, weighted values
-  float* out = nullptr;      // session b's head h at out + b * out_stride + h * dh
+  // Session b's head h at element b * out_stride + h * dh of out, float32
+  // or bfloat16 (out_bf16: rounded to nearest even, as torch converts).
+  void* out = nullptr;
   int64_t out_stride = 0;
+  bool out_bf16 = false;
 
   TXL_HOST_DEVICE int64_t Chunks() const { return (keys + kSplitChunk - 1) / kSplitChunk; }
   TXL_HOST_DEVICE float* Partial(int64_t b, int64_t h, int64_t chunk) const {
@@ -73,6 +78,24 @@ TXL_HOST_DEVICE inline float SplitDecodeKv(const void* base, bool bf16, int64_t 
   std::memcpy(&f, &bits, sizeof f);
   return f;
 #endif
+}
+
+// Stores `value` as element `index` of a float32 or bfloat16 array: bfloat16
+// rounded to nearest even (a NaN stays a NaN), as c10::BFloat16 rounds.
+TXL_HOST_DEVICE inline void SplitDecodeStore(void* base, bool bf16, int64_t index, float value) {
+  if (!bf16) {
+    static_cast<float*>(base)[index] = value;
+    return;
+  }
+  uint32_t bits;
+#if defined(__CUDA_ARCH__)
+  bits = __float_as_uint(value);
+#else
+  std::memcpy(&bits, &value, sizeof bits);
+#endif
+  const bool nan = (bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0;
+  static_cast<uint16_t*>(base)[index] =
+      nan ? uint16_t{0x7fc0} : static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 // Whether session b's query attends its key j: the keys up to the query's

@@ -74,6 +74,14 @@ class IncrementalModel {
     // graphs), and only sessions feeding more go through Pass. false: any
     // session feeding several tokens takes the whole step through Pass.
     bool decode_short_feeds = true;
+    // The generic path with bfloat16 weights (a GPU's): every product takes
+    // and gives bfloat16, with its bias in the same kernel, and the
+    // attention's keys, values and the split attention's query and result
+    // are bfloat16 (docs/MODEL.md, "bfloat16 activations on the generic
+    // path"). The residual stream, the layer norms, the softmax, the split
+    // attention's sums and the readout stay float32. false: float32 between
+    // the products, each product converting its input and output.
+    bool bf16_activations = true;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -293,6 +301,10 @@ class IncrementalModel {
   // decode_, and Pass takes its tensor-op branches.
   bool generic_;
   bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
+  bool bf16_stream_;    // Precision::bf16_activations in effect: generic, bfloat16 weights and products
+  // The hidden states' type between a pass's products: bfloat16 with
+  // bf16_stream_, else float32.
+  at::ScalarType StreamType() const { return bf16_stream_ ? at::kBFloat16 : at::kFloat; }
   // Per layer, what the CPU kernels read: each product matrix packed in
   // panels (decode_kernels.h: the several-session products, the prefill's
   // where they run on them, and for float32 and bfloat16 every product), for

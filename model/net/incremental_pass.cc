@@ -180,7 +180,7 @@ IncrementalModel::PassMeta IncrementalModel::DeriveMeta(const PassGeometry& g, c
 
 at::Tensor IncrementalModel::Held(const Pending& p, int64_t l, bool key) const {
   if (p.replaced()) return key ? p.k[l] : p.v[l];
-  return HeldRows(*p.memory, l, key, p.position - p.length, p.length).to(at::kFloat);
+  return HeldRows(*p.memory, l, key, p.position - p.length, p.length).to(StreamType());
 }
 
 void IncrementalModel::WriteInPlace(const std::vector<Pending*>& batch, const PassGeometry& g, int64_t l,
@@ -208,7 +208,7 @@ std::pair<at::Tensor, at::Tensor> IncrementalModel::GatherKeys(const std::vector
     for (const bool key : {true, false}) {
       const at::Tensor& pool = key ? pool_->keys(l) : pool_->values(l);
       const at::Tensor& fresh = key ? k : v;
-      at::Tensor block = pool.index_select(0, meta.gather_rows).to(at::kFloat);  // [B * Kmax, H, dh]
+      at::Tensor block = pool.index_select(0, meta.gather_rows).to(StreamType());  // [B * Kmax, H, dh]
       if (!plan.patch_rows.empty()) {
         const bool every_token = static_cast<int64_t>(plan.patch_tok.size()) == fresh.size(0) && g.uniform;
         block.index_copy_(0, meta.patch_rows, every_token ? fresh : fresh.index_select(0, meta.patch_tok));
@@ -257,8 +257,8 @@ at::Tensor IncrementalModel::ReluProduct(const at::Tensor& x, int64_t l) const {
   const at::Tensor& w = L.ff1_w;
   // One kernel on a GPU (cuBLASLt's bias and ReLU epilogue) instead of two;
   // on a CPU the same addmm and ReLU as below.
-  if (generic_ && w.scalar_type() == at::kFloat && L.ff1_b.defined() && x.dim() == 2)
-    return at::_addmm_activation(L.ff1_b, x, w.t());
+  if (generic_ && (w.scalar_type() == at::kFloat || bf16_stream_) && L.ff1_b.defined() && x.dim() == 2)
+    return at::_addmm_activation(L.ff1_b, x.to(w.scalar_type()), w.t());
   return at::relu(Product(x, l, 2, L.ff1_b));
 }
 
@@ -272,7 +272,7 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   const ModelConfig& c = config_;
   const int64_t B = g.B, H = c.n_head, dh = c.d_head;
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(device_);
-  const at::Tensor q = qkv.to(at::kFloat).contiguous();  // [B, 3, H, dh]
+  const at::Tensor q = qkv.contiguous();  // [B, 3, H, dh], float32 or bfloat16 (read as it is)
   const at::Tensor u = weights_.u(c, l).to(at::kFloat).contiguous(), v = weights_.v(c, l).to(at::kFloat).contiguous();
   const at::Tensor& keys = pool_->keys(l);
   const at::Tensor& values = pool_->values(l);
@@ -283,8 +283,9 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   a.heads = H;
   a.dh = dh;
   a.keys = g.Kmax;
-  a.q = q.data_ptr<float>();
+  a.q = q.data_ptr();
   a.q_stride = 3 * H * dh;
+  a.q_bf16 = q.scalar_type() == at::kBFloat16;
   a.u = u.data_ptr<float>();
   a.v = v.data_ptr<float>();
   a.pool_keys = keys.data_ptr();
@@ -297,10 +298,11 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   a.rel_size = rel_k_[l].size(0);
   a.scale = static_cast<float>(ScoreScale(dh));
   const at::Tensor partial = at::empty({B, H, a.Chunks(), dh + 2}, fopt);
-  at::Tensor out = at::empty({B, H * dh}, fopt);
+  at::Tensor out = at::empty({B, H * dh}, fopt.dtype(StreamType()));
   a.partial = partial.data_ptr<float>();
-  a.out = out.data_ptr<float>();
+  a.out = out.data_ptr();
   a.out_stride = H * dh;
+  a.out_bf16 = out.scalar_type() == at::kBFloat16;
   if (device_.is_cpu()) {
     at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) { SplitDecodeAttentionCpu(a, begin, end); });
   } else {
@@ -325,7 +327,7 @@ at::Tensor IncrementalModel::PassAttention(const PassGeometry& g, const PassMeta
   const at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
                                              rel_k_[l].slice(0, 0, g.D).permute({1, 2, 0}));  // [B,H,N,D]
   at::Tensor vec = generic_ ? TensorOpAttention(meta, qu, Kq, Vq, bd_all) : BlockedAttention(g, qu, Kq, Vq, bd_all);
-  vec = vec.to(at::kFloat).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
+  vec = vec.to(StreamType()).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
   if (!g.uniform) vec = vec.index_select(0, meta.row_idx);
   return vec;
 }
@@ -465,15 +467,17 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
   const ModelConfig& c = config_;
   const int64_t H = c.n_head, dh = c.d_head, T = g.T;
   const bool kv16 = kv_dtype_ == KvDtype::kBfloat16;
-  const bool split = SplitDecodeRuns(g, plan);     // every session in place: nothing for KeepWindow
-  at::Tensor x = Embed(c, weights_, meta.tokens);  // [T, d]
-  const auto fopt = x.options();
+  const bool split = SplitDecodeRuns(g, plan);        // every session in place: nothing for KeepWindow
+  at::Tensor x = Embed(c, weights_, meta.tokens);     // [T, d]
+  const auto fopt = x.options().dtype(StreamType());  // the attention's keys and values
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
     at::Tensor qkv = Product(h, l, 0, at::Tensor()).view({T, 3, H, dh});
     at::Tensor k = qkv.select(1, 1), v = qkv.select(1, 2);
-    if (kv16 && !split) {  // attend exactly what the memory will hold (SplitDecode reads it from the pool)
+    // Attend exactly what the memory will hold (SplitDecode reads it from
+    // the pool; bfloat16 activations hold it already).
+    if (kv16 && !split && !bf16_stream_) {
       k = k.to(at::kBFloat16).to(at::kFloat);
       v = v.to(at::kBFloat16).to(at::kFloat);
     }

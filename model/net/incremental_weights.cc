@@ -76,6 +76,13 @@ void IncrementalModel::PrepareWeights() {
     if (elem == Elem::kBf16) {
       for (LayerWeights& L : weights_.layers) {
         for (int which = 0; which < 4; ++which) *MatrixOf(L, which) = MatrixOf(L, which)->to(at::kBFloat16);
+        // With bfloat16 activations a product adds its bias in bfloat16,
+        // in the same kernel.
+        if (bf16_stream_) {
+          for (at::Tensor* t : {&L.ff1_b, &L.ff2_b}) {
+            if (t->defined()) *t = t->to(at::kBFloat16);
+          }
+        }
       }
     }
     pool_ = std::make_shared<SlotPool>(config_.n_layer, config_.n_head, config_.d_head,
@@ -160,6 +167,7 @@ std::string IncrementalModel::KernelPath() const {
   std::string path = absl::StrCat(device_.str(), ": weights ", DtypeName(dtype_), ", memories ", DtypeName(kv_dtype_));
   if (generic_) {
     absl::StrAppend(&path, "; generic: libtorch ops", device_.is_cpu() ? " (--kernels generic)" : "");
+    if (bf16_stream_) absl::StrAppend(&path, "; products bfloat16 in and out, their biases fused");
     if (split_decode_) {
       absl::StrAppend(&path, "; decode attention split over key chunks",
                       device_.is_cpu() ? " (its CPU form)" : " (CUDA kernels)");
@@ -251,7 +259,9 @@ at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int whi
     return y;
   }
   const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
+  // float32, or bfloat16 activations: one kernel, the bias in it.
   if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
+  if (bf16_stream_) return at::linear(x.to(at::kBFloat16), w, bias);
   at::Tensor y;
   if (w.scalar_type() == at::kBFloat16) {
     y = bf16_products_ ? at::linear(x.to(at::kBFloat16), w).to(at::kFloat) : at::linear(x, w.to(at::kFloat));

@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
   precision.kernels = options.kernels;
   precision.split_decode_attention = options.split_decode_attention;
   precision.decode_short_feeds = options.decode_short_feeds;
+  precision.bf16_activations = options.bf16_activations;
   ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape

@@ -50,6 +50,10 @@ struct LanguageModelOptions {
   // with decode graphs (IncrementalModel::Precision::decode_short_feeds);
   // false only to measure the whole step through the multi-token pass.
   bool decode_short_feeds = true;
+  // bfloat16 weights on the generic path: bfloat16 between the products
+  // (IncrementalModel::Precision::bf16_activations); false only to measure
+  // the float32 activations against it.
+  bool bf16_activations = true;
   // On the generic path, the models loaded with one SharedSlotPools share
   // their sessions' pool with the others of their shape once they join it
   // (LanguageModel::JoinSharedPool): a repository's versions of one

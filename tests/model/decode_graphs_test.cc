@@ -73,7 +73,8 @@ TEST(DecodeBucketTest, PassesPadTheirTokensToPowersOfTwoAndKeepRoomForThem) {
 // way (captured passes hold its address). Both use the split decode
 // attention; a third model, unpadded with the tensor-op attention, holds the
 // split attention to it (the same rounded memories; with bfloat16 weights
-// the tensor ops multiply in bfloat16, the split attention in float32).
+// the tensor ops multiply in bfloat16, the split attention in float32, of
+// the bfloat16 query).
 TEST(DecodeGraphsTest, PaddedDecodeStepsEqualTheUnpaddedPass) {
   struct Mode {
     WeightDtype dtype;

@@ -5,6 +5,7 @@
 // against the widest by forcing it, and session images carry their type.
 // The quality gates run the bundled model over its validation split.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/kernels/cpu_isa.h"
 #include "model/net/checkpoint.h"
 #include "model/net/incremental.h"
 #include "model/net/txl_math.h"
@@ -162,6 +164,103 @@ TEST_P(PrecisionTest, ManySessionsAgreeWithEachAlone) {
   }
 }
 
+// Top-level ATen ops while a counter is installed, and the conversions the
+// model asks for: a top-level aten::to that copies (aten::_to_copy; a `to`
+// that changes nothing makes none). A CPU's add of mixed types converts
+// inside the add, which a GPU's does in its one kernel: not counted.
+thread_local int64_t t_ops = 0, t_conversions = 0;
+thread_local int t_depth = 0;
+thread_local bool t_in_to = false;
+std::unique_ptr<at::ObserverContext> EnterOp(const at::RecordFunction& fn) {
+  const std::string name = fn.name();
+  if (t_depth == 0) {
+    ++t_ops;
+    t_in_to = name == "aten::to";
+  } else if (t_depth == 1 && t_in_to && name == "aten::_to_copy") {
+    ++t_conversions;
+  }
+  ++t_depth;
+  return nullptr;
+}
+void LeaveOp(const at::RecordFunction&, at::ObserverContext*) { --t_depth; }
+
+// bfloat16 weights on the generic path (a GPU's code), with bfloat16
+// activations (Precision::bf16_activations) and without: a product takes
+// bfloat16 and gives bfloat16 with its bias added in its own kernel, so a
+// decode step's layer converts only its two float32 inputs (the
+// attention's and the feed-forward's); without, every product converted its
+// input and its output and added its bias apart. The residual stream stays float32. Both within the
+// mode's chunking tolerance of each other, on decode steps of three sessions
+// and on their 6-token passes.
+TEST_P(PrecisionTest, Bf16ActivationsConvertOnlyTheLayersInputs) {
+  // The mode needs bfloat16 products (a GPU; on a CPU, AVX-512-BF16 or AMX,
+  // and a TXL_CPU_ISA that allows them).
+  if (!CpuHasBf16Products()) GTEST_SKIP() << "this CPU (or TXL_CPU_ISA) has no bfloat16 products";
+  const ModelConfig& c = GetParam().config;
+  const TxlWeights w = TestWeights(c, 23);
+  constexpr int kSessions = 3;
+  struct Counts {
+    int64_t ops = 0, conversions = 0;
+  };
+  std::vector<at::Tensor> results[2];
+  Counts decode[2], pass[2];
+  for (const bool stream : {false, true}) {
+    Precision p;
+    p.dtype = WeightDtype::kBfloat16;
+    p.kv_dtype = KvDtype::kBfloat16;
+    p.kernels = Kernels::kGeneric;
+    p.bf16_activations = stream;
+    IncrementalModel model(c, w, at::kCPU, p);
+    EXPECT_EQ(model.KernelPath().find("products bfloat16 in and out") != std::string::npos, stream)
+        << model.KernelPath();
+    std::vector<SessionMemory> memories;
+    for (int i = 0; i < kSessions; ++i) memories.emplace_back(c.n_layer, c.mem_len);
+    for (int i = 0; i < kSessions; ++i) FeedInChunks(model, memories[i], RandomTokens(5 + i, c.n_token, 30 + i), 8);
+    // A step of every session: `n` tokens each; counted when `counts` is given.
+    auto step = [&](int64_t n, int seed, Counts* counts) {
+      std::vector<StepInput> in;
+      for (int i = 0; i < kSessions; ++i)
+        in.push_back(testing::Row(&memories[i], RandomTokens(n, c.n_token, seed + i)));
+      std::optional<at::CallbackHandle> handle;
+      if (counts != nullptr) {
+        t_ops = t_conversions = 0;
+        handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&EnterOp, &LeaveOp));
+      }
+      const at::Tensor hidden = model.Step(in);
+      if (handle) {
+        at::removeCallback(*handle);
+        *counts = {t_ops, t_conversions};
+      }
+      results[stream].push_back(LogProbs(c, model.weights(), hidden));
+    };
+    step(1, 40, nullptr);  // warms (any growth of the pool happens here)
+    step(1, 50, &decode[stream]);
+    step(6, 60, nullptr);
+    step(6, 70, &pass[stream]);
+  }
+  const int64_t L = c.n_layer;
+  for (const auto& [name, counts] : {std::pair{"decode", decode}, std::pair{"6-token pass", pass}}) {
+    SCOPED_TRACE(name);
+    std::cout << name << ", " << L << " layers: " << counts[0].ops << " ops (" << counts[0].conversions
+              << " conversions) with float32 activations, " << counts[1].ops << " (" << counts[1].conversions
+              << ") with bfloat16\n";
+    EXPECT_GE(counts[0].conversions - counts[1].conversions, 4 * L);
+    EXPECT_GE(counts[0].ops - counts[1].ops, 4 * L);  // 6 and 10 a layer here
+  }
+  // A decode step: the two inputs (the split attention reads a bfloat16
+  // query and writes a bfloat16 result). A pass: the two inputs; the
+  // attention's float32 operands (the query plus each bias, the position
+  // table, the probabilities) as before. An adaptive embedding's clusters
+  // add 3 of their own, in both modes.
+  const int64_t embedding = c.div_val > 1 ? 3 : 0;
+  EXPECT_EQ(decode[1].conversions, 2 * L + embedding);
+  EXPECT_LE(pass[1].conversions, 7 * L + embedding);
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    EXPECT_LT(MaxAbsDiff(results[0][i], results[1][i]), 0.05) << "step " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, PrecisionTest, ::testing::ValuesIn(testing::Variants()),
                          [](const auto& info) { return info.param.name; });
 
@@ -267,13 +366,18 @@ Quality Evaluate(IncrementalModel& model, const std::vector<int64_t>& tokens, co
 }
 
 // The gates: the relative change of bits per character from float32 that
-// each reduced mode (with bfloat16 memories) must stay under.
+// each reduced mode (with bfloat16 memories) must stay under; bfloat16 also
+// on the generic path (a GPU's code), whose activations are bfloat16 between
+// the products (Precision::bf16_activations).
 struct Gate {
   const char* name;
   WeightDtype dtype;
   double max_relative;
+  Kernels kernels = Kernels::kAuto;
 };
-const Gate kGates[] = {{"bfloat16", WeightDtype::kBfloat16, 0.005}, {"int8", WeightDtype::kInt8, 0.015}};
+const Gate kGates[] = {{"bfloat16", WeightDtype::kBfloat16, 0.005},
+                       {"int8", WeightDtype::kInt8, 0.015},
+                       {"bfloat16 (generic path)", WeightDtype::kBfloat16, 0.005, Kernels::kGeneric}};
 
 // The bundled model and the last 10% of its corpus, as token ids.
 void LoadValidation(std::optional<Checkpoint>* ckpt, std::vector<int64_t>* tokens) {
@@ -304,6 +408,7 @@ TEST(QualityGateTest, BundledModelValidationSplit) {
     Precision p;
     p.dtype = gate.dtype;
     p.kv_dtype = KvDtype::kBfloat16;
+    p.kernels = gate.kernels;
     IncrementalModel model(ckpt->config, *ckpt->weights, at::kCPU, p);
     const Quality q = Evaluate(model, tokens, &reference, nullptr);
     const double relative = (q.bpc - base.bpc) / base.bpc;
@@ -346,6 +451,7 @@ TEST(QualityGateTest, SeveralSessionsStepTogether) {
     Precision p;
     p.dtype = gate.dtype;
     p.kv_dtype = KvDtype::kBfloat16;
+    p.kernels = gate.kernels;
     const double q = bpc(p);
     const double relative = (q - base) / base;
     std::printf("several sessions, %s weights, bfloat16 memories: bpc %.4f (%+.3f%%)\n", gate.name, q, 100 * relative);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace txl {
@@ -44,7 +45,7 @@ void Check(const Case& c) {
   a.heads = H;
   a.dh = dh;
   a.keys = keys;
-  a.q = q.data_ptr<float>();
+  a.q = q.data_ptr();
   a.q_stride = 3 * H * dh;
   a.u = u.data_ptr<float>();
   a.v = v.data_ptr<float>();
@@ -60,13 +61,33 @@ void Check(const Case& c) {
   at::Tensor partial = at::full({B, H, a.Chunks(), dh + 2}, 7.0f);  // stale values must not leak
   at::Tensor out = at::full({B, H * dh}, 7.0f);
   a.partial = partial.data_ptr<float>();
-  a.out = out.data_ptr<float>();
+  a.out = out.data_ptr();
   a.out_stride = H * dh;
   if (c.first_call_items < 0) {
     SplitDecodeAttentionCpu(a, 0, B * H);
   } else {
     SplitDecodeAttentionCpu(a, c.first_call_items, B * H);
     SplitDecodeAttentionCpu(a, 0, c.first_call_items);
+  }
+
+  // bfloat16 activations (IncrementalModel's bf16_stream_): a bfloat16
+  // query is read as its float32 widening, and a bfloat16 result is the
+  // float32 one rounded as torch rounds it, bit for bit.
+  {
+    const at::Tensor q16 = q.to(at::kBFloat16), widened = q16.to(at::kFloat);
+    at::Tensor from_widened = at::empty({B, H * dh}), rounded = at::full({B, H * dh}, 7.0f).to(at::kBFloat16);
+    SplitDecodeArgs f = a;
+    f.q = widened.data_ptr();
+    f.out = from_widened.data_ptr();
+    SplitDecodeAttentionCpu(f, 0, B * H);
+    SplitDecodeArgs n = a;
+    n.q = q16.data_ptr();
+    n.q_bf16 = true;
+    n.out = rounded.data_ptr();
+    n.out_bf16 = true;
+    SplitDecodeAttentionCpu(n, 0, B * H);
+    EXPECT_TRUE(at::equal(rounded, from_widened.to(at::kBFloat16)));
+    EXPECT_GT((from_widened - out).abs().max().item<float>(), 0) << "the query's rounding changed nothing?";
   }
 
   const at::Tensor kf = pool_k.to(at::kFloat), vf = pool_v.to(at::kFloat);
@@ -94,6 +115,29 @@ TEST(SplitDecodeAttentionTest, MatchesTheDefinitionAcrossChunksAndWindows) {
 }
 
 TEST(SplitDecodeAttentionTest, ReadsBfloat16Memories) { Check({{0, 70, 200, 150}, {1, 71, 5, 300}, at::kBFloat16}); }
+
+// The bfloat16 store against torch's conversion: random values, exact ties
+// (to even, up and down), the largest floats, infinities, subnormals, and
+// NaN (a NaN).
+TEST(SplitDecodeAttentionTest, StoresBfloat16AsTorchRoundsIt) {
+  at::manual_seed(5);
+  std::vector<float> values = {1.00390625f, 1.01171875f, -1.00390625f, 3.4028235e38f, -3.4028235e38f, INFINITY,
+                               -INFINITY,   1e-40f,      -1e-45f,      0.0f,          -0.0f,          NAN};
+  const at::Tensor random = at::randn({1000}) * 1000;
+  for (int64_t i = 0; i < random.numel(); ++i) values.push_back(random[i].item<float>());
+  const at::Tensor want = at::tensor(values).to(at::kBFloat16);
+  std::vector<uint16_t> got(values.size());
+  for (size_t i = 0; i < values.size(); ++i) SplitDecodeStore(got.data(), true, static_cast<int64_t>(i), values[i]);
+  const uint16_t* w = static_cast<const uint16_t*>(want.data_ptr());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) {  // a NaN, whose payload torch's paths choose differently (0x7fc0, 0xffff)
+      EXPECT_EQ(got[i] & 0x7f80, 0x7f80);
+      EXPECT_NE(got[i] & 0x007f, 0);
+    } else {
+      EXPECT_EQ(got[i], w[i]) << "value " << values[i];
+    }
+  }
+}
 
 TEST(SplitDecodeAttentionTest, ItemsSplitAcrossCallsEachWriteTheirOwn) {
   // Callers split the (session, head) items across threads; keys end at a

@@ -45,6 +45,11 @@
 #   bench      engine_bench on the device: P1 (one session's decode), P3 (32 sessions), S
 #              (scoring 64-token segments at batch 1 and 32), in float32 and again with bfloat16
 #              weights and memories
+#   model      only when --only names it, and best alone (issue 35's part 3): scripts/
+#              train_gpu_model.sh trains the candidates for a better bundled model side by side
+#              for MODEL_SECONDS (default 240) each; returns model_summary.json and the best
+#              checkpoint in parts of 15 MiB (model.pt.part-00, -01: cat them in order), the
+#              candidates' logs in logs.tar.gz
 # Writes report.json, report.md, engine_bench.json, engine_bench_bf16.json,
 # engine_bench_graphs.json, profile.txt and logs.tar.gz (a log per step). Exit status: the number of failed steps.
 #
@@ -405,6 +410,20 @@ finally:
 EOF
 }
 
+model() {
+  local dry=()
+  if [ "$DRY" = 1 ]; then dry=(--dry-run); fi
+  "$SRC/scripts/train_gpu_model.sh" --txl_train "$W/tools/txl-train" --corpus "$CORPUS" --out "$W/model" \
+    --device $DEVICE --seconds "${MODEL_SECONDS:-240}" "${dry[@]}"
+  local status=$?
+  for f in "$W"/model/*.log; do [ -f "$f" ] && cp "$f" "$LOGS/model_$(basename "$f")"; done
+  [ $status = 0 ] || return 1
+  cp "$W/model/summary.json" "$OUTDIR/model_summary.json" || return 1
+  # Files come back at most 16 MiB each: the checkpoint in parts.
+  split -b 15M -d "$W/model/best.pt" "$OUTDIR/model.pt.part-" || return 1
+  ls -l "$OUTDIR"/model.pt.part-*
+}
+
 bench() {
   local sizes=(--shape base --reps 3) bad=0
   if [ "$DRY" = 1 ]; then sizes=(--quick); fi
@@ -420,7 +439,7 @@ bench() {
 # (On the CPU, decode graphs need the generic kernels: they run the padded steps eagerly.)
 if [ "$DRY" = 1 ]; then GRAPH_FLAG="--cuda_graphs=on --kernels generic"; else GRAPH_FLAG="--cuda_graphs=on"; fi
 export SRC W PY DEVICE DRY OUTDIR MODEL CORPUS LOGS TORCH_VERSION TORCH_LIB BINARY_LIST GRAPH_FLAG
-export -f preflight unit eval_check graphs profile profile_runs servers transfer train admission bench
+export -f preflight unit eval_check graphs profile profile_runs servers transfer train admission bench model
 step preflight preflight
 if grep -q "^preflight	FAIL" "$RESULTS"; then
   echo "gpu_check: preflight failed; nothing else can run" >&2
@@ -434,6 +453,8 @@ else
   step train train
   step admission admission
   step bench bench
+  # Opt-in: a long run whose files would not fit beside the other steps' under $OUT's limit of 8.
+  if [[ ",$ONLY," == *",model,"* ]]; then step model model; fi
 fi
 
 "$PY" - "$OUTDIR" "$LOGS" "$W/MANIFEST" "$DEVICE" "$DRY" <<'EOF'

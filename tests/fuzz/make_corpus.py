@@ -7,12 +7,13 @@ target's input format (see the comment at the top of each *_fuzzer.cc).
 Needs the normal build: the Python stubs (build/client/python/gen) for the request
 seeds, and build/tools/txl-init for the checkpoint seeds (it writes checkpoints like
 the fuzzer's templates, whose records are then read in archive order). Rewrites the
-seed directories; the seeds are small and kept in git.
+seeds it names and leaves every other file in place: the inputs a fuzzer once failed
+on are kept in the same directories as regression seeds (added by hand, never by this
+script). The seeds are small and kept in git.
 """
 import argparse
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -35,8 +36,7 @@ VERSION_RECORDS = ("version", ".data/version")
 
 def write_seeds(target, seeds):
     d = os.path.join(CORPUS, target)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    os.makedirs(d, exist_ok=True)
     for name, data in seeds:
         with open(os.path.join(d, name), "wb") as f:
             f.write(data)
@@ -75,6 +75,8 @@ def request_seeds(stubs):
         stop_token_ids=[1], stop_sequences=["\n"], logprobs=2)
     gen_ids = txl_pb2.GenerateRequest(input=txl_pb2.Input(tokens=txl_pb2.TokenIds(ids=[1, 2, 3])), max_new_tokens=32)
     gen_words = txl_pb2.GenerateRequest(input=txl_pb2.Input(text="the cat sat\non the mat\n"), logprobs=5)
+    # max_new_tokens -1 with echo: the input's log-probs alone (spec.max_new_tokens 0).
+    gen_echo = txl_pb2.GenerateRequest(input=txl_pb2.Input(text="the cat"), max_new_tokens=-1, echo=True, logprobs=1)
     score = txl_pb2.ScoreRequest(session_id=sid, input=txl_pb2.Input(text="caf\u00e9"), commit=True)
     score_ids = txl_pb2.ScoreRequest(input=txl_pb2.Input(tokens=txl_pb2.TokenIds(ids=[0, 255])))
     return [
@@ -83,6 +85,7 @@ def request_seeds(stubs):
         ("generate_text", seed(1, 1, gen_text, sid)),
         ("generate_ids", seed(1, 0, gen_ids)),
         ("generate_words", seed(1, 2, gen_words)),
+        ("generate_echo_only", seed(1, 2, gen_echo)),
         ("score_text", seed(2, 1, score, sid)),
         ("score_ids", seed(2, 0, score_ids)),
     ]

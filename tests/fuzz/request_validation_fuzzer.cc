@@ -7,7 +7,8 @@
 // Checked beyond "no crash, no sanitizer report":
 //   - a refusal is INVALID_ARGUMENT and its message starts with a field name;
 //   - what is accepted is within the limits: token ids in [0, n_token), at
-//     most max_input_tokens, max_new_tokens in [1, max], sampling parameters
+//     most max_input_tokens, max_new_tokens in [1, max] (or 0 when -1 asks an
+//     echo for the input's log-probs alone), sampling parameters
 //     the sampler accepts, logprobs in [0, max], no empty stop sequence, stop
 //     sequences and ids within their bounds,
 //     mem_len in [1, max_mem_len], idle_ttl >= 0, a session id that is empty
@@ -125,7 +126,14 @@ void CheckInput(const Setup& setup, const v1::Input& in, const std::vector<int>&
 void CheckSpec(const Setup& setup, const v1::GenerateRequest& req, const GenerateSpec& spec) {
   const RequestLimits& l = setup.validator.limits();
   CheckInput(setup, req.input(), spec.input);
-  Check(spec.max_new_tokens >= 1 && spec.max_new_tokens <= l.max_new_tokens, "max_new_tokens in [1, max]");
+  if (req.max_new_tokens() == -1) {
+    // -1 with echo asks for the input's log-probs alone: nothing new, on some input.
+    Check(spec.echo && spec.max_new_tokens == 0, "max_new_tokens -1 only with echo, generating nothing");
+    Check(!spec.input.empty(), "echo generating nothing has input");
+  } else {
+    Check(spec.max_new_tokens >= 1 && spec.max_new_tokens <= l.max_new_tokens, "max_new_tokens in [1, max]");
+    Check(req.max_new_tokens() == 0 || spec.max_new_tokens == req.max_new_tokens(), "max_new_tokens kept");
+  }
   Check(ValidateSampling(spec.sampling).ok(), "sampling the sampler accepts");
   Check(std::isfinite(spec.sampling.temperature) && spec.sampling.temperature >= 0, "temperature finite, >= 0");
   Check(spec.sampling.top_p >= 0 && spec.sampling.top_p <= 1, "top_p in [0, 1]");

@@ -7,7 +7,7 @@
 // It fills `sessions` sessions to a full window (prefill), then times
 // `steps` single-token steps of all of them at once and prints the median.
 // With --prefill N it times `steps` prefills of N tokens instead, each into
-// a fresh session (engine_bench's Q4).
+// a fresh session (engine_bench's Q4), and --profile profiles more of them.
 // engine_bench has the figures; this is only the workload to look inside.
 #include <algorithm>
 #include <chrono>
@@ -49,6 +49,9 @@ ABSL_FLAG(bool, decode_short_feeds, true,
 ABSL_FLAG(bool, bf16_activations, true,
           "with --dtype bfloat16 on the generic path, bfloat16 between the layers' products (false: float32, each "
           "product converting its input and its output)");
+ABSL_FLAG(bool, sdpa_pass_attention, false,
+          "the generic path's multi-token passes attend through one fused scaled_dot_product_attention, the "
+          "relative-position scores its additive mask (libtorch 2.x: the CUDA build)");
 ABSL_FLAG(std::string, readout, "distribution",
           "what each step reads out: distribution (each session's whole row, to the host), argmax (the model's "
           "greedy pick: one id per session crosses) or score (every fed token's target log-prob, as Score: with "
@@ -97,13 +100,20 @@ int main(int argc, char** argv) {
   o.split_decode_attention = absl::GetFlag(FLAGS_split_decode_attention);
   o.decode_short_feeds = absl::GetFlag(FLAGS_decode_short_feeds);
   o.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
+  o.sdpa_pass_attention = absl::GetFlag(FLAGS_sdpa_pass_attention);
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";
     return 1;
   }
   // Which kernels a profile of this run looks at.
-  std::cerr << "step_loop: kernels " << (*lm)->KernelPath() << std::endl;
+  const std::string path = (*lm)->KernelPath();
+  std::cerr << "step_loop: kernels " << path << std::endl;
+  // A graph capture that fails falls back to eager passes and says so in the
+  // path: printed again when it changed, so that a timing says what it timed.
+  auto path_after = [&] {
+    if (const std::string now = (*lm)->KernelPath(); now != path) std::cerr << "step_loop: kernels now " << now << "\n";
+  };
   const int B = absl::GetFlag(FLAGS_sessions), mem = absl::GetFlag(FLAGS_mem);
   const int vocab = static_cast<int>((*lm)->config().n_token);
   auto fail = [](const absl::Status& s) {
@@ -122,26 +132,35 @@ int main(int argc, char** argv) {
     std::sort(seconds.begin(), seconds.end());
     return seconds[seconds.size() / 2];
   };
-  if (absl::GetFlag(FLAGS_prefill) > 0 && !absl::GetFlag(FLAGS_profile).empty()) {
-    std::cerr << "step_loop: --profile profiles decode steps; it does not go with --prefill\n";
-    return 2;
-  }
   if (absl::GetFlag(FLAGS_profile_steps) < 1) {
     std::cerr << "step_loop: --profile_steps must be at least 1\n";
     return 2;
   }
+  step_loop::ProfileConfig pc;
+  pc.steps = absl::GetFlag(FLAGS_profile_steps);
+  pc.trace = absl::GetFlag(FLAGS_profile) == "-" ? "" : absl::GetFlag(FLAGS_profile);
   if (const int n = absl::GetFlag(FLAGS_prefill); n > 0) {
-    for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+    int i = 0;  // a fresh session each, its prompt differing by i
+    auto prefill = [&](bool time) {
       auto s = (*lm)->NewSession(mem + 1);
-      if (!s.ok()) return fail(s.status());
+      if (!s.ok()) return s.status();
       std::vector<txl::StepInput> in(1);
       in[0].session = s->get();
       for (int t = 0; t < n; ++t) in[0].tokens.push_back((t * 31 + i) % vocab);
       in[0].want_last_distribution = true;
-      if (absl::Status st = timed(in); !st.ok()) return fail(st);
+      ++i;
+      return time ? timed(in) : (*lm)->Step(absl::MakeSpan(in)).status();
+    };
+    for (int k = 0; k < absl::GetFlag(FLAGS_steps); ++k) {
+      if (absl::Status st = prefill(true); !st.ok()) return fail(st);
     }
     const double m = median();
     std::printf("prefill of %d tokens, memory %d: median %.1f ms, %.1f tokens/s\n", n, mem, m * 1e3, n / m);
+    if (!absl::GetFlag(FLAGS_profile).empty()) {
+      if (absl::Status st = step_loop::ProfileSteps([&] { return prefill(false); }, pc, std::cout); !st.ok())
+        return fail(st);
+    }
+    path_after();
     return 0;
   }
   std::vector<std::unique_ptr<txl::SessionState>> sessions;
@@ -190,10 +209,7 @@ int main(int argc, char** argv) {
   std::printf("sessions %d, memory %d: median step %.3f ms, %.1f tokens/s", B, mem, m * 1e3, fed / m);
   if (feed > 1) std::printf(" (%d of them feeding %d tokens a step)", std::min(feeders, B), feed);
   std::printf("\n");
-  if (const std::string profile = absl::GetFlag(FLAGS_profile); !profile.empty()) {
-    step_loop::ProfileConfig pc;
-    pc.steps = absl::GetFlag(FLAGS_profile_steps);
-    pc.trace = profile == "-" ? "" : profile;
+  if (!absl::GetFlag(FLAGS_profile).empty()) {
     const absl::Status st = step_loop::ProfileSteps(
         [&] {
           fill();
@@ -202,5 +218,6 @@ int main(int argc, char** argv) {
         pc, std::cout);
     if (!st.ok()) return fail(st);
   }
+  path_after();
   return 0;
 }

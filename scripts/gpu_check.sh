@@ -14,7 +14,8 @@
 #   unit       model_test and precision_test
 #   eval       txl-eval on the CPU against the device at chunks 1, 7 and 64: float32 log-probs
 #              within 1e-4; bfloat16 weights and memories within the quality gate of
-#              docs/PERFORMANCE.md (bits per character within 0.5% of float32's)
+#              docs/PERFORMANCE.md (bits per character within 0.5% of float32's); chunks 7 and 64
+#              again with the pass attention as one fused product (--sdpa_pass_attention)
 #   graphs     --cuda_graphs=on (decode steps and small passes as CUDA graphs; on a GPU the
 #              default, auto, is on): txl-eval at chunks 1 and 64 against the CPU (float32 within
 #              1e-4, bfloat16 within the gate) and against --cuda_graphs=off; python_client and rewind with every server
@@ -28,7 +29,8 @@
 #              graphs; also for scoring at 32 sessions); a 2,048-token prefill (time to the first token) in float32
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
 #              decode_short_feeds; scoring 64-token segments at memory 640 (engine_bench's S),
-#              1 and 32 sessions, float32 and bfloat16; all of it in profile.txt
+#              1 and 32 sessions, float32 and bfloat16; bfloat16 scoring and both prefills again
+#              with --sdpa_pass_attention; all of it in profile.txt
 #   servers    python_client, rewind, refusals, offload (of a file, and of a repository of one),
 #              durability and model_repository (a rollout's versions sharing one session pool; two
 #              architectures' pools within one budget, the start-up one reserved) with every
@@ -188,21 +190,31 @@ unit() {
 
 eval_check() {
   head -c 3000 "$CORPUS" >"$W/eval.txt"
-  local chunk dtype flags bad=0
-  for dtype in float32 bfloat16; do
+  local chunk dtype flags chunks variant bad=0
+  # The pass attention as one fused product (--sdpa_pass_attention) only changes multi-token passes:
+  # chunks 7 and 64.
+  for variant in float32 bfloat16 float32,sdpa bfloat16,sdpa; do
+    dtype=${variant%,sdpa}
+    chunks=(1 7 64)
     if [ $dtype = float32 ]; then flags=(); else flags=(--dtype bfloat16 --kv_dtype bfloat16); fi
-    for chunk in 1 7 64; do
+    if [ "$variant" != "$dtype" ]; then
+      flags+=(--sdpa_pass_attention)
+      chunks=(7 64)
+      if [ "$DRY" = 1 ]; then flags+=(--kernels generic); fi  # the generic path's, as on a GPU
+    fi
+    for chunk in "${chunks[@]}"; do
       "$W/tools/txl-eval" --model "$MODEL" --text "$W/eval.txt" --chunk $chunk --logprobs "$W/cpu.$chunk" \
         >"$W/cpu.$chunk.json" || return 1
       "$W/tools/txl-eval" --model "$MODEL" --text "$W/eval.txt" --chunk $chunk --device $DEVICE "${flags[@]}" \
         --logprobs "$W/dev.$chunk" >"$W/dev.$chunk.json" || return 1
       cat "$W/cpu.$chunk.json" "$W/dev.$chunk.json"
-      "$PY" - "$W/cpu.$chunk" "$W/dev.$chunk" "$W/cpu.$chunk.json" "$W/dev.$chunk.json" $dtype $chunk <<'EOF' || bad=1
+      "$PY" - "$W/cpu.$chunk" "$W/dev.$chunk" "$W/cpu.$chunk.json" "$W/dev.$chunk.json" $variant $chunk <<'EOF' || bad=1
 import json, sys
 a = [float(x) for x in open(sys.argv[1])]
 b = [float(x) for x in open(sys.argv[2])]
 bpc_cpu, bpc_dev = (json.loads(open(p).read().splitlines()[-1])["bpc"] for p in sys.argv[3:5])
-dtype, chunk = sys.argv[5], sys.argv[6]
+variant, chunk = sys.argv[5], sys.argv[6]
+dtype = variant.split(",")[0]
 worst = max(abs(x - y) for x, y in zip(a, b))
 rel = (bpc_dev - bpc_cpu) / bpc_cpu
 # float32: every log-prob within 1e-4 of the CPU's. bfloat16 (weights and memories): the stated
@@ -211,7 +223,7 @@ rel = (bpc_dev - bpc_cpu) / bpc_cpu
 # 0.09 on this text).
 ok = len(a) == len(b) > 2000 and (worst <= 1e-4 if dtype == "float32" else abs(rel) < 0.005)
 print("%s chunk %s: %d log-probs, max |cpu float32 - device| = %.3g; bpc %.6f vs %.6f (%+.4f%%): %s"
-      % (dtype, chunk, len(a), worst, bpc_dev, bpc_cpu, 100 * rel, "ok" if ok else "OUT OF TOLERANCE"))
+      % (variant, chunk, len(a), worst, bpc_dev, bpc_cpu, 100 * rel, "ok" if ok else "OUT OF TOLERANCE"))
 sys.exit(0 if ok else 1)
 EOF
     done
@@ -314,11 +326,22 @@ profile_runs() {
   "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions "${sizes[-1]}" --mem 640 --steps $steps \
     --feed 64 --readout score --dtype bfloat16 --kv_dtype bfloat16 --bf16_activations=false --profile=- \
     "${more[@]}" || return 1
-  # Time to the first token: a 2,048-token prompt into a fresh session (its prefill and whole row).
+  # The pass attention as one fused scaled_dot_product_attention (--sdpa_pass_attention, off by
+  # default until measured): scoring in bfloat16 at both sizes.
+  for n in "${sizes[@]}"; do
+    echo "== scoring 64-token segments, bfloat16, $n session(s), memory 640, sdpa_pass_attention=true"
+    "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 640 --steps $steps \
+      --feed 64 --readout score --dtype bfloat16 --kv_dtype bfloat16 --sdpa_pass_attention --profile=- \
+      "${more[@]}" || return 1
+  done
+  # Time to the first token: a 2,048-token prompt into a fresh session (its prefill and whole row),
+  # 10 timed and 3 profiled, with the tensor ops' attention and the fused one.
   for dtype in float32 bfloat16; do
-    echo "== prefill of $prompt tokens, $dtype"
-    "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --prefill $prompt --steps 10 --dtype $dtype \
-      --kv_dtype $dtype "${more[@]}" || return 1
+    for case_ in false true; do
+      echo "== prefill of $prompt tokens, $dtype, sdpa_pass_attention=$case_"
+      "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --prefill $prompt --steps 10 --dtype $dtype \
+        --kv_dtype $dtype --sdpa_pass_attention=$case_ --profile=- --profile_steps 3 "${more[@]}" || return 1
+    done
   done
 }
 

@@ -33,8 +33,10 @@ cuda_phases() {
   OTHER_BUILD=${BUILD_DIR:-build} scripts/cuda_build.sh
   phase cuda-test
   # A CUDA build of torch runs on a CPU: the model's and the serving core's unit tests, the
+  # bundled model's quality gates (among them the fused pass attention's, which needs 2.x), the
   # reference parity, a server suite, and checkpoints both ways between libtorch 1.13 and 2.11.
   build-cuda/tests/model_test --gtest_brief=1
+  build-cuda/tests/precision_test --gtest_brief=1 --gtest_filter='QualityGateTest.FusedPassAttention'
   build-cuda/tests/server_test --gtest_brief=1
   ctest --test-dir build-cuda --output-on-failure -j "$JOBS" \
     -R '^(python_reference|python_client|sampling_reference|checkpoint_versions|help_lists_flags)$'

@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, cuda_graphs, "auto",
           "scoring segments, prefill chunks) as CUDA graphs, captured once per bucket of sessions, tokens and "
           "keys and replayed: auto (on a GPU), on or off. On a CPU, 'on' needs --kernels generic, where the "
           "same padded passes run eagerly (for testing)");
+ABSL_FLAG(bool, sdpa_pass_attention, false,
+          "the generic path's multi-token passes attend through one fused scaled_dot_product_attention (libtorch "
+          "2.1 or later: the CUDA build; docs/MODEL.md, \"The pass attention as one fused product\")");
 
 namespace {
 
@@ -94,6 +97,7 @@ int main(int argc, char** argv) {
   auto graphs = txl::ParseDecodeGraphs(absl::GetFlag(FLAGS_cuda_graphs));
   if (!graphs.ok()) return Fail(2, std::string(graphs.status().message()));
   options.decode_graphs = *graphs;
+  options.sdpa_pass_attention = absl::GetFlag(FLAGS_sdpa_pass_attention);
   auto model = txl::LanguageModel::Create(options);
   if (!model.ok()) return Fail(1, std::string(model.status().message()));
 
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
                       {"dtype", txl::DtypeName((*model)->dtype())},
                       {"kv_dtype", txl::DtypeName((*model)->kv_dtype())},
                       {"kernels", txl::KernelsName(options.kernels)},
+                      {"kernel_path", (*model)->KernelPath()},  // after the run: names a failed graph capture
                       {"seconds", seconds},
                       {"tokens_per_second", n / std::max(seconds, 1e-9)}};
   std::cout << j.dump() << std::endl;

@@ -47,6 +47,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       bf16_products_(precision.bf16_products && (device.is_cuda() || CpuHasBf16Products())),
       bf16_stream_(precision.bf16_activations && generic_ && bf16_products_ &&
                    precision.dtype == WeightDtype::kBfloat16),
+      sdpa_pass_(precision.sdpa_pass_attention && generic_ && TorchHasSdpa()),
       decode_graphs_(precision.decode_graphs && generic_),
       pass_graphs_(decode_graphs_ && precision.pass_graphs),
       split_decode_(precision.split_decode_attention && generic_),

@@ -35,6 +35,10 @@
 
 namespace txl {
 
+// Whether this libtorch has at::scaled_dot_product_attention (2.x; Debian
+// 12's 1.13 has not): Precision::sdpa_pass_attention needs it.
+bool TorchHasSdpa();
+
 // Owns the weights on one device and the relative-position key table.
 // Not thread-safe: one thread (the engine's) drives it.
 class IncrementalModel {
@@ -82,6 +86,14 @@ class IncrementalModel {
     // attention's sums and the readout stay float32. false: float32 between
     // the products, each product converting its input and output.
     bool bf16_activations = true;
+    // The generic path's multi-token passes attend through one
+    // at::scaled_dot_product_attention, the relative-position scores (scaled,
+    // at each key's distance, -inf outside the window) its additive mask: on
+    // a GPU a fused kernel reads the scores once, where the tensor ops write
+    // and read them about eight times (docs/MODEL.md, "The pass attention as
+    // one fused product"). Needs libtorch 2.1 or later (TorchHasSdpa); off by default
+    // until measured on a device.
+    bool sdpa_pass_attention = false;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -229,6 +241,10 @@ class IncrementalModel {
                               const at::Tensor& bd_all) const;
   at::Tensor TensorOpAttention(const PassMeta& meta, const at::Tensor& qu, const at::Tensor& Kq, const at::Tensor& Vq,
                                const at::Tensor& bd_all) const;
+  // The same as one at::scaled_dot_product_attention (sdpa_pass_), whose
+  // bd_scaled is bd_all with the score scale folded into its query.
+  at::Tensor SdpaAttention(const PassMeta& meta, const at::Tensor& qu, const at::Tensor& Kq, const at::Tensor& Vq,
+                           const at::Tensor& bd_scaled) const;
   // Whether a pass attends by SplitDecode: the generic path, one token per
   // session, every new key written into the pool before the attention.
   bool SplitDecodeRuns(const PassGeometry& g, const PoolPlan& plan) const;
@@ -302,6 +318,7 @@ class IncrementalModel {
   bool generic_;
   bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
   bool bf16_stream_;    // Precision::bf16_activations in effect: generic, bfloat16 weights and products
+  bool sdpa_pass_;      // Precision::sdpa_pass_attention in effect: generic, libtorch 2.1 or later
   // The hidden states' type between a pass's products: bfloat16 with
   // bf16_stream_, else float32.
   at::ScalarType StreamType() const { return bf16_stream_ ? at::kBFloat16 : at::kFloat; }

@@ -1,5 +1,6 @@
 // IncrementalModel::Pass: several tokens per session (prefills), in parts.
 #include <ATen/Parallel.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,9 @@
 #include "model/net/incremental.h"
 #include "model/net/incremental_pass.h"
 #include "model/net/txl_math.h"
+
+// at::scaled_dot_product_attention with its scale argument: libtorch 2.1 on.
+#define TXL_TORCH_HAS_SDPA (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
 
 namespace txl {
 
@@ -324,9 +328,17 @@ at::Tensor IncrementalModel::PassAttention(const PassGeometry& g, const PassMeta
   // Converted once, read by every block's products.
   const at::Tensor qu = AttentionOperand((Qp + weights_.u(c, l)).permute({0, 2, 1, 3}));  // [B, H, N, dh]
   const at::Tensor Kq = AttentionOperand(Kp), Vq = AttentionOperand(Vp);
-  const at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}),
-                                             rel_k_[l].slice(0, 0, g.D).permute({1, 2, 0}));  // [B,H,N,D]
-  at::Tensor vec = generic_ ? TensorOpAttention(meta, qu, Kq, Vq, bd_all) : BlockedAttention(g, qu, Kq, Vq, bd_all);
+  const at::Tensor rel = rel_k_[l].slice(0, 0, g.D).permute({1, 2, 0});
+  at::Tensor vec;
+  if (sdpa_pass_) {
+    // The scale folded into the small query operand, not applied to the [B, H, N, D] scores.
+    const at::Tensor bd_scaled =
+        AttentionProduct(((Qp + weights_.v(c, l)) * ScoreScale(dh)).permute({0, 2, 1, 3}), rel);  // [B,H,N,D]
+    vec = SdpaAttention(meta, qu, Kq, Vq, bd_scaled);
+  } else {
+    const at::Tensor bd_all = AttentionProduct((Qp + weights_.v(c, l)).permute({0, 2, 1, 3}), rel);  // [B,H,N,D]
+    vec = generic_ ? TensorOpAttention(meta, qu, Kq, Vq, bd_all) : BlockedAttention(g, qu, Kq, Vq, bd_all);
+  }
   vec = vec.to(StreamType()).permute({0, 2, 1, 3}).reshape({B * N, H * dh});
   if (!g.uniform) vec = vec.index_select(0, meta.row_idx);
   return vec;
@@ -427,6 +439,27 @@ at::Tensor IncrementalModel::TensorOpAttention(const PassMeta& meta, const at::T
   score.masked_fill_(meta.masked, -INFINITY);
   return AttentionProduct(at::softmax(score, -1), Vq.permute({0, 2, 1, 3}));
 }
+
+// The tensor ops' attention as one call: softmax(ac * scale + bias) V, with
+// bias = bd * scale at each key's distance and -inf outside the window (the
+// tensor ops' mask; padded query rows stay finite). On a GPU a fused kernel
+// (memory-efficient or cuDNN attention, which take an additive mask) reads
+// the bias once and never writes the scores or probabilities out. Returns
+// [B, H, N, dh].
+at::Tensor IncrementalModel::SdpaAttention(const PassMeta& meta, const at::Tensor& qu, const at::Tensor& Kq,
+                                           const at::Tensor& Vq, const at::Tensor& bd_scaled) const {
+#if TXL_TORCH_HAS_SDPA
+  const at::ScalarType t = qu.scalar_type();  // the fused kernels take one type for all four
+  at::Tensor bias = bd_scaled.gather(3, meta.gather_idx).to(t).masked_fill_(meta.masked, -INFINITY);
+  return at::scaled_dot_product_attention(qu, Kq.permute({0, 2, 1, 3}).to(t), Vq.permute({0, 2, 1, 3}).to(t), bias,
+                                          /*dropout_p=*/0.0, /*is_causal=*/false, ScoreScale(config_.d_head));
+#else
+  (void)meta, (void)qu, (void)Kq, (void)Vq, (void)bd_scaled;
+  TORCH_CHECK(false, "sdpa_pass_attention needs libtorch 2.1 or later");
+#endif
+}
+
+bool TorchHasSdpa() { return TXL_TORCH_HAS_SDPA; }
 
 // The window needs mem_len - 1 earlier keys; keep exactly those.
 void IncrementalModel::KeepWindow(const PassGeometry& g, int64_t l, const at::Tensor& Kp, const at::Tensor& Vp,

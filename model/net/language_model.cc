@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -98,6 +99,17 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
         "cuda_graphs: decode graphs are for a GPU (--device cuda); the CPU kernels decode without them "
         "(--kernels generic runs the same padded steps eagerly, for testing)");
   }
+  if (options.sdpa_pass_attention && device->is_cpu() && options.kernels != Kernels::kGeneric) {
+    return absl::InvalidArgumentError(
+        "sdpa_pass_attention: it is the generic path's (a GPU, or --kernels generic); the CPU kernels attend by "
+        "their own fused kernels");
+  }
+  if (options.sdpa_pass_attention && !TorchHasSdpa()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sdpa_pass_attention: needs libtorch 2.1 or later (at::scaled_dot_product_attention); this "
+                     "build's libtorch is ",
+                     TORCH_VERSION, " (the CUDA build, scripts/cuda_build.sh, has 2.11)"));
+  }
   IncrementalModel::Precision precision;
   precision.decode_graphs =
       options.decode_graphs == DecodeGraphs::kOn || (options.decode_graphs == DecodeGraphs::kAuto && device->is_cuda());
@@ -107,6 +119,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
   precision.split_decode_attention = options.split_decode_attention;
   precision.decode_short_feeds = options.decode_short_feeds;
   precision.bf16_activations = options.bf16_activations;
+  precision.sdpa_pass_attention = options.sdpa_pass_attention;
   ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape

@@ -54,6 +54,10 @@ struct LanguageModelOptions {
   // (IncrementalModel::Precision::bf16_activations); false only to measure
   // the float32 activations against it.
   bool bf16_activations = true;
+  // The generic path's multi-token passes attend through one fused
+  // at::scaled_dot_product_attention (IncrementalModel::Precision::
+  // sdpa_pass_attention); needs libtorch 2.1 or later, refused on 1.13.
+  bool sdpa_pass_attention = false;
   // On the generic path, the models loaded with one SharedSlotPools share
   // their sessions' pool with the others of their shape once they join it
   // (LanguageModel::JoinSharedPool): a repository's versions of one

@@ -18,7 +18,7 @@ EXPECTED = {
                           "--kernels", "--http_header_timeout_ms"],
     "client/txl-client": ["--server", "--session", "--max_new_tokens"],
     "tools/txl-train": ["--train", "--device", "--resume"],
-    "tools/txl-eval": ["--model", "--dtype", "--kv_dtype", "--kernels"],
+    "tools/txl-eval": ["--model", "--dtype", "--kv_dtype", "--kernels", "--sdpa_pass_attention"],
     "tools/txl-init": ["--config", "--out"],
 }
 

@@ -13,6 +13,7 @@
 #include "model/kernels/sampling_kernels.h"
 #include "model/net/archive.h"
 #include "model/net/checkpoint.h"
+#include "model/net/incremental.h"
 #include "model/net/language_model.h"
 #include "model/net/shared_slot_pools.h"
 #include "tests/model/model_fixture.h"
@@ -305,6 +306,31 @@ TEST_F(LanguageModelTest, GenericKernelsRefuseInt8AndNameThemselves) {
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_NE((*model)->KernelPath().find("generic"), std::string::npos) << (*model)->KernelPath();
   }
+}
+
+// The pass attention as one scaled_dot_product_attention is the generic
+// path's and needs libtorch 2.1 or later: the CPU kernels refuse it, naming the
+// flag, and so does a 1.x build (Debian's); the CUDA build (2.11, CI's
+// cuda-test phase) runs it and says so.
+TEST_F(LanguageModelTest, SdpaPassAttentionNeedsTheGenericPathAndLibtorch2) {
+  ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
+  LanguageModelOptions o = Options("cpu");
+  o.sdpa_pass_attention = true;
+  o.kernels = Kernels::kAuto;
+  auto refused = LanguageModel::Create(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("sdpa_pass_attention"), std::string::npos) << refused.status();
+  o.kernels = Kernels::kGeneric;
+  auto generic = LanguageModel::Create(o);
+  if (!TorchHasSdpa()) {
+    ASSERT_FALSE(generic.ok());
+    EXPECT_EQ(generic.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(generic.status().message().find("libtorch 2.1 or later"), std::string::npos) << generic.status();
+    return;
+  }
+  ASSERT_TRUE(generic.ok()) << generic.status();
+  EXPECT_NE((*generic)->KernelPath().find("pass attention fused"), std::string::npos) << (*generic)->KernelPath();
 }
 
 // Decode graphs are for a GPU: the CPU kernels refuse them, naming the flag;

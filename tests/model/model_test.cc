@@ -71,6 +71,41 @@ TEST_P(VariantTest, TrainingFormWithSameLengthMatchesIncremental) {
   }
 }
 
+// Steps two models through one schedule of four sessions (windows
+// mem_len, 4, mem_len and 1): step 0 feeds each its history in one pass
+// (0, 5, 2 * mem_len and 9 tokens), later steps one token each, except
+// session 3, which feeds three every fifth step; windows fill and wrap.
+// Returns the largest difference of their log-probs; every log-prob of `b`
+// must be finite, and the sessions end at the same places.
+double LargestDifferenceOverSchedule(const ModelConfig& c, const TxlWeights& w, IncrementalModel& model_a,
+                                     IncrementalModel& model_b, int steps, uint32_t seed_per_step) {
+  const std::vector<int64_t> history = {0, 5, 2 * c.mem_len, 9}, window = {c.mem_len, 4, c.mem_len, 1};
+  std::vector<SessionMemory> a, b;
+  for (size_t i = 0; i < history.size(); ++i) {
+    a.emplace_back(c.n_layer, window[i]);
+    b.emplace_back(c.n_layer, window[i]);
+  }
+  double worst = 0;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<StepInput> in_a, in_b;
+    for (size_t i = 0; i < history.size(); ++i) {
+      const int64_t n = step == 0 ? history[i] : (i == 3 && step % 5 == 0 ? 3 : 1);
+      const auto tokens = RandomTokens(n, c.n_token, seed_per_step * step + static_cast<uint32_t>(i));
+      in_a.push_back(Row(&a[i], tokens));
+      in_b.push_back(Row(&b[i], tokens));
+    }
+    const at::Tensor la = LogProbs(c, w, model_a.Step(absl::MakeSpan(in_a)));
+    const at::Tensor lb = LogProbs(c, w, model_b.Step(absl::MakeSpan(in_b)));
+    EXPECT_TRUE(lb.isfinite().all().item<bool>()) << "step " << step;
+    worst = std::max(worst, MaxAbsDiff(la, lb));
+  }
+  for (size_t i = 0; i < history.size(); ++i) {
+    EXPECT_EQ(a[i].position(), b[i].position());
+    EXPECT_EQ(a[i].length(), b[i].length());
+  }
+  return worst;
+}
+
 // The generic path (libtorch's ops: what a GPU runs) against the CPU's own
 // kernels, in one process: prefills, then batched decode steps beside a
 // prefill, windows filling and wrapping.
@@ -82,32 +117,40 @@ TEST_P(VariantTest, GenericKernelsMatchTheCpuKernels) {
   IncrementalModel native(c, w, at::kCPU), tensor_ops(c, w, at::kCPU, generic);
   EXPECT_NE(native.KernelPath().find("decode kernels"), std::string::npos) << native.KernelPath();
   EXPECT_NE(tensor_ops.KernelPath().find("generic"), std::string::npos) << tensor_ops.KernelPath();
-  const std::vector<int64_t> history = {0, 5, 2 * c.mem_len, 9}, window = {c.mem_len, 4, c.mem_len, 1};
-  std::vector<SessionMemory> a, b;
-  for (size_t i = 0; i < history.size(); ++i) {
-    a.emplace_back(c.n_layer, window[i]);
-    b.emplace_back(c.n_layer, window[i]);
-  }
-  double worst = 0;
-  for (int step = 0; step < 3 * c.mem_len; ++step) {
-    std::vector<StepInput> in_a, in_b;
-    for (size_t i = 0; i < history.size(); ++i) {
-      // Step 0 feeds each history in one pass; later steps one token each,
-      // except session 3, which feeds three every fifth step.
-      const int64_t n = step == 0 ? history[i] : (i == 3 && step % 5 == 0 ? 3 : 1);
-      const auto tokens = RandomTokens(n, c.n_token, 1000 * step + static_cast<uint32_t>(i));
-      in_a.push_back(Row(&a[i], tokens));
-      in_b.push_back(Row(&b[i], tokens));
-    }
-    const at::Tensor la = LogProbs(c, w, native.Step(absl::MakeSpan(in_a)));
-    const at::Tensor lb = LogProbs(c, w, tensor_ops.Step(absl::MakeSpan(in_b)));
-    worst = std::max(worst, MaxAbsDiff(la, lb));
-  }
+  const double worst = LargestDifferenceOverSchedule(c, w, native, tensor_ops, 3 * c.mem_len, 1000);
   std::cout << GetParam().name << " generic vs CPU kernels max|diff| = " << worst << "\n";
   EXPECT_LT(worst, 1e-5);
-  for (size_t i = 0; i < history.size(); ++i) {
-    EXPECT_EQ(a[i].position(), b[i].position());
-    EXPECT_EQ(a[i].length(), b[i].length());
+}
+
+// The generic path's pass attention as one at::scaled_dot_product_attention
+// (Precision::sdpa_pass_attention) against its tensor ops, in float32, on
+// every pass of LargestDifferenceOverSchedule's schedule (the split decode
+// attention off, so that one-token steps take it too): prefills of
+// different lengths side by side, windows filling and wrapping, padded
+// queries; and again with decode graphs, whose passes are padded to buckets
+// (run eagerly on a CPU). Debian's libtorch 1.13 has no SDPA: there asking
+// for it leaves it off (CI's cuda-test phase runs this test against 2.11).
+TEST_P(VariantTest, SdpaPassAttentionMatchesTheTensorOps) {
+  const ModelConfig& c = GetParam().config;
+  const TxlWeights w = TestWeights(c, 17);
+  IncrementalModel::Precision ops;
+  ops.kernels = Kernels::kGeneric;
+  ops.split_decode_attention = false;
+  IncrementalModel reference(c, w, at::kCPU, ops);
+  EXPECT_EQ(reference.KernelPath().find("pass attention fused"), std::string::npos) << reference.KernelPath();
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "padded passes (decode graphs)" : "unpadded passes");
+    IncrementalModel::Precision fused = ops;
+    fused.sdpa_pass_attention = true;
+    fused.decode_graphs = graphs;
+    IncrementalModel sdpa(c, w, at::kCPU, fused);
+    EXPECT_EQ(sdpa.KernelPath().find("pass attention fused") != std::string::npos, TorchHasSdpa()) << sdpa.KernelPath();
+    if (!TorchHasSdpa()) return;
+    const double worst = LargestDifferenceOverSchedule(c, w, reference, sdpa, 2 * c.mem_len, 700);
+    std::cout << GetParam().name << (graphs ? " padded" : "")
+              << " scaled_dot_product_attention vs tensor ops max|diff| = " << worst << "\n";
+    EXPECT_LT(worst, 1e-5);
+    if (graphs) EXPECT_GT(sdpa.graph_counts().pass_padded, 0) << "no padded multi-token pass ran";
   }
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "model/kernels/cpu_isa.h"
 #include "model/net/checkpoint.h"
 #include "model/net/incremental.h"
@@ -383,6 +385,7 @@ struct Gate {
   WeightDtype dtype;
   double max_relative;
   Kernels kernels = Kernels::kAuto;
+  bool sdpa = false;  // Precision::sdpa_pass_attention
 };
 const Gate kGates[] = {{"bfloat16", WeightDtype::kBfloat16, 0.005},
                        {"int8", WeightDtype::kInt8, 0.015},
@@ -403,7 +406,8 @@ void LoadValidation(std::optional<Checkpoint>* ckpt, std::vector<int64_t>* token
   ckpt->emplace(*std::move(loaded));
 }
 
-TEST(QualityGateTest, BundledModelValidationSplit) {
+// Each gate's bits per character on the validation split against float32's.
+void CheckGates(absl::Span<const Gate> gates) {
   std::optional<Checkpoint> ckpt;
   std::vector<int64_t> tokens;
   ASSERT_NO_FATAL_FAILURE(LoadValidation(&ckpt, &tokens));
@@ -413,11 +417,12 @@ TEST(QualityGateTest, BundledModelValidationSplit) {
   const Quality base = Evaluate(exact, tokens, nullptr, &reference);
   std::printf("quality float32: bpc %.4f over %zu tokens\n", base.bpc, tokens.size() - 1);
   ASSERT_LT(base.bpc, 3.0);  // a trained model, not noise (log2(65) = 6.0)
-  for (const Gate& gate : kGates) {
+  for (const Gate& gate : gates) {
     Precision p;
     p.dtype = gate.dtype;
     p.kv_dtype = KvDtype::kBfloat16;
     p.kernels = gate.kernels;
+    p.sdpa_pass_attention = gate.sdpa;
     IncrementalModel model(ckpt->config, *ckpt->weights, at::kCPU, p);
     const Quality q = Evaluate(model, tokens, &reference, nullptr);
     const double relative = (q.bpc - base.bpc) / base.bpc;
@@ -426,6 +431,19 @@ TEST(QualityGateTest, BundledModelValidationSplit) {
     EXPECT_LT(std::abs(relative), gate.max_relative) << gate.name;
     EXPECT_GT(q.kl_mean, 0) << gate.name;
   }
+}
+
+TEST(QualityGateTest, BundledModelValidationSplit) { CheckGates(kGates); }
+
+// The generic path's bfloat16 with the pass attention as one fused product
+// (Precision::sdpa_pass_attention): libtorch 2.1 or later, so CI's cuda-test
+// phase runs it (against 2.11, on the CPU) and gpu_check.sh's unit step on a
+// GPU; Debian's 1.13 cannot.
+TEST(QualityGateTest, FusedPassAttention) {
+  if (!TorchHasSdpa()) GTEST_SKIP() << "libtorch " << TORCH_VERSION << " has no scaled_dot_product_attention";
+  const Gate fused[] = {
+      {"bfloat16 (generic path, fused pass attention)", WeightDtype::kBfloat16, 0.005, Kernels::kGeneric, true}};
+  CheckGates(fused);
 }
 
 // The same gates for decode steps of several sessions (the packed

@@ -32,6 +32,8 @@
 //      attention vs libtorch's tensor ops (A1, A3).
 // --dtype / --kv_dtype: the model P1, P3, S, G and A measure in reduced
 // precision (P1f against that precision's floor); the others refuse it.
+// --sdpa_pass_attention: that model's passes attend through one fused
+// product (S is the group it changes); the others refuse it too.
 //
 // The parts: engine_bench.h (Bench, the rows, what every group shares) and
 // engine_bench_*.cc (Bench's methods by topic); this file holds the flags,
@@ -90,6 +92,10 @@ ABSL_FLAG(std::string, dtype, "float32",
           "the layers' product weights of the model P1, P3, S, G and A measure: float32, bfloat16 or int8 (the "
           "other groups need float32)");
 ABSL_FLAG(std::string, kv_dtype, "float32", "that model's keys and values: float32 or bfloat16");
+ABSL_FLAG(bool, sdpa_pass_attention, false,
+          "that model's multi-token passes attend through one fused scaled_dot_product_attention (the generic "
+          "path, libtorch 2.1 or later; docs/MODEL.md, \"The pass attention as one fused product\"); with --only "
+          "P1,P3,S,G,A");
 ABSL_FLAG(std::vector<std::string>, only, {}, "run only these groups (P1, P2, P3, S, Q, W, G, A)");
 
 using engine_bench::Bench;
@@ -297,14 +303,19 @@ int main(int argc, char** argv) {
   const auto kv_or = txl::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_or.ok()) Fail("--kv_dtype: " + std::string(kv_or.status().message()));
   const bool reduced = *dtype_or != txl::WeightDtype::kFloat32 || *kv_or != txl::KvDtype::kFloat32;
-  if (reduced) {
+  const bool sdpa = absl::GetFlag(FLAGS_sdpa_pass_attention);
+  if (reduced || sdpa) {
     // P2 and W compare the engine with float32 baselines, Q the formats with each other.
     const std::vector<std::string> only = absl::GetFlag(FLAGS_only);
     const std::vector<std::string> allowed = {"P1", "P3", "S", "G", "A"};
     const bool fits = !only.empty() && std::all_of(only.begin(), only.end(), [&](const std::string& g) {
       return std::find(allowed.begin(), allowed.end(), g) != allowed.end();
     });
-    if (!fits) Fail("--dtype/--kv_dtype other than float32 measure only --only P1,P3,S,G,A (or some of them)");
+    if (!fits) {
+      Fail(
+          "--dtype/--kv_dtype other than float32 and --sdpa_pass_attention measure only --only P1,P3,S,G,A (or "
+          "some of them)");
+    }
   }
   txl::SetThreads(threads);
 
@@ -320,7 +331,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   const auto graphs_or = txl::ParseDecodeGraphs(absl::GetFlag(FLAGS_cuda_graphs));
   if (!graphs_or.ok()) Fail(std::string(graphs_or.status().message()));
-  auto b = std::make_unique<Bench>(path, device, kernels, *graphs_or, threads, z, *dtype_or, *kv_or);
+  auto b = std::make_unique<Bench>(path, device, kernels, *graphs_or, threads, z, *dtype_or, *kv_or, sdpa);
   b->set_quick(quick);
   b->set_only(absl::GetFlag(FLAGS_only));
   try {
@@ -338,9 +349,10 @@ int main(int argc, char** argv) {
   gethostname(host, sizeof(host) - 1);
   const std::string wait_policy = std::getenv("OMP_WAIT_POLICY");
   std::cout << absl::StrFormat(
-      "\nengine_bench: shape %s, device %s, weights %s, memories %s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, %u "
-      "cpus\n\n",
-      shape, device, absl::GetFlag(FLAGS_dtype), absl::GetFlag(FLAGS_kv_dtype), threads, wait_policy, z.reps,
+      "\nengine_bench: shape %s, device %s, weights %s, memories %s%s, %d threads, OMP_WAIT_POLICY=%s, %d reps%s, %s, "
+      "%u cpus\n\n",
+      shape, device, absl::GetFlag(FLAGS_dtype), absl::GetFlag(FLAGS_kv_dtype),
+      sdpa ? ", pass attention fused (scaled_dot_product_attention)" : "", threads, wait_policy, z.reps,
       quick ? " (quick)" : "", CpuModel(), std::thread::hardware_concurrency());
   PrintTable(rows);
   const std::string json_path = absl::GetFlag(FLAGS_json);
@@ -354,6 +366,7 @@ int main(int argc, char** argv) {
         {"kernels", txl::KernelsName(kernels)},
         {"dtype", absl::GetFlag(FLAGS_dtype)},
         {"kv_dtype", absl::GetFlag(FLAGS_kv_dtype)},
+        {"sdpa_pass_attention", sdpa},
         {"threads", threads},
         {"omp_wait_policy", wait_policy},
         {"reps", z.reps},

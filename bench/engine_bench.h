@@ -110,7 +110,7 @@ class Bench {
   // A measure (Q and W load their own).
   Bench(const std::string& path, const std::string& device, txl::Kernels kernels, txl::DecodeGraphs decode_graphs,
         int threads, Sizes sizes, txl::WeightDtype dtype = txl::WeightDtype::kFloat32,
-        txl::KvDtype kv_dtype = txl::KvDtype::kFloat32);
+        txl::KvDtype kv_dtype = txl::KvDtype::kFloat32, bool sdpa_pass_attention = false);
 
   const txl::ModelConfig& config() const { return config_; }
   void Sync() const;
@@ -221,6 +221,7 @@ class Bench {
   txl::DecodeGraphs decode_graphs_;
   txl::WeightDtype dtype_;
   txl::KvDtype kv_dtype_;
+  bool sdpa_pass_attention_;  // LanguageModelOptions::sdpa_pass_attention of those models
   bool cuda_;
   bool quick_ = false;
   std::vector<std::string> only_;

@@ -79,6 +79,7 @@ std::unique_ptr<LanguageModel> Bench::LoadWith(txl::DecodeGraphs decode_graphs, 
   o.split_decode_attention = split_decode_attention;
   o.dtype = dtype_;
   o.kv_dtype = kv_dtype_;
+  o.sdpa_pass_attention = sdpa_pass_attention_;
   return Must(LanguageModel::Create(o), "loading " + path_);
 }
 

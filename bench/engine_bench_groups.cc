@@ -57,6 +57,9 @@ std::vector<Row> Bench::Run() {
                       " memories");
     }
   }
+  if (sdpa_pass_attention_) {
+    for (Row& r : rows) absl::StrAppend(&r.measurement, "; pass attention fused (scaled_dot_product_attention)");
+  }
   return rows;
 }
 

@@ -23,7 +23,7 @@ namespace engine_bench {
 using txl::SamplingPlan;
 
 Bench::Bench(const std::string& path, const std::string& device, txl::Kernels kernels, txl::DecodeGraphs decode_graphs,
-             int threads, Sizes sizes, txl::WeightDtype dtype, txl::KvDtype kv_dtype)
+             int threads, Sizes sizes, txl::WeightDtype dtype, txl::KvDtype kv_dtype, bool sdpa_pass_attention)
     : sizes_(std::move(sizes)),
       path_(path),
       device_(device),
@@ -31,6 +31,7 @@ Bench::Bench(const std::string& path, const std::string& device, txl::Kernels ke
       decode_graphs_(decode_graphs),
       dtype_(dtype),
       kv_dtype_(kv_dtype),
+      sdpa_pass_attention_(sdpa_pass_attention),
       cuda_(device != "cpu") {
   txl::LanguageModelOptions o;
   o.path = path;
@@ -39,6 +40,7 @@ Bench::Bench(const std::string& path, const std::string& device, txl::Kernels ke
   o.decode_graphs = decode_graphs;
   o.dtype = dtype;
   o.kv_dtype = kv_dtype;
+  o.sdpa_pass_attention = sdpa_pass_attention;
   o.threads = threads;
   const auto start = Clock::now();
   lm_ = Must(LanguageModel::Create(o), "loading " + path);

@@ -46,7 +46,8 @@
 #              one it can hold starts and serves
 #   bench      engine_bench on the device: P1 (one session's decode), P3 (32 sessions), S
 #              (scoring 64-token segments at batch 1 and 32), in float32 and again with bfloat16
-#              weights and memories
+#              weights and memories; S in bfloat16 once more with --sdpa_pass_attention (its JSON in
+#              logs.tar.gz)
 #   model      only when --only names it, and best alone (issue 35's part 3): scripts/
 #              train_gpu_model.sh trains the candidates for a better bundled model side by side
 #              for MODEL_SECONDS (default 240) each; returns model_summary.json and the best
@@ -455,6 +456,13 @@ bench() {
   echo "== bfloat16 weights and memories"
   "$W/bench/engine_bench" --device $DEVICE --only P1,P3,S --dtype bfloat16 --kv_dtype bfloat16 \
     --json "$OUTDIR/engine_bench_bf16.json" "${sizes[@]}" || bad=1
+  # S again with the pass attention as one fused product (off by default until measured); its
+  # JSON goes in logs.tar.gz ($OUT comes back with at most 8 files).
+  echo "== bfloat16, S with --sdpa_pass_attention"
+  local generic=()
+  if [ "$DRY" = 1 ]; then generic=(--kernels generic); fi
+  "$W/bench/engine_bench" --device $DEVICE --only S --dtype bfloat16 --kv_dtype bfloat16 --sdpa_pass_attention \
+    "${generic[@]}" --json "$LOGS/engine_bench_bf16_sdpa.json" "${sizes[@]}" || bad=1
   return $bad
 }
 

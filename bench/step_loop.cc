@@ -52,6 +52,9 @@ ABSL_FLAG(bool, bf16_activations, true,
 ABSL_FLAG(bool, sdpa_pass_attention, false,
           "the generic path's multi-token passes attend through one fused scaled_dot_product_attention, the "
           "relative-position scores its additive mask (libtorch 2.x: the CUDA build)");
+ABSL_FLAG(bool, fused_add_norm, true,
+          "a post-norm model's residual adds fused with their layer norms on the generic path, one kernel each "
+          "(false: libtorch's add and layer_norm)");
 ABSL_FLAG(std::string, readout, "distribution",
           "what each step reads out: distribution (each session's whole row, to the host), argmax (the model's "
           "greedy pick: one id per session crosses) or score (every fed token's target log-prob, as Score: with "
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   o.decode_short_feeds = absl::GetFlag(FLAGS_decode_short_feeds);
   o.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
   o.sdpa_pass_attention = absl::GetFlag(FLAGS_sdpa_pass_attention);
+  o.fused_add_norm = absl::GetFlag(FLAGS_fused_add_norm);
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";

@@ -26,7 +26,9 @@
 #              on a random base-shaped model, 1 and 32 sessions at memory 800: float32 with the
 #              split decode attention (with and without graphs) and the tensor ops, and bfloat16
 #              weights and memories (and with float32 activations, --bf16_activations=false, with
-#              graphs; also for scoring at 32 sessions); a 2,048-token prefill (time to the first token) in float32
+#              graphs; also for scoring at 32 sessions); decode with graphs and the residual adds
+#              and layer norms as libtorch's ops (--fused_add_norm=false), float32 and bfloat16;
+#              a 2,048-token prefill (time to the first token) in float32
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
 #              decode_short_feeds; scoring 64-token segments at memory 640 (engine_bench's S),
 #              1 and 32 sessions, float32 and bfloat16; bfloat16 scoring and both prefills again
@@ -306,6 +308,16 @@ profile_runs() {
     "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 800 --steps $steps \
       --dtype bfloat16 --kv_dtype bfloat16 --readout argmax --cuda_graphs=on --bf16_activations=false \
       --profile=- "${more[@]}" || return 1
+  done
+  # The residual adds and layer norms as libtorch's two ops each (--fused_add_norm=false), against
+  # the one kernel each of the default runs above: decode with graphs, float32 and bfloat16.
+  for dtype in float32 bfloat16; do
+    for n in "${sizes[@]}"; do
+      echo "== $dtype, $n session(s), memory 800, cuda_graphs=on, fused_add_norm=false"
+      "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 800 --steps $steps \
+        --dtype $dtype --kv_dtype $dtype --readout argmax --cuda_graphs=on --fused_add_norm=false \
+        --profile=- "${more[@]}" || return 1
+    done
   done
   # A mixed step (docs/MODEL.md, "Mixed steps"): 8 sessions, one of them feeding 2 tokens, with
   # graphs: a token a pass (two padded passes) against the whole step through the multi-token pass.

@@ -47,7 +47,7 @@ __device__ void LaneProducts(const SplitDecodeArgs& a, const float* qu, const fl
   const float* r = a.rel + (dist * a.heads + h) * a.dh;
   if (!kQuads) {
     for (int64_t d = lane; d < a.dh; d += kLanes) {
-      *ac += qu[d] * SplitDecodeKv(a.pool_keys, a.kv_bf16, k0 + d);
+      *ac += qu[d] * LoadAsFloat(a.pool_keys, a.kv_bf16, k0 + d);
       *bd += qv[d] * r[d];
     }
     return;
@@ -92,9 +92,15 @@ __global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
   __shared__ float reduce[kWarps];
   const int64_t q0 = b * a.q_stride + h * a.dh;
   for (int64_t d = t; d < a.dh; d += kThreads) {
-    const float q = SplitDecodeKv(a.q, a.q_bf16, q0 + d);
+    const float q = LoadAsFloat(a.q, a.q_bf16, q0 + d);
     qu[d] = q + a.u[h * a.dh + d];
     qv[d] = q + a.v[h * a.dh + d];
+  }
+  // The block whose chunk holds the query's own key stores it (head h's
+  // columns of the row) before its keys are read: the __syncthreads below
+  // makes the stores visible to the block, and no other block reads them.
+  if (a.write_rows != nullptr && c == a.held[b] / kSplitChunk) {
+    for (int64_t d = t; d < a.dh; d += kThreads) SplitDecodeWriteOwn(a, b, h, d);
   }
   const int key = t / kLanes, lane = t % kLanes;
   const int64_t j = c * kSplitChunk + key;
@@ -134,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
     float value = 0;
 #pragma unroll 8
     for (int i = group; i < kSplitChunk; i += kLanes)
-      value += weight[i] * SplitDecodeKv(a.pool_values, a.kv_bf16, value_at[i] + d);
+      value += weight[i] * LoadAsFloat(a.pool_values, a.kv_bf16, value_at[i] + d);
     sums[group * a.dh + d] = value;
   }
   __syncthreads();
@@ -178,7 +184,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineChunks(SplitDecodeArgs
     float value = 0;
 #pragma unroll 4
     for (int64_t c = 0; c < chunks; ++c) value += a.Partial(b, h, c)[2 + d] * scale[c];
-    SplitDecodeStore(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, value / sum);
+    StoreFromFloat(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, value / sum);
   }
 }
 

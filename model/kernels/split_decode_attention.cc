@@ -11,9 +11,11 @@ void SplitDecodeAttentionCpu(const SplitDecodeArgs& a, int64_t begin, int64_t en
   std::vector<float> qu(a.dh), qv(a.dh), p(kSplitChunk);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / a.heads, h = item % a.heads;
+    if (a.write_rows != nullptr)
+      for (int64_t d = 0; d < a.dh; ++d) SplitDecodeWriteOwn(a, b, h, d);
     const int64_t q0 = b * a.q_stride + h * a.dh;
     for (int64_t d = 0; d < a.dh; ++d) {
-      const float q = SplitDecodeKv(a.q, a.q_bf16, q0 + d);
+      const float q = LoadAsFloat(a.q, a.q_bf16, q0 + d);
       qu[d] = q + a.u[h * a.dh + d];
       qv[d] = q + a.v[h * a.dh + d];
     }
@@ -37,7 +39,7 @@ void SplitDecodeAttentionCpu(const SplitDecodeArgs& a, int64_t begin, int64_t en
       }
     }
     for (int64_t d = 0; d < a.dh; ++d)
-      SplitDecodeStore(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, SplitDecodeCombine(a, b, h, d));
+      StoreFromFloat(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, SplitDecodeCombine(a, b, h, d));
   }
 }
 

@@ -10,7 +10,7 @@
 // The CPU's run of these steps (split_decode_attention.cc) is what
 // `--kernels generic` takes; the CUDA kernels (model/cuda/
 // split_decode_attention.cu, CUDA build only) share the mask
-// (SplitDecodeAttends), the bfloat16 widening and the layout of the
+// (SplitDecodeAttends), the bfloat16 widening (host_device.h) and the layout of the
 // partials, and repeat the score's indexing with wider loads and the
 // combination with parallel loads. So the tests here check the algorithm
 // and its CPU form; the kernels themselves run only on a lent GPU
@@ -22,13 +22,8 @@
 #include <math.h>
 
 #include <cstdint>
-#include <cstring>
 
-#if defined(__CUDACC__)
-#define TXL_HOST_DEVICE __host__ __device__
-#else
-#define TXL_HOST_DEVICE
-#endif
+#include "model/kernels/host_device.h"
 
 namespace txl {
 
@@ -46,10 +41,21 @@ struct SplitDecodeArgs {
   const float* u = nullptr;  // [heads, dh]: the content bias
   const float* v = nullptr;  // [heads, dh]: the position bias
   // The pool's keys and values, rows of [heads, dh], float32 or bfloat16.
-  const void* pool_keys = nullptr;
-  const void* pool_values = nullptr;
+  void* pool_keys = nullptr;
+  void* pool_values = nullptr;
   bool kv_bf16 = false;
-  const int64_t* rows = nullptr;    // [sessions * keys]: key j of session b is pool row rows[b * keys + j]
+  const int64_t* rows = nullptr;  // [sessions * keys]: key j of session b is pool row rows[b * keys + j]
+  // Where the query's own key and value go: session b's (elements
+  // b * q_stride + heads * dh and + 2 * heads * dh of q, the rest of its
+  // [3, heads, dh] projection) are stored to pool row write_rows[b], in the
+  // pool's type, before any key is read, so that no copy into the pool
+  // precedes the attention. Row rows[b * keys + held[b]] is that row for a
+  // session; no other key of the session reads it. A padding session's
+  // write row is skip_row (the pool's discard row), and nothing is stored
+  // there (its padding row is what it reads). Null: the caller has written
+  // them.
+  const int64_t* write_rows = nullptr;
+  int64_t skip_row = -1;
   const int64_t* held = nullptr;    // m_b: keys before the query, which is key m_b itself
   const int64_t* window = nullptr;  // M_b: the session's mem_len
   const float* rel = nullptr;       // [rel_size, heads, dh]: the position key at distance d
@@ -68,34 +74,13 @@ struct SplitDecodeArgs {
   }
 };
 
-TXL_HOST_DEVICE inline float SplitDecodeKv(const void* base, bool bf16, int64_t index) {
-  if (!bf16) return static_cast<const float*>(base)[index];
-  const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[index]) << 16;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
-
-// Stores `value` as element `index` of a float32 or bfloat16 array: bfloat16
-// rounded to nearest even (a NaN stays a NaN), as c10::BFloat16 rounds.
-TXL_HOST_DEVICE inline void SplitDecodeStore(void* base, bool bf16, int64_t index, float value) {
-  if (!bf16) {
-    static_cast<float*>(base)[index] = value;
-    return;
-  }
-  uint32_t bits;
-#if defined(__CUDA_ARCH__)
-  bits = __float_as_uint(value);
-#else
-  std::memcpy(&bits, &value, sizeof bits);
-#endif
-  const bool nan = (bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0;
-  static_cast<uint16_t*>(base)[index] =
-      nan ? uint16_t{0x7fc0} : static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+// Stores element d of (session b, head h)'s own key and value to its write
+// row (write_rows), rounded as torch converts where the pool is bfloat16.
+TXL_HOST_DEVICE inline void SplitDecodeWriteOwn(const SplitDecodeArgs& a, int64_t b, int64_t h, int64_t d) {
+  if (a.write_rows[b] == a.skip_row) return;
+  const int64_t from = b * a.q_stride + h * a.dh + d, to = (a.write_rows[b] * a.heads + h) * a.dh + d;
+  StoreFromFloat(a.pool_keys, a.kv_bf16, to, LoadAsFloat(a.q, a.q_bf16, from + a.heads * a.dh));
+  StoreFromFloat(a.pool_values, a.kv_bf16, to, LoadAsFloat(a.q, a.q_bf16, from + 2 * a.heads * a.dh));
 }
 
 // Whether session b's query attends its key j: the keys up to the query's
@@ -116,7 +101,7 @@ TXL_HOST_DEVICE inline float SplitDecodeScore(const SplitDecodeArgs& a, const fl
   const float* r = a.rel + (dist * a.heads + h) * a.dh;
   float ac = 0, bd = 0;
   for (int64_t d = 0; d < a.dh; ++d) {
-    ac += qu[d] * SplitDecodeKv(a.pool_keys, a.kv_bf16, k0 + d);
+    ac += qu[d] * LoadAsFloat(a.pool_keys, a.kv_bf16, k0 + d);
     bd += qv[d] * r[d];
   }
   return (ac + bd) * a.scale;
@@ -125,7 +110,7 @@ TXL_HOST_DEVICE inline float SplitDecodeScore(const SplitDecodeArgs& a, const fl
 // Value d of key j's row for head h.
 TXL_HOST_DEVICE inline float SplitDecodeValue(const SplitDecodeArgs& a, int64_t b, int64_t h, int64_t j, int64_t d) {
   const int64_t row = a.rows[b * a.keys + j];
-  return SplitDecodeKv(a.pool_values, a.kv_bf16, (row * a.heads + h) * a.dh + d);
+  return LoadAsFloat(a.pool_values, a.kv_bf16, (row * a.heads + h) * a.dh + d);
 }
 
 // Element d of (session b, head h)'s output from its chunks' partials, in
@@ -154,8 +139,9 @@ TXL_HOST_DEVICE inline float SplitDecodeCombine(const SplitDecodeArgs& a, int64_
 }
 
 // The CPU's run of the steps above (split_decode_attention.cc), for the
-// (session, head) items [begin, end), b * heads + h: every chunk's partial,
-// then the combination, as the CUDA kernels do.
+// (session, head) items [begin, end), b * heads + h: the item's own key and
+// value stored (write_rows), every chunk's partial, then the combination, as
+// the CUDA kernels do.
 void SplitDecodeAttentionCpu(const SplitDecodeArgs& a, int64_t begin, int64_t end);
 
 }  // namespace txl

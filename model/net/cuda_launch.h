@@ -5,6 +5,7 @@
 #ifndef TXL_MODEL_NET_CUDA_LAUNCH_H_
 #define TXL_MODEL_NET_CUDA_LAUNCH_H_
 
+#include "model/kernels/residual_layer_norm.h"
 #include "model/kernels/split_decode_attention.h"
 
 namespace txl {
@@ -13,6 +14,9 @@ namespace txl {
 // pointers are; -1: the current device), on that device's current stream;
 // throws c10::Error with CUDA's reason if the launch fails.
 void LaunchSplitDecodeAttention(const SplitDecodeArgs& a, int device_index);
+
+// Queues ResidualLayerNorm the same way.
+void LaunchResidualLayerNorm(const ResidualNormArgs& a, int device_index);
 
 }  // namespace txl
 

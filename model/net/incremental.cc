@@ -48,6 +48,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       bf16_stream_(precision.bf16_activations && generic_ && bf16_products_ &&
                    precision.dtype == WeightDtype::kBfloat16),
       sdpa_pass_(precision.sdpa_pass_attention && generic_ && TorchHasSdpa()),
+      add_norm_(precision.fused_add_norm && generic_ && !config_.pre_lnorm),
       decode_graphs_(precision.decode_graphs && generic_),
       pass_graphs_(decode_graphs_ && precision.pass_graphs),
       split_decode_(precision.split_decode_attention && generic_),

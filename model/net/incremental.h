@@ -94,6 +94,12 @@ class IncrementalModel {
     // one fused product"). Needs libtorch 2.1 or later (TorchHasSdpa); off by default
     // until measured on a device.
     bool sdpa_pass_attention = false;
+    // A post-norm model's residual adds and layer norms on the generic path,
+    // LayerNorm(x + sublayer), one kernel each (model/kernels/
+    // residual_layer_norm.h) where libtorch launches two: the CUDA kernel on
+    // a GPU, its CPU form with kGeneric. Pre-norm models keep the tensor ops.
+    // false: at::layer_norm of the add (to measure the one against the other).
+    bool fused_add_norm = true;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -246,11 +252,17 @@ class IncrementalModel {
   at::Tensor SdpaAttention(const PassMeta& meta, const at::Tensor& qu, const at::Tensor& Kq, const at::Tensor& Vq,
                            const at::Tensor& bd_scaled) const;
   // Whether a pass attends by SplitDecode: the generic path, one token per
-  // session, every new key written into the pool before the attention.
+  // session, every new key written into the pool (by SplitDecode's kernel).
   bool SplitDecodeRuns(const PassGeometry& g, const PoolPlan& plan) const;
   // Layer l's new keys and values [T, H, dh] into their pool rows (the pool plan's writes).
   void WritePool(const PoolPlan& plan, const PassMeta& meta, int64_t l, const at::Tensor& k, const at::Tensor& v) const;
-  // Layer l's attention output [B, H * dh] read from the pool in place.
+  // LayerNorm(x + add) (x float32 [T, d], add float32 or bfloat16), one
+  // fused kernel with add_norm_, else the add and at::layer_norm.
+  at::Tensor AddNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
+                     const at::Tensor& bias) const;
+  // Layer l's attention output [B, H * dh] read from the pool in place,
+  // after its kernel has stored each session's new key and value there
+  // (SplitDecodeArgs::write_rows).
   at::Tensor SplitDecode(const PassGeometry& g, const PassMeta& meta, int64_t l, const at::Tensor& qkv) const;
   // The last keys and values of layer l that the window needs next, for the
   // sessions whose memory the pass replaces.
@@ -319,6 +331,7 @@ class IncrementalModel {
   bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
   bool bf16_stream_;    // Precision::bf16_activations in effect: generic, bfloat16 weights and products
   bool sdpa_pass_;      // Precision::sdpa_pass_attention in effect: generic, libtorch 2.1 or later
+  bool add_norm_;       // Precision::fused_add_norm in effect: generic, post-norm
   // The hidden states' type between a pass's products: bfloat16 with
   // bf16_stream_, else float32.
   at::ScalarType StreamType() const { return bf16_stream_ ? at::kBFloat16 : at::kFloat; }

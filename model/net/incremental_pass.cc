@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/kernels/prefill_kernels.h"
+#include "model/kernels/residual_layer_norm.h"
 #include "model/kernels/split_decode_attention.h"
 #include "model/net/cuda_launch.h"
 #include "model/net/incremental.h"
@@ -266,6 +267,33 @@ at::Tensor IncrementalModel::ReluProduct(const at::Tensor& x, int64_t l) const {
   return at::relu(Product(x, l, 2, L.ff1_b));
 }
 
+at::Tensor IncrementalModel::AddNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
+                                     const at::Tensor& bias) const {
+  const auto f32 = at::kFloat;
+  if (!add_norm_ || x.dim() != 2 || x.size(1) > kResidualNormMaxWidth || x.scalar_type() != f32 ||
+      weight.scalar_type() != f32 || bias.scalar_type() != f32 ||
+      !(add.scalar_type() == f32 || add.scalar_type() == at::kBFloat16) || add.sizes() != x.sizes())
+    return LayerNorm(x + add, weight, bias);
+  const at::Tensor xc = x.contiguous(), ac = add.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  ResidualNormArgs a;
+  a.rows = xc.size(0);
+  a.width = xc.size(1);
+  a.x = xc.data_ptr<float>();
+  a.add = ac.data_ptr();
+  a.add_bf16 = ac.scalar_type() == at::kBFloat16;
+  a.weight = wc.data_ptr<float>();
+  a.bias = bc.data_ptr<float>();
+  a.eps = static_cast<float>(kLayerNormEps);
+  a.out = out.data_ptr<float>();
+  if (device_.is_cpu()) {
+    at::parallel_for(0, a.rows, 8, [&](int64_t begin, int64_t end) { ResidualLayerNormCpu(a, begin, end); });
+  } else {
+    LaunchResidualLayerNorm(a, device_.index());
+  }
+  return out;
+}
+
 bool IncrementalModel::SplitDecodeRuns(const PassGeometry& g, const PoolPlan& plan) const {
   return split_decode_ && (device_.is_cpu() || device_.is_cuda()) && g.N == 1 && g.uniform && plan.gather &&
          plan.patch_rows.empty();
@@ -296,6 +324,12 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   a.pool_values = values.data_ptr();
   a.kv_bf16 = keys.scalar_type() == at::kBFloat16;
   a.rows = meta.gather_rows.data_ptr<int64_t>();
+  // Every session writes its key (SplitDecodeRuns: no patched rows), and
+  // the kernel stores it: no index_copy_ into the pool before it.
+  TORCH_CHECK(meta.write_rows.numel() == B, "SplitDecode: ", meta.write_rows.numel(), " new keys' rows for ", B,
+              " sessions");
+  a.write_rows = meta.write_rows.data_ptr<int64_t>();
+  a.skip_row = SlotPool::kDiscardRow;
   a.held = meta.held.data_ptr<int64_t>();
   a.window = meta.window.data_ptr<int64_t>();
   a.rel = rel_k_[l].data_ptr<float>();
@@ -508,16 +542,16 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
     at::Tensor qkv = Product(h, l, 0, at::Tensor()).view({T, 3, H, dh});
     at::Tensor k = qkv.select(1, 1), v = qkv.select(1, 2);
-    // Attend exactly what the memory will hold (SplitDecode reads it from
-    // the pool; bfloat16 activations hold it already).
+    // Attend exactly what the memory will hold (SplitDecode stores the new
+    // keys in the pool, then reads them from there; bfloat16 activations
+    // hold it already).
     if (kv16 && !split && !bf16_stream_) {
       k = k.to(at::kBFloat16).to(at::kFloat);
       v = v.to(at::kBFloat16).to(at::kFloat);
     }
     at::Tensor vec;  // [T, H * dh], in token order
     if (split) {
-      WritePool(plan, meta, l, k, v);
-      vec = SplitDecode(g, meta, l, qkv);
+      vec = SplitDecode(g, meta, l, qkv);  // writes the pool too
     } else {
       if (!plan.gather) WriteInPlace(batch, g, l, k, v);
       const auto [Kp, Vp] = GatherKeys(batch, g, plan, meta, l, k, v, fopt);
@@ -525,11 +559,11 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
       KeepWindow(g, l, Kp, Vp, new_k, new_v);
     }
     at::Tensor out = Product(vec, l, 1, at::Tensor());
-    x = c.pre_lnorm ? x + out : LayerNorm(x + out, L.attn_ln_w, L.attn_ln_b);
+    x = c.pre_lnorm ? x + out : AddNorm(x, out, L.attn_ln_w, L.attn_ln_b);
     // FeedForward (txl_math.h) with this precision's products (for float32,
     // Product is the same at::linear).
     auto core = [&](const at::Tensor& in) { return Product(ReluProduct(in, l), l, 3, L.ff2_b); };
-    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : LayerNorm(x + core(x), L.ff_ln_w, L.ff_ln_b);
+    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : AddNorm(x, core(x), L.ff_ln_w, L.ff_ln_b);
   }
   return x;
 }

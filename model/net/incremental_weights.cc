@@ -169,6 +169,7 @@ std::string IncrementalModel::KernelPath() const {
     absl::StrAppend(&path, "; generic: libtorch ops", device_.is_cpu() ? " (--kernels generic)" : "");
     if (bf16_stream_) absl::StrAppend(&path, "; products bfloat16 in and out, their biases fused");
     if (sdpa_pass_) absl::StrAppend(&path, "; pass attention fused (scaled_dot_product_attention)");
+    if (add_norm_) absl::StrAppend(&path, "; residual adds fused with their layer norms");
     if (split_decode_) {
       absl::StrAppend(&path, "; decode attention split over key chunks",
                       device_.is_cpu() ? " (its CPU form)" : " (CUDA kernels)");

@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
   precision.decode_short_feeds = options.decode_short_feeds;
   precision.bf16_activations = options.bf16_activations;
   precision.sdpa_pass_attention = options.sdpa_pass_attention;
+  precision.fused_add_norm = options.fused_add_norm;
   ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape

@@ -58,6 +58,10 @@ struct LanguageModelOptions {
   // at::scaled_dot_product_attention (IncrementalModel::Precision::
   // sdpa_pass_attention); needs libtorch 2.1 or later, refused on 1.13.
   bool sdpa_pass_attention = false;
+  // A post-norm model's residual adds fused with their layer norms on the
+  // generic path (IncrementalModel::Precision::fused_add_norm); false only
+  // to measure the tensor ops against it.
+  bool fused_add_norm = true;
   // On the generic path, the models loaded with one SharedSlotPools share
   // their sessions' pool with the others of their shape once they join it
   // (LanguageModel::JoinSharedPool): a repository's versions of one

@@ -40,7 +40,7 @@ at::Tensor ClampedDistances(const ModelConfig& c, int64_t n, const at::TensorOpt
 }
 
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return at::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, kLayerNormEps);
 }
 
 at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Tensor& x, double dropout, bool train) {

@@ -26,6 +26,8 @@ at::Tensor ClampedDistances(const ModelConfig& c, int64_t n, const at::TensorOpt
 // Position-wise feed-forward block with its residual and layer norm.
 at::Tensor FeedForward(const ModelConfig& c, const LayerWeights& L, const at::Tensor& x, double dropout, bool train);
 
+// The original's nn.LayerNorm epsilon.
+constexpr double kLayerNormEps = 1e-5;
 at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // ProjectedAdaptiveLogSoftmax: hidden [T, d_model] -> log-probs [T, n_token]

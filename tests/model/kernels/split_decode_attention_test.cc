@@ -17,6 +17,7 @@ struct Case {
   std::vector<int64_t> held, window;
   at::ScalarType kv = at::kFloat;
   int64_t first_call_items = -1;  // run as two calls, split here (-1: one call)
+  bool writes = false;            // the kernel stores each query's own key and value (write_rows)
 };
 
 void Check(const Case& c) {
@@ -58,6 +59,11 @@ void Check(const Case& c) {
   a.rel = rel.data_ptr<float>();
   a.rel_size = keys;
   a.scale = scale;
+  // Each query's own key is its session's last row, which holds a stale
+  // (random) key until the kernel stores the new one.
+  std::vector<int64_t> own(B);
+  for (int64_t b = 0; b < B; ++b) own[b] = rows[b * keys + c.held[b]];
+  if (c.writes) a.write_rows = own.data();
   at::Tensor partial = at::full({B, H, a.Chunks(), dh + 2}, 7.0f);  // stale values must not leak
   at::Tensor out = at::full({B, H * dh}, 7.0f);
   a.partial = partial.data_ptr<float>();
@@ -77,10 +83,11 @@ void Check(const Case& c) {
     const at::Tensor q16 = q.to(at::kBFloat16), widened = q16.to(at::kFloat);
     at::Tensor from_widened = at::empty({B, H * dh}), rounded = at::full({B, H * dh}, 7.0f).to(at::kBFloat16);
     SplitDecodeArgs f = a;
+    f.write_rows = nullptr;  // both read what the call above stored
     f.q = widened.data_ptr();
     f.out = from_widened.data_ptr();
     SplitDecodeAttentionCpu(f, 0, B * H);
-    SplitDecodeArgs n = a;
+    SplitDecodeArgs n = f;
     n.q = q16.data_ptr();
     n.q_bf16 = true;
     n.out = rounded.data_ptr();
@@ -88,8 +95,26 @@ void Check(const Case& c) {
     SplitDecodeAttentionCpu(n, 0, B * H);
     EXPECT_TRUE(at::equal(rounded, from_widened.to(at::kBFloat16)));
     EXPECT_GT((from_widened - out).abs().max().item<float>(), 0) << "the query's rounding changed nothing?";
+    if (c.writes) {  // a bfloat16 projection's key and value stored, into copies of the pool
+      const at::Tensor keys16 = pool_k.clone(), values16 = pool_v.clone();
+      SplitDecodeArgs s = n;
+      s.write_rows = own.data();
+      s.pool_keys = keys16.data_ptr();
+      s.pool_values = values16.data_ptr();
+      SplitDecodeAttentionCpu(s, 0, B * H);
+      for (int64_t b = 0; b < B; ++b) {
+        EXPECT_TRUE(at::equal(keys16[own[b]], q16[b][1].to(c.kv))) << "session " << b << "'s bfloat16 key";
+        EXPECT_TRUE(at::equal(values16[own[b]], q16[b][2].to(c.kv))) << "session " << b << "'s bfloat16 value";
+      }
+    }
   }
 
+  if (c.writes) {  // stored as torch converts them
+    for (int64_t b = 0; b < B; ++b) {
+      EXPECT_TRUE(at::equal(pool_k[own[b]], q[b][1].to(c.kv))) << "session " << b << "'s key";
+      EXPECT_TRUE(at::equal(pool_v[own[b]], q[b][2].to(c.kv))) << "session " << b << "'s value";
+    }
+  }
   const at::Tensor kf = pool_k.to(at::kFloat), vf = pool_v.to(at::kFloat);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t m = c.held[b], lo = std::max<int64_t>(0, m - c.window[b] + 1);
@@ -127,7 +152,7 @@ TEST(SplitDecodeAttentionTest, StoresBfloat16AsTorchRoundsIt) {
   for (int64_t i = 0; i < random.numel(); ++i) values.push_back(random[i].item<float>());
   const at::Tensor want = at::tensor(values).to(at::kBFloat16);
   std::vector<uint16_t> got(values.size());
-  for (size_t i = 0; i < values.size(); ++i) SplitDecodeStore(got.data(), true, static_cast<int64_t>(i), values[i]);
+  for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(got.data(), true, static_cast<int64_t>(i), values[i]);
   const uint16_t* w = static_cast<const uint16_t*>(want.data_ptr());
   for (size_t i = 0; i < values.size(); ++i) {
     if (std::isnan(values[i])) {  // a NaN, whose payload torch's paths choose differently (0x7fc0, 0xffff)
@@ -143,6 +168,53 @@ TEST(SplitDecodeAttentionTest, ItemsSplitAcrossCallsEachWriteTheirOwn) {
   // Callers split the (session, head) items across threads; keys end at a
   // chunk's last key, its next chunk's first, and one past.
   Check({{63, 64, 65}, {64, 65, 66}, at::kFloat, 4});
+}
+
+// The decode step's form (IncrementalModel::SplitDecode): the kernel
+// stores each query's key and value in its session's last row, then attends
+// them with the rest, the first chunk's key, a later chunk's, and one in a
+// chunk of its own.
+TEST(SplitDecodeAttentionTest, StoresTheQuerysOwnKeyBeforeReadingIt) {
+  Check({{0, 70, 200, 128}, {1, 71, 5, 300}, at::kFloat, -1, true});
+  Check({{0, 70, 200, 128}, {1, 71, 5, 300}, at::kBFloat16, 5, true});
+}
+
+// A padding session's write row is the pool's discard row (skip_row):
+// nothing is stored there, so padding sessions on several threads do not
+// race on it.
+TEST(SplitDecodeAttentionTest, StoresNothingInTheSkipRow) {
+  const int64_t H = 2, dh = 4, keys = 64;
+  at::Tensor pool_k = at::zeros({3, H, dh}), pool_v = at::zeros({3, H, dh});
+  const at::Tensor q = at::randn({2, 3, H, dh}), u = at::zeros({H, dh}), v = at::zeros({H, dh});
+  const at::Tensor rel = at::zeros({keys, H, dh});
+  std::vector<int64_t> rows(2 * keys, 0), held = {0, 0}, window = {1, 1}, write = {1, 2};
+  at::Tensor partial = at::empty({2, H, 1, dh + 2}), out = at::empty({2, H * dh});
+  SplitDecodeArgs a;
+  a.sessions = 2;
+  a.heads = H;
+  a.dh = dh;
+  a.keys = keys;
+  a.q = q.data_ptr();
+  a.q_stride = 3 * H * dh;
+  a.u = u.data_ptr<float>();
+  a.v = v.data_ptr<float>();
+  a.pool_keys = pool_k.data_ptr();
+  a.pool_values = pool_v.data_ptr();
+  a.rows = rows.data();
+  a.held = held.data();
+  a.window = window.data();
+  a.rel = rel.data_ptr<float>();
+  a.rel_size = keys;
+  a.partial = partial.data_ptr<float>();
+  a.out = out.data_ptr();
+  a.out_stride = H * dh;
+  a.write_rows = write.data();
+  a.skip_row = 1;
+  SplitDecodeAttentionCpu(a, 0, 2 * H);
+  EXPECT_TRUE(at::equal(pool_k[1], at::zeros({H, dh})));
+  EXPECT_TRUE(at::equal(pool_v[1], at::zeros({H, dh})));
+  EXPECT_TRUE(at::equal(pool_k[2], q[1][1]));
+  EXPECT_TRUE(at::equal(pool_v[2], q[1][2]));
 }
 
 }  // namespace

@@ -20,6 +20,27 @@ struct Case {
   bool writes = false;            // the kernel stores each query's own key and value (write_rows)
 };
 
+// The arguments over these tensors: q [B, 3, H, dh], u and v [H, dh], the
+// pools [rows, H, dh] (float32 or bfloat16), rel [distances, H, dh].
+SplitDecodeArgs ArgsOver(const at::Tensor& q, const at::Tensor& u, const at::Tensor& v, const at::Tensor& pool_k,
+                         const at::Tensor& pool_v, const at::Tensor& rel, int64_t keys) {
+  SplitDecodeArgs a;
+  a.sessions = q.size(0);
+  a.heads = q.size(2);
+  a.dh = q.size(3);
+  a.keys = keys;
+  a.q = q.data_ptr();
+  a.q_stride = 3 * a.heads * a.dh;
+  a.u = u.data_ptr<float>();
+  a.v = v.data_ptr<float>();
+  a.pool_keys = pool_k.data_ptr();
+  a.pool_values = pool_v.data_ptr();
+  a.kv_bf16 = pool_k.scalar_type() == at::kBFloat16;
+  a.rel = rel.data_ptr<float>();
+  a.rel_size = rel.size(0);
+  return a;
+}
+
 void Check(const Case& c) {
   at::manual_seed(3);
   const int64_t B = static_cast<int64_t>(c.held.size()), H = 3, dh = 41;
@@ -41,23 +62,10 @@ void Check(const Case& c) {
   const at::Tensor rel = at::randn({keys, H, dh});
   const float scale = 0.156f;
 
-  SplitDecodeArgs a;
-  a.sessions = B;
-  a.heads = H;
-  a.dh = dh;
-  a.keys = keys;
-  a.q = q.data_ptr();
-  a.q_stride = 3 * H * dh;
-  a.u = u.data_ptr<float>();
-  a.v = v.data_ptr<float>();
-  a.pool_keys = pool_k.data_ptr();
-  a.pool_values = pool_v.data_ptr();
-  a.kv_bf16 = c.kv == at::kBFloat16;
+  SplitDecodeArgs a = ArgsOver(q, u, v, pool_k, pool_v, rel, keys);
   a.rows = rows.data();
   a.held = c.held.data();
   a.window = c.window.data();
-  a.rel = rel.data_ptr<float>();
-  a.rel_size = keys;
   a.scale = scale;
   // Each query's own key is its session's last row, which holds a stale
   // (random) key until the kernel stores the new one.
@@ -189,22 +197,10 @@ TEST(SplitDecodeAttentionTest, StoresNothingInTheSkipRow) {
   const at::Tensor rel = at::zeros({keys, H, dh});
   std::vector<int64_t> rows(2 * keys, 0), held = {0, 0}, window = {1, 1}, write = {1, 2};
   at::Tensor partial = at::empty({2, H, 1, dh + 2}), out = at::empty({2, H * dh});
-  SplitDecodeArgs a;
-  a.sessions = 2;
-  a.heads = H;
-  a.dh = dh;
-  a.keys = keys;
-  a.q = q.data_ptr();
-  a.q_stride = 3 * H * dh;
-  a.u = u.data_ptr<float>();
-  a.v = v.data_ptr<float>();
-  a.pool_keys = pool_k.data_ptr();
-  a.pool_values = pool_v.data_ptr();
+  SplitDecodeArgs a = ArgsOver(q, u, v, pool_k, pool_v, rel, keys);
   a.rows = rows.data();
   a.held = held.data();
   a.window = window.data();
-  a.rel = rel.data_ptr<float>();
-  a.rel_size = keys;
   a.partial = partial.data_ptr<float>();
   a.out = out.data_ptr();
   a.out_stride = H * dh;

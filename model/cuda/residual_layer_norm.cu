@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kNormThreads) ResidualLayerNorm(ResidualNormAr
   }
   const float rstd = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(a.width) + a.eps);
   for (int64_t i = threadIdx.x; i < a.width; i += kNormThreads)
-    a.out[r * a.width + i] = ResidualNormOut(a, i, sums[i] - mean, rstd);
+    ResidualNormStore(a, r, i, ResidualNormOut(a, i, sums[i] - mean, rstd));
 }
 
 }  // namespace

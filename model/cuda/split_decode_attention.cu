@@ -1,8 +1,9 @@
-// SplitDecodeAttention's CUDA kernels (split_decode_attention.h). One block
-// per (chunk, head, session), four threads per key of the chunk; then one
-// block per (head, session) combines the chunks. The per-key arithmetic and the
-// combination are model/kernels/split_decode_attention.h's, shared with the
-// CPU's run that the tests check.
+// SplitDecodeAttention's CUDA kernel (split_decode_attention.h). One block
+// per (chunk, head, session): four threads score each key of the chunk, the
+// block sums the chunk's weighted values a 16-byte vector per thread, and
+// the last of a (session, head)'s blocks to finish combines its chunks. The
+// per-key arithmetic and the combination are model/kernels/
+// split_decode_attention.h's, shared with the CPU's run that the tests check.
 #include "model/cuda/split_decode_attention.h"
 
 #include <cuda_runtime.h>
@@ -12,14 +13,12 @@
 namespace txl {
 namespace {
 
-// Four threads score each key (a quarter of its columns each) and sum a
-// quarter of the chunk's keys for the values, so that each thread waits on
-// a quarter of the loads: one session's step has few blocks, and its time
-// is the chain of a thread's memory round trips, not bandwidth.
+// Four threads score each key (a quarter of its columns each), so that each
+// thread waits on a quarter of the loads: one session's step has few
+// blocks, and its time is the chain of a thread's memory round trips.
 constexpr int kLanes = 4;
 constexpr int kThreads = kSplitChunk * kLanes;
 constexpr int kWarps = kThreads / 32;
-constexpr int kCombineThreads = 64;
 static_assert(kThreads % 32 == 0 && 32 % kLanes == 0, "a key's lanes are in one warp");
 
 __device__ float WarpMax(float x) {
@@ -32,64 +31,137 @@ __device__ float WarpSum(float x) {
   return x;
 }
 
+// Two bfloat16 values of a 32-bit word, widened (the low half first).
+__device__ void Widen(uint32_t w, float* out) {
+  out[0] = __uint_as_float(w << 16);
+  out[1] = __uint_as_float(w & 0xffff0000u);
+}
+
+// E values (1, 4 or 8) of a float32 or bfloat16 array from element
+// `index`, as float32. E > 1: one 16-byte load (two for eight float32
+// values, one 8-byte load for four bfloat16 ones); the array must be
+// 16-byte aligned and `index` a multiple of E.
+template <int E>
+__device__ void LoadVector(const void* base, bool bf16, int64_t index, float* out) {
+  if (E == 1) {
+    out[0] = LoadAsFloat(base, bf16, index);
+  } else if (bf16) {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + index;
+    if (E == 8) {
+      const uint4 w = *reinterpret_cast<const uint4*>(p);
+      Widen(w.x, out);
+      Widen(w.y, out + 2);
+      Widen(w.z, out + 4);
+      Widen(w.w, out + 6);
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(p);
+      Widen(w.x, out);
+      Widen(w.y, out + 2);
+    }
+  } else {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + index);
+#pragma unroll
+    for (int i = 0; i < E / 4; ++i) {
+      const float4 f = p[i];
+      out[4 * i] = f.x;
+      out[4 * i + 1] = f.y;
+      out[4 * i + 2] = f.z;
+      out[4 * i + 3] = f.w;
+    }
+  }
+}
+
 // This lane's share of key j's content (ac) and position (bd) products,
-// SplitDecodeScore's sums before the lanes add up: columns lane, lane + 4,
-// ..., or with kQuads (dh a multiple of 4, pool and table 16-byte aligned)
-// groups of four columns, lane, lane + 4, ..., read as one 16-byte load (8
-// for bfloat16).
-template <bool kQuads>
+// SplitDecodeScore's sums before the lanes add up: the columns of vectors
+// lane, lane + 4, ... of E columns each.
+template <int E, bool kKvBf16>
 __device__ void LaneProducts(const SplitDecodeArgs& a, const float* qu, const float* qv, int64_t b, int64_t h,
                              int64_t j, int lane, float* ac, float* bd) {
   const int64_t row = a.rows[b * a.keys + j];
   int64_t dist = a.held[b] - j;
   if (dist > a.rel_size - 1) dist = a.rel_size - 1;
-  const int64_t k0 = (row * a.heads + h) * a.dh;
-  const float* r = a.rel + (dist * a.heads + h) * a.dh;
-  if (!kQuads) {
-    for (int64_t d = lane; d < a.dh; d += kLanes) {
-      *ac += qu[d] * LoadAsFloat(a.pool_keys, a.kv_bf16, k0 + d);
-      *bd += qv[d] * r[d];
-    }
-    return;
-  }
-  const float4* qu4 = reinterpret_cast<const float4*>(qu);
-  const float4* qv4 = reinterpret_cast<const float4*>(qv);
-  const float4* r4 = reinterpret_cast<const float4*>(r);
+  const int64_t k0 = (row * a.heads + h) * a.dh, r0 = (dist * a.heads + h) * a.dh;
 #pragma unroll 4
-  for (int64_t i = lane; i < a.dh / 4; i += kLanes) {
-    float4 k;
-    if (a.kv_bf16) {
-      const uint2 w = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(a.pool_keys) + k0)[i];
-      k = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
-                      __uint_as_float(w.y & 0xffff0000u));
-    } else {
-      k = reinterpret_cast<const float4*>(static_cast<const float*>(a.pool_keys) + k0)[i];
+  for (int64_t i = lane * E; i < a.dh; i += kLanes * E) {
+    float k[E], r[E];
+    LoadVector<E>(a.pool_keys, kKvBf16, k0 + i, k);
+    LoadVector<E>(a.rel, a.rel_bf16, r0 + i, r);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      *ac += qu[i + e] * k[e];
+      *bd += qv[i + e] * r[e];
     }
-    const float4 q = qu4[i], p = qv4[i], rr = r4[i];
-    *ac += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
-    *bd += p.x * rr.x + p.y * rr.y + p.z * rr.z + p.w * rr.w;
   }
 }
 
+// SplitDecodeCombine's result for (session b, head h), by a whole block:
+// the largest max and each chunk's scale exp(max_c - top) (0 for a chunk
+// with no attended key), the scaled sums, then each column's scaled values.
+// The partials were written by other blocks: read from L2 (__ldcg), past
+// the caller's fence.
+__device__ void CombineChunks(const SplitDecodeArgs& a, int64_t b, int64_t h, float* scale, float* reduce) {
+  const int t = threadIdx.x;
+  const int64_t chunks = a.Chunks();
+  float top = -INFINITY;
+  for (int64_t c = t; c < chunks; c += kThreads) top = fmaxf(top, __ldcg(a.Partial(b, h, c)));
+  top = WarpMax(top);
+  if (t % 32 == 0) reduce[t / 32] = top;
+  __syncthreads();
+  top = reduce[0];
+  for (int w = 1; w < kWarps; ++w) top = fmaxf(top, reduce[w]);
+  __syncthreads();  // every thread has read `reduce` before it is reused
+  float sum = 0;
+  for (int64_t c = t; c < chunks; c += kThreads) {
+    const float* p = a.Partial(b, h, c);
+    const float m = __ldcg(p);
+    scale[c] = m == -INFINITY ? 0.0f : expf(m - top);
+    sum += __ldcg(p + 1) * scale[c];
+  }
+  sum = WarpSum(sum);
+  if (t % 32 == 0) reduce[t / 32] = sum;
+  __syncthreads();
+  sum = 0;
+  for (int w = 0; w < kWarps; ++w) sum += reduce[w];
+  for (int64_t d = t; d < a.dh; d += kThreads) {
+    float value = 0;
+#pragma unroll 4
+    for (int64_t c = 0; c < chunks; ++c) value += __ldcg(a.Partial(b, h, c) + 2 + d) * scale[c];
+    StoreFromFloat(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, value / sum);
+  }
+}
+
+// The rows of the chunk a block sums its values over at once (slots), each
+// by dh / E threads: one vector of E columns each. A thread has at most
+// one (row, vector) pair where dh / E <= kThreads, else the block takes one
+// row at a time; never more slots than the chunk has keys.
+__host__ __device__ constexpr int64_t ValueSlots(int64_t vectors) {
+  return vectors >= kThreads ? 1 : (kThreads / vectors < kSplitChunk ? kThreads / vectors : kSplitChunk);
+}
+
 // Block (chunk c, head h, session b), kThreads threads: threads 4i..4i+3
-// score key c * kSplitChunk + i; then thread group g (of kSplitChunk
-// threads) sums keys g, g + 4, ... of the chunk's weighted values, column by
-// column, and the groups' sums are added. Every key's row is read without a
-// branch (a key that is not attended has weight 0 and reads its row, or the
-// pool's zero padding row past the keys), so that unrolled loads are in
-// flight together.
-template <bool kQuads>
+// score key c * kSplitChunk + i; then the block sums the chunk's weighted
+// values, ValueSlots rows at a time, each thread E columns of a row; the
+// slots' sums are added; and the block that finishes its (b, h) last
+// combines the chunks. Every key's row is read without a branch (a key that
+// is not attended has weight 0 and reads its row, or the pool's zero padding
+// row past the keys), so that unrolled loads are in flight together.
+template <int E, bool kKvBf16>
 __global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
   const int64_t c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int t = threadIdx.x;
   const int64_t dh4 = (a.dh + 3) / 4 * 4;
-  extern __shared__ float4 shared4[];  // qu [dh4], qv [dh4] (16-byte aligned), the groups' sums [kLanes][dh]
+  const int64_t vectors = a.dh / E, slots = ValueSlots(vectors);
+  // qu [dh4], qv [dh4] (16-byte aligned), the slots' sums [slots][dh], the
+  // combination's chunk scales [Chunks()].
+  extern __shared__ float4 shared4[];
   float* qu = reinterpret_cast<float*>(shared4);
   float* qv = qu + dh4;
   float* sums = qv + dh4;
+  float* scale = sums + slots * a.dh;
   __shared__ float weight[kSplitChunk];
   __shared__ int64_t value_at[kSplitChunk];  // the offset of each key's head-h values in the pool
   __shared__ float reduce[kWarps];
+  __shared__ bool last;
   const int64_t q0 = b * a.q_stride + h * a.dh;
   for (int64_t d = t; d < a.dh; d += kThreads) {
     const float q = LoadAsFloat(a.q, a.q_bf16, q0 + d);
@@ -109,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
 
   const bool attends = SplitDecodeAttends(a, b, j);
   float ac = 0, bd = 0;
-  if (attends) LaneProducts<kQuads>(a, qu, qv, b, h, j, lane, &ac, &bd);
+  if (attends) LaneProducts<E, kKvBf16>(a, qu, qv, b, h, j, lane, &ac, &bd);
   for (int off = 1; off < kLanes; off <<= 1) {  // the key's lanes are adjacent in one warp
     ac += __shfl_xor_sync(0xffffffffu, ac, off);
     bd += __shfl_xor_sync(0xffffffffu, bd, off);
@@ -135,57 +207,53 @@ __global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
     out[0] = top;
     out[1] = sum;
   }
-  const int group = t / kSplitChunk, column = t % kSplitChunk;
-  for (int64_t d = column; d < a.dh; d += kSplitChunk) {
-    float value = 0;
-#pragma unroll 8
-    for (int i = group; i < kSplitChunk; i += kLanes)
-      value += weight[i] * LoadAsFloat(a.pool_values, a.kv_bf16, value_at[i] + d);
-    sums[group * a.dh + d] = value;
+  for (int64_t p = t; p < slots * vectors; p += kThreads) {
+    const int64_t slot = p / vectors, column = p % vectors * E;
+    float value[E] = {};
+#pragma unroll 4
+    for (int64_t i = slot; i < kSplitChunk; i += slots) {
+      float row[E];
+      LoadVector<E>(a.pool_values, kKvBf16, value_at[i] + column, row);
+      const float wi = weight[i];
+#pragma unroll
+      for (int e = 0; e < E; ++e) value[e] += wi * row[e];
+    }
+    float* to = sums + slot * a.dh + column;
+    if (E % 4 == 0) {  // 16-byte aligned (dh and column are multiples of 4): one store per four
+#pragma unroll
+      for (int e = 0; e < E; e += 4)
+        *reinterpret_cast<float4*>(to + e) = make_float4(value[e], value[e + 1], value[e + 2], value[e + 3]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) to[e] = value[e];
+    }
   }
   __syncthreads();
   for (int64_t d = t; d < a.dh; d += kThreads) {
     float value = 0;
-    for (int g = 0; g < kLanes; ++g) value += sums[g * a.dh + d];
+    for (int64_t s = 0; s < slots; ++s) value += sums[s * a.dh + d];
     out[2 + d] = value;
   }
+
+  // Count this block off; the last of (b, h)'s blocks combines. Each thread
+  // fences its own writes to the partial before the count, and the last
+  // block fences before it reads the others'.
+  __threadfence();
+  __syncthreads();
+  if (t == 0) last = atomicAdd(a.done + b * a.heads + h, 1) == a.Chunks() - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  CombineChunks(a, b, h, scale, reduce);
 }
 
-// Block (head h, session b), kCombineThreads threads: SplitDecodeCombine's
-// result with the chunks' loads in parallel. First the largest max and each
-// chunk's scale exp(max_c - top) (0 for a chunk with no attended key), then
-// the scaled sums, then each column's scaled values.
-__global__ void __launch_bounds__(kCombineThreads) CombineChunks(SplitDecodeArgs a) {
-  const int64_t h = blockIdx.x, b = blockIdx.y;
-  const int t = threadIdx.x;
-  const int64_t chunks = a.Chunks();
-  extern __shared__ float scale[];  // [chunks]
-  __shared__ float reduce[kCombineThreads / 32];
-  float top = -INFINITY;
-  for (int64_t c = t; c < chunks; c += kCombineThreads) top = fmaxf(top, a.Partial(b, h, c)[0]);
-  top = WarpMax(top);
-  if (t % 32 == 0) reduce[t / 32] = top;
-  __syncthreads();
-  top = reduce[0];
-  for (int w = 1; w < kCombineThreads / 32; ++w) top = fmaxf(top, reduce[w]);
-  __syncthreads();
-  float sum = 0;
-  for (int64_t c = t; c < chunks; c += kCombineThreads) {
-    const float* p = a.Partial(b, h, c);
-    scale[c] = p[0] == -INFINITY ? 0.0f : expf(p[0] - top);
-    sum += p[1] * scale[c];
-  }
-  sum = WarpSum(sum);
-  if (t % 32 == 0) reduce[t / 32] = sum;
-  __syncthreads();
-  sum = 0;
-  for (int w = 0; w < kCombineThreads / 32; ++w) sum += reduce[w];
-  for (int64_t d = t; d < a.dh; d += kCombineThreads) {
-    float value = 0;
-#pragma unroll 4
-    for (int64_t c = 0; c < chunks; ++c) value += a.Partial(b, h, c)[2 + d] * scale[c];
-    StoreFromFloat(a.out, a.out_bf16, b * a.out_stride + h * a.dh + d, value / sum);
-  }
+template <int E, bool kKvBf16>
+cudaError_t Queue(const SplitDecodeArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.Chunks()), static_cast<unsigned>(a.heads),
+                  static_cast<unsigned>(a.sessions));
+  const int64_t floats = 2 * ((a.dh + 3) / 4 * 4) + ValueSlots(a.dh / E) * a.dh + a.Chunks();
+  ChunkPartials<E, kKvBf16><<<grid, kThreads, floats * sizeof(float), stream>>>(a);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -193,21 +261,21 @@ __global__ void __launch_bounds__(kCombineThreads) CombineChunks(SplitDecodeArgs
 const char* QueueSplitDecodeAttention(const SplitDecodeArgs& a, void* stream) {
   if (a.sessions == 0) return nullptr;
   if (a.heads > 65535 || a.sessions > 65535) return "SplitDecodeAttention: over 65535 heads or sessions";
+  if (a.done == nullptr) return "SplitDecodeAttention: no counters (done) for the chunks' combination";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const dim3 chunks(static_cast<unsigned>(a.Chunks()), static_cast<unsigned>(a.heads),
-                    static_cast<unsigned>(a.sessions));
+  // Wide loads, E columns each (eight bfloat16 values of the pool, or four
+  // float32 or bfloat16 ones), where the arrays start on 16 bytes and E
+  // divides dh, so that every vector a thread reads is aligned to its size.
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const size_t shared = (2 * ((a.dh + 3) / 4 * 4) + kLanes * a.dh) * sizeof(float);
-  if (a.dh % 4 == 0 && aligned(a.pool_keys) && aligned(a.rel)) {
-    ChunkPartials<true><<<chunks, kThreads, shared, s>>>(a);
+  const bool wide = aligned(a.pool_keys) && aligned(a.pool_values) && aligned(a.rel);
+  cudaError_t e;
+  if (a.kv_bf16) {
+    e = wide && a.dh % 8 == 0   ? Queue<8, true>(a, s)
+        : wide && a.dh % 4 == 0 ? Queue<4, true>(a, s)
+                                : Queue<1, true>(a, s);
   } else {
-    ChunkPartials<false><<<chunks, kThreads, shared, s>>>(a);
+    e = wide && a.dh % 4 == 0 ? Queue<4, false>(a, s) : Queue<1, false>(a, s);
   }
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return cudaGetErrorString(e);
-  CombineChunks<<<dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.sessions)), kCombineThreads,
-                  a.Chunks() * sizeof(float), s>>>(a);
-  e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 

@@ -21,7 +21,7 @@ void ResidualLayerNormCpu(const ResidualNormArgs& a, int64_t begin, int64_t end)
       squares += d * d;
     }
     const float rstd = static_cast<float>(1.0 / std::sqrt(squares / a.width + a.eps));
-    for (int64_t i = 0; i < a.width; ++i) a.out[r * a.width + i] = ResidualNormOut(a, i, sum[i] - mean, rstd);
+    for (int64_t i = 0; i < a.width; ++i) ResidualNormStore(a, r, i, ResidualNormOut(a, i, sum[i] - mean, rstd));
   }
 }
 

@@ -4,8 +4,8 @@
 // root). On a GPU one kernel (model/cuda/residual_layer_norm.cu) replaces
 // the add's and the norm's, twice a layer; the CPU form below is what
 // `--kernels generic` takes, so that the tests check its arithmetic, which
-// the kernel shares (ResidualNormSum, ResidualNormOut). Torch-free, and free
-// of CUDA headers.
+// the kernel shares (ResidualNormSum, ResidualNormOut, ResidualNormStore).
+// Torch-free, and free of CUDA headers.
 #ifndef TXL_MODEL_KERNELS_RESIDUAL_LAYER_NORM_H_
 #define TXL_MODEL_KERNELS_RESIDUAL_LAYER_NORM_H_
 
@@ -29,6 +29,10 @@ struct ResidualNormArgs {
   const float* bias = nullptr;    // [width]
   float eps = 1e-5f;
   float* out = nullptr;  // [rows, width]
+  // Optional, [rows, width]: the result rounded to bfloat16 as torch rounds
+  // it, the next products' input where activations are bfloat16, so that no
+  // conversion of the residual stream follows.
+  void* out_bf16 = nullptr;
 };
 
 // Element i of row r's sum, in float32 as torch adds a bfloat16 tensor to a
@@ -40,6 +44,12 @@ TXL_HOST_DEVICE inline float ResidualNormSum(const ResidualNormArgs& a, int64_t 
 // Element i of a row's result from its centred sum and the row's 1/sqrt(var + eps).
 TXL_HOST_DEVICE inline float ResidualNormOut(const ResidualNormArgs& a, int64_t i, float centred, float rstd) {
   return centred * rstd * a.weight[i] + a.bias[i];
+}
+
+// Stores element i of row r's result: to out, and rounded to out_bf16.
+TXL_HOST_DEVICE inline void ResidualNormStore(const ResidualNormArgs& a, int64_t r, int64_t i, float value) {
+  a.out[r * a.width + i] = value;
+  if (a.out_bf16 != nullptr) StoreFromFloat(a.out_bf16, true, r * a.width + i, value);
 }
 
 // Rows [begin, end), each in two passes (its mean, then the sum of squared

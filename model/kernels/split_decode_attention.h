@@ -8,12 +8,13 @@
 // mask, the softmax and the two attention products of the tensor-op path.
 //
 // The CPU's run of these steps (split_decode_attention.cc) is what
-// `--kernels generic` takes; the CUDA kernels (model/cuda/
-// split_decode_attention.cu, CUDA build only) share the mask
-// (SplitDecodeAttends), the bfloat16 widening (host_device.h) and the layout of the
-// partials, and repeat the score's indexing with wider loads and the
-// combination with parallel loads. So the tests here check the algorithm
-// and its CPU form; the kernels themselves run only on a lent GPU
+// `--kernels generic` takes; the CUDA kernel (model/cuda/
+// split_decode_attention.cu, CUDA build only) shares the mask
+// (SplitDecodeAttends), the bfloat16 widening (host_device.h) and the
+// layout of the partials, and repeats the score's indexing and the value
+// sums with 16-byte loads, and the combination with parallel loads, in the
+// last of a (session, head)'s blocks to finish (`done`). So the tests here
+// check the algorithm and its CPU form; the kernel itself runs only on a lent GPU
 // (scripts/gpu_check.sh: eval, graphs and servers against the CPU).
 // Torch-free, and free of CUDA headers.
 #ifndef TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_
@@ -58,10 +59,19 @@ struct SplitDecodeArgs {
   int64_t skip_row = -1;
   const int64_t* held = nullptr;    // m_b: keys before the query, which is key m_b itself
   const int64_t* window = nullptr;  // M_b: the session's mem_len
-  const float* rel = nullptr;       // [rel_size, heads, dh]: the position key at distance d
+  // [rel_size, heads, dh]: the position key at distance d, float32 or
+  // bfloat16 (rel_bf16: where reduced weights round the table to bfloat16
+  // anyway, half the bytes for the same values).
+  const void* rel = nullptr;
+  bool rel_bf16 = false;
   int64_t rel_size = 0;
   float scale = 1;
   float* partial = nullptr;  // [sessions, heads, Chunks(), dh + 2]: max, sum, weighted values
+  // CUDA only: [sessions * heads] counters, zero before the call, that each
+  // (session, head)'s chunk blocks count themselves off on, so that the
+  // last to finish combines the partials (no second kernel). The CPU form
+  // does not read them.
+  int* done = nullptr;
   // Session b's head h at element b * out_stride + h * dh of out, float32
   // or bfloat16 (out_bf16: rounded to nearest even, as torch converts).
   void* out = nullptr;
@@ -98,11 +108,11 @@ TXL_HOST_DEVICE inline float SplitDecodeScore(const SplitDecodeArgs& a, const fl
   int64_t dist = a.held[b] - j;
   if (dist > a.rel_size - 1) dist = a.rel_size - 1;
   const int64_t k0 = (row * a.heads + h) * a.dh;
-  const float* r = a.rel + (dist * a.heads + h) * a.dh;
+  const int64_t r0 = (dist * a.heads + h) * a.dh;
   float ac = 0, bd = 0;
   for (int64_t d = 0; d < a.dh; ++d) {
     ac += qu[d] * LoadAsFloat(a.pool_keys, a.kv_bf16, k0 + d);
-    bd += qv[d] * r[d];
+    bd += qv[d] * LoadAsFloat(a.rel, a.rel_bf16, r0 + d);
   }
   return (ac + bd) * a.scale;
 }
@@ -141,7 +151,7 @@ TXL_HOST_DEVICE inline float SplitDecodeCombine(const SplitDecodeArgs& a, int64_
 // The CPU's run of the steps above (split_decode_attention.cc), for the
 // (session, head) items [begin, end), b * heads + h: the item's own key and
 // value stored (write_rows), every chunk's partial, then the combination, as
-// the CUDA kernels do.
+// the CUDA kernel does.
 void SplitDecodeAttentionCpu(const SplitDecodeArgs& a, int64_t begin, int64_t end);
 
 }  // namespace txl

@@ -63,6 +63,7 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
   at::Tensor pos = PositionEmbedding(weights_, ClampedDistances(config_, size, at::TensorOptions().device(device_)));
   rel_k_.clear();
   rel_kt_.clear();
+  rel_k16_.clear();
   // With reduced weights the decode step reads the table in bfloat16 (it is
   // a product of weights); the prefill reads the same rounded values.
   const bool narrow = dtype_ != WeightDtype::kFloat32;
@@ -70,6 +71,7 @@ void IncrementalModel::EnsureRelTable(int64_t distances) {
     at::Tensor table = at::linear(pos, L.r_w).view({size, config_.n_head, config_.d_head});
     if (narrow) table = table.to(at::kBFloat16).to(at::kFloat);
     rel_k_.push_back(table);
+    if (narrow && split_decode_) rel_k16_.push_back(table.to(at::kBFloat16));
     // The head-major copy only where the decode kernels read it (not on a
     // GPU, where it would take device memory for nothing).
     if (!decode_.empty())

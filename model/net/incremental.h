@@ -257,9 +257,12 @@ class IncrementalModel {
   // Layer l's new keys and values [T, H, dh] into their pool rows (the pool plan's writes).
   void WritePool(const PoolPlan& plan, const PassMeta& meta, int64_t l, const at::Tensor& k, const at::Tensor& v) const;
   // LayerNorm(x + add) (x float32 [T, d], add float32 or bfloat16), one
-  // fused kernel with add_norm_, else the add and at::layer_norm.
-  at::Tensor AddNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
-                     const at::Tensor& bias) const;
+  // fused kernel with add_norm_, else the add and at::layer_norm. With
+  // bf16_stream_ and the fused kernel, *narrow (where given) is the result
+  // rounded to bfloat16 by the same kernel (the next products' input); else
+  // undefined.
+  at::Tensor AddNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight, const at::Tensor& bias,
+                     at::Tensor* narrow) const;
   // Layer l's attention output [B, H * dh] read from the pool in place,
   // after its kernel has stored each session's new key and value there
   // (SplitDecodeArgs::write_rows).
@@ -391,6 +394,9 @@ class IncrementalModel {
   std::string graph_error_;
   std::vector<at::Tensor> rel_k_;   // per layer: r_net(R(d)) for d < rel_size_, [d, H, dh]
   std::vector<at::Tensor> rel_kt_;  // the same, [H, d, dh] contiguous: built only for the decode kernels
+  // The same in bfloat16 where reduced weights round the table to it (its
+  // values exactly), for the split decode attention: half the bytes.
+  std::vector<at::Tensor> rel_k16_;
   int64_t rel_size_ = 0;
 };
 

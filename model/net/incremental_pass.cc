@@ -163,7 +163,10 @@ IncrementalModel::PassMeta IncrementalModel::DeriveMeta(const PassGeometry& g, c
     const at::Tensor fed = next(B);
     d.held = next(B);
     d.window = next(B);
-    if (!SplitDecodeRuns(g, plan)) {  // SplitDecode masks and finds the distances itself
+    if (SplitDecodeRuns(g, plan)) {  // SplitDecode masks and finds the distances itself
+      if (device_.is_cuda())
+        d.split_done = at::zeros({config_.n_layer, B * H}, at::TensorOptions().dtype(at::kInt).device(device_));
+    } else {
       const at::Tensor nt = fed.view({B, 1, 1}), mt = d.held.view({B, 1, 1}), Mt = d.window.view({B, 1, 1});
       at::Tensor qi = at::arange(N, lopt.device(device_)).view({1, N, 1});
       at::Tensor kj = at::arange(Kmax, lopt.device(device_)).view({1, 1, Kmax});
@@ -268,7 +271,8 @@ at::Tensor IncrementalModel::ReluProduct(const at::Tensor& x, int64_t l) const {
 }
 
 at::Tensor IncrementalModel::AddNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
-                                     const at::Tensor& bias) const {
+                                     const at::Tensor& bias, at::Tensor* narrow) const {
+  if (narrow != nullptr) *narrow = at::Tensor();
   const auto f32 = at::kFloat;
   if (!add_norm_ || x.dim() != 2 || x.size(1) > kResidualNormMaxWidth || x.scalar_type() != f32 ||
       weight.scalar_type() != f32 || bias.scalar_type() != f32 ||
@@ -286,6 +290,10 @@ at::Tensor IncrementalModel::AddNorm(const at::Tensor& x, const at::Tensor& add,
   a.bias = bc.data_ptr<float>();
   a.eps = static_cast<float>(kLayerNormEps);
   a.out = out.data_ptr<float>();
+  if (bf16_stream_ && narrow != nullptr) {
+    *narrow = at::empty_like(xc, xc.options().dtype(at::kBFloat16));
+    a.out_bf16 = narrow->data_ptr();
+  }
   if (device_.is_cpu()) {
     at::parallel_for(0, a.rows, 8, [&](int64_t begin, int64_t end) { ResidualLayerNormCpu(a, begin, end); });
   } else {
@@ -308,7 +316,8 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   const at::Tensor u = weights_.u(c, l).to(at::kFloat).contiguous(), v = weights_.v(c, l).to(at::kFloat).contiguous();
   const at::Tensor& keys = pool_->keys(l);
   const at::Tensor& values = pool_->values(l);
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && rel_k_[l].is_contiguous(),
+  const at::Tensor& rel = rel_k16_.empty() ? rel_k_[l] : rel_k16_[l];
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && rel.is_contiguous(),
               "SplitDecode reads the pool and the position table as contiguous rows");
   SplitDecodeArgs a;
   a.sessions = B;
@@ -332,12 +341,14 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   a.skip_row = SlotPool::kDiscardRow;
   a.held = meta.held.data_ptr<int64_t>();
   a.window = meta.window.data_ptr<int64_t>();
-  a.rel = rel_k_[l].data_ptr<float>();
-  a.rel_size = rel_k_[l].size(0);
+  a.rel = rel.data_ptr();
+  a.rel_bf16 = rel.scalar_type() == at::kBFloat16;
+  a.rel_size = rel.size(0);
   a.scale = static_cast<float>(ScoreScale(dh));
   const at::Tensor partial = at::empty({B, H, a.Chunks(), dh + 2}, fopt);
   at::Tensor out = at::empty({B, H * dh}, fopt.dtype(StreamType()));
   a.partial = partial.data_ptr<float>();
+  if (meta.split_done.defined()) a.done = meta.split_done[l].data_ptr<int>();
   a.out = out.data_ptr();
   a.out_stride = H * dh;
   a.out_bf16 = out.scalar_type() == at::kBFloat16;
@@ -537,10 +548,14 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
   const bool split = SplitDecodeRuns(g, plan);        // every session in place: nothing for KeepWindow
   at::Tensor x = Embed(c, weights_, meta.tokens);     // [T, d]
   const auto fopt = x.options().dtype(StreamType());  // the attention's keys and values
+  // x rounded to bfloat16 by the norm that made it (AddNorm), where
+  // activations are bfloat16: the products take it as it is, unconverted.
+  // Undefined otherwise (the embedding, pre-norm layers, the unfused norm).
+  at::Tensor x16;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = weights_.layers[l];
     at::Tensor h = c.pre_lnorm ? LayerNorm(x, L.attn_ln_w, L.attn_ln_b) : x;
-    at::Tensor qkv = Product(h, l, 0, at::Tensor()).view({T, 3, H, dh});
+    at::Tensor qkv = Product(x16.defined() ? x16 : h, l, 0, at::Tensor()).view({T, 3, H, dh});
     at::Tensor k = qkv.select(1, 1), v = qkv.select(1, 2);
     // Attend exactly what the memory will hold (SplitDecode stores the new
     // keys in the pool, then reads them from there; bfloat16 activations
@@ -559,11 +574,13 @@ at::Tensor IncrementalModel::Layers(const std::vector<Pending*>& batch, const Pa
       KeepWindow(g, l, Kp, Vp, new_k, new_v);
     }
     at::Tensor out = Product(vec, l, 1, at::Tensor());
-    x = c.pre_lnorm ? x + out : AddNorm(x, out, L.attn_ln_w, L.attn_ln_b);
+    x = c.pre_lnorm ? x + out : AddNorm(x, out, L.attn_ln_w, L.attn_ln_b, &x16);
     // FeedForward (txl_math.h) with this precision's products (for float32,
     // Product is the same at::linear).
     auto core = [&](const at::Tensor& in) { return Product(ReluProduct(in, l), l, 3, L.ff2_b); };
-    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b)) : AddNorm(x, core(x), L.ff_ln_w, L.ff_ln_b);
+    x = c.pre_lnorm ? x + core(LayerNorm(x, L.ff_ln_w, L.ff_ln_b))
+                    : AddNorm(x, core(x16.defined() ? x16 : x), L.ff_ln_w, L.ff_ln_b,
+                              l + 1 < c.n_layer ? &x16 : nullptr);  // the readout takes float32
   }
   return x;
 }

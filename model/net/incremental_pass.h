@@ -65,6 +65,9 @@ struct IncrementalModel::PassMeta {
   at::Tensor held, window;
   // PoolPlan's lists.
   at::Tensor gather_rows, write_rows, write_tok, patch_rows, patch_tok;
+  // Where the split decode attention runs on a GPU: its counters,
+  // [layers, B * H] int32 zeros (SplitDecodeArgs::done), set in one fill.
+  at::Tensor split_done;
 };
 
 }  // namespace txl

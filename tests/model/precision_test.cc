@@ -189,11 +189,13 @@ void LeaveOp(const at::RecordFunction&, at::ObserverContext*) { --t_depth; }
 // bfloat16 weights on the generic path (a GPU's code), with bfloat16
 // activations (Precision::bf16_activations) and without: a product takes
 // bfloat16 and gives bfloat16 with its bias added in its own kernel, so a
-// decode step's layer converts only its two float32 inputs (the
-// attention's and the feed-forward's); without, every product converted its
-// input and its output and added its bias apart. The residual stream stays float32. Both within the
-// mode's chunking tolerance of each other, on decode steps of three sessions
-// and on their 6-token passes.
+// decode step's layer converts at most its two float32 inputs (the
+// attention's and the feed-forward's), and a post-norm layer none: its
+// fused residual norm writes them in bfloat16 too (AddNorm's `narrow`).
+// Without, every product converted its input and its output and added its
+// bias apart. The residual stream stays float32. Both within the mode's
+// chunking tolerance of each other, on decode steps of three sessions and
+// on their 6-token passes.
 TEST_P(PrecisionTest, Bf16ActivationsConvertOnlyTheLayersInputs) {
   const ModelConfig& c = GetParam().config;
   const TxlWeights w = TestWeights(c, 23);
@@ -258,14 +260,15 @@ TEST_P(PrecisionTest, Bf16ActivationsConvertOnlyTheLayersInputs) {
     EXPECT_GE(counts[0].conversions - counts[1].conversions, 4 * L);
     EXPECT_GE(counts[0].ops - counts[1].ops, 4 * L);  // 6 and 10 a layer here
   }
-  // A decode step: the two inputs (the split attention reads a bfloat16
-  // query and writes a bfloat16 result). A pass: the two inputs; the
-  // attention's float32 operands (the query plus each bias, the position
-  // table, the probabilities) as before. An adaptive embedding's clusters
-  // add 3 of their own, in both modes.
-  const int64_t embedding = c.div_val > 1 ? 3 : 0;
-  EXPECT_EQ(decode[1].conversions, 2 * L + embedding);
-  EXPECT_LE(pass[1].conversions, 7 * L + embedding);
+  // A decode step: a pre-norm layer's two inputs (the split attention reads
+  // a bfloat16 query and writes a bfloat16 result); in a post-norm model only
+  // the embedding's output, the first layer's input. A pass: the same
+  // inputs, and the attention's float32 operands (the query plus each bias,
+  // the position table, the probabilities) as before. An adaptive
+  // embedding's clusters add 3 of their own, in both modes.
+  const int64_t embedding = c.div_val > 1 ? 3 : 0, inputs = c.pre_lnorm ? 2 * L : 1;
+  EXPECT_EQ(decode[1].conversions, inputs + embedding);
+  EXPECT_LE(pass[1].conversions, inputs + 5 * L + embedding);
   ASSERT_EQ(results[0].size(), results[1].size());
   for (size_t i = 0; i < results[0].size(); ++i) {
     EXPECT_LT(MaxAbsDiff(results[0][i], results[1][i]), 0.05) << "step " << i;

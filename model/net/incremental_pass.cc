@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -32,18 +31,6 @@ constexpr int64_t kQueryBlock = 128;
 double ScoreScale(int64_t dh) { return 1.0 / std::sqrt(static_cast<double>(dh)); }
 
 }  // namespace
-
-// `values` on `device` in one copy: on a GPU from pinned host memory and
-// without waiting for it (the caching host allocator keeps the buffer until
-// the copy is done).
-at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device) {
-  const auto lopt = at::TensorOptions().dtype(at::kLong);
-  const int64_t count = static_cast<int64_t>(values.size());
-  if (device.is_cpu()) return at::tensor(values, lopt);
-  at::Tensor host = at::empty({count}, lopt.pinned_memory(true));
-  if (count > 0) std::memcpy(host.data_ptr<int64_t>(), values.data(), count * sizeof(int64_t));
-  return host.to(device, /*non_blocking=*/true);
-}
 
 IncrementalModel::PassGeometry IncrementalModel::Geometry(const std::vector<Pending*>& batch,
                                                           const std::vector<std::vector<int64_t>>& tokens) const {

@@ -10,12 +10,9 @@
 #include <vector>
 
 #include "model/net/incremental.h"
+#include "model/net/upload.h"
 
 namespace txl {
-
-// `values` on `device` in one copy: on a GPU from pinned host memory, not
-// waited for.
-at::Tensor Upload(const std::vector<int64_t>& values, const at::Device& device);
 
 // Session b feeds n[b] tokens after its m[b] held positions, in a window of
 // M[b] keys: K[b] = m[b] + n[b] keys. Padded, the pass is a score block of

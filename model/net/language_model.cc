@@ -21,6 +21,7 @@
 #include "model/net/incremental.h"
 #include "model/net/output_layer.h"
 #include "model/net/txl_math.h"
+#include "model/net/upload.h"
 #include "model/net/weights.h"
 
 namespace txl {
@@ -364,9 +365,17 @@ struct RowReadouts {
 
 RowReadouts ReadRows(const OutputLayer& output, int64_t V, absl::Span<const StepInput> inputs, const RowPlan& plan,
                      const at::Tensor& hidden, const at::Device& device) {
+  // Rows [from, to) of a list: a slice where they follow each other (a
+  // decode step whose sessions all read the same way: no upload, no
+  // selection), else selected by an upload that does not wait.
   auto rows_of = [&](const std::vector<int64_t>& rows, size_t from, size_t to) {
     std::vector<int64_t> part(rows.begin() + from, rows.begin() + to);
-    return hidden.index_select(0, at::tensor(part, at::kLong).to(device));
+    bool consecutive = true;
+    for (size_t i = 1; i < part.size() && consecutive; ++i) consecutive = part[i] == part[i - 1] + 1;
+    if (part.empty()) return hidden.slice(0, 0, 0);
+    TORCH_CHECK(part.back() < hidden.size(0), "readout row ", part.back(), " of ", hidden.size(0));
+    if (consecutive) return hidden.slice(0, part.front(), part.back() + 1);
+    return hidden.index_select(0, Upload(part, device));
   };
   RowReadouts r;
   // Blocks of rows bound the per-row buffers (the head's log-probs, or

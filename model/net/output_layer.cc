@@ -5,14 +5,11 @@
 #include <tuple>
 
 #include "model/net/txl_math.h"
+#include "model/net/upload.h"
 
 namespace txl {
 
 namespace {
-
-at::Tensor Index(const std::vector<int64_t>& v, const at::Device& device) {
-  return at::tensor(v, at::kLong).to(device);
-}
 
 // Adds to lists[rows[j]] the top min(n, cols) words of lp's row j (ids
 // offset by `first`), or more where words tie with the last of them: every
@@ -120,10 +117,10 @@ std::vector<float> OutputLayer::TargetLogProbs(const at::Tensor& hidden, const s
   at::Tensor out = at::empty({rows}, head.options());
   for (int64_t bin = 0; bin < bins; ++bin) {
     if (row_of[bin].empty()) continue;
-    at::Tensor idx = Index(row_of[bin], device);
+    at::Tensor idx = Upload(row_of[bin], device);
     at::Tensor lp = bin == 0 ? head.index_select(0, idx)
                              : ClusterLogProbs(hidden.index_select(0, idx), head.index_select(0, idx), bin);
-    out.index_copy_(0, idx, lp.gather(1, Index(col_of[bin], device).unsqueeze(1)).squeeze(1));
+    out.index_copy_(0, idx, lp.gather(1, Upload(col_of[bin], device).unsqueeze(1)).squeeze(1));
   }
   at::Tensor host = out.to(at::kCPU, at::kFloat).contiguous();
   return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + rows);
@@ -171,11 +168,11 @@ TokenPicks OutputLayer::DrawTokens(const at::Tensor& hidden, const std::vector<d
   if (nc > 0) {
     std::vector<int64_t> cols;
     for (int64_t i = 1; i <= nc; ++i) cols.push_back(ClusterColumn(c_, i));
-    walk = at::cat({head.slice(1, 0, shortlist), head.index_select(1, Index(cols, device))}, 1);
+    walk = at::cat({head.slice(1, 0, shortlist), head.index_select(1, Upload(cols, device))}, 1);
   }
   // Cumulative mass in double, as the sampler's walk over a full row sums.
   at::Tensor cdf = walk.to(at::kDouble).exp().cumsum(1);
-  at::Tensor goal = at::tensor(uniforms, at::kDouble).to(device) * cdf.select(1, -1);
+  at::Tensor goal = Upload(uniforms, device) * cdf.select(1, -1);
   at::Tensor entry = at::searchsorted(cdf, goal.unsqueeze(1), /*out_int32=*/false, /*right=*/true)
                          .squeeze(1)
                          .clamp_max(walk.size(1) - 1);
@@ -201,7 +198,7 @@ TokenPicks OutputLayer::DrawTokens(const at::Tensor& hidden, const std::vector<d
   // Inside a cluster the walk goes on from the mass before it.
   for (int64_t i = 1; i <= nc; ++i) {
     if (rows_in[i].empty()) continue;
-    at::Tensor idx = Index(rows_in[i], device);
+    at::Tensor idx = Upload(rows_in[i], device);
     at::Tensor lp = ClusterLogProbs(hidden.index_select(0, idx), head.index_select(0, idx), i);
     at::Tensor ccdf = lp.to(at::kDouble).exp().cumsum(1) + before.index_select(0, idx).unsqueeze(1);
     at::Tensor k = at::searchsorted(ccdf, goal.index_select(0, idx).unsqueeze(1), false, true)
@@ -231,7 +228,7 @@ std::vector<TokenList> OutputLayer::TopTokens(const at::Tensor& hidden, int n) c
   if (nc == 0) return lists;
   std::vector<int64_t> cols;
   for (int64_t i = 1; i <= nc; ++i) cols.push_back(ClusterColumn(c_, i));
-  at::Tensor entries = head.index_select(1, Index(cols, device)).to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor entries = head.index_select(1, Upload(cols, device)).to(at::kCPU, at::kFloat).contiguous();
   for (int64_t i = 1; i <= nc; ++i) {
     // No word of a cluster beats the cluster's head entry, and on a tie the
     // lower id (already listed) wins; so a row with n words above the entry
@@ -242,7 +239,7 @@ std::vector<TokenList> OutputLayer::TopTokens(const at::Tensor& hidden, int n) c
       if (lists[r].size() < static_cast<size_t>(n) || entry > lists[r].back().second) need.push_back(r);
     }
     if (need.empty()) continue;
-    at::Tensor idx = Index(need, device);
+    at::Tensor idx = Upload(need, device);
     AddTopOfBin(ClusterLogProbs(hidden.index_select(0, idx), head.index_select(0, idx), i), need, ends_[i], n, &lists);
     for (int64_t r : need) KeepBest(&lists[r], n);
   }

@@ -899,6 +899,83 @@ std::unique_ptr<at::ObserverContext> EnterOp(const at::RecordFunction&) {
 }
 void LeaveOp(const at::RecordFunction&, at::ObserverContext*) { --t_op_depth; }
 
+// The row selections (aten::index_select) this thread calls itself.
+thread_local int64_t t_top_selects = 0;
+std::unique_ptr<at::ObserverContext> EnterSelect(const at::RecordFunction& fn) {
+  if (t_op_depth++ == 0 && std::string(fn.name()) == "aten::index_select") ++t_top_selects;
+  return nullptr;
+}
+
+// A decode step's readout where every session reads the same way takes its
+// rows as a slice of the hidden states: no row list uploaded (on a GPU, an
+// upload from pageable memory waits for the step's kernels, so the host
+// could queue the readout's only after them) and no selection. Where the
+// rows interleave with another readout's, they are selected, and each pick
+// is its own session's either way. A model without clusters: an adaptive
+// softmax's argmax selects the rows whose cluster it enters.
+TEST_F(LanguageModelTest, AReadoutOfConsecutiveRowsSlicesThem) {
+  ModelConfig flat = testing::SmallConfig();
+  flat.n_token = tokenizer_.vocab_size();
+  ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), flat, tokenizer_, testing::TestWeights(flat, 2)).ok());
+  for (const Kernels kernels : {Kernels::kAuto, Kernels::kGeneric}) {
+    LanguageModelOptions o = Options("cpu");
+    o.kernels = kernels;
+    auto model = LanguageModel::Create(o);
+    ASSERT_TRUE(model.ok()) << model.status();
+    // Four sessions with histories of their own; each step feeds one token
+    // to each of copies of them, every session picking the argmax, or
+    // session 1 drawing; the picks, and the step's selections in *selects.
+    std::vector<std::unique_ptr<SessionState>> held;
+    for (int b = 0; b < 4; ++b) {
+      auto s = (*model)->NewSession(flat.mem_len);
+      ASSERT_TRUE(s.ok()) << s.status();
+      Feed(**model, s->get(), {b + 1, 2 * b + 1, 3, b});
+      held.push_back(*std::move(s));
+    }
+    auto step = [&](bool one_draws, int64_t* selects) {
+      std::vector<std::unique_ptr<SessionState>> copies;
+      std::vector<StepInput> in(held.size());
+      for (size_t b = 0; b < held.size(); ++b) {
+        copies.push_back(*held[b]->Clone());
+        in[b].session = copies[b].get();
+        in[b].tokens = {static_cast<int>(b) + 2};
+        in[b].plan.pick = one_draws && b == 1 ? SamplingPlan::Pick::kDraw : SamplingPlan::Pick::kArgmax;
+        in[b].plan.uniform = 0.5;
+      }
+      const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&EnterSelect, &LeaveOp));
+      t_top_selects = 0;
+      auto out = (*model)->Step(absl::MakeSpan(in));
+      at::removeCallback(handle);
+      *selects = t_top_selects;
+      std::vector<int> picks;
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (out.ok()) {
+        for (const StepOutput& x : *out) picks.push_back(x.picked);
+      }
+      return picks;
+    };
+    int64_t sliced = 0, selected = 0;
+    const std::vector<int> all = step(false, &sliced), mixed = step(true, &selected);
+    EXPECT_EQ(sliced, 0) << "every session picks the argmax: its rows are a slice";
+    EXPECT_GT(selected, 0) << "rows 0, 2 and 3 are selected";
+    ASSERT_EQ(all.size(), 4u);
+    ASSERT_EQ(mixed.size(), 4u);
+    for (size_t b = 0; b < held.size(); ++b) {  // each session's pick, against a step of its own
+      auto copy = *held[b]->Clone();
+      StepInput in;
+      in.session = copy.get();
+      in.tokens = {static_cast<int>(b) + 2};
+      in.plan.pick = SamplingPlan::Pick::kArgmax;
+      auto own = (*model)->Step(absl::MakeSpan(&in, 1));
+      ASSERT_TRUE(own.ok()) << own.status();
+      EXPECT_EQ(all[b], (*own)[0].picked) << "session " << b;
+      if (b != 1) {
+        EXPECT_EQ(mixed[b], (*own)[0].picked) << "session " << b;
+      }
+    }
+  }
+}
+
 // Scoring (Score; NVIDIA's published setting: every session feeds a segment
 // over a full window, each position's target read) on the generic path, a
 // GPU's code: a step dispatches the same ops for 2 sessions as for 16. The

@@ -2,7 +2,8 @@
 # README command 2: install what is missing, build, run every test. Then the robustness phases
 # (docs/ROBUSTNESS.md), each in a build directory of its own, built with clang:
 #   build-asan  the unit and integration suite again under ASan + UBSan
-#   build-tsan  the scheduler and session store (server_test) under TSan
+#   build-tsan  the scheduler and session store (server_test) under TSan, and the CUDA kernels on the
+#               block emulator (cuda_emulation_test)
 #   build-fuzz  a short run of each libFuzzer target from its seed corpus
 # Then the CUDA build (docs/GPU.md): every target against libtorch 2.11.0+cu130 (PyPI's torch wheel,
 # the lent GPU machines' torch) in build-cuda, its CPU tests, the checkpoints across libtorch
@@ -82,7 +83,7 @@ ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E '^(container)$'
 
 phase tsan
 configure build-tsan -DTXL_SANITIZE=thread
-cmake --build build-tsan -j "$JOBS" --target server_test tsan_selftest
+cmake --build build-tsan -j "$JOBS" --target server_test tsan_selftest cuda_emulation_test
 ctest --test-dir build-tsan --output-on-failure -R '^tsan_selftest_'
 # The whole server_test binary (every scheduler and session-store test), 20 times over.
 build-tsan/tests/server_test --gtest_repeat=20 --gtest_brief=1

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "model/cuda/kernel_syntax.h"
+
 namespace txl {
 namespace {
 
@@ -29,7 +31,7 @@ __device__ float BlockSum(float x, float* scratch) {
 
 __global__ void __launch_bounds__(kNormThreads) ResidualLayerNorm(ResidualNormArgs a) {
   const int64_t r = blockIdx.x;
-  extern __shared__ float sums[];  // [width]
+  TXL_DYNAMIC_SHARED(float, sums);  // [width]
   __shared__ float scratch[kNormWarps];
   float total = 0;
   for (int64_t i = threadIdx.x; i < a.width; i += kNormThreads) {
@@ -54,8 +56,8 @@ const char* QueueResidualLayerNorm(const ResidualNormArgs& a, void* stream) {
   if (a.rows == 0) return nullptr;
   if (a.width > kResidualNormMaxWidth) return "ResidualLayerNorm: rows over kResidualNormMaxWidth wide";
   if (a.rows > 2147483647) return "ResidualLayerNorm: over 2^31 - 1 rows";
-  ResidualLayerNorm<<<static_cast<unsigned>(a.rows), kNormThreads, a.width * sizeof(float),
-                      static_cast<cudaStream_t>(stream)>>>(a);
+  TXL_LAUNCH_KERNEL(static_cast<unsigned>(a.rows), kNormThreads, a.width * sizeof(float),
+                    static_cast<cudaStream_t>(stream), ResidualLayerNorm)(a);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "model/cuda/kernel_syntax.h"
+
 namespace txl {
 namespace {
 
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) ChunkPartials(SplitDecodeArgs a) {
   const int64_t vectors = a.dh / E, slots = ValueSlots(vectors);
   // qu [dh4], qv [dh4] (16-byte aligned), the slots' sums [slots][dh], the
   // combination's chunk scales [Chunks()].
-  extern __shared__ float4 shared4[];
+  TXL_DYNAMIC_SHARED(float4, shared4);
   float* qu = reinterpret_cast<float*>(shared4);
   float* qv = qu + dh4;
   float* sums = qv + dh4;
@@ -252,7 +254,7 @@ cudaError_t Queue(const SplitDecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.Chunks()), static_cast<unsigned>(a.heads),
                   static_cast<unsigned>(a.sessions));
   const int64_t floats = 2 * ((a.dh + 3) / 4 * 4) + ValueSlots(a.dh / E) * a.dh + a.Chunks();
-  ChunkPartials<E, kKvBf16><<<grid, kThreads, floats * sizeof(float), stream>>>(a);
+  TXL_LAUNCH_KERNEL(grid, kThreads, floats * sizeof(float), stream, ChunkPartials<E, kKvBf16>)(a);
   return cudaGetLastError();
 }
 

@@ -14,8 +14,9 @@
 // layout of the partials, and repeats the score's indexing and the value
 // sums with 16-byte loads, and the combination with parallel loads, in the
 // last of a (session, head)'s blocks to finish (`done`). So the tests here
-// check the algorithm and its CPU form; the kernel itself runs only on a lent GPU
-// (scripts/gpu_check.sh: eval, graphs and servers against the CPU).
+// check the algorithm and its CPU form; the kernel's source runs on the CPU
+// on a block emulator (tests/model/cuda/), and on a lent GPU
+// (scripts/gpu_check.sh: unit, eval, graphs and servers against the CPU).
 // Torch-free, and free of CUDA headers.
 #ifndef TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_
 #define TXL_MODEL_KERNELS_SPLIT_DECODE_ATTENTION_H_

@@ -456,7 +456,7 @@ void SyncThreads(const char* file, int line) {
   Arrive(Wait::kBlock, Site{file, line});
 }
 
-float ShuffleXor(unsigned mask, float value, int lane_mask, const char* file, int line) {
+float ShuffleFloatXor(unsigned mask, float value, int lane_mask, const char* file, int line) {
   Bookkeeping quiet;
   Run& r = Current("__shfl_xor_sync");
   if (mask != 0xffffffffu) Fail("the emulator shuffles whole warps only (mask " + std::to_string(mask) + ")");

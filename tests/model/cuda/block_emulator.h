@@ -3,15 +3,20 @@
 // shuffles, so that a kernel compiled as C++ (include/cuda_runtime.h) can be
 // checked against its CPU form where no GPU is lent.
 //
-// The order is the strictest a GPU may take, drawn from a seed
-// (SetOrderSeed): blocks one at a time in a shuffled order (so that
-// different blocks are last to finish a job); in a block, one warp at a time
-// runs ahead as far as the block's barrier, its shuffles opening as soon as
-// its 32 lanes reach them; its lanes run in a shuffled order between
-// barriers. What it checks beyond the results:
-//   - shared memory, dynamic and static (__shared__), starts each block as
-//     NaN bytes, so a read before a write shows; dynamic shared memory is
-//     exactly its size, so ASan sees an overrun;
+// The order is one a GPU may take, chosen to expose missing barriers and
+// drawn from a seed (SetOrderSeed): blocks one at a time in a shuffled order
+// (so that different blocks are last to finish a job); in a block, one warp
+// at a time runs ahead as far as the block's barrier, its shuffles opening
+// as soon as its 32 lanes reach them; its lanes run in a shuffled order
+// between barriers. Warps never interleave between barriers, so a race in
+// which one warp reads another's passing value shows only under TSan. What
+// it checks beyond the results:
+//   - dynamic shared memory starts each block as NaN bytes, so a read
+//     before a write shows, and is exactly its size, so ASan sees an
+//     overrun; static (__shared__) memory is NaN bytes too where the
+//     compiler keeps it in its section (clang; GCC 12 does not in function
+//     templates, whose statics then keep the last block's values), and ASan
+//     does not check it;
 //   - a barrier some threads never reach (a shuffle in divergent code, a
 //     __syncthreads after some threads exited, threads at different
 //     __syncthreads or shuffle lines) stops the process, naming where each
@@ -34,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace txl_emu {
@@ -62,7 +68,14 @@ Dim3 GridDim();
 void* DynamicShared();
 // At a barrier's source line: threads that wait at different ones fail.
 void SyncThreads(const char* file, int line);
-float ShuffleXor(unsigned mask, float value, int lane_mask, const char* file, int line);
+float ShuffleFloatXor(unsigned mask, float value, int lane_mask, const char* file, int line);
+// __shfl_xor_sync: float only, so that a kernel shuffling another type fails
+// to compile here rather than round through float.
+template <typename T>
+T ShuffleXor(unsigned mask, T value, int lane_mask, const char* file, int line) {
+  static_assert(std::is_same_v<T, float>, "the block emulator shuffles float only: add the type");
+  return ShuffleFloatXor(mask, value, lane_mask, file, line);
+}
 
 // kernel<<<grid, block, shared_bytes>>>(arguments...): the arguments copied,
 // as a launch copies them.

@@ -154,26 +154,27 @@ TEST(BlockEmulatorDeathTest, StopsWhereThreadsWaitAtDifferentBarriers) {
                "a barrier that not every thread reaches: .*@syncthreads:cuda_emulation_test.cc:");
 }
 
-// Each warp's first lane overwrites its slot while other warps may still
-// read it (a missing barrier): a warp runs ahead to the block's barrier, as
-// a GPU may run it, so a later warp reads what it wrote. Under TSan a race
-// too (tsan_selftest_cuda_emulation_overwrite).
+// Each warp's first lane sums every warp's slot and then overwrites its
+// own, while other warps may still read it (a missing barrier): a warp runs
+// ahead to the block's barrier, as a GPU may run it, so a later warp reads
+// what it wrote. Under TSan a race between warps only
+// (tsan_selftest_cuda_emulation_overwrite).
 __global__ void OverwriteWhatOtherWarpsRead(float* out) {
   __shared__ float slots[4];
   const unsigned t = threadIdx.x;
   if (t % 32 == 0) slots[t / 32] = 1.0f;
   __syncthreads();
+  if (t % 32 != 0) return;
   float total = 0;
   for (int w = 0; w < 4; ++w) total += slots[w];
-  total = __shfl_xor_sync(0xffffffffu, total, 1);
-  if (t % 32 == 0) slots[t / 32] = total;  // a __syncthreads is missing above
-  out[t] = total;
+  slots[t / 32] = total;  // a __syncthreads is missing above
+  out[t / 32] = total;
 }
 
 TEST(BlockEmulatorRaceTest, AWarpRunsAheadToTheBlocksBarrier) {
-  std::vector<float> out(128);
+  std::vector<float> out(4);
   TXL_LAUNCH_KERNEL(1, 128, 0, nullptr, OverwriteWhatOtherWarpsRead)(out.data());
-  EXPECT_EQ(std::count(out.begin(), out.end(), 4.0f), 32) << "only the first warp to run read four 1s";
+  EXPECT_EQ(std::count(out.begin(), out.end(), 4.0f), 1) << "only the first warp to run read four 1s";
 }
 
 __global__ void ReadStaticSharedFirst(float* out) {
@@ -183,10 +184,25 @@ __global__ void ReadStaticSharedFirst(float* out) {
   slot = 1.0f;
 }
 
+template <int kOffset>
+__global__ void ReadStaticSharedFirstInATemplate(float* out) {
+  __shared__ float slot;
+  out[blockIdx.x] = slot;
+  __syncthreads();
+  slot = 1.0f + kOffset;
+}
+
 TEST(BlockEmulatorRaceTest, StaticSharedMemoryStartsAsNaN) {
   std::vector<float> out(2, 0.0f);
   TXL_LAUNCH_KERNEL(2, 32, 0, nullptr, ReadStaticSharedFirst)(out.data());
   EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[1])) << "the second block saw the first one's write";
+#if defined(__clang__)
+  // A kernel template's statics too (the split attention's): GCC 12 leaves
+  // them out of the section (block_emulator.h), clang keeps them there.
+  out.assign(2, 0.0f);
+  TXL_LAUNCH_KERNEL(2, 32, 0, nullptr, ReadStaticSharedFirstInATemplate<1>)(out.data());
+  EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[1])) << "the second block saw the first one's write";
+#endif
 }
 
 __global__ void RecordOrder(int* order, int* next) {
@@ -407,8 +423,9 @@ void CheckSplit(const SplitCase& c) {
 TEST(SplitDecodeAttentionKernelTest, MatchesTheCpuFormInEveryVariant) {
   uint64_t seed = 2;
   for (const int64_t dh : {64, 96, 48, 8, 36, 20, 41, 258}) {
-    for (const auto& [kv, q, rel] : {std::tuple{false, false, false}, std::tuple{true, true, true},
-                                     std::tuple{true, false, false}, std::tuple{false, true, true}}) {
+    for (const auto& [kv, q, rel] :
+         {std::tuple{false, false, false}, std::tuple{true, true, true}, std::tuple{true, false, false},
+          std::tuple{false, true, true}, std::tuple{false, true, false}}) {
       SplitCase c{dh, kv, q, rel};
       c.order_seed = seed++;
       CheckSplit(c);

@@ -22,7 +22,9 @@
 #define __launch_bounds__(...)
 // One block runs at a time, so a function's statics are its block's shared
 // memory; in a section of their own, which each block starts with every byte
-// 0xff (block_emulator.cc), as it does dynamic shared memory.
+// 0xff (block_emulator.cc), as it does dynamic shared memory. (GCC 12 leaves
+// a function template's statics out of the section: there they keep the
+// last block's values.)
 #define __shared__ static __attribute__((section("txl_emu_shared")))
 
 // model/cuda/kernel_syntax.h's constructs, on the emulator.

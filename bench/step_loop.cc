@@ -55,6 +55,9 @@ ABSL_FLAG(bool, sdpa_pass_attention, false,
 ABSL_FLAG(bool, fused_add_norm, true,
           "a post-norm model's residual adds fused with their layer norms on the generic path, one kernel each "
           "(false: libtorch's add and layer_norm)");
+ABSL_FLAG(bool, skinny_products, true,
+          "the generic path's products of up to eight rows (decode steps of up to eight sessions) by txl-serve's "
+          "own kernel, SkinnyProduct (false: libtorch's, cuBLAS on a GPU)");
 ABSL_FLAG(std::string, readout, "distribution",
           "what each step reads out: distribution (each session's whole row, to the host), argmax (the model's "
           "greedy pick: one id per session crosses) or score (every fed token's target log-prob, as Score: with "
@@ -105,6 +108,7 @@ int main(int argc, char** argv) {
   o.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
   o.sdpa_pass_attention = absl::GetFlag(FLAGS_sdpa_pass_attention);
   o.fused_add_norm = absl::GetFlag(FLAGS_fused_add_norm);
+  o.skinny_products = absl::GetFlag(FLAGS_skinny_products);
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";

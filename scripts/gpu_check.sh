@@ -28,6 +28,9 @@
 #              weights and memories (and with float32 activations, --bf16_activations=false, with
 #              graphs; also for scoring at 32 sessions); decode with graphs and the residual adds
 #              and layer norms as libtorch's ops (--fused_add_norm=false), float32 and bfloat16;
+#              decode with graphs and the products of up to 8 rows as libtorch's
+#              (--skinny_products=false): one session in float32 and bfloat16, 8 sessions in float32
+#              (with and without);
 #              a 2,048-token prefill (time to the first token) in float32
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
 #              decode_short_feeds; scoring 64-token segments at memory 640 (engine_bench's S),
@@ -286,8 +289,8 @@ profile() {
 }
 
 profile_runs() {
-  local n dtype case_ sizes=(1 32) steps=100 prompt=2048 more=()
-  if [ "$DRY" = 1 ]; then sizes=(1 2); steps=2; prompt=64; more=(--kernels generic --profile_steps 2); fi
+  local n dtype case_ sizes=(1 32) few=8 steps=100 prompt=2048 more=()
+  if [ "$DRY" = 1 ]; then sizes=(1 2); few=2; steps=2; prompt=64; more=(--kernels generic --profile_steps 2); fi
   # float32: the split attention without and with graphs, and the tensor ops with graphs; bfloat16
   # weights and memories: the split attention without and with graphs.
   for dtype in float32 bfloat16; do
@@ -318,6 +321,16 @@ profile_runs() {
         --dtype $dtype --kv_dtype $dtype --readout argmax --cuda_graphs=on --fused_add_norm=false \
         --profile=- "${more[@]}" || return 1
     done
+  done
+  # The products of up to eight rows by libtorch (cuBLAS, --skinny_products=false), against our own
+  # kernel (SkinnyProduct) in the default runs above: decode with graphs, one session in float32
+  # and bfloat16; and 8 sessions in float32 both ways.
+  for case_ in float32,1,false bfloat16,1,false float32,$few,true float32,$few,false; do
+    IFS=, read -r dtype n skinny <<<"$case_"
+    echo "== $dtype, $n session(s), memory 800, cuda_graphs=on, skinny_products=$skinny"
+    "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 800 --steps $steps \
+      --dtype $dtype --kv_dtype $dtype --readout argmax --cuda_graphs=on --skinny_products=$skinny \
+      --profile=- "${more[@]}" || return 1
   done
   # A mixed step (docs/MODEL.md, "Mixed steps"): 8 sessions, one of them feeding 2 tokens, with
   # graphs: a token a pass (two padded passes) against the whole step through the multi-token pass.

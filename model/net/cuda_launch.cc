@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "model/cuda/residual_layer_norm.h"
+#include "model/cuda/skinny_product.h"
 #include "model/cuda/split_decode_attention.h"
 
 namespace txl {
@@ -31,6 +32,13 @@ void LaunchResidualLayerNorm(const ResidualNormArgs& a, int device_index) {
   const c10::cuda::CUDAGuard on_device(index);
   const char* error = QueueResidualLayerNorm(a, c10::cuda::getCurrentCUDAStream(index).stream());
   TORCH_CHECK(error == nullptr, "ResidualLayerNorm's CUDA kernel did not launch: ", error);
+}
+
+void LaunchSkinnyProduct(const SkinnyProductArgs& a, int device_index) {
+  const c10::DeviceIndex index = LaunchDevice(device_index);
+  const c10::cuda::CUDAGuard on_device(index);
+  const char* error = QueueSkinnyProduct(a, c10::cuda::getCurrentCUDAStream(index).stream());
+  TORCH_CHECK(error == nullptr, "SkinnyProduct's CUDA kernel did not launch: ", error);
 }
 
 }  // namespace txl

@@ -6,6 +6,7 @@
 #define TXL_MODEL_NET_CUDA_LAUNCH_H_
 
 #include "model/kernels/residual_layer_norm.h"
+#include "model/kernels/skinny_product.h"
 #include "model/kernels/split_decode_attention.h"
 
 namespace txl {
@@ -17,6 +18,9 @@ void LaunchSplitDecodeAttention(const SplitDecodeArgs& a, int device_index);
 
 // Queues ResidualLayerNorm the same way.
 void LaunchResidualLayerNorm(const ResidualNormArgs& a, int device_index);
+
+// Queues SkinnyProduct the same way.
+void LaunchSkinnyProduct(const SkinnyProductArgs& a, int device_index);
 
 }  // namespace txl
 

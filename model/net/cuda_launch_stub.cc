@@ -15,4 +15,8 @@ void LaunchResidualLayerNorm(const ResidualNormArgs&, int) {
   TORCH_CHECK(false, "ResidualLayerNorm's CUDA kernel needs a build against a CUDA libtorch (scripts/cuda_build.sh)");
 }
 
+void LaunchSkinnyProduct(const SkinnyProductArgs&, int) {
+  TORCH_CHECK(false, "SkinnyProduct's CUDA kernel needs a build against a CUDA libtorch (scripts/cuda_build.sh)");
+}
+
 }  // namespace txl

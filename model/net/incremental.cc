@@ -49,6 +49,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
                    precision.dtype == WeightDtype::kBfloat16),
       sdpa_pass_(precision.sdpa_pass_attention && generic_ && TorchHasSdpa()),
       add_norm_(precision.fused_add_norm && generic_ && !config_.pre_lnorm),
+      skinny_(precision.skinny_products && generic_),
       decode_graphs_(precision.decode_graphs && generic_),
       pass_graphs_(decode_graphs_ && precision.pass_graphs),
       split_decode_(precision.split_decode_attention && generic_),

@@ -100,6 +100,13 @@ class IncrementalModel {
     // a GPU, its CPU form with kGeneric. Pre-norm models keep the tensor ops.
     // false: at::layer_norm of the add (to measure the one against the other).
     bool fused_add_norm = true;
+    // The generic path's products of at most kSkinnyMaxRows rows (decode
+    // steps of up to eight sessions) by SkinnyProduct (model/kernels/
+    // skinny_product.h), float32 weights or bfloat16 in and out, the bias
+    // and the ReLU in the same kernel: the CUDA kernel on a GPU, its CPU
+    // form with kGeneric. false: libtorch's products (cuBLAS), to measure
+    // the one against the other.
+    bool skinny_products = true;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -306,6 +313,10 @@ class IncrementalModel {
   // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
   // transposed, plus bias (may be undefined), in the weight dtype's way.
   at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
+  // x w^T + bias (ReLU'd with relu) by SkinnyProduct, in w's type, where
+  // skinny_ and it takes the shapes and types (x of at most kSkinnyMaxRows
+  // rows, float32 weights or bfloat16 activations); else undefined.
+  at::Tensor SkinnyProduct(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool relu) const;
   // relu(x W_ff1^T + b_ff1) of layer l: fused where libtorch can.
   at::Tensor ReluProduct(const at::Tensor& x, int64_t l) const;
   // a @ b for a prefill's attention: in bfloat16 (result bfloat16) where
@@ -335,6 +346,7 @@ class IncrementalModel {
   bool bf16_stream_;    // Precision::bf16_activations in effect: generic, bfloat16 weights and products
   bool sdpa_pass_;      // Precision::sdpa_pass_attention in effect: generic, libtorch 2.1 or later
   bool add_norm_;       // Precision::fused_add_norm in effect: generic, post-norm
+  bool skinny_;         // Precision::skinny_products in effect: generic
   // The hidden states' type between a pass's products: bfloat16 with
   // bf16_stream_, else float32.
   at::ScalarType StreamType() const { return bf16_stream_ ? at::kBFloat16 : at::kFloat; }

@@ -9,6 +9,7 @@
 
 #include "model/kernels/prefill_kernels.h"
 #include "model/kernels/residual_layer_norm.h"
+#include "model/kernels/skinny_product.h"
 #include "model/kernels/split_decode_attention.h"
 #include "model/net/cuda_launch.h"
 #include "model/net/incremental.h"
@@ -250,6 +251,7 @@ void IncrementalModel::WritePool(const PoolPlan& plan, const PassMeta& meta, int
 at::Tensor IncrementalModel::ReluProduct(const at::Tensor& x, int64_t l) const {
   const LayerWeights& L = weights_.layers[l];
   const at::Tensor& w = L.ff1_w;
+  if (at::Tensor y = SkinnyProduct(x, w, L.ff1_b, true); y.defined()) return y;
   // One kernel on a GPU (cuBLASLt's bias and ReLU epilogue) instead of two;
   // on a CPU the same addmm and ReLU as below.
   if (generic_ && (w.scalar_type() == at::kFloat || bf16_stream_) && L.ff1_b.defined() && x.dim() == 2)
@@ -287,6 +289,38 @@ at::Tensor IncrementalModel::AddNorm(const at::Tensor& x, const at::Tensor& add,
     LaunchResidualLayerNorm(a, device_.index());
   }
   return out;
+}
+
+at::Tensor IncrementalModel::SkinnyProduct(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                                           bool relu) const {
+  const at::ScalarType type = w.scalar_type();
+  if (!skinny_ || x.dim() != 2 || x.size(0) == 0 || x.size(0) > kSkinnyMaxRows || w.dim() != 2 ||
+      x.size(1) != w.size(1) || !(type == at::kFloat || (bf16_stream_ && type == at::kBFloat16)) ||
+      (bias.defined() && (bias.dim() != 1 || bias.size(0) != w.size(0) ||
+                          !(bias.scalar_type() == at::kFloat || bias.scalar_type() == at::kBFloat16))))
+    return at::Tensor();
+  const at::Tensor xc = x.to(type).contiguous(), wc = w.contiguous();
+  const at::Tensor bc = bias.defined() ? bias.contiguous() : at::Tensor();
+  at::Tensor y = at::empty({xc.size(0), wc.size(0)}, xc.options());
+  SkinnyProductArgs a;
+  a.rows = xc.size(0);
+  a.cols = xc.size(1);
+  a.outs = wc.size(0);
+  a.x = xc.data_ptr();
+  a.x_bf16 = a.w_bf16 = a.y_bf16 = type == at::kBFloat16;
+  a.w = wc.data_ptr();
+  if (bc.defined()) {
+    a.bias = bc.data_ptr();
+    a.bias_bf16 = bc.scalar_type() == at::kBFloat16;
+  }
+  a.relu = relu;
+  a.y = y.data_ptr();
+  if (device_.is_cpu()) {
+    at::parallel_for(0, a.outs, 16, [&](int64_t begin, int64_t end) { SkinnyProductCpu(a, begin, end); });
+  } else {
+    LaunchSkinnyProduct(a, device_.index());
+  }
+  return y;
 }
 
 bool IncrementalModel::SplitDecodeRuns(const PassGeometry& g, const PoolPlan& plan) const {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/kernels/amx_product.h"
 #include "model/kernels/decode_kernels.h"
+#include "model/kernels/skinny_product.h"
 #include "model/net/huge_pages.h"
 #include "model/net/incremental.h"
 
@@ -170,6 +171,7 @@ std::string IncrementalModel::KernelPath() const {
     if (bf16_stream_) absl::StrAppend(&path, "; products bfloat16 in and out, their biases fused");
     if (sdpa_pass_) absl::StrAppend(&path, "; pass attention fused (scaled_dot_product_attention)");
     if (add_norm_) absl::StrAppend(&path, "; residual adds fused with their layer norms");
+    if (skinny_) absl::StrAppend(&path, "; products of up to ", kSkinnyMaxRows, " rows by SkinnyProduct");
     if (split_decode_) {
       absl::StrAppend(&path, "; decode attention split over key chunks",
                       device_.is_cpu() ? " (its CPU form)" : " (CUDA kernels)");
@@ -261,6 +263,7 @@ at::Tensor IncrementalModel::Product(const at::Tensor& x, int64_t layer, int whi
     return y;
   }
   const at::Tensor& w = *MatrixOf(weights_.layers[layer], which);
+  if (at::Tensor y = SkinnyProduct(x, w, bias, false); y.defined()) return y;
   // float32, or bfloat16 activations: one kernel, the bias in it.
   if (w.scalar_type() == at::kFloat) return at::linear(x, w, bias);
   if (bf16_stream_) return at::linear(x.to(at::kBFloat16), w, bias);

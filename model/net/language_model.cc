@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
   precision.bf16_activations = options.bf16_activations;
   precision.sdpa_pass_attention = options.sdpa_pass_attention;
   precision.fused_add_norm = options.fused_add_norm;
+  precision.skinny_products = options.skinny_products;
   ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape

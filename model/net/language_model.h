@@ -62,6 +62,10 @@ struct LanguageModelOptions {
   // generic path (IncrementalModel::Precision::fused_add_norm); false only
   // to measure the tensor ops against it.
   bool fused_add_norm = true;
+  // The generic path's products of up to eight rows by our own kernel
+  // (IncrementalModel::Precision::skinny_products); false only to measure
+  // libtorch's against it.
+  bool skinny_products = true;
   // On the generic path, the models loaded with one SharedSlotPools share
   // their sessions' pool with the others of their shape once they join it
   // (LanguageModel::JoinSharedPool): a repository's versions of one

@@ -1081,12 +1081,14 @@ TEST(SlotPoolTest, PastTheBudgetASessionsRowsAreGrantedAndACopyIsRefusedUnlessOf
 
 // The ATen ops this thread dispatches (views and nested calls included):
 // what a GPU would launch, or more; and of them, the copies into the pool.
-thread_local int64_t t_ops = 0, t_index_copies = 0, t_layer_norms = 0;
+thread_local int64_t t_ops = 0, t_index_copies = 0, t_layer_norms = 0, t_products = 0;
 std::unique_ptr<at::ObserverContext> CountOp(const at::RecordFunction& fn) {
   ++t_ops;
   const std::string name = fn.name();
   if (name == "aten::index_copy_") ++t_index_copies;
   if (name == "aten::layer_norm") ++t_layer_norms;
+  if (name == "aten::linear" || name == "aten::addmm" || name == "aten::_addmm_activation" || name == "aten::mm")
+    ++t_products;
   return nullptr;
 }
 
@@ -1131,16 +1133,24 @@ int64_t MixedStepOps(IncrementalModel& model, const ModelConfig& c) {
   return t_ops;
 }
 
+// Batches of 2 and 8 sessions (products by SkinnyProduct), and of 9 and 16
+// (libtorch's products): within each pair, fewer extra ops than one per
+// extra session and layer.
+void ExpectTheSameOpsPerLayerForAnyBatch(IncrementalModel& model, const ModelConfig& c) {
+  for (const auto& [few, more] : {std::pair{2, 8}, std::pair{9, 16}}) {
+    const int64_t a = DecodeStepOps(model, c, few), b = DecodeStepOps(model, c, more);
+    std::cout << "generic decode step, " << c.n_layer << " layers: " << a << " ops at batch " << few << ", " << b
+              << " at batch " << more << "\n";
+    ASSERT_GT(a, 10 * c.n_layer) << "the counter saw the step";
+    EXPECT_LT(b - a, (more - few) * c.n_layer) << "ops per session per layer, batches " << few << " and " << more;
+  }
+}
+
 TEST(SlotPoolTest, ADecodeStepDispatchesTheSameOpsPerLayerForAnyBatch) {
   ModelConfig c = testing::SmallConfig();
   c.n_layer = 6;
   IncrementalModel model = GenericModel(c, TestWeights(c, 23));
-  auto ops_for = [&](int batch) { return DecodeStepOps(model, c, batch); };
-  const int64_t two = ops_for(2), sixteen = ops_for(16);
-  std::cout << "generic decode step, " << c.n_layer << " layers: " << two << " ops at batch 2, " << sixteen
-            << " at batch 16\n";
-  ASSERT_GT(two, 10 * c.n_layer) << "the counter saw the step";
-  EXPECT_LT(sixteen - two, 14 * c.n_layer) << "ops per session per layer";
+  ExpectTheSameOpsPerLayerForAnyBatch(model, c);
 }
 
 // SplitDecodeAttention replaces the attention's gathers, products, mask and
@@ -1246,15 +1256,58 @@ TEST(SlotPoolTest, TheResidualAddsFuseWithTheirLayerNorms) {
   EXPECT_EQ(pre.KernelPath().find("residual adds fused"), std::string::npos) << pre.KernelPath();
 }
 
+// The generic path's products of at most kSkinnyMaxRows rows by
+// SkinnyProduct (its CPU form here, the CUDA kernel on a GPU): a decode
+// step of three sessions dispatches no product of libtorch's, four a layer
+// without; a step of nine sessions, and a pass of several tokens, keep
+// libtorch's. Each step's results match libtorch's products' to float32's
+// rounding (the same sums in another order), and so do the next steps'.
+TEST(SlotPoolTest, SmallStepsMultiplyBySkinnyProduct) {
+  ModelConfig c = testing::SmallConfig();
+  c.n_layer = 3;
+  const TxlWeights w = TestWeights(c, 31);
+  std::vector<at::Tensor> results[2];
+  std::vector<int64_t> products[2];
+  for (const bool skinny : {false, true}) {
+    IncrementalModel::Precision p;
+    p.kernels = Kernels::kGeneric;
+    p.skinny_products = skinny;
+    IncrementalModel model(c, w, at::kCPU, p);
+    EXPECT_EQ(model.KernelPath().find("by SkinnyProduct") != std::string::npos, skinny) << model.KernelPath();
+    std::vector<SessionMemory> sessions;
+    for (int b = 0; b < 9; ++b) sessions.emplace_back(c.n_layer, c.mem_len);
+    for (int step = 0; step < 6; ++step) {
+      // A 5-token pass of three sessions, three decode steps of three, one of nine, one of three.
+      const int batch = step == 4 ? 9 : 3;
+      const int64_t n = step == 0 ? 5 : 1;
+      std::vector<StepInput> in;
+      for (int b = 0; b < batch; ++b) in.push_back(Row(&sessions[b], RandomTokens(n, c.n_token, 90 + step * 9 + b)));
+      const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&CountOp));
+      t_products = 0;
+      results[skinny].push_back(model.Step(absl::MakeSpan(in)));
+      at::removeCallback(handle);
+      products[skinny].push_back(t_products);
+    }
+  }
+  for (size_t step = 0; step < products[0].size(); ++step) {
+    SCOPED_TRACE(step);
+    EXPECT_GE(products[0][step], 4 * c.n_layer) << "libtorch's products (the counter saw them)";
+    if (step == 0 || step == 4) {
+      EXPECT_GE(products[1][step], 4 * c.n_layer) << "15 and 9 rows: libtorch's";
+    } else {
+      EXPECT_EQ(products[1][step], 0) << "3 rows: SkinnyProduct's";
+    }
+    EXPECT_LT(MaxAbsDiff(results[0][step], results[1][step]), 1e-5);
+  }
+}
+
 // The same for the tensor-op attention (prefills' path, and decode steps with
 // split_decode_attention off).
 TEST(SlotPoolTest, ADecodeStepDispatchesTheSameOpsPerLayerForAnyBatchWithTensorOps) {
   ModelConfig c = testing::SmallConfig();
   c.n_layer = 6;
   IncrementalModel model = GenericModel(c, TestWeights(c, 23), KvDtype::kFloat32, false);
-  const int64_t two = DecodeStepOps(model, c, 2), sixteen = DecodeStepOps(model, c, 16);
-  ASSERT_GT(two, 10 * c.n_layer) << "the counter saw the step";
-  EXPECT_LT(sixteen - two, 14 * c.n_layer) << "ops per session per layer";
+  ExpectTheSameOpsPerLayerForAnyBatch(model, c);
 }
 
 TEST(TrainingFormTest, SameLengthFalseSeesTheWholeMemory) {

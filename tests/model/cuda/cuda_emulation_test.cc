@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/cuda/residual_layer_norm.h"
+#include "model/cuda/skinny_product.h"
 #include "model/cuda/split_decode_attention.h"
 #include "model/kernels/host_device.h"
 
@@ -512,6 +513,106 @@ TEST(ResidualLayerNormKernelTest, RefusesRowsWiderThanItsSharedMemory) {
   const char* error = QueueResidualLayerNorm(a, nullptr);
   ASSERT_NE(error, nullptr);
   EXPECT_NE(std::string(error).find("kResidualNormMaxWidth"), std::string::npos) << error;
+}
+
+struct SkinnyCase {
+  int64_t rows, cols, outs;
+  bool bf16;  // x, W, the bias and y bfloat16 (the generic path's bfloat16 activations)
+  bool bias = true, relu = false;
+  int64_t skip = 0;  // x starts this many elements past 16 bytes
+  uint64_t order_seed = 1;
+};
+
+std::string Name(const SkinnyCase& c) {
+  return std::to_string(c.rows) + " x " + std::to_string(c.cols) + " by " + std::to_string(c.outs) +
+         (c.bf16 ? ", bf16" : ", f32") + (c.bias ? ", bias" : "") + (c.relu ? ", relu" : "") +
+         (c.skip != 0 ? ", misaligned x" : "") + ", order " + std::to_string(c.order_seed);
+}
+
+// The kernel and its CPU form add in the same order: where neither fuses a
+// multiply and an add (x86-64's baseline, which both builds here target,
+// has no FMA), their results are the same bits, so the kernel's indexing is
+// checked exactly. Outputs past the last are left as they were.
+void CheckSkinny(const SkinnyCase& c) {
+  SCOPED_TRACE(Name(c));
+  std::mt19937 rng(static_cast<unsigned>(c.rows * 7919 + c.cols * 31 + c.outs));
+  const Array x = Random(c.rows * c.cols, c.bf16, &rng, c.skip), w = Random(c.outs * c.cols, c.bf16, &rng);
+  const Array bias = Random(c.outs, c.bf16, &rng);
+  const int64_t n = c.rows * c.outs, guard = 40;
+  Array ys[2] = {Array(n + guard, c.bf16), Array(n + guard, c.bf16)};
+  for (const bool emulated : {false, true}) {
+    for (int64_t i = 0; i < n + guard; ++i) ys[emulated].Set(i, 7.0f);
+    SkinnyProductArgs a;
+    a.rows = c.rows;
+    a.cols = c.cols;
+    a.outs = c.outs;
+    a.x = x.data();
+    a.w = w.data();
+    a.bias = c.bias ? bias.data() : nullptr;
+    a.x_bf16 = a.w_bf16 = a.bias_bf16 = a.y_bf16 = c.bf16;
+    a.relu = c.relu;
+    a.y = ys[emulated].data();
+    if (emulated) {
+      txl_emu::SetOrderSeed(c.order_seed);
+      const char* error = QueueSkinnyProduct(a, nullptr);
+      txl_emu::SetOrderSeed(1);
+      ASSERT_EQ(error, nullptr) << error;
+    } else {
+      SkinnyProductCpu(a, 0, c.outs);
+    }
+  }
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = ys[0].Get(i), got = ys[1].Get(i);
+    ASSERT_EQ(std::memcmp(&got, &want, sizeof got), 0) << "output " << i << ": " << got << " against " << want;
+    zeros += want == 0;
+  }
+  // The CPU form's own sums, against a double one (the butterfly is a sum).
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t o = 0; o < c.outs; o += 7) {
+      double sum = c.bias ? bias.Get(o) : 0, size = 0;
+      for (int64_t k = 0; k < c.cols; ++k) {
+        sum += double{x.Get(r * c.cols + k)} * w.Get(o * c.cols + k);
+        size += std::abs(double{x.Get(r * c.cols + k)} * w.Get(o * c.cols + k));
+      }
+      if (c.relu) sum = std::max(sum, 0.0);
+      const double got = ys[0].Get(r * c.outs + o);
+      ASSERT_LE(std::abs(got - sum), (c.bf16 ? 8e-3 * std::abs(sum) : 0) + 1e-6 * (1 + size))
+          << "row " << r << ", output " << o;
+    }
+  }
+  if (c.relu) {
+    EXPECT_GT(zeros, n / 4) << "the ReLU zeroed about half";
+  }
+  for (int64_t i = n; i < n + guard; ++i) ASSERT_EQ(ys[1].Get(i), 7.0f) << "past the last output: " << i;
+}
+
+// Every variant: 16-byte vectors of weights (cols 512, 2048 and 40 float32;
+// 512 and 2048 bfloat16) and one value a load (41; 36 in bfloat16;
+// misaligned x); rows 1 to 8 (the kernel's R of 1, 2, 4 and 8, some
+// rows unused); outputs fewer than a block's warps, and not a multiple of
+// them. Each case in an order of its own.
+TEST(SkinnyProductKernelTest, MatchesTheCpuFormInEveryVariant) {
+  uint64_t seed = 3;
+  for (const bool bf16 : {false, true}) {
+    for (const SkinnyCase& shape :
+         {SkinnyCase{1, 512, 13, bf16}, SkinnyCase{2, 2048, 6, bf16}, SkinnyCase{3, 512, 9, bf16, false},
+          SkinnyCase{8, 40, 5, bf16, true, true}, SkinnyCase{5, 41, 3, bf16}, SkinnyCase{7, 36, 2, bf16, true, true},
+          SkinnyCase{4, 64, 11, bf16, true, false, 1}, SkinnyCase{1, 8, 1, bf16}}) {
+      SkinnyCase c = shape;
+      c.order_seed = seed++;
+      CheckSkinny(c);
+    }
+  }
+}
+
+TEST(SkinnyProductKernelTest, RefusesMoreRowsThanItTakes) {
+  SkinnyProductArgs a;
+  a.rows = kSkinnyMaxRows + 1;
+  a.cols = a.outs = 4;
+  const char* error = QueueSkinnyProduct(a, nullptr);
+  ASSERT_NE(error, nullptr);
+  EXPECT_NE(std::string(error).find("kSkinnyMaxRows"), std::string::npos) << error;
 }
 
 }  // namespace

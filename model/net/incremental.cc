@@ -50,6 +50,7 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       sdpa_pass_(precision.sdpa_pass_attention && generic_ && TorchHasSdpa()),
       add_norm_(precision.fused_add_norm && generic_ && !config_.pre_lnorm),
       skinny_(precision.skinny_products && generic_),
+      cuda_kernels_(device.is_cuda() || (precision.emulate_cuda_kernels && generic_)),
       decode_graphs_(precision.decode_graphs && generic_),
       pass_graphs_(decode_graphs_ && precision.pass_graphs),
       split_decode_(precision.split_decode_attention && generic_),

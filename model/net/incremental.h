@@ -107,6 +107,13 @@ class IncrementalModel {
     // form with kGeneric. false: libtorch's products (cuBLAS), to measure
     // the one against the other.
     bool skinny_products = true;
+    // Tests only: on a CPU with kGeneric, launch our CUDA kernels
+    // (cuda_launch.h) where their CPU forms would run, with what a GPU's
+    // launches take beside them (the split attention's counters), so that a
+    // test binary whose launches run the kernels' sources on the block
+    // emulator (tests/model/cuda/emulated_device_test.cc) checks the model's
+    // arguments to them. Elsewhere the launches throw.
+    bool emulate_cuda_kernels = false;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device)
@@ -347,6 +354,8 @@ class IncrementalModel {
   bool sdpa_pass_;      // Precision::sdpa_pass_attention in effect: generic, libtorch 2.1 or later
   bool add_norm_;       // Precision::fused_add_norm in effect: generic, post-norm
   bool skinny_;         // Precision::skinny_products in effect: generic
+  // Our kernels run as CUDA launches (a GPU, or Precision::emulate_cuda_kernels), not as their CPU forms.
+  bool cuda_kernels_;
   // The hidden states' type between a pass's products: bfloat16 with
   // bf16_stream_, else float32.
   at::ScalarType StreamType() const { return bf16_stream_ ? at::kBFloat16 : at::kFloat; }

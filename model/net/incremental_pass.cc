@@ -152,7 +152,7 @@ IncrementalModel::PassMeta IncrementalModel::DeriveMeta(const PassGeometry& g, c
     d.held = next(B);
     d.window = next(B);
     if (SplitDecodeRuns(g, plan)) {  // SplitDecode masks and finds the distances itself
-      if (device_.is_cuda())
+      if (cuda_kernels_)
         d.split_done = at::zeros({config_.n_layer, B * H}, at::TensorOptions().dtype(at::kInt).device(device_));
     } else {
       const at::Tensor nt = fed.view({B, 1, 1}), mt = d.held.view({B, 1, 1}), Mt = d.window.view({B, 1, 1});
@@ -283,7 +283,7 @@ at::Tensor IncrementalModel::AddNorm(const at::Tensor& x, const at::Tensor& add,
     *narrow = at::empty_like(xc, xc.options().dtype(at::kBFloat16));
     a.out_bf16 = narrow->data_ptr();
   }
-  if (device_.is_cpu()) {
+  if (!cuda_kernels_) {
     at::parallel_for(0, a.rows, 8, [&](int64_t begin, int64_t end) { ResidualLayerNormCpu(a, begin, end); });
   } else {
     LaunchResidualLayerNorm(a, device_.index());
@@ -315,7 +315,7 @@ at::Tensor IncrementalModel::SkinnyProduct(const at::Tensor& x, const at::Tensor
   }
   a.relu = relu;
   a.y = y.data_ptr();
-  if (device_.is_cpu()) {
+  if (!cuda_kernels_) {
     at::parallel_for(0, a.outs, 16, [&](int64_t begin, int64_t end) { SkinnyProductCpu(a, begin, end); });
   } else {
     LaunchSkinnyProduct(a, device_.index());
@@ -373,7 +373,7 @@ at::Tensor IncrementalModel::SplitDecode(const PassGeometry& g, const PassMeta& 
   a.out = out.data_ptr();
   a.out_stride = H * dh;
   a.out_bf16 = out.scalar_type() == at::kBFloat16;
-  if (device_.is_cpu()) {
+  if (!cuda_kernels_) {
     at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) { SplitDecodeAttentionCpu(a, begin, end); });
   } else {
     LaunchSplitDecodeAttention(a, device_.index());

@@ -172,9 +172,10 @@ std::string IncrementalModel::KernelPath() const {
     if (sdpa_pass_) absl::StrAppend(&path, "; pass attention fused (scaled_dot_product_attention)");
     if (add_norm_) absl::StrAppend(&path, "; residual adds fused with their layer norms");
     if (skinny_) absl::StrAppend(&path, "; products of up to ", kSkinnyMaxRows, " rows by SkinnyProduct");
+    if (cuda_kernels_ && device_.is_cpu()) absl::StrAppend(&path, "; CUDA kernels launched on the CPU (tests)");
     if (split_decode_) {
       absl::StrAppend(&path, "; decode attention split over key chunks",
-                      device_.is_cpu() ? " (its CPU form)" : " (CUDA kernels)");
+                      cuda_kernels_ ? " (CUDA kernels)" : " (its CPU form)");
     }
     if (decode_graphs_) {
       absl::StrAppend(

@@ -1,9 +1,7 @@
-// The block emulator (block_emulator.h): ucontext fibers, one per thread of
-// the running block, and a scheduler that runs each until it waits at a
+// The block emulator (block_emulator.h): fibers (fiber_context.h), one per
+// thread of the running block, and a scheduler that runs each until it waits at a
 // barrier, then releases the barriers every thread has reached.
 #include "tests/model/cuda/block_emulator.h"
-
-#include <ucontext.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +12,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "tests/model/cuda/fiber_context.h"
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -67,8 +67,8 @@ struct Site {
 };
 
 struct Fiber {
-  ucontext_t context;
-  std::unique_ptr<char[]> stack;
+  FiberContext context;
+  char* stack = nullptr;  // kStackBytes of Stacks()
   Wait wait = Wait::kNone;
   Site site;
   Dim3 index;
@@ -83,7 +83,7 @@ struct Run {
   std::vector<Fiber> fibers;
   int current = -1;
   std::mt19937_64 order;  // the seed's: which warp runs, and its lanes' order
-  ucontext_t scheduler{};
+  FiberContext scheduler;
   void* scheduler_tsan = nullptr;
   void* scheduler_fake_stack = nullptr;
   const void* scheduler_stack = nullptr;  // ASan: the scheduler's stack, learnt by the first fiber to start
@@ -125,6 +125,13 @@ extern "C" char __start_txl_emu_shared[];
 extern "C" char __stop_txl_emu_shared[];
 
 thread_local Run* running = nullptr;
+
+// The fibers' stacks, kept from launch to launch (a block of 1,024 threads
+// takes 64 MB of them).
+std::vector<std::unique_ptr<char[]>>& Stacks() {
+  static thread_local std::vector<std::unique_ptr<char[]>> stacks;
+  return stacks;
+}
 uint64_t order_seed = 1;
 int last_error = 0;
 
@@ -170,7 +177,7 @@ void ToScheduler(Run& r) {
 #if defined(TXL_EMU_ASAN)
   __sanitizer_start_switch_fiber(&f.fake_stack, r.scheduler_stack, r.scheduler_stack_bytes);
 #endif
-  swapcontext(&f.context, &r.scheduler);
+  SwitchFiberContext(&f.context, &r.scheduler);
 #if defined(TXL_EMU_ASAN)
   __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
 #endif
@@ -184,9 +191,9 @@ void ToFiber(Run& r, int t) {
   __tsan_switch_to_fiber(f.tsan, __tsan_switch_to_fiber_no_sync);
 #endif
 #if defined(TXL_EMU_ASAN)
-  __sanitizer_start_switch_fiber(&r.scheduler_fake_stack, f.stack.get(), kStackBytes);
+  __sanitizer_start_switch_fiber(&r.scheduler_fake_stack, f.stack, kStackBytes);
 #endif
-  swapcontext(&r.scheduler, &f.context);
+  SwitchFiberContext(&r.scheduler, &f.context);
 #if defined(TXL_EMU_ASAN)
   __sanitizer_finish_switch_fiber(r.scheduler_fake_stack, nullptr, nullptr);
 #endif
@@ -213,7 +220,7 @@ void FiberEntry() {
 void FinishBlock(Run& r) {
   Acquire(StartSync(r));
   (*r.body)();
-  ucontext_t *self = nullptr, *scheduler = nullptr;
+  FiberContext *self = nullptr, *scheduler = nullptr;
   void* end = nullptr;
   void* scheduler_tsan = nullptr;
   {
@@ -234,7 +241,7 @@ void FinishBlock(Run& r) {
 #if defined(TXL_EMU_ASAN)
   __sanitizer_start_switch_fiber(nullptr, r.scheduler_stack, r.scheduler_stack_bytes);
 #endif
-  swapcontext(self, scheduler);
+  SwitchFiberContext(self, scheduler);
   Fail("a finished thread was resumed");
 }
 
@@ -324,20 +331,12 @@ void RunBlock(Run& r) {
     f.fake_stack = nullptr;
 #if defined(TXL_EMU_ASAN)
     // The last block's frames never returned: their redzones are poisoned.
-    __asan_unpoison_memory_region(f.stack.get(), kStackBytes);
+    __asan_unpoison_memory_region(f.stack, kStackBytes);
 #endif
 #if defined(TXL_EMU_TSAN)
     f.tsan = __tsan_create_fiber(0);  // a new thread for TSan, with no history
 #endif
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = f.stack.get();
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = nullptr;
-    makecontext(&f.context, FiberEntry, 0);
-    // ASan's swapcontext unpoisons the stack a context names on every
-    // switch, which would hide an overrun of a kernel's locals: the
-    // annotations above tell it the stacks instead.
-    f.context.uc_stack = stack_t{};
+    MakeFiberContext(&f.context, f.stack, kStackBytes, FiberEntry);
   }
   r.block_rounds = 0;
   Release(StartSync(r));
@@ -396,7 +395,9 @@ int Launch(Dim3 grid, Dim3 block, size_t shared_bytes, const std::function<void(
   r.block = block;
   r.body = &body;
   r.fibers.resize(threads);
-  for (Fiber& f : r.fibers) f.stack.reset(new char[kStackBytes]);
+  std::vector<std::unique_ptr<char[]>>& stacks = Stacks();
+  while (stacks.size() < threads) stacks.emplace_back(new char[kStackBytes]);
+  for (uint64_t t = 0; t < threads; ++t) r.fibers[t].stack = stacks[t].get();
 #if defined(TXL_EMU_TSAN)
   r.scheduler_tsan = __tsan_get_current_fiber();
 #endif

@@ -529,10 +529,10 @@ std::string Name(const SkinnyCase& c) {
          (c.skip != 0 ? ", misaligned x" : "") + ", order " + std::to_string(c.order_seed);
 }
 
-// The kernel and its CPU form add in the same order: where neither fuses a
-// multiply and an add (x86-64's baseline, which both builds here target,
-// has no FMA), their results are the same bits, so the kernel's indexing is
-// checked exactly. Outputs past the last are left as they were.
+// The kernel and its CPU form add in the same order, and neither fuses a
+// multiply and an add (both are built with -ffp-contract=off), so their
+// results are the same bits: the kernel's indexing is checked exactly.
+// Outputs past the last are left as they were.
 void CheckSkinny(const SkinnyCase& c) {
   SCOPED_TRACE(Name(c));
   std::mt19937 rng(static_cast<unsigned>(c.rows * 7919 + c.cols * 31 + c.outs));
@@ -587,18 +587,21 @@ void CheckSkinny(const SkinnyCase& c) {
   for (int64_t i = n; i < n + guard; ++i) ASSERT_EQ(ys[1].Get(i), 7.0f) << "past the last output: " << i;
 }
 
-// Every variant: 16-byte vectors of weights (cols 512, 2048 and 40 float32;
-// 512 and 2048 bfloat16) and one value a load (41; 36 in bfloat16;
-// misaligned x); rows 1 to 8 (the kernel's R of 1, 2, 4 and 8, some
-// rows unused); outputs fewer than a block's warps, and not a multiple of
-// them. Each case in an order of its own.
+// Every variant: 16-byte vectors of weights (cols 512, 2048, 4096, 40 and
+// 36 float32, four a vector; 512, 2048, 4096 and 40 bfloat16, eight a
+// vector) and one value a load (41 and 301; 36 in bfloat16; misaligned x);
+// a lane's eight loads in flight once (512) or in several rounds (2048 and
+// 4096 in float32, 4096 in bfloat16, 301); rows 1 to 8 (the kernel's R of
+// 1, 2, 4 and 8, some rows unused); outputs fewer than a block's warps, and
+// not a multiple of them. Each case in an order of its own.
 TEST(SkinnyProductKernelTest, MatchesTheCpuFormInEveryVariant) {
   uint64_t seed = 3;
   for (const bool bf16 : {false, true}) {
     for (const SkinnyCase& shape :
          {SkinnyCase{1, 512, 13, bf16}, SkinnyCase{2, 2048, 6, bf16}, SkinnyCase{3, 512, 9, bf16, false},
           SkinnyCase{8, 40, 5, bf16, true, true}, SkinnyCase{5, 41, 3, bf16}, SkinnyCase{7, 36, 2, bf16, true, true},
-          SkinnyCase{4, 64, 11, bf16, true, false, 1}, SkinnyCase{1, 8, 1, bf16}}) {
+          SkinnyCase{4, 64, 11, bf16, true, false, 1}, SkinnyCase{1, 8, 1, bf16}, SkinnyCase{2, 4096, 3, bf16},
+          SkinnyCase{1, 301, 5, bf16}}) {
       SkinnyCase c = shape;
       c.order_seed = seed++;
       CheckSkinny(c);

@@ -47,7 +47,7 @@ using Shape = std::tuple<int64_t, int64_t, int64_t>;  // rows, cols, outs
 
 // float32: within float32's rounding of a sum of `cols` products of the
 // reference, as libtorch's own product is. bfloat16 (in and out): within one
-// rounding of the reference, as libtorch's bfloat16 product is.
+// bfloat16 step of the reference, as libtorch's bfloat16 product is.
 TEST(SkinnyProductTest, MatchesLibtorchsProducts) {
   for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
     for (const auto& [rows, cols, outs] : {Shape{1, 512, 130}, Shape{3, 2048, 64}, Shape{8, 41, 7}, Shape{5, 36, 9}}) {
@@ -91,13 +91,17 @@ TEST(SkinnyProductTest, LoadsVectorsOnlyWhereAlignedAndWhole) {
 
 // The CUDA kernel (model/cuda/skinny_product.cu) against the CPU form: the
 // same order of additions, but the device fuses multiplies and adds, so
-// within float32's rounding (bfloat16 outputs: within one rounding). On a
-// GPU only (scripts/gpu_check.sh's unit step): elsewhere skipped.
+// within float32's rounding (bfloat16 outputs: within one bfloat16 step).
+// Every variant: R of 1, 2, 4 and 8; 16-byte loads in one round of eight
+// (512) and in several (2048, 4096); one value a load (41, 36 in bfloat16,
+// and 301 over several rounds). On a GPU only (scripts/gpu_check.sh's unit
+// step): elsewhere skipped.
 TEST(SkinnyProductTest, TheCudaKernelMatchesTheCpuForm) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
     for (const auto& [rows, cols, outs] :
-         {Shape{1, 512, 1536}, Shape{1, 2048, 512}, Shape{2, 512, 2048}, Shape{5, 41, 7}, Shape{8, 36, 130}}) {
+         {Shape{1, 512, 1536}, Shape{1, 2048, 512}, Shape{2, 512, 2048}, Shape{3, 4096, 260}, Shape{5, 41, 7},
+          Shape{8, 36, 130}, Shape{4, 301, 33}}) {
       SCOPED_TRACE(testing::Message() << rows << " x " << cols << " by " << outs
                                       << (type == at::kBFloat16 ? ", bf16" : ", f32"));
       at::manual_seed(rows + cols + outs);

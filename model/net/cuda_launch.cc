@@ -20,6 +20,8 @@ c10::DeviceIndex LaunchDevice(int device_index) {
 
 }  // namespace
 
+bool CudaLaunchesQueueOnADevice() { return true; }
+
 void LaunchSplitDecodeAttention(const SplitDecodeArgs& a, int device_index) {
   const c10::DeviceIndex index = LaunchDevice(device_index);
   const c10::cuda::CUDAGuard on_device(index);

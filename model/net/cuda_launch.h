@@ -11,6 +11,12 @@
 
 namespace txl {
 
+// Whether these launches queue kernels on a CUDA device (the CUDA build's
+// cuda_launch.cc); false for the stubs, and for the block emulator's
+// launches that emulated_device_test links instead
+// (IncrementalModel::Precision::emulate_cuda_kernels).
+bool CudaLaunchesQueueOnADevice();
+
 // Queues SplitDecodeAttention on CUDA device `device_index` (where a's
 // pointers are; -1: the current device), on that device's current stream;
 // throws c10::Error with CUDA's reason if the launch fails.

@@ -6,6 +6,8 @@
 
 namespace txl {
 
+bool CudaLaunchesQueueOnADevice() { return false; }
+
 void LaunchSplitDecodeAttention(const SplitDecodeArgs&, int) {
   TORCH_CHECK(false,
               "SplitDecodeAttention's CUDA kernels need a build against a CUDA libtorch (scripts/cuda_build.sh)");

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/kernels/decode_kernels.h"
 #include "model/kernels/decode_step.h"
+#include "model/net/cuda_launch.h"
 #include "model/net/incremental_pass.h"
 #include "model/net/txl_math.h"
 
@@ -55,6 +56,9 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
       pass_graphs_(decode_graphs_ && precision.pass_graphs),
       split_decode_(precision.split_decode_attention && generic_),
       short_feeds_(precision.decode_short_feeds) {
+  TORCH_CHECK(!precision.emulate_cuda_kernels || (device.is_cpu() && !CudaLaunchesQueueOnADevice()),
+              "emulate_cuda_kernels: a test's switch for a CPU model in a build without CUDA, whose launches run "
+              "on the block emulator (tests/model/cuda/emulated_device_test.cc)");
   PrepareWeights();
 }
 

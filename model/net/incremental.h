@@ -112,7 +112,9 @@ class IncrementalModel {
     // launches take beside them (the split attention's counters), so that a
     // test binary whose launches run the kernels' sources on the block
     // emulator (tests/model/cuda/emulated_device_test.cc) checks the model's
-    // arguments to them. Elsewhere the launches throw.
+    // arguments to them. Refused on a CUDA device, and in the CUDA build
+    // (its launches would queue device kernels over host memory); in a
+    // build without CUDA whose launches are the stubs, they throw.
     bool emulate_cuda_kernels = false;
   };
   IncrementalModel(ModelConfig config, TxlWeights weights, at::Device device, Precision precision);

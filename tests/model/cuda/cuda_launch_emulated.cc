@@ -12,6 +12,8 @@
 
 namespace txl {
 
+bool CudaLaunchesQueueOnADevice() { return false; }
+
 void LaunchSplitDecodeAttention(const SplitDecodeArgs& a, int) {
   const char* error = QueueSplitDecodeAttention(a, nullptr);
   TORCH_CHECK(error == nullptr, "SplitDecodeAttention on the block emulator did not launch: ", error);

@@ -9,7 +9,10 @@
 // callee-saved registers and the SSE and x87 control words on the running
 // stack, stores that stack's pointer in *save_sp, loads load_sp and pops the
 // same from there, returning where that stack was saved (or, for a new
-// fiber, into its entry: MakeFiberContext lays out such a frame).
+// fiber, into its entry: MakeFiberContext lays out such a frame). Both
+// stacks hold the same layout at the switch, so the unwind notes stay true
+// across it. No shadow stack: the file is built with -fcf-protection=none
+// (a `ret` onto another stack is what a shadow stack forbids).
 extern "C" void txl_emu_switch(void** save_sp, void* load_sp);
 asm(R"(
   .text
@@ -18,12 +21,25 @@ asm(R"(
 txl_emu_switch:
   .cfi_startproc
   pushq %rbp
+  .cfi_adjust_cfa_offset 8
+  .cfi_rel_offset %rbp, 0
   pushq %rbx
+  .cfi_adjust_cfa_offset 8
+  .cfi_rel_offset %rbx, 0
   pushq %r12
+  .cfi_adjust_cfa_offset 8
+  .cfi_rel_offset %r12, 0
   pushq %r13
+  .cfi_adjust_cfa_offset 8
+  .cfi_rel_offset %r13, 0
   pushq %r14
+  .cfi_adjust_cfa_offset 8
+  .cfi_rel_offset %r14, 0
   pushq %r15
+  .cfi_adjust_cfa_offset 8
+  .cfi_rel_offset %r15, 0
   subq $8, %rsp
+  .cfi_adjust_cfa_offset 8
   stmxcsr (%rsp)
   fnstcw 4(%rsp)
   movq %rsp, (%rdi)
@@ -31,12 +47,25 @@ txl_emu_switch:
   ldmxcsr (%rsp)
   fldcw 4(%rsp)
   addq $8, %rsp
+  .cfi_adjust_cfa_offset -8
   popq %r15
+  .cfi_adjust_cfa_offset -8
+  .cfi_restore %r15
   popq %r14
+  .cfi_adjust_cfa_offset -8
+  .cfi_restore %r14
   popq %r13
+  .cfi_adjust_cfa_offset -8
+  .cfi_restore %r13
   popq %r12
+  .cfi_adjust_cfa_offset -8
+  .cfi_restore %r12
   popq %rbx
+  .cfi_adjust_cfa_offset -8
+  .cfi_restore %rbx
   popq %rbp
+  .cfi_adjust_cfa_offset -8
+  .cfi_restore %rbp
   ret
   .cfi_endproc
   .size txl_emu_switch, .-txl_emu_switch

@@ -1,13 +1,20 @@
 // Proves the ASan + UBSan build (TXL_SANITIZE=address) catches what it should:
 // each mode but "clean" has a bug the sanitizers must turn into a failing exit
 // (CTest expects those runs to fail; "clean" must pass).
-//   asan_selftest heap-overflow | use-after-free | signed-overflow | leak | clean
+//   asan_selftest heap-overflow | use-after-free | signed-overflow | leak |
+//                 fiber-use-after-return | clean
+// fiber-use-after-return: a frame of a thread on the block emulator's fibers
+// (tests/model/cuda/block_emulator.h) read after it returned, in a second
+// block, on the fake stacks the fibers keep from block to block (built with
+// use-after-return detection always on: tests/CMakeLists.txt).
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
+
+#include "tests/model/cuda/block_emulator.h"
 
 namespace {
 
@@ -22,6 +29,16 @@ T Launder(T v) {
 // leak check scans the stack.
 __attribute__((noinline)) void Leak() {
   for (int i = 0; i < 8; ++i) Launder(std::malloc(64));
+}
+
+// The address of a local of a frame that is gone when the caller has it
+// (through a volatile, not Launder: ASan puts no frame with inline assembly
+// on its fake stack).
+const int* volatile escaped = nullptr;
+__attribute__((noinline)) const int* AddressOfALocal() {
+  int local[4] = {1, 2, 3, 4};
+  escaped = local;
+  return escaped;
 }
 
 }  // namespace
@@ -46,10 +63,20 @@ int main(int argc, char** argv) {
     Leak();
     return 0;
   }
+  if (std::strcmp(mode, "fiber-use-after-return") == 0) {
+    int sum = 0;
+    txl_emu::Launch(txl_emu::Dim3(2), txl_emu::Dim3(32), 0, [&sum] {
+      const int* p = AddressOfALocal();
+      if (txl_emu::BlockIndex().x == 1 && txl_emu::ThreadIndex().x == 0) sum += *p;
+    });
+    std::printf("%d\n", sum);
+    return 0;
+  }
   if (std::strcmp(mode, "clean") == 0) {
     std::vector<int> v(4, 1);
     return v[Launder(3)] == 1 ? 0 : 1;
   }
-  std::fprintf(stderr, "usage: %s heap-overflow|use-after-free|signed-overflow|leak|clean\n", argv[0]);
+  std::fprintf(stderr, "usage: %s heap-overflow|use-after-free|signed-overflow|leak|fiber-use-after-return|clean\n",
+               argv[0]);
   return 2;
 }

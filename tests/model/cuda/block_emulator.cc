@@ -72,8 +72,10 @@ struct Fiber {
   Wait wait = Wait::kNone;
   Site site;
   Dim3 index;
-  void* tsan = nullptr;        // TSan's fiber
-  void* fake_stack = nullptr;  // ASan's fake stack while switched out
+  void* tsan = nullptr;  // TSan's fiber
+  // ASan's fake stack (the frames of detect_stack_use_after_return) while the
+  // fiber is switched out, kept with its stack from block to block.
+  void* fake_stack = nullptr;
 };
 
 // One launch: its fibers, the running block and the barriers' state.
@@ -120,16 +122,24 @@ class Bookkeeping {
 };
 
 // The kernels' static shared memory (include/cuda_runtime.h's __shared__):
-// the linker's bounds of its section.
-extern "C" char __start_txl_emu_shared[];
-extern "C" char __stop_txl_emu_shared[];
+// the linker's bounds of its section; weak, so both are null (an empty
+// section) in a program whose kernels have none.
+extern "C" char __start_txl_emu_shared[] __attribute__((weak));
+extern "C" char __stop_txl_emu_shared[] __attribute__((weak));
 
 thread_local Run* running = nullptr;
 
 // The fibers' stacks, kept from launch to launch (a block of 1,024 threads
-// takes 64 MB of them).
-std::vector<std::unique_ptr<char[]>>& Stacks() {
-  static thread_local std::vector<std::unique_ptr<char[]>> stacks;
+// takes 64 MB of them), each with its fake stack under ASan: a fiber that
+// ended its block with its fake stack given up (destroyed) would map a new
+// one in its next, which made the model's tests under
+// detect_stack_use_after_return ten times slower.
+struct Stack {
+  std::unique_ptr<char[]> bytes;
+  void* fake_stack = nullptr;
+};
+std::vector<Stack>& Stacks() {
+  static thread_local std::vector<Stack> stacks;
   return stacks;
 }
 uint64_t order_seed = 1;
@@ -140,8 +150,14 @@ int last_error = 0;
   std::abort();
 }
 
+// Out of line, so that Current (called for every threadIdx and barrier)
+// builds no string, and takes no frame of ASan's fake stack.
+[[noreturn]] __attribute__((noinline)) void FailOutsideAKernel(const char* what) {
+  Fail(std::string(what) + " outside a kernel");
+}
+
 Run& Current(const char* what) {
-  if (running == nullptr || running->current < 0) Fail(std::string(what) + " outside a kernel");
+  if (running == nullptr || running->current < 0) FailOutsideAKernel(what);
   return *running;
 }
 
@@ -202,13 +218,22 @@ void ToFiber(Run& r, int t) {
 
 void FinishBlock(Run& r);
 
-void FiberEntry() {
+// A fiber's first and last frames are never on ASan's fake stack: they
+// never return, so their fake frames would stay taken in the fake stack that
+// the fiber keeps for its next block.
+#if defined(TXL_EMU_ASAN)
+#define TXL_EMU_NO_FAKE_FRAME __attribute__((no_sanitize("address")))
+#else
+#define TXL_EMU_NO_FAKE_FRAME
+#endif
+
+TXL_EMU_NO_FAKE_FRAME void FiberEntry() {
   Run* r = nullptr;
   {
     Bookkeeping quiet;
     r = running;
 #if defined(TXL_EMU_ASAN)
-    __sanitizer_finish_switch_fiber(nullptr, &r->scheduler_stack, &r->scheduler_stack_bytes);
+    __sanitizer_finish_switch_fiber(r->fibers[r->current].fake_stack, &r->scheduler_stack, &r->scheduler_stack_bytes);
 #endif
   }
   FinishBlock(*r);
@@ -217,17 +242,19 @@ void FiberEntry() {
 // The rest of a thread's run, after FiberEntry has found its Run. Under
 // TSan a fiber must end with its ignores ended, so the last switch reads
 // nothing of the Run once they are: what it needs is copied first.
-void FinishBlock(Run& r) {
+TXL_EMU_NO_FAKE_FRAME void FinishBlock(Run& r) {
   Acquire(StartSync(r));
   (*r.body)();
   FiberContext *self = nullptr, *scheduler = nullptr;
   void* end = nullptr;
   void* scheduler_tsan = nullptr;
+  void** fake_stack = nullptr;
   {
     Bookkeeping quiet;
     Fiber& f = r.fibers[r.current];
     f.wait = Wait::kDone;
     self = &f.context;
+    fake_stack = &f.fake_stack;
     scheduler = &r.scheduler;
     end = EndSync(r);
     scheduler_tsan = r.scheduler_tsan;
@@ -239,7 +266,11 @@ void FinishBlock(Run& r) {
   (void)scheduler_tsan;
 #endif
 #if defined(TXL_EMU_ASAN)
-  __sanitizer_start_switch_fiber(nullptr, r.scheduler_stack, r.scheduler_stack_bytes);
+  // Every frame the body took on the fake stack has returned: the fake stack
+  // is kept, empty, for the fiber's next block.
+  __sanitizer_start_switch_fiber(fake_stack, r.scheduler_stack, r.scheduler_stack_bytes);
+#else
+  (void)fake_stack;
 #endif
   SwitchFiberContext(self, scheduler);
   Fail("a finished thread was resumed");
@@ -328,7 +359,6 @@ void RunBlock(Run& r) {
     Fiber& f = r.fibers[t];
     f.wait = Wait::kNone;
     f.index = Dim3(t % b.x, t / b.x % b.y, t / (b.x * b.y));
-    f.fake_stack = nullptr;
 #if defined(TXL_EMU_ASAN)
     // The last block's frames never returned: their redzones are poisoned.
     __asan_unpoison_memory_region(f.stack, kStackBytes);
@@ -395,9 +425,12 @@ int Launch(Dim3 grid, Dim3 block, size_t shared_bytes, const std::function<void(
   r.block = block;
   r.body = &body;
   r.fibers.resize(threads);
-  std::vector<std::unique_ptr<char[]>>& stacks = Stacks();
-  while (stacks.size() < threads) stacks.emplace_back(new char[kStackBytes]);
-  for (uint64_t t = 0; t < threads; ++t) r.fibers[t].stack = stacks[t].get();
+  std::vector<Stack>& stacks = Stacks();
+  while (stacks.size() < threads) stacks.push_back(Stack{std::unique_ptr<char[]>(new char[kStackBytes])});
+  for (uint64_t t = 0; t < threads; ++t) {
+    r.fibers[t].stack = stacks[t].bytes.get();
+    r.fibers[t].fake_stack = stacks[t].fake_stack;
+  }
 #if defined(TXL_EMU_TSAN)
   r.scheduler_tsan = __tsan_get_current_fiber();
 #endif
@@ -418,9 +451,12 @@ int Launch(Dim3 grid, Dim3 block, size_t shared_bytes, const std::function<void(
     // float NaN) until the kernel writes it.
     r.shared.reset(new unsigned char[std::max<size_t>(shared_bytes, 1)]);
     std::memset(r.shared.get(), 0xff, std::max<size_t>(shared_bytes, 1));
-    std::memset(__start_txl_emu_shared, 0xff, __stop_txl_emu_shared - __start_txl_emu_shared);
+    if (__start_txl_emu_shared != nullptr) {
+      std::memset(__start_txl_emu_shared, 0xff, __stop_txl_emu_shared - __start_txl_emu_shared);
+    }
     RunBlock(r);
   }
+  for (uint64_t t = 0; t < threads; ++t) stacks[t].fake_stack = r.fibers[t].fake_stack;
   running = nullptr;
   return 0;
 }

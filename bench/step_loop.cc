@@ -55,9 +55,10 @@ ABSL_FLAG(bool, sdpa_pass_attention, false,
 ABSL_FLAG(bool, fused_add_norm, true,
           "a post-norm model's residual adds fused with their layer norms on the generic path, one kernel each "
           "(false: libtorch's add and layer_norm)");
-ABSL_FLAG(bool, skinny_products, true,
-          "the generic path's products of up to eight rows (decode steps of up to eight sessions) by txl-serve's "
-          "own kernel, SkinnyProduct (false: libtorch's, cuBLAS on a GPU)");
+ABSL_FLAG(int64_t, skinny_max_rows, txl::kSkinnyMaxRows,
+          "the generic path's products of up to this many rows (decode steps of as many sessions), 0 to 32, by "
+          "txl-serve's own kernel, SkinnyProduct (float32 weights, or bfloat16 with bfloat16 activations); more "
+          "rows, or 0, by libtorch's (cuBLAS on a GPU)");
 ABSL_FLAG(std::string, readout, "distribution",
           "what each step reads out: distribution (each session's whole row, to the host), argmax (the model's "
           "greedy pick: one id per session crosses) or score (every fed token's target log-prob, as Score: with "
@@ -108,7 +109,7 @@ int main(int argc, char** argv) {
   o.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
   o.sdpa_pass_attention = absl::GetFlag(FLAGS_sdpa_pass_attention);
   o.fused_add_norm = absl::GetFlag(FLAGS_fused_add_norm);
-  o.skinny_products = absl::GetFlag(FLAGS_skinny_products);
+  o.skinny_max_rows = absl::GetFlag(FLAGS_skinny_max_rows);
   auto lm = txl::LanguageModel::Create(o);
   if (!lm.ok()) {
     std::cerr << "step_loop: " << lm.status() << "\n";

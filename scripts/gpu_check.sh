@@ -28,9 +28,9 @@
 #              weights and memories (and with float32 activations, --bf16_activations=false, with
 #              graphs; also for scoring at 32 sessions); decode with graphs and the residual adds
 #              and layer norms as libtorch's ops (--fused_add_norm=false), float32 and bfloat16;
-#              decode with graphs and the products of up to 8 rows as libtorch's
-#              (--skinny_products=false): one session in float32 and bfloat16, 8 sessions in float32
-#              (with and without);
+#              decode with graphs and the products of up to 32 rows as libtorch's
+#              (--skinny_max_rows=0): one session and 32 in float32 and bfloat16, 8 sessions in
+#              float32 (with and without);
 #              a 2,048-token prefill (time to the first token) in float32
 #              and bfloat16; a mixed step (8 sessions, one feeding 2 tokens) with and without
 #              decode_short_feeds; scoring 64-token segments at memory 640 (engine_bench's S),
@@ -322,14 +322,15 @@ profile_runs() {
         --profile=- "${more[@]}" || return 1
     done
   done
-  # The products of up to eight rows by libtorch (cuBLAS, --skinny_products=false), against our own
-  # kernel (SkinnyProduct) in the default runs above: decode with graphs, one session in float32
-  # and bfloat16; and 8 sessions in float32 both ways.
-  for case_ in float32,1,false bfloat16,1,false float32,$few,true float32,$few,false; do
+  # The products of up to 32 rows by libtorch (cuBLAS, --skinny_max_rows=0), against our own
+  # kernel (SkinnyProduct) in the default runs above: decode with graphs, one session and 32 in
+  # float32 and bfloat16; and 8 sessions in float32 both ways.
+  local many=${sizes[1]}
+  for case_ in float32,1,0 bfloat16,1,0 float32,$many,0 bfloat16,$many,0 float32,$few,32 float32,$few,0; do
     IFS=, read -r dtype n skinny <<<"$case_"
-    echo "== $dtype, $n session(s), memory 800, cuda_graphs=on, skinny_products=$skinny"
+    echo "== $dtype, $n session(s), memory 800, cuda_graphs=on, skinny_max_rows=$skinny"
     "$W/bench/step_loop" --model "$W/base.pt" --device $DEVICE --sessions $n --mem 800 --steps $steps \
-      --dtype $dtype --kv_dtype $dtype --readout argmax --cuda_graphs=on --skinny_products=$skinny \
+      --dtype $dtype --kv_dtype $dtype --readout argmax --cuda_graphs=on --skinny_max_rows=$skinny \
       --profile=- "${more[@]}" || return 1
   done
   # A mixed step (docs/MODEL.md, "Mixed steps"): 8 sessions, one of them feeding 2 tokens, with

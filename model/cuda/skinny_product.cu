@@ -1,8 +1,8 @@
-// SkinnyProduct's CUDA kernel (skinny_product.h): a warp per output, each
-// lane streaming 16-byte vectors of the output's weights, eight in flight
-// at once, against every row of x (at most eight, from L1), then the lanes'
-// sums added by shuffles. No shared memory and no barrier: a warp past the
-// last output exits whole.
+// SkinnyProduct's CUDA kernel (skinny_product.h): a warp per output and
+// group of up to eight rows (the grid's y), each lane streaming 16-byte
+// vectors of the output's weights, eight in flight at once, against every
+// row of its group (from L1), then the lanes' sums added by shuffles. No
+// shared memory and no barrier: a warp past the last output exits whole.
 #include "model/cuda/skinny_product.h"
 
 #include <cuda_runtime.h>
@@ -19,13 +19,17 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kInFlight = 8;  // vectors of weights a lane loads before it multiplies
 
-// Rows [0, a.rows) of output o, R >= a.rows; E columns a vector, of float32
-// or bfloat16 (kWBf16) weights.
+// Output o of the rows of group blockIdx.y, [r0, r0 + rows) with rows <= R;
+// E columns a vector, of float32 or bfloat16 (kWBf16) weights.
 template <int E, int R, bool kWBf16>
 __global__ void __launch_bounds__(kThreads) SkinnyProduct(SkinnyProductArgs a) {
   const int lane = threadIdx.x % 32;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (o >= a.outs) return;
+  // The group's rows, [r0, r0 + rows): x from row r0 on.
+  const int r0 = static_cast<int>(blockIdx.y * kSkinnyRowGroup);  // a.rows <= kSkinnyMaxRows
+  const int rows = a.rows - r0 < kSkinnyRowGroup ? static_cast<int>(a.rows - r0) : static_cast<int>(kSkinnyRowGroup);
+  const void* x0 = static_cast<const char*>(a.x) + r0 * a.cols * (a.x_bf16 ? 2 : 4);
   float sum[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) sum[r] = 0;
@@ -42,9 +46,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyProduct(SkinnyProductArgs a) {
       if (k >= a.cols) break;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (r >= a.rows) break;
+        if (r >= rows) break;
         float x[E];
-        LoadVector<E>(a.x, a.x_bf16, r * a.cols + k, x);
+        LoadVector<E>(x0, a.x_bf16, r * a.cols + k, x);
 #pragma unroll
         for (int e = 0; e < E; ++e) sum[r] += w[u][e] * x[e];
       }
@@ -57,13 +61,14 @@ __global__ void __launch_bounds__(kThreads) SkinnyProduct(SkinnyProductArgs a) {
   // Every lane holds every row's sum; lane r stores row r.
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    if (lane == r && r < a.rows) SkinnyProductStore(a, r, o, sum[r]);
+    if (lane == r && r < rows) SkinnyProductStore(a, r0 + r, o, sum[r]);
   }
 }
 
 template <int E, bool kWBf16>
 void Queue(const SkinnyProductArgs& a, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((a.outs + kWarps - 1) / kWarps);
+  const dim3 blocks(static_cast<unsigned>((a.outs + kWarps - 1) / kWarps),
+                    static_cast<unsigned>((a.rows + kSkinnyRowGroup - 1) / kSkinnyRowGroup));
   if (a.rows == 1) {
     TXL_LAUNCH_KERNEL(blocks, kThreads, 0, stream, SkinnyProduct<E, 1, kWBf16>)(a);
   } else if (a.rows == 2) {
@@ -78,7 +83,7 @@ void Queue(const SkinnyProductArgs& a, cudaStream_t stream) {
 }  // namespace
 
 const char* QueueSkinnyProduct(const SkinnyProductArgs& a, void* stream) {
-  static_assert(kSkinnyMaxRows == 8, "Queue's largest R");
+  static_assert(kSkinnyRowGroup == 8, "Queue's largest R");
   if (a.rows == 0 || a.outs == 0) return nullptr;
   if (a.rows < 0 || a.rows > kSkinnyMaxRows) return "SkinnyProduct: over kSkinnyMaxRows rows";
   if ((a.outs + kWarps - 1) / kWarps > 2147483647) return "SkinnyProduct: over 2^31 - 1 blocks of outputs";

@@ -6,10 +6,11 @@
 // matrix-vector products read them at 0.74 TB/s of an H200's 4.8 (docs/GPU.md,
 // runs 6 to 9).
 //
-// The CUDA kernel (model/cuda/skinny_product.cu) gives each output a warp:
-// lane l sums the columns of vectors l, l + 32, ... (SkinnyProductWidth
-// columns each), in order, then the lanes' sums are added by a butterfly of
-// shuffles. The CPU form below adds in exactly that order, so the two
+// The CUDA kernel (model/cuda/skinny_product.cu) gives each output a warp
+// for each group of up to kSkinnyRowGroup rows: lane l sums the columns of
+// vectors l, l + 32, ... (SkinnyProductWidth columns each), in order, then
+// the lanes' sums are added by a butterfly of shuffles. A row's sums are
+// the same whichever group it is in. The CPU form below adds in exactly that order, so the two
 // differ only where the device fuses a multiply and an add; `--kernels
 // generic` takes it, so that the model's tests run this arithmetic.
 // Torch-free, and free of CUDA headers.
@@ -22,9 +23,13 @@
 
 namespace txl {
 
-// The most rows of x one call takes; IncrementalModel::Product gives more
-// to libtorch (cuBLAS), whose tiles then reuse each weight.
-constexpr int64_t kSkinnyMaxRows = 8;
+// The most rows of x one call takes (a decode step of 32 sessions), and the
+// rows a warp multiplies each weight it loads by. Past 8 rows each weight is
+// read once per group, from L2 after the first; IncrementalModel::
+// Precision::skinny_max_rows sets where libtorch's products (cuBLAS) take
+// over, at most here.
+constexpr int64_t kSkinnyMaxRows = 32;
+constexpr int64_t kSkinnyRowGroup = 8;
 
 struct SkinnyProductArgs {
   int64_t rows = 0, cols = 0, outs = 0;

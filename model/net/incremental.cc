@@ -50,12 +50,14 @@ IncrementalModel::IncrementalModel(ModelConfig config, TxlWeights weights, at::D
                    precision.dtype == WeightDtype::kBfloat16),
       sdpa_pass_(precision.sdpa_pass_attention && generic_ && TorchHasSdpa()),
       add_norm_(precision.fused_add_norm && generic_ && !config_.pre_lnorm),
-      skinny_(precision.skinny_products && generic_),
+      skinny_rows_(generic_ ? precision.skinny_max_rows : 0),
       cuda_kernels_(device.is_cuda() || (precision.emulate_cuda_kernels && generic_)),
       decode_graphs_(precision.decode_graphs && generic_),
       pass_graphs_(decode_graphs_ && precision.pass_graphs),
       split_decode_(precision.split_decode_attention && generic_),
       short_feeds_(precision.decode_short_feeds) {
+  TORCH_CHECK(precision.skinny_max_rows >= 0 && precision.skinny_max_rows <= kSkinnyMaxRows,
+              "skinny_max_rows: must be 0 to ", kSkinnyMaxRows, ", got ", precision.skinny_max_rows);
   TORCH_CHECK(!precision.emulate_cuda_kernels || (device.is_cpu() && !CudaLaunchesQueueOnADevice()),
               "emulate_cuda_kernels: a test's switch for a CPU model in a build without CUDA, whose launches run "
               "on the block emulator (tests/model/cuda/emulated_device_test.cc)");

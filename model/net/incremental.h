@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "model/kernels/decode_kernels.h"
 #include "model/kernels/prefill_attention.h"
+#include "model/kernels/skinny_product.h"
 #include "model/model_config.h"
 #include "model/net/cuda_graph.h"
 #include "model/net/decode_buckets.h"
@@ -100,13 +101,14 @@ class IncrementalModel {
     // a GPU, its CPU form with kGeneric. Pre-norm models keep the tensor ops.
     // false: at::layer_norm of the add (to measure the one against the other).
     bool fused_add_norm = true;
-    // The generic path's products of at most kSkinnyMaxRows rows (decode
-    // steps of up to eight sessions) by SkinnyProduct (model/kernels/
-    // skinny_product.h), float32 weights or bfloat16 in and out, the bias
-    // and the ReLU in the same kernel: the CUDA kernel on a GPU, its CPU
-    // form with kGeneric. false: libtorch's products (cuBLAS), to measure
-    // the one against the other.
-    bool skinny_products = true;
+    // The generic path's products of at most this many rows (decode steps
+    // of as many sessions), 0 to kSkinnyMaxRows, by SkinnyProduct
+    // (model/kernels/skinny_product.h), float32 weights or bfloat16 in and
+    // out, the bias and the ReLU in the same kernel: the CUDA kernel on a
+    // GPU, its CPU form with kGeneric. More rows, or 0: libtorch's products
+    // (cuBLAS), whose tiles reuse each weight; less than the most only to
+    // measure the one against the other.
+    int64_t skinny_max_rows = kSkinnyMaxRows;
     // Tests only: on a CPU with kGeneric, launch our CUDA kernels
     // (cuda_launch.h) where their CPU forms would run, with what a GPU's
     // launches take beside them (the split attention's counters), so that a
@@ -322,9 +324,9 @@ class IncrementalModel {
   // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
   // transposed, plus bias (may be undefined), in the weight dtype's way.
   at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;
-  // x w^T + bias (ReLU'd with relu) by SkinnyProduct, in w's type, where
-  // skinny_ and it takes the shapes and types (x of at most kSkinnyMaxRows
-  // rows, float32 weights or bfloat16 activations); else undefined.
+  // x w^T + bias (ReLU'd with relu) by SkinnyProduct, in w's type, where it
+  // takes the shapes and types (x of at most skinny_rows_ rows, float32
+  // weights or bfloat16 activations); else undefined.
   at::Tensor SkinnyProduct(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool relu) const;
   // relu(x W_ff1^T + b_ff1) of layer l: fused where libtorch can.
   at::Tensor ReluProduct(const at::Tensor& x, int64_t l) const;
@@ -351,11 +353,11 @@ class IncrementalModel {
   // libtorch's ops compute the layers (a GPU, or --kernels generic): no
   // decode_, and Pass takes its tensor-op branches.
   bool generic_;
-  bool bf16_products_;  // the prefill products run in bfloat16 (Product), and the several-session decode ones
-  bool bf16_stream_;    // Precision::bf16_activations in effect: generic, bfloat16 weights and products
-  bool sdpa_pass_;      // Precision::sdpa_pass_attention in effect: generic, libtorch 2.1 or later
-  bool add_norm_;       // Precision::fused_add_norm in effect: generic, post-norm
-  bool skinny_;         // Precision::skinny_products in effect: generic
+  bool bf16_products_;   // the prefill products run in bfloat16 (Product), and the several-session decode ones
+  bool bf16_stream_;     // Precision::bf16_activations in effect: generic, bfloat16 weights and products
+  bool sdpa_pass_;       // Precision::sdpa_pass_attention in effect: generic, libtorch 2.1 or later
+  bool add_norm_;        // Precision::fused_add_norm in effect: generic, post-norm
+  int64_t skinny_rows_;  // Precision::skinny_max_rows in effect: 0 unless generic
   // Our kernels run as CUDA launches (a GPU, or Precision::emulate_cuda_kernels), not as their CPU forms.
   bool cuda_kernels_;
   // The hidden states' type between a pass's products: bfloat16 with

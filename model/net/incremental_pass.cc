@@ -294,8 +294,8 @@ at::Tensor IncrementalModel::AddNorm(const at::Tensor& x, const at::Tensor& add,
 at::Tensor IncrementalModel::SkinnyProduct(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                                            bool relu) const {
   const at::ScalarType type = w.scalar_type();
-  if (!skinny_ || x.dim() != 2 || x.size(0) == 0 || x.size(0) > kSkinnyMaxRows || w.dim() != 2 ||
-      x.size(1) != w.size(1) || !(type == at::kFloat || (bf16_stream_ && type == at::kBFloat16)) ||
+  if (x.dim() != 2 || x.size(0) == 0 || x.size(0) > skinny_rows_ || w.dim() != 2 || x.size(1) != w.size(1) ||
+      !(type == at::kFloat || (bf16_stream_ && type == at::kBFloat16)) ||
       (bias.defined() && (bias.dim() != 1 || bias.size(0) != w.size(0) ||
                           !(bias.scalar_type() == at::kFloat || bias.scalar_type() == at::kBFloat16))))
     return at::Tensor();

@@ -171,7 +171,7 @@ std::string IncrementalModel::KernelPath() const {
     if (bf16_stream_) absl::StrAppend(&path, "; products bfloat16 in and out, their biases fused");
     if (sdpa_pass_) absl::StrAppend(&path, "; pass attention fused (scaled_dot_product_attention)");
     if (add_norm_) absl::StrAppend(&path, "; residual adds fused with their layer norms");
-    if (skinny_) absl::StrAppend(&path, "; products of up to ", kSkinnyMaxRows, " rows by SkinnyProduct");
+    if (skinny_rows_ > 0) absl::StrAppend(&path, "; products of up to ", skinny_rows_, " rows by SkinnyProduct");
     if (cuda_kernels_ && device_.is_cpu()) absl::StrAppend(&path, "; CUDA kernels launched on the CPU (tests)");
     if (split_decode_) {
       absl::StrAppend(&path, "; decode attention split over key chunks",

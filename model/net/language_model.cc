@@ -111,6 +111,11 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
                      "build's libtorch is ",
                      TORCH_VERSION, " (the CUDA build, scripts/cuda_build.sh, has 2.11)"));
   }
+  if (options.skinny_max_rows < 0 || options.skinny_max_rows > kSkinnyMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat("skinny_max_rows: must be 0 to ", kSkinnyMaxRows,
+                                                   " (rows of a product by our own kernel), got ",
+                                                   options.skinny_max_rows));
+  }
   IncrementalModel::Precision precision;
   precision.decode_graphs =
       options.decode_graphs == DecodeGraphs::kOn || (options.decode_graphs == DecodeGraphs::kAuto && device->is_cuda());
@@ -122,7 +127,7 @@ absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Create(const Langu
   precision.bf16_activations = options.bf16_activations;
   precision.sdpa_pass_attention = options.sdpa_pass_attention;
   precision.fused_add_norm = options.fused_add_norm;
-  precision.skinny_products = options.skinny_products;
+  precision.skinny_max_rows = options.skinny_max_rows;
   ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(options.path));
   try {
     // Fingerprint: the config, the tokenizer and every tensor's name, shape

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "model/kernels/skinny_product.h"
 #include "model/model_config.h"
 #include "model/precision.h"
 #include "model/step.h"
@@ -62,10 +63,10 @@ struct LanguageModelOptions {
   // generic path (IncrementalModel::Precision::fused_add_norm); false only
   // to measure the tensor ops against it.
   bool fused_add_norm = true;
-  // The generic path's products of up to eight rows by our own kernel
-  // (IncrementalModel::Precision::skinny_products); false only to measure
-  // libtorch's against it.
-  bool skinny_products = true;
+  // The generic path's products of up to this many rows, 0 to
+  // kSkinnyMaxRows, by our own kernel (IncrementalModel::Precision::
+  // skinny_max_rows); fewer only to measure libtorch's against it.
+  int64_t skinny_max_rows = kSkinnyMaxRows;
   // On the generic path, the models loaded with one SharedSlotPools share
   // their sessions' pool with the others of their shape once they join it
   // (LanguageModel::JoinSharedPool): a repository's versions of one

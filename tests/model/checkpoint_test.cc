@@ -308,6 +308,27 @@ TEST_F(LanguageModelTest, GenericKernelsRefuseInt8AndNameThemselves) {
   }
 }
 
+// skinny_max_rows out of 0 to kSkinnyMaxRows is refused, naming the flag
+// and its range; within it, the generic path says how many rows it takes.
+TEST_F(LanguageModelTest, SkinnyMaxRowsOutOfRangeIsRefused) {
+  ASSERT_TRUE(SaveCheckpoint(Path("m.pt"), config_, tokenizer_, weights_).ok());
+  LanguageModelOptions o = Options("cpu");
+  o.kernels = Kernels::kGeneric;
+  for (const int64_t rows : {int64_t{-1}, kSkinnyMaxRows + 1}) {
+    o.skinny_max_rows = rows;
+    auto refused = LanguageModel::Create(o);
+    ASSERT_FALSE(refused.ok()) << rows;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("skinny_max_rows: must be 0 to 32"), std::string::npos)
+        << refused.status();
+  }
+  o.skinny_max_rows = 16;
+  auto model = LanguageModel::Create(o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_NE((*model)->KernelPath().find("products of up to 16 rows by SkinnyProduct"), std::string::npos)
+      << (*model)->KernelPath();
+}
+
 // The pass attention as one scaled_dot_product_attention is the generic
 // path's and needs libtorch 2.1 or later: the CPU kernels refuse it, naming the
 // flag, and so does a 1.x build (Debian's); the CUDA build (2.11, CI's
@@ -978,8 +999,10 @@ TEST_F(LanguageModelTest, AReadoutOfConsecutiveRowsSlicesThem) {
 
 // Scoring (Score; NVIDIA's published setting: every session feeds a segment
 // over a full window, each position's target read) on the generic path, a
-// GPU's code: a step dispatches the same ops for 2 sessions as for 16. The
-// new keys go into the pool in place, and the hidden states are read whole.
+// GPU's code: a step dispatches the same ops for 1 session as for 4 (8 and
+// 32 rows: products by SkinnyProduct) and for 5 as for 16 (40 and 128 rows:
+// libtorch's). The new keys go into the pool in place, and the hidden
+// states are read whole.
 // Before, each session's window was built aside and written back per layer,
 // and its rows sliced out: about 40 ops more per session on this 3-layer
 // model (on a GPU, copies and uploads), 264 at 1 session and 1,598 at 32.
@@ -1020,20 +1043,26 @@ TEST_F(LanguageModelTest, AScoringStepDispatchesTheSameOpsForAnyNumberOfSessions
     }
     return lp;
   };
-  int64_t two = 0, sixteen = 0, one = 0;
-  score(0, 2, &two);
+  static_assert(kSkinnyMaxRows == 32, "the pairs' regimes");
+  int64_t one = 0, four = 0, five = 0, sixteen = 0;
+  score(0, 1, &one);
+  score(0, 4, &four);
+  score(0, 5, &five);
   const std::vector<std::vector<float>> batched = score(0, 16, &sixteen);
   ASSERT_EQ(batched.size(), 16u);
   for (int b = 0; b < 16; ++b) {  // each session's rows are its own
-    const std::vector<std::vector<float>> alone = score(b, 1, &one);
+    int64_t ops = 0;
+    const std::vector<std::vector<float>> alone = score(b, 1, &ops);
     ASSERT_EQ(alone.size(), 1u);
     ASSERT_EQ(batched[b].size(), alone[0].size());
     for (size_t t = 0; t < alone[0].size(); ++t) EXPECT_NEAR(batched[b][t], alone[0][t], 1e-5) << "session " << b;
   }
-  std::cout << "generic scoring step, " << config_.n_layer << " layers: " << two << " ops at 2 sessions, " << sixteen
-            << " at 16\n";
-  ASSERT_GT(two, 10 * config_.n_layer) << "the counter saw the step";
-  EXPECT_EQ(sixteen, two);
+  std::cout << "generic scoring step, " << config_.n_layer << " layers: " << one << " ops at 1 session, " << four
+            << " at 4, " << five << " at 5, " << sixteen << " at 16\n";
+  ASSERT_GT(one, 10 * config_.n_layer) << "the counter saw the step";
+  ASSERT_GT(five, 10 * config_.n_layer) << "the counter saw the step";
+  EXPECT_EQ(four, one);
+  EXPECT_EQ(sixteen, five);
 }
 
 }  // namespace

@@ -150,7 +150,9 @@ TEST_P(VariantTest, SdpaPassAttentionMatchesTheTensorOps) {
     std::cout << GetParam().name << (graphs ? " padded" : "")
               << " scaled_dot_product_attention vs tensor ops max|diff| = " << worst << "\n";
     EXPECT_LT(worst, 1e-5);
-    if (graphs) EXPECT_GT(sdpa.graph_counts().pass_padded, 0) << "no padded multi-token pass ran";
+    if (graphs) {
+      EXPECT_GT(sdpa.graph_counts().pass_padded, 0) << "no padded multi-token pass ran";
+    }
   }
 }
 
@@ -1133,11 +1135,12 @@ int64_t MixedStepOps(IncrementalModel& model, const ModelConfig& c) {
   return t_ops;
 }
 
-// Batches of 2 and 8 sessions (products by SkinnyProduct), and of 9 and 16
+// Batches of 2 and 32 sessions (products by SkinnyProduct), and of 33 and 40
 // (libtorch's products): within each pair, fewer extra ops than one per
 // extra session and layer.
 void ExpectTheSameOpsPerLayerForAnyBatch(IncrementalModel& model, const ModelConfig& c) {
-  for (const auto& [few, more] : {std::pair{2, 8}, std::pair{9, 16}}) {
+  static_assert(kSkinnyMaxRows == 32, "the pairs' regimes");
+  for (const auto& [few, more] : {std::pair{2, 32}, std::pair{33, 40}}) {
     const int64_t a = DecodeStepOps(model, c, few), b = DecodeStepOps(model, c, more);
     std::cout << "generic decode step, " << c.n_layer << " layers: " << a << " ops at batch " << few << ", " << b
               << " at batch " << more << "\n";
@@ -1256,48 +1259,72 @@ TEST(SlotPoolTest, TheResidualAddsFuseWithTheirLayerNorms) {
   EXPECT_EQ(pre.KernelPath().find("residual adds fused"), std::string::npos) << pre.KernelPath();
 }
 
-// The generic path's products of at most kSkinnyMaxRows rows by
-// SkinnyProduct (its CPU form here, the CUDA kernel on a GPU): a decode
-// step of three sessions dispatches no product of libtorch's, four a layer
-// without; a step of nine sessions, and a pass of several tokens, keep
-// libtorch's. Each step's results match libtorch's products' to float32's
-// rounding (the same sums in another order), and so do the next steps'.
+// The generic path's products of at most Precision::skinny_max_rows rows
+// (kSkinnyMaxRows by default) by SkinnyProduct (its CPU form here, the CUDA
+// kernel on a GPU): a step of that many rows or fewer dispatches no product
+// of libtorch's, four a layer with 0; more rows keep libtorch's (on a GPU,
+// nine sessions take two of the kernel's groups of eight rows; the CPU
+// form's sums are the same in any group). Each step's results
+// match libtorch's products' to float32's rounding (the same sums in
+// another order), and so do the next steps'.
 TEST(SlotPoolTest, SmallStepsMultiplyBySkinnyProduct) {
   ModelConfig c = testing::SmallConfig();
   c.n_layer = 3;
   const TxlWeights w = TestWeights(c, 31);
-  std::vector<at::Tensor> results[2];
-  std::vector<int64_t> products[2];
-  for (const bool skinny : {false, true}) {
+  // A 12-token pass of three sessions (36 rows), decode steps of 3, 3, 9, 33 and 3 sessions.
+  const int batches[] = {3, 3, 3, 9, 33, 3};
+  const int64_t limits[] = {0, 8, kSkinnyMaxRows};
+  std::vector<at::Tensor> results[3];
+  std::vector<int64_t> products[3];
+  for (int i = 0; i < 3; ++i) {
     IncrementalModel::Precision p;
     p.kernels = Kernels::kGeneric;
-    p.skinny_products = skinny;
+    p.skinny_max_rows = limits[i];
     IncrementalModel model(c, w, at::kCPU, p);
-    EXPECT_EQ(model.KernelPath().find("by SkinnyProduct") != std::string::npos, skinny) << model.KernelPath();
+    EXPECT_EQ(model.KernelPath().find("by SkinnyProduct") != std::string::npos, limits[i] > 0) << model.KernelPath();
     std::vector<SessionMemory> sessions;
-    for (int b = 0; b < 9; ++b) sessions.emplace_back(c.n_layer, c.mem_len);
+    for (int b = 0; b < 33; ++b) sessions.emplace_back(c.n_layer, c.mem_len);
     for (int step = 0; step < 6; ++step) {
-      // A 5-token pass of three sessions, three decode steps of three, one of nine, one of three.
-      const int batch = step == 4 ? 9 : 3;
-      const int64_t n = step == 0 ? 5 : 1;
+      const int64_t n = step == 0 ? 12 : 1;
       std::vector<StepInput> in;
-      for (int b = 0; b < batch; ++b) in.push_back(Row(&sessions[b], RandomTokens(n, c.n_token, 90 + step * 9 + b)));
+      for (int b = 0; b < batches[step]; ++b) {
+        in.push_back(Row(&sessions[b], RandomTokens(n, c.n_token, 90 + step * 33 + b)));
+      }
       const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&CountOp));
       t_products = 0;
-      results[skinny].push_back(model.Step(absl::MakeSpan(in)));
+      results[i].push_back(model.Step(absl::MakeSpan(in)));
       at::removeCallback(handle);
-      products[skinny].push_back(t_products);
+      products[i].push_back(t_products);
     }
   }
-  for (size_t step = 0; step < products[0].size(); ++step) {
-    SCOPED_TRACE(step);
-    EXPECT_GE(products[0][step], 4 * c.n_layer) << "libtorch's products (the counter saw them)";
-    if (step == 0 || step == 4) {
-      EXPECT_GE(products[1][step], 4 * c.n_layer) << "15 and 9 rows: libtorch's";
-    } else {
-      EXPECT_EQ(products[1][step], 0) << "3 rows: SkinnyProduct's";
+  for (int i = 0; i < 3; ++i) {
+    for (size_t step = 0; step < products[i].size(); ++step) {
+      SCOPED_TRACE(::testing::Message() << "skinny_max_rows " << limits[i] << ", step " << step);
+      const int64_t rows = batches[step] * (step == 0 ? 12 : 1);
+      if (rows > limits[i]) {
+        EXPECT_GE(products[i][step], 4 * c.n_layer) << rows << " rows: libtorch's (the counter saw them)";
+      } else {
+        EXPECT_EQ(products[i][step], 0) << rows << " rows: SkinnyProduct's";
+      }
+      if (i > 0) {
+        EXPECT_LT(MaxAbsDiff(results[0][step], results[i][step]), 1e-5);
+      }
     }
-    EXPECT_LT(MaxAbsDiff(results[0][step], results[1][step]), 1e-5);
+  }
+}
+
+TEST(SlotPoolTest, RefusesSkinnyMaxRowsOutOfRange) {
+  const ModelConfig c = testing::SmallConfig();
+  for (const int64_t rows : {int64_t{-1}, kSkinnyMaxRows + 1}) {
+    IncrementalModel::Precision p;
+    p.kernels = Kernels::kGeneric;
+    p.skinny_max_rows = rows;
+    try {
+      IncrementalModel model(c, TestWeights(c, 31), at::kCPU, p);
+      ADD_FAILURE() << "skinny_max_rows " << rows << " was taken";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("skinny_max_rows: must be 0 to 32"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -154,7 +154,9 @@ TEST_P(OutputLayerTest, TopTokensAreTheFirstOfTheSortedRows) {
       for (size_t i = 0; i < top[r].size(); ++i) {
         EXPECT_NEAR(top[r][i].second, want[i].second, 1e-5) << "n " << n << " row " << r << " rank " << i;
         // Ids agree unless two words are within rounding of each other.
-        if (top[r][i].first != want[i].first) EXPECT_NEAR(Row(r, top[r][i].first), want[i].second, 1e-5);
+        if (top[r][i].first != want[i].first) {
+          EXPECT_NEAR(Row(r, top[r][i].first), want[i].second, 1e-5);
+        }
       }
     }
   }

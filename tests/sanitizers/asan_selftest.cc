@@ -4,9 +4,12 @@
 //   asan_selftest heap-overflow | use-after-free | signed-overflow | leak |
 //                 fiber-use-after-return | clean
 // fiber-use-after-return: a frame of a thread on the block emulator's fibers
-// (tests/model/cuda/block_emulator.h) read after it returned, in a second
-// block, on the fake stacks the fibers keep from block to block (built with
-// use-after-return detection always on: tests/CMakeLists.txt).
+// (tests/model/cuda/block_emulator.h) read after it returned, in the last of
+// 2,048 blocks run in order, on the fake stacks the fibers keep from block
+// to block: a frame that never returned in each block before would have
+// used up its size of fake frames by then, and ASan would have put the
+// frame on the real stack, unreported (built with use-after-return
+// detection always on: tests/CMakeLists.txt).
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -64,10 +67,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (std::strcmp(mode, "fiber-use-after-return") == 0) {
+    constexpr unsigned kBlocks = 2048;
     int sum = 0;
-    txl_emu::Launch(txl_emu::Dim3(2), txl_emu::Dim3(32), 0, [&sum] {
+    txl_emu::SetOrderSeed(0);
+    txl_emu::Launch(txl_emu::Dim3(kBlocks), txl_emu::Dim3(32), 0, [&sum] {
       const int* p = AddressOfALocal();
-      if (txl_emu::BlockIndex().x == 1 && txl_emu::ThreadIndex().x == 0) sum += *p;
+      if (txl_emu::BlockIndex().x == kBlocks - 1 && txl_emu::ThreadIndex().x == 0) sum += *p;
     });
     std::printf("%d\n", sum);
     return 0;

@@ -592,8 +592,10 @@ void CheckSkinny(const SkinnyCase& c) {
 // vector) and one value a load (41 and 301; 36 in bfloat16; misaligned x);
 // a lane's eight loads in flight once (512) or in several rounds (2048 and
 // 4096 in float32, 4096 in bfloat16, 301); rows 1 to 8 (the kernel's R of
-// 1, 2, 4 and 8, some rows unused); outputs fewer than a block's warps, and
-// not a multiple of them. Each case in an order of its own.
+// 1, 2, 4 and 8, some rows unused), and 9 to 32 in groups of eight (the
+// grid's y: two groups, the last of one row; two whole; three, the last of
+// one; four whole; with 16-byte loads and one value a load); outputs fewer than a block's warps, and not a multiple
+// of them. Each case in an order of its own.
 TEST(SkinnyProductKernelTest, MatchesTheCpuFormInEveryVariant) {
   uint64_t seed = 3;
   for (const bool bf16 : {false, true}) {
@@ -601,7 +603,9 @@ TEST(SkinnyProductKernelTest, MatchesTheCpuFormInEveryVariant) {
          {SkinnyCase{1, 512, 13, bf16}, SkinnyCase{2, 2048, 6, bf16}, SkinnyCase{3, 512, 9, bf16, false},
           SkinnyCase{8, 40, 5, bf16, true, true}, SkinnyCase{5, 41, 3, bf16}, SkinnyCase{7, 36, 2, bf16, true, true},
           SkinnyCase{4, 64, 11, bf16, true, false, 1}, SkinnyCase{1, 8, 1, bf16}, SkinnyCase{2, 4096, 3, bf16},
-          SkinnyCase{1, 301, 5, bf16}}) {
+          SkinnyCase{1, 301, 5, bf16}, SkinnyCase{9, 512, 6, bf16}, SkinnyCase{16, 40, 5, bf16, true, true},
+          SkinnyCase{17, 301, 3, bf16}, SkinnyCase{17, 64, 6, bf16, true, true}, SkinnyCase{32, 512, 5, bf16, false},
+          SkinnyCase{32, 2048, 5, bf16, true, true, 1}}) {
       SkinnyCase c = shape;
       c.order_seed = seed++;
       CheckSkinny(c);

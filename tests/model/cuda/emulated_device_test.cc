@@ -5,7 +5,7 @@
 // only a GPU's run took before: the model's arguments to each launch (its
 // pointers, strides and types, the split attention's per-step counters)
 // and the kernels' indexing over the model's own tensors, through passes,
-// decode steps of a few sessions (SkinnyProduct) and of many, a full window
+// decode steps of a few sessions and of more, a full window
 // and past it, with and without the padded graph passes.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -52,8 +52,8 @@ IncrementalModel Model(const ModelConfig& c, const TxlWeights& w, const Mode& mo
 
 // What a comparison feeds: prompts of `prompt + 2 s` tokens (session s of
 // 9) in passes of `chunk`, then `steps` decode steps of 3 sessions
-// (products of 3 rows: SkinnyProduct), every fifth of all 9 (libtorch's
-// products), and at step 7 one session feeding 3 tokens.
+// (products of 3 rows: SkinnyProduct), every fifth of all 9 (SkinnyProduct
+// in two groups of rows), and at step 7 one session feeding 3 tokens.
 struct Feed {
   int64_t prompt = 3, chunk = 8;
   int steps = 0;

@@ -55,7 +55,9 @@ TEST(SamplingKernelsTest, TheNucleusListIsASortedPrefixThatHoldsTheNucleus) {
         size_t nucleus = 0;
         while (nucleus < sorted.size() && mass < p) mass += w[sorted[nucleus++].first] / total;
         EXPECT_GE(got.tokens.size(), nucleus) << "the list holds the nucleus";
-        if (n > 1000 && p < 0.5f) EXPECT_LT(got.tokens.size(), static_cast<size_t>(n) / 2) << "not the whole row";
+        if (n > 1000 && p < 0.5f) {
+          EXPECT_LT(got.tokens.size(), static_cast<size_t>(n) / 2) << "not the whole row";
+        }
         for (const auto& [id, lp] : got.tokens) EXPECT_TRUE(std::isfinite(lp)) << "an impossible token listed";
       }
     }

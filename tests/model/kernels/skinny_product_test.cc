@@ -92,16 +92,18 @@ TEST(SkinnyProductTest, LoadsVectorsOnlyWhereAlignedAndWhole) {
 // The CUDA kernel (model/cuda/skinny_product.cu) against the CPU form: the
 // same order of additions, but the device fuses multiplies and adds, so
 // within float32's rounding (bfloat16 outputs: within one bfloat16 step).
-// Every variant: R of 1, 2, 4 and 8; 16-byte loads in one round of eight
-// (512) and in several (2048, 4096); one value a load (41, 36 in bfloat16,
-// and 301 over several rounds). On a GPU only (scripts/gpu_check.sh's unit
+// Every variant: R of 1, 2, 4 and 8, and past eight rows groups of eight
+// (9, 17 and 32: the grid's y); 16-byte loads in one round of eight (512)
+// and in several (2048, 4096); one value a load (41, 36 in bfloat16, and
+// 301 over several rounds). On a GPU only (scripts/gpu_check.sh's unit
 // step): elsewhere skipped.
 TEST(SkinnyProductTest, TheCudaKernelMatchesTheCpuForm) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
     for (const auto& [rows, cols, outs] :
          {Shape{1, 512, 1536}, Shape{1, 2048, 512}, Shape{2, 512, 2048}, Shape{3, 4096, 260}, Shape{5, 41, 7},
-          Shape{8, 36, 130}, Shape{4, 301, 33}}) {
+          Shape{8, 36, 130}, Shape{4, 301, 33}, Shape{9, 512, 1536}, Shape{17, 2048, 130}, Shape{32, 512, 2048},
+          Shape{32, 41, 7}}) {
       SCOPED_TRACE(testing::Message() << rows << " x " << cols << " by " << outs
                                       << (type == at::kBFloat16 ? ", bf16" : ", f32"));
       at::manual_seed(rows + cols + outs);

@@ -179,8 +179,22 @@ void IncrementalModel::Adopt(SessionMemory* m, SlotPool::Admitted use) const {
 
 std::vector<int64_t> IncrementalModel::PoolRows(const SessionMemory& m, int64_t first, int64_t n) const {
   std::vector<int64_t> rows(n);
-  for (int64_t i = 0; i < n; ++i) rows[i] = m.slots_[(first + i) % m.mem_len_];
+  PoolRows(m, first, n, rows.data());
   return rows;
+}
+
+void IncrementalModel::PoolRows(const SessionMemory& m, int64_t first, int64_t n, int64_t* out) const {
+  TORCH_CHECK(first >= 0 && n >= 0, "pool rows of positions [", first, ", ", first + n, ")");
+  int64_t slot = first % m.mem_len_;
+  while (n > 0) {
+    const int64_t run = std::min(n, m.mem_len_ - slot);
+    TORCH_CHECK(slot + run <= static_cast<int64_t>(m.slots_.size()), "pool rows past the session's ", m.slots_.size(),
+                " slots: [", slot, ", ", slot + run, ")");
+    std::copy_n(m.slots_.begin() + slot, run, out);
+    out += run;
+    n -= run;
+    slot = 0;
+  }
 }
 
 at::Tensor IncrementalModel::HeldRows(const SessionMemory& m, int64_t l, bool key, int64_t first, int64_t n) const {

@@ -212,8 +212,12 @@ class IncrementalModel {
   PoolPlan PlanPool(const std::vector<Pending*>& batch, const PassGeometry& g) const;
   PassMeta UploadMeta(const PassGeometry& g, const PoolPlan& plan) const;
   // UploadMeta in its two halves: the host values in one vector, and the
-  // device tensors (masks among them) derived from their upload.
+  // device tensors (masks among them) derived from their upload. PackMeta
+  // writes MetaCount values straight into `out` (a graph's pinned buffer).
   std::vector<int64_t> PackMeta(const PassGeometry& g, const PoolPlan& plan) const;
+  int64_t MetaCount(const PassGeometry& g, const PoolPlan& plan) const;
+  std::vector<const std::vector<int64_t>*> MetaParts(const PassGeometry& g, const PoolPlan& plan) const;
+  void PackMeta(const PassGeometry& g, const PoolPlan& plan, int64_t* out) const;
   PassMeta DeriveMeta(const PassGeometry& g, const PoolPlan& plan, const at::Tensor& on_device) const;
   // Every layer of a pass, from the embedding to the last hidden states
   // [T, d]; the new memories of sessions not written in place go to new_k/v.
@@ -319,8 +323,12 @@ class IncrementalModel {
   // [n, H, dh] of the kv type, from its rings or its pool rows; and writes.
   at::Tensor HeldRows(const SessionMemory& m, int64_t l, bool key, int64_t first, int64_t n) const;
   void WriteRows(SessionMemory& m, int64_t l, bool key, int64_t first, const at::Tensor& rows) const;
-  // Pool rows of positions [first, first + n) of a pooled memory.
+  // Pool rows of positions [first, first + n) of a pooled memory, as a
+  // vector or into `out`: at most two runs of the ring copied, not a
+  // division a row (a decode step of 32 sessions at a window of 800 reads
+  // 25,600 of them).
   std::vector<int64_t> PoolRows(const SessionMemory& m, int64_t first, int64_t n) const;
+  void PoolRows(const SessionMemory& m, int64_t first, int64_t n, int64_t* out) const;
   // x [T, cols] times layer l's matrix `which` (0 qkv, 1 o, 2 ff1, 3 ff2)
   // transposed, plus bias (may be undefined), in the weight dtype's way.
   at::Tensor Product(const at::Tensor& x, int64_t layer, int which, const at::Tensor& bias) const;

@@ -74,9 +74,9 @@ at::Tensor IncrementalModel::GraphDecodePass(std::vector<Pending*>& batch,
     g.m[b] = p->length;
     g.M[b] = p->memory->mem_len();
     g.K[b] = p->length + 1;
-    const std::vector<int64_t> held = PoolRows(*p->memory, p->position - p->length, p->length + 1);
-    std::copy(held.begin(), held.end(), plan.gather_rows.begin() + b * Kp);
-    plan.write_rows[b] = held.back();
+    int64_t* held = plan.gather_rows.data() + b * Kp;
+    PoolRows(*p->memory, p->position - p->length, p->length + 1, held);
+    plan.write_rows[b] = held[p->length];
   }
 
   EnsureRelTable(Kp);
@@ -145,11 +145,9 @@ at::Tensor IncrementalModel::GraphPass(std::vector<Pending*>& batch, const std::
     g.M[b] = M;
     g.K[b] = m + n;
     std::copy(tokens[b].begin(), tokens[b].end(), g.flat.begin() + b * Np);
-    const std::vector<int64_t> old_rows = PoolRows(*p->memory, p->position - m, m);
-    std::copy(old_rows.begin(), old_rows.end(), plan.gather_rows.begin() + b * Kp);
+    PoolRows(*p->memory, p->position - m, m, plan.gather_rows.data() + b * Kp);
     const int64_t kept = M > 1 ? std::min(n, std::min(M - 1, m + n)) : 0;
-    const std::vector<int64_t> kept_rows = PoolRows(*p->memory, p->position + n - kept, kept);
-    std::copy(kept_rows.begin(), kept_rows.end(), plan.write_rows.begin() + b * Np + (n - kept));
+    PoolRows(*p->memory, p->position + n - kept, kept, plan.write_rows.data() + b * Np + (n - kept));
     for (int64_t i = 0; i < n; ++i) rows.push_back(b * Np + i);
     widest = std::max(widest, std::min(M, m + n));
   }
@@ -173,8 +171,7 @@ at::Tensor IncrementalModel::RunPadded(const DecodeBucket& bucket, const PassGeo
     graphs_pool_generation_ = pool_->generation();
     graphs_rel_size_ = rel_size_;
   }
-  const std::vector<int64_t> values = PackMeta(g, plan);
-  const int64_t count = static_cast<int64_t>(values.size());
+  const int64_t count = MetaCount(g, plan);
   DecodeGraph& graph = graphs_[bucket];
   const auto lopt = at::TensorOptions().dtype(at::kLong);
   if (!graph.meta.defined()) {
@@ -187,10 +184,10 @@ at::Tensor IncrementalModel::RunPadded(const DecodeBucket& bucket, const PassGeo
               bucket.tokens, ", ", bucket.keys, ") changed shape: ", count, " metadata values and ", g.D,
               " distances, against ", graph.meta.numel(), " and ", graph.distances);
   if (device_.is_cpu()) {
-    std::memcpy(graph.meta.data_ptr<int64_t>(), values.data(), count * sizeof(int64_t));
-  } else {  // from pinned memory, queued on the stream the pass runs on
+    PackMeta(g, plan, graph.meta.data_ptr<int64_t>());
+  } else {  // packed into pinned memory, copied on the stream the pass runs on
     at::Tensor host = at::empty({count}, lopt.pinned_memory(true));
-    std::memcpy(host.data_ptr<int64_t>(), values.data(), count * sizeof(int64_t));
+    PackMeta(g, plan, host.data_ptr<int64_t>());
     graph.meta.copy_(host, /*non_blocking=*/true);
   }
   const std::vector<Pending*> none;  // a padded pass reads no session's host state

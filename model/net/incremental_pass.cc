@@ -91,8 +91,7 @@ IncrementalModel::PoolPlan IncrementalModel::PlanPool(const std::vector<Pending*
     const Pending* p = batch[b];
     const int64_t n = g.n[b], m = g.m[b];
     const bool pooled = g.in_place[b] && g.M[b] > 1;
-    const std::vector<int64_t> old_rows = PoolRows(*p->memory, p->position - m, m);
-    std::copy(old_rows.begin(), old_rows.end(), plan.gather_rows.begin() + b * Kmax);
+    PoolRows(*p->memory, p->position - m, m, plan.gather_rows.data() + b * Kmax);
     // The new positions the window keeps: the last min(M - 1, m + n).
     const int64_t kept = pooled ? std::min(n, std::min(g.M[b] - 1, g.K[b])) : 0;
     const std::vector<int64_t> new_rows = PoolRows(*p->memory, p->position + n - kept, kept);
@@ -114,15 +113,30 @@ IncrementalModel::PoolPlan IncrementalModel::PlanPool(const std::vector<Pending*
   return plan;
 }
 
-std::vector<int64_t> IncrementalModel::PackMeta(const PassGeometry& g, const PoolPlan& plan) const {
-  std::vector<int64_t> meta = g.flat;
-  std::vector<const std::vector<int64_t>*> parts = {&g.rows};
+std::vector<const std::vector<int64_t>*> IncrementalModel::MetaParts(const PassGeometry& g,
+                                                                     const PoolPlan& plan) const {
+  std::vector<const std::vector<int64_t>*> parts = {&g.flat, &g.rows};
   if (generic_) parts.insert(parts.end(), {&g.n, &g.m, &g.M});
   if (plan.gather) {
     parts.insert(parts.end(),
                  {&plan.gather_rows, &plan.write_rows, &plan.write_tok, &plan.patch_rows, &plan.patch_tok});
   }
-  for (const std::vector<int64_t>* part : parts) meta.insert(meta.end(), part->begin(), part->end());
+  return parts;
+}
+
+int64_t IncrementalModel::MetaCount(const PassGeometry& g, const PoolPlan& plan) const {
+  int64_t count = 0;
+  for (const std::vector<int64_t>* part : MetaParts(g, plan)) count += static_cast<int64_t>(part->size());
+  return count;
+}
+
+void IncrementalModel::PackMeta(const PassGeometry& g, const PoolPlan& plan, int64_t* out) const {
+  for (const std::vector<int64_t>* part : MetaParts(g, plan)) out = std::copy(part->begin(), part->end(), out);
+}
+
+std::vector<int64_t> IncrementalModel::PackMeta(const PassGeometry& g, const PoolPlan& plan) const {
+  std::vector<int64_t> meta(MetaCount(g, plan));
+  PackMeta(g, plan, meta.data());
   return meta;
 }
 

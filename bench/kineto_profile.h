@@ -18,7 +18,9 @@ struct ProfileConfig {
 };
 
 // Runs `step` config.steps times under the profiler, then prints to `out` the
-// device's time per step by kernel name (largest first) and in all. A build
+// device's time per step by kernel name (largest first) and in all; then the
+// wall time per step against the device's busy and idle time, its largest
+// idle gaps (where the host held it up) and the host's ops by time. A build
 // whose libtorch has no Kineto gets an error naming it.
 absl::Status ProfileSteps(const std::function<absl::Status()>& step, const ProfileConfig& config, std::ostream& out);
 

@@ -21,11 +21,12 @@ void Outputs(const SkinnyProductArgs& a, int64_t begin, int64_t end) {
           lane[l] += LoadAsFloat(a.w, kWBf16, o * a.cols + k) * LoadAsFloat(a.x, kXBf16, r * a.cols + k);
         l = (l + 1) % 32;
       }
-      // __shfl_xor_sync's butterfly: after it every lane holds the same sum.
+      // __shfl_xor_sync's butterfly, as lane 0 sees it: at each step lane i
+      // adds lane i ^ off's sum to its own, and since a + b == b + a exactly,
+      // lanes i and i ^ off then hold the same bits; so the lanes below off
+      // hold every distinct sum, and lane 0 ends with every lane's result.
       for (int off = 16; off > 0; off >>= 1) {
-        float next[32];
-        for (int i = 0; i < 32; ++i) next[i] = lane[i] + lane[i ^ off];
-        for (int i = 0; i < 32; ++i) lane[i] = next[i];
+        for (int i = 0; i < off; ++i) lane[i] += lane[i + off];
       }
       SkinnyProductStore(a, r, o, lane[0]);
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "model/net/download.h"
 #include "model/net/txl_math.h"
 #include "model/net/upload.h"
 
@@ -20,8 +21,8 @@ void AddTopOfBin(const at::Tensor& lp, const std::vector<int64_t>& rows, int64_t
   auto [values, ids] = lp.topk(k, 1, /*largest=*/true, /*sorted=*/true);
   at::Tensor cut = values.select(1, k - 1).unsqueeze(1);
   at::Tensor at_or_above = (lp >= cut).sum(1);
-  at::Tensor v = values.to(at::kCPU, at::kFloat).contiguous(), i = ids.to(at::kCPU).contiguous();
-  at::Tensor count = at_or_above.to(at::kCPU).contiguous();
+  const std::vector<at::Tensor> host = Download({values.to(at::kFloat), ids, at_or_above});
+  const at::Tensor &v = host[0], &i = host[1], &count = host[2];
   for (size_t j = 0; j < rows.size(); ++j) {
     TokenList& list = (*lists)[rows[j]];
     if (count.data_ptr<int64_t>()[j] == k) {
@@ -148,7 +149,8 @@ TokenPicks OutputLayer::BestTokens(const at::Tensor& hidden, const at::Tensor& g
     value.index_copy_(0, rows, at::where(better, v, value.index_select(0, rows)));
     id.index_copy_(0, rows, at::where(better, k + ends_[i], id.index_select(0, rows)));
   }
-  at::Tensor ids = id.to(at::kCPU).contiguous(), lps = value.to(at::kCPU, at::kFloat).contiguous();
+  const std::vector<at::Tensor> host = Download({id, value.to(at::kFloat)});
+  const at::Tensor &ids = host[0], &lps = host[1];
   TokenPicks out;
   out.ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + rows);
   out.logprobs.assign(lps.data_ptr<float>(), lps.data_ptr<float>() + rows);
@@ -180,8 +182,8 @@ TokenPicks OutputLayer::DrawTokens(const at::Tensor& hidden, const std::vector<d
       at::where(entry > 0, cdf.gather(1, (entry - 1).clamp_min(0).unsqueeze(1)).squeeze(1), at::zeros_like(goal));
   at::Tensor entry_lp = walk.gather(1, entry.unsqueeze(1)).squeeze(1);
 
-  at::Tensor entry_host = entry.to(at::kCPU).contiguous();
-  at::Tensor lp_host = entry_lp.to(at::kCPU, at::kFloat).contiguous();
+  const std::vector<at::Tensor> host = Download({entry, entry_lp.to(at::kFloat)});
+  const at::Tensor &entry_host = host[0], &lp_host = host[1];
   const int64_t* e = entry_host.data_ptr<int64_t>();
   TokenPicks out;
   out.ids.resize(rows);
@@ -204,8 +206,8 @@ TokenPicks OutputLayer::DrawTokens(const at::Tensor& hidden, const std::vector<d
     at::Tensor k = at::searchsorted(ccdf, goal.index_select(0, idx).unsqueeze(1), false, true)
                        .squeeze(1)
                        .clamp_max(lp.size(1) - 1);
-    at::Tensor k_host = k.to(at::kCPU).contiguous();
-    at::Tensor klp = lp.gather(1, k.unsqueeze(1)).squeeze(1).to(at::kCPU, at::kFloat).contiguous();
+    const std::vector<at::Tensor> picked = Download({k, lp.gather(1, k.unsqueeze(1)).squeeze(1).to(at::kFloat)});
+    const at::Tensor &k_host = picked[0], &klp = picked[1];
     for (size_t n = 0; n < rows_in[i].size(); ++n) {
       out.ids[rows_in[i][n]] = static_cast<int>(ends_[i] + k_host.data_ptr<int64_t>()[n]);
       out.logprobs[rows_in[i][n]] = klp.data_ptr<float>()[n];

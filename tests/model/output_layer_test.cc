@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "model/net/download.h"
 #include "model/net/txl_math.h"
 #include "tests/model/model_fixture.h"
 
@@ -190,6 +191,32 @@ TEST_P(OutputLayerTest, TopTokensBreakTiesByTheLowerId) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, OutputLayerTest, ::testing::ValuesIn(Configs()),
                          [](const auto& info) { return info.param.name; });
+
+// Download (model/net/download.h), the readout's way to the host: each
+// tensor back in its type and values, contiguous. On a GPU (the unit step)
+// the copies queued without waiting must have landed once it returns: a
+// large first tensor, whose copy takes longest, then two small ones.
+TEST(DownloadTest, BringsEveryTensorBackInItsTypeAndValues) {
+  std::vector<at::Device> devices = {at::kCPU};
+  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
+  for (const at::Device& device : devices) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(3);
+    const at::Tensor big = at::randn({1 << 22}), ids = at::arange(7, at::kLong) * 3;
+    const at::Tensor strided = at::randn({4, 6}).t();  // not contiguous
+    const std::vector<at::Tensor> host = Download({big.to(device), ids.to(device), strided.to(device)});
+    ASSERT_EQ(host.size(), 3u);
+    for (const at::Tensor& t : host) {
+      EXPECT_TRUE(t.device().is_cpu());
+      EXPECT_TRUE(t.is_contiguous());
+    }
+    EXPECT_EQ(host[1].scalar_type(), at::kLong);
+    EXPECT_TRUE(at::equal(host[0], big));
+    EXPECT_TRUE(at::equal(host[1], ids));
+    EXPECT_TRUE(at::equal(host[2], strided));
+  }
+  EXPECT_TRUE(Download({}).empty());
+}
 
 }  // namespace
 }  // namespace txl

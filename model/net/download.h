@@ -1,6 +1,6 @@
 // Device tensors onto the host with one wait for the device: every copy but
-// the last queued into pinned host memory without waiting, the last one
-// waiting for the stream, and so for all of them (a readout's ids and
+// the last non-empty one queued into pinned host memory without waiting,
+// that one waiting for the stream, and so for all of them (a readout's ids and
 // log-probs used to wait twice). On a CPU, the tensors as they are,
 // contiguous. Each comes back in the type it had.
 #ifndef TXL_MODEL_NET_DOWNLOAD_H_

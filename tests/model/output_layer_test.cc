@@ -195,7 +195,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, OutputLayerTest, ::testing::ValuesIn(Configs()
 // Download (model/net/download.h), the readout's way to the host: each
 // tensor back in its type and values, contiguous. On a GPU (the unit step)
 // the copies queued without waiting must have landed once it returns: a
-// large first tensor, whose copy takes longest, then two small ones.
+// large first tensor, whose copy takes longest, then two small ones and an
+// empty one.
 TEST(DownloadTest, BringsEveryTensorBackInItsTypeAndValues) {
   std::vector<at::Device> devices = {at::kCPU};
   if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
@@ -204,8 +205,10 @@ TEST(DownloadTest, BringsEveryTensorBackInItsTypeAndValues) {
     at::manual_seed(3);
     const at::Tensor big = at::randn({1 << 22}), ids = at::arange(7, at::kLong) * 3;
     const at::Tensor strided = at::randn({4, 6}).t();  // not contiguous
-    const std::vector<at::Tensor> host = Download({big.to(device), ids.to(device), strided.to(device)});
-    ASSERT_EQ(host.size(), 3u);
+    // An empty tensor last: the copy before it is the one that waits.
+    const std::vector<at::Tensor> host =
+        Download({big.to(device), ids.to(device), strided.to(device), at::empty({0}).to(device)});
+    ASSERT_EQ(host.size(), 4u);
     for (const at::Tensor& t : host) {
       EXPECT_TRUE(t.device().is_cpu());
       EXPECT_TRUE(t.is_contiguous());
